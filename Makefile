@@ -1,0 +1,19 @@
+# Two commands do all set-up: `make demo` and `make test`. Both create/reuse .venv.
+PY ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+$(STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+.PHONY: install demo test
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/vlmspec demo
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q tests

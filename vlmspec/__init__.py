@@ -1,0 +1,21 @@
+"""vlmspec: lossless tree speculative decoding for vision-language models."""
+
+from .engine import SpecStats, speculative_generate
+from .pipeline import SpecOutput, VLMSpecPipeline
+from .policies import TreePolicy, available_policies, get_policy, register_policy
+from .tree import TokenTree
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SpecOutput",
+    "SpecStats",
+    "TokenTree",
+    "TreePolicy",
+    "VLMSpecPipeline",
+    "available_policies",
+    "get_policy",
+    "register_policy",
+    "speculative_generate",
+    "__version__",
+]

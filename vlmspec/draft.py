@@ -1,0 +1,252 @@
+"""Drafting: the handle a tree policy uses to grow a tree with the draft model.
+
+A policy sees one :class:`DraftTree` per decoding step. It asks for the draft's next-token distribution at a
+set of nodes (``next_probs``) — one batched draft forward over all of them, under a tree mask — and adds
+children (``add``). Nothing else about the draft model leaks into policies.
+
+Draft cache layout during a step::
+
+    [ committed prompt + text (C) | pending tokens (p) | root | forwarded tree nodes in expansion order ]
+
+*Pending* tokens are accepted tokens the draft has not consumed yet (the previous step's bonus token and any
+accepted leaf that was never expanded). They are fed together with the root in the first forward. After
+verification, :meth:`DraftTree.commit` keeps the accepted path's entries and drops the rest.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .cache import keep_tail
+from .models import DecodeState, VLMAdapter
+from .tree import TokenTree, tree_attention_bias
+
+_GROW = 64
+
+
+class DraftTree:
+    """A token tree under construction, backed by the draft model.
+
+    Node 0 is the root. Node attributes are tensors indexed by node id (valid up to ``num_nodes``):
+    ``tokens``, ``parents``, ``depths``, ``probs`` (the draft probability of the node's token given its parent)
+    and ``cum_probs`` (product of ``probs`` along the path from the root).
+
+    Args:
+        adapter: the draft model's adapter.
+        state: the draft's decoding state (its cache is extended in place).
+        root: ``[]`` long, the root token.
+        root_position: logical position of the root.
+        pending: ``[p]`` long, accepted tokens before the root that the draft has not consumed yet.
+        depth_limit: children deeper than this are silently not added (the engine lowers it near
+            ``max_new_tokens`` so no verification work is wasted).
+    """
+
+    def __init__(
+        self,
+        adapter: VLMAdapter,
+        state: DecodeState,
+        root: torch.Tensor,
+        root_position: int,
+        pending: torch.Tensor,
+        depth_limit: int,
+    ) -> None:
+        self.adapter = adapter
+        self.state = state
+        self.root_position = root_position
+        self.pending = pending
+        self.depth_limit = depth_limit
+        self.forwards = 0
+        device = root.device
+        self._n = 1
+        cap = _GROW
+        self._tokens = torch.zeros(cap, dtype=torch.long, device=device)
+        self._parents = torch.full((cap,), -1, dtype=torch.long, device=device)
+        self._depths = torch.zeros(cap, dtype=torch.long, device=device)
+        self._probs = torch.ones(cap, dtype=torch.float32, device=device)
+        self._cum = torch.ones(cap, dtype=torch.float32, device=device)
+        self._slots = torch.full((cap,), -1, dtype=torch.long, device=device)
+        self._anc = torch.zeros(cap, cap, dtype=torch.bool, device=device)
+        self._tokens[0] = root
+        self._anc[0, 0] = True
+        self._start = state.length  # C: committed entries
+        self._slot_nodes: list[torch.Tensor] = []  # node ids in cache order, per forward
+
+    # ---- read access for policies ----------------------------------------------------------------------------
+    @property
+    def num_nodes(self) -> int:
+        """Nodes in the tree, root excluded."""
+        return self._n - 1
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self._tokens[: self._n]
+
+    @property
+    def parents(self) -> torch.Tensor:
+        return self._parents[: self._n]
+
+    @property
+    def depths(self) -> torch.Tensor:
+        return self._depths[: self._n]
+
+    @property
+    def probs(self) -> torch.Tensor:
+        return self._probs[: self._n]
+
+    @property
+    def cum_probs(self) -> torch.Tensor:
+        return self._cum[: self._n]
+
+    # ---- growing ---------------------------------------------------------------------------------------------
+    def add(self, parents: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        """Append children.
+
+        Args:
+            parents: ``[m]`` long, existing node ids.
+            tokens: ``[m]`` long, child tokens.
+            probs: ``[m]`` float, draft probability of each child token given its parent.
+
+        Returns:
+            ``[m']`` long ids of the added nodes, in input order; children beyond ``depth_limit`` are dropped.
+        """
+        depths = self._depths[parents] + 1
+        ok = depths <= self.depth_limit
+        if not bool(ok.all()):
+            parents, tokens, probs, depths = parents[ok], tokens[ok], probs[ok], depths[ok]
+        m = parents.shape[0]
+        if m == 0:
+            return parents
+        self._reserve(self._n + m)
+        ids = torch.arange(self._n, self._n + m, device=parents.device)
+        self._tokens[ids] = tokens
+        self._parents[ids] = parents
+        self._depths[ids] = depths
+        self._probs[ids] = probs.float()
+        self._cum[ids] = self._cum[parents] * probs.float()
+        rows = self._anc[parents].clone()
+        rows[torch.arange(m, device=ids.device), ids] = True
+        self._anc[ids] = rows
+        self._n += m
+        return ids
+
+    def next_probs(self, nodes: torch.Tensor) -> torch.Tensor:
+        """The draft's next-token distribution after each of ``nodes``: one batched forward.
+
+        Each node can be expanded once; the root's expansion also consumes the pending tokens.
+
+        Args:
+            nodes: ``[n]`` long node ids (all at any depths, but none expanded before).
+
+        Returns:
+            ``[n, V]`` float32 probabilities (softmax of the draft logits, temperature 1).
+        """
+        if bool((self._slots[nodes] >= 0).any()):
+            raise RuntimeError("DraftTree.next_probs: a node can be expanded only once per step")
+        if bool((nodes == 0).any()):
+            if nodes.shape[0] != 1:
+                raise RuntimeError("DraftTree.next_probs: expand the root on its own, before its children")
+            return self._forward_root()
+        if self._slots[0] < 0:
+            raise RuntimeError("DraftTree.next_probs: expand the root before its descendants")
+        return self._forward_nodes(nodes)
+
+    def tree(self, keep: torch.Tensor | None = None) -> TokenTree:
+        """The tree as verification data; ``keep`` (ascending node ids incl. 0) selects an ancestor-closed subset."""
+        if keep is None:
+            n = self._n
+            return TokenTree(
+                tokens=self.tokens.clone(),
+                parents=self.parents.clone(),
+                draft_probs=self.probs.clone(),
+                ancestors=self._anc[:n, :n].clone(),
+                source_ids=torch.arange(n, device=self._tokens.device),
+            )
+        anc = self._anc[keep][:, keep]
+        if not torch.equal(anc.sum(1), self.depths[keep] + 1):
+            raise ValueError("DraftTree.tree: `keep` must contain every ancestor of every kept node")
+        remap = torch.full((self._n,), -1, dtype=torch.long, device=keep.device)
+        remap[keep] = torch.arange(keep.shape[0], device=keep.device)
+        parents = self._parents[keep]
+        parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], parents)
+        return TokenTree(
+            tokens=self._tokens[keep],
+            parents=parents,
+            draft_probs=self._probs[keep],
+            ancestors=anc,
+            source_ids=keep,
+        )
+
+    # ---- after verification ------------------------------------------------------------------------------------
+    def commit(self, path: torch.Tensor, next_token: torch.Tensor) -> torch.Tensor:
+        """Keep the accepted path in the draft cache.
+
+        Args:
+            path: ``[a+1]`` long node ids of this builder (root first) that were accepted.
+            next_token: ``[]`` long, the bonus token (the next root).
+
+        Returns:
+            ``[p']`` long, the new pending tokens (accepted tokens not in the draft cache, then the bonus).
+        """
+        if self._slots[0] < 0:  # the draft never ran this step: everything stays pending
+            return torch.cat([self.pending, self._tokens[path], next_token.reshape(1)])
+        nodes = path[1:]
+        slots = self._slots[nodes]
+        forwarded = slots >= 0
+        root_end = int(self._slots[0]) + 1
+        keep_tail(self.state.cache, root_end, slots[forwarded])
+        return torch.cat([self._tokens[nodes[~forwarded]], next_token.reshape(1)])
+
+    # ---- internals ---------------------------------------------------------------------------------------------
+    def _forward_root(self) -> torch.Tensor:
+        tokens = torch.cat([self.pending, self._tokens[:1]])  # [p+1]
+        k = tokens.shape[0]
+        positions = torch.arange(self.root_position - k + 1, self.root_position + 1, device=tokens.device)
+        causal = torch.ones(k, k, dtype=torch.bool, device=tokens.device).tril()
+        bias = tree_attention_bias(causal, self.state.length, self.adapter.dtype)
+        logits = self.adapter.forward(self.state, tokens, positions, bias)  # [k, V]
+        self._slots[0] = self._start + k - 1
+        self._tree_start = self._start + k
+        self.forwards += 1
+        return torch.softmax(logits[-1:].float(), dim=-1)
+
+    def _forward_nodes(self, nodes: torch.Tensor) -> torch.Tensor:
+        past = self.state.length
+        n = nodes.shape[0]
+        # Visibility over [prefix | root | earlier tree slots | these nodes]: prefix and root always, tree entries
+        # only when they are ancestors of the query node.
+        if self._slot_nodes:
+            earlier = torch.cat(self._slot_nodes)
+            tree_part = self._anc[nodes][:, earlier]  # [n, t]
+        else:
+            tree_part = torch.zeros(n, 0, dtype=torch.bool, device=nodes.device)
+        prefix = torch.ones(n, self._tree_start, dtype=torch.bool, device=nodes.device)
+        own = self._anc[nodes][:, nodes]  # [n, n]
+        visible = torch.cat([prefix, tree_part, own], dim=1)
+        bias = tree_attention_bias(visible, 0, self.adapter.dtype)
+        positions = self.root_position + self._depths[nodes]
+        logits = self.adapter.forward(self.state, self._tokens[nodes], positions, bias)  # [n, V]
+        self._slots[nodes] = torch.arange(past, past + n, device=nodes.device)
+        self._slot_nodes.append(nodes)
+        self.forwards += 1
+        return torch.softmax(logits.float(), dim=-1)
+
+    def _reserve(self, size: int) -> None:
+        cap = self._tokens.shape[0]
+        if size <= cap:
+            return
+        new = max(size, 2 * cap)
+
+        def grow(t: torch.Tensor, fill: float) -> torch.Tensor:
+            out = torch.full((new,), fill, dtype=t.dtype, device=t.device)
+            out[:cap] = t
+            return out
+
+        self._tokens = grow(self._tokens, 0)
+        self._parents = grow(self._parents, -1)
+        self._depths = grow(self._depths, 0)
+        self._probs = grow(self._probs, 1.0)
+        self._cum = grow(self._cum, 1.0)
+        self._slots = grow(self._slots, -1)
+        anc = torch.zeros(new, new, dtype=torch.bool, device=self._anc.device)
+        anc[:cap, :cap] = self._anc
+        self._anc = anc

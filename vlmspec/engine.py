@@ -1,0 +1,184 @@
+"""The decoding loop: draft -> build tree -> verify -> accept -> update caches -> feed back stats.
+
+One function, :func:`speculative_generate`, in the spirit of gpt-fast's ``generate.py``. Shapes in comments:
+``N`` draft nodes (the tree has ``N + 1`` with the root), ``V`` vocabulary, ``T`` target cache length.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .cache import keep_tail
+from .draft import DraftTree
+from .models import DecodeState, VLMAdapter
+from .policies import StepFeedback, TreePolicy
+from .stopping import StopCriteria
+from .tree import TokenTree
+from .verify import greedy_accept
+
+
+@dataclass
+class SpecStats:
+    """Statistics of one generation.
+
+    Attributes:
+        policy: name of the tree policy.
+        steps: target forwards after the prefill (verification steps).
+        new_tokens: tokens generated (the prefill's first token included, as ``generate()`` counts them).
+        accepted_tokens: draft tokens accepted over all steps.
+        mean_accepted: tau, accepted draft tokens per step (bonus token excluded).
+        tokens_per_step: tokens emitted per verification step (tau + 1 unless cut by a stop condition).
+        tokens_per_second: ``new_tokens`` / ``total_seconds``.
+        total_seconds: wall time of the whole generation (prefills included).
+        prefill_seconds: target prefill.
+        draft_prefill_seconds: draft prefill (0 when the policy does not use the draft).
+        draft_seconds: tree building (draft forwards and policy logic).
+        verify_seconds: target tree forwards, acceptance and cache updates.
+        tree_sizes: draft nodes verified at each step.
+        lossless: True unless an opt-in lossy acceptance rule was used.
+        target_visual_tokens: visual tokens in the target's prefill.
+        draft_visual_tokens: visual tokens in the draft's prefill (after pruning).
+        trace: one dict per step: what the policy used to shape the tree, plus ``tree_size``/``accepted``.
+    """
+
+    policy: str = ""
+    steps: int = 0
+    new_tokens: int = 0
+    accepted_tokens: int = 0
+    mean_accepted: float = 0.0
+    tokens_per_step: float = 0.0
+    tokens_per_second: float = 0.0
+    total_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    draft_prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    tree_sizes: list[int] = field(default_factory=list)
+    lossless: bool = True
+    target_visual_tokens: int = 0
+    draft_visual_tokens: int = 0
+    trace: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    def summary(self) -> str:
+        """One line for logs and the demo."""
+        return (
+            f"policy={self.policy} new_tokens={self.new_tokens} steps={self.steps} tau={self.mean_accepted:.2f} "
+            f"tokens/step={self.tokens_per_step:.2f} tokens/s={self.tokens_per_second:.1f} "
+            f"mean_tree={sum(self.tree_sizes) / max(len(self.tree_sizes), 1):.1f} "
+            f"(prefill {self.prefill_seconds:.2f}s, draft {self.draft_seconds:.2f}s, verify {self.verify_seconds:.2f}s)"
+        )
+
+
+@dataclass
+class DraftPrompt:
+    """How the draft sees the prompt: its own inputs (pruned or not) through its adapter."""
+
+    adapter: VLMAdapter
+    prefill: Callable[[], tuple[torch.Tensor, DecodeState]]
+
+
+def speculative_generate(
+    target: VLMAdapter,
+    target_inputs: dict[str, torch.Tensor],
+    policy: TreePolicy,
+    stop: StopCriteria,
+    draft: DraftPrompt | None = None,
+) -> tuple[list[int], SpecStats]:
+    """Generate greedily with tree speculative decoding.
+
+    Args:
+        target: adapter of the target model.
+        target_inputs: processor outputs (batch 1) on the target's device.
+        policy: the tree policy; ``policy.uses_draft`` False means plain autoregressive decoding.
+        stop: stop criteria (EOS ids, stop strings, ``max_new_tokens``), as ``generate()`` applies them.
+        draft: the draft model and how to prefill it; required when ``policy.uses_draft``.
+
+    Returns:
+        The generated token ids (EOS included when produced, like ``generate()``) and the statistics.
+    """
+    stats = SpecStats(policy=policy.name, lossless=policy.lossless)
+    policy.reset()
+    t_start = time.perf_counter()
+
+    # 1. Prefill the target on the full prompt; its argmax is the first new token (the first root).
+    logits, t_state = target.prefill(target_inputs)  # logits: [V]
+    root = logits.argmax()  # []
+    prompt_len = target_inputs["input_ids"].shape[1]
+    stats.target_visual_tokens = t_state.visual_tokens
+    stats.prefill_seconds = time.perf_counter() - t_start
+
+    # 2. Prefill the draft (its own, possibly pruned, view of the prompt).
+    d_state: DecodeState | None = None
+    if policy.uses_draft:
+        if draft is None:
+            raise ValueError(f"policy {policy.name!r} needs a draft model, but the pipeline has none")
+        t0 = time.perf_counter()
+        _, d_state = draft.prefill()
+        stats.draft_visual_tokens = d_state.visual_tokens
+        stats.draft_prefill_seconds = time.perf_counter() - t0
+    pending = root.new_zeros(0)  # accepted tokens the draft has not consumed
+
+    tokens = [int(root)]
+    done = stop.update(tokens)
+    position = prompt_len  # logical position of the root
+    while not done:
+        t0 = time.perf_counter()
+        remaining = stop.max_new_tokens - len(tokens)
+        # 3. Draft a tree (the policy decides its shape); never deeper than the tokens still wanted.
+        if d_state is not None:
+            builder = DraftTree(draft.adapter, d_state, root, position, pending, depth_limit=remaining - 1)
+            tree = policy.build_tree(builder)
+        else:
+            builder, tree = None, TokenTree.root_only(root)
+        t1 = time.perf_counter()
+
+        # 4. Verify every node in one target forward under the tree mask.
+        past = t_state.length
+        logits = target.forward(
+            t_state, tree.tokens, tree.positions(position), tree.attention_bias(past, target.dtype)
+        )  # logits: [N+1, V]
+
+        # 5. Accept the longest path matching the target's argmax, plus the target's next token.
+        acc = greedy_accept(tree, logits)
+        new = torch.cat([tree.tokens[acc.path[1:]], acc.next_token.reshape(1)]).tolist()  # host sync (needed)
+
+        # 6. Keep the accepted path in both caches, drop the rest of the tree.
+        keep_tail(t_state.cache, past, past + acc.path)  # cache slots of the root and the accepted nodes
+        if builder is not None:
+            pending = builder.commit(tree.source_ids[acc.path], acc.next_token)
+
+        # 7. Feed the statistics back to the policy.
+        policy.feedback(
+            StepFeedback(
+                step=stats.steps, accepted=acc.num_accepted, tree_size=tree.num_nodes, tree_depth=tree.max_depth
+            )
+        )
+        stats.trace.append({**policy.trace(), "tree_size": tree.num_nodes, "accepted": acc.num_accepted})
+        stats.steps += 1
+        stats.accepted_tokens += acc.num_accepted
+        stats.tree_sizes.append(tree.num_nodes)
+        for token in new:
+            tokens.append(token)
+            done = stop.update(tokens)
+            if done:
+                break
+        root = acc.next_token
+        position += acc.path.shape[0]
+        t2 = time.perf_counter()
+        stats.draft_seconds += t1 - t0
+        stats.verify_seconds += t2 - t1
+
+    stats.total_seconds = time.perf_counter() - t_start
+    stats.new_tokens = len(tokens)
+    stats.mean_accepted = stats.accepted_tokens / max(stats.steps, 1)
+    stats.tokens_per_step = (len(tokens) - 1) / max(stats.steps, 1)
+    stats.tokens_per_second = len(tokens) / max(stats.total_seconds, 1e-9)
+    return tokens, stats
+

@@ -1,0 +1,33 @@
+"""Per-family adapters. ``adapter_for(model)`` picks one from ``model.config.model_type``."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import DecodeState, PromptLayout, VLMAdapter
+from .llava import LlavaOnevisionAdapter
+from .qwen import QwenVLAdapter
+
+_ADAPTERS: dict[str, type[VLMAdapter]] = {
+    model_type: cls for cls in (QwenVLAdapter, LlavaOnevisionAdapter) for model_type in cls.model_types
+}
+
+SUPPORTED_MODEL_TYPES = tuple(sorted(_ADAPTERS))
+
+
+def adapter_for(model: torch.nn.Module) -> VLMAdapter:
+    """The adapter for a loaded VLM.
+
+    Raises:
+        ValueError: the model's ``model_type`` is not a supported family.
+    """
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in _ADAPTERS:
+        raise ValueError(
+            f"model_type {model_type!r} is not supported by vlmspec; supported families: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return _ADAPTERS[model_type](model)
+
+
+__all__ = ["DecodeState", "PromptLayout", "VLMAdapter", "adapter_for", "SUPPORTED_MODEL_TYPES"]

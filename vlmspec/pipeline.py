@@ -1,0 +1,299 @@
+"""``VLMSpecPipeline``: a target VLM, a draft VLM of the same family, a processor and a tree policy.
+
+    pipe = VLMSpecPipeline.from_pretrained(target, draft, policy="static")
+    out = pipe(image, "Describe this image.")   # out.text, out.token_ids, out.stats
+
+Components are plain attributes and can be swapped (``pipe.policy = get_policy("chain", gamma=4)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+from .engine import DraftPrompt, SpecStats, speculative_generate
+from .inputs import ImageInput, VideoInput, load_images, load_video
+from .models import VLMAdapter, adapter_for
+from .policies import TreePolicy, available_policies, get_policy
+from .stopping import StopCriteria
+
+DEFAULT_POLICY = "static"
+
+
+@dataclass
+class SpecOutput:
+    """Result of one pipeline call.
+
+    Attributes:
+        text: the decoded generation (special tokens skipped).
+        token_ids: generated token ids (EOS included when produced, as ``generate()`` returns them).
+        stats: speed and acceptance statistics.
+    """
+
+    text: str
+    token_ids: list[int]
+    stats: SpecStats
+
+
+class VLMSpecPipeline:
+    """Speculative decoding for a target/draft VLM pair.
+
+    Args:
+        target: the target ``*ForConditionalGeneration`` model.
+        draft: the draft model of the same family and vocabulary (``None`` only for ``policy="ar"``).
+        processor: the target's processor (tokenizer + image/video processors + chat template).
+        policy: a registered policy name or a :class:`TreePolicy` instance.
+        **policy_options: options of the named policy's config.
+
+    Raises:
+        ValueError: the draft's family or vocabulary differs from the target's, or the policy is unknown
+            or misconfigured.
+    """
+
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        draft: torch.nn.Module | None,
+        processor: Any,
+        policy: str | TreePolicy = DEFAULT_POLICY,
+        **policy_options: Any,
+    ) -> None:
+        self.target = target.eval()
+        self.draft = draft.eval() if draft is not None else None
+        self.processor = processor
+        self._target_adapter = adapter_for(target)
+        self._draft_adapter = adapter_for(draft) if draft is not None else None
+        if draft is not None:
+            check_compatible(target, draft)
+        self.policy = policy if isinstance(policy, TreePolicy) else get_policy(policy, **policy_options)
+
+    # ---- components ----------------------------------------------------------------------------------------------
+    @property
+    def policy(self) -> TreePolicy:
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: TreePolicy) -> None:
+        if isinstance(policy, str):
+            policy = get_policy(policy)
+        if not isinstance(policy, TreePolicy):
+            raise TypeError(
+                f"pipe.policy must be a TreePolicy (e.g. get_policy('chain')), got {type(policy).__name__}; "
+                f"available policies: {', '.join(available_policies())}"
+            )
+        if policy.uses_draft and self.draft is None:
+            raise ValueError(f"policy {policy.name!r} needs a draft model; this pipeline was built without one")
+        self._policy = policy
+
+    @property
+    def tokenizer(self) -> Any:
+        return getattr(self.processor, "tokenizer", self.processor)
+
+    # ---- loading -----------------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(
+        cls,
+        target: str | Path,
+        draft: str | Path | None = None,
+        policy: str | TreePolicy = DEFAULT_POLICY,
+        torch_dtype: str | torch.dtype | None = "auto",
+        device_map: str | dict[str, Any] | None = None,
+        trust_remote_code: bool = False,
+        **policy_options: Any,
+    ) -> "VLMSpecPipeline":
+        """Load a target/draft pair from hub ids or local folders.
+
+        Args:
+            target: hub id or folder of the target model (its processor is loaded from the same place).
+            draft: hub id or folder of the draft model (``None`` only with ``policy="ar"``).
+            policy: policy name or instance.
+            torch_dtype: passed to ``from_pretrained`` (``"auto"``: the checkpoint's dtype).
+            device_map: passed to accelerate (e.g. ``"auto"`` to spread a large target over several GPUs).
+                Without it, models go to the GPU when one is present, else stay on the CPU.
+            trust_remote_code: only when you trust the checkpoints' code; off by default.
+            **policy_options: the policy's config options.
+        """
+        load = dict(dtype=torch_dtype, device_map=device_map, trust_remote_code=trust_remote_code)
+        target_model = _load_model(target, "target", load)
+        draft_model = _load_model(draft, "draft", load) if draft is not None else None
+        processor = AutoProcessor.from_pretrained(str(target), trust_remote_code=trust_remote_code)
+        if draft_model is not None:
+            check_compatible(
+                target_model,
+                draft_model,
+                target_tokenizer=getattr(processor, "tokenizer", None),
+                draft_tokenizer=_load_tokenizer(draft, trust_remote_code),
+            )
+        if device_map is None:
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            target_model.to(device)
+            if draft_model is not None:
+                draft_model.to(device)
+        return cls(target_model, draft_model, processor, policy=policy, **policy_options)
+
+    # ---- inputs -------------------------------------------------------------------------------------------------
+    def prepare_inputs(
+        self,
+        image: ImageInput | Sequence[ImageInput] | None,
+        prompt: str,
+        video: VideoInput | None = None,
+        num_frames: int = 8,
+    ) -> dict[str, torch.Tensor]:
+        """Processor inputs (batch 1) for a chat turn with the images/video and the prompt.
+
+        The same inputs are what ``target.generate(**inputs)`` takes, which is how the tests compare outputs.
+        """
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
+        images = load_images(image)
+        frames = load_video(video, num_frames=num_frames) if video is not None else None
+        content: list[dict[str, Any]] = [{"type": "image"} for _ in images]
+        if frames is not None:
+            content.append({"type": "video"})
+        content.append({"type": "text", "text": prompt})
+        text = self.processor.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+        )
+        kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
+        if images:
+            kwargs["images"] = images
+        if frames is not None:
+            kwargs["videos"] = [frames]
+            kwargs["do_sample_frames"] = False
+        inputs = self.processor(**kwargs)
+        return {k: v.to(self._target_adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+
+    # ---- generation ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def __call__(
+        self,
+        image: ImageInput | Sequence[ImageInput] | None,
+        prompt: str,
+        video: VideoInput | None = None,
+        max_new_tokens: int = 128,
+        do_sample: bool = False,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop_strings: Sequence[str] | None = None,
+        num_frames: int = 8,
+    ) -> SpecOutput:
+        """Generate a reply to ``prompt`` about ``image`` (and/or ``video``).
+
+        Args:
+            image: a PIL image, an image path, a list of them, or ``None`` (text only / video only).
+            prompt: the user's text.
+            video: a video file path or a list of frames (PIL images or HxWx3 uint8 arrays).
+            max_new_tokens: the most tokens to generate.
+            do_sample: sampling instead of greedy decoding (sampling arguments: ``temperature``, ``top_k``,
+                ``top_p``, ``seed``).
+            stop_strings: strings that end generation (as ``generate(stop_strings=...)``).
+            num_frames: frames sampled evenly from a video file.
+
+        Returns:
+            :class:`SpecOutput` with ``text``, ``token_ids`` and ``stats``.
+        """
+        # 1. Check the request before any model work.
+        if do_sample:
+            raise NotImplementedError(
+                "do_sample=True is not implemented yet (lossless tree sampling is planned); call with "
+                "do_sample=False for greedy decoding"
+            )
+        stop = StopCriteria(
+            max_new_tokens=max_new_tokens,
+            eos_token_ids=_eos_ids(self.target),
+            stop_strings=tuple(stop_strings or ()),
+            tokenizer=self.tokenizer if stop_strings else None,
+        )
+        # 2. Build the multimodal prompt once; the draft sees the same inputs.
+        inputs = self.prepare_inputs(image, prompt, video, num_frames=num_frames)
+        self._check_length(inputs["input_ids"].shape[1], max_new_tokens)
+        draft = None
+        if self.policy.uses_draft:
+            adapter = self._draft_adapter
+            draft_inputs = {k: v.to(adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+            draft = DraftPrompt(adapter=adapter, prefill=lambda: adapter.prefill(draft_inputs))
+        # 3. Decode.
+        token_ids, stats = speculative_generate(self._target_adapter, inputs, self.policy, stop, draft=draft)
+        # 4. Decode the text.
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        return SpecOutput(text=text, token_ids=token_ids, stats=stats)
+
+    def _check_length(self, prompt_len: int, max_new_tokens: int) -> None:
+        limit = self._target_adapter.max_positions
+        if limit is not None and prompt_len + max_new_tokens > limit:
+            raise ValueError(
+                f"the prompt has {prompt_len} tokens and max_new_tokens={max_new_tokens}, more than the target's "
+                f"context of {limit} tokens; shorten the prompt, use fewer/smaller images or video frames, or "
+                "lower max_new_tokens"
+            )
+
+
+def check_compatible(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    target_tokenizer: Any = None,
+    draft_tokenizer: Any = None,
+) -> None:
+    """Refuse a draft that cannot draft for ``target``: another family or another vocabulary.
+
+    Raises:
+        ValueError: naming what differs and what to do.
+    """
+    t_type, d_type = target.config.model_type, draft.config.model_type
+    if t_type != d_type:
+        raise ValueError(
+            f"the draft model is a {d_type!r} model but the target is {t_type!r}; vlmspec needs a draft of the "
+            "same family (same tokenizer and visual token layout), e.g. a smaller checkpoint of the same series"
+        )
+    t_vocab = target.get_input_embeddings().weight.shape[0]
+    d_vocab = draft.get_input_embeddings().weight.shape[0]
+    if t_vocab != d_vocab:
+        raise ValueError(
+            f"the draft's vocabulary has {d_vocab} entries but the target's has {t_vocab}; the draft must share "
+            "the target's tokenizer"
+        )
+    for key in ("image_token_id", "video_token_id"):
+        t_id, d_id = getattr(target.config, key, None), getattr(draft.config, key, None)
+        if t_id != d_id:
+            raise ValueError(f"the draft's {key} is {d_id} but the target's is {t_id}; they must share a tokenizer")
+    if target_tokenizer is not None and draft_tokenizer is not None:
+        if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
+            raise ValueError(
+                "the draft's tokenizer differs from the target's (different vocabulary); use a draft that shares "
+                "the target's tokenizer"
+            )
+
+
+def _load_model(source: str | Path, role: str, load: dict[str, Any]) -> torch.nn.Module:
+    path = Path(source)
+    if isinstance(source, Path) or path.exists() or str(source).startswith((".", "/")):
+        if not path.is_dir():
+            raise FileNotFoundError(f"{role} model folder {str(source)!r} does not exist")
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{role} model folder {str(source)!r} has no config.json; point to a folder written by save_pretrained"
+            )
+    return AutoModelForImageTextToText.from_pretrained(str(source), **load)
+
+
+def _load_tokenizer(source: str | Path, trust_remote_code: bool) -> Any:
+    """The tokenizer saved with a checkpoint, or ``None`` when the checkpoint ships none."""
+    try:
+        return AutoTokenizer.from_pretrained(str(source), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return None
+
+
+def _eos_ids(model: torch.nn.Module) -> tuple[int, ...]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config.get_text_config(), "eos_token_id", None)
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)

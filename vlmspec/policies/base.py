@@ -1,0 +1,165 @@
+"""The policy contract and registry.
+
+A *tree policy* decides the shape of each step's draft tree. It has one required method, ``build_tree``, which
+grows a tree through a :class:`~vlmspec.draft.DraftTree` (batched draft forwards, one per level) and returns it
+as a :class:`~vlmspec.tree.TokenTree`, and one optional hook, ``feedback``, which receives the verification
+outcome of the step. Per-request state (if any) is cleared by ``reset``. Policies are registered by name::
+
+    @register_policy("chain")
+    class ChainPolicy(TreePolicy):
+        config_class = ChainConfig
+        ...
+
+    policy = get_policy("chain", gamma=4)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar, TypeVar
+
+import yaml
+
+from ..draft import DraftTree
+from ..tree import TokenTree
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Base of every policy's frozen config. Subclasses validate fields in ``__post_init__``."""
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "PolicyConfig":
+        """Build from a mapping; unknown keys are an error that lists the valid ones."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(
+                f"{cls.__name__}: unknown option(s) {unknown}; valid options are {sorted(names) or 'none'}"
+            )
+        return cls(**values)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "PolicyConfig":
+        """Load from a YAML file (``yaml.safe_load``); a top-level ``policy:`` key, if present, is ignored."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"policy config {str(path)!r} does not exist")
+        values = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"policy config {str(path)!r} must hold a mapping of option: value")
+        values = {k: v for k, v in values.items() if k != "policy"}
+        return cls.from_dict(values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def check(condition: bool, config: object, field: str, value: object, need: str) -> None:
+    """Raise a ``ValueError`` naming the config, the bad field, its value and what is expected."""
+    if not condition:
+        raise ValueError(f"{type(config).__name__}.{field}={value!r} is invalid: {need}")
+
+
+@dataclass(frozen=True)
+class StepFeedback:
+    """What the engine tells a policy after each verification.
+
+    Attributes:
+        step: 0-based index of the decoding step.
+        accepted: draft tokens accepted in this step (tau of the step, bonus token excluded).
+        tree_size: draft nodes verified (root excluded).
+        tree_depth: depth of the verified tree.
+    """
+
+    step: int
+    accepted: int
+    tree_size: int
+    tree_depth: int
+
+
+class TreePolicy:
+    """Base class of all tree policies."""
+
+    name: ClassVar[str] = ""
+    config_class: ClassVar[type[PolicyConfig]] = PolicyConfig
+    uses_draft: ClassVar[bool] = True
+    lossless: ClassVar[bool] = True
+
+    def __init__(self, config: PolicyConfig | None = None) -> None:
+        config = self.config_class() if config is None else config
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}")
+        self.config = config
+        self.reset()
+
+    @classmethod
+    def from_config(cls, config: PolicyConfig | dict[str, Any] | None = None, **overrides: Any) -> "TreePolicy":
+        """Build from a config object, a mapping, or keyword overrides of the defaults."""
+        if config is None:
+            config = {}
+        if isinstance(config, dict):
+            config = cls.config_class.from_dict({**config, **overrides})
+        elif overrides:
+            config = dataclasses.replace(config, **overrides)
+        return cls(config)
+
+    def reset(self) -> None:
+        """Clear per-request state (called by the engine before each generation)."""
+
+    def build_tree(self, draft: DraftTree) -> TokenTree:
+        """Grow this step's tree with ``draft`` and return it."""
+        raise NotImplementedError
+
+    def feedback(self, step: StepFeedback) -> None:
+        """Optional hook: the outcome of the step just verified."""
+
+    def trace(self) -> dict[str, Any]:
+        """The values that shaped the last tree (recorded per step in ``stats.trace``)."""
+        return {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config})"
+
+
+_REGISTRY: dict[str, type[TreePolicy]] = {}
+P = TypeVar("P", bound=type[TreePolicy])
+
+
+def register_policy(name: str) -> Callable[[P], P]:
+    """Class decorator registering a :class:`TreePolicy` under ``name``."""
+
+    def wrap(cls: P) -> P:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"a policy named {name!r} is already registered ({_REGISTRY[name].__name__})")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def available_policies() -> list[str]:
+    """Names of all registered policies."""
+    return sorted(_REGISTRY)
+
+
+def policy_class(name: str) -> type[TreePolicy]:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown policy {name!r}; available policies: {', '.join(available_policies())}")
+    return _REGISTRY[name]
+
+
+def get_policy(name: str, config: PolicyConfig | dict[str, Any] | None = None, **options: Any) -> TreePolicy:
+    """Instantiate a registered policy by name.
+
+    Args:
+        name: registered policy name (see :func:`available_policies`).
+        config: a config object or mapping; ``options`` override its fields.
+
+    Raises:
+        ValueError: unknown name, unknown option, or an invalid option value.
+    """
+    return policy_class(name).from_config(config, **options)

@@ -1,0 +1,53 @@
+"""Stop conditions applied exactly as ``generate()`` applies them for one sequence.
+
+``generate()`` checks its criteria after each new token: it stops after ``max_new_tokens`` tokens, after an EOS
+token (which is kept in the output), or once the decoded text ends with a stop string (``StopStringCriteria``:
+the stop string must end inside the last token's text). The engine emits several tokens per step and calls
+:meth:`StopCriteria.update` after each of them, so it cuts the output at exactly the same token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class StopCriteria:
+    """Args:
+    max_new_tokens: the most tokens to generate (>= 1).
+    eos_token_ids: tokens that end generation (kept in the output).
+    stop_strings: strings that end generation once generated.
+    tokenizer: needed only with ``stop_strings`` (to decode).
+    """
+
+    max_new_tokens: int
+    eos_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    tokenizer: Any = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} is invalid: use an integer >= 1")
+        if self.stop_strings and self.tokenizer is None:
+            raise ValueError("stop_strings need a tokenizer to decode the output; pass the processor's tokenizer")
+        self._eos = frozenset(self.eos_token_ids)
+
+    def update(self, tokens: list[int]) -> bool:
+        """True when generation must stop after the last token of ``tokens``."""
+        if len(tokens) >= self.max_new_tokens or tokens[-1] in self._eos:
+            return True
+        if not self.stop_strings:
+            return False
+        last = self.tokenizer.decode(tokens[-1:])
+        longest = max(map(len, self.stop_strings))
+        # Decode enough trailing tokens to cover the longest stop string plus the last token.
+        tail, count = last, 1
+        while len(tail) < longest + len(last) and count < len(tokens):
+            count = min(2 * count, len(tokens))
+            tail = self.tokenizer.decode(tokens[-count:])
+        for stop in self.stop_strings:
+            end = tail.rfind(stop)
+            if end >= 0 and end + len(stop) > len(tail) - len(last):
+                return True
+        return False
