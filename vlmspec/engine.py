@@ -78,10 +78,20 @@ class SpecStats:
 
 @dataclass
 class DraftPrompt:
-    """How the draft sees the prompt: its own inputs (pruned or not) through its adapter."""
+    """How the draft sees the prompt.
+
+    Attributes:
+        adapter: the draft model's adapter.
+        inputs: processor outputs on the draft's device (the same prompt as the target's).
+        select: maps the target prefill's ``visual_scores`` (or ``None``) to the prompt positions the draft keeps
+            (``None``: all); ``None`` disables pruning.
+        needs_scores: whether ``select`` needs the target's attention scores over the visual tokens.
+    """
 
     adapter: VLMAdapter
-    prefill: Callable[[], tuple[torch.Tensor, DecodeState]]
+    inputs: dict[str, torch.Tensor]
+    select: Callable[[torch.Tensor | None], torch.Tensor | None] | None = None
+    needs_scores: bool = False
 
 
 def speculative_generate(
@@ -108,8 +118,10 @@ def speculative_generate(
     t_start = time.perf_counter()
 
     # 1. Prefill the target on the full prompt; its argmax is the first new token (the first root).
-    logits, t_state = target.prefill(target_inputs)  # logits: [V]
-    root = logits.argmax()  # []
+    scores_needed = policy.uses_draft and draft is not None and draft.needs_scores
+    prefill = target.prefill(target_inputs, score_visual=scores_needed)
+    t_state = prefill.state
+    root = prefill.logits.argmax()  # []
     prompt_len = target_inputs["input_ids"].shape[1]
     stats.target_visual_tokens = t_state.visual_tokens
     stats.prefill_seconds = time.perf_counter() - t_start
@@ -120,7 +132,8 @@ def speculative_generate(
         if draft is None:
             raise ValueError(f"policy {policy.name!r} needs a draft model, but the pipeline has none")
         t0 = time.perf_counter()
-        _, d_state = draft.prefill()
+        keep = draft.select(prefill.visual_scores) if draft.select is not None else None
+        d_state = draft.adapter.prefill(draft.inputs, keep=keep).state
         stats.draft_visual_tokens = d_state.visual_tokens
         stats.draft_prefill_seconds = time.perf_counter() - t0
     pending = root.new_zeros(0)  # accepted tokens the draft has not consumed

@@ -217,7 +217,7 @@ class VLMSpecPipeline:
         if self.policy.uses_draft:
             adapter = self._draft_adapter
             draft_inputs = {k: v.to(adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
-            draft = DraftPrompt(adapter=adapter, prefill=lambda: adapter.prefill(draft_inputs))
+            draft = DraftPrompt(adapter=adapter, inputs=draft_inputs)
         # 3. Decode.
         token_ids, stats = speculative_generate(self._target_adapter, inputs, self.policy, stop, draft=draft)
         # 4. Decode the text.

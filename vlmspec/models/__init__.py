@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import DecodeState, PromptLayout, VLMAdapter
+from .base import DecodeState, Prefill, PromptLayout, VLMAdapter
 from .llava import LlavaOnevisionAdapter
 from .qwen import QwenVLAdapter
 
@@ -30,4 +30,4 @@ def adapter_for(model: torch.nn.Module) -> VLMAdapter:
     return _ADAPTERS[model_type](model)
 
 
-__all__ = ["DecodeState", "PromptLayout", "VLMAdapter", "adapter_for", "SUPPORTED_MODEL_TYPES"]
+__all__ = ["DecodeState", "Prefill", "PromptLayout", "VLMAdapter", "adapter_for", "SUPPORTED_MODEL_TYPES"]

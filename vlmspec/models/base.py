@@ -46,6 +46,22 @@ class DecodeState:
 
 
 @dataclass
+class Prefill:
+    """Output of a prefill.
+
+    Attributes:
+        logits: ``[V]`` logits at the last prompt position.
+        state: the new decoding state.
+        visual_scores: ``[num_visual]`` attention each visual token receives from the text after the last visual
+            token (mean over heads, layers and those text queries); only when asked for.
+    """
+
+    logits: torch.Tensor
+    state: DecodeState
+    visual_scores: torch.Tensor | None = None
+
+
+@dataclass
 class PromptLayout:
     """Where the visual tokens sit in a tokenised prompt.
 
@@ -112,22 +128,29 @@ class VLMAdapter:
         return PromptLayout(visual=(ids == image_id) | is_video, is_video=is_video)
 
     @torch.no_grad()
-    def prefill(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, DecodeState]:
-        """Run the full multimodal prompt.
+    def prefill(
+        self, inputs: dict[str, torch.Tensor], keep: torch.Tensor | None = None, score_visual: bool = False
+    ) -> Prefill:
+        """Run the multimodal prompt.
 
         Args:
             inputs: processor outputs for one prompt (batch 1), already on the model's device.
+            keep: ``[K]`` ascending prompt positions to keep (all text positions plus the kept visual ones);
+                ``None`` keeps everything. Kept tokens keep their original (rotary) positions.
+            score_visual: also return ``visual_scores`` (attention-guided pruning of the draft).
 
         Returns:
-            ``[V]`` logits at the last prompt position and the new decoding state.
+            The last position's logits, the decoding state and (if asked) the visual scores.
         """
+        if keep is not None or score_visual:
+            raise NotImplementedError(f"{type(self).__name__}: pruned/scored prefill is not implemented")
         cache = new_cache(self.model)
         position_ids, rope_delta = self.prompt_rope(inputs)
         out = self.model(
             **inputs, position_ids=position_ids, past_key_values=cache, use_cache=True, logits_to_keep=1
         )
         state = DecodeState(cache=cache, rope_delta=rope_delta, visual_tokens=self.prompt_layout(inputs).num_visual)
-        return out.logits[0, -1], state
+        return Prefill(logits=out.logits[0, -1], state=state)
 
     @torch.no_grad()
     def forward(
