@@ -21,7 +21,7 @@ from .models import VLMAdapter, adapter_for
 from .policies import TreePolicy, available_policies, get_policy
 from .stopping import StopCriteria
 
-DEFAULT_POLICY = "static"
+DEFAULT_POLICY = "sage"
 
 
 @dataclass

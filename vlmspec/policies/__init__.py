@@ -11,6 +11,7 @@ from .base import (
     register_policy,
 )
 from .chain import ChainConfig, ChainPolicy
+from .sage import SAGEConfig, SAGEPolicy, confidence
 from .static import MC_SIM_7B_63, StaticConfig, StaticTreePolicy
 
 __all__ = [
@@ -20,11 +21,14 @@ __all__ = [
     "ChainPolicy",
     "MC_SIM_7B_63",
     "PolicyConfig",
+    "SAGEConfig",
+    "SAGEPolicy",
     "StaticConfig",
     "StaticTreePolicy",
     "StepFeedback",
     "TreePolicy",
     "available_policies",
+    "confidence",
     "get_policy",
     "policy_class",
     "register_policy",

@@ -78,6 +78,20 @@ def plan_levels(paths: tuple[tuple[int, ...], ...]) -> list[_Level]:
     return plan
 
 
+def grow_planned(draft: DraftTree, plan: list[_Level], root_probs: torch.Tensor) -> None:
+    """Grow a planned (static) tree level by level from the root's draft distribution ``[1, V]``."""
+    device = root_probs.device
+    ids = torch.zeros(1, dtype=torch.long, device=device)  # previous level's node ids (the root)
+    probs = root_probs  # [F, V]: distributions of the previous level's nodes that have children
+    for level in plan:
+        rows, ranks = level.rows.to(device), level.ranks.to(device)
+        top_p, top_tok = probs.topk(int(level.ranks.max()) + 1, dim=-1)  # [F, K]
+        ids = draft.add(ids[level.parent_pos.to(device)], top_tok[rows, ranks], top_p[rows, ranks])
+        if ids.numel() < rows.numel() or level.expand.numel() == 0:
+            break  # depth limit reached, or the leaves' level (leaves are not expanded)
+        probs = draft.next_probs(ids[level.expand.to(device)])
+
+
 @register_policy("static")
 class StaticTreePolicy(TreePolicy):
     config_class = StaticConfig
@@ -87,14 +101,6 @@ class StaticTreePolicy(TreePolicy):
         self._plan = plan_levels(self.config.paths)
 
     def build_tree(self, draft: DraftTree) -> TokenTree:
-        device = draft.tokens.device
-        ids = torch.zeros(1, dtype=torch.long, device=device)  # previous level's node ids (the root)
-        probs = draft.next_probs(ids)  # [F, V]: distributions of the nodes that have children
-        for level in self._plan:
-            rows, ranks = level.rows.to(device), level.ranks.to(device)
-            top_p, top_tok = probs.topk(int(level.ranks.max()) + 1, dim=-1)  # [F, K]
-            ids = draft.add(ids[level.parent_pos.to(device)], top_tok[rows, ranks], top_p[rows, ranks])
-            if ids.numel() < rows.numel() or level.expand.numel() == 0:
-                break  # depth limit reached, or the leaves' level (leaves are not expanded)
-            probs = draft.next_probs(ids[level.expand.to(device)])
+        root = torch.zeros(1, dtype=torch.long, device=draft.tokens.device)
+        grow_planned(draft, self._plan, draft.next_probs(root))
         return draft.tree()

@@ -1,0 +1,153 @@
+"""SAGE's formulas (sage.txt Eq. 7-12, section 5.1) on synthetic draft distributions."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from synthetic import geometric, peaked, synthetic_tree
+from vlmspec.policies import SAGEConfig, SAGEPolicy, StepFeedback, confidence, get_policy
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_confidence_uniform_topk_is_zero_and_one_hot_is_one():
+    uniform = torch.full((50,), 1 / 50)
+    one_hot = torch.zeros(50)
+    one_hot[7] = 1.0
+    assert float(confidence(uniform, 10)) == pytest.approx(0.0, abs=1e-6)
+    assert float(confidence(one_hot, 10)) == pytest.approx(1.0, abs=1e-6)
+    # Eq. 7-9 by hand for a two-level top-k: renormalise, entropy, complement.
+    probs = torch.tensor([0.4, 0.2, 0.2, 0.1, 0.1])
+    p = probs[:4] / probs[:4].sum()
+    expected = 1 - float(-(p * p.log()).sum()) / math.log(4)
+    assert float(confidence(probs, 4)) == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize(("alpha", "depth", "width"), [(0.0, 3, 10), (0.5, 6, 6), (1.0, 8, 2)])
+def test_depth_and_width_follow_eq_10_11(alpha, depth, width):
+    c = SAGEConfig()
+    assert (c.d_min, c.d_max, c.w_min, c.w_max, c.top_k, c.n_max, c.window, c.lower, c.upper) == (
+        3, 8, 2, 10, 10, 64, 10, 2.0, 3.0
+    )
+    # D(0.5) = 3 + 0.5 * 5 = 5.5 -> 6 (half-up); W(0.5) = 2 + 0.5 * 8 = 6.
+    assert c.depth(alpha, c.d_max) == depth
+    assert c.width(alpha) == width
+    assert c.threshold(2, 4) == pytest.approx(0.1 * 2 / 4)
+
+
+def _two_steps(policy: SAGEPolicy, dist_fn):
+    """Step 1 measures the draft's confidence; step 2's tree is shaped by it (lookahead)."""
+    first, _ = synthetic_tree(dist_fn)
+    policy.build_tree(first)
+    second, adapter = synthetic_tree(dist_fn)
+    tree = policy.build_tree(second)
+    return tree, policy.trace(), adapter
+
+
+def _widths(tree) -> list[int]:
+    return torch.bincount(tree.depths[1:]).tolist()[1:]
+
+
+def test_confident_draft_builds_deeper_narrower_tree_than_uncertain():
+    vocab = 64
+    confident_tree, confident, _ = _two_steps(SAGEPolicy(SAGEConfig(initial_paths=())), peaked(vocab, 0.97))
+    uncertain_tree, uncertain, _ = _two_steps(SAGEPolicy(SAGEConfig(initial_paths=())), geometric(vocab, 0.8))
+    assert confident["alpha"] > 0.8 > 0.3 > uncertain["alpha"]
+    assert confident["depth"] > uncertain["depth"] and confident["width"] < uncertain["width"]
+    assert confident_tree.max_depth > uncertain_tree.max_depth
+    assert max(_widths(confident_tree)) < max(_widths(uncertain_tree))
+    assert confident_tree.num_nodes <= 64 and uncertain_tree.num_nodes <= 64
+
+
+def test_lookahead_uses_previous_steps_confidence():
+    policy = SAGEPolicy(SAGEConfig(initial_paths=()))
+    first, _ = synthetic_tree(peaked(32, 0.9))
+    policy.build_tree(first)
+    assert policy.trace()["alpha"] == 0.5  # Algorithm 1 initialises alpha to 0.5
+    root_probs = peaked(32, 0.9)(torch.tensor([1]), torch.tensor([0]))[0]
+    second, _ = synthetic_tree(geometric(32, 0.7))
+    policy.build_tree(second)
+    assert policy.trace()["alpha"] == pytest.approx(float(confidence(root_probs, 10)), rel=1e-5)
+
+
+@pytest.mark.parametrize("n_max", [5, 17, 64])
+def test_n_max_theta_and_widths_are_respected(n_max):
+    policy = SAGEPolicy(SAGEConfig(initial_paths=(), n_max=n_max, init_alpha=0.0))
+    draft, _ = synthetic_tree(geometric(64, 0.85))
+    tree = policy.build_tree(draft)
+    trace = policy.trace()
+    c = policy.config
+    assert 0 < tree.num_nodes <= n_max
+    assert tree.max_depth <= trace["depth"]
+    depths = tree.depths
+    for node in range(1, tree.num_nodes + 1):
+        level = int(depths[node])
+        cum = float(draft.cum_probs[node])
+        assert cum > c.threshold(level, trace["depth"])  # theta_l = 0.1 * l / D(alpha)
+        siblings = (tree.parents == tree.parents[node]).nonzero().flatten()
+        rank = int((draft.probs[siblings] > draft.probs[node]).sum())
+        parent = int(tree.parents[node])
+        limit = trace["width"] if level == 1 else math.ceil(trace["width"] / level * (0.5 + float(draft.probs[parent])))
+        assert rank < limit  # path index p_l < W_l (Eq. 12)
+
+
+def test_one_forward_per_level():
+    policy = SAGEPolicy(SAGEConfig(initial_paths=(), init_alpha=0.3))
+    draft, adapter = synthetic_tree(geometric(64, 0.6))
+    tree = policy.build_tree(draft)
+    # The root's forward, then each forward covers one whole level (all its nodes at once).
+    assert adapter.calls[0] == 1
+    assert adapter.calls[1:] == _widths(tree)[: len(adapter.calls) - 1]
+    assert len(adapter.calls) >= tree.max_depth
+
+
+def test_first_step_uses_static_initial_tree():
+    policy = get_policy("sage")
+    draft, _ = synthetic_tree(geometric(64, 0.6))
+    tree = policy.build_tree(draft)
+    assert tree.num_nodes == 63 and tree.max_depth == 4
+
+
+def _feed(policy: SAGEPolicy, values: list[int]) -> None:
+    for i, v in enumerate(values):
+        policy.feedback(StepFeedback(step=i, accepted=v, tree_size=10, tree_depth=4))
+
+
+def test_history_moves_max_depth_only_outside_thresholds():
+    policy = SAGEPolicy(SAGEConfig())
+    assert policy._max_depth == 8
+    _feed(policy, [1] * 9)
+    assert policy._max_depth == 8  # window not full yet
+    _feed(policy, [1])
+    assert policy._max_depth == 7  # mean 1 < lower 2
+    _feed(policy, [2, 3] * 5)
+    assert policy._max_depth == 7  # mean 2.5 within [2, 3]: hysteresis
+    _feed(policy, [3] * 10)
+    assert policy._max_depth == 7  # mean exactly 3 is not above the upper threshold
+    _feed(policy, [5] * 10)
+    assert policy._max_depth == 8  # mean 5 > upper 3
+    _feed(policy, [5] * 10)
+    assert policy._max_depth == 8  # never above d_max
+    _feed(policy, [0] * 100)
+    assert policy._max_depth == 3  # never below d_min
+    # The adjusted maximum is the D_max of Eq. 10.
+    draft, _ = synthetic_tree(peaked(32, 0.99))
+    policy.build_tree(draft)
+    assert policy.trace()["max_depth"] == 3 and policy.trace()["depth"] == 3
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("d_min", 0), ("w_max", 1), ("top_k", 1), ("n_max", 0), ("init_alpha", 1.5)]
+)
+def test_bad_config_values_are_named(option, value):
+    with pytest.raises(ValueError, match=rf"{option}={value}"):
+        get_policy("sage", **{option: value})
+
+
+def test_yaml_config_holds_paper_defaults():
+    config = SAGEConfig.from_yaml(ROOT / "configs" / "policies" / "sage.yaml")
+    assert config == SAGEConfig()

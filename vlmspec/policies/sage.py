@@ -1,0 +1,215 @@
+"""``sage``: entropy-guided adaptive trees (SAGE, ``shared/papers/sage.txt``), the default policy.
+
+Per step (Algorithm 1):
+
+1. Confidence from the draft's top-k entropy (Eq. 7-9)::
+
+       P~_i = P_i / sum_{j in top-k} P_j          H = -sum_i P~_i log P~_i          alpha = 1 - H / log k
+
+2. Depth and width (Eq. 10-11), with ``D_max`` the history-adjusted maximum depth::
+
+       D(alpha) = D_min + alpha * (D_max - D_min)       W(alpha) = W_min + (1 - alpha) * (W_max - W_min)
+
+3. Level ``l`` of the tree: each node keeps its top-``W_l`` draft candidates (Eq. 12)::
+
+       W_1 = W(alpha)          W_l = W(alpha) * (1 / l) * (0.5 + P_parent)   for l >= 2
+
+   and a candidate is kept only if its cumulative probability exceeds ``theta_l = 0.1 * l / D(alpha)``.
+   Growth stops at depth ``D(alpha)`` or at ``N_max`` nodes.
+
+4. Lookahead: the confidence measured while drafting step ``t`` shapes the tree of step ``t + 1``
+   (the draft's distributions are already there; no extra forward).
+
+5. Adaptive history tracking: a sliding window of recent acceptance lengths lowers ``D_max`` when its mean
+   is below the lower threshold, raises it when above the upper threshold, and leaves it between them.
+
+Choices where the paper is open (and why):
+
+* ``P_out`` for the confidence is the draft's distribution at the *root* of the step (the draft's prediction of
+  the step's first new token): Eq. 7 speaks of one logit vector ``o_t`` per decoding step, and the root's is the
+  one every step has.
+* ``D(alpha)`` and ``W(alpha)`` are rounded half-up to integers; ``W_l`` (``l >= 2``) is rounded *up*
+  (ceil). Rounding ``W_l`` down would give ``W_l = 0`` from ``l = 6`` on even for a fully confident draft
+  (``W = 2``), capping depth far below ``D(alpha) = 8`` and contradicting Eq. 10; with ceil the threshold
+  ``theta_l`` is what ends a deep branch, as the paper's formal definition of ``T_alpha`` reads.
+* ``P_parent`` is the parent's own draft probability (given its parent); the cumulative probability is the
+  separate quantity that ``theta_l`` tests.
+* When a level would exceed ``N_max``, its candidates with the highest cumulative probability are kept.
+* History: the acceptance length is tau (accepted draft tokens, bonus excluded: Eq. 5's count). ``D_max``
+  starts at ``d_max`` and moves by one within ``[d_min, d_max]``; a decision is taken each time the window is
+  full, and the window is then cleared, so one bad stretch moves the depth once rather than every step.
+* The first step uses the static initial tree of Appendix A.1 (``initial_paths``; the Medusa/EAGLE 63-node tree
+  by default) with alpha = 0.5 as Algorithm 1 initialises it; set ``initial_paths=()`` to build the first tree
+  from alpha = 0.5 instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..draft import DraftTree
+from ..tree import TokenTree
+from .base import PolicyConfig, StepFeedback, TreePolicy, check, register_policy
+from .static import MC_SIM_7B_63, grow_planned, plan_levels
+
+
+def confidence(probs: torch.Tensor, k: int) -> torch.Tensor:
+    """SAGE confidence (Eq. 7-9) of next-token distributions.
+
+    Args:
+        probs: ``[..., V]`` probabilities.
+        k: top-k size.
+
+    Returns:
+        ``[...]`` alpha in ``[0, 1]``: 0 for a uniform top-k, 1 for a one-hot distribution.
+    """
+    top = probs.topk(k, dim=-1).values  # [..., k]
+    top = top / top.sum(dim=-1, keepdim=True).clamp_min(1e-30)  # Eq. 7
+    entropy = -(top * top.clamp_min(1e-30).log()).sum(dim=-1)  # Eq. 8
+    return (1.0 - entropy / math.log(k)).clamp(0.0, 1.0)  # Eq. 9
+
+
+def _round_half_up(x: float) -> int:
+    return int(math.floor(x + 0.5))
+
+
+@dataclass(frozen=True)
+class SAGEConfig(PolicyConfig):
+    """SAGE hyper-parameters; defaults from the paper's section 5.1.
+
+    Args:
+        d_min, d_max: depth range (3, 8).
+        w_min, w_max: width range (2, 10).
+        top_k: k of the top-k entropy (10).
+        n_max: most draft nodes per tree (64).
+        theta_scale: the 0.1 in ``theta_l = 0.1 * l / D(alpha)``.
+        init_alpha: alpha before any measurement (0.5, Algorithm 1).
+        window: acceptance-history window (10).
+        lower, upper: history thresholds on the mean acceptance length (2, 3).
+        initial_paths: the first step's static tree (Appendix A.1); ``()`` builds it from ``init_alpha``.
+    """
+
+    d_min: int = 3
+    d_max: int = 8
+    w_min: int = 2
+    w_max: int = 10
+    top_k: int = 10
+    n_max: int = 64
+    theta_scale: float = 0.1
+    init_alpha: float = 0.5
+    window: int = 10
+    lower: float = 2.0
+    upper: float = 3.0
+    initial_paths: tuple[tuple[int, ...], ...] = MC_SIM_7B_63
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "initial_paths", tuple(tuple(int(r) for r in p) for p in self.initial_paths))
+        check(self.d_min >= 1, self, "d_min", self.d_min, "an integer >= 1")
+        check(self.d_max >= self.d_min, self, "d_max", self.d_max, f"an integer >= d_min ({self.d_min})")
+        check(self.w_min >= 1, self, "w_min", self.w_min, "an integer >= 1")
+        check(self.w_max >= self.w_min, self, "w_max", self.w_max, f"an integer >= w_min ({self.w_min})")
+        check(self.top_k >= 2, self, "top_k", self.top_k, "an integer >= 2 (entropy is normalised by log k)")
+        check(self.top_k >= self.w_max, self, "top_k", self.top_k, f"at least w_max ({self.w_max})")
+        check(self.n_max >= 1, self, "n_max", self.n_max, "an integer >= 1")
+        check(self.theta_scale >= 0, self, "theta_scale", self.theta_scale, "a number >= 0")
+        check(0.0 <= self.init_alpha <= 1.0, self, "init_alpha", self.init_alpha, "a number in [0, 1]")
+        check(self.window >= 1, self, "window", self.window, "an integer >= 1")
+        check(self.lower <= self.upper, self, "lower", self.lower, f"a number <= upper ({self.upper})")
+        if self.initial_paths:
+            check(len(self.initial_paths) <= self.n_max, self, "initial_paths", len(self.initial_paths),
+                  f"at most n_max ({self.n_max}) paths")  # fmt: skip
+
+    def depth(self, alpha: float, d_max: int) -> int:
+        """Eq. 10, rounded half-up."""
+        return _round_half_up(self.d_min + alpha * (d_max - self.d_min))
+
+    def width(self, alpha: float) -> int:
+        """Eq. 11, rounded half-up."""
+        return _round_half_up(self.w_min + (1.0 - alpha) * (self.w_max - self.w_min))
+
+    def threshold(self, level: int, depth: int) -> float:
+        """theta_l = 0.1 * l / D(alpha)."""
+        return self.theta_scale * level / depth
+
+
+@register_policy("sage")
+class SAGEPolicy(TreePolicy):
+    config_class = SAGEConfig
+
+    def reset(self) -> None:
+        c = self.config
+        self._alpha = c.init_alpha
+        self._max_depth = c.d_max
+        self._history: deque[int] = deque(maxlen=c.window)
+        self._first = True
+        self._plan = plan_levels(c.initial_paths) if c.initial_paths else None
+        self._last: dict[str, Any] = {}
+
+    # ---- tree ------------------------------------------------------------------------------------------------
+    def build_tree(self, draft: DraftTree) -> TokenTree:
+        c = self.config
+        alpha, d_max = self._alpha, self._max_depth
+        depth, width = c.depth(alpha, d_max), c.width(alpha)
+        root = torch.zeros(1, dtype=torch.long, device=draft.tokens.device)
+        root_probs = draft.next_probs(root)  # [1, V]
+        if self._first and self._plan is not None:
+            grow_planned(draft, self._plan, root_probs)
+        else:
+            self._grow_adaptive(draft, root_probs, depth, width)
+        self._first = False
+        self._last = {"alpha": alpha, "depth": depth, "width": width, "max_depth": d_max}
+        # Lookahead (Algorithm 1, lines 15-17): this step's draft confidence shapes the next tree.
+        self._alpha = float(confidence(root_probs[0], c.top_k))
+        return draft.tree()
+
+    def _grow_adaptive(self, draft: DraftTree, probs: torch.Tensor, depth: int, width: int) -> None:
+        c = self.config
+        frontier = torch.zeros(1, dtype=torch.long, device=probs.device)  # node ids whose `probs` we hold
+        for level in range(1, depth + 1):
+            budget = c.n_max - draft.num_nodes
+            if budget <= 0:
+                break
+            # Eq. 12: per-parent width (W_1 = W(alpha)); ranks >= W_l are not candidates.
+            if level == 1:
+                widths = torch.full_like(frontier, width, dtype=torch.float32)
+            else:
+                widths = (width / level * (0.5 + draft.probs[frontier])).ceil()  # [F]
+            k = min(int(widths.max()), c.top_k)
+            top_p, top_tok = probs.topk(k, dim=-1)  # [F, k]
+            cum = draft.cum_probs[frontier][:, None] * top_p  # [F, k] cumulative probability of each candidate
+            ranks = torch.arange(k, device=probs.device)[None, :]
+            keep = (ranks < widths[:, None]) & (cum > c.threshold(level, depth))  # [F, k]
+            rows, cols = keep.nonzero(as_tuple=True)
+            if rows.numel() > budget:  # N_max: the most probable candidates of this level
+                best = cum[rows, cols].topk(budget).indices.sort().values
+                rows, cols = rows[best], cols[best]
+            if rows.numel() == 0:
+                break
+            ids = draft.add(frontier[rows], top_tok[rows, cols], top_p[rows, cols])
+            if ids.numel() == 0 or level == depth or draft.num_nodes >= c.n_max:
+                break
+            frontier = ids
+            probs = draft.next_probs(frontier)  # one batched draft forward for the whole level
+
+    # ---- feedback --------------------------------------------------------------------------------------------
+    def feedback(self, step: StepFeedback) -> None:
+        """Adaptive history tracking: move the maximum depth when the window mean leaves [lower, upper]."""
+        c = self.config
+        self._history.append(step.accepted)
+        if len(self._history) < c.window:
+            return
+        mean = sum(self._history) / len(self._history)
+        if mean < c.lower and self._max_depth > c.d_min:
+            self._max_depth -= 1
+            self._history.clear()
+        elif mean > c.upper and self._max_depth < c.d_max:
+            self._max_depth += 1
+            self._history.clear()
+
+    def trace(self) -> dict[str, Any]:
+        return dict(self._last)
