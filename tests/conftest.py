@@ -1,4 +1,50 @@
+"""Shared fixtures: tiny real-architecture pairs, built once per test session."""
+
+from __future__ import annotations
+
+import os
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 sys.path.insert(0, str(Path(__file__).parent))  # tests/synthetic.py helpers
+
+from vlmspec.testing import FAMILIES, build_tiny_pair, make_image, make_video_frames  # noqa: E402
+
+PROMPTS = (
+    "Describe this image.",
+    "What color is the largest shape?",
+    "How many objects are there? Answer briefly.",
+    "Write a short story about what you see.",
+    "List three things in the picture.",
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory) -> Path:
+    """Where the tiny pairs live: $VLMSPEC_TEST_CACHE (reused across runs) or a fresh temp folder."""
+    env = os.environ.get("VLMSPEC_TEST_CACHE")
+    return Path(env) if env else tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_pairs(tiny_root):
+    return {family: build_tiny_pair(family, root=tiny_root) for family in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """The GPU when there is one (so the same tests check CUDA), else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def input_kinds():
+    """(name, image, video) for one image, two images, a video and text only."""
+    return [
+        ("image", make_image(0), None),
+        ("two_images", [make_image(1), make_image(2)], None),
+        ("video", None, make_video_frames(0)),
+        ("text", None, None),
+    ]

@@ -70,7 +70,7 @@ def load_video(video: VideoInput, num_frames: int = 8) -> list[Image.Image]:
                 raise ValueError(f"video file {str(path)!r} holds no frames")
             index = np.linspace(0, total - 1, num=min(num_frames, total)).round().astype(int)
             array = reader.get_batch(list(index)).asnumpy()  # [F, H, W, 3] uint8
-        except DECORDError as err:
+        except (DECORDError, RuntimeError) as err:  # decord raises RuntimeError for unreadable containers
             raise ValueError(f"video file {str(path)!r} could not be decoded ({err}); check that it is a valid video") from err
         return [Image.fromarray(frame) for frame in array]
     frames = list(video)

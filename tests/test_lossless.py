@@ -1,0 +1,67 @@
+"""Lossless: greedy speculative output == the target's own greedy ``generate()``, token for token.
+
+Every family x policy x input kind (one image, two images, a video, text only) x 5 prompts, 48 new tokens;
+and again in bfloat16 on the CPU. On a machine with a GPU the same tests run there (device chosen by
+``from_pretrained``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import PROMPTS, input_kinds
+
+from vlmspec import VLMSpecPipeline, get_policy
+from vlmspec.testing import FAMILIES
+
+POLICIES = ("ar", "chain", "static", "sage")
+MAX_NEW = 48
+
+
+def reference(pipe: VLMSpecPipeline, inputs) -> list[int]:
+    out = pipe.target.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
+    return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_case(request, tiny_pairs):
+    """A pipeline per family plus its reference outputs for every input kind and prompt."""
+    pair = tiny_pairs[request.param]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
+    cases = []
+    for kind, image, video in input_kinds():
+        for prompt in PROMPTS:
+            inputs = pipe.prepare_inputs(image, prompt, video)
+            cases.append((kind, prompt, image, video, reference(pipe, inputs)))
+    return request.param, pipe, cases
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_greedy_equals_generate(family_case, policy):
+    family, pipe, cases = family_case
+    pipe.policy = get_policy(policy)
+    total_accepted = 0
+    for kind, prompt, image, video, expected in cases:
+        out = pipe(image, prompt, video=video, max_new_tokens=MAX_NEW)
+        assert out.token_ids == expected, f"{family}/{policy}/{kind}/{prompt!r}"
+        assert out.stats.new_tokens == len(expected)
+        assert out.stats.lossless
+        total_accepted += out.stats.accepted_tokens
+    if policy == "ar":
+        assert total_accepted == 0
+    else:  # the drafts must have been exercised, not just the bonus tokens
+        assert total_accepted > 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_equals_generate_bf16(tiny_pairs, family):
+    pair = tiny_pairs[family]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.bfloat16)
+    assert pipe.target.dtype == torch.bfloat16
+    for kind, image, video in input_kinds():
+        inputs = pipe.prepare_inputs(image, PROMPTS[0], video)
+        expected = reference(pipe, inputs)
+        for policy in POLICIES:
+            pipe.policy = get_policy(policy)
+            out = pipe(image, PROMPTS[0], video=video, max_new_tokens=MAX_NEW)
+            assert out.token_ids == expected, f"bf16 {family}/{policy}/{kind}"

@@ -1,0 +1,155 @@
+"""Loading, components, statistics, stop conditions and clear errors of VLMSpecPipeline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import PROMPTS
+
+from vlmspec import VLMSpecPipeline, get_policy
+from vlmspec.cli import main as cli_main
+from vlmspec.testing import make_image, make_video_frames, write_video
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_pairs):
+    pair = tiny_pairs["qwen2_vl"]
+    return VLMSpecPipeline.from_pretrained(pair.target, pair.draft, torch_dtype=torch.float32)
+
+
+def test_from_pretrained_loads_saved_folders_with_sage_default(pipe, tiny_pairs):
+    assert pipe.policy.name == "sage"
+    assert pipe.target.config.model_type == pipe.draft.config.model_type == "qwen2_vl"
+    assert sum(p.numel() for p in pipe.draft.parameters()) < sum(p.numel() for p in pipe.target.parameters())
+
+
+def test_policy_is_a_swappable_component(pipe):
+    pipe.policy = get_policy("chain", gamma=4)
+    out = pipe(make_image(0), PROMPTS[0], max_new_tokens=24)
+    assert out.stats.policy == "chain" and max(out.stats.tree_sizes) <= 4
+    with pytest.raises(TypeError, match="TreePolicy"):
+        pipe.policy = 42
+    pipe.policy = "sage"
+
+
+def test_stats_fields_and_trace(pipe):
+    pipe.policy = "sage"
+    out = pipe(make_image(0), PROMPTS[0], max_new_tokens=40)
+    s = out.stats
+    assert s.new_tokens == len(out.token_ids) == 40
+    assert s.steps == len(s.tree_sizes) == len(s.trace)
+    assert s.mean_accepted == pytest.approx(s.accepted_tokens / s.steps)
+    assert s.tokens_per_step == pytest.approx((s.new_tokens - 1) / s.steps)
+    assert s.tokens_per_second > 0 and s.prefill_seconds > 0 and s.verify_seconds > 0 and s.draft_seconds > 0
+    assert s.target_visual_tokens > 0 and s.draft_visual_tokens > 0
+    for entry in s.trace:
+        assert {"alpha", "depth", "width", "tree_size", "accepted", "max_depth"} <= set(entry)
+    assert sum(t["accepted"] for t in s.trace) == s.accepted_tokens
+    as_dict = s.to_dict()
+    assert json.loads(json.dumps(as_dict))["new_tokens"] == 40 and as_dict["lossless"] is True
+
+
+def test_stop_strings_and_eos_match_generate(pipe):
+    pipe.policy = "static"
+    inputs = pipe.prepare_inputs(make_image(0), PROMPTS[3])
+    free = pipe(make_image(0), PROMPTS[3], max_new_tokens=40)
+    # A stop string taken from the middle of the free-running text.
+    text = pipe.tokenizer.decode(free.token_ids[10:14])
+    stop = text.strip()[:3] or text[:3]
+    ref = pipe.target.generate(
+        **inputs, do_sample=False, max_new_tokens=40, stop_strings=[stop], tokenizer=pipe.tokenizer
+    )[0, inputs["input_ids"].shape[1] :].tolist()
+    out = pipe(make_image(0), PROMPTS[3], max_new_tokens=40, stop_strings=[stop])
+    assert out.token_ids == ref and len(ref) < 40
+    # EOS: make the first generated token an EOS id; generation stops right after it, EOS included.
+    first = free.token_ids[0]
+    eos_before = pipe.target.generation_config.eos_token_id
+    try:
+        pipe.target.generation_config.eos_token_id = first
+        out = pipe(make_image(0), PROMPTS[3], max_new_tokens=40)
+        assert out.token_ids == [first]
+    finally:
+        pipe.target.generation_config.eos_token_id = eos_before
+
+
+def test_video_file_input(pipe, tmp_path):
+    path = write_video(tmp_path / "clip.mp4", make_video_frames(0, num_frames=4))
+    out = pipe(None, "Describe this video.", video=path, max_new_tokens=16, num_frames=4)
+    assert out.stats.new_tokens == 16 and out.stats.target_visual_tokens > 0
+
+
+# ---- errors ---------------------------------------------------------------------------------------------------
+
+
+def test_draft_from_another_family_is_refused(tiny_pairs):
+    with pytest.raises(ValueError, match=r"draft model is a 'llava_onevision' model but the target is 'qwen2_vl'"):
+        VLMSpecPipeline.from_pretrained(tiny_pairs["qwen2_vl"].target, tiny_pairs["llava_onevision"].draft)
+
+
+def test_draft_with_another_vocabulary_is_refused(pipe):
+    draft = pipe.draft
+    draft.resize_token_embeddings(draft.get_input_embeddings().weight.shape[0] + 8)
+    try:
+        with pytest.raises(ValueError, match="vocabulary"):
+            VLMSpecPipeline(pipe.target, draft, pipe.processor)
+    finally:
+        draft.resize_token_embeddings(pipe.target.get_input_embeddings().weight.shape[0])
+
+
+def test_missing_model_folder_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="target model folder .*does not exist"):
+        VLMSpecPipeline.from_pretrained(tmp_path / "nope", tmp_path / "nope2")
+
+
+def test_unknown_policy_and_bad_option(tiny_pairs):
+    pair = tiny_pairs["qwen2_vl"]
+    with pytest.raises(ValueError, match="unknown policy 'fastest'"):
+        VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="fastest")
+    with pytest.raises(ValueError, match=r"SAGEConfig.n_max=0"):
+        VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", n_max=0)
+
+
+def test_missing_and_corrupt_images(pipe, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"image file '.*missing.png' does not exist"):
+        pipe(tmp_path / "missing.png", PROMPTS[0])
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"not an image at all")
+    with pytest.raises(ValueError, match=r"image file '.*bad.jpg' could not be read"):
+        pipe(bad, PROMPTS[0])
+
+
+def test_missing_empty_and_corrupt_videos(pipe, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"video file '.*nope.mp4' does not exist"):
+        pipe(None, PROMPTS[0], video=tmp_path / "nope.mp4")
+    empty = tmp_path / "empty.mp4"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"video file '.*empty.mp4' is empty"):
+        pipe(None, PROMPTS[0], video=empty)
+    corrupt = tmp_path / "corrupt.mp4"
+    corrupt.write_bytes(b"\x00\x01garbage" * 100)
+    with pytest.raises(ValueError, match=r"video file '.*corrupt.mp4' could not be decoded"):
+        pipe(None, PROMPTS[0], video=corrupt)
+
+
+def test_prompt_longer_than_context_is_refused(pipe):
+    limit = pipe.target.config.get_text_config().max_position_embeddings
+    with pytest.raises(ValueError, match=r"more than the target's context of \d+ tokens"):
+        pipe(None, "word " * limit, max_new_tokens=8)
+
+
+def test_bad_generation_arguments(pipe):
+    with pytest.raises(ValueError, match=r"max_new_tokens=0"):
+        pipe(None, PROMPTS[0], max_new_tokens=0)
+    with pytest.raises(NotImplementedError, match="do_sample=True"):
+        pipe(None, PROMPTS[0], do_sample=True)
+    with pytest.raises(TypeError, match="prompt must be a string"):
+        pipe(None, 123)
+
+
+def test_demo_command_prints_caption_and_stats(capsys, tiny_root, monkeypatch):
+    monkeypatch.setenv("VLMSPEC_CACHE", str(tiny_root))
+    assert cli_main(["demo", "--max-new-tokens", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "caption:" in out and "tau=" in out and "tokens/s=" in out and "SAGE trace" in out
