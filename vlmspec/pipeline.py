@@ -19,6 +19,7 @@ from .engine import DraftPrompt, SpecStats, speculative_generate
 from .inputs import ImageInput, VideoInput, load_images, load_video
 from .models import VLMAdapter, adapter_for
 from .policies import TreePolicy, available_policies, get_policy
+from .pruning import PruningConfig
 from .stopping import StopCriteria
 
 DEFAULT_POLICY = "sage"
@@ -47,6 +48,10 @@ class VLMSpecPipeline:
         draft: the draft model of the same family and vocabulary (``None`` only for ``policy="ar"``).
         processor: the target's processor (tokenizer + image/video processors + chat template).
         policy: a registered policy name or a :class:`TreePolicy` instance.
+        pruning: how the draft prunes visual tokens: a :class:`PruningConfig`, or the method name
+            ``"attention"`` (SpecVLM's verifier-guided scheme, default) / ``"uniform"``.
+        prune_ratio: fraction of visual tokens the draft drops, for images and videos alike; ``None`` keeps the
+            SAGE paper's defaults (0.8 for images, 0.9 for videos); 0 disables pruning.
         **policy_options: options of the named policy's config.
 
     Raises:
@@ -60,6 +65,8 @@ class VLMSpecPipeline:
         draft: torch.nn.Module | None,
         processor: Any,
         policy: str | TreePolicy = DEFAULT_POLICY,
+        pruning: str | PruningConfig = "attention",
+        prune_ratio: float | None = None,
         **policy_options: Any,
     ) -> None:
         self.target = target.eval()
@@ -70,6 +77,7 @@ class VLMSpecPipeline:
         if draft is not None:
             check_compatible(target, draft)
         self.policy = policy if isinstance(policy, TreePolicy) else get_policy(policy, **policy_options)
+        self.pruning = pruning_config(pruning, prune_ratio)
 
     # ---- components ----------------------------------------------------------------------------------------------
     @property
@@ -103,6 +111,8 @@ class VLMSpecPipeline:
         torch_dtype: str | torch.dtype | None = "auto",
         device_map: str | dict[str, Any] | None = None,
         trust_remote_code: bool = False,
+        pruning: str | PruningConfig = "attention",
+        prune_ratio: float | None = None,
         **policy_options: Any,
     ) -> "VLMSpecPipeline":
         """Load a target/draft pair from hub ids or local folders.
@@ -115,6 +125,7 @@ class VLMSpecPipeline:
             device_map: passed to accelerate (e.g. ``"auto"`` to spread a large target over several GPUs).
                 Without it, models go to the GPU when one is present, else stay on the CPU.
             trust_remote_code: only when you trust the checkpoints' code; off by default.
+            pruning, prune_ratio: the draft's visual-token pruning (see the class docstring).
             **policy_options: the policy's config options.
         """
         load = dict(dtype=torch_dtype, device_map=device_map, trust_remote_code=trust_remote_code)
@@ -133,7 +144,15 @@ class VLMSpecPipeline:
             target_model.to(device)
             if draft_model is not None:
                 draft_model.to(device)
-        return cls(target_model, draft_model, processor, policy=policy, **policy_options)
+        return cls(
+            target_model,
+            draft_model,
+            processor,
+            policy=policy,
+            pruning=pruning,
+            prune_ratio=prune_ratio,
+            **policy_options,
+        )
 
     # ---- inputs -------------------------------------------------------------------------------------------------
     def prepare_inputs(
@@ -182,6 +201,7 @@ class VLMSpecPipeline:
         seed: int | None = None,
         stop_strings: Sequence[str] | None = None,
         num_frames: int = 8,
+        prune_ratio: float | None = None,
     ) -> SpecOutput:
         """Generate a reply to ``prompt`` about ``image`` (and/or ``video``).
 
@@ -194,6 +214,7 @@ class VLMSpecPipeline:
                 ``top_p``, ``seed``).
             stop_strings: strings that end generation (as ``generate(stop_strings=...)``).
             num_frames: frames sampled evenly from a video file.
+            prune_ratio: overrides ``pipe.pruning``'s ratios for this call (0 disables pruning).
 
         Returns:
             :class:`SpecOutput` with ``text``, ``token_ids`` and ``stats``.
@@ -217,7 +238,12 @@ class VLMSpecPipeline:
         if self.policy.uses_draft:
             adapter = self._draft_adapter
             draft_inputs = {k: v.to(adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+            pruning = self.pruning if prune_ratio is None else pruning_config(self.pruning.method, prune_ratio)
             draft = DraftPrompt(adapter=adapter, inputs=draft_inputs)
+            if pruning.enabled:
+                layout = adapter.prompt_layout(draft_inputs)
+                draft.select = lambda scores: pruning.select(layout, scores)
+                draft.needs_scores = pruning.needs_scores
         # 3. Decode.
         token_ids, stats = speculative_generate(self._target_adapter, inputs, self.policy, stop, draft=draft)
         # 4. Decode the text.
@@ -232,6 +258,21 @@ class VLMSpecPipeline:
                 f"context of {limit} tokens; shorten the prompt, use fewer/smaller images or video frames, or "
                 "lower max_new_tokens"
             )
+
+
+def pruning_config(pruning: str | PruningConfig, prune_ratio: float | None) -> PruningConfig:
+    """A :class:`PruningConfig` from a method name or config and an optional ratio for images and videos."""
+    if isinstance(pruning, PruningConfig):
+        config = pruning
+    elif isinstance(pruning, str):
+        config = PruningConfig(method=pruning)
+    else:
+        raise TypeError(f"pruning must be 'attention', 'uniform' or a PruningConfig, got {type(pruning).__name__}")
+    if prune_ratio is not None:
+        if prune_ratio == 0:
+            return PruningConfig.disabled()
+        config = PruningConfig(method=config.method, image_ratio=prune_ratio, video_ratio=prune_ratio, mass=config.mass)
+    return config
 
 
 def check_compatible(

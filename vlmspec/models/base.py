@@ -2,8 +2,10 @@
 
 An adapter wraps one loaded ``*ForConditionalGeneration`` model and offers three things:
 
-* ``prefill(inputs, keep=None)``: run the multimodal prompt (optionally only the prompt positions in ``keep``,
-  for the pruned draft) and return the last position's logits with a fresh :class:`DecodeState`;
+* ``prefill(inputs, keep=None, score_visual=False)``: run the multimodal prompt (optionally only the prompt
+  positions in ``keep``, for the pruned draft; optionally measuring how much attention the text pays to each
+  visual token, for attention-guided pruning) and return the last position's logits with a fresh
+  :class:`DecodeState`;
 * ``forward(state, tokens, positions, bias)``: run ``n`` new tokens at explicit *logical* positions under an
   explicit additive mask on top of the cache and return their logits;
 * ``prompt_layout(inputs)``: which prompt positions are visual tokens.
@@ -12,10 +14,23 @@ An adapter wraps one loaded ``*ForConditionalGeneration`` model and offers three
 ``i``-th generated token sits at ``L + i``. Each family maps them to its own rotary positions (M-RoPE for the
 Qwen families adds the prompt's ``rope_delta``), so a pruned draft keeps every kept token at its original place
 while its cache is shorter than the sequence.
+
+Pruned and scored prefills do not go through the model's top-level ``forward``; they build the language model's
+inputs themselves, with the model's own public methods (``get_input_embeddings``, ``get_image_features``,
+``get_video_features``, ``get_placeholder_mask``), then run ``model.get_decoder()`` and the output embeddings:
+
+1. :meth:`VLMAdapter.embed_prompt` merges the visual features (family hook :meth:`VLMAdapter.visual_features`)
+   into the text embeddings, giving the language-model inputs of the whole prompt (plus family extras from
+   :meth:`VLMAdapter.extra_prompt_inputs`, e.g. Qwen3-VL's deepstack features);
+2. :meth:`VLMAdapter.select_prompt` keeps some prompt positions of those inputs (the pruned draft keeps ``keep``;
+   the scored prefill cuts the prompt in two chunks with it);
+3. the language model runs the kept positions at their original rotary positions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -23,6 +38,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from ..cache import cache_length, new_cache
+from ..tree import tree_attention_bias
 
 
 @dataclass
@@ -32,7 +48,7 @@ class DecodeState:
     Attributes:
         cache: the model's KV cache.
         rope_delta: ``[]`` long, offset added to logical positions to get rotary positions (0 without M-RoPE).
-        visual_tokens: number of visual tokens the prefill held.
+        visual_tokens: number of visual tokens the prefill held (after pruning, for a pruned draft).
     """
 
     cache: DynamicCache
@@ -50,10 +66,11 @@ class Prefill:
     """Output of a prefill.
 
     Attributes:
-        logits: ``[V]`` logits at the last prompt position.
+        logits: ``[V]`` logits at the last prompt position (the last *kept* one for a pruned prefill).
         state: the new decoding state.
-        visual_scores: ``[num_visual]`` attention each visual token receives from the text after the last visual
-            token (mean over heads, layers and those text queries); only when asked for.
+        visual_scores: ``[num_visual]`` float32 attention each visual token receives from the text after the last
+            visual token (mean over heads, layers and those text queries), in the order of the visual positions
+            (of the kept ones when ``keep`` was given); only when asked for.
     """
 
     logits: torch.Tensor
@@ -76,6 +93,19 @@ class PromptLayout:
     @property
     def num_visual(self) -> int:
         return int(self.visual.sum())
+
+
+@dataclass
+class VisualFeatures:
+    """Language-model-ready features of every placeholder token of one modality (all images, or all videos).
+
+    Attributes:
+        embeds: ``[n, D]`` features, in the order of the modality's placeholder tokens in the prompt.
+        deepstack: Qwen3-VL only: per deepstack layer, ``[n, D]`` features added to that decoder layer's output.
+    """
+
+    embeds: torch.Tensor
+    deepstack: list[torch.Tensor] | None = None
 
 
 class VLMAdapter:
@@ -116,9 +146,37 @@ class VLMAdapter:
         """Model ``position_ids`` for ``[n]`` logical positions of generated (text) tokens."""
         return positions[None]  # [1, n]
 
-    def embed_prompt(self, inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """Language-model inputs for the whole prompt with visual features merged in (used for pruning)."""
-        raise NotImplementedError(f"{type(self).__name__} does not support draft visual-token pruning yet")
+    def visual_features(self, inputs: dict[str, torch.Tensor]) -> dict[str, VisualFeatures]:
+        """Features of the prompt's visual placeholders, keyed ``"image"`` / ``"video"`` (modalities present only).
+
+        Families compute them with the model's own ``get_image_features`` / ``get_video_features``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support pruned/scored prefills yet")
+
+    def extra_prompt_inputs(
+        self, masks: dict[str, torch.Tensor], features: dict[str, VisualFeatures]
+    ) -> dict[str, Any]:
+        """Language-model inputs besides ``inputs_embeds`` for the whole prompt (none by default).
+
+        Args:
+            masks: per modality, ``[1, L]`` bool placeholder positions.
+            features: the output of :meth:`visual_features`.
+        """
+        return {}
+
+    def select_prompt(self, prompt: dict[str, Any], index: torch.Tensor) -> dict[str, Any]:
+        """The language-model inputs of the prompt positions ``index`` only.
+
+        Families whose :meth:`extra_prompt_inputs` adds per-position inputs override this to cut them too.
+
+        Args:
+            prompt: language-model inputs of a sequence of ``S`` positions (``inputs_embeds``: ``[1, S, D]``).
+            index: ``[k]`` long, ascending positions into those ``S``.
+
+        Returns:
+            The inputs of the ``k`` positions (``inputs_embeds``: ``[1, k, D]``).
+        """
+        return {"inputs_embeds": prompt["inputs_embeds"][:, index]}
 
     # ---- shared ---------------------------------------------------------------------------------------------
     def prompt_layout(self, inputs: dict[str, torch.Tensor]) -> PromptLayout:
@@ -126,6 +184,30 @@ class VLMAdapter:
         ids = inputs["input_ids"][0]
         is_video = ids == video_id
         return PromptLayout(visual=(ids == image_id) | is_video, is_video=is_video)
+
+    def embed_prompt(self, inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """Language-model inputs for the whole prompt with the visual features merged in.
+
+        Args:
+            inputs: processor outputs for one prompt (batch 1).
+
+        Returns:
+            Keyword arguments of the language model: ``inputs_embeds`` ``[1, L, D]`` (text embeddings with every
+            placeholder replaced by its visual feature) plus :meth:`extra_prompt_inputs`.
+        """
+        ids = inputs["input_ids"]
+        embeds = self.model.get_input_embeddings()(ids)  # [1, L, D]
+        features = self.visual_features(inputs)
+        masks: dict[str, torch.Tensor] = {}
+        for modality, feats in features.items():
+            values = feats.embeds.to(embeds.device, embeds.dtype)
+            given = {f"{modality}_features": values}
+            # The model's own check that placeholders and features match: [1, L, 1] bool masks.
+            image_mask, video_mask = self.model.model.get_placeholder_mask(ids, inputs_embeds=embeds, **given)
+            mask = image_mask if modality == "image" else video_mask
+            embeds = embeds.masked_scatter(mask, values)
+            masks[modality] = mask[..., 0]
+        return {"inputs_embeds": embeds, **self.extra_prompt_inputs(masks, features)}
 
     @torch.no_grad()
     def prefill(
@@ -136,21 +218,127 @@ class VLMAdapter:
         Args:
             inputs: processor outputs for one prompt (batch 1), already on the model's device.
             keep: ``[K]`` ascending prompt positions to keep (all text positions plus the kept visual ones);
-                ``None`` keeps everything. Kept tokens keep their original (rotary) positions.
-            score_visual: also return ``visual_scores`` (attention-guided pruning of the draft).
+                ``None`` keeps everything. Only the kept positions enter the cache, each at its original (rotary)
+                position; the decode ``rope_delta`` stays the full prompt's, since generated tokens continue from
+                the full prompt's logical length.
+            score_visual: also return ``visual_scores`` (attention-guided pruning of the draft). The prompt is
+                then run in two chunks, as SpecVLM does, so memory stays bounded over long visual prefixes:
+                positions ``[0, last visual]`` with the model's attention kernel, then the text after the last
+                visual token under eager attention; the scores are what those text queries pay to each visual key
+                (mean over heads, layers and queries). When no text follows the last visual token, the second
+                chunk is the last prompt token alone (the scores come from it). Logits and cache equal an unsplit
+                prefill's up to float rounding.
 
         Returns:
             The last position's logits, the decoding state and (if asked) the visual scores.
+
+        Raises:
+            ValueError: ``keep`` is not a 1-D ascending set of positions inside the prompt.
         """
-        if keep is not None or score_visual:
-            raise NotImplementedError(f"{type(self).__name__}: pruned/scored prefill is not implemented")
-        cache = new_cache(self.model)
+        if keep is None and not score_visual:
+            cache = new_cache(self.model)
+            position_ids, rope_delta = self.prompt_rope(inputs)
+            out = self.model(
+                **inputs, position_ids=position_ids, past_key_values=cache, use_cache=True, logits_to_keep=1
+            )
+            visual_tokens = self.prompt_layout(inputs).num_visual
+            return Prefill(logits=out.logits[0, -1], state=DecodeState(cache, rope_delta, visual_tokens))
+
+        length = inputs["input_ids"].shape[1]
         position_ids, rope_delta = self.prompt_rope(inputs)
-        out = self.model(
-            **inputs, position_ids=position_ids, past_key_values=cache, use_cache=True, logits_to_keep=1
+        if position_ids is None:
+            position_ids = torch.arange(length, device=self.device)[None]  # [1, L]
+        prompt = self.embed_prompt(inputs)
+        visual = self.prompt_layout(inputs).visual.to(self.device)  # [L]
+        if keep is not None:
+            keep = _check_keep(keep, length).to(self.device)
+            prompt = self.select_prompt(prompt, keep)
+            position_ids = position_ids[..., keep]
+            visual = visual[keep]
+
+        cache = new_cache(self.model)
+        scores = None
+        if score_visual:
+            hidden, scores = self._scored_run(prompt, position_ids, visual, cache)
+        else:
+            hidden = self._run_language_model(prompt, position_ids, cache)
+        logits = self.model.get_output_embeddings()(hidden[:, -1])[0]  # [V]
+        state = DecodeState(cache=cache, rope_delta=rope_delta, visual_tokens=int(visual.sum()))
+        return Prefill(logits=logits, state=state, visual_scores=scores)
+
+    def _run_language_model(
+        self,
+        prompt: dict[str, Any],
+        position_ids: torch.Tensor,
+        cache: DynamicCache,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run the decoder on ``n`` prompt positions on top of ``cache``; ``[1, n, D]`` last hidden states.
+
+        ``bias`` ``None`` lets the model build its causal mask (the cache is always passed, so transformers never
+        mistakes the gaps of pruned positions for packed sequences).
+        """
+        out = self.model.get_decoder()(
+            **prompt, position_ids=position_ids, attention_mask=bias, past_key_values=cache, use_cache=True
         )
-        state = DecodeState(cache=cache, rope_delta=rope_delta, visual_tokens=self.prompt_layout(inputs).num_visual)
-        return Prefill(logits=out.logits[0, -1], state=state)
+        return out.last_hidden_state
+
+    def _scored_run(
+        self, prompt: dict[str, Any], position_ids: torch.Tensor, visual: torch.Tensor, cache: DynamicCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two-chunk prefill of ``n`` positions; returns ``[1, m, D]`` hidden states of chunk 2 and scores.
+
+        Args:
+            prompt: language-model inputs of the ``n`` positions.
+            position_ids: their rotary positions (``[..., n]``).
+            visual: ``[n]`` bool, which of them are visual tokens.
+            cache: empty cache; it ends holding all ``n`` positions.
+
+        Returns:
+            Chunk 2's last hidden states and ``[num_visual]`` float32 scores.
+        """
+        n = visual.shape[0]
+        visual_idx = visual.nonzero().flatten()  # [num_visual]
+        if visual_idx.numel() == 0:
+            hidden = self._run_language_model(prompt, position_ids, cache)
+            return hidden, torch.zeros(0, dtype=torch.float32, device=visual.device)
+        split = min(int(visual_idx[-1]) + 1, n - 1)  # chunk 2 is never empty (see `prefill`)
+        if split > 0:
+            first = torch.arange(split, device=visual.device)
+            self._run_language_model(self.select_prompt(prompt, first), position_ids[..., first], cache)
+        second = torch.arange(split, n, device=visual.device)
+        m = second.shape[0]
+        causal = torch.ones(m, m, dtype=torch.bool, device=visual.device).tril()
+        bias = tree_attention_bias(causal, split, self.dtype)  # [1, 1, m, split + m]
+        with self._visual_attention_probe(visual_idx) as probe:
+            hidden = self._run_language_model(
+                self.select_prompt(prompt, second), position_ids[..., second], cache, bias
+            )
+        return hidden, probe.scores()
+
+    @contextmanager
+    def _visual_attention_probe(self, visual_idx: torch.Tensor) -> Iterator[_AttentionProbe]:
+        """Record the attention paid to ``visual_idx`` key positions during the forwards run inside the block.
+
+        Attention weights only exist under eager attention, so the decoder is switched to ``"eager"`` with the
+        public ``set_attn_implementation`` for the block and switched back afterwards; forward hooks on every
+        decoder layer's ``self_attn`` reduce each layer's weights ``[1, H, m, keys]`` to ``[num_visual]`` right
+        away (only one layer's weights are alive at a time) and are removed afterwards. The model is left exactly
+        as it was; not safe while another thread runs the same model.
+        """
+        decoder = self.model.get_decoder()
+        previous = decoder.config._attn_implementation
+        probe = _AttentionProbe(visual_idx)
+        handles = [layer.self_attn.register_forward_hook(probe.hook) for layer in decoder.layers]
+        try:
+            if previous != "eager":
+                decoder.set_attn_implementation("eager")
+            yield probe
+        finally:
+            if decoder.config._attn_implementation != previous:
+                decoder.set_attn_implementation(previous)
+            for handle in handles:
+                handle.remove()
 
     @torch.no_grad()
     def forward(
@@ -175,3 +363,48 @@ class VLMAdapter:
             use_cache=True,
         )
         return out.logits[0]
+
+
+class _AttentionProbe:
+    """Accumulates, per decoder layer, the attention ``[num_visual]`` paid to some key positions."""
+
+    def __init__(self, key_idx: torch.Tensor) -> None:
+        self.key_idx = key_idx
+        self.total: torch.Tensor | None = None
+        self.layers = 0
+
+    def hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+        if weights is None:
+            raise RuntimeError(
+                f"{type(module).__name__} returned no attention weights under eager attention; visual scoring "
+                "needs an attention layer that returns (output, weights)"
+            )
+        # weights: [1, H, m, keys] -> attention to the visual keys, mean over batch, heads and queries.
+        paid = weights.index_select(-1, self.key_idx).float().mean(dim=(0, 1, 2))  # [num_visual]
+        self.total = paid if self.total is None else self.total + paid
+        self.layers += 1
+
+    def scores(self) -> torch.Tensor:
+        """``[num_visual]`` mean over the layers seen."""
+        if self.total is None:
+            raise RuntimeError("no attention layer ran inside the visual attention probe")
+        return self.total / self.layers
+
+
+def _check_keep(keep: torch.Tensor, length: int) -> torch.Tensor:
+    """Validate ``keep`` (``[K]`` ascending unique positions in ``[0, length)``) and return it as long."""
+    if not torch.is_tensor(keep) or keep.ndim != 1 or keep.numel() == 0:
+        shape = tuple(keep.shape) if torch.is_tensor(keep) else type(keep).__name__
+        raise ValueError(f"keep must be a non-empty 1-D tensor of prompt positions, got {shape}")
+    if keep.dtype.is_floating_point or keep.dtype == torch.bool:
+        raise ValueError(
+            f"keep must hold integer positions, got dtype {keep.dtype}; pass e.g. mask.nonzero().flatten()"
+        )
+    keep = keep.long()
+    if int(keep[0]) < 0 or int(keep[-1]) >= length or not bool((keep[1:] > keep[:-1]).all()):
+        raise ValueError(
+            f"keep must be strictly ascending positions in [0, {length}) (the prompt length), got "
+            f"first={int(keep[0])}, last={int(keep[-1])}; build it with vlmspec.pruning.select_prompt_positions"
+        )
+    return keep

@@ -1,8 +1,16 @@
-"""LLaVA-OneVision: a SigLIP tower + projector in front of a Qwen2 language model with 1-D RoPE."""
+"""LLaVA-OneVision: a SigLIP tower + projector in front of a Qwen2 language model with 1-D RoPE.
+
+Pruned/scored prefills (see :mod:`vlmspec.models.base`) take the visual features from the model's own
+``get_image_features`` (anyres tiles, unpadding and ``image_newline`` packed as ``forward`` does) and
+``get_video_features`` (pooled frames plus the trailing ``image_newline``); the config's defaults for the
+vision-feature options apply, as in ``forward``. Positions are the original 1-D prompt indices.
+"""
 
 from __future__ import annotations
 
-from .base import VLMAdapter
+import torch
+
+from .base import VisualFeatures, VLMAdapter
 
 
 class LlavaOnevisionAdapter(VLMAdapter):
@@ -10,3 +18,19 @@ class LlavaOnevisionAdapter(VLMAdapter):
 
     def visual_token_ids(self) -> tuple[int, int]:
         return self.config.image_token_id, self.config.video_token_id
+
+    def visual_features(self, inputs: dict[str, torch.Tensor]) -> dict[str, VisualFeatures]:
+        core = self.model.model
+        found: dict[str, VisualFeatures] = {}
+        if inputs.get("pixel_values") is not None:
+            out = core.get_image_features(
+                inputs["pixel_values"],
+                inputs["image_sizes"],
+                batch_num_images=inputs.get("batch_num_images"),
+                return_dict=True,
+            )
+            found["image"] = VisualFeatures(embeds=torch.cat(out.pooler_output, dim=0))  # [n_image, D]
+        if inputs.get("pixel_values_videos") is not None:
+            out = core.get_video_features(inputs["pixel_values_videos"], return_dict=True)
+            found["video"] = VisualFeatures(embeds=out.pooler_output.flatten(0, 1))  # [n_video, D]
+        return found

@@ -3,13 +3,21 @@
 Prompt positions come from the model's own ``get_rope_index`` (which needs the processor's
 ``mm_token_type_ids``); generated tokens are text, so their three rotary components are all
 ``logical_position + rope_delta``, exactly as ``generate()`` computes them.
+
+Pruned/scored prefills (see :mod:`vlmspec.models.base`): visual features come from the model's
+``get_image_features`` / ``get_video_features``. Qwen3-VL also adds "deepstack" visual features to the outputs of
+its first decoder layers at the visual positions (``visual_pos_masks`` ``[1, L]`` and one ``[num_visual, D]``
+tensor per deepstack layer); they are built here as its ``forward`` builds them and cut together with the
+positions.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from .base import VLMAdapter
+from .base import VisualFeatures, VLMAdapter
 
 _ROPE_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts", "attention_mask")
 
@@ -37,3 +45,61 @@ class QwenVLAdapter(VLMAdapter):
 
     def rope_ids(self, positions: torch.Tensor, rope_delta: torch.Tensor) -> torch.Tensor:
         return (positions + rope_delta).view(1, 1, -1).expand(3, 1, -1)  # [3, 1, n]
+
+    # ---- pruned/scored prefill hooks ----------------------------------------------------------------------
+    def visual_features(self, inputs: dict[str, torch.Tensor]) -> dict[str, VisualFeatures]:
+        core = self.model.model
+        found: dict[str, VisualFeatures] = {}
+        if inputs.get("pixel_values") is not None:
+            out = core.get_image_features(
+                inputs["pixel_values"], inputs.get("image_grid_thw"), return_dict=True
+            )
+            found["image"] = _features(out)
+        if inputs.get("pixel_values_videos") is not None:
+            out = core.get_video_features(
+                inputs["pixel_values_videos"], inputs.get("video_grid_thw"), return_dict=True
+            )
+            found["video"] = _features(out)
+        return found
+
+    def extra_prompt_inputs(
+        self, masks: dict[str, torch.Tensor], features: dict[str, VisualFeatures]
+    ) -> dict[str, Any]:
+        """Qwen3-VL's ``visual_pos_masks`` ``[1, L]`` and joint ``deepstack_visual_embeds`` (``[num_visual, D]``
+        per deepstack layer, image and video rows at their own visual slots); nothing for Qwen2/2.5-VL."""
+        deep = {m: f.deepstack for m, f in features.items() if f.deepstack is not None}
+        if not deep:
+            return {}
+        visual = torch.zeros_like(next(iter(masks.values())))  # [1, L]
+        for modality in deep:
+            visual |= masks[modality]
+        first = next(iter(deep.values()))
+        joint = [layer.new_zeros(int(visual.sum()), layer.shape[-1]) for layer in first]
+        for modality, layers in deep.items():
+            rows = masks[modality][visual]  # [num_visual] bool: the visual slots of this modality
+            for out, layer in zip(joint, layers):
+                out[rows] = layer.to(out.dtype)
+        return {"visual_pos_masks": visual, "deepstack_visual_embeds": joint}
+
+    def select_prompt(self, prompt: dict[str, Any], index: torch.Tensor) -> dict[str, Any]:
+        selected = super().select_prompt(prompt, index)
+        visual = prompt.get("visual_pos_masks")
+        if visual is None:
+            return selected
+        kept = visual[:, index]  # [1, k]
+        if not bool(kept.any()):
+            return selected  # no visual position left: no deepstack injection at all
+        rank = visual[0].long().cumsum(0) - 1  # [S] visual slot of each position
+        rows = rank[index][kept[0]]  # [k_visual] deepstack rows of the kept visual positions
+        selected["visual_pos_masks"] = kept
+        selected["deepstack_visual_embeds"] = [layer[rows] for layer in prompt["deepstack_visual_embeds"]]
+        return selected
+
+
+def _features(out: Any) -> VisualFeatures:
+    """``VisualFeatures`` from a ``get_image_features``/``get_video_features`` output (per-item tuples)."""
+    deepstack = getattr(out, "deepstack_features", None)
+    return VisualFeatures(
+        embeds=torch.cat(out.pooler_output, dim=0),
+        deepstack=[torch.cat(layer, dim=0) for layer in deepstack] if deepstack is not None else None,
+    )

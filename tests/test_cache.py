@@ -1,0 +1,71 @@
+"""KV-cache compaction: after keeping an accepted tree path, the cache equals a fresh forward on prefix + path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vlmspec import VLMSpecPipeline
+from vlmspec.cache import cache_length, keep_tail
+from vlmspec.models import adapter_for
+from vlmspec.testing import make_image
+from vlmspec.tree import TokenTree, tree_attention_bias
+
+
+@pytest.fixture(scope="module", params=["qwen2_vl", "llava_onevision"])
+def model_case(request, tiny_pairs):
+    pair = tiny_pairs[request.param]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
+    inputs = pipe.prepare_inputs(make_image(0), "Describe this image.")
+    return adapter_for(pipe.target), inputs
+
+
+def _extend(inputs: dict, tokens: torch.Tensor) -> dict:
+    """The same prompt followed by ``tokens`` as plain text tokens."""
+    out = dict(inputs)
+    out["input_ids"] = torch.cat([inputs["input_ids"], tokens[None]], dim=1)
+    out["attention_mask"] = torch.ones_like(out["input_ids"])
+    if "mm_token_type_ids" in inputs:
+        out["mm_token_type_ids"] = torch.cat(
+            [inputs["mm_token_type_ids"], torch.zeros_like(tokens)[None]], dim=1
+        )
+    return out
+
+
+@st.composite
+def tree_and_node(draw, max_nodes: int = 12, vocab: int = 200):
+    n = draw(st.integers(0, max_nodes))
+    parents = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, n + 1)]
+    tokens = draw(st.lists(st.integers(5, vocab), min_size=n + 1, max_size=n + 1))
+    node = draw(st.integers(0, n))
+    return parents, tokens, node
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=tree_and_node())
+def test_compacted_cache_matches_fresh_forward(model_case, case):
+    adapter, inputs = model_case
+    parents, tokens, node = case
+    tree = TokenTree(torch.tensor(tokens), torch.tensor(parents), torch.ones(len(tokens)))
+    prompt_len = inputs["input_ids"].shape[1]
+
+    state = adapter.prefill(inputs).state
+    past = state.length
+    adapter.forward(state, tree.tokens, tree.positions(prompt_len), tree.attention_bias(past, torch.float32))
+    path = tree.path_to(node)
+    keep_tail(state.cache, past, past + path)
+    assert cache_length(state.cache) == past + path.shape[0]
+
+    fresh = adapter.prefill(_extend(inputs, tree.tokens[path])).state
+    for kept, ref in zip(state.cache.layers, fresh.cache.layers):
+        assert (kept.keys - ref.keys).abs().max() <= 1e-4
+        assert (kept.values - ref.values).abs().max() <= 1e-4
+    # And decoding on from the compacted cache gives the fresh model's next-token logits.
+    nxt = torch.tensor([7])
+    pos = torch.tensor([prompt_len + path.shape[0]])
+    ones = torch.ones(1, 1, dtype=torch.bool)
+    a = adapter.forward(state, nxt, pos, tree_attention_bias(ones, cache_length(state.cache), torch.float32))
+    b = adapter.forward(fresh, nxt, pos, tree_attention_bias(ones, cache_length(fresh.cache), torch.float32))
+    assert (a - b).abs().max() <= 1e-4
