@@ -12,6 +12,7 @@ import torch
 from conftest import PROMPTS, input_kinds
 
 from vlmspec import VLMSpecPipeline, get_policy
+from vlmspec.pruning import keep_count
 from vlmspec.testing import FAMILIES
 
 POLICIES = ("ar", "chain", "static", "sage")
@@ -65,3 +66,15 @@ def test_greedy_equals_generate_bf16(tiny_pairs, family):
             pipe.policy = get_policy(policy)
             out = pipe(image, PROMPTS[0], video=video, max_new_tokens=MAX_NEW)
             assert out.token_ids == expected, f"bf16 {family}/{policy}/{kind}"
+
+
+@pytest.mark.parametrize("prune_ratio", [0.0, 0.8, 0.9])
+def test_sage_with_draft_pruning_equals_generate(family_case, prune_ratio):
+    family, pipe, cases = family_case
+    pipe.policy = get_policy("sage")
+    for kind, prompt, image, video, expected in cases:
+        out = pipe(image, prompt, video=video, max_new_tokens=MAX_NEW, prune_ratio=prune_ratio)
+        assert out.token_ids == expected, f"{family}/sage/prune={prune_ratio}/{kind}/{prompt!r}"
+        # The draft's prefill holds keep_count() of the visual tokens (unit-tested in test_pruning.py).
+        visual = out.stats.target_visual_tokens
+        assert out.stats.draft_visual_tokens == keep_count(visual, prune_ratio), f"{family}/{kind}"

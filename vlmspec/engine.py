@@ -18,7 +18,6 @@ from .models import DecodeState, VLMAdapter
 from .policies import StepFeedback, TreePolicy
 from .stopping import StopCriteria
 from .tree import TokenTree
-from .verify import greedy_accept
 
 
 @dataclass
@@ -158,8 +157,8 @@ def speculative_generate(
             t_state, tree.tokens, tree.positions(position), tree.attention_bias(past, target.dtype)
         )  # logits: [N+1, V]
 
-        # 5. Accept the longest path matching the target's argmax, plus the target's next token.
-        acc = greedy_accept(tree, logits)
+        # 5. Accept a path and the target's next token (greedy: the longest path matching the target's argmax).
+        acc = policy.accept(tree, logits)
         new = torch.cat([tree.tokens[acc.path[1:]], acc.next_token.reshape(1)]).tolist()  # host sync (needed)
 
         # 6. Keep the accepted path in both caches, drop the rest of the tree.

@@ -22,8 +22,11 @@ from typing import Any, Callable, ClassVar, TypeVar
 
 import yaml
 
+import torch
+
 from ..draft import DraftTree
 from ..tree import TokenTree
+from ..verify import Acceptance, greedy_accept
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,6 @@ class TreePolicy:
     name: ClassVar[str] = ""
     config_class: ClassVar[type[PolicyConfig]] = PolicyConfig
     uses_draft: ClassVar[bool] = True
-    lossless: ClassVar[bool] = True
 
     def __init__(self, config: PolicyConfig | None = None) -> None:
         config = self.config_class() if config is None else config
@@ -112,6 +114,20 @@ class TreePolicy:
     def build_tree(self, draft: DraftTree) -> TokenTree:
         """Grow this step's tree with ``draft`` and return it."""
         raise NotImplementedError
+
+    def accept(self, tree: TokenTree, target_logits: torch.Tensor) -> Acceptance:
+        """The acceptance rule (a pure function of ``verify``); greedy, i.e. lossless, unless overridden.
+
+        Args:
+            tree: the verified tree, ``N + 1`` nodes.
+            target_logits: ``[N+1, V]`` target logits at every node.
+        """
+        return greedy_accept(tree, target_logits)
+
+    @property
+    def lossless(self) -> bool:
+        """False only for policies configured with a lossy acceptance rule (reported in ``stats.lossless``)."""
+        return True
 
     def feedback(self, step: StepFeedback) -> None:
         """Optional hook: the outcome of the step just verified."""
