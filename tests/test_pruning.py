@@ -11,8 +11,6 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from vlmspec.models import adapter_for
-from vlmspec.models.base import VisualFeatures
-from vlmspec.models.qwen import QwenVLAdapter
 from vlmspec.pruning import (
     PruningConfig,
     attention_keep,
@@ -274,8 +272,9 @@ def test_split_scored_prefill_equals_plain_prefill(loaded, family, kind):
 
     plain = target.prefill(inputs)
     scored = target.prefill(inputs, score_visual=True)
-    assert float((scored.logits - plain.logits).abs().max()) <= TOL
-    assert _max_cache_diff(scored.state.cache, plain.state.cache) <= TOL
+    # The scored prefill is the model's own forward (scores come from a side pass): bit-identical.
+    assert torch.equal(scored.logits, plain.logits)
+    assert _max_cache_diff(scored.state.cache, plain.state.cache) == 0
     scores = scored.visual_scores
     assert scores.dtype == torch.float32 and bool((scores > 0).all()) and float(scores.sum()) <= 1.0 + 1e-5
     # The model is left as it was: same attention implementation, no hooks.
@@ -285,7 +284,7 @@ def test_split_scored_prefill_equals_plain_prefill(loaded, family, kind):
 
 @pytest.mark.parametrize("family", ["qwen3_vl", "llava_onevision"])
 def test_scored_prefill_without_text_after_visual_tokens(loaded, family):
-    """The prompt ends on a visual token: the second chunk is the last prompt token alone."""
+    """The prompt ends on a visual token: no text scores them; selection falls back to uniform."""
     target_model, _, processor = loaded(family)
     target = adapter_for(target_model)
     inputs = _inputs(processor, "image")
@@ -296,9 +295,10 @@ def test_scored_prefill_without_text_after_visual_tokens(loaded, family):
     }
     plain = target.prefill(cut)
     scored = target.prefill(cut, score_visual=True)
-    assert float((scored.logits - plain.logits).abs().max()) <= TOL
-    assert _max_cache_diff(scored.state.cache, plain.state.cache) <= TOL
-    assert scored.visual_scores.shape == (target.prompt_layout(cut).num_visual,)
+    assert torch.equal(scored.logits, plain.logits)
+    assert scored.visual_scores is None
+    layout = target.prompt_layout(cut)
+    assert torch.equal(PruningConfig().select(layout, None), PruningConfig(method="uniform").select(layout))
 
 
 def test_prefill_rejects_bad_keep(loaded):
@@ -314,20 +314,17 @@ def test_prefill_rejects_bad_keep(loaded):
 PLANTED = 5  # visual token (among the image's 16) that the text is made to attend to
 
 
-class _PlantedQwen(QwenVLAdapter):
-    """The adapter with one image token's feature replaced by a one-hot vector along hidden dimension ``dim``."""
+def _plant_feature(model: torch.nn.Module, dim: int):
+    """Forward hook on the vision tower: the PLANTED image token's merged feature becomes a one-hot along ``dim``."""
 
-    def __init__(self, model: torch.nn.Module, dim: int) -> None:
-        super().__init__(model)
-        self.dim = dim
+    def hook(module, args, output):
+        features = output.pooler_output.clone()  # [num_visual, D] merged visual features
+        features[PLANTED] = 0.0
+        features[PLANTED, dim] = 10.0
+        output.pooler_output = features
+        return output
 
-    def visual_features(self, inputs: dict[str, torch.Tensor]) -> dict[str, VisualFeatures]:
-        features = super().visual_features(inputs)
-        embeds = features["image"].embeds.clone()
-        embeds[PLANTED] = 0.0
-        embeds[PLANTED, self.dim] = 10.0
-        features["image"] = VisualFeatures(embeds=embeds, deepstack=features["image"].deepstack)
-        return features
+    return model.model.visual.register_forward_hook(hook)
 
 
 def test_attention_pruning_keeps_a_strongly_attended_visual_token(tiny_root_dir):
@@ -338,7 +335,7 @@ def test_attention_pruning_keeps_a_strongly_attended_visual_token(tiny_root_dir)
     is rewired so that the key reads only hidden dimension ``dim`` (``k = s * x_hat[dim]``) and the query is a
     constant ``s`` (bias only). The planted image token's feature is the one-hot vector along ``dim``, so after
     the layer's RMSNorm ``x_hat[dim] = sqrt(D) = 8`` for it, against ``|x_hat[dim]| ~ 1`` for other tokens: its
-    layer-0 logit is ``s^2 * 8 / sqrt(d) = 32`` against at most ~10 for the others, and every query puts nearly
+    layer-0 logit is ``s^2 * 8 / sqrt(d) = 32`` against at most ~10 for the others, and every query puts most of
     all its layer-0 attention on it. The scores (mean over layers) then rank it first by a wide margin.
     """
     pair = build_tiny_pair("qwen2_vl", root=tiny_root_dir)
@@ -359,13 +356,17 @@ def test_attention_pruning_keeps_a_strongly_attended_visual_token(tiny_root_dir)
         attn.k_proj.weight[k_rows, dim] = strength * float(norm[dim].sign())
         attn.k_proj.bias[k_rows] = 0.0
 
-    adapter = _PlantedQwen(model, dim)
+    adapter = adapter_for(model)
     inputs = _inputs(processor, "image")
     layout = adapter.prompt_layout(inputs)
     assert layout.num_visual == 16
-    scores = adapter.prefill(inputs, score_visual=True).visual_scores
+    handle = _plant_feature(model, dim)
+    try:
+        scores = adapter.prefill(inputs, score_visual=True).visual_scores
+    finally:
+        handle.remove()
     others = torch.cat([scores[:PLANTED], scores[PLANTED + 1 :]])
-    assert int(scores.argmax()) == PLANTED and float(scores[PLANTED]) > 5 * float(others.max())
+    assert int(scores.argmax()) == PLANTED and float(scores[PLANTED]) > 3 * float(others.max())
 
     visual_pos = layout.visual.nonzero().flatten()
     planted_pos = int(visual_pos[PLANTED])

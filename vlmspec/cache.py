@@ -61,3 +61,20 @@ def truncate(cache: Cache, length: int) -> None:
     extra = cache_length(cache) - length
     if extra > 0:
         cache.crop(-extra)  # transformers 5.x: crop takes a negative count of tokens to remove
+
+
+def pop_tail(cache: Cache, start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Remove and return every layer's entries from index ``start`` on (``[B, H, S-start, D]`` keys/values)."""
+    tail = []
+    for layer in _dynamic_layers(cache):
+        tail.append((layer.keys[:, :, start:].clone(), layer.values[:, :, start:].clone()))
+        layer.keys = layer.keys[:, :, :start]
+        layer.values = layer.values[:, :, :start]
+    return tail
+
+
+def push_tail(cache: Cache, tail: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Append entries taken by :func:`pop_tail` back after the current contents."""
+    for layer, (keys, values) in zip(_dynamic_layers(cache), tail):
+        layer.keys = torch.cat([layer.keys, keys], dim=2)
+        layer.values = torch.cat([layer.values, values], dim=2)

@@ -7,6 +7,7 @@ from typing import Sequence, Union
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+from transformers.video_utils import VideoMetadata
 
 ImageInput = Union[Image.Image, str, Path]
 VideoInput = Union[str, Path, Sequence[Union[Image.Image, np.ndarray]]]
@@ -46,8 +47,17 @@ def load_images(images: ImageInput | Sequence[ImageInput] | None) -> list[Image.
     return [load_image(im) for im in images]
 
 
-def load_video(video: VideoInput, num_frames: int = 8) -> list[Image.Image]:
-    """Frames of a video: a file (``num_frames`` sampled evenly with decord) or a list of frames.
+DEFAULT_FRAME_FPS = 2.0
+
+
+def load_video(
+    video: VideoInput, num_frames: int = 8, fps: float = DEFAULT_FRAME_FPS
+) -> tuple[list[Image.Image], VideoMetadata]:
+    """Frames of a video and their timing: a file (``num_frames`` sampled evenly with decord) or a list of frames.
+
+    The metadata (source fps and the indices of the sampled frames) is what time-aware processors (Qwen3-VL's
+    frame timestamps) need. A list of frames is taken as consecutive frames at ``fps`` frames per second
+    (default 2, the sampling rate Qwen2-VL's reference pipeline uses), since a list carries no timing.
 
     Raises:
         FileNotFoundError: the path does not exist.
@@ -70,9 +80,11 @@ def load_video(video: VideoInput, num_frames: int = 8) -> list[Image.Image]:
                 raise ValueError(f"video file {str(path)!r} holds no frames")
             index = np.linspace(0, total - 1, num=min(num_frames, total)).round().astype(int)
             array = reader.get_batch(list(index)).asnumpy()  # [F, H, W, 3] uint8
+            source_fps = float(reader.get_avg_fps())
         except (DECORDError, RuntimeError) as err:  # decord raises RuntimeError for unreadable containers
             raise ValueError(f"video file {str(path)!r} could not be decoded ({err}); check that it is a valid video") from err
-        return [Image.fromarray(frame) for frame in array]
+        metadata = VideoMetadata(total_num_frames=total, fps=source_fps, frames_indices=[int(i) for i in index])
+        return [Image.fromarray(frame) for frame in array], metadata
     frames = list(video)
     if not frames:
         raise ValueError("video is an empty list of frames; pass at least one frame")
@@ -84,4 +96,4 @@ def load_video(video: VideoInput, num_frames: int = 8) -> list[Image.Image]:
             out.append(Image.fromarray(frame.astype(np.uint8)))
         else:
             raise TypeError(f"video frame {i} must be a PIL image or an HxWx3 uint8 array, got {type(frame).__name__}")
-    return out
+    return out, VideoMetadata(total_num_frames=len(out), fps=fps, frames_indices=list(range(len(out))))

@@ -169,7 +169,7 @@ class VLMSpecPipeline:
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
         images = load_images(image)
-        frames = load_video(video, num_frames=num_frames) if video is not None else None
+        frames, metadata = load_video(video, num_frames=num_frames) if video is not None else (None, None)
         content: list[dict[str, Any]] = [{"type": "image"} for _ in images]
         if frames is not None:
             content.append({"type": "video"})
@@ -179,10 +179,11 @@ class VLMSpecPipeline:
         )
         kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
         if images:
-            kwargs["images"] = images
+            kwargs["images"] = [images]  # nested per prompt: several images belong to one prompt
         if frames is not None:
             kwargs["videos"] = [frames]
-            kwargs["do_sample_frames"] = False
+            kwargs["video_metadata"] = [metadata]
+            kwargs["do_sample_frames"] = False  # frames are already sampled
         inputs = self.processor(**kwargs)
         return {k: v.to(self._target_adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
 

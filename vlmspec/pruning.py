@@ -258,17 +258,19 @@ class PruningConfig:
 
         Args:
             layout: the prompt's visual layout (``adapter.prompt_layout(inputs)``).
-            scores: ``[num_visual]`` visual attention scores (``Prefill.visual_scores``); needed when
-                :attr:`needs_scores`.
+            scores: ``[num_visual]`` visual attention scores (``Prefill.visual_scores``). ``None`` with
+                ``"attention"`` (a prompt with no text after its visual tokens has nothing to score them) falls
+                back to uniform selection with the same budgets.
 
         Returns:
             ``[K]`` long, ascending prompt positions (all ``L`` positions when pruning is disabled).
         """
+        method = self.method if scores is not None else "uniform"
         return select_prompt_positions(
             layout.visual,
             layout.is_video,
             scores,
-            self.method,
+            method,
             self.image_ratio,
             self.video_ratio,
             self.mass,

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 import torch
 from transformers.cache_utils import DynamicCache
 
-from ..cache import cache_length, new_cache
+from ..cache import cache_length, new_cache, pop_tail, push_tail, truncate
 from ..tree import tree_attention_bias
 
 
@@ -221,13 +221,14 @@ class VLMAdapter:
                 ``None`` keeps everything. Only the kept positions enter the cache, each at its original (rotary)
                 position; the decode ``rope_delta`` stays the full prompt's, since generated tokens continue from
                 the full prompt's logical length.
-            score_visual: also return ``visual_scores`` (attention-guided pruning of the draft). The prompt is
-                then run in two chunks, as SpecVLM does, so memory stays bounded over long visual prefixes:
-                positions ``[0, last visual]`` with the model's attention kernel, then the text after the last
-                visual token under eager attention; the scores are what those text queries pay to each visual key
-                (mean over heads, layers and queries). When no text follows the last visual token, the second
-                chunk is the last prompt token alone (the scores come from it). Logits and cache equal an unsplit
-                prefill's up to float rounding.
+            score_visual: also return ``visual_scores`` (attention-guided pruning of the draft), only with
+                ``keep=None``. The prefill itself is the model's own full forward, exactly what ``generate()`` runs
+                (so the target's cache and first token are bit-identical to ``generate()``'s, in every dtype); the
+                scores come from a side pass, as SpecVLM's split prefill does, so memory stays bounded over long
+                visual prefixes: the text after the last visual token is run again, under eager attention, on top
+                of the cache cut back to the visual prefix, and the cache is restored afterwards. Scores are what
+                those text queries pay to each visual key (mean over heads, layers and queries). When no text
+                follows the last visual token, there is nothing to score and ``visual_scores`` is ``None``.
 
         Returns:
             The last position's logits, the decoding state and (if asked) the visual scores.
@@ -235,36 +236,64 @@ class VLMAdapter:
         Raises:
             ValueError: ``keep`` is not a 1-D ascending set of positions inside the prompt.
         """
-        if keep is None and not score_visual:
+        if keep is None:
             cache = new_cache(self.model)
             position_ids, rope_delta = self.prompt_rope(inputs)
             out = self.model(
                 **inputs, position_ids=position_ids, past_key_values=cache, use_cache=True, logits_to_keep=1
             )
-            visual_tokens = self.prompt_layout(inputs).num_visual
-            return Prefill(logits=out.logits[0, -1], state=DecodeState(cache, rope_delta, visual_tokens))
+            layout = self.prompt_layout(inputs)
+            state = DecodeState(cache, rope_delta, layout.num_visual)
+            scores = self._visual_scores(inputs, layout, position_ids, state) if score_visual else None
+            return Prefill(logits=out.logits[0, -1], state=state, visual_scores=scores)
+        if score_visual:
+            raise ValueError("score_visual is for the full (target) prefill; it cannot be combined with keep")
 
         length = inputs["input_ids"].shape[1]
         position_ids, rope_delta = self.prompt_rope(inputs)
         if position_ids is None:
             position_ids = torch.arange(length, device=self.device)[None]  # [1, L]
-        prompt = self.embed_prompt(inputs)
-        visual = self.prompt_layout(inputs).visual.to(self.device)  # [L]
-        if keep is not None:
-            keep = _check_keep(keep, length).to(self.device)
-            prompt = self.select_prompt(prompt, keep)
-            position_ids = position_ids[..., keep]
-            visual = visual[keep]
-
+        keep = _check_keep(keep, length).to(self.device)
+        prompt = self.select_prompt(self.embed_prompt(inputs), keep)
+        visual = self.prompt_layout(inputs).visual.to(self.device)[keep]
         cache = new_cache(self.model)
-        scores = None
-        if score_visual:
-            hidden, scores = self._scored_run(prompt, position_ids, visual, cache)
-        else:
-            hidden = self._run_language_model(prompt, position_ids, cache)
+        hidden = self._run_language_model(prompt, position_ids[..., keep], cache)
         logits = self.model.get_output_embeddings()(hidden[:, -1])[0]  # [V]
         state = DecodeState(cache=cache, rope_delta=rope_delta, visual_tokens=int(visual.sum()))
-        return Prefill(logits=logits, state=state, visual_scores=scores)
+        return Prefill(logits=logits, state=state)
+
+    def _visual_scores(
+        self,
+        inputs: dict[str, torch.Tensor],
+        layout: PromptLayout,
+        position_ids: torch.Tensor | None,
+        state: DecodeState,
+    ) -> torch.Tensor | None:
+        """Attention the text after the last visual token pays to each visual token: ``[num_visual]`` float32.
+
+        Re-runs that text (``m`` tokens, text only) under eager attention on top of the cache cut back to the
+        visual prefix, with hooks reducing each layer's ``[1, H, m, keys]`` weights at once; the cache's own
+        entries for those positions are set aside first and put back afterwards, so ``state`` ends unchanged.
+        """
+        visual_idx = layout.visual.nonzero().flatten().to(self.device)  # [num_visual]
+        length = layout.visual.shape[0]
+        if visual_idx.numel() == 0 or int(visual_idx[-1]) == length - 1:
+            return None
+        split = int(visual_idx[-1]) + 1
+        suffix = torch.arange(split, length, device=self.device)  # [m] text positions
+        if position_ids is None:
+            position_ids = torch.arange(length, device=self.device)[None]
+        embeds = self.model.get_input_embeddings()(inputs["input_ids"][:, split:])  # [1, m, D]
+        causal = torch.ones(suffix.shape[0], suffix.shape[0], dtype=torch.bool, device=self.device).tril()
+        bias = tree_attention_bias(causal, split, self.dtype)  # [1, 1, m, split + m]
+        tail = pop_tail(state.cache, split)
+        try:
+            with self._visual_attention_probe(visual_idx) as probe:
+                self._run_language_model({"inputs_embeds": embeds}, position_ids[..., suffix], state.cache, bias)
+        finally:
+            truncate(state.cache, split)
+            push_tail(state.cache, tail)
+        return probe.scores()
 
     def _run_language_model(
         self,
@@ -282,39 +311,6 @@ class VLMAdapter:
             **prompt, position_ids=position_ids, attention_mask=bias, past_key_values=cache, use_cache=True
         )
         return out.last_hidden_state
-
-    def _scored_run(
-        self, prompt: dict[str, Any], position_ids: torch.Tensor, visual: torch.Tensor, cache: DynamicCache
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The two-chunk prefill of ``n`` positions; returns ``[1, m, D]`` hidden states of chunk 2 and scores.
-
-        Args:
-            prompt: language-model inputs of the ``n`` positions.
-            position_ids: their rotary positions (``[..., n]``).
-            visual: ``[n]`` bool, which of them are visual tokens.
-            cache: empty cache; it ends holding all ``n`` positions.
-
-        Returns:
-            Chunk 2's last hidden states and ``[num_visual]`` float32 scores.
-        """
-        n = visual.shape[0]
-        visual_idx = visual.nonzero().flatten()  # [num_visual]
-        if visual_idx.numel() == 0:
-            hidden = self._run_language_model(prompt, position_ids, cache)
-            return hidden, torch.zeros(0, dtype=torch.float32, device=visual.device)
-        split = min(int(visual_idx[-1]) + 1, n - 1)  # chunk 2 is never empty (see `prefill`)
-        if split > 0:
-            first = torch.arange(split, device=visual.device)
-            self._run_language_model(self.select_prompt(prompt, first), position_ids[..., first], cache)
-        second = torch.arange(split, n, device=visual.device)
-        m = second.shape[0]
-        causal = torch.ones(m, m, dtype=torch.bool, device=visual.device).tril()
-        bias = tree_attention_bias(causal, split, self.dtype)  # [1, 1, m, split + m]
-        with self._visual_attention_probe(visual_idx) as probe:
-            hidden = self._run_language_model(
-                self.select_prompt(prompt, second), position_ids[..., second], cache, bias
-            )
-        return hidden, probe.scores()
 
     @contextmanager
     def _visual_attention_probe(self, visual_idx: torch.Tensor) -> Iterator[_AttentionProbe]:

@@ -1,0 +1,1 @@
+"""vlmspec evaluation: benchmarks and the lmms-eval plugin."""

@@ -1,0 +1,487 @@
+"""``vlmspec bench``: speed of every decoding method on one target/draft pair and a task mix (SAGE Table 1 style).
+
+For a pair (the testbed's ``base`` pair by default) and the tasks image caption, image QA and video caption, every
+method runs on the same inputs: ``ar`` (baseline), ``hf_assisted`` (transformers' assisted generation with the same
+draft) and every registered policy but ``ar``. The bench
+
+1. probes the target's and draft's tree-forward cost for ``N = 1..128`` tokens (see :mod:`.cost`), which also
+   picks the node budget under ``--budget auto``;
+2. computes the target's own greedy ``generate()`` output per input (the lossless reference of ``ar``);
+3. warms every method up once, then for each input and repeat runs every method in turn (interleaved, the order
+   rotated per repeat) so machine noise hits all of them alike;
+4. analyses the target's entropy along the AR outputs and the per-step acceptance traces;
+5. writes ``bench.md`` (also printed), ``bench.csv``, ``bench.json`` and PNG plots into ``--out``.
+
+API::
+
+    from vlmspec_eval.bench import BenchConfig, run_bench, write_report
+    result = run_bench(BenchConfig(target="t/", draft="d/", tasks=("image_caption",), n=2))
+    write_report(result, Path("bench_out"))
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .analysis import entropy_report, tau_vs_length, token_entropies
+from .cost import DEFAULT_AUTO_FACTOR, PROBE_SIZES, CostProbe, auto_budget, check_sizes, run_cost_probe
+from .methods import AR, RunRecord, Variant, build_variants, resolve_methods, run_variant
+from .report import aggregate, markdown, write_files
+from .tasks import INPUT_SOURCES, TASKS, PairSpec, TaskInput, check_tasks, load_inputs, resolve_pair
+
+DEFAULT_PRUNE_RATIOS: tuple[float, ...] = (0.0, 0.5, 0.8, 0.9)
+DTYPES: dict[str, Any] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "auto": "auto",
+}
+
+
+@dataclass
+class BenchConfig:
+    """Everything a bench run needs (the command line's options).
+
+    Attributes:
+        target, draft: model folders / hub ids; both ``None``: the default pair (testbed ``size``, else tiny).
+        family: family of the default pair.
+        size: testbed pair size.
+        tasks: task names (see :data:`~vlmspec_eval.tasks.TASKS`).
+        methods: comma-separated names or a list; ``None``: all. ``ar`` is always run.
+        n: inputs per task.
+        repeats: timed repeats per input (medians reported).
+        seed: seed of the first input of each task.
+        max_new_tokens: generation length.
+        budget: node budget for policies with a node-count knob: an int, ``"auto"`` or ``None`` (their defaults).
+        auto_factor: ``--budget auto``'s cost factor (see :mod:`.cost`).
+        prune_ratios: sage's draft prune ratios for the ablation (empty: no ablation; only when sage runs).
+        probe_sizes, probe_runs: the cost probe's token counts and timed rounds.
+        inputs: ``"auto"`` (testbed when importable), ``"testbed"`` or ``"synthetic"``.
+        dtype: model dtype name (see :data:`DTYPES`).
+        out: output folder; json_path: an extra copy of the JSON.
+        plots: write PNG plots.
+        threads: torch CPU threads during the run (``None``: torch's default). On a CPU shared with other jobs,
+            ``1`` avoids the stalls of a parallel region waiting for a preempted thread.
+        verbose: progress lines on stderr.
+    """
+
+    target: str | None = None
+    draft: str | None = None
+    family: str = "qwen2_vl"
+    size: str = "base"
+    tasks: tuple[str, ...] = TASKS
+    methods: str | Sequence[str] | None = None
+    n: int = 3
+    repeats: int = 3
+    seed: int = 0
+    max_new_tokens: int = 64
+    budget: int | str | None = None
+    auto_factor: float = DEFAULT_AUTO_FACTOR
+    prune_ratios: tuple[float, ...] = DEFAULT_PRUNE_RATIOS
+    probe_sizes: tuple[int, ...] = PROBE_SIZES
+    probe_runs: int = 7
+    inputs: str = "auto"
+    dtype: str = "float32"
+    out: Path = field(default_factory=lambda: Path("bench_out"))
+    json_path: Path | None = None
+    plots: bool = True
+    threads: int | None = None
+    verbose: bool = True
+
+    def validated(self) -> BenchConfig:
+        """A copy with names resolved and checked.
+
+        Raises:
+            ValueError: an unknown method/task/dtype/input source, or a bad number; the message says what is valid.
+        """
+        budget = self.budget
+        if isinstance(budget, str) and budget != "auto":
+            raise ValueError(f"budget={budget!r} is invalid: use a positive integer or 'auto'")
+        if isinstance(budget, int) and budget < 1:
+            raise ValueError(f"budget={budget} is invalid: use at least 1 draft node")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads={self.threads} is invalid: use an integer >= 1")
+        for name in ("n", "repeats", "max_new_tokens", "probe_runs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} is invalid: use an integer >= 1")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; valid: {', '.join(DTYPES)}")
+        if self.inputs not in INPUT_SOURCES:
+            raise ValueError(f"unknown input source {self.inputs!r}; valid: {', '.join(INPUT_SOURCES)}")
+        if self.auto_factor < 1:
+            raise ValueError(f"auto factor={self.auto_factor} is invalid: use a number >= 1")
+        for ratio in self.prune_ratios:
+            if not 0.0 <= ratio < 1.0:
+                raise ValueError(f"prune ratio {ratio} is invalid: use numbers in [0, 1)")
+        if (self.target is None) != (self.draft is None):
+            raise ValueError("give both --target and --draft, or neither (the default pair)")
+        return replace(
+            self,
+            methods=tuple(resolve_methods(self.methods)),
+            tasks=tuple(check_tasks(self.tasks)),
+            probe_sizes=tuple(check_sizes(self.probe_sizes)),
+        )
+
+
+# ---- the run --------------------------------------------------------------------------------------------------
+def run_bench(config: BenchConfig, pipe: Any = None) -> dict[str, Any]:
+    """Run the bench; the result is what ``bench.json`` holds.
+
+    Args:
+        config: the options (validated here).
+        pipe: an already loaded :class:`~vlmspec.VLMSpecPipeline` to use instead of loading ``config``'s pair.
+
+    Returns:
+        ``{"pair", "device", "settings", "cost_probe", "rows", "ablation", "entropy_autocorr", "tau_vs_length"}``.
+    """
+    config = config.validated()
+    with torch_threads(config.threads):
+        return _run(config, pipe)
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with ``threads`` torch CPU threads (``None``: unchanged); restored afterwards."""
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _run(config: BenchConfig, pipe: Any) -> dict[str, Any]:
+    log = _logger(config.verbose)
+    pair = None
+    if pipe is None:
+        pair = resolve_pair(config.target, config.draft, config.family, config.size)
+        pipe = load_pipeline(pair, config.dtype)
+    items = load_inputs(config.tasks, config.n, config.seed, config.inputs)
+    prepared = {(it.task, it.index): pipe.prepare_inputs(it.image, it.prompt, it.video) for it in items}
+    log(
+        f"pair {pair.source if pair else 'given'}; {len(items)} inputs ({items[0].source}); device {describe_device(pipe)}"
+    )
+
+    probe = run_cost_probe(
+        pipe, prepared[items[0].task, 0], items[0].task, config.probe_sizes, config.probe_runs
+    )
+    budget, budget_note = choose_budget(config, probe)
+    log(
+        f"cost probe done (c_t(64)/c_t(1) = {probe.target_cost(64) / probe.target_cost(1):.2f}); {budget_note}"
+    )
+    ratios = config.prune_ratios if "sage" in config.methods else ()
+    variants = build_variants(config.methods, budget, ratios)
+
+    references = {
+        key: greedy_reference(pipe, inputs, config.max_new_tokens) for key, inputs in prepared.items()
+    }
+    records = measure(pipe, variants, items, prepared, config, log)
+    entropies = entropy_series(pipe, items, prepared, records)
+    rows, ablation = aggregate(records, variants, config.tasks, references, probe)
+    return {
+        "pair": describe_pair(pipe, pair, config.dtype),
+        "device": describe_device(pipe),
+        "settings": settings(config, budget, budget_note, items),
+        "cost_probe": probe.to_dict(),
+        "rows": rows,
+        "ablation": ablation,
+        "entropy_autocorr": entropy_report(entropies),
+        "tau_vs_length": tau_vs_length(acceptance_traces(records, variants), config.max_new_tokens),
+    }
+
+
+def load_pipeline(pair: PairSpec, dtype: str) -> Any:
+    """The pipeline of ``pair`` in ``dtype`` (policy ``ar``; the bench swaps policies per run)."""
+    from vlmspec import VLMSpecPipeline
+
+    return VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy=AR, torch_dtype=DTYPES[dtype])
+
+
+def choose_budget(config: BenchConfig, probe: CostProbe) -> tuple[int | None, str]:
+    """The node budget to apply and a sentence saying where it came from."""
+    if config.budget == "auto":
+        budget = auto_budget(probe, config.auto_factor)
+        ratio = probe.target_cost(budget + 1) / probe.target_cost(1)
+        return budget, (
+            f"auto: {budget} nodes, the largest tree whose verification costs <= {config.auto_factor:g}x a "
+            f"one-token forward on this machine (c_t({budget + 1})/c_t(1) = {ratio:.2f})"
+        )
+    if config.budget is None:
+        return None, "policy defaults (sage n_max 64, static 63 paths)"
+    return int(config.budget), f"{int(config.budget)} nodes (--budget)"
+
+
+@torch.no_grad()
+def greedy_reference(pipe: Any, inputs: dict[str, torch.Tensor], max_new_tokens: int) -> list[int]:
+    """The target's own ``generate(do_sample=False)`` tokens (the lossless reference)."""
+    out = pipe.target.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
+    return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+def measure(
+    pipe: Any,
+    variants: Sequence[Variant],
+    items: Sequence[TaskInput],
+    prepared: dict[tuple[str, int], dict[str, torch.Tensor]],
+    config: BenchConfig,
+    log: Any,
+) -> list[RunRecord]:
+    """Warm every variant up on the first input, then run all of them interleaved per input and repeat.
+
+    A variant that failed on an input (e.g. ``hf_assisted`` for a family transformers cannot assist) is not
+    retried on that input's later repeats.
+    """
+    first = items[0]
+    for variant in (v for v in variants if v.error is None):
+        run_variant(pipe, variant, first, prepared[first.task, first.index], config.max_new_tokens, repeat=-1)
+    records: list[RunRecord] = []
+    failed: set[tuple[str, str, int]] = set()
+    for item in items:
+        inputs = prepared[item.task, item.index]
+        for repeat in range(config.repeats):
+            shift = repeat % len(variants)
+            line = []
+            for variant in [*variants[shift:], *variants[:shift]]:
+                if variant.error is not None or (variant.key, item.task, item.index) in failed:
+                    continue
+                record = run_variant(pipe, variant, item, inputs, config.max_new_tokens, repeat)
+                records.append(record)
+                if record.error is not None:
+                    failed.add((variant.key, item.task, item.index))
+                line.append(f"{variant.key} {'ERR' if record.error else f'{record.tokens_per_s:.1f}'}")
+            log(f"{item.task}[{item.index}] repeat {repeat + 1}/{config.repeats} tok/s: {', '.join(line)}")
+    return records
+
+
+def entropy_series(
+    pipe: Any,
+    items: Sequence[TaskInput],
+    prepared: dict[tuple[str, int], dict[str, torch.Tensor]],
+    records: Sequence[RunRecord],
+) -> dict[str, list[list[float]]]:
+    """The target's per-token entropies along each AR output, per task."""
+    ar = {
+        (r.task, r.index): r.token_ids for r in records if r.key == AR and r.repeat == 0 and r.error is None
+    }
+    out: dict[str, list[list[float]]] = {}
+    for item in items:
+        tokens = ar.get((item.task, item.index))
+        if tokens:
+            out.setdefault(item.task, []).append(
+                token_entropies(pipe.target, prepared[item.task, item.index], tokens)
+            )
+    return out
+
+
+def acceptance_traces(
+    records: Sequence[RunRecord], variants: Sequence[Variant]
+) -> dict[str, list[list[int]]]:
+    """Per speculative engine method (ablation variants excluded), the first repeat's per-step acceptances."""
+    keys = {v.key for v in variants if not v.ablation and v.policy is not None and v.policy.uses_draft}
+    out: dict[str, list[list[int]]] = {}
+    for r in records:
+        if r.key in keys and r.repeat == 0 and r.error is None:
+            out.setdefault(r.key, []).append(r.accepted_per_step)
+    return out
+
+
+# ---- descriptions ---------------------------------------------------------------------------------------------
+def describe_device(pipe: Any) -> str:
+    """The device the target runs on, in words."""
+    device = next(pipe.target.parameters()).device
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return f"cpu ({platform.machine()}, {torch.get_num_threads()} torch threads, {os.cpu_count()} cores)"
+
+
+def describe_pair(pipe: Any, pair: PairSpec | None, dtype: str) -> dict[str, Any]:
+    def params(model: torch.nn.Module | None) -> float | None:
+        return sum(p.numel() for p in model.parameters()) / 1e6 if model is not None else None
+
+    return {
+        "target": pair.target if pair else getattr(pipe.target, "name_or_path", "?"),
+        "draft": pair.draft if pair else getattr(pipe.draft, "name_or_path", "?"),
+        "source": pair.source if pair else "given pipeline",
+        "family": pipe.target.config.model_type,
+        "dtype": str(pipe.target.dtype).replace("torch.", "") if dtype == "auto" else dtype,
+        "target_params_m": params(pipe.target),
+        "draft_params_m": params(pipe.draft),
+    }
+
+
+def settings(
+    config: BenchConfig, budget: int | None, note: str, items: Sequence[TaskInput]
+) -> dict[str, Any]:
+    return {
+        "tasks": list(config.tasks),
+        "methods": list(config.methods),
+        "n": config.n,
+        "repeats": config.repeats,
+        "seed": config.seed,
+        "max_new_tokens": config.max_new_tokens,
+        "budget": budget,
+        "budget_mode": "auto" if config.budget == "auto" else ("default" if budget is None else "fixed"),
+        "budget_note": note,
+        "auto_factor": config.auto_factor,
+        "prune_ratios": list(config.prune_ratios),
+        "inputs_source": items[0].source if items else config.inputs,
+        "prompts": {f"{it.task}[{it.index}]": it.prompt for it in items},
+        "probe_sizes": list(config.probe_sizes),
+        "probe_runs": config.probe_runs,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def write_report(
+    result: dict[str, Any], out: Path, json_path: Path | None = None, plots: bool = True
+) -> dict[str, Path]:
+    """Write the markdown/CSV/JSON files (and the plots) of a :func:`run_bench` result; name -> path."""
+    paths = write_files(result, Path(out), Path(json_path) if json_path else None)
+    if plots:
+        from .plots import write_plots
+
+        paths.update(write_plots(result, Path(out)))
+    return paths
+
+
+def _logger(verbose: bool):
+    def log(message: str) -> None:
+        if verbose:
+            print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+    return log
+
+
+# ---- command line ---------------------------------------------------------------------------------------------
+def _csv(kind: type):
+    def parse(text: str) -> tuple:
+        if text.strip().lower() in ("", "none"):
+            return ()
+        try:
+            return tuple(kind(part) for part in text.split(",") if part.strip())
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {kind.__name__}s, got {text!r}"
+            ) from err
+
+    return parse
+
+
+def _budget(text: str) -> int | str | None:
+    if text in ("auto", "default"):
+        return None if text == "default" else text
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(
+            f"--budget takes a positive integer, 'auto' or 'default', got {text!r}"
+        ) from err
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--budget must be >= 1, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the bench's options to ``parser`` (for ``vlmspec bench``'s subparser)."""
+    a = parser.add_argument
+    a("--target", help="target model folder or hub id (default: the testbed base pair, else the tiny pair)")
+    a("--draft", help="draft model folder or hub id (with --target)")
+    a("--family", default="qwen2_vl", help="family of the default pair (default qwen2_vl)")
+    a("--size", default="base", help="testbed pair size of the default pair (default base)")
+    a("--tasks", type=_csv(str), default=TASKS, help=f"comma-separated tasks (default {','.join(TASKS)})")
+    a(
+        "--methods",
+        default=None,
+        help="comma-separated methods: ar, hf_assisted and policy names (default: all)",
+    )
+    a("--n", type=int, default=3, help="inputs per task (default 3)")
+    a("--repeats", type=int, default=3, help="timed repeats per input, interleaved; medians (default 3)")
+    a("--seed", type=int, default=0, help="seed of the inputs (default 0)")
+    a("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    a("--budget", type=_budget, default=None,
+      help="node budget for policies with a node-count knob: N, 'auto' (from the cost probe) or 'default'")  # fmt: skip
+    a("--auto-factor", type=float, default=DEFAULT_AUTO_FACTOR,
+      help="--budget auto: largest tree whose verification costs <= this x one token (default 2)")  # fmt: skip
+    a("--prune-ratios", type=_csv(float), default=DEFAULT_PRUNE_RATIOS,
+      help="sage draft prune ratios for the ablation, '' or 'none' to skip (default 0,0.5,0.8,0.9)")  # fmt: skip
+    a("--probe-sizes", type=_csv(int), default=PROBE_SIZES, help="cost probe token counts (default 1..128)")
+    a("--probe-runs", type=int, default=7, help="cost probe timed rounds, median taken (default 7)")
+    a(
+        "--inputs",
+        choices=INPUT_SOURCES,
+        default="auto",
+        help="input source (default auto: testbed if importable)",
+    )
+    a("--dtype", choices=tuple(DTYPES), default="float32", help="model dtype (default float32)")
+    a("--out", type=Path, default=Path("bench_out"), help="output folder (default bench_out/)")
+    a("--json", type=Path, default=None, help="also write the JSON result here")
+    a("--threads", type=int, default=None, help="torch CPU threads during the run (default: torch's)")
+    a("--no-plots", action="store_true", help="skip the PNG plots")
+    a("--quiet", action="store_true", help="no progress lines")
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vlmspec bench", description=__doc__.split("\n\n")[0])
+    return add_arguments(parser)
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    return BenchConfig(
+        target=args.target,
+        draft=args.draft,
+        family=args.family,
+        size=args.size,
+        tasks=tuple(args.tasks),
+        methods=args.methods,
+        n=args.n,
+        repeats=args.repeats,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        budget=args.budget,
+        auto_factor=args.auto_factor,
+        prune_ratios=tuple(args.prune_ratios),
+        probe_sizes=tuple(args.probe_sizes),
+        probe_runs=args.probe_runs,
+        inputs=args.inputs,
+        dtype=args.dtype,
+        out=args.out,
+        json_path=args.json,
+        plots=not args.no_plots,
+        threads=args.threads,
+        verbose=not args.quiet,
+    )
+
+
+def run_args(args: argparse.Namespace) -> int:
+    """Run the bench from parsed arguments (for a CLI that parsed them with :func:`add_arguments`)."""
+    try:
+        config = config_from_args(args).validated()
+    except ValueError as err:
+        print(f"vlmspec bench: error: {err}", file=sys.stderr)
+        return 2
+    result = run_bench(config)
+    paths = write_report(result, config.out, config.json_path, config.plots)
+    print(markdown(result))
+    print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``vlmspec bench [options]``; returns the exit status (2 for a bad option)."""
+    return run_args(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

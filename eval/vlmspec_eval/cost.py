@@ -1,0 +1,293 @@
+"""Cost accounting: the forward-cost probe, ideal (overhead-free) speed-up, time per phase, and ``--budget auto``.
+
+**Cost probe.** After a realistic prefix (the prompt of a task input, prefilled once), the target's and the draft's
+``adapter.forward`` are timed for ``N`` new tokens under a tree mask (a 4-ary tree: the mask's shape barely matters,
+``N`` does), for every ``N`` in :data:`PROBE_SIZES`, and the cache is cut back after each call. Sizes are
+interleaved within each round so machine noise hits them alike; each cost is the median of the rounds. A forward
+never gets cheaper with more tokens, so the costs used below are the medians' non-decreasing envelope (the cost
+at ``N`` is the smallest median at any size ``>= N``), which removes upward noise spikes on a shared machine.
+``c_t(N)`` / ``c_d(N)`` interpolate that envelope linearly between probed sizes (extrapolating past the largest).
+
+**Ideal speed-up** (zero engine overhead, decode phase only, prefills excluded): every model forward a run made
+after its prefills is priced at the probe's cost for its token count, so a step costs the draft forwards it made
+(``sum c_d(n_i)``) plus the target verification ``c_t(N + 1)`` (``N`` nodes plus the root); AR pays ``c_t(1)``
+per token. Over the run's target decode forwards::
+
+    ideal_speedup = tokens_per_step * steps * c_t(1) / sum(probe cost of every decode forward)
+
+which is 1 for ``ar``. The measured speed-up falls short of it by the engine overhead, the prefills and the
+draft's own prefill.
+
+**Time per phase** (SAGE Table 6) from the engine's timers and the forward hooks: target prefill, draft prefill,
+draft forwards, tree building (drafting time outside draft forwards: the policy's logic), verification forward,
+accept + cache update (verification time outside the target forward), other (the rest of the wall time).
+**Overhead share** = (tree building + accept/update + other) / total: wall time outside model forwards and
+prefills. :func:`probe_overhead_share` estimates the same from the probe instead of the timers.
+
+**Budget auto**: the largest node budget ``B`` such that every probed verification of up to ``B + 1`` tokens
+costs at most ``factor`` (default 2) times a one-token forward. Why: a step that verifies ``B`` nodes costs
+``r(B) = c_t(B + 1) / c_t(1)`` AR steps and emits ``tau + 1`` tokens, so it can only pay off when
+``tau + 1 > r(B)`` (plus the draft's share). Acceptance grows sub-linearly with the node count (the extra nodes
+go to ever less likely branches: EAGLE-2, Sequoia), while the cost grows linearly once the hardware is compute
+bound, so the useful budget ends where the verification cost leaves its flat, memory-bound region. ``factor = 2``
+says "a verification may cost at most two AR steps", which a draft with ``tau >= 1`` already repays, with room
+for the draft's forwards. On a GPU the curve is flat to ~64 nodes, so auto gives SAGE's default ``n_max = 64``;
+on a CPU, where 64 nodes cost 3-4 AR steps, it picks the smaller trees the hardware affords.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from vlmspec.cache import truncate
+from vlmspec.models import adapter_for
+from vlmspec.tree import TokenTree
+
+from .methods import ForwardCall, RunRecord
+
+PROBE_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+"""Tokens per probed forward (the root included: a tree of ``N`` draft nodes verifies ``N + 1`` tokens)."""
+
+DEFAULT_AUTO_FACTOR = 2.0
+PHASES: tuple[str, ...] = (
+    "target_prefill",
+    "draft_prefill",
+    "draft_forward",
+    "tree_build",
+    "verify_forward",
+    "accept_update",
+    "other",
+)
+OVERHEAD_PHASES: tuple[str, ...] = ("tree_build", "accept_update", "other")
+_PROBE_ARITY = 4
+
+
+@dataclass
+class CostProbe:
+    """Median forward times for ``N`` new tokens after a real prompt.
+
+    Attributes:
+        sizes: probed token counts, ascending (starting at 1).
+        target_s: target seconds per forward, per size (medians of the rounds).
+        draft_s: draft seconds per forward, per size (``None`` without a draft).
+        prefix_tokens: prompt tokens in the prefix the trees were verified after.
+        runs: timed rounds per size (median taken).
+        task: task of the input whose prompt was the prefix.
+    """
+
+    sizes: list[int]
+    target_s: list[float]
+    draft_s: list[float] | None
+    prefix_tokens: int
+    runs: int
+    task: str
+
+    @property
+    def target_curve(self) -> list[float]:
+        """The target costs used: the non-decreasing envelope of ``target_s``."""
+        return monotone_envelope(self.target_s)
+
+    @property
+    def draft_curve(self) -> list[float] | None:
+        return monotone_envelope(self.draft_s) if self.draft_s else None
+
+    def target_cost(self, tokens: float) -> float:
+        """``c_t(tokens)`` in seconds."""
+        return interpolate(self.sizes, self.target_curve, tokens)
+
+    def draft_cost(self, tokens: float) -> float:
+        """``c_d(tokens)`` in seconds (0 without a draft probe)."""
+        return interpolate(self.sizes, self.draft_curve, tokens) if self.draft_s else 0.0
+
+    def call_cost(self, call: ForwardCall) -> float:
+        return self.target_cost(call.tokens) if call.role == "target" else self.draft_cost(call.tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        target, draft = self.target_curve, self.draft_curve
+        out["target_curve_s"] = target
+        out["draft_curve_s"] = draft
+        out["target_ratio"] = [t / target[0] for t in target]
+        out["draft_ratio"] = [d / draft[0] for d in draft] if draft else None
+        return out
+
+
+def monotone_envelope(values: Sequence[float]) -> list[float]:
+    """``out[i] = min(values[i:])``: the largest non-decreasing curve under ``values``."""
+    out = list(values)
+    for i in range(len(out) - 2, -1, -1):
+        out[i] = min(out[i], out[i + 1])
+    return out
+
+
+def interpolate(sizes: Sequence[int], values: Sequence[float], n: float) -> float:
+    """Piecewise-linear ``values(n)``; linear extrapolation past the last size, clamped at the first."""
+    if len(sizes) == 1 or n <= sizes[0]:
+        return float(values[0])
+    if n <= sizes[-1]:
+        return float(np.interp(n, sizes, values))
+    slope = (values[-1] - values[-2]) / (sizes[-1] - sizes[-2])
+    return float(values[-1] + slope * (n - sizes[-1]))
+
+
+def check_sizes(sizes: Sequence[int]) -> list[int]:
+    """Sorted unique probe sizes that start at 1 (the AR cost every ratio is taken against).
+
+    Raises:
+        ValueError: a size below 1.
+    """
+    out = sorted({int(s) for s in sizes})
+    if not out or out[0] < 1:
+        raise ValueError(f"probe sizes must be integers >= 1, got {list(sizes)}")
+    return out if out[0] == 1 else [1, *out]
+
+
+def probe_tree(tokens: torch.Tensor) -> TokenTree:
+    """A breadth-first 4-ary tree over ``tokens`` (node ``i``'s parent is ``(i - 1) // 4``)."""
+    n = tokens.shape[0]
+    parents = torch.tensor([-1] + [(i - 1) // _PROBE_ARITY for i in range(1, n)], device=tokens.device)
+    return TokenTree(tokens=tokens, parents=parents, draft_probs=torch.ones(n, device=tokens.device))
+
+
+@torch.no_grad()
+def time_tree_forwards(
+    model: torch.nn.Module, inputs: dict[str, torch.Tensor], sizes: Sequence[int], runs: int, warmup: int = 1
+) -> list[float]:
+    """Median seconds of ``model``'s tree forward of ``N`` tokens after the prompt ``inputs``, per size.
+
+    Args:
+        model: a VLM with a vlmspec adapter.
+        inputs: processor outputs of one prompt (batch 1) on any device (moved to the model's).
+        sizes: token counts.
+        runs: timed rounds (each round times every size once).
+        warmup: untimed rounds first.
+    """
+    adapter = adapter_for(model)
+    inputs = {k: v.to(adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+    state = adapter.prefill(inputs).state
+    past, position = state.length, inputs["input_ids"].shape[1]
+    ids = inputs["input_ids"][0]
+    text = ids[~adapter.prompt_layout(inputs).visual.to(ids.device)]  # any ordinary tokens will do
+    trees = {n: probe_tree(text.repeat(n // text.shape[0] + 1)[:n]) for n in sizes}
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for round_ in range(warmup + runs):
+        for n in sizes:
+            tree = trees[n]
+            bias = tree.attention_bias(past, adapter.dtype)
+            positions = tree.positions(position)
+            _sync(adapter.device)
+            start = time.perf_counter()
+            adapter.forward(state, tree.tokens, positions, bias)
+            _sync(adapter.device)
+            elapsed = time.perf_counter() - start
+            truncate(state.cache, past)
+            if round_ >= warmup:
+                times[n].append(elapsed)
+    return [statistics.median(times[n]) for n in sizes]
+
+
+def run_cost_probe(
+    pipe: Any, inputs: dict[str, torch.Tensor], task: str, sizes: Sequence[int] = PROBE_SIZES, runs: int = 5
+) -> CostProbe:
+    """Probe the pipeline's target and (unpruned) draft after the prompt ``inputs``."""
+    sizes = check_sizes(sizes)
+    if runs < 1:
+        raise ValueError(f"probe runs={runs} is invalid: use at least 1")
+    target_s = time_tree_forwards(pipe.target, inputs, sizes, runs)
+    draft_s = time_tree_forwards(pipe.draft, inputs, sizes, runs) if pipe.draft is not None else None
+    return CostProbe(sizes, target_s, draft_s, int(inputs["input_ids"].shape[1]), runs, task)
+
+
+def auto_budget(probe: CostProbe, factor: float = DEFAULT_AUTO_FACTOR) -> int:
+    """The largest node budget whose verification (and every smaller probed one) costs <= ``factor`` x ``c_t(1)``.
+
+    Returns at least 1 (a single draft node) even when no probed tree stays under the factor.
+    """
+    if factor < 1:
+        raise ValueError(f"auto factor={factor} is invalid: a verification never costs less than one forward")
+    base = probe.target_cost(1)
+    budget = 1
+    for n, seconds in zip(probe.sizes, probe.target_curve):
+        if n < 2:
+            continue
+        if seconds > factor * base:
+            break
+        budget = n - 1
+    return budget
+
+
+# ---- per-run accounting --------------------------------------------------------------------------------------
+def decode_calls(record: RunRecord) -> list[ForwardCall]:
+    """The run's model forwards after the prefills (cache not empty)."""
+    return [c for c in record.calls if not c.prefill]
+
+
+def ideal_terms(record: RunRecord, probe: CostProbe | None) -> tuple[float, float] | None:
+    """``(AR cost of the tokens the decode steps emitted, probe cost of the decode forwards)``; ``None`` if unknown.
+
+    Summing both terms over inputs and dividing gives the ideal speed-up (see the module docstring).
+    """
+    if probe is None or record.error is not None:
+        return None
+    calls = decode_calls(record)
+    target_steps = sum(1 for c in calls if c.role == "target")
+    if target_steps == 0:
+        return None
+    ar_cost = record.tokens_per_step * target_steps * probe.target_cost(1)
+    return ar_cost, sum(probe.call_cost(c) for c in calls)
+
+
+def phase_breakdown(record: RunRecord) -> dict[str, float]:
+    """Seconds per phase of :data:`PHASES` (see the module docstring); they sum to ``record.total_s``."""
+    calls = decode_calls(record)
+    draft_fw = sum(c.seconds for c in calls if c.role == "draft")
+    verify_fw = sum(c.seconds for c in calls if c.role == "target")
+    if record.phases:  # the engine's own timers
+        out = {
+            "target_prefill": record.phases["prefill"],
+            "draft_prefill": record.phases["draft_prefill"],
+            "draft_forward": draft_fw,
+            "tree_build": max(record.phases["draft"] - draft_fw, 0.0),
+            "verify_forward": verify_fw,
+            "accept_update": max(record.phases["verify"] - verify_fw, 0.0),
+        }
+    else:  # transformers' generate: only the forwards are known
+        prefills = [c for c in record.calls if c.prefill]
+        out = {
+            "target_prefill": sum(c.seconds for c in prefills if c.role == "target"),
+            "draft_prefill": sum(c.seconds for c in prefills if c.role == "draft"),
+            "draft_forward": draft_fw,
+            "tree_build": 0.0,
+            "verify_forward": verify_fw,
+            "accept_update": 0.0,
+        }
+    out["other"] = max(record.total_s - sum(out.values()), 0.0)
+    return out
+
+
+def overhead_share(record: RunRecord) -> float:
+    """Measured share of the wall time spent outside model forwards and prefills."""
+    phases = phase_breakdown(record)
+    return sum(phases[p] for p in OVERHEAD_PHASES) / max(record.total_s, 1e-9)
+
+
+def probe_overhead_share(record: RunRecord, probe: CostProbe | None) -> float | None:
+    """The same share estimated from the probe: 1 - (prefills + probe cost of the decode forwards) / total."""
+    terms = ideal_terms(record, probe)
+    if terms is None:
+        return None
+    phases = phase_breakdown(record)
+    busy = phases["target_prefill"] + phases["draft_prefill"] + terms[1]
+    return max(1.0 - busy / max(record.total_s, 1e-9), 0.0)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,415 @@
+"""The methods the bench compares, their node budgets, and one timed run of a method on one input.
+
+Methods: ``ar`` (the engine's plain decoding, the baseline), ``hf_assisted`` (transformers' own assisted
+generation with the same draft) and every registered tree policy but ``ar`` (new policies appear automatically).
+
+Node budgets are applied in ONE place, :data:`BUDGET_FIELDS` (policy name -> the config fields that bound its
+tree), with :data:`GENERIC_BUDGET_FIELDS` scanned for policies it does not name (so a new policy with, say, a
+``max_nodes`` field gets the budget without an edit here). A count field is set to the budget; a field holding
+rank paths (:data:`PATH_FIELDS`, a static tree) keeps its first ``B`` paths (closed under prefixes), which is how
+``static`` gets a budget and how ``sage``'s first-step tree stays within ``n_max``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vlmspec.policies import TreePolicy, available_policies, get_policy, policy_class
+
+AR = "ar"
+HF_ASSISTED = "hf_assisted"
+
+BUDGET_FIELDS: dict[str, tuple[str, ...]] = {
+    "sage": ("n_max", "initial_paths"),
+    "static": ("paths",),
+    "eagle2": ("total_tokens",),
+    "wetap": ("budget",),
+    "pct": ("max_nodes",),
+}
+"""Policy name -> config fields that bound its tree's node count (ints are set, path tuples truncated)."""
+
+GENERIC_BUDGET_FIELDS: tuple[str, ...] = (
+    "n_max",
+    "total_tokens",
+    "total_token",
+    "budget",
+    "node_budget",
+    "max_nodes",
+    "num_nodes",
+    "paths",
+    "initial_paths",
+)
+"""Config field names taken as the node budget of a policy :data:`BUDGET_FIELDS` does not name."""
+
+PATH_FIELDS: tuple[str, ...] = ("paths", "initial_paths")
+"""Budget fields that hold a static tree as rank paths (truncated to the budget instead of set to it)."""
+
+RECOVERABLE_POLICY_ERRORS = (NotImplementedError, ValueError, RuntimeError)
+"""What a policy run may raise without stopping the bench (the row reports it); ``ar`` errors always stop it."""
+
+
+# ---- method names --------------------------------------------------------------------------------------------
+def valid_methods() -> list[str]:
+    """``ar``, ``hf_assisted`` and every registered policy except ``ar``."""
+    return [AR, HF_ASSISTED, *(p for p in available_policies() if p != AR)]
+
+
+def resolve_methods(spec: str | Sequence[str] | None) -> list[str]:
+    """Method names to run, ``ar`` first (always run: it is the baseline of speed-up and identity).
+
+    Args:
+        spec: comma-separated names or a list; ``None``/``"all"`` means :func:`valid_methods`.
+
+    Raises:
+        ValueError: an unknown name; the message lists the valid methods.
+    """
+    valid = valid_methods()
+    if spec is None or spec == "all":
+        return valid
+    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    bad = [n for n in names if n not in valid]
+    if bad or not names:
+        raise ValueError(f"unknown method(s) {bad or '(none given)'}; valid methods: {', '.join(valid)}")
+    return list(dict.fromkeys([AR, *names]))
+
+
+# ---- budgets --------------------------------------------------------------------------------------------------
+def budget_fields(policy: str) -> tuple[str, ...]:
+    """The config fields of ``policy`` that bound its node count (empty when it has no such knob)."""
+    names = {f.name for f in dataclasses.fields(policy_class(policy).config_class)}
+    fields = tuple(f for f in BUDGET_FIELDS.get(policy, ()) if f in names)
+    return fields or tuple(f for f in GENERIC_BUDGET_FIELDS if f in names)
+
+
+def truncate_paths(paths: Sequence[Sequence[int]], budget: int) -> tuple[tuple[int, ...], ...]:
+    """The first ``budget`` rank paths, dropping any whose prefix did not make it (so the tree stays closed)."""
+    kept: list[tuple[int, ...]] = []
+    seen: set[tuple[int, ...]] = set()
+    for path in paths:
+        if len(kept) >= budget:
+            break
+        path = tuple(int(r) for r in path)
+        if len(path) == 1 or path[:-1] in seen:
+            kept.append(path)
+            seen.add(path)
+    return tuple(kept)
+
+
+def budget_overrides(policy: str, budget: int | None) -> dict[str, Any]:
+    """Config options that give ``policy`` a node budget of ``budget`` (``{}`` for ``None`` or no knob)."""
+    if budget is None:
+        return {}
+    if budget < 1:
+        raise ValueError(f"budget={budget} is invalid: use at least 1 draft node")
+    defaults = policy_class(policy).config_class()
+    options: dict[str, Any] = {}
+    for name in budget_fields(policy):
+        value = getattr(defaults, name)
+        if name in PATH_FIELDS or isinstance(value, tuple):
+            if len(value) > budget:
+                options[name] = truncate_paths(value, budget)
+        elif value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            options[name] = int(budget)
+    return options
+
+
+def effective_budget(policy: TreePolicy) -> int | None:
+    """The node budget a policy instance runs with (its int budget field, else its path count), or ``None``."""
+    fields = budget_fields(policy.name)
+    values = {f: getattr(policy.config, f) for f in fields}
+    counts = [
+        v
+        for f, v in values.items()
+        if f not in PATH_FIELDS and isinstance(v, int) and not isinstance(v, bool)
+    ]
+    if counts:
+        return counts[0]
+    paths = [v for f, v in values.items() if f in PATH_FIELDS and isinstance(v, tuple)]
+    return len(paths[0]) if paths else None
+
+
+def make_policy(name: str, budget: int | None) -> TreePolicy:
+    """``get_policy(name)`` with the node budget applied (see :func:`budget_overrides`)."""
+    return get_policy(name, **budget_overrides(name, budget))
+
+
+# ---- variants -------------------------------------------------------------------------------------------------
+@dataclass
+class Variant:
+    """One thing the bench runs on every input.
+
+    Attributes:
+        key: unique label (``"sage"``, or ``"sage@prune=0.5"`` for the prune-ratio ablation).
+        method: method name.
+        policy: the policy instance (``None`` for ``hf_assisted``).
+        budget: node budget it runs with (``None``: not applicable).
+        prune_ratio: the draft's visual pruning ratio (``None``: the pipeline's defaults).
+        ablation: True for the prune-ratio ablation variants (reported in their own table).
+        error: why the variant could not be built (its rows report it and it is not run), else ``None``.
+    """
+
+    key: str
+    method: str
+    policy: TreePolicy | None
+    budget: int | None
+    prune_ratio: float | None = None
+    ablation: bool = False
+    error: str | None = None
+
+
+def build_variants(
+    methods: Sequence[str], budget: int | None, prune_ratios: Sequence[float] = ()
+) -> list[Variant]:
+    """The variants for ``methods`` (budget applied) plus ``sage`` at each ablation prune ratio (if sage exists).
+
+    A policy that cannot be built (a missing asset, a budget its config rejects) becomes a variant with
+    ``error`` set instead of stopping the bench; ``ar`` must build.
+    """
+    variants = []
+    for method in methods:
+        if method == HF_ASSISTED:
+            variants.append(Variant(key=method, method=method, policy=None, budget=None))
+        else:
+            variants.append(_policy_variant(method, method, None if method == AR else budget))
+    if "sage" in available_policies():
+        for ratio in prune_ratios:
+            variant = _policy_variant(f"sage@prune={ratio:g}", "sage", budget)
+            variants.append(dataclasses.replace(variant, prune_ratio=float(ratio), ablation=True))
+    return variants
+
+
+def _policy_variant(key: str, method: str, budget: int | None) -> Variant:
+    try:
+        policy = make_policy(method, budget)
+    except (*RECOVERABLE_POLICY_ERRORS, OSError, TypeError) as err:
+        if method == AR:
+            raise
+        return Variant(
+            key=key, method=method, policy=None, budget=budget, error=f"{type(err).__name__}: {err}"
+        )
+    return Variant(key=key, method=method, policy=policy, budget=effective_budget(policy))
+
+
+# ---- forward timers -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ForwardCall:
+    """One top-level forward of the target or the draft.
+
+    Attributes:
+        role: ``"target"`` or ``"draft"``.
+        tokens: new tokens fed.
+        seconds: wall time of the call.
+        prefill: True when the model's cache was empty (a prompt prefill).
+    """
+
+    role: str
+    tokens: int
+    seconds: float
+    prefill: bool
+
+
+class ForwardRecorder:
+    """Times every top-level forward of the target and draft modules (forward pre/post hooks).
+
+    Both the engine's tree forwards (``adapter.forward``), its unpruned prefills and transformers' ``generate``
+    call the models' top-level ``forward``; pruned/scored prefills run the decoder directly and are not seen
+    (the engine's ``prefill_seconds`` cover them). On CUDA each hook synchronises so times are real.
+    """
+
+    def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None) -> None:
+        self.calls: list[ForwardCall] = []
+        self._models = [("target", target)] + ([("draft", draft)] if draft is not None else [])
+        self._open: dict[str, tuple[int, bool, float]] = {}
+
+    @contextmanager
+    def recording(self) -> Iterator[ForwardRecorder]:
+        """Record calls inside the ``with`` block (hooks are removed afterwards)."""
+        handles = []
+        for role, model in self._models:
+            handles.append(model.register_forward_pre_hook(self._pre(role), with_kwargs=True))
+            handles.append(model.register_forward_hook(self._post(role)))
+        try:
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _pre(self, role: str):
+        def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is None:
+                ids = kwargs.get("inputs_embeds")
+            tokens = int(ids.shape[1]) if ids is not None else 0
+            cache = kwargs.get("past_key_values")
+            prefill = cache is None or cache.get_seq_length() == 0
+            _sync(module)
+            self._open[role] = (tokens, prefill, time.perf_counter())
+
+        return hook
+
+    def _post(self, role: str):
+        def hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
+            _sync(module)
+            tokens, prefill, start = self._open.pop(role)
+            self.calls.append(ForwardCall(role, tokens, time.perf_counter() - start, prefill))
+
+        return hook
+
+
+def _sync(module: torch.nn.Module) -> None:
+    param = next(module.parameters(), None)
+    if param is not None and param.device.type == "cuda":
+        torch.cuda.synchronize(param.device)
+
+
+# ---- one run --------------------------------------------------------------------------------------------------
+@dataclass
+class RunRecord:
+    """One timed generation of one variant on one input.
+
+    Attributes:
+        key, method, task, index, repeat: what ran where.
+        token_ids: generated ids.
+        total_s: wall time of the generation (inputs already processed).
+        steps: target forwards after the prefill (``hf_assisted``: every target forward, see ``emits_on_prefill``).
+        accepted_per_step: accepted draft tokens per step (engine runs; empty for ``hf_assisted``).
+        tree_sizes: draft nodes verified per step.
+        phases: engine phase times in seconds (``prefill``, ``draft_prefill``, ``draft``, ``verify``); ``{}`` for HF.
+        calls: the recorded model forwards.
+        emits_on_prefill: True when the target prefill also verified draft tokens (``hf_assisted``), so tokens
+            per step counts every target forward; False for the engine (its prefill emits exactly one token).
+        draft_visual_tokens, target_visual_tokens: visual tokens in the draft's / target's prefill.
+        error: ``None``, or why the run failed (then the other fields are empty).
+    """
+
+    key: str
+    method: str
+    task: str
+    index: int
+    repeat: int
+    token_ids: list[int] = field(default_factory=list)
+    total_s: float = 0.0
+    steps: int = 0
+    accepted_per_step: list[int] = field(default_factory=list)
+    tree_sizes: list[int] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+    calls: list[ForwardCall] = field(default_factory=list)
+    emits_on_prefill: bool = False
+    draft_visual_tokens: int | None = None
+    target_visual_tokens: int | None = None
+    error: str | None = None
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / max(self.total_s, 1e-9)
+
+    @property
+    def decoded_tokens(self) -> int:
+        """Tokens emitted by the counted ``steps``."""
+        return self.new_tokens if self.emits_on_prefill else max(self.new_tokens - 1, 0)
+
+    @property
+    def accepted(self) -> int:
+        """Accepted draft tokens over all steps (``hf_assisted``: tokens emitted beyond one per target forward)."""
+        if self.accepted_per_step:
+            return sum(self.accepted_per_step)
+        return max(self.decoded_tokens - self.steps, 0)
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.decoded_tokens / max(self.steps, 1)
+
+
+def run_variant(
+    pipe: Any, variant: Variant, item: Any, inputs: dict[str, torch.Tensor], max_new_tokens: int, repeat: int
+) -> RunRecord:
+    """Run ``variant`` once on ``item`` (a :class:`~vlmspec_eval.tasks.TaskInput`) and time it.
+
+    Args:
+        pipe: the :class:`~vlmspec.VLMSpecPipeline`.
+        variant: what to run.
+        item: the input (image/video/prompt).
+        inputs: ``pipe.prepare_inputs`` of ``item`` (used by ``hf_assisted``).
+        max_new_tokens: generation length.
+        repeat: repeat index (recorded).
+    """
+    record = RunRecord(
+        key=variant.key, method=variant.method, task=item.task, index=item.index, repeat=repeat
+    )
+    recorder = ForwardRecorder(pipe.target, pipe.draft)
+    if variant.method == HF_ASSISTED:
+        _run_hf_assisted(pipe, inputs, max_new_tokens, record, recorder)
+    else:
+        _run_engine(pipe, variant, item, max_new_tokens, record, recorder)
+    record.calls = recorder.calls
+    return record
+
+
+def _run_engine(
+    pipe: Any, variant: Variant, item: Any, max_new_tokens: int, record: RunRecord, recorder: ForwardRecorder
+) -> None:
+    pipe.policy = variant.policy
+    try:
+        with recorder.recording():
+            out = pipe(item.image, item.prompt, video=item.video, max_new_tokens=max_new_tokens,
+                       prune_ratio=variant.prune_ratio)  # fmt: skip
+    except RECOVERABLE_POLICY_ERRORS as err:
+        if variant.method == AR:
+            raise
+        record.error = f"{type(err).__name__}: {err}"
+        return
+    stats = out.stats
+    record.token_ids = list(out.token_ids)
+    record.total_s = stats.total_seconds
+    record.steps = stats.steps
+    record.tree_sizes = list(stats.tree_sizes)
+    record.accepted_per_step = [int(t.get("accepted", 0)) for t in stats.trace]
+    record.phases = {
+        "prefill": stats.prefill_seconds,
+        "draft_prefill": stats.draft_prefill_seconds,
+        "draft": stats.draft_seconds,
+        "verify": stats.verify_seconds,
+    }
+    record.draft_visual_tokens = stats.draft_visual_tokens if variant.policy.uses_draft else None
+    record.target_visual_tokens = stats.target_visual_tokens
+
+
+def assisted_generate(pipe: Any, inputs: dict[str, torch.Tensor], max_new_tokens: int) -> list[int]:
+    """transformers' assisted generation with the pipeline's draft; the new token ids."""
+    out = pipe.target.generate(
+        **inputs, assistant_model=pipe.draft, do_sample=False, max_new_tokens=max_new_tokens
+    )
+    return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+def _run_hf_assisted(
+    pipe: Any,
+    inputs: dict[str, torch.Tensor],
+    max_new_tokens: int,
+    record: RunRecord,
+    recorder: ForwardRecorder,
+) -> None:
+    with recorder.recording():
+        start = time.perf_counter()
+        try:
+            tokens = assisted_generate(pipe, inputs, max_new_tokens)
+        except Exception as err:  # noqa: BLE001 - transformers may fail in any way for a family; the row says how
+            record.error = f"{type(err).__name__}: {err}".strip()
+            return
+        record.total_s = time.perf_counter() - start
+    record.token_ids = tokens
+    record.emits_on_prefill = True
+    target_calls = [c for c in recorder.calls if c.role == "target"]
+    record.steps = len(target_calls)
+    record.tree_sizes = [c.tokens - 1 for c in target_calls if not c.prefill]

@@ -1,0 +1,415 @@
+"""Turning run records into the bench's rows and writing them as markdown, CSV and JSON.
+
+Aggregation of one (method, task) cell over its inputs and repeats:
+
+* ``tokens_per_s``: per input the median over repeats, then the mean over inputs.
+* ``speedup``: per input and repeat the ratio to AR's tokens/s *in the same repeat round* (methods run
+  interleaved, so a slow moment of the machine hits both), median over repeats, mean over inputs.
+* ``overhead_share`` and the time per phase: median over repeats (phases: of the median-time run), mean over inputs.
+* ``tau``, ``tokens_per_step``, ``nodes_per_step``: pooled over inputs (sums over steps; greedy decoding makes
+  them identical across repeats, the first repeat is used). ``ideal_speedup``: ratio of pooled sums (see cost.py).
+* ``identical``: every run's tokens equal AR's for the same input; for ``ar`` itself, equal to the target's own
+  ``generate(do_sample=False)``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .cost import PHASES, CostProbe, ideal_terms, overhead_share, phase_breakdown, probe_overhead_share
+from .methods import AR, RunRecord, Variant
+
+REQUIRED_ROW_KEYS: tuple[str, ...] = (
+    "method",
+    "task",
+    "tau",
+    "tokens_per_step",
+    "tokens_per_s",
+    "speedup",
+    "identical",
+    "budget",
+    "nodes_per_step",
+    "ideal_speedup",
+    "overhead_share",
+    "error",
+)
+CSV_KEYS: tuple[str, ...] = (
+    "key",
+    *REQUIRED_ROW_KEYS,
+    "overhead_share_probe",
+    "prune_ratio",
+    "inputs",
+    "repeats",
+    "new_tokens",
+    "steps",
+    "draft_visual_tokens",
+    "target_visual_tokens",
+    *(f"phase_{p}_s" for p in PHASES),
+)
+_PHASE_LABELS = {
+    "target_prefill": "target prefill",
+    "draft_prefill": "draft prefill",
+    "draft_forward": "draft forwards",
+    "tree_build": "tree building",
+    "verify_forward": "verify forward",
+    "accept_update": "accept+cache",
+    "other": "other",
+}
+
+
+# ---- aggregation ----------------------------------------------------------------------------------------------
+def aggregate(
+    records: Sequence[RunRecord],
+    variants: Sequence[Variant],
+    tasks: Sequence[str],
+    references: dict[tuple[str, int], list[int]],
+    probe: CostProbe | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Main rows (method x task) and prune-ablation rows from all records.
+
+    Args:
+        records: every timed run.
+        variants: what ran (``ar`` among them).
+        tasks: task order of the rows.
+        references: the target's own greedy output per ``(task, index)``.
+        probe: the cost probe (``None``: no ideal speed-up).
+    """
+    by_cell: dict[tuple[str, str], list[RunRecord]] = defaultdict(list)
+    for record in records:
+        by_cell[record.key, record.task].append(record)
+    rows, ablation = [], []
+    for variant in variants:
+        for task in tasks:
+            ar_runs = {(r.index, r.repeat): r for r in by_cell[AR, task] if r.error is None}
+            row = cell_row(variant, task, by_cell[variant.key, task], ar_runs, references, probe)
+            (ablation if variant.ablation else rows).append(row)
+    return rows, ablation
+
+
+def cell_row(
+    variant: Variant,
+    task: str,
+    runs: Sequence[RunRecord],
+    ar_runs: dict[tuple[int, int], RunRecord],
+    references: dict[tuple[str, int], list[int]],
+    probe: CostProbe | None,
+) -> dict[str, Any]:
+    """One row: ``variant`` on ``task`` aggregated as the module docstring says."""
+    ok = [r for r in runs if r.error is None]
+    errors = [r.error for r in runs if r.error is not None]
+    row: dict[str, Any] = {
+        "key": variant.key,
+        "method": variant.method,
+        "task": task,
+        "budget": variant.budget,
+        "prune_ratio": variant.prune_ratio,
+        "error": variant.error or _error_text(errors, runs),
+        "inputs": len({r.index for r in ok}),
+        "repeats": max((r.repeat + 1 for r in ok), default=0),
+    }
+    if not ok:
+        return {**{k: None for k in CSV_KEYS if not k.startswith("phase_")}, **row, "phases": None}
+    per_input: dict[int, list[RunRecord]] = defaultdict(list)
+    for r in ok:
+        per_input[r.index].append(r)
+    firsts = [min(reps, key=lambda r: r.repeat) for reps in per_input.values()]
+    steps = sum(r.steps for r in firsts)
+    sizes = [s for r in firsts for s in r.tree_sizes]
+    terms = [t for t in (ideal_terms(r, probe) for r in firsts) if t is not None]
+    medians = [_median_run(reps) for reps in per_input.values()]
+    phases = {p: _mean(phase_breakdown(m)[p] for m in medians) for p in PHASES}
+    row.update(
+        tau=sum(r.accepted for r in firsts) / max(steps, 1),
+        tokens_per_step=sum(r.decoded_tokens for r in firsts) / max(steps, 1),
+        tokens_per_s=_mean(statistics.median(r.tokens_per_s for r in reps) for reps in per_input.values()),
+        speedup=_mean_or_none(_speedup(reps, ar_runs) for reps in per_input.values()),
+        nodes_per_step=sum(sizes) / len(sizes) if sizes else 0.0,
+        ideal_speedup=sum(t[0] for t in terms) / sum(t[1] for t in terms) if terms else None,
+        overhead_share=_mean(
+            statistics.median(overhead_share(r) for r in reps) for reps in per_input.values()
+        ),
+        overhead_share_probe=_mean_or_none(
+            _median_or_none(probe_overhead_share(r, probe) for r in reps) for reps in per_input.values()
+        ),
+        identical=all(r.token_ids == _expected(variant, r, ar_runs, references) for r in ok),
+        new_tokens=_mean(r.new_tokens for r in firsts),
+        steps=_mean(r.steps for r in firsts),
+        draft_visual_tokens=_mean_or_none(r.draft_visual_tokens for r in firsts),
+        target_visual_tokens=_mean_or_none(r.target_visual_tokens for r in firsts),
+        phases=phases,
+    )
+    return row
+
+
+def _expected(
+    variant: Variant, run: RunRecord, ar_runs: dict[tuple[int, int], RunRecord], references: dict
+) -> list[int] | None:
+    if variant.method == AR and not variant.ablation:
+        return references.get((run.task, run.index))
+    ar = ar_runs.get((run.index, 0)) or next((r for (i, _), r in ar_runs.items() if i == run.index), None)
+    return ar.token_ids if ar is not None else None
+
+
+def _speedup(reps: Sequence[RunRecord], ar_runs: dict[tuple[int, int], RunRecord]) -> float | None:
+    ratios = [
+        r.tokens_per_s / ar_runs[r.index, r.repeat].tokens_per_s
+        for r in reps
+        if (r.index, r.repeat) in ar_runs
+    ]
+    return statistics.median(ratios) if ratios else None
+
+
+def _median_run(reps: Sequence[RunRecord]) -> RunRecord:
+    ordered = sorted(reps, key=lambda r: r.total_s)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def _error_text(errors: Sequence[str], runs: Sequence[RunRecord]) -> str | None:
+    if not errors:
+        return None
+    failed = len({r.index for r in runs if r.error is not None})
+    total = len({r.index for r in runs})
+    return errors[0] if failed == total else f"{failed}/{total} inputs failed: {errors[0]}"
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def _mean_or_none(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _median_or_none(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+# ---- markdown -------------------------------------------------------------------------------------------------
+def _fmt(value: Any, spec: str = ".2f") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        return format(value, spec) if math.isfinite(value) else "-"
+    return str(value)
+
+
+def _table(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    out += ["| " + " | ".join(line) + " |" for line in lines]
+    return "\n".join(out)
+
+
+def main_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The full method x task table."""
+    header = ["method", "task", "budget", "tau", "tok/step", "tok/s", "speed-up", "nodes/step", "ideal speed-up",
+              "overhead", "identical", "error"]  # fmt: skip
+    lines = [
+        [
+            r["method"], r["task"], _fmt(r["budget"]), _fmt(r["tau"]), _fmt(r["tokens_per_step"]),
+            _fmt(r["tokens_per_s"], ".1f"), _fmt(r["speedup"]), _fmt(r["nodes_per_step"], ".1f"),
+            _fmt(r["ideal_speedup"]), _fmt(r["overhead_share"], ".0%"), _fmt(r["identical"]),
+            _short(r["error"]),
+        ]
+        for r in rows
+    ]  # fmt: skip
+    return _table(header, lines)
+
+
+def summary_table(rows: Sequence[dict[str, Any]], tasks: Sequence[str]) -> str:
+    """SAGE Table 1 style: one line per method, ``speed-up (tau)`` per task and their mean."""
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    cells = {(r["method"], r["task"]): r for r in rows}
+    lines = []
+    for method in methods:
+        mine = [cells[method, t] for t in tasks if (method, t) in cells]
+        line = [method, _fmt(mine[0]["budget"]) if mine else "-"]
+        for task in tasks:
+            r = cells.get((method, task))
+            line.append(
+                "-" if r is None or r["speedup"] is None else f"{r['speedup']:.2f}x ({_fmt(r['tau'])})"
+            )
+        speedups = [r["speedup"] for r in mine if r["speedup"] is not None]
+        taus = [r["tau"] for r in mine if r["tau"] is not None]
+        line.append(f"{_mean(speedups):.2f}x ({_mean(taus):.2f})" if speedups else "-")
+        line.append(_fmt(all(r["identical"] for r in mine) if mine and None not in [r["identical"] for r in mine]
+                         else None))  # fmt: skip
+        lines.append(line)
+    return _table(["method", "budget", *(f"{t} speed-up (tau)" for t in tasks), "mean", "identical"], lines)
+
+
+def phase_table(rows: Sequence[dict[str, Any]]) -> str:
+    """SAGE Table 6 style: share of the wall time per phase, per method (mean over tasks)."""
+    lines = []
+    for method in dict.fromkeys(r["method"] for r in rows):
+        shares = phase_shares([r for r in rows if r["method"] == method])
+        if shares is None:
+            continue
+        lines.append([method, *(_fmt(shares[p], ".0%") for p in PHASES)])
+    return _table(["method", *(_PHASE_LABELS[p] for p in PHASES)], lines)
+
+
+def phase_shares(rows: Sequence[dict[str, Any]]) -> dict[str, float] | None:
+    """Mean over ``rows`` of each phase's share of the row's total time."""
+    totals = [(r["phases"], sum(r["phases"].values())) for r in rows if r.get("phases")]
+    totals = [(p, t) for p, t in totals if t > 0]
+    if not totals:
+        return None
+    return {ph: _mean(p[ph] / t for p, t in totals) for ph in PHASES}
+
+
+def ablation_table(rows: Sequence[dict[str, Any]]) -> str:
+    """SAGE Table 5 style: sage per prune ratio and task: tau and tokens/s."""
+    header = ["prune ratio", "task", "draft visual tokens", "tau", "tok/s", "speed-up", "identical", "error"]
+    lines = [
+        [_fmt(r["prune_ratio"], "g"), r["task"], _fmt(r["draft_visual_tokens"], ".0f"), _fmt(r["tau"]),
+         _fmt(r["tokens_per_s"], ".1f"), _fmt(r["speedup"]), _fmt(r["identical"]), _short(r["error"])]
+        for r in rows
+    ]  # fmt: skip
+    return _table(header, lines)
+
+
+def probe_table(probe: dict[str, Any]) -> str:
+    """Cost probe: ms per forward and ratio to one token, target and draft."""
+    draft = probe.get("draft_s") or [None] * len(probe["sizes"])
+    draft_ratio = probe.get("draft_ratio") or [None] * len(probe["sizes"])
+    lines = [
+        [str(n), _fmt(t * 1e3), _fmt(tr), _fmt(d * 1e3 if d is not None else None), _fmt(dr)]
+        for n, t, tr, d, dr in zip(
+            probe["sizes"], probe["target_s"], probe["target_ratio"], draft, draft_ratio
+        )
+    ]
+    return _table(
+        ["tokens N", "target ms (median)", "target c(N)/c(1)", "draft ms (median)", "draft c(N)/c(1)"], lines
+    )
+
+
+def entropy_table(report: dict[str, Any]) -> str:
+    """Entropy autocorrelation per task and lag."""
+    lags = list(next(iter(report.values()))["autocorr"]) if report else []
+    lines = [
+        [task, str(v["tokens"]), _fmt(v["mean_entropy"]), *(_fmt(v["autocorr"][k]) for k in lags)]
+        for task, v in report.items()
+    ]
+    return _table(["task", "tokens", "mean entropy", *(f"lag {k}" for k in lags)], lines)
+
+
+def _short(text: str | None, width: int = 80) -> str:
+    if not text:
+        return ""
+    text = " ".join(str(text).split()).replace("|", "/")
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The whole report as markdown."""
+    pair, settings = result["pair"], result["settings"]
+    parts = [
+        "# vlmspec bench",
+        "",
+        (
+            f"- pair: target `{pair['target']}`, draft `{pair['draft']}` ({pair['source']}, {pair['family']}, "
+            f"{pair['dtype']}; {_fmt(pair.get('target_params_m'), '.1f')}M / "
+            f"{_fmt(pair.get('draft_params_m'), '.1f')}M params)"
+        ),
+        f"- device: {result['device']}",
+        (
+            f"- inputs: {settings['inputs_source']}, {settings['n']} per task x {settings['repeats']} repeats "
+            f"(interleaved, medians), max_new_tokens {settings['max_new_tokens']}, seed {settings['seed']}"
+        ),
+        f"- node budget: {settings['budget_note']}",
+        "",
+        "## Summary (speed-up over AR, tau in brackets)",
+        "",
+        summary_table(result["rows"], settings["tasks"]),
+        "",
+        "## All metrics",
+        "",
+        main_table(result["rows"]),
+        "",
+        (
+            "tau: accepted draft tokens per step; ideal speed-up: with zero engine overhead (probe costs of the "
+            "forwards made, decode phase); overhead: share of wall time outside model forwards and prefills."
+        ),
+        "",
+        "## Time per phase (share of wall time, mean over tasks)",
+        "",
+        phase_table(result["rows"]),
+    ]
+    if result.get("ablation"):
+        parts += ["", "## Draft visual-token pruning ablation (sage)", "", ablation_table(result["ablation"])]
+    if result.get("entropy_autocorr"):
+        parts += [
+            "",
+            "## Target entropy autocorrelation (AR outputs)",
+            "",
+            entropy_table(result["entropy_autocorr"]),
+        ]
+    if result.get("cost_probe"):
+        probe = result["cost_probe"]
+        parts += [
+            "",
+            f"## Cost probe (after a {probe['prefix_tokens']}-token {probe['task']} prompt, median of {probe['runs']})",
+            "",
+            probe_table(probe),
+            "",
+            (
+                "c(N)/c(1) uses the medians' non-decreasing envelope (noise spikes removed); it prices the ideal "
+                "speed-up and --budget auto."
+            ),
+        ]
+    return "\n".join(parts) + "\n"
+
+
+# ---- files ----------------------------------------------------------------------------------------------------
+def json_safe(value: Any) -> Any:
+    """``value`` with NaN/inf replaced by ``None`` and tuples/paths made JSON-friendly."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def csv_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows flattened for CSV (phases as ``phase_<name>_s`` columns)."""
+    out = []
+    for r in rows:
+        flat = {k: r.get(k) for k in CSV_KEYS if not k.startswith("phase_")}
+        for p in PHASES:
+            flat[f"phase_{p}_s"] = (r.get("phases") or {}).get(p)
+        out.append(flat)
+    return out
+
+
+def write_files(result: dict[str, Any], out_dir: Path, json_path: Path | None = None) -> dict[str, Path]:
+    """Write ``bench.md``, ``bench.csv`` (main and ablation rows) and ``bench.json`` (plus ``json_path``)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"md": out_dir / "bench.md", "csv": out_dir / "bench.csv", "json": out_dir / "bench.json"}
+    paths["md"].write_text(markdown(result))
+    with paths["csv"].open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(CSV_KEYS))
+        writer.writeheader()
+        writer.writerows(csv_rows([*result["rows"], *result.get("ablation", [])]))
+    text = json.dumps(json_safe(result), indent=2, allow_nan=False) + "\n"
+    paths["json"].write_text(text)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(text)
+        paths["json_extra"] = json_path
+    return paths

@@ -1,0 +1,174 @@
+"""Benchmark inputs and the default model pair: the trained testbed when it is importable, else a fallback.
+
+The testbed (``vlmspec.testbed``, built separately) offers ``sample(task, seed) -> Example`` with ``image`` or
+``video``, ``prompt``, ``reference`` and ``task``, and ``pair_paths(size, family) -> (target, draft)``. Until it
+exists (or when asked for), the inputs are the deterministic synthetic pictures and clips of
+:mod:`vlmspec.testing` with fixed prompts, and the default pair is the tiny random pair of that family.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+TASKS: tuple[str, ...] = ("image_caption", "image_qa", "video_caption")
+"""The task mix of the bench (SAGE Table 1's image captioning, image QA and video captioning)."""
+
+INPUT_SOURCES: tuple[str, ...] = ("auto", "testbed", "synthetic")
+
+_QA_PROMPTS: tuple[str, ...] = (
+    "What color is the largest shape?",
+    "How many objects are there? Answer briefly.",
+    "Is there a circle in the image?",
+    "Where is the red shape?",
+)
+_SYNTHETIC_PROMPTS: dict[str, str] = {
+    "image_caption": "Describe this image in detail.",
+    "video_caption": "Describe this video.",
+}
+_VIDEO_FRAMES = 4  # even (Qwen video processors need an even frame count)
+
+
+@dataclass(frozen=True)
+class TaskInput:
+    """One benchmark input.
+
+    Attributes:
+        task: one of :data:`TASKS`.
+        index: position of the input within its task (0-based).
+        prompt: the user's text.
+        image: a PIL image / path (or ``None``).
+        video: a video path or list of frames (or ``None``).
+        reference: the testbed's reference answer, if any (not used for speed; kept for the report).
+        source: ``"testbed"`` or ``"synthetic"``.
+    """
+
+    task: str
+    index: int
+    prompt: str
+    image: Any = None
+    video: Any = None
+    reference: str | None = None
+    source: str = "synthetic"
+
+
+def testbed() -> ModuleType | None:
+    """The ``vlmspec.testbed`` module when it is importable and offers ``sample``/``pair_paths``, else ``None``."""
+    try:
+        module = importlib.import_module("vlmspec.testbed")
+    except ImportError:
+        return None
+    if not (hasattr(module, "sample") and hasattr(module, "pair_paths")):
+        return None
+    return module
+
+
+def check_tasks(tasks: Sequence[str]) -> list[str]:
+    """Validate task names (order kept, duplicates dropped).
+
+    Raises:
+        ValueError: an unknown task, listing the valid ones.
+    """
+    names = list(dict.fromkeys(t.strip() for t in tasks if t.strip()))
+    bad = [t for t in names if t not in TASKS]
+    if bad or not names:
+        raise ValueError(f"unknown task(s) {bad or '(none given)'}; valid tasks: {', '.join(TASKS)}")
+    return names
+
+
+def load_inputs(tasks: Sequence[str], n: int, seed: int, source: str = "auto") -> list[TaskInput]:
+    """``n`` inputs per task, from the testbed (``source`` ``"auto"`` when importable, or ``"testbed"``) or synthetic.
+
+    Args:
+        tasks: task names (see :data:`TASKS`).
+        n: inputs per task (>= 1).
+        seed: input ``i`` of a task uses seed ``seed + i``.
+        source: ``"auto"``, ``"testbed"`` or ``"synthetic"``.
+
+    Raises:
+        ValueError: bad ``n``/``source``, or ``source="testbed"`` while the testbed is not importable.
+    """
+    if n < 1:
+        raise ValueError(f"n={n} is invalid: use at least 1 input per task")
+    if source not in INPUT_SOURCES:
+        raise ValueError(f"unknown input source {source!r}; valid: {', '.join(INPUT_SOURCES)}")
+    module = testbed() if source != "synthetic" else None
+    if source == "testbed" and module is None:
+        raise ValueError("--inputs testbed: vlmspec.testbed is not importable here; use --inputs synthetic")
+    inputs = []
+    for task in check_tasks(tasks):
+        for i in range(n):
+            inputs.append(
+                _testbed_input(module, task, i, seed + i) if module else _synthetic_input(task, i, seed + i)
+            )
+    return inputs
+
+
+def _testbed_input(module: ModuleType, task: str, index: int, seed: int) -> TaskInput:
+    example = module.sample(task, seed)
+    return TaskInput(
+        task=task,
+        index=index,
+        prompt=example.prompt,
+        image=getattr(example, "image", None),
+        video=getattr(example, "video", None),
+        reference=getattr(example, "reference", None),
+        source="testbed",
+    )
+
+
+def _synthetic_input(task: str, index: int, seed: int) -> TaskInput:
+    from vlmspec.testing import make_image, make_video_frames
+
+    if task == "video_caption":
+        frames = make_video_frames(seed, num_frames=_VIDEO_FRAMES)
+        return TaskInput(task=task, index=index, prompt=_SYNTHETIC_PROMPTS[task], video=frames)
+    if task == "image_qa":
+        prompt = _QA_PROMPTS[index % len(_QA_PROMPTS)]
+        return TaskInput(task=task, index=index, prompt=prompt, image=make_image(1000 + seed))
+    return TaskInput(task=task, index=index, prompt=_SYNTHETIC_PROMPTS[task], image=make_image(seed))
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """Where the target/draft pair comes from.
+
+    Attributes:
+        target, draft: folders (or hub ids).
+        source: ``"explicit"``, ``"testbed:<size>"`` or ``"tiny:<family>"`` (random weights: speed says little).
+    """
+
+    target: str
+    draft: str
+    source: str
+
+
+def resolve_pair(target: str | None, draft: str | None, family: str, size: str = "base") -> PairSpec:
+    """The pair to benchmark: the explicit folders, else the testbed's ``size`` pair, else the tiny random pair.
+
+    Raises:
+        ValueError: only one of ``target``/``draft`` given.
+    """
+    if (target is None) != (draft is None):
+        raise ValueError("give both --target and --draft, or neither (the default pair)")
+    if target is not None:
+        return PairSpec(target=str(target), draft=str(draft), source="explicit")
+    module = testbed()
+    if module is not None:
+        try:
+            t, d = module.pair_paths(size=size, family=family)
+            return PairSpec(target=str(t), draft=str(d), source=f"testbed:{size}")
+        except (OSError, ValueError, KeyError) as err:  # pair not trained/built for this family yet
+            print(
+                f"[bench] testbed pair {size}/{family} unavailable ({err}); using the tiny pair",
+                file=sys.stderr,
+            )
+    from vlmspec.testing import build_tiny_pair
+
+    pair = build_tiny_pair(family)
+    return PairSpec(target=str(Path(pair.target)), draft=str(Path(pair.draft)), source=f"tiny:{family}")

@@ -1,0 +1,239 @@
+"""``vlmspec bench`` (``vlmspec_eval.bench``) on the tiny qwen2_vl pair: outputs, losslessness, cost probe, budgets."""
+
+from __future__ import annotations
+
+import csv
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vlmspec_eval import bench, methods, tasks
+from vlmspec_eval.analysis import lagged_autocorrelation, running_tau
+from vlmspec_eval.cost import CostProbe, auto_budget, ideal_terms, monotone_envelope, run_cost_probe
+from vlmspec_eval.methods import (
+    ForwardCall,
+    RunRecord,
+    budget_fields,
+    build_variants,
+    effective_budget,
+    make_policy,
+    resolve_methods,
+    truncate_paths,
+    valid_methods,
+)
+from vlmspec_eval.report import REQUIRED_ROW_KEYS
+from vlmspec_eval.tasks import load_inputs, resolve_pair
+
+from vlmspec import VLMSpecPipeline
+from vlmspec.policies import MC_SIM_7B_63, available_policies
+from vlmspec.testing import build_tiny_pair
+
+FAST = ["--n", "1", "--repeats", "1", "--max-new-tokens", "8", "--probe-sizes", "1,2,4,8,16", "--probe-runs", "2",
+        "--threads", "1", "--inputs", "synthetic", "--quiet"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def qwen_pair(tiny_root):
+    return build_tiny_pair("qwen2_vl", root=tiny_root)
+
+
+@pytest.fixture(scope="module")
+def pair_args(qwen_pair):
+    return ["--target", str(qwen_pair.target), "--draft", str(qwen_pair.draft)]
+
+
+@pytest.fixture(scope="module")
+def small_bench(pair_args, tmp_path_factory):
+    """One small bench with plots: ar, hf_assisted, sage on all three tasks, a node budget and a short ablation."""
+    out = tmp_path_factory.mktemp("bench")
+    argv = [*pair_args, *FAST, "--methods", "ar,hf_assisted,sage", "--budget", "8", "--prune-ratios", "0,0.8",
+            "--out", str(out / "run"), "--json", str(out / "extra.json")]  # fmt: skip
+    assert bench.main(argv) == 0
+    return out
+
+
+def test_bench_writes_markdown_csv_json_and_plots(small_bench, capsys):
+    run = small_bench / "run"
+    for name in ("bench.md", "bench.csv", "bench.json", "speedup.png", "tau_vs_length.png", "entropy_autocorr.png",
+                 "time_breakdown.png", "prune_ablation.png", "cost_probe.png"):  # fmt: skip
+        assert (run / name).is_file() and (run / name).stat().st_size > 0, name
+    assert json.loads((small_bench / "extra.json").read_text()) == json.loads(
+        (run / "bench.json").read_text()
+    )
+    md = (run / "bench.md").read_text()
+    assert "| method | task | budget | tau |" in md and "hf_assisted" in md and "sage" in md
+    with (run / "bench.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 3 * 3 + 2 * 3  # 3 methods x 3 tasks + 2 prune ratios x 3 tasks
+
+
+def test_bench_json_rows_are_complete_and_lossless(small_bench):
+    result = json.loads((small_bench / "run" / "bench.json").read_text())
+    assert {"pair", "device", "cost_probe", "rows"} <= set(result)
+    rows = result["rows"]
+    assert {(r["method"], r["task"]) for r in rows} == {
+        (m, t) for m in ("ar", "hf_assisted", "sage") for t in ("image_caption", "image_qa", "video_caption")
+    }
+    for row in rows:
+        assert set(REQUIRED_ROW_KEYS) <= set(row), row["method"]
+        assert row["error"] is None, row
+        assert row["identical"] is True, f"{row['method']}/{row['task']} differs from AR"
+        assert row["tokens_per_s"] > 0 and row["speedup"] > 0
+    for row in result["ablation"]:
+        assert row["identical"] is True and row["error"] is None
+    sage = [r for r in rows if r["method"] == "sage"]
+    assert all(r["budget"] == 8 and 0 < r["nodes_per_step"] <= 8 for r in sage)
+    assert all(r["tau"] > 0 and r["ideal_speedup"] is not None for r in sage)
+    ar = [r for r in rows if r["method"] == "ar"]
+    assert all(r["speedup"] == pytest.approx(1.0) and r["ideal_speedup"] == pytest.approx(1.0) for r in ar)
+    assert all(0.0 <= r["overhead_share"] <= 1.0 for r in rows)
+
+
+def test_bad_method_lists_valid_methods(pair_args, capsys):
+    assert bench.main([*pair_args, *FAST, "--methods", "ar,bogus", "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert "bogus" in err
+    for name in valid_methods():
+        assert name in err
+    with pytest.raises(ValueError, match="valid methods: ar, hf_assisted"):
+        resolve_methods("nope")
+
+
+def test_hf_assisted_failure_is_reported_in_its_row(pair_args, tmp_path, monkeypatch):
+    def broken(pipe, inputs, max_new_tokens):
+        raise RuntimeError("assisted generation is not supported for this family")
+
+    monkeypatch.setattr(methods, "assisted_generate", broken)
+    out = tmp_path / "run"
+    argv = [
+        *pair_args,
+        *FAST,
+        "--methods",
+        "ar,hf_assisted",
+        "--tasks",
+        "image_qa",
+        "--no-plots",
+        "--out",
+        str(out),
+    ]
+    assert bench.main(argv) == 0
+    rows = {r["method"]: r for r in json.loads((out / "bench.json").read_text())["rows"]}
+    assert "not supported for this family" in rows["hf_assisted"]["error"]
+    assert rows["hf_assisted"]["tokens_per_s"] is None
+    assert rows["ar"]["error"] is None and rows["ar"]["identical"] is True
+    assert not list(out.glob("*.png"))
+
+
+def test_cost_probe_times_increasing_tree_sizes(qwen_pair):
+    pipe = VLMSpecPipeline.from_pretrained(
+        qwen_pair.target, qwen_pair.draft, policy="ar", torch_dtype=torch.float32
+    )
+    item = load_inputs(["image_caption"], 1, seed=0, source="synthetic")[0]
+    inputs = pipe.prepare_inputs(item.image, item.prompt, item.video)
+    with bench.torch_threads(1):  # a parallel region on a shared CPU stalls on preempted threads
+        probe = run_cost_probe(pipe, inputs, item.task, sizes=(16, 1, 4, 64), runs=2)
+    assert probe.sizes == [1, 4, 16, 64]
+    assert len(probe.target_s) == len(probe.draft_s) == 4
+    assert all(t > 0 for t in probe.target_s + probe.draft_s)
+    assert probe.prefix_tokens == inputs["input_ids"].shape[1]
+    curve = probe.to_dict()["target_ratio"]
+    assert curve[0] == 1.0 and curve == sorted(curve)  # the envelope never decreases
+
+
+# ---- no models needed -------------------------------------------------------------------------------------------
+def test_budget_mapping_applies_to_node_count_knobs():
+    assert budget_fields("sage") == ("n_max", "initial_paths")
+    sage = make_policy("sage", 16)
+    assert sage.config.n_max == 16 and len(sage.config.initial_paths) <= 16
+    assert effective_budget(sage) == 16
+    assert effective_budget(make_policy("sage", None)) == 64
+    static = make_policy("static", 10)
+    assert static.config.paths == MC_SIM_7B_63[:10] and effective_budget(static) == 10
+    chain = make_policy("chain", 10)
+    assert chain.config == make_policy("chain", None).config and effective_budget(chain) is None
+    variants = {v.key: v for v in build_variants(["ar", "hf_assisted", "sage"], 12, prune_ratios=(0.5,))}
+    assert variants["sage"].policy.config.n_max == 12 and variants["sage"].budget == 12
+    assert variants["sage@prune=0.5"].ablation and variants["sage@prune=0.5"].budget == 12
+    assert variants["ar"].budget is None and variants["hf_assisted"].policy is None
+
+
+def test_budget_reaches_every_policy_with_a_generic_knob():
+    for name in available_policies():
+        if name == "ar" or not budget_fields(name):
+            continue
+        variant = build_variants([name], 24)[0]
+        assert variant.error is not None or variant.budget == 24, name
+
+
+def test_truncate_paths_keeps_prefix_closed_trees():
+    paths = ((0,), (0, 0), (1,), (0, 0, 0), (2, 0), (2,), (0, 1))
+    assert truncate_paths(paths, 5) == ((0,), (0, 0), (1,), (0, 0, 0), (2,))  # (2, 0) came before its prefix
+    assert truncate_paths(paths, 100) == ((0,), (0, 0), (1,), (0, 0, 0), (2,), (0, 1))
+
+
+def test_resolve_methods_always_runs_ar_first():
+    assert resolve_methods("sage,hf_assisted") == ["ar", "sage", "hf_assisted"]
+    assert resolve_methods(None) == valid_methods()
+    assert "ar" not in valid_methods()[1:] and set(available_policies()) - {"ar"} <= set(valid_methods())
+
+
+def _probe(target, draft=None):
+    return CostProbe(
+        sizes=[1, 2, 4, 8, 16, 32, 64], target_s=target, draft_s=draft, prefix_tokens=10, runs=1, task="t"
+    )
+
+
+def test_auto_budget_follows_the_cost_curve():
+    flat = _probe([1.0, 1.0, 1.0, 1.05, 1.1, 1.2, 1.5])  # GPU-like: 64 tokens cost 1.5x
+    assert auto_budget(flat) == 63
+    steep = _probe([1.0, 1.1, 1.3, 1.8, 2.5, 4.0, 7.0])  # CPU-like
+    assert auto_budget(steep) == 7
+    assert auto_budget(steep, factor=3.0) == 15
+    spiky = _probe([5.0, 1.0, 9.0, 1.1, 1.2, 3.0, 4.0])  # noise spikes are ignored (non-decreasing envelope)
+    assert monotone_envelope(spiky.target_s) == [1.0, 1.0, 1.1, 1.1, 1.2, 3.0, 4.0]
+    assert auto_budget(spiky) == 15
+
+
+def test_ideal_speedup_is_one_for_ar_and_prices_trees():
+    probe = _probe([1.0, 1.0, 1.0, 1.2, 1.5, 2.0, 3.0], draft=[0.1] * 7)
+    ar = RunRecord("ar", "ar", "t", 0, 0, token_ids=list(range(5)), steps=4,
+                   calls=[ForwardCall("target", 10, 1.0, True)] + [ForwardCall("target", 1, 1.0, False)] * 4)  # fmt: skip
+    num, den = ideal_terms(ar, probe)
+    assert num / den == pytest.approx(1.0)
+    # Two steps of a 7-node tree (8 tokens: 1.2 each) after 3 draft forwards each (0.1), 3 tokens per step.
+    calls = [ForwardCall("target", 10, 1.0, True)] + [ForwardCall("draft", 2, 0.1, False)] * 6
+    calls += [ForwardCall("target", 8, 1.2, False)] * 2
+    spec = RunRecord("sage", "sage", "t", 0, 0, token_ids=list(range(7)), steps=2, calls=calls)
+    num, den = ideal_terms(spec, probe)
+    assert num / den == pytest.approx(6 * 1.0 / (2 * 1.2 + 6 * 0.1))
+
+
+def test_running_tau_and_entropy_autocorrelation():
+    assert running_tau([2, 0, 1], 8) == [None, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0, None]
+    rising = [[float(i) for i in range(20)]]
+    corr = lagged_autocorrelation(rising, lags=(1, 2))
+    assert corr[1] == pytest.approx(1.0) and corr[2] == pytest.approx(1.0)
+    assert lagged_autocorrelation([[1.0, 2.0]], lags=(5,)) == {5: None}
+
+
+def test_inputs_and_default_pair_come_from_the_testbed_when_importable(monkeypatch):
+    calls = []
+
+    def sample(task, seed):
+        calls.append((task, seed))
+        return SimpleNamespace(task=task, prompt=f"{task} prompt", reference="ref", image="img", video=None)
+
+    fake = SimpleNamespace(sample=sample, pair_paths=lambda size, family: (f"/t/{size}/{family}", "/d"))
+    monkeypatch.setattr(tasks, "testbed", lambda: fake)
+    items = load_inputs(["image_qa", "video_caption"], 2, seed=5)
+    assert calls == [("image_qa", 5), ("image_qa", 6), ("video_caption", 5), ("video_caption", 6)]
+    assert {it.source for it in items} == {"testbed"} and items[0].prompt == "image_qa prompt"
+    assert resolve_pair(None, None, "qwen2_vl", "base") == tasks.PairSpec(
+        "/t/base/qwen2_vl", "/d", "testbed:base"
+    )
+    assert resolve_pair("a", "b", "qwen2_vl").source == "explicit"
+    synthetic = load_inputs(["video_caption"], 1, seed=0, source="synthetic")[0]
+    assert synthetic.source == "synthetic" and synthetic.video is not None and synthetic.image is None
+    with pytest.raises(ValueError, match="valid tasks"):
+        load_inputs(["captioning"], 1, seed=0)
