@@ -142,8 +142,10 @@ def test_prompt_longer_than_context_is_refused(pipe):
 def test_bad_generation_arguments(pipe):
     with pytest.raises(ValueError, match=r"max_new_tokens=0"):
         pipe(None, PROMPTS[0], max_new_tokens=0)
-    with pytest.raises(NotImplementedError, match="do_sample=True"):
-        pipe(None, PROMPTS[0], do_sample=True)
+    with pytest.raises(ValueError, match=r"temperature=0"):
+        pipe(None, PROMPTS[0], do_sample=True, temperature=0)
+    with pytest.raises(ValueError, match=r"top_p=1.5"):
+        pipe(None, PROMPTS[0], do_sample=True, top_p=1.5)
     with pytest.raises(TypeError, match="prompt must be a string"):
         pipe(None, 123)
 

@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-new-tokens", type=int, default=64)
     d.add_argument("--compare-ar", action="store_true", help="also run plain decoding and compare")
     d.set_defaults(func=demo)
+
+    b = sub.add_parser("bench", help="benchmark methods side by side (tau, tokens/s, speed-up, identical to AR)")
+    from vlmspec_eval.bench import add_arguments, run_args
+
+    add_arguments(b)
+    b.set_defaults(func=run_args)
     return parser
 
 

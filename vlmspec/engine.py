@@ -16,6 +16,7 @@ from .cache import keep_tail
 from .draft import DraftTree
 from .models import DecodeState, VLMAdapter
 from .policies import StepFeedback, TreePolicy
+from .sampling import Sampler, SamplingParams
 from .stopping import StopCriteria
 from .tree import TokenTree
 
@@ -99,8 +100,9 @@ def speculative_generate(
     policy: TreePolicy,
     stop: StopCriteria,
     draft: DraftPrompt | None = None,
+    sampling: SamplingParams | None = None,
 ) -> tuple[list[int], SpecStats]:
-    """Generate greedily with tree speculative decoding.
+    """Generate with tree speculative decoding: greedy, or sampling from the target's own distribution.
 
     Args:
         target: adapter of the target model.
@@ -108,19 +110,21 @@ def speculative_generate(
         policy: the tree policy; ``policy.uses_draft`` False means plain autoregressive decoding.
         stop: stop criteria (EOS ids, stop strings, ``max_new_tokens``), as ``generate()`` applies them.
         draft: the draft model and how to prefill it; required when ``policy.uses_draft``.
+        sampling: ``None`` for greedy decoding, else the sampling settings (``generate(do_sample=True)``'s).
 
     Returns:
         The generated token ids (EOS included when produced, like ``generate()``) and the statistics.
     """
     stats = SpecStats(policy=policy.name, lossless=policy.lossless)
     policy.reset()
+    sampler = Sampler(sampling, sampling.generator(target.device)) if sampling is not None else None
     t_start = time.perf_counter()
 
     # 1. Prefill the target on the full prompt; its argmax is the first new token (the first root).
     scores_needed = policy.uses_draft and draft is not None and draft.needs_scores
     prefill = target.prefill(target_inputs, score_visual=scores_needed)
     t_state = prefill.state
-    root = prefill.logits.argmax()  # []
+    root = prefill.logits.argmax() if sampler is None else sampler.sample(prefill.logits)  # []
     prompt_len = target_inputs["input_ids"].shape[1]
     stats.target_visual_tokens = t_state.visual_tokens
     stats.prefill_seconds = time.perf_counter() - t_start
@@ -157,8 +161,9 @@ def speculative_generate(
             t_state, tree.tokens, tree.positions(position), tree.attention_bias(past, target.dtype)
         )  # logits: [N+1, V]
 
-        # 5. Accept a path and the target's next token (greedy: the longest path matching the target's argmax).
-        acc = policy.accept(tree, logits)
+        # 5. Accept a path and the target's next token (greedy: the longest path matching the target's argmax;
+        #    sampling: the same walk following one draw from the target's warped distribution per node).
+        acc = policy.accept(tree, logits, sampler)
         new = torch.cat([tree.tokens[acc.path[1:]], acc.next_token.reshape(1)]).tolist()  # host sync (needed)
 
         # 6. Keep the accepted path in both caches, drop the rest of the tree.

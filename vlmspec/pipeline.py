@@ -20,6 +20,7 @@ from .inputs import ImageInput, VideoInput, load_images, load_video
 from .models import VLMAdapter, adapter_for
 from .policies import TreePolicy, available_policies, get_policy
 from .pruning import PruningConfig
+from .sampling import SamplingParams
 from .stopping import StopCriteria
 
 DEFAULT_POLICY = "sage"
@@ -211,8 +212,9 @@ class VLMSpecPipeline:
             prompt: the user's text.
             video: a video file path or a list of frames (PIL images or HxWx3 uint8 arrays).
             max_new_tokens: the most tokens to generate.
-            do_sample: sampling instead of greedy decoding (sampling arguments: ``temperature``, ``top_k``,
-                ``top_p``, ``seed``).
+            do_sample: sample from the target's distribution instead of greedy decoding. ``temperature``,
+                ``top_k``, ``top_p`` default to the target's ``generation_config`` as in ``generate()``; ``seed``
+                makes a run repeatable. The output follows the target's own sampling distribution whatever the tree.
             stop_strings: strings that end generation (as ``generate(stop_strings=...)``).
             num_frames: frames sampled evenly from a video file.
             prune_ratio: overrides ``pipe.pruning``'s ratios for this call (0 disables pruning).
@@ -221,10 +223,10 @@ class VLMSpecPipeline:
             :class:`SpecOutput` with ``text``, ``token_ids`` and ``stats``.
         """
         # 1. Check the request before any model work.
+        sampling = None
         if do_sample:
-            raise NotImplementedError(
-                "do_sample=True is not implemented yet (lossless tree sampling is planned); call with "
-                "do_sample=False for greedy decoding"
+            sampling = SamplingParams.resolve(
+                self.target.generation_config, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
             )
         stop = StopCriteria(
             max_new_tokens=max_new_tokens,
@@ -246,7 +248,9 @@ class VLMSpecPipeline:
                 draft.select = lambda scores: pruning.select(layout, scores)
                 draft.needs_scores = pruning.needs_scores
         # 3. Decode.
-        token_ids, stats = speculative_generate(self._target_adapter, inputs, self.policy, stop, draft=draft)
+        token_ids, stats = speculative_generate(
+            self._target_adapter, inputs, self.policy, stop, draft=draft, sampling=sampling
+        )
         # 4. Decode the text.
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         return SpecOutput(text=text, token_ids=token_ids, stats=stats)

@@ -26,7 +26,8 @@ import torch
 
 from ..draft import DraftTree
 from ..tree import TokenTree
-from ..verify import Acceptance, greedy_accept
+from ..sampling import Sampler
+from ..verify import Acceptance, greedy_accept, sample_accept
 
 
 @dataclass(frozen=True)
@@ -115,14 +116,18 @@ class TreePolicy:
         """Grow this step's tree with ``draft`` and return it."""
         raise NotImplementedError
 
-    def accept(self, tree: TokenTree, target_logits: torch.Tensor) -> Acceptance:
-        """The acceptance rule (a pure function of ``verify``); greedy, i.e. lossless, unless overridden.
+    def accept(self, tree: TokenTree, target_logits: torch.Tensor, sampler: Sampler | None = None) -> Acceptance:
+        """The acceptance rule (a pure function of ``verify``); lossless unless a policy overrides it.
 
         Args:
             tree: the verified tree, ``N + 1`` nodes.
             target_logits: ``[N+1, V]`` target logits at every node.
+            sampler: ``None`` for greedy decoding, else the request's sampling settings and generator
+                (tree speculative sampling: the output follows the target's warped distribution).
         """
-        return greedy_accept(tree, target_logits)
+        if sampler is None:
+            return greedy_accept(tree, target_logits)
+        return sample_accept(tree, sampler.probs(target_logits), sampler.generator)
 
     @property
     def lossless(self) -> bool:

@@ -1,0 +1,98 @@
+"""Sampling settings and the target's warped next-token distribution, exactly as ``generate()`` builds it.
+
+``generate(do_sample=True)`` turns logits into a distribution with transformers' logits warpers, in this
+order and under these conditions (transformers 5.x ``GenerationMixin._get_logits_processor``): temperature
+(when != 1), top-k (when set and != 0), top-p (when < 1), each keeping at least one token. Unset values come
+from the model's ``generation_config`` and then transformers' global defaults (temperature 1.0, top_k 50,
+top_p 1.0). :class:`SamplingParams` reproduces that resolution and applies the same public warper classes, so
+speculative sampling targets exactly the distribution the target alone would sample from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+_GLOBAL_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Args:
+    temperature: > 0.
+    top_k: keep the k most likely tokens (0 or None: no top-k).
+    top_p: nucleus mass in (0, 1] (1 or None: no top-p).
+    seed: seeds the sampling generator; the same seed gives the same output.
+    """
+
+    temperature: float = 1.0
+    top_k: int | None = 50
+    top_p: float | None = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
+            raise ValueError(f"temperature={self.temperature!r} is invalid: use a number > 0 (or do_sample=False)")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
+            raise ValueError(f"top_k={self.top_k!r} is invalid: use an integer >= 0 (0 disables top-k)")
+        if self.top_p is not None and not (0 < self.top_p <= 1):
+            raise ValueError(f"top_p={self.top_p!r} is invalid: use a number in (0, 1]")
+
+    @classmethod
+    def resolve(cls, generation_config: Any = None, **overrides: Any) -> "SamplingParams":
+        """Call arguments over the model's ``generation_config`` over transformers' global defaults."""
+        values = {}
+        for name, default in _GLOBAL_DEFAULTS.items():
+            value = overrides.get(name)
+            if value is None and generation_config is not None:
+                value = getattr(generation_config, name, None)
+            values[name] = default if value is None else value
+        return cls(seed=overrides.get("seed"), **values)
+
+    def warpers(self) -> LogitsProcessorList:
+        """transformers' warpers in ``generate()``'s order and conditions."""
+        out = LogitsProcessorList()
+        if self.temperature != 1.0:
+            out.append(TemperatureLogitsWarper(self.temperature))
+        if self.top_k:
+            out.append(TopKLogitsWarper(top_k=self.top_k, min_tokens_to_keep=1))
+        if self.top_p is not None and self.top_p < 1.0:
+            out.append(TopPLogitsWarper(top_p=self.top_p, min_tokens_to_keep=1))
+        return out
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Warped next-token distributions.
+
+        Args:
+            logits: ``[n, V]`` raw logits.
+
+        Returns:
+            ``[n, V]`` float32 probabilities.
+        """
+        warped = self.warpers()(None, logits.float())
+        return torch.softmax(warped, dim=-1)
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        """A generator on ``device``, seeded with ``seed`` (or from torch's global RNG when unseeded)."""
+        gen = torch.Generator(device=device)
+        gen.manual_seed(self.seed if self.seed is not None else int(torch.randint(0, 2**62, ()).item()))
+        return gen
+
+
+@dataclass
+class Sampler:
+    """A request's sampling state: the settings and the seeded generator on the target's device."""
+
+    params: SamplingParams
+    generator: torch.Generator
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[n, V]`` warped distributions of ``[n, V]`` logits."""
+        return self.params.probs(logits)
+
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        """One token ``[]`` from the warped distribution of ``[V]`` logits."""
+        return torch.multinomial(self.probs(logits[None]), 1, generator=self.generator).reshape(())
