@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/synthetic.py helpers
 
-from vlmspec.testing import FAMILIES, build_tiny_pair, make_image, make_video_frames  # noqa: E402
+from vlmspec.testing import FAMILIES, build_tiny_pair, make_image, make_video_frames
 
 PROMPTS = (
     "Describe this image.",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -29,7 +29,7 @@ class SyntheticDraft:
         self.dist_fn = dist_fn
         self.calls: list[int] = []  # number of tokens per forward
 
-    def forward(self, state, tokens, positions, bias):  # noqa: ANN001 - mirrors VLMAdapter.forward
+    def forward(self, state, tokens, positions, bias):
         n = tokens.shape[0]
         assert bias.shape == (1, 1, n, state.cache.length + n)
         state.cache.length += n
@@ -37,11 +37,15 @@ class SyntheticDraft:
         return self.dist_fn(tokens, positions).clamp_min(1e-12).log()
 
 
-def synthetic_tree(dist_fn, depth_limit: int = 64, root_position: int = 10) -> tuple[DraftTree, SyntheticDraft]:
+def synthetic_tree(
+    dist_fn, depth_limit: int = 64, root_position: int = 10
+) -> tuple[DraftTree, SyntheticDraft]:
     """A DraftTree over a synthetic draft with an empty cache."""
     adapter = SyntheticDraft(dist_fn)
     state = DecodeState(cache=_CountingCache(), rope_delta=torch.zeros((), dtype=torch.long), visual_tokens=0)
-    tree = DraftTree(adapter, state, torch.tensor(1), root_position, torch.zeros(0, dtype=torch.long), depth_limit)
+    tree = DraftTree(
+        adapter, state, torch.tensor(1), root_position, torch.zeros(0, dtype=torch.long), depth_limit
+    )
     return tree, adapter
 
 

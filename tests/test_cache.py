@@ -59,7 +59,7 @@ def test_compacted_cache_matches_fresh_forward(model_case, case):
     assert cache_length(state.cache) == past + path.shape[0]
 
     fresh = adapter.prefill(_extend(inputs, tree.tokens[path])).state
-    for kept, ref in zip(state.cache.layers, fresh.cache.layers):
+    for kept, ref in zip(state.cache.layers, fresh.cache.layers, strict=True):
         assert (kept.keys - ref.keys).abs().max() <= 1e-4
         assert (kept.values - ref.values).abs().max() <= 1e-4
     # And decoding on from the compacted cache gives the fresh model's next-token logits.

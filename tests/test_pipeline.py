@@ -84,7 +84,9 @@ def test_video_file_input(pipe, tmp_path):
 
 
 def test_draft_from_another_family_is_refused(tiny_pairs):
-    with pytest.raises(ValueError, match=r"draft model is a 'llava_onevision' model but the target is 'qwen2_vl'"):
+    with pytest.raises(
+        ValueError, match=r"draft model is a 'llava_onevision' model but the target is 'qwen2_vl'"
+    ):
         VLMSpecPipeline.from_pretrained(tiny_pairs["qwen2_vl"].target, tiny_pairs["llava_onevision"].draft)
 
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
-
 from synthetic import geometric, synthetic_tree
+
 from vlmspec.policies import (
     MC_SIM_7B_63,
     ChainConfig,

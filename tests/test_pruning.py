@@ -220,7 +220,7 @@ def _max_cache_diff(a, b) -> float:
     assert a.get_seq_length() == b.get_seq_length()
     return max(
         max(float((la.keys - lb.keys).abs().max()), float((la.values - lb.values).abs().max()))
-        for la, lb in zip(a.layers, b.layers)
+        for la, lb in zip(a.layers, b.layers, strict=True)
     )
 
 

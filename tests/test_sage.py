@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from synthetic import geometric, peaked, synthetic_tree
+
 from vlmspec.policies import SAGEConfig, SAGEPolicy, StepFeedback, confidence, get_policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +31,15 @@ def test_confidence_uniform_topk_is_zero_and_one_hot_is_one():
 def test_depth_and_width_follow_eq_10_11(alpha, depth, width):
     c = SAGEConfig()
     assert (c.d_min, c.d_max, c.w_min, c.w_max, c.top_k, c.n_max, c.window, c.lower, c.upper) == (
-        3, 8, 2, 10, 10, 64, 10, 2.0, 3.0
+        3,
+        8,
+        2,
+        10,
+        10,
+        64,
+        10,
+        2.0,
+        3.0,
     )
     # D(0.5) = 3 + 0.5 * 5 = 5.5 -> 6 (half-up); W(0.5) = 2 + 0.5 * 8 = 6.
     assert c.depth(alpha, c.d_max) == depth
@@ -91,7 +99,11 @@ def test_n_max_theta_and_widths_are_respected(n_max):
         siblings = (tree.parents == tree.parents[node]).nonzero().flatten()
         rank = int((draft.probs[siblings] > draft.probs[node]).sum())
         parent = int(tree.parents[node])
-        limit = trace["width"] if level == 1 else math.ceil(trace["width"] / level * (0.5 + float(draft.probs[parent])))
+        limit = (
+            trace["width"]
+            if level == 1
+            else math.ceil(trace["width"] / level * (0.5 + float(draft.probs[parent])))
+        )
         assert rank < limit  # path index p_l < W_l (Eq. 12)
 
 

@@ -108,7 +108,10 @@ def real_logits(tiny_pairs):
     stub = _branching_tree(torch.cat([probs0] * 5))
     state = prefill.state
     logits = adapter.forward(
-        state, stub.tokens, stub.positions(inputs["input_ids"].shape[1]), stub.attention_bias(state.length, torch.float32)
+        state,
+        stub.tokens,
+        stub.positions(inputs["input_ids"].shape[1]),
+        stub.attention_bias(state.length, torch.float32),
     )
     return logits / 3
 

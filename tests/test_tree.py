@@ -15,7 +15,9 @@ def trees(draw, max_nodes: int = 40):
     n = draw(st.integers(0, max_nodes))
     parents = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, n + 1)]
     tokens = draw(st.lists(st.integers(0, 9), min_size=n + 1, max_size=n + 1))
-    return TokenTree(tokens=torch.tensor(tokens), parents=torch.tensor(parents), draft_probs=torch.ones(n + 1))
+    return TokenTree(
+        tokens=torch.tensor(tokens), parents=torch.tensor(parents), draft_probs=torch.ones(n + 1)
+    )
 
 
 def _ancestors_brute(parents: list[int], i: int) -> set[int]:
@@ -53,7 +55,7 @@ def test_retrieve_paths_are_root_to_leaf(tree):
     for row in paths.tolist():
         path = [i for i in row if i >= 0]
         assert path[0] == 0 and path[-1] in leaves
-        assert all(parents[b] == a for a, b in zip(path, path[1:]))
+        assert all(parents[b] == a for a, b in zip(path, path[1:], strict=False))
 
 
 @settings(max_examples=200, deadline=None)
@@ -71,11 +73,13 @@ def test_greedy_accept_is_longest_matching_path(tree, seed):
     parents = tree.parents.tolist()
 
     def ok(i: int) -> bool:
-        return all(int(tree.tokens[j]) == int(choice[parents[j]]) for j in _ancestors_brute(parents, i) if j > 0)
+        return all(
+            int(tree.tokens[j]) == int(choice[parents[j]]) for j in _ancestors_brute(parents, i) if j > 0
+        )
 
     best = max((len(_ancestors_brute(parents, i)) - 1 for i in range(n) if ok(i)), default=0)
     path = acc.path.tolist()
     assert acc.num_accepted == best
-    assert path[0] == 0 and all(parents[b] == a for a, b in zip(path, path[1:]))
+    assert path[0] == 0 and all(parents[b] == a for a, b in zip(path, path[1:], strict=False))
     assert all(int(tree.tokens[j]) == int(choice[parents[j]]) for j in path[1:])
     assert int(acc.next_token) == int(choice[path[-1]])

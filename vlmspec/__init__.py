@@ -13,9 +13,9 @@ __all__ = [
     "TokenTree",
     "TreePolicy",
     "VLMSpecPipeline",
+    "__version__",
     "available_policies",
     "get_policy",
     "register_policy",
     "speculative_generate",
-    "__version__",
 ]

@@ -75,6 +75,6 @@ def pop_tail(cache: Cache, start: int) -> list[tuple[torch.Tensor, torch.Tensor]
 
 def push_tail(cache: Cache, tail: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """Append entries taken by :func:`pop_tail` back after the current contents."""
-    for layer, (keys, values) in zip(_dynamic_layers(cache), tail):
+    for layer, (keys, values) in zip(_dynamic_layers(cache), tail, strict=True):
         layer.keys = torch.cat([layer.keys, keys], dim=2)
         layer.values = torch.cat([layer.values, values], dim=2)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
 EXAMPLE_IMAGE = "example.png"
 
@@ -51,7 +51,9 @@ def demo(args: argparse.Namespace) -> int:
     else:
         target, draft = args.target, args.draft
     options = json.loads(args.policy_options) if args.policy_options else {}
-    pipe = VLMSpecPipeline.from_pretrained(target, draft, policy=args.policy, torch_dtype=torch.float32, **options)
+    pipe = VLMSpecPipeline.from_pretrained(
+        target, draft, policy=args.policy, torch_dtype=torch.float32, **options
+    )
     image = None if args.video else (args.image or _example_image())
     pipe(image, args.prompt, video=args.video, max_new_tokens=4)  # warm-up: torch's one-off first-call costs
     out = pipe(image, args.prompt, video=args.video, max_new_tokens=args.max_new_tokens)
@@ -65,19 +67,23 @@ def demo(args: argparse.Namespace) -> int:
         ar = pipe(image, args.prompt, video=args.video, max_new_tokens=args.max_new_tokens)
         same = "identical" if ar.token_ids == out.token_ids else "DIFFERENT"
         print(f"ar:      {ar.stats.summary()}")
-        print(f"output vs ar: {same}; speed-up {out.stats.tokens_per_second / ar.stats.tokens_per_second:.2f}x")
+        print(
+            f"output vs ar: {same}; speed-up {out.stats.tokens_per_second / ar.stats.tokens_per_second:.2f}x"
+        )
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vlmspec", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="caption the bundled example image (or your image/video) with speed stats")
+    d = sub.add_parser(
+        "demo", help="caption the bundled example image (or your image/video) with speed stats"
+    )
     d.add_argument("--target", help="target model (hub id or folder); default: the embedded tiny pair")
     d.add_argument("--draft", help="draft model (hub id or folder)")
     d.add_argument("--family", default="qwen2_vl", help="family of the embedded tiny pair (default qwen2_vl)")
     d.add_argument("--policy", default="sage", help="tree policy (default sage)")
-    d.add_argument("--policy-options", help='JSON of policy options, e.g. \'{"n_max": 32}\'')
+    d.add_argument("--policy-options", help="JSON of policy options, e.g. '{\"n_max\": 32}'")
     d.add_argument("--image", help="image path (default: the bundled example)")
     d.add_argument("--video", help="video path (instead of an image)")
     d.add_argument("--prompt", default="Describe this image.")
@@ -85,7 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--compare-ar", action="store_true", help="also run plain decoding and compare")
     d.set_defaults(func=demo)
 
-    b = sub.add_parser("bench", help="benchmark methods side by side (tau, tokens/s, speed-up, identical to AR)")
+    b = sub.add_parser(
+        "bench", help="benchmark methods side by side (tau, tokens/s, speed-up, identical to AR)"
+    )
     from vlmspec_eval.bench import add_arguments, run_args
 
     add_arguments(b)

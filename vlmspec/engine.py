@@ -7,8 +7,9 @@ One function, :func:`speculative_generate`, in the spirit of gpt-fast's ``genera
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -174,7 +175,10 @@ def speculative_generate(
         # 7. Feed the statistics back to the policy.
         policy.feedback(
             StepFeedback(
-                step=stats.steps, accepted=acc.num_accepted, tree_size=tree.num_nodes, tree_depth=tree.max_depth
+                step=stats.steps,
+                accepted=acc.num_accepted,
+                tree_size=tree.num_nodes,
+                tree_depth=tree.max_depth,
             )
         )
         stats.trace.append({**policy.trace(), "tree_size": tree.num_nodes, "accepted": acc.num_accepted})
@@ -198,4 +202,3 @@ def speculative_generate(
     stats.tokens_per_step = (len(tokens) - 1) / max(stats.steps, 1)
     stats.tokens_per_second = len(tokens) / max(stats.total_seconds, 1e-9)
     return tokens, stats
-

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence, Union
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 from transformers.video_utils import VideoMetadata
 
-ImageInput = Union[Image.Image, str, Path]
-VideoInput = Union[str, Path, Sequence[Union[Image.Image, np.ndarray]]]
+ImageInput = Image.Image | str | Path
+VideoInput = str | Path | Sequence[Image.Image | np.ndarray]
 
 
 def load_image(image: ImageInput) -> Image.Image:
@@ -26,7 +26,9 @@ def load_image(image: ImageInput) -> Image.Image:
     if isinstance(image, (str, Path)):
         path = Path(image)
         if not path.is_file():
-            raise FileNotFoundError(f"image file {str(path)!r} does not exist; pass an existing image path or a PIL image")
+            raise FileNotFoundError(
+                f"image file {str(path)!r} does not exist; pass an existing image path or a PIL image"
+            )
         try:
             with Image.open(path) as im:
                 return im.convert("RGB")
@@ -68,7 +70,9 @@ def load_video(
     if isinstance(video, (str, Path)):
         path = Path(video)
         if not path.is_file():
-            raise FileNotFoundError(f"video file {str(path)!r} does not exist; pass an existing video path or frames")
+            raise FileNotFoundError(
+                f"video file {str(path)!r} does not exist; pass an existing video path or frames"
+            )
         if path.stat().st_size == 0:
             raise ValueError(f"video file {str(path)!r} is empty (0 bytes)")
         from decord import DECORDError, VideoReader  # imported lazily: heavy native library
@@ -82,8 +86,12 @@ def load_video(
             array = reader.get_batch(list(index)).asnumpy()  # [F, H, W, 3] uint8
             source_fps = float(reader.get_avg_fps())
         except (DECORDError, RuntimeError) as err:  # decord raises RuntimeError for unreadable containers
-            raise ValueError(f"video file {str(path)!r} could not be decoded ({err}); check that it is a valid video") from err
-        metadata = VideoMetadata(total_num_frames=total, fps=source_fps, frames_indices=[int(i) for i in index])
+            raise ValueError(
+                f"video file {str(path)!r} could not be decoded ({err}); check that it is a valid video"
+            ) from err
+        metadata = VideoMetadata(
+            total_num_frames=total, fps=source_fps, frames_indices=[int(i) for i in index]
+        )
         return [Image.fromarray(frame) for frame in array], metadata
     frames = list(video)
     if not frames:
@@ -95,5 +103,7 @@ def load_video(
         elif isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[-1] == 3:
             out.append(Image.fromarray(frame.astype(np.uint8)))
         else:
-            raise TypeError(f"video frame {i} must be a PIL image or an HxWx3 uint8 array, got {type(frame).__name__}")
+            raise TypeError(
+                f"video frame {i} must be a PIL image or an HxWx3 uint8 array, got {type(frame).__name__}"
+            )
     return out, VideoMetadata(total_num_frames=len(out), fps=fps, frames_indices=list(range(len(out))))

@@ -8,16 +8,17 @@ Components are plain attributes and can be swapped (``pipe.policy = get_policy("
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from .engine import DraftPrompt, SpecStats, speculative_generate
 from .inputs import ImageInput, VideoInput, load_images, load_video
-from .models import VLMAdapter, adapter_for
+from .models import adapter_for
 from .policies import TreePolicy, available_policies, get_policy
 from .pruning import PruningConfig
 from .sampling import SamplingParams
@@ -95,7 +96,9 @@ class VLMSpecPipeline:
                 f"available policies: {', '.join(available_policies())}"
             )
         if policy.uses_draft and self.draft is None:
-            raise ValueError(f"policy {policy.name!r} needs a draft model; this pipeline was built without one")
+            raise ValueError(
+                f"policy {policy.name!r} needs a draft model; this pipeline was built without one"
+            )
         self._policy = policy
 
     @property
@@ -115,7 +118,7 @@ class VLMSpecPipeline:
         pruning: str | PruningConfig = "attention",
         prune_ratio: float | None = None,
         **policy_options: Any,
-    ) -> "VLMSpecPipeline":
+    ) -> VLMSpecPipeline:
         """Load a target/draft pair from hub ids or local folders.
 
         Args:
@@ -241,7 +244,9 @@ class VLMSpecPipeline:
         if self.policy.uses_draft:
             adapter = self._draft_adapter
             draft_inputs = {k: v.to(adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
-            pruning = self.pruning if prune_ratio is None else pruning_config(self.pruning.method, prune_ratio)
+            pruning = (
+                self.pruning if prune_ratio is None else pruning_config(self.pruning.method, prune_ratio)
+            )
             draft = DraftPrompt(adapter=adapter, inputs=draft_inputs)
             if pruning.enabled:
                 layout = adapter.prompt_layout(draft_inputs)
@@ -272,11 +277,15 @@ def pruning_config(pruning: str | PruningConfig, prune_ratio: float | None) -> P
     elif isinstance(pruning, str):
         config = PruningConfig(method=pruning)
     else:
-        raise TypeError(f"pruning must be 'attention', 'uniform' or a PruningConfig, got {type(pruning).__name__}")
+        raise TypeError(
+            f"pruning must be 'attention', 'uniform' or a PruningConfig, got {type(pruning).__name__}"
+        )
     if prune_ratio is not None:
         if prune_ratio == 0:
             return PruningConfig.disabled()
-        config = PruningConfig(method=config.method, image_ratio=prune_ratio, video_ratio=prune_ratio, mass=config.mass)
+        config = PruningConfig(
+            method=config.method, image_ratio=prune_ratio, video_ratio=prune_ratio, mass=config.mass
+        )
     return config
 
 
@@ -307,13 +316,18 @@ def check_compatible(
     for key in ("image_token_id", "video_token_id"):
         t_id, d_id = getattr(target.config, key, None), getattr(draft.config, key, None)
         if t_id != d_id:
-            raise ValueError(f"the draft's {key} is {d_id} but the target's is {t_id}; they must share a tokenizer")
-    if target_tokenizer is not None and draft_tokenizer is not None:
-        if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
             raise ValueError(
-                "the draft's tokenizer differs from the target's (different vocabulary); use a draft that shares "
-                "the target's tokenizer"
+                f"the draft's {key} is {d_id} but the target's is {t_id}; they must share a tokenizer"
             )
+    if (
+        target_tokenizer is not None
+        and draft_tokenizer is not None
+        and target_tokenizer.get_vocab() != draft_tokenizer.get_vocab()
+    ):
+        raise ValueError(
+            "the draft's tokenizer differs from the target's (different vocabulary); use a draft that shares "
+            "the target's tokenizer"
+        )
 
 
 def _load_model(source: str | Path, role: str, load: dict[str, Any]) -> torch.nn.Module:

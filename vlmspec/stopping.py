@@ -30,7 +30,9 @@ class StopCriteria:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens!r} is invalid: use an integer >= 1")
         if self.stop_strings and self.tokenizer is None:
-            raise ValueError("stop_strings need a tokenizer to decode the output; pass the processor's tokenizer")
+            raise ValueError(
+                "stop_strings need a tokenizer to decode the output; pass the processor's tokenizer"
+            )
         self._eos = frozenset(self.eos_token_ids)
 
     def update(self, tokens: list[int]) -> bool:

@@ -78,7 +78,7 @@ class TokenTree:
             self.ancestors = ancestor_matrix(self.parents)
 
     @classmethod
-    def root_only(cls, token: torch.Tensor) -> "TokenTree":
+    def root_only(cls, token: torch.Tensor) -> TokenTree:
         """A tree holding only the root token (plain autoregressive step)."""
         device = token.device
         return cls(

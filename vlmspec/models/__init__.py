@@ -30,4 +30,4 @@ def adapter_for(model: torch.nn.Module) -> VLMAdapter:
     return _ADAPTERS[model_type](model)
 
 
-__all__ = ["DecodeState", "Prefill", "PromptLayout", "VLMAdapter", "adapter_for", "SUPPORTED_MODEL_TYPES"]
+__all__ = ["SUPPORTED_MODEL_TYPES", "DecodeState", "Prefill", "PromptLayout", "VLMAdapter", "adapter_for"]

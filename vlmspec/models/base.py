@@ -289,7 +289,9 @@ class VLMAdapter:
         tail = pop_tail(state.cache, split)
         try:
             with self._visual_attention_probe(visual_idx) as probe:
-                self._run_language_model({"inputs_embeds": embeds}, position_ids[..., suffix], state.cache, bias)
+                self._run_language_model(
+                    {"inputs_embeds": embeds}, position_ids[..., suffix], state.cache, bias
+                )
         finally:
             truncate(state.cache, split)
             push_tail(state.cache, tail)

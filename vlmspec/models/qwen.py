@@ -77,7 +77,7 @@ class QwenVLAdapter(VLMAdapter):
         joint = [layer.new_zeros(int(visual.sum()), layer.shape[-1]) for layer in first]
         for modality, layers in deep.items():
             rows = masks[modality][visual]  # [num_visual] bool: the visual slots of this modality
-            for out, layer in zip(joint, layers):
+            for out, layer in zip(joint, layers, strict=True):
                 out[rows] = layer.to(out.dtype)
         return {"visual_pos_masks": visual, "deepstack_visual_embeds": joint}
 

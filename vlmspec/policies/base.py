@@ -16,17 +16,17 @@ outcome of the step. Per-request state (if any) is cleared by ``reset``. Policie
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, TypeVar
-
-import yaml
+from typing import Any, ClassVar, TypeVar
 
 import torch
+import yaml
 
 from ..draft import DraftTree
-from ..tree import TokenTree
 from ..sampling import Sampler
+from ..tree import TokenTree
 from ..verify import Acceptance, greedy_accept, sample_accept
 
 
@@ -35,7 +35,7 @@ class PolicyConfig:
     """Base of every policy's frozen config. Subclasses validate fields in ``__post_init__``."""
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "PolicyConfig":
+    def from_dict(cls, values: dict[str, Any]) -> PolicyConfig:
         """Build from a mapping; unknown keys are an error that lists the valid ones."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
@@ -46,7 +46,7 @@ class PolicyConfig:
         return cls(**values)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "PolicyConfig":
+    def from_yaml(cls, path: str | Path) -> PolicyConfig:
         """Load from a YAML file (``yaml.safe_load``); a top-level ``policy:`` key, if present, is ignored."""
         path = Path(path)
         if not path.is_file():
@@ -94,12 +94,14 @@ class TreePolicy:
     def __init__(self, config: PolicyConfig | None = None) -> None:
         config = self.config_class() if config is None else config
         if not isinstance(config, self.config_class):
-            raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}")
+            raise TypeError(
+                f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}"
+            )
         self.config = config
         self.reset()
 
     @classmethod
-    def from_config(cls, config: PolicyConfig | dict[str, Any] | None = None, **overrides: Any) -> "TreePolicy":
+    def from_config(cls, config: PolicyConfig | dict[str, Any] | None = None, **overrides: Any) -> TreePolicy:
         """Build from a config object, a mapping, or keyword overrides of the defaults."""
         if config is None:
             config = {}
@@ -116,7 +118,9 @@ class TreePolicy:
         """Grow this step's tree with ``draft`` and return it."""
         raise NotImplementedError
 
-    def accept(self, tree: TokenTree, target_logits: torch.Tensor, sampler: Sampler | None = None) -> Acceptance:
+    def accept(
+        self, tree: TokenTree, target_logits: torch.Tensor, sampler: Sampler | None = None
+    ) -> Acceptance:
         """The acceptance rule (a pure function of ``verify``); lossless unless a policy overrides it.
 
         Args:

@@ -181,7 +181,9 @@ class SAGEPolicy(TreePolicy):
                 widths = (width / level * (0.5 + draft.probs[frontier])).ceil()  # [F]
             k = min(int(widths.max()), c.top_k)
             top_p, top_tok = probs.topk(k, dim=-1)  # [F, k]
-            cum = draft.cum_probs[frontier][:, None] * top_p  # [F, k] cumulative probability of each candidate
+            cum = (
+                draft.cum_probs[frontier][:, None] * top_p
+            )  # [F, k] cumulative probability of each candidate
             ranks = torch.arange(k, device=probs.device)[None, :]
             keep = (ranks < widths[:, None]) & (cum > c.threshold(level, depth))  # [F, k]
             rows, cols = keep.nonzero(as_tuple=True)

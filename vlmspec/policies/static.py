@@ -44,7 +44,9 @@ class StaticConfig(PolicyConfig):
         known = set(paths)
         for p in paths:
             check(len(p) > 0 and min(p) >= 0, self, "paths", p, "each path is a non-empty list of ranks >= 0")
-            check(p[:-1] in known or len(p) == 1, self, "paths", p, f"its prefix {p[:-1]} must also be a path")
+            check(
+                p[:-1] in known or len(p) == 1, self, "paths", p, f"its prefix {p[:-1]} must also be a path"
+            )
         check(len(known) == len(paths), self, "paths", "duplicates", "every path once")
 
 
