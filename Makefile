@@ -16,4 +16,4 @@ demo: $(STAMP)
 	$(VENV)/bin/vlmspec demo
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q tests
+	$(VENV)/bin/python -m pytest -q -n $(or $(JOBS),2) tests

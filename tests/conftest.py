@@ -11,6 +11,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/synthetic.py helpers
 
+# The models under test are tiny: one thread per test process is fastest, and `make test` runs two processes
+# (pytest-xdist) on CI's two cores.
+torch.set_num_threads(1)
+
 from vlmspec.testing import FAMILIES, build_tiny_pair, make_image, make_video_frames
 
 PROMPTS = (
