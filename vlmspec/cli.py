@@ -98,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(b)
     b.set_defaults(func=run_args)
+
+    from . import caption_cli
+
+    c = sub.add_parser("caption", help="caption a folder/glob/manifest of videos into a resumable JSONL")
+    caption_cli.add_arguments(c)
+    c.set_defaults(func=caption_cli.run_args)
     return parser
 
 

@@ -1,0 +1,390 @@
+"""Batch video captioning (``pipelines/video_captioning.py``, ``vlmspec caption``): nothing lost, resumable, sharded.
+
+The model pair is the fixture ``caption_pair``: the testbed's trained ``mini`` qwen2_vl pair when
+``vlmspec.testbed.pair_paths`` exists (trained once, about 2 minutes on 2 CPU cores, then cached), else the tiny
+random qwen2_vl pair of ``vlmspec.testing`` (noise captions; the job's guarantees do not depend on caption quality).
+Videos are testbed clips when the testbed is there, else ``vlmspec.testing.make_video_frames`` clips, written with
+``write_video``. Generation is greedy and short (16 tokens), with one torch thread, so reruns give equal captions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vlmspec import caption_cli
+from vlmspec.testing import build_tiny_pair, make_video_frames, write_video
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "pipelines" / "video_captioning.py"
+COMMON = ["--max-new-tokens", "16", "--num-frames", "4", "--threads", "1", "--no-progress"]
+TIMEOUT = 240
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Fixtures and helpers
+# ---------------------------------------------------------------------------------------------------------------------
+def _testbed():
+    try:
+        from vlmspec import testbed
+    except ImportError:
+        return None
+    return testbed if hasattr(testbed, "pair_paths") else None
+
+
+@pytest.fixture(scope="module")
+def vc():
+    """The job module, loaded the way ``vlmspec caption`` loads it."""
+    return caption_cli.job_module()
+
+
+@pytest.fixture(scope="session")
+def caption_pair(tiny_root) -> tuple[Path, Path]:
+    """(target, draft): testbed mini when ``vlmspec.testbed.pair_paths`` exists, else the tiny qwen2_vl pair."""
+    testbed = _testbed()
+    if testbed is not None:
+        return tuple(Path(p) for p in testbed.pair_paths(size="mini", family="qwen2_vl"))
+    pair = build_tiny_pair("qwen2_vl", root=tiny_root)
+    return pair.target, pair.draft
+
+
+def _clip(seed: int) -> list:
+    testbed = _testbed()
+    if testbed is not None:
+        return testbed.sample("video_caption", seed).video
+    return make_video_frames(seed)
+
+
+def _write_clips(folder: Path, count: int, prefix: str = "clip") -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    names = []
+    for i in range(count):
+        write_video(folder / f"{prefix}{i}.mp4", _clip(500 + i))
+        names.append(f"{prefix}{i}.mp4")
+    return names
+
+
+@pytest.fixture(scope="module")
+def six_videos(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("six") / "videos"
+    _write_clips(folder, 6)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def reference(vc, caption_pair, six_videos, tmp_path_factory) -> dict[str, str]:
+    """Captions of a clean single-process run over ``six_videos`` (id -> caption)."""
+    out = tmp_path_factory.mktemp("ref") / "captions.jsonl"
+    code = vc.main([str(six_videos), "--out", str(out), *_pair_args(caption_pair), *COMMON])
+    assert code == 0
+    records = _records(out)
+    assert [r["id"] for r in records] == [f"clip{i}.mp4" for i in range(6)]
+    return {r["id"]: r["caption"] for r in records}
+
+
+def _pair_args(pair: tuple[Path, Path]) -> list[str]:
+    return ["--target", str(pair[0]), "--draft", str(pair[1])]
+
+
+def _records(path: Path) -> list[dict]:
+    data = path.read_bytes()
+    assert data.endswith(b"\n"), "the output must end with a whole line"
+    return [json.loads(line) for line in data.decode("utf-8").splitlines()]
+
+
+def _env() -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")
+    }
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Acceptance: partial failures, kill + resume, two processes, job errors
+# ---------------------------------------------------------------------------------------------------------------------
+def test_bad_videos_get_error_lines_and_exit_2(vc, caption_pair, tmp_path, capsys):
+    folder = tmp_path / "mixed"
+    good = _write_clips(folder, 3, prefix="good")
+    (folder / "corrupt.mp4").write_bytes(os.urandom(4096))
+    (folder / "empty.mp4").write_bytes(b"")
+    (folder / "notes.txt").write_text("not a video")  # not a video extension: not an input
+    out = tmp_path / "captions.jsonl"
+    args = [str(folder), "--out", str(out), *_pair_args(caption_pair), *COMMON]
+
+    assert vc.main(args) == vc.EXIT_PARTIAL
+    records = {r["id"]: r for r in _records(out)}
+    assert sorted(records) == sorted([*good, "corrupt.mp4", "empty.mp4"])
+    for name in good:
+        assert records[name]["caption"] and "error" not in records[name]
+        assert records[name]["stats"]["new_tokens"] > 0 and "trace" not in records[name]["stats"]
+        assert records[name]["settings"]["max_new_tokens"] == 16 and records[name]["policy"] == "sage"
+    corrupt, empty = records["corrupt.mp4"], records["empty.mp4"]
+    assert "caption" not in corrupt and "could not be decoded" in corrupt["error"]
+    assert corrupt["error_type"] == "ValueError" and corrupt["path"].endswith("corrupt.mp4")
+    assert "empty" in empty["error"] and empty["error_type"] == "ValueError"
+    assert "3 succeeded, 2 failed" in capsys.readouterr().out
+
+    # Restart: error lines are retried by default (still failing: still one line each), or kept with the flag.
+    before = out.read_bytes()
+    assert vc.main([*args, "--no-retry-errors"]) == vc.EXIT_PARTIAL
+    assert out.read_bytes() == before
+    assert "0 captioned, 0 failed, 5 already done" in capsys.readouterr().out
+    assert vc.main(args) == vc.EXIT_PARTIAL
+    assert sorted(r["id"] for r in _records(out)) == sorted(records)
+    assert "0 captioned, 2 failed, 3 already done" in capsys.readouterr().out
+
+
+def test_killed_job_resumes_without_loss_or_duplicates(caption_pair, six_videos, reference, tmp_path):
+    out = tmp_path / "captions.jsonl"
+    argv = [str(six_videos), "--out", str(out), *_pair_args(caption_pair), *COMMON]
+    # The first run is slowed down (0.4 s per video, in the child only) so that it is surely killed part-way.
+    slow = (
+        "import runpy, sys, time\n"
+        "from vlmspec.pipeline import VLMSpecPipeline\n"
+        "call = VLMSpecPipeline.__call__\n"
+        "def slow(self, *a, **k):\n"
+        "    time.sleep(0.4)\n"
+        "    return call(self, *a, **k)\n"
+        "VLMSpecPipeline.__call__ = slow\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", slow, str(SCRIPT), *argv],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + TIMEOUT
+    while not (out.exists() and out.read_bytes().count(b"\n") >= 1):
+        assert child.poll() is None, child.communicate()[1].decode()[-3000:]
+        assert time.monotonic() < deadline, "the job wrote no line in time"
+        time.sleep(0.02)
+    child.send_signal(signal.SIGKILL)
+    child.communicate(timeout=60)
+    done = out.read_bytes().count(b"\n")
+    assert 1 <= done < 6, "the job must be killed part-way"
+    with open(out, "ab") as handle:  # what a kill in the middle of a write would leave: a torn last line
+        handle.write(b'{"id": "clip5.mp4", "path": "vid')
+
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), *argv], env=_env(), capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "torn last line" in result.stderr
+    assert f"{done} already done" in result.stdout
+    records = _records(out)  # every line parses
+    ids = [r["id"] for r in records]
+    assert ids == [f"clip{i}.mp4" for i in range(6)]  # every video exactly once, in input order
+    assert {r["id"]: r["caption"] for r in records} == reference
+
+
+def test_two_processes_match_one(caption_pair, six_videos, reference, tmp_path):
+    launcher = Path(sys.executable).parent / "accelerate"
+    if not launcher.exists():
+        pytest.skip("accelerate's launcher is not installed")
+    out = tmp_path / "captions.jsonl"
+    # On a CPU-only machine accelerate starts two processes with --multi_gpu and ACCELERATE_USE_CPU=1
+    # (`--cpu --num_processes 2` starts only one there: multi-CPU launches go through mpirun).
+    command = [
+        str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+        str(SCRIPT), str(six_videos), "--out", str(out), *_pair_args(caption_pair), *COMMON,
+    ]  # fmt: skip
+    env = {**_env(), "ACCELERATE_USE_CPU": "1"}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "process 0 of 2" in result.stderr and "process 1 of 2" in result.stderr
+    assert "6 succeeded, 0 failed" in result.stdout
+    assert not list(tmp_path.glob("captions.jsonl.part*")), "the part files are merged and removed"
+    records = _records(out)
+    assert [r["id"] for r in records] == [f"clip{i}.mp4" for i in range(6)]
+    assert {r["id"]: r["caption"] for r in records} == reference
+
+
+def test_job_errors_exit_1(vc, caption_pair, tmp_path, capsys):
+    out = str(tmp_path / "captions.jsonl")
+    missing = tmp_path / "no-such-folder"
+    assert vc.main([str(missing), "--out", out, *COMMON]) == vc.EXIT_JOB_ERROR
+    err = capsys.readouterr().err
+    assert str(missing) in err and "does not exist" in err
+
+    videos = tmp_path / "videos"
+    _write_clips(videos, 1)
+    config = tmp_path / "job.yaml"
+    config.write_text("max_new_tokens: 8\nbogus_key: 1\n")
+    assert vc.main([str(videos), "--out", out, "--config", str(config)]) == vc.EXIT_JOB_ERROR
+    err = capsys.readouterr().err
+    assert "unknown key(s) 'bogus_key'" in err and "valid keys: target, draft" in err and str(config) in err
+
+    manifest = tmp_path / "list.jsonl"
+    manifest.write_text('{"path": "videos/clip0.mp4"}\n{not json\n')
+    assert vc.main([str(manifest), "--out", out, *COMMON]) == vc.EXIT_JOB_ERROR
+    assert "line 2 is not valid JSON" in capsys.readouterr().err
+
+    nowhere = tmp_path / "no-model"
+    assert (
+        vc.main([str(videos), "--out", out, "--target", str(nowhere), "--draft", str(nowhere), *COMMON]) == 1
+    )
+    err = capsys.readouterr().err
+    assert "could not load the models" in err and str(nowhere) in err
+
+    assert vc.main([str(videos), "--out", out, "--max-new-tokens", "0"]) == vc.EXIT_JOB_ERROR
+    assert "max_new_tokens must be >= 1" in capsys.readouterr().err
+    assert not Path(out).exists() or Path(out).read_bytes() == b""
+
+
+def test_vlmspec_caption_entry_point(tmp_path, capsys):
+    assert caption_cli.main([str(tmp_path / "missing"), "--out", str(tmp_path / "o.jsonl")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# qwen-vl-utils frame sampling, manifests, config
+# ---------------------------------------------------------------------------------------------------------------------
+def test_qwen_frame_sampler(vc, caption_pair, tmp_path):
+    folder = tmp_path / "videos"
+    _write_clips(folder, 2)
+    (folder / "broken.mp4").write_bytes(os.urandom(2048))
+    out = tmp_path / "captions.jsonl"
+    qwen = ["--fps", "4", "--max-frames", "4", "--min-pixels", "3136", "--max-pixels", "12544"]
+    args = [str(folder), "--out", str(out), *_pair_args(caption_pair), *COMMON, *qwen]
+    assert vc.main(args) == vc.EXIT_PARTIAL
+    records = {r["id"]: r for r in _records(out)}
+    assert records["clip0.mp4"]["caption"] and records["clip1.mp4"]["caption"]
+    assert records["clip0.mp4"]["settings"]["frame_sampler"] == "qwen"
+    assert records["clip0.mp4"]["settings"]["max_pixels"] == 12544
+    assert "could not be decoded" in records["broken.mp4"]["error"]  # not qwen-vl-utils' AttributeError
+
+
+def test_manifests_with_prompts_and_ids(vc, tmp_path):
+    (tmp_path / "sub").mkdir()
+    for name in ("a.mp4", "sub/b.MP4", ".hidden.mp4", "c.txt"):
+        (tmp_path / name).write_bytes(b"x")
+    items = vc.discover_inputs(tmp_path)
+    assert [(i.id, i.prompt) for i in items] == [("a.mp4", None), ("sub/b.MP4", None)]
+
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text('{"path": "a.mp4", "prompt": "What moves?", "id": 7}\n\n{"video": "sub/b.MP4"}\n')
+    items = vc.discover_inputs(manifest)
+    assert [(i.id, i.path, i.prompt) for i in items] == [
+        ("7", str(tmp_path / "a.mp4"), "What moves?"),
+        ("sub/b.MP4", str(tmp_path / "sub/b.MP4"), None),
+    ]
+    table = tmp_path / "m.csv"
+    table.write_text("id,path,prompt\nx,a.mp4,Say it.\ny,sub/b.MP4,\n")
+    assert [(i.id, i.prompt) for i in vc.discover_inputs(table)] == [("x", "Say it."), ("y", None)]
+    assert [i.id for i in vc.discover_inputs(str(tmp_path / "*.mp4"))] == [str(tmp_path / "a.mp4")]
+
+    table.write_text("id,path\nx,a.mp4\nx,sub/b.MP4\n")
+    with pytest.raises(vc.JobError, match="duplicate ids"):
+        vc.discover_inputs(table)
+
+
+def test_config_file_defaults_and_flag_overrides(vc, tmp_path):
+    assert set(vc._KINDS) == set(vc.JobConfig.field_names())
+    assert vc.load_config(vc.DEFAULT_CONFIG_PATH) == vc.JobConfig()  # the YAML holds the defaults
+    config = tmp_path / "job.yaml"
+    config.write_text("max_new_tokens: 7\npolicy: chain\npolicy_options: {gamma: 3}\nextensions: mp4, webm\n")
+    parser = vc.build_parser()
+    loaded = vc.load_config(
+        str(config), vc.overrides_from_args(parser.parse_args(["in", "--max-new-tokens", "9"]))
+    )
+    assert (loaded.max_new_tokens, loaded.policy, loaded.policy_options) == (9, "chain", {"gamma": 3})
+    assert loaded.extensions == (".mp4", ".webm")
+    assert vc.load_config(str(config)).max_new_tokens == 7
+    config.write_text("max_new_tokens: many\n")
+    with pytest.raises(vc.JobError, match="max_new_tokens must be an integer"):
+        vc.load_config(str(config))
+    assert vc.JobConfig(fps=1.0).sampler == "qwen" and vc.JobConfig().sampler == "decord"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The output file
+# ---------------------------------------------------------------------------------------------------------------------
+def test_torn_last_line_is_truncated_and_damage_elsewhere_stops(vc, tmp_path):
+    out = tmp_path / "o.jsonl"
+    good = vc.encode_record({"id": "a", "caption": "x"}) + vc.encode_record({"id": "b", "error": "e"})
+    out.write_bytes(good + b'{"id": "c", "capt')  # no newline
+    assert [r["id"] for r in vc.read_output(out, repair=False)] == ["a", "b"]
+    assert out.read_bytes().endswith(b"capt")  # reading others' files never modifies them
+    assert [r["id"] for r in vc.read_output(out, repair=True)] == ["a", "b"]
+    assert out.read_bytes() == good
+    out.write_bytes(good + b'{"id": "c", "capt\n')  # a whole but unparsable last line
+    vc.read_output(out, repair=True)
+    assert out.read_bytes() == good
+    out.write_bytes(b"garbage\n" + good)
+    with pytest.raises(vc.JobError, match="line 1"):
+        vc.read_output(out, repair=True)
+
+
+def test_writer_appends_whole_lines_and_locks(vc, tmp_path):
+    out = tmp_path / "o.jsonl"
+    with vc.ResultWriter(out) as writer:
+        writer.write({"id": "a", "caption": "line\nbreak", "stats": {"tau": float("nan")}})
+        with pytest.raises(vc.JobError, match="another running job"):
+            vc.ResultWriter(out)
+        writer.rewrite([{"id": "b", "caption": "y"}])
+        writer.write({"id": "c", "caption": "z"})
+    assert [r["id"] for r in _records(out)] == ["b", "c"]
+    out.write_bytes(vc.encode_record({"id": "a", "caption": "line\nbreak", "stats": {"tau": float("nan")}}))
+    assert _records(out) == [{"id": "a", "caption": "line\nbreak", "stats": {"tau": None}}]
+
+
+def test_merge_prefers_captions_then_later_lines_in_input_order(vc, tmp_path):
+    out = tmp_path / "o.jsonl"
+    out.write_bytes(
+        vc.encode_record({"id": "b", "error": "old"}) + vc.encode_record({"id": "zz", "caption": "kept"})
+    )
+    vc.part_path(out, 0).write_bytes(vc.encode_record({"id": "a", "caption": "A"}))
+    vc.part_path(out, 1).write_bytes(
+        vc.encode_record({"id": "b", "caption": "B"}) + vc.encode_record({"id": "c", "error": "e1"})
+    )
+    vc.part_path(out, 2).write_bytes(
+        vc.encode_record({"id": "c", "error": "e2"}) + b'{"id": "d"'
+    )  # stale, torn
+    items = [vc.VideoItem(i, i) for i in ("a", "b", "c", "d")]
+    merged = vc.merge_outputs(out, items)
+    assert [(r["id"], r.get("caption", r.get("error"))) for r in merged] == [
+        ("a", "A"), ("b", "B"), ("c", "e2"), ("zz", "kept"),
+    ]  # fmt: skip
+    assert _records(out) == merged and not vc.part_files(out)
+
+
+def test_resolve_pair(vc, monkeypatch, tmp_path):
+    assert vc.resolve_pair("Qwen/Qwen2-VL-7B-Instruct", "Qwen/Qwen2-VL-2B-Instruct") == (
+        "Qwen/Qwen2-VL-7B-Instruct",
+        "Qwen/Qwen2-VL-2B-Instruct",
+    )
+    calls = []
+
+    class FakeTestbed:
+        @staticmethod
+        def pair_paths(size, family):
+            calls.append((size, family))
+            return tmp_path / "t", tmp_path / "d"
+
+    monkeypatch.setattr(vc, "_testbed", lambda: FakeTestbed)
+    assert vc.resolve_pair("testbed-mini", None) == (str(tmp_path / "t"), str(tmp_path / "d"))
+    assert vc.resolve_pair(None, None, family="llava_onevision")[0] == str(tmp_path / "t")
+    assert calls == [("mini", "qwen2_vl"), ("base", "llava_onevision")]
+    with pytest.raises(vc.JobError, match="drop --draft"):
+        vc.resolve_pair("testbed-base", "some/draft")
+    monkeypatch.setattr(vc, "_testbed", lambda: None)
+    with pytest.raises(vc.JobError, match="needs the testbed"):
+        vc.resolve_pair("testbed-mini", None)
