@@ -157,3 +157,11 @@ def test_demo_command_prints_caption_and_stats(capsys, tiny_root, monkeypatch):
     assert cli_main(["demo", "--max-new-tokens", "12"]) == 0
     out = capsys.readouterr().out
     assert "caption:" in out and "tau=" in out and "tokens/s=" in out and "SAGE trace" in out
+
+
+def test_pct_cost_ratio_is_measured_on_the_pair_at_load_time(pipe):
+    pipe.policy = get_policy("pct")
+    assert pipe.policy.cost_ratio is not None and 0 < pipe.policy.cost_ratio < 100
+    pipe.policy = get_policy("pct", cost_ratio=0.25)  # a configured ratio is kept as it is
+    assert pipe.policy.cost_ratio == 0.25
+    pipe.policy = "sage"

@@ -104,10 +104,22 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("caption", help="caption a folder/glob/manifest of videos into a resumable JSONL")
     caption_cli.add_arguments(c)
     c.set_defaults(func=caption_cli.run_args)
+
+    # `vlmspec c2t ...` is handed whole to the C2T tool's own parser (see `main`); listed here for --help.
+    sub.add_parser("c2t", help="collect labelled token trees / train the C2T classifier (vlmspec c2t --help)")
     return parser
 
 
+def _c2t_main(argv: list[str]) -> int:
+    from .c2t_tools import main as c2t_main
+
+    return c2t_main(argv, prog="vlmspec c2t")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["c2t"]:
+        return _c2t_main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -99,6 +99,7 @@ class VLMSpecPipeline:
             raise ValueError(
                 f"policy {policy.name!r} needs a draft model; this pipeline was built without one"
             )
+        policy.bind(self.target, self.draft)
         self._policy = policy
 
     @property

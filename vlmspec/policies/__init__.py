@@ -10,16 +10,27 @@ from .base import (
     policy_class,
     register_policy,
 )
+from .c2t import C2TClassifier, C2TConfig, C2TPolicy, distribution_entropy
 from .chain import ChainConfig, ChainPolicy
+from .eagle2 import EAGLE2Config, EAGLE2Policy
+from .pct import PCTConfig, PCTPolicy, measure_cost_ratio
 from .sage import SAGEConfig, SAGEPolicy, confidence
 from .static import MC_SIM_7B_63, StaticConfig, StaticTreePolicy
+from .wetap import WETAPConfig, WETAPPolicy, wetap_prune
 
 __all__ = [
     "ARConfig",
     "ARPolicy",
+    "C2TClassifier",
+    "C2TConfig",
+    "C2TPolicy",
     "ChainConfig",
     "ChainPolicy",
+    "EAGLE2Config",
+    "EAGLE2Policy",
     "MC_SIM_7B_63",
+    "PCTConfig",
+    "PCTPolicy",
     "PolicyConfig",
     "SAGEConfig",
     "SAGEPolicy",
@@ -27,9 +38,18 @@ __all__ = [
     "StaticTreePolicy",
     "StepFeedback",
     "TreePolicy",
+    "WETAPConfig",
+    "WETAPPolicy",
     "available_policies",
     "confidence",
+    "distribution_entropy",
     "get_policy",
+    "measure_cost_ratio",
     "policy_class",
     "register_policy",
+    "wetap_prune",
 ]
+
+from .dsbd import DSBDConfig, DSBDPolicy, beam_sampling_baseline, perplexity
+
+__all__ += ["DSBDConfig", "DSBDPolicy", "beam_sampling_baseline", "perplexity"]

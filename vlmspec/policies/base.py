@@ -114,6 +114,10 @@ class TreePolicy:
     def reset(self) -> None:
         """Clear per-request state (called by the engine before each generation)."""
 
+    def bind(self, target: torch.nn.Module, draft: torch.nn.Module | None) -> None:
+        """Optional hook: called when the policy is attached to a pipeline, with its loaded models (e.g. to time
+        them on the actual device)."""
+
     def build_tree(self, draft: DraftTree) -> TokenTree:
         """Grow this step's tree with ``draft`` and return it."""
         raise NotImplementedError
