@@ -404,7 +404,7 @@ def _run_hf_assisted(
         start = time.perf_counter()
         try:
             tokens = assisted_generate(pipe, inputs, max_new_tokens)
-        except Exception as err:  # noqa: BLE001 - transformers may fail in any way for a family; the row says how
+        except Exception as err:  # transformers may fail in any way for a family; the row records how
             record.error = f"{type(err).__name__}: {err}".strip()
             return
         record.total_s = time.perf_counter() - start
