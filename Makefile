@@ -1,12 +1,14 @@
 # Two commands do all set-up: `make demo` and `make test`. Both create/reuse .venv.
 PY ?= python3
 VENV := .venv
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml eval/requirements-lmms.txt | sha1sum | cut -c1-12)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml eval/requirements-lmms.txt
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q -e ".[dev]"
+	$(VENV)/bin/python -m pip install -q -r eval/requirements-lmms.txt
+	$(VENV)/bin/python -m pip install -q --no-deps lmms-eval==0.7.3
 	touch $(STAMP)
 
 .PHONY: install demo test

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 from conftest import PROMPTS
 
 from vlmspec import VLMSpecPipeline, get_policy
@@ -90,14 +92,27 @@ def test_draft_from_another_family_is_refused(tiny_pairs):
         VLMSpecPipeline.from_pretrained(tiny_pairs["qwen2_vl"].target, tiny_pairs["llava_onevision"].draft)
 
 
-def test_draft_with_another_vocabulary_is_refused(pipe):
+def test_draft_with_another_vocabulary_is_refused(pipe, tiny_pairs, tmp_path):
+    # Padded embedding tables of different sizes are fine (real 7B/2B Qwen pairs differ so) ...
     draft = pipe.draft
-    draft.resize_token_embeddings(draft.get_input_embeddings().weight.shape[0] + 8)
+    rows = pipe.target.get_input_embeddings().weight.shape[0]
+    draft.resize_token_embeddings(rows + 64)
     try:
-        with pytest.raises(ValueError, match="vocabulary"):
+        VLMSpecPipeline(pipe.target, draft, pipe.processor)
+        # ... a table that does not cover the tokenizer is not.
+        draft.resize_token_embeddings(len(pipe.tokenizer) - 8)
+        with pytest.raises(ValueError, match="draft's vocabulary has .* entries but the target's tokenizer has"):
             VLMSpecPipeline(pipe.target, draft, pipe.processor)
     finally:
-        draft.resize_token_embeddings(pipe.target.get_input_embeddings().weight.shape[0])
+        draft.resize_token_embeddings(rows)
+    # A draft saved with a different tokenizer is refused at load time.
+    other = tmp_path / "draft"
+    shutil.copytree(tiny_pairs["qwen2_vl"].draft, other)
+    tokenizer = AutoTokenizer.from_pretrained(other)
+    tokenizer.add_tokens(["<|not_in_target|>"])
+    tokenizer.save_pretrained(other)
+    with pytest.raises(ValueError, match="draft's tokenizer differs from the target's"):
+        VLMSpecPipeline.from_pretrained(tiny_pairs["qwen2_vl"].target, other)
 
 
 def test_missing_model_folder_is_named(tmp_path):

@@ -77,7 +77,7 @@ class VLMSpecPipeline:
         self._target_adapter = adapter_for(target)
         self._draft_adapter = adapter_for(draft) if draft is not None else None
         if draft is not None:
-            check_compatible(target, draft)
+            check_compatible(target, draft, target_tokenizer=getattr(processor, "tokenizer", None))
         self.policy = policy if isinstance(policy, TreePolicy) else get_policy(policy, **policy_options)
         self.pruning = pruning_config(pruning, prune_ratio)
 
@@ -298,6 +298,10 @@ def check_compatible(
 ) -> None:
     """Refuse a draft that cannot draft for ``target``: another family or another vocabulary.
 
+    Embedding tables may differ in size: checkpoints of one series pad their vocabularies differently (Qwen2-VL-7B
+    has 152064 rows, Qwen2-VL-2B 151936, with the same tokenizer). What must hold is that both share the tokenizer
+    (compared when both are known) and that both tables cover every token of the target's tokenizer.
+
     Raises:
         ValueError: naming what differs and what to do.
     """
@@ -307,12 +311,13 @@ def check_compatible(
             f"the draft model is a {d_type!r} model but the target is {t_type!r}; vlmspec needs a draft of the "
             "same family (same tokenizer and visual token layout), e.g. a smaller checkpoint of the same series"
         )
-    t_vocab = target.get_input_embeddings().weight.shape[0]
-    d_vocab = draft.get_input_embeddings().weight.shape[0]
-    if t_vocab != d_vocab:
+    t_rows = target.get_input_embeddings().weight.shape[0]
+    d_rows = draft.get_input_embeddings().weight.shape[0]
+    tokens = len(target_tokenizer) if target_tokenizer is not None else t_rows
+    if d_rows < tokens:
         raise ValueError(
-            f"the draft's vocabulary has {d_vocab} entries but the target's has {t_vocab}; the draft must share "
-            "the target's tokenizer"
+            f"the draft's vocabulary has {d_rows} entries but the target's tokenizer has {tokens} tokens; the draft "
+            "must share the target's tokenizer"
         )
     for key in ("image_token_id", "video_token_id"):
         t_id, d_id = getattr(target.config, key, None), getattr(draft.config, key, None)

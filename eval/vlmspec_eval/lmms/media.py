@@ -1,0 +1,197 @@
+"""What lmms-eval requests carry, turned into what :class:`vlmspec.VLMSpecPipeline` takes.
+
+Simple requests carry ``doc_to_visual(doc)``: a list of visuals. Chat requests carry ``doc_to_messages(doc)``:
+lmms-eval ``ChatMessages`` with image/video/text parts. Both become :class:`Media` (images in order, at most one
+video) and, for chat, the HF-style messages list the processor's chat template reads.
+
+Visuals understood (simple path, and the ``url`` of chat image/video parts):
+
+* a PIL image, or an ``HxWx3`` array: an image;
+* a path (``str``/``Path``): an image or a video by its extension (:data:`IMAGE_EXTS` / :data:`VIDEO_EXTS`);
+* a list/tuple of PIL images or ``HxWx3`` arrays, or an ``FxHxWx3`` array: a video given as frames;
+* a dict ``{"type": "image"|"video", "url"|"path"|"image"|"video"|"frames": ...}``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+__all__ = ["IMAGE_EXTS", "VIDEO_EXTS", "Media", "chat_to_pipeline", "split_visuals", "strip_placeholders"]
+
+IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tiff", ".tif", ".webp"})
+VIDEO_EXTS = frozenset({".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".flv", ".mpg", ".mpeg", ".wmv"})
+_PLACEHOLDERS = re.compile(r"<image>|<video>|<image_\d+>")
+
+
+@dataclass
+class Media:
+    """Images (in prompt order) and at most one video of a request."""
+
+    images: list[Any] = field(default_factory=list)
+    video: Any = None
+
+    def add(self, kind: str, value: Any) -> None:
+        """Append an image, or set the video (a second video is an error)."""
+        if kind == "image":
+            self.images.append(value)
+            return
+        if self.video is not None:
+            raise ValueError(
+                "this request has more than one video; vlmspec's pipeline takes one video (plus any number of "
+                "images) per request"
+            )
+        self.video = value
+
+    @property
+    def image_arg(self) -> list[Any] | None:
+        """What the pipeline's ``image`` argument takes."""
+        return self.images or None
+
+
+def classify(visual: Any) -> tuple[str, Any]:
+    """``("image" | "video", value)`` for one visual (see the module docstring).
+
+    Raises:
+        ValueError: a path with an unknown extension.
+        TypeError: a kind of visual vlmspec does not take (audio, ...).
+    """
+    if isinstance(visual, Image.Image):
+        return "image", visual
+    if isinstance(visual, np.ndarray):
+        return _classify_array(visual)
+    if isinstance(visual, (str, Path)):
+        return _classify_path(visual)
+    if isinstance(visual, dict):
+        return _classify_dict(visual)
+    if isinstance(visual, (list, tuple)) and visual and all(_is_frame(f) for f in visual):
+        return "video", list(visual)
+    raise TypeError(
+        f"unsupported visual of type {type(visual).__name__}; vlmspec takes PIL images, image/video paths, "
+        "lists of frames, or {'type': 'image'|'video', 'url': ...} dicts (audio is not supported)"
+    )
+
+
+def _is_frame(value: Any) -> bool:
+    return isinstance(value, Image.Image) or (isinstance(value, np.ndarray) and value.ndim == 3)
+
+
+def _classify_array(array: np.ndarray) -> tuple[str, Any]:
+    if array.ndim == 3:
+        return "image", Image.fromarray(array.astype(np.uint8))
+    if array.ndim == 4:
+        return "video", [frame for frame in array]
+    raise TypeError(
+        f"unsupported visual array of shape {array.shape}; expected HxWx3 (image) or FxHxWx3 (video)"
+    )
+
+
+def _classify_path(path: str | Path) -> tuple[str, Any]:
+    suffix = Path(str(path)).suffix.lower()
+    if suffix in IMAGE_EXTS:
+        return "image", str(path)
+    if suffix in VIDEO_EXTS:
+        return "video", str(path)
+    raise ValueError(
+        f"visual path {str(path)!r} has an extension vlmspec does not know ({suffix or 'none'}); images: "
+        f"{', '.join(sorted(IMAGE_EXTS))}; videos: {', '.join(sorted(VIDEO_EXTS))}"
+    )
+
+
+def _classify_dict(visual: dict[str, Any]) -> tuple[str, Any]:
+    unsupported = sorted(
+        k for k in ("video_start", "video_end", "start_time", "end_time") if visual.get(k) is not None
+    )
+    if unsupported:
+        raise NotImplementedError(
+            f"video clipping ({', '.join(unsupported)}) is not supported by the vlmspec model"
+        )
+    for key in ("url", "path", "frames", "video", "image"):
+        if visual.get(key) is not None:
+            kind, value = classify(visual[key])
+            declared = visual.get("type")
+            if (
+                declared in ("image", "video")
+                and declared != kind
+                and not (declared == "video" and key == "frames")
+            ):
+                raise ValueError(
+                    f"visual dict says type={declared!r} but holds a {kind}: {visual[key]!r:.80}"
+                )
+            return kind, value
+    raise TypeError(f"visual dict {sorted(visual)} has none of the keys url, path, frames, video, image")
+
+
+def split_visuals(visuals: Sequence[Any] | Any | None) -> Media:
+    """The :class:`Media` of a simple request's ``doc_to_visual(doc)`` output.
+
+    Each element of the list is one visual: a video given as frames is one element holding the list of frames
+    (``[frames]``); a flat list of PIL images is that many images.
+
+    Raises:
+        ValueError, TypeError, NotImplementedError: a visual vlmspec cannot take (the message names it).
+    """
+    media = Media()
+    if visuals is None:
+        return media
+    if not isinstance(visuals, (list, tuple)):
+        visuals = [visuals]
+    for visual in visuals:
+        if visual is None:
+            continue
+        media.add(*classify(visual))
+    return media
+
+
+def strip_placeholders(context: str) -> str:
+    """The prompt text without lmms-eval's ``<image>``/``<video>`` placeholders (media go first, as the pipeline
+    lays them out)."""
+    return _PLACEHOLDERS.sub("", context).strip()
+
+
+def chat_to_pipeline(messages: Any) -> tuple[list[dict[str, Any]], Media]:
+    """HF-style chat messages with media placeholders, and the media in order, from lmms-eval ``ChatMessages``.
+
+    Args:
+        messages: a ``lmms_eval.protocol.ChatMessages`` (or anything with ``.messages`` of role/content parts).
+
+    Returns:
+        ``(hf_messages, media)``: ``hf_messages`` holds ``{"type": "image"}``/``{"type": "video"}``/
+        ``{"type": "text", "text": ...}`` parts, the form every family's chat template reads.
+
+    Raises:
+        NotImplementedError: audio parts or clipped videos.
+        ValueError: more than one video.
+    """
+    media = Media()
+    hf_messages = []
+    for message in messages.messages:
+        content = []
+        for part in message.content:
+            content.append(_chat_part(part, media))
+        hf_messages.append({"role": message.role, "content": content})
+    return hf_messages, media
+
+
+def _chat_part(part: Any, media: Media) -> dict[str, Any]:
+    if part.type == "text":
+        return {"type": "text", "text": part.text}
+    if part.type == "audio":
+        raise NotImplementedError("audio inputs are not supported by the vlmspec model")
+    if part.type == "video" and (
+        getattr(part, "start_time", None) is not None or getattr(part, "end_time", None) is not None
+    ):
+        raise NotImplementedError(
+            "video clipping (start_time/end_time) is not supported by the vlmspec model"
+        )
+    kind, value = classify(part.url)
+    if part.type == "video" and kind == "image" and isinstance(value, Image.Image):
+        kind, value = "video", [value]  # a one-frame clip
+    media.add(kind, value)
+    return {"type": kind}

@@ -1,0 +1,420 @@
+"""The ``vlmspec`` lmms-eval model: any lmms-eval image/video benchmark through :class:`vlmspec.VLMSpecPipeline`.
+
+Two classes share one implementation (lmms-eval 0.7.3 resolves a model id to its chat class unless
+``--force_simple`` is given; see :mod:`vlmspec_eval.lmms.manifest`):
+
+* :class:`VLMSpecChat` (default, ``is_simple = False``): requests ``(ctx, doc_to_messages, gen_kwargs, doc_id,
+  task, split)``; the task's messages (lmms-eval builds them from ``doc_to_visual``/``doc_to_text`` when the task
+  has no ``doc_to_messages``) go through the target's chat template as they are (system turns, interleaved text).
+* :class:`VLMSpec` (``--force_simple``, ``is_simple = True``): requests ``(ctx, gen_kwargs, doc_to_visual,
+  doc_id, task, split)``; media first, then the context (``<image>`` placeholders removed), the pipeline's layout.
+  Only this path gets ``loglikelihood`` requests (lmms-eval's chat tasks are generation-only).
+
+Lifecycle: ``__init__`` validates ``--model_args`` (before loading anything), builds/loads the pair (rank 0
+first under ``accelerate launch``, so a testbed pair is trained once) and one pipeline per process on that
+process's device; lmms-eval shards the documents over the processes. ``generate_until`` records each request's
+speed stats. ``clean()``, which lmms-eval's evaluator calls on every rank once all requests are answered, gathers
+the records onto rank 0, which writes ``vlmspec_speed_<task>.json`` into ``speed_dir`` (default: the CLI's
+``--output_path``, next to lmms-eval's ``*_results.json``), adds ``vlmspec_*`` figures to the results'
+``throughput`` section, and prints the summary table when the process exits, after lmms-eval has written its
+scores (accuracy and speed side by side); without an output folder it prints the speed table at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import gc
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from accelerate import Accelerator
+from accelerate.utils import gather_object
+from lmms_eval.api.instance import GenerationResult, Instance, TokenCounts
+from lmms_eval.api.model import lmms
+from loguru import logger
+from tqdm import tqdm
+
+from vlmspec import VLMSpecPipeline
+from vlmspec.inputs import load_images, load_video
+from vlmspec.pruning import PruningConfig
+
+from .generation import generation_settings, truncate_at_stops
+from .media import Media, chat_to_pipeline, split_visuals, strip_placeholders
+from .options import ModelOptions, PairSource, parse_model_args, resolve_pair
+from .speed import (
+    SampleSpeed,
+    accuracy_by_task,
+    find_results,
+    format_summary,
+    load_reference,
+    task_reports,
+    write_reports,
+)
+
+__all__ = [
+    "MessagesPipeline",
+    "VLMSpec",
+    "VLMSpecChat",
+    "lmms_eval_output_path",
+    "load_pipeline",
+    "score_continuation",
+    "warm_up",
+]
+
+
+class MessagesPipeline(VLMSpecPipeline):
+    """A :class:`VLMSpecPipeline` whose ``prompt`` may also be a list of chat messages.
+
+    The messages hold ``{"type": "image"}``/``{"type": "video"}`` placeholders for the images and the video
+    passed alongside, in order; the target's chat template renders them (system turns and interleaved text kept).
+    A string prompt takes the pipeline's own path (media first, then the text).
+    """
+
+    def prepare_inputs(
+        self,
+        image: Any,
+        prompt: str | list[dict[str, Any]],
+        video: Any = None,
+        num_frames: int = 8,
+    ) -> dict[str, torch.Tensor]:
+        """Processor inputs (batch 1) for a string prompt or a list of chat messages."""
+        if isinstance(prompt, str):
+            return super().prepare_inputs(image, prompt, video, num_frames=num_frames)
+        images = load_images(image)
+        frames, metadata = load_video(video, num_frames=num_frames) if video is not None else (None, None)
+        text = self.processor.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
+        if images:
+            kwargs["images"] = [images]
+        if frames is not None:
+            kwargs.update(videos=[frames], video_metadata=[metadata], do_sample_frames=False)
+        inputs = self.processor(**kwargs)
+        device = self.target.get_input_embeddings().weight.device
+        return {k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+
+
+class VLMSpec(lmms):
+    """lmms-eval model running lossless tree speculative decoding (simple request path).
+
+    Args:
+        **kwargs: ``--model_args`` (see :data:`vlmspec_eval.lmms.options.MODEL_ARGS`) plus lmms-eval's
+            ``batch_size``/``max_batch_size``/``device``.
+
+    Raises:
+        ValueError: an unknown ``--model_args`` key or a bad value, before any model is loaded.
+    """
+
+    is_simple = True
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        self.options: ModelOptions = parse_model_args(kwargs)
+        if (
+            self.options.ar_reference is not None
+            and not Path(self.options.ar_reference).expanduser().exists()
+        ):
+            raise ValueError(f"ar_reference={self.options.ar_reference!r} does not exist")
+        self.accelerator = Accelerator()
+        self._rank = self.accelerator.process_index
+        self._world_size = self.accelerator.num_processes
+        with self.accelerator.main_process_first():
+            self.pair: PairSource = resolve_pair(self.options)
+        self.pipe: MessagesPipeline | None = load_pipeline(self.options, self.pair, self._device_map())
+        self._device = self.pipe.target.get_input_embeddings().weight.device
+        if self.options.warmup:
+            warm_up(self.pipe)
+        self._samples: list[SampleSpeed] = []
+        self._reports: dict[str, dict[str, Any]] = {}
+        self._started = time.time()
+        self._speed_dir = self.options.speed_dir or lmms_eval_output_path()
+        self._cleaned = False
+        if self.rank == 0:
+            self._announce()
+
+    # ---- lmms-eval interface ----------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """The target's (input embeddings') device; lmms-eval puts its rank-sync tensors there."""
+        return self._device
+
+    @property
+    def batch_size(self) -> int:
+        return 1
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._pipeline().tokenizer
+
+    def generate_until(self, requests: list[Instance]) -> list[GenerationResult]:
+        """Generate a reply per request (greedy unless the request samples; see :mod:`.generation`)."""
+        return [self._answer(r) for r in tqdm(requests, disable=self.rank != 0, desc="vlmspec generate")]
+
+    def generate_until_multi_round(self, requests: list[Instance]) -> list[str]:
+        raise NotImplementedError(
+            "the vlmspec model does not implement multi-round generation (generate_until_multi_round); run "
+            "single-turn generate_until tasks"
+        )
+
+    def loglikelihood(self, requests: list[Instance]) -> list[tuple[float, bool]]:
+        """Log-probability of each request's continuation under the target (and whether it is its greedy reply).
+
+        The context (with the request's images/video) goes through the chat template with the generation
+        prompt; the continuation's tokens follow it and are scored in one target forward. No draft is involved.
+        """
+        return [self._score(r) for r in tqdm(requests, disable=self.rank != 0, desc="vlmspec loglikelihood")]
+
+    def clean(self) -> None:
+        """End of generation (lmms-eval calls it on every rank): gather and write speed metrics, free the models."""
+        if self._cleaned:
+            return
+        self._cleaned = True
+        self._finish_speed()
+        self.pipe = None
+        gc.collect()
+        super().clean()
+
+    # ---- requests ---------------------------------------------------------------------------------------------
+    def _answer(self, request: Instance) -> GenerationResult:
+        if _is_padding(request):  # lmms-eval's rank padding: never scored, no need to decode
+            return GenerationResult(text="")
+        context, gen_kwargs, doc_to_visual, doc_id, task, split = request.args
+        media = split_visuals(doc_to_visual(self._doc(task, split, doc_id)) if doc_to_visual else None)
+        return self._generate(media, strip_placeholders(context), gen_kwargs, task, split, doc_id)
+
+    def _generate(
+        self,
+        media: Media,
+        prompt: str | list[dict[str, Any]],
+        gen_kwargs: dict[str, Any] | None,
+        task: str,
+        split: str | None,
+        doc_id: int,
+    ) -> GenerationResult:
+        settings = generation_settings(gen_kwargs, cap=self.options.max_new_tokens)
+        out = self._pipeline()(
+            media.image_arg,
+            prompt,
+            video=media.video,
+            max_new_tokens=settings.max_new_tokens,
+            do_sample=settings.do_sample,
+            temperature=settings.temperature,
+            top_k=settings.top_k,
+            top_p=settings.top_p,
+            seed=self.options.seed + int(doc_id) if settings.do_sample else None,
+            stop_strings=settings.stop_strings or None,
+            num_frames=self.options.num_frames,
+        )
+        self._samples.append(SampleSpeed.from_stats(task, split, doc_id, out.stats, out.token_ids))
+        text = truncate_at_stops(out.text, settings.stop_strings)
+        return GenerationResult(text=text, token_counts=TokenCounts(output_tokens=len(out.token_ids)))
+
+    def _score(self, request: Instance) -> tuple[float, bool]:
+        if _is_padding(request):
+            return 0.0, False
+        context, continuation, doc_to_visual, doc_id, task, split = request.args
+        doc = self._doc(task, split, doc_id)
+        if callable(continuation):
+            continuation = continuation(doc)
+        if not isinstance(continuation, str):
+            raise TypeError(f"loglikelihood continuation must be a string, got {type(continuation).__name__}")
+        media = split_visuals(doc_to_visual(doc) if doc_to_visual else None)
+        pipe = self._pipeline()
+        inputs = pipe.prepare_inputs(
+            media.image_arg, strip_placeholders(context), media.video, self.options.num_frames
+        )
+        return score_continuation(pipe.target, pipe.tokenizer, inputs, continuation)
+
+    def _doc(self, task: str, split: str, doc_id: int) -> Any:
+        return self.task_dict[task][split][doc_id]
+
+    def _pipeline(self) -> MessagesPipeline:
+        if self.pipe is None:
+            raise RuntimeError("the vlmspec model was cleaned up (lmms-eval's clean()); create a new one")
+        return self.pipe
+
+    def _device_map(self) -> str | None:
+        """``device_map`` for this process: the option, else lmms-eval's ``--device``, else this rank's device."""
+        if self.options.device_map is not None:
+            return self.options.device_map
+        if self.options.device is not None:
+            return self.options.device
+        if self._world_size > 1:
+            return str(self.accelerator.device)
+        return None
+
+    def _announce(self) -> None:
+        """Log what runs (rank 0)."""
+        if self.options.batch_size > 1:
+            logger.warning(
+                "vlmspec decodes one request at a time; batch_size={} is ignored", self.options.batch_size
+            )
+        logger.info(
+            "vlmspec: policy {} on {} processes; target {}, draft {} ({})",
+            self.options.policy,
+            self._world_size,
+            self.pair.target,
+            self.pair.draft,
+            self.pair.source,
+        )
+
+    # ---- speed metrics ----------------------------------------------------------------------------------------
+    def _finish_speed(self) -> None:
+        samples = self._gather(self._samples)
+        if self.rank != 0 or not samples:
+            return
+        tasks = sorted({s.task for s in samples})
+        reference = load_reference(self.options.ar_reference, tasks) if self.options.ar_reference else None
+        self._reports = task_reports(samples, self._run_info(), reference)
+        _log_throughput(samples)
+        if self._speed_dir is None:
+            print(f"\nvlmspec speed summary\n{format_summary(self._reports)}", flush=True)
+            return
+        paths = write_reports(self._reports, self._speed_dir)
+        logger.info("vlmspec: speed metrics written to {}", ", ".join(str(p) for p in paths))
+        atexit.register(self._print_summary)
+
+    def _gather(self, samples: list[SampleSpeed]) -> list[SampleSpeed]:
+        if self._world_size <= 1:
+            return list(samples)
+        return list(gather_object(list(samples)))
+
+    def _print_summary(self) -> None:
+        results = find_results(self._speed_dir, self._started) if self._speed_dir else None
+        print(
+            f"\nvlmspec summary ({self.options.policy}; speed files in {self._speed_dir})\n"
+            f"{format_summary(self._reports, accuracy_by_task(results))}",
+            flush=True,
+        )
+
+    def _run_info(self) -> dict[str, Any]:
+        return {
+            "policy": self.options.policy,
+            "target": self.pair.target,
+            "draft": self.pair.draft,
+            "pair_source": self.pair.source,
+            "world_size": self._world_size,
+            "device": str(self._device),
+            "options": self.options.to_dict(),
+        }
+
+
+class VLMSpecChat(VLMSpec):
+    """The chat request path: the task's ``doc_to_messages`` (or lmms-eval's default messages) per request."""
+
+    is_simple = False
+
+    def _answer(self, request: Instance) -> GenerationResult:
+        from lmms_eval.protocol import ChatMessages
+
+        if _is_padding(request):
+            return GenerationResult(text="")
+        _context, doc_to_messages, gen_kwargs, doc_id, task, split = request.args
+        raw = doc_to_messages(self._doc(task, split, doc_id))
+        hf_messages, media = chat_to_pipeline(ChatMessages(messages=raw))
+        return self._generate(media, hf_messages, gen_kwargs, task, split, doc_id)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------------------------
+def load_pipeline(options: ModelOptions, pair: PairSource, device_map: str | None) -> MessagesPipeline:
+    """The pipeline for ``pair`` with the options' policy, pruning, dtype and device."""
+    pruning = PruningConfig(
+        method=options.pruning, image_ratio=options.image_prune_ratio, video_ratio=options.video_prune_ratio
+    )
+    return MessagesPipeline.from_pretrained(
+        pair.target,
+        pair.draft,
+        policy=options.policy,
+        torch_dtype=options.dtype,
+        device_map=device_map,
+        trust_remote_code=options.trust_remote_code,
+        pruning=pruning,
+        **options.policy_options,
+    )
+
+
+def warm_up(pipe: VLMSpecPipeline) -> None:
+    """One short generation on a blank picture (first-call costs stay out of the first request's timing)."""
+    from PIL import Image
+
+    pipe(Image.new("RGB", (56, 56), (128, 128, 128)), "Describe this image.", max_new_tokens=8)
+
+
+@torch.no_grad()
+def score_continuation(
+    model: torch.nn.Module, tokenizer: Any, inputs: dict[str, Any], continuation: str
+) -> tuple[float, bool]:
+    """``(log p(continuation | inputs), continuation is the greedy reply)`` from one forward of ``model``.
+
+    Args:
+        model: a ``*ForConditionalGeneration`` model.
+        tokenizer: its tokenizer (the continuation is tokenized without special tokens).
+        inputs: processor outputs for the context (batch 1).
+        continuation: the text to score.
+    """
+    ids = tokenizer(continuation, add_special_tokens=False)["input_ids"]
+    if not ids:
+        return 0.0, True
+    prompt_len = inputs["input_ids"].shape[1]
+    cont = torch.tensor([ids], dtype=inputs["input_ids"].dtype, device=inputs["input_ids"].device)
+    kwargs = dict(inputs)
+    kwargs["input_ids"] = torch.cat([inputs["input_ids"], cont], dim=1)
+    kwargs["attention_mask"] = torch.ones_like(kwargs["input_ids"])
+    if "mm_token_type_ids" in kwargs:  # Qwen families: text positions after the prompt
+        types = inputs["mm_token_type_ids"]
+        kwargs["mm_token_type_ids"] = torch.cat([types, torch.zeros_like(cont, dtype=types.dtype)], dim=1)
+    logits = model(**kwargs).logits[0, prompt_len - 1 : -1].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    target = cont[0].to(logprobs.device)
+    total = logprobs.gather(-1, target[:, None]).sum().item()
+    return float(total), bool((logits.argmax(-1) == target).all().item())
+
+
+def lmms_eval_output_path(argv: Sequence[str] | None = None) -> str | None:
+    """The ``--output_path`` of the lmms-eval command line (or of its ``--config`` YAML), if any.
+
+    lmms-eval does not hand its output folder to models; the speed files go next to its results, so the model
+    reads the option from the command line (``speed_dir=`` overrides it, e.g. for programmatic use).
+    """
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--output_path", default=None)
+    parser.add_argument("--config", default=None)
+    known, _ = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    if known.output_path:
+        return known.output_path
+    if known.config and Path(known.config).is_file():
+        loaded = yaml.safe_load(Path(known.config).read_text())
+        first = loaded[0] if isinstance(loaded, list) and loaded else loaded
+        if isinstance(first, dict) and first.get("output_path"):
+            return str(first["output_path"])
+    return None
+
+
+def _is_padding(request: Instance) -> bool:
+    return bool((request.metadata or {}).get("__padding_only__"))
+
+
+def _log_throughput(samples: list[SampleSpeed]) -> None:
+    """Pooled figures into lmms-eval's own ``throughput`` section of the results file (rank 0)."""
+    from lmms_eval.models.model_utils.gen_metrics import log_metrics
+
+    from .speed import dedupe, summarize
+
+    metrics = summarize(dedupe(samples))
+    log_metrics(
+        total_elapsed_time=metrics["total_seconds"],
+        total_gen_tokens=metrics["new_tokens"],
+        avg_speed=metrics["tokens_per_second"],
+        additional_metrics={
+            "vlmspec_tau": metrics["tau"],
+            "vlmspec_tokens_per_step": metrics["tokens_per_step"],
+            "vlmspec_speedup_est": metrics["speedup_est"],
+        },
+    )

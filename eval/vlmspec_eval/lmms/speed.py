@@ -1,0 +1,292 @@
+"""Speed metrics of an lmms-eval run: per-request stats, per-task aggregates, files and the printed summary.
+
+Every generation request records its :class:`~vlmspec.engine.SpecStats` as a :class:`SampleSpeed`. When lmms-eval
+has answered all requests it calls the model's ``clean()`` on every rank; the model then gathers the records of
+all ranks and rank 0 writes one ``vlmspec_speed_<task>.json`` per task (aggregate + per-sample records) into the
+output folder and prints the summary (see :mod:`vlmspec_eval.lmms.model`).
+
+Per task:
+
+* ``tau``: accepted draft tokens per verification step (bonus token excluded), pooled over the task's requests;
+* ``tokens_per_step``: tokens emitted per target forward (tau + 1 unless a stop condition cut the step);
+* ``tokens_per_second``: generated tokens / generation wall time, pooled;
+* ``speedup``: with ``ar_reference`` (the output folder of an earlier ``policy=ar`` run on the same documents),
+  the AR run's total generation time over this run's, on the documents both ran, measured; also how many
+  outputs are identical to the AR run's (lossless check);
+* ``speedup_est`` (always): an estimate from this run alone, ``(prefill + (new_tokens - 1) x mean verify step) /
+  total time``, i.e. AR decoding priced at one verification forward per token. It ignores that a tree forward
+  costs more than a one-token forward, so it overstates the speed-up where that difference matters (CPU, tiny
+  models); use ``ar_reference`` for figures to report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "SPEED_FILE",
+    "SampleSpeed",
+    "accuracy_by_task",
+    "compare_with_reference",
+    "find_results",
+    "format_summary",
+    "load_reference",
+    "summarize",
+    "task_reports",
+    "write_reports",
+]
+
+SPEED_FILE = "vlmspec_speed_{task}.json"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SampleSpeed:
+    """Speed statistics of one generation request."""
+
+    task: str
+    split: str | None
+    doc_id: int
+    policy: str
+    new_tokens: int
+    steps: int
+    accepted_tokens: int
+    tokens_per_step: float
+    total_seconds: float
+    prefill_seconds: float
+    draft_prefill_seconds: float
+    draft_seconds: float
+    verify_seconds: float
+    tree_nodes: int
+    target_visual_tokens: int
+    draft_visual_tokens: int
+    lossless: bool
+    output_sha1: str
+
+    @classmethod
+    def from_stats(
+        cls, task: str, split: str | None, doc_id: int, stats: Any, token_ids: Sequence[int]
+    ) -> SampleSpeed:
+        """A record from a pipeline call's ``stats`` and generated ``token_ids``."""
+        return cls(
+            task=task,
+            split=split,
+            doc_id=int(doc_id),
+            policy=stats.policy,
+            new_tokens=int(stats.new_tokens),
+            steps=int(stats.steps),
+            accepted_tokens=int(stats.accepted_tokens),
+            tokens_per_step=float(stats.tokens_per_step),
+            total_seconds=float(stats.total_seconds),
+            prefill_seconds=float(stats.prefill_seconds),
+            draft_prefill_seconds=float(stats.draft_prefill_seconds),
+            draft_seconds=float(stats.draft_seconds),
+            verify_seconds=float(stats.verify_seconds),
+            tree_nodes=int(sum(stats.tree_sizes)),
+            target_visual_tokens=int(stats.target_visual_tokens),
+            draft_visual_tokens=int(stats.draft_visual_tokens),
+            lossless=bool(stats.lossless),
+            output_sha1=hashlib.sha1(json.dumps([int(t) for t in token_ids]).encode()).hexdigest(),
+        )
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> SampleSpeed:
+        """Inverse of ``asdict`` (extra keys ignored, so newer files still load)."""
+        return cls(**{f.name: values[f.name] for f in fields(cls)})
+
+    @property
+    def key(self) -> tuple[str | None, int]:
+        """Identifies the document within its task."""
+        return self.split, self.doc_id
+
+
+def dedupe(samples: Iterable[SampleSpeed]) -> list[SampleSpeed]:
+    """One record per (task, split, doc_id), the first one kept, sorted by document."""
+    seen: dict[tuple[str, str | None, int], SampleSpeed] = {}
+    for sample in samples:
+        seen.setdefault((sample.task, *sample.key), sample)
+    return sorted(seen.values(), key=lambda s: (s.task, str(s.split), s.doc_id))
+
+
+def summarize(samples: Sequence[SampleSpeed]) -> dict[str, Any]:
+    """Pooled speed metrics of one task's requests (see the module docstring)."""
+    steps = sum(s.steps for s in samples)
+    seconds = sum(s.total_seconds for s in samples)
+    new_tokens = sum(s.new_tokens for s in samples)
+    estimated_ar = sum(_estimated_ar_seconds(s) for s in samples)
+    return {
+        "n_samples": len(samples),
+        "new_tokens": new_tokens,
+        "steps": steps,
+        "tau": sum(s.accepted_tokens for s in samples) / steps if steps else 0.0,
+        "tokens_per_step": sum(s.tokens_per_step * s.steps for s in samples) / steps if steps else 0.0,
+        "tokens_per_second": new_tokens / seconds if seconds > 0 else 0.0,
+        "mean_tree_size": sum(s.tree_nodes for s in samples) / steps if steps else 0.0,
+        "total_seconds": seconds,
+        "prefill_seconds": sum(s.prefill_seconds for s in samples),
+        "draft_prefill_seconds": sum(s.draft_prefill_seconds for s in samples),
+        "draft_seconds": sum(s.draft_seconds for s in samples),
+        "verify_seconds": sum(s.verify_seconds for s in samples),
+        "speedup_est": estimated_ar / seconds if seconds > 0 else 0.0,
+        "target_visual_tokens": sum(s.target_visual_tokens for s in samples),
+        "draft_visual_tokens": sum(s.draft_visual_tokens for s in samples),
+        "lossless": all(s.lossless for s in samples),
+    }
+
+
+def _estimated_ar_seconds(sample: SampleSpeed) -> float:
+    if sample.steps == 0:
+        return sample.total_seconds
+    return sample.prefill_seconds + (sample.new_tokens - 1) * sample.verify_seconds / sample.steps
+
+
+def compare_with_reference(
+    samples: Sequence[SampleSpeed], reference: Sequence[SampleSpeed]
+) -> dict[str, Any]:
+    """Measured speed-up over an AR run on the documents both runs answered, and the lossless check."""
+    by_key = {r.key: r for r in reference}
+    pairs = [(s, by_key[s.key]) for s in samples if s.key in by_key]
+    own = sum(s.total_seconds for s, _ in pairs)
+    ref = sum(r.total_seconds for _, r in pairs)
+    ref_tokens = sum(r.new_tokens for _, r in pairs)
+    return {
+        "n_matched": len(pairs),
+        "reference_policy": sorted({r.policy for _, r in pairs}),
+        "reference_tokens_per_second": ref_tokens / ref if ref > 0 else 0.0,
+        "speedup": ref / own if own > 0 else 0.0,
+        "identical_outputs": sum(s.output_sha1 == r.output_sha1 for s, r in pairs),
+    }
+
+
+def task_reports(
+    samples: Iterable[SampleSpeed],
+    run: Mapping[str, Any],
+    reference: Mapping[str, Sequence[SampleSpeed]] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """One report per task: ``{"task", "run", "metrics", "reference", "samples"}``.
+
+    Args:
+        samples: the records of all ranks (duplicates from lmms-eval's rank padding are dropped).
+        run: what ran (model options, world size, ...), stored as is.
+        reference: per task, the records of an AR run to compare with.
+    """
+    by_task: dict[str, list[SampleSpeed]] = defaultdict(list)
+    for sample in dedupe(samples):
+        by_task[sample.task].append(sample)
+    reports = {}
+    for task, task_samples in sorted(by_task.items()):
+        ref = (reference or {}).get(task)
+        reports[task] = {
+            "format_version": FORMAT_VERSION,
+            "task": task,
+            "run": dict(run),
+            "metrics": summarize(task_samples),
+            "reference": compare_with_reference(task_samples, ref) if ref else None,
+            "samples": [asdict(s) for s in task_samples],
+        }
+    return reports
+
+
+def write_reports(reports: Mapping[str, Mapping[str, Any]], folder: str | Path) -> list[Path]:
+    """Write ``vlmspec_speed_<task>.json`` files into ``folder`` (created if needed)."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for task, report in reports.items():
+        path = out / SPEED_FILE.format(task=task)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        paths.append(path)
+    return paths
+
+
+def load_reference(location: str | Path, tasks: Iterable[str]) -> dict[str, list[SampleSpeed]]:
+    """The AR records per task from an earlier run's folder (or one ``vlmspec_speed_<task>.json`` file).
+
+    Raises:
+        FileNotFoundError: the location does not exist or holds no speed file for any of ``tasks``.
+    """
+    path = Path(location).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"ar_reference={str(location)!r} does not exist")
+    files = [path] if path.is_file() else [p for t in tasks for p in _speed_files(path, t)]
+    found: dict[str, list[SampleSpeed]] = {}
+    for file in files:
+        report = json.loads(file.read_text())
+        found.setdefault(report["task"], [SampleSpeed.from_dict(s) for s in report["samples"]])
+    if not found:
+        raise FileNotFoundError(
+            f"ar_reference={str(location)!r} holds no {SPEED_FILE.format(task='<task>')} for tasks {sorted(tasks)}"
+        )
+    return found
+
+
+def _speed_files(folder: Path, task: str) -> list[Path]:
+    name = SPEED_FILE.format(task=task)
+    return sorted(folder.glob(name)) + sorted(folder.glob(f"*/{name}"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Summary
+# ---------------------------------------------------------------------------------------------------------------
+def find_results(folder: str | Path, since: float) -> dict[str, Any] | None:
+    """The newest lmms-eval ``*_results.json`` under ``folder`` written after ``since`` (a ``time.time()``)."""
+    candidates = [p for p in Path(folder).glob("**/*_results.json") if p.stat().st_mtime >= since]
+    if not candidates:
+        return None
+    return json.loads(max(candidates, key=lambda p: p.stat().st_mtime).read_text())
+
+
+def accuracy_by_task(results: Mapping[str, Any] | None) -> dict[str, str]:
+    """``task -> "metric value, ..."`` from lmms-eval's results (stderr and alias entries left out)."""
+    if not results:
+        return {}
+    out = {}
+    for task, metrics in results.get("results", {}).items():
+        parts = []
+        for key, value in metrics.items():
+            name = key.split(",")[0]
+            if (
+                name == "alias"
+                or "_stderr" in name
+                or isinstance(value, bool)
+                or not isinstance(value, (int, float))
+            ):
+                continue
+            parts.append(f"{name} {value:.4g}")
+        out[task] = ", ".join(parts)
+    return out
+
+
+def format_summary(
+    reports: Mapping[str, Mapping[str, Any]], accuracy: Mapping[str, str] | None = None
+) -> str:
+    """The printed summary: one row per task (accuracy when known, tau, tokens/step, tokens/s, speed-up)."""
+    accuracy = accuracy or {}
+    header = ["task", "n", "policy", "tau", "tok/step", "tok/s", "speed-up"]
+    if accuracy:
+        header.insert(1, "accuracy")
+    rows = []
+    for task, report in reports.items():
+        m, ref = report["metrics"], report.get("reference")
+        speedup = (
+            f"{ref['speedup']:.2f}x vs AR ({ref['identical_outputs']}/{ref['n_matched']} identical)"
+            if ref
+            else f"~{m['speedup_est']:.2f}x (est.)"
+        )
+        row = [task, str(m["n_samples"]), str(report["run"].get("policy", "?")), f"{m['tau']:.2f}",
+               f"{m['tokens_per_step']:.2f}", f"{m['tokens_per_second']:.1f}", speedup]  # fmt: skip
+        if accuracy:
+            row.insert(1, accuracy.get(task, "-"))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in [header, *rows]
+    ]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)

@@ -1,0 +1,528 @@
+"""lmms-eval integration: the ``vlmspec`` model through lmms-eval's CLI, offline, on the local tasks.
+
+The end-to-end tests run ``python -m lmms_eval`` as a subprocess (``HF_HUB_OFFLINE=1``) on the local tasks of
+``eval/tasks`` (data generated into a temporary folder by ``make_tasks``) with the testbed's ``mini`` pair
+(trained once and cached when missing, ~2 min on 2 CPU cores; ``VLMSPEC_LMMS_TEST_PAIR=tiny`` uses the tiny
+random pair instead, which is also the fallback when ``vlmspec.testbed`` is not importable). They check that
+SAGE's scores equal ``policy=ar``'s (lossless; the outputs' token hashes too), that the speed files are written,
+that two processes (``accelerate launch``) give the same scores, and that bad ``--model_args`` fail with a message
+naming them. Skipped when lmms-eval is not installed (``pip install -e .[eval]``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("lmms_eval")
+
+from vlmspec_eval.lmms import generation, media, options, speed, text_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+TASKS = ("vlmspec_image_qa", "vlmspec_image_caption", "vlmspec_video_caption", "vlmspec_video_caption_frames")
+N_DOCS = 4
+MAX_NEW_TOKENS = 16
+CLI_TIMEOUT = 600
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fixtures
+# ---------------------------------------------------------------------------------------------------------------
+def _pair_model_args(root: Path) -> str:
+    """``target=...`` for the test pair: the testbed mini pair (built if needed), else the tiny pair."""
+    from vlmspec_eval.tasks import testbed
+
+    choice = os.environ.get("VLMSPEC_LMMS_TEST_PAIR", "auto")
+    module = testbed() if choice != "tiny" else None
+    if module is not None:
+        module.pair_paths(
+            size="mini", family="qwen2_vl"
+        )  # trained once and cached: the subprocesses only load
+        return "target=testbed-mini"
+    if choice == "testbed":
+        pytest.fail("VLMSPEC_LMMS_TEST_PAIR=testbed but vlmspec.testbed is not importable")
+    from vlmspec.testing import build_tiny_pair
+
+    pair = build_tiny_pair("qwen2_vl", root=os.environ.get("VLMSPEC_TEST_CACHE") or root / "tiny")
+    return f"target={pair.target},draft={pair.draft}"
+
+
+def _shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder all pytest-xdist workers of this session share (pytest-xdist's documented pattern)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Task YAMLs copied next to freshly generated data, and the pair's model args (built once per session)."""
+    from filelock import FileLock
+    from vlmspec_eval.lmms.make_tasks import make_tasks
+
+    root = _shared_dir(tmp_path_factory) / "lmms_eval"
+    tasks = root / "tasks"
+    with FileLock(f"{root}.lock"):
+        if not (root / "pair.txt").is_file():
+            tasks.mkdir(parents=True, exist_ok=True)
+            for path in (REPO / "eval" / "tasks").iterdir():
+                if path.is_file() and (
+                    path.suffix in (".yaml", ".py") or path.name == "_default_template_yaml"
+                ):
+                    shutil.copy(path, tasks / path.name)
+            make_tasks(tasks / "data", n=N_DOCS, seed=0)
+            (root / "pair.txt").write_text(_pair_model_args(root))
+    return {"root": root, "tasks": tasks, "pair": (root / "pair.txt").read_text()}
+
+
+def _env(root: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_DATASETS_CACHE=str(root / "hf_datasets"),
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_lmms_eval(
+    ws: dict[str, Any], model_args: str, out: Path, processes: int = 1, tasks: tuple[str, ...] = TASKS
+) -> str:
+    """Run lmms-eval's CLI; returns stdout+stderr (lmms-eval exits 0 even when the run fails: check the files)."""
+    cli = ["-m", "lmms_eval", "--model", "vlmspec", "--model_args", model_args, "--tasks", ",".join(tasks),
+           "--include_path", str(ws["tasks"]), "--output_path", str(out),
+           "--gen_kwargs", f"max_new_tokens={MAX_NEW_TOKENS}"]  # fmt: skip
+    if processes > 1:
+        launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                  "--main_process_port", str(_free_port())]  # fmt: skip
+        cmd = [sys.executable, *launch, *cli]
+        env = {**_env(ws["root"]), "ACCELERATE_USE_CPU": "1"}
+    else:
+        cmd, env = [sys.executable, *cli], _env(ws["root"])
+    proc = subprocess.run(cmd, cwd=ws["root"], env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT)
+    return proc.stdout + proc.stderr
+
+
+def _scores(out: Path, log: str) -> dict[str, dict[str, float]]:
+    files = sorted(out.glob("**/*_results.json"))
+    assert files, f"lmms-eval wrote no results into {out}; its output ends with:\n{log[-4000:]}"
+    results = json.loads(files[-1].read_text())["results"]
+    return {
+        task: {k: v for k, v in metrics.items() if "stderr" not in k and k != "alias"}
+        for task, metrics in results.items()
+    }
+
+
+def _speed(out: Path, task: str) -> dict[str, Any]:
+    return json.loads((out / speed.SPEED_FILE.format(task=task)).read_text())
+
+
+@pytest.fixture(scope="session")
+def cli_runs(workspace: dict[str, Any]) -> dict[str, Any]:
+    """policy=ar, then sage (with the AR run as speed reference), then sage on 2 processes (run once per session)."""
+    from filelock import FileLock
+
+    ws, pair, root = workspace, workspace["pair"], workspace["root"]
+    plan = (
+        ("ar", f"{pair},policy=ar", 1),
+        ("sage", f"{pair},policy=sage,ar_reference={root / 'ar'}", 1),
+        ("sage_2proc", f"{pair},policy=sage,ar_reference={root / 'ar'}", 2),
+    )
+    with FileLock(f"{root}/runs.lock"):
+        for name, args, processes in plan:
+            log_file = root / f"{name}.log"
+            if not log_file.is_file():
+                log_file.write_text(_run_lmms_eval(ws, args, root / name, processes=processes))
+    runs = {}
+    for name, _, _ in plan:
+        log = (root / f"{name}.log").read_text()
+        runs[name] = {"out": root / name, "log": log, "scores": _scores(root / name, log)}
+    return runs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# End to end (lmms-eval CLI, offline)
+# ---------------------------------------------------------------------------------------------------------------
+def test_cli_sage_is_lossless_and_writes_speed_files(cli_runs: dict[str, Any]) -> None:
+    ar, sage = cli_runs["ar"], cli_runs["sage"]
+    assert set(sage["scores"]) == set(TASKS)
+    assert sage["scores"] == ar["scores"], "SAGE's accuracy differs from plain AR decoding's"
+    for task in TASKS:
+        report = _speed(sage["out"], task)
+        metrics, reference = report["metrics"], report["reference"]
+        assert report["run"]["policy"] == "sage" and metrics["n_samples"] == N_DOCS
+        assert metrics["tau"] > 0 and metrics["tokens_per_second"] > 0 and metrics["lossless"]
+        assert reference["n_matched"] == N_DOCS and reference["speedup"] > 0
+        assert reference["identical_outputs"] == N_DOCS, f"{task}: outputs differ from the AR run's"
+        assert _speed(ar["out"], task)["metrics"]["tau"] == 0
+    assert "vlmspec summary" in sage["log"] and "vs AR" in sage["log"]
+    results = json.loads(sorted(sage["out"].glob("**/*_results.json"))[-1].read_text())
+    assert "avg_vlmspec_tau" in results["throughput"]
+
+
+def test_cli_two_processes_give_the_same_scores(cli_runs: dict[str, Any]) -> None:
+    one, two = cli_runs["sage"], cli_runs["sage_2proc"]
+    assert "Running on rank 1" in two["log"], "accelerate did not start a second process"
+    assert set(two["scores"]) == set(one["scores"])
+    for task, metrics in one["scores"].items():  # means over another document order: equal up to rounding
+        assert two["scores"][task] == pytest.approx(metrics, rel=1e-12, abs=1e-12), task
+    for task in TASKS:
+        report = _speed(two["out"], task)
+        assert report["run"]["world_size"] == 2
+        assert sorted(s["doc_id"] for s in report["samples"]) == list(range(N_DOCS))  # both shards gathered
+        assert report["reference"]["identical_outputs"] == N_DOCS
+        single = {s["doc_id"]: s["output_sha1"] for s in _speed(one["out"], task)["samples"]}
+        assert {s["doc_id"]: s["output_sha1"] for s in report["samples"]} == single
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("colour=red", "unknown --model_args key(s) for the vlmspec model: colour"),
+        ("prune_ratio=1.5", "prune_ratio=1.5 is invalid"),
+    ],
+)
+def test_cli_bad_model_args_fail_naming_them(workspace: dict[str, Any], extra: str, message: str) -> None:
+    out = workspace["root"] / f"bad_{extra.split('=')[0]}"
+    log = _run_lmms_eval(workspace, f"{workspace['pair']},{extra}", out, tasks=("vlmspec_image_qa",))
+    assert message in log
+    assert not list(out.glob("**/*_results.json"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The model in process: simple path, frames, files, chat messages, loglikelihood
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model(workspace: dict[str, Any]) -> Any:
+    from vlmspec_eval.lmms.model import VLMSpec
+
+    lm = VLMSpec.create_from_arg_string(
+        f"{workspace['pair']},policy=sage,speed_dir={workspace['root'] / 'inproc'}", {"batch_size": 1}
+    )
+    from datasets import load_dataset
+
+    data = workspace["tasks"] / "data"
+    lm.task_dict = {
+        name: load_dataset(
+            "parquet",
+            data_files={"test": str(data / f"{name}.parquet")},
+            cache_dir=str(workspace["root"] / "hf"),
+        )
+        for name in ("image_qa", "video_caption")
+    }
+    return lm
+
+
+def _instance(kind: str, args: tuple[Any, ...], task: str, doc_id: int = 0) -> Any:
+    from lmms_eval.api.instance import Instance
+
+    return Instance(kind, args, idx=0, metadata={"task": task, "doc_id": doc_id, "repeats": 1})
+
+
+def test_simple_path_images_frames_and_files_give_the_same_replies(
+    model: Any, workspace: dict[str, Any]
+) -> None:
+    data = workspace["tasks"] / "data"
+    kwargs = {"max_new_tokens": 12}
+    as_file = _instance(
+        "generate_until",
+        (
+            "<video>" + "Describe this video.",
+            kwargs,
+            lambda d: [str(data / d["video"])],
+            0,
+            "video_caption",
+            "test",
+        ),
+        "video_caption",
+    )
+    as_frames = _instance(
+        "generate_until",
+        ("Describe this video.", kwargs, lambda d: [list(d["frames"])], 0, "video_caption", "test"),
+        "video_caption",
+    )
+    image = _instance(
+        "generate_until",
+        (
+            "<image>\nWhat is at the top?",
+            {**kwargs, "until": ["\n"]},
+            lambda d: [d["image"]],
+            0,
+            "image_qa",
+            "test",
+        ),
+        "image_qa",
+    )
+    file_reply, frames_reply, image_reply = (
+        r.text for r in model.generate_until([as_file, as_frames, image])
+    )
+    assert file_reply == frames_reply and file_reply
+    assert "\n" not in image_reply
+
+
+def test_chat_path_takes_messages_with_a_system_turn(model: Any) -> None:
+    from vlmspec_eval.lmms.model import VLMSpecChat
+
+    chat = VLMSpecChat.__new__(VLMSpecChat)
+    chat.__dict__.update(model.__dict__)
+    messages = lambda d: [  # noqa: E731
+        {"role": "system", "content": [{"type": "text", "text": "You are a helpful assistant."}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "url": d["image"]},
+                {"type": "text", "text": "What is at the top?"},
+            ],
+        },
+    ]
+    request = _instance(
+        "generate_until", ("", messages, {"max_new_tokens": 8}, 0, "image_qa", "test"), "image_qa"
+    )
+    (reply,) = chat.generate_until([request])
+    assert isinstance(reply.text, str) and reply.token_counts.output_tokens > 0
+
+
+def _canonical_text(tokenizer: Any, ids: list[int]) -> str:
+    """The text of the longest prefix of ``ids`` that the tokenizer encodes back to exactly those ids."""
+    for k in range(len(ids), 0, -1):
+        text = tokenizer.decode(ids[:k])
+        if tokenizer(text, add_special_tokens=False)["input_ids"] == ids[:k]:
+            return text
+    raise AssertionError("no prefix of the greedy reply round-trips through the tokenizer")
+
+
+def test_loglikelihood_scores_the_greedy_reply_as_greedy(model: Any) -> None:
+    doc = model.task_dict["image_qa"]["test"][0]
+    pipe = model.pipe
+    ids = pipe(doc["image"], doc["question"], max_new_tokens=6).token_ids
+    specials = set(pipe.tokenizer.all_special_ids)
+    reply = _canonical_text(pipe.tokenizer, [t for t in ids if t not in specials])
+    visual = lambda d: [d["image"]]  # noqa: E731
+    requests = [
+        _instance("loglikelihood", (doc["question"], c, visual, 0, "image_qa", "test"), "image_qa")
+        for c in (reply, reply + " zebra")
+    ]
+    greedy, other = model.loglikelihood(requests)
+    assert greedy[1] is True and other[1] is False
+    assert other[0] < greedy[0] <= 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Registration, options, pair configs
+# ---------------------------------------------------------------------------------------------------------------
+def test_registered_through_the_entry_point_manifest() -> None:
+    from lmms_eval import models
+    from lmms_eval.api.registry import MODEL_REGISTRY
+    from vlmspec_eval.lmms.manifest import MANIFEST
+
+    assert models.get_model_manifest("vlmspec") == MANIFEST
+    assert models.get_model("vlmspec").__name__ == "VLMSpecChat"
+    assert models.get_model("vlmspec", force_simple=True).__name__ == "VLMSpec"
+    assert "vlmspec" not in MODEL_REGISTRY  # @register_model's registry is not what the CLI reads
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"target": "tiny", "colour": "red"},
+            "unknown --model_args key(s) for the vlmspec model: colour; valid keys: target",
+        ),
+        ({"target": "tiny", "prune_ratio": 1.5}, "prune_ratio=1.5 is invalid"),
+        ({"target": "tiny", "video_prune_ratio": -0.1}, "video_prune_ratio=-0.1 is invalid"),
+        (
+            {"target": "tiny", "policy": "fastest"},
+            "policy='fastest' is not a vlmspec policy; valid policies: ar",
+        ),
+        ({"target": "tiny", "dtype": "float8"}, "dtype='float8' is invalid; valid values: auto"),
+        ({"target": "tiny", "max_new_tokens": 0}, "max_new_tokens=0 is invalid"),
+        ({"target": "tiny", "pruning": "random"}, "pruning='random' is invalid"),
+        ({"target": "tiny", "policy": "chain", "gamma": 0}, "ChainConfig.gamma=0 is invalid"),
+        (
+            {"target": "tiny", "policy": "ar", "gamma": 2},
+            "unknown --model_args key(s) for the vlmspec model: gamma",
+        ),
+        ({"policy": "sage"}, "needs target=..."),
+        (
+            {"target": "Qwen/Qwen2-VL-7B-Instruct", "draft": "Qwen/Qwen3-VL-2B-Instruct"},
+            "is a qwen2_vl model but draft=",
+        ),
+        (
+            {"target": "tiny", "config": "no_such_pair"},
+            "config='no_such_pair' is not a file nor a known pair config",
+        ),
+    ],
+)
+def test_bad_model_args_name_the_key_or_value(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=None) as err:
+        options.parse_model_args(kwargs)
+    assert message in str(err.value)
+
+
+def test_model_args_policy_options_and_overrides() -> None:
+    opts = options.parse_model_args(
+        {"config": "qwen2_5_vl-7b-3b", "policy": "chain", "gamma": 3, "prune_ratio": 0.5}
+    )
+    assert opts.target == "Qwen/Qwen2.5-VL-7B-Instruct" and opts.policy == "chain"
+    assert opts.policy_options == {"gamma": 3}
+    assert (opts.image_prune_ratio, opts.video_prune_ratio) == (0.5, 0.5)
+    opts = options.parse_model_args(
+        {"target": "tiny", "prune_ratio": 0.5, "video_prune_ratio": 0.95, "batch_size": "1"}
+    )
+    assert (opts.image_prune_ratio, opts.video_prune_ratio, opts.dtype) == (0.5, 0.95, "auto")
+
+
+EXPECTED_PAIRS = {
+    ("llava-hf/llava-onevision-qwen2-72b-ov-hf", "llava-hf/llava-onevision-qwen2-7b-ov-hf"),
+    ("llava-hf/llava-onevision-qwen2-7b-ov-hf", "llava-hf/llava-onevision-qwen2-0.5b-ov-hf"),
+    ("Qwen/Qwen2-VL-72B-Instruct", "Qwen/Qwen2-VL-7B-Instruct"),
+    ("Qwen/Qwen2-VL-7B-Instruct", "Qwen/Qwen2-VL-2B-Instruct"),
+    ("Qwen/Qwen2.5-VL-72B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct"),
+    ("Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen2.5-VL-3B-Instruct"),
+    ("Qwen/Qwen3-VL-32B-Instruct", "Qwen/Qwen3-VL-8B-Instruct"),
+    ("Qwen/Qwen3-VL-8B-Instruct", "Qwen/Qwen3-VL-2B-Instruct"),
+    ("testbed-mini", None),
+    ("testbed-base", None),
+}
+
+
+def test_pair_configs_load_and_validate() -> None:
+    paths = sorted((REPO / "configs" / "models").glob("*.yaml"))
+    pairs = set()
+    for path in paths:
+        opts = options.parse_model_args({"config": str(path)})
+        pairs.add((opts.target, opts.draft))
+        assert opts.policy == "sage", path.name
+        assert (opts.image_prune_ratio, opts.video_prune_ratio) == (0.8, 0.9), path.name
+        assert opts.dtype in ("bfloat16", "float32"), path.name
+        family = options.family_from_name(opts.target)
+        assert family is not None and family == options.family_from_name(opts.draft or opts.target), path.name
+        assert path.stem.startswith(family if opts.draft else "testbed"), path.name
+    assert pairs == EXPECTED_PAIRS
+
+
+def test_family_from_name() -> None:
+    assert options.family_from_name("Qwen/Qwen2.5-VL-7B-Instruct") == "qwen2_5_vl"
+    assert options.family_from_name("Qwen/Qwen2-VL-2B-Instruct") == "qwen2_vl"
+    assert options.family_from_name("Qwen/Qwen3-VL-8B-Instruct") == "qwen3_vl"
+    assert options.family_from_name("llava-hf/llava-onevision-qwen2-7b-ov-hf") == "llava_onevision"
+    assert options.family_from_name("tiny:llava_onevision") == "llava_onevision"
+    assert options.family_from_name("/some/folder") is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pieces
+# ---------------------------------------------------------------------------------------------------------------
+def test_generation_settings() -> None:
+    greedy = generation.generation_settings(
+        {"until": "\n\n", "max_new_tokens": 64, "temperature": 0, "do_sample": True}
+    )
+    assert (greedy.do_sample, greedy.stop_strings, greedy.max_new_tokens) == (False, ("\n\n",), 64)
+    sampled = generation.generation_settings({"temperature": 0.7, "top_p": 0.9}, cap=32)
+    assert (sampled.do_sample, sampled.temperature, sampled.top_p, sampled.max_new_tokens) == (
+        True,
+        0.7,
+        0.9,
+        32,
+    )
+    assert not generation.generation_settings({"temperature": 0.7, "do_sample": False}).do_sample
+    assert generation.generation_settings(None).max_new_tokens == generation.DEFAULT_MAX_NEW_TOKENS
+    with pytest.raises(NotImplementedError, match="num_beams=4"):
+        generation.generation_settings({"num_beams": 4})
+    with pytest.raises(ValueError, match="until="):
+        generation.generation_settings({"until": 3})
+    assert generation.truncate_at_stops("a b\n\nc.", ("\n\n", ".")) == "a b"
+
+
+def test_media_from_visuals_and_messages() -> None:
+    from lmms_eval.protocol import ChatMessages
+    from PIL import Image
+
+    image, frames = Image.new("RGB", (8, 8)), [Image.new("RGB", (8, 8))] * 2
+    m = media.split_visuals([image, "clip.mp4"])
+    assert m.images == [image] and m.video == "clip.mp4"
+    assert media.split_visuals([frames]).video == frames
+    assert media.split_visuals([image, image]).images == [image, image]
+    assert media.split_visuals({"type": "video", "frames": frames}).video == frames
+    with pytest.raises(ValueError, match="more than one video"):
+        media.split_visuals(["a.mp4", "b.mp4"])
+    with pytest.raises(ValueError, match="extension"):
+        media.split_visuals(["sound.wav"])
+    with pytest.raises(TypeError, match="unsupported visual"):
+        media.split_visuals([3])
+    assert media.strip_placeholders("<image>\nWhat is it? <video>") == "What is it?"
+    messages = ChatMessages(messages=[{"role": "user", "content": [
+        {"type": "image", "url": image}, {"type": "text", "text": "Compare"}, {"type": "video", "url": frames}]}])  # fmt: skip
+    hf, m = media.chat_to_pipeline(messages)
+    assert hf == [
+        {
+            "role": "user",
+            "content": [{"type": "image"}, {"type": "text", "text": "Compare"}, {"type": "video"}],
+        }
+    ]
+    assert m.images == [image] and m.video == frames
+
+
+def test_text_metrics() -> None:
+    assert text_metrics.exact_match("The Blue.", "blue") == 1.0
+    assert text_metrics.exact_match("a large yellow circle", "a small yellow circle") == 0.0
+    assert text_metrics.token_f1("large yellow circle", "small yellow circle") == pytest.approx(2 / 3)
+    assert text_metrics.rouge_l("x b c d", "x c d e") == pytest.approx(0.75)
+    assert text_metrics.rouge_l("", "") == 1.0 and text_metrics.rouge_l("x", "") == 0.0
+
+
+def _sample(
+    doc_id: int, seconds: float, policy: str = "sage", sha: str = "x", **kw: Any
+) -> speed.SampleSpeed:
+    values = dict(task="t", split="test", doc_id=doc_id, policy=policy, new_tokens=11, steps=5, accepted_tokens=5,
+                  tokens_per_step=2.0, total_seconds=seconds, prefill_seconds=0.1, draft_prefill_seconds=0.0,
+                  draft_seconds=0.1, verify_seconds=0.5, tree_nodes=50, target_visual_tokens=9,
+                  draft_visual_tokens=2, lossless=True, output_sha1=sha)  # fmt: skip
+    values.update(kw)
+    return speed.SampleSpeed(**values)
+
+
+def test_speed_reports_summaries_and_reference(tmp_path: Path) -> None:
+    spec = [_sample(0, 1.0), _sample(1, 1.0, sha="y"), _sample(1, 9.0)]  # a padding duplicate of doc 1
+    ar = [_sample(d, 3.0, policy="ar", steps=10, accepted_tokens=0, tokens_per_step=1.0) for d in (0, 1)]
+    reports = speed.task_reports(spec, {"policy": "sage"}, {"t": ar})
+    m, ref = reports["t"]["metrics"], reports["t"]["reference"]
+    assert (
+        m["n_samples"] == 2
+        and m["tau"] == pytest.approx(1.0)
+        and m["tokens_per_second"] == pytest.approx(11.0)
+    )
+    assert m["speedup_est"] == pytest.approx((0.1 + 10 * 0.1) / 1.0)
+    assert ref["speedup"] == pytest.approx(3.0) and ref["identical_outputs"] == 1 and ref["n_matched"] == 2
+    (path,) = speed.write_reports(reports, tmp_path)
+    assert path.name == "vlmspec_speed_t.json"
+    loaded = speed.load_reference(tmp_path, ["t"])
+    assert [s.doc_id for s in loaded["t"]] == [0, 1]
+    table = speed.format_summary(reports, {"t": "exact_match 0.5"})
+    assert "3.00x vs AR (1/2 identical)" in table and "exact_match 0.5" in table
+
+
+def test_output_path_from_the_command_line(tmp_path: Path) -> None:
+    from vlmspec_eval.lmms.model import lmms_eval_output_path
+
+    assert lmms_eval_output_path(["--model", "vlmspec", "--output_path", "out/x"]) == "out/x"
+    assert lmms_eval_output_path(["--model", "vlmspec"]) is None
+    config = tmp_path / "run.yaml"
+    config.write_text("- model: vlmspec\n  output_path: from_yaml\n")
+    assert lmms_eval_output_path(["--config", str(config)]) == "from_yaml"
