@@ -38,12 +38,6 @@ def tiny_pairs(tiny_root):
     return {family: build_tiny_pair(family, root=tiny_root) for family in FAMILIES}
 
 
-@pytest.fixture(scope="session")
-def device() -> torch.device:
-    """The GPU when there is one (so the same tests check CUDA), else the CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def input_kinds():
     """(name, image, video) for one image, two images, a video and text only."""
     return [
