@@ -65,6 +65,7 @@ def test_stop_strings_and_eos_match_generate(pipe):
     )[0, inputs["input_ids"].shape[1] :].tolist()
     out = pipe(make_image(0), PROMPTS[3], max_new_tokens=40, stop_strings=[stop])
     assert out.token_ids == ref and len(ref) < 40
+    assert out.stats.mean_accepted <= out.stats.tokens_per_step  # tokens cut by the stop are not counted
     # EOS: make the first generated token an EOS id; generation stops right after it, EOS included.
     first = free.token_ids[0]
     eos_before = pipe.target.generation_config.eos_token_id

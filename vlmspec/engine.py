@@ -181,15 +181,20 @@ def speculative_generate(
                 tree_depth=tree.max_depth,
             )
         )
-        stats.trace.append({**policy.trace(), "tree_size": tree.num_nodes, "accepted": acc.num_accepted})
-        stats.steps += 1
-        stats.accepted_tokens += acc.num_accepted
-        stats.tree_sizes.append(tree.num_nodes)
+        # 8. Emit the tokens, applying the stop conditions after each one as generate() does.
+        emitted = 0
         for token in new:
             tokens.append(token)
+            emitted += 1
             done = stop.update(tokens)
             if done:
                 break
+        # Statistics count only accepted tokens that were emitted (a stop condition may cut the step short).
+        accepted = min(acc.num_accepted, emitted)
+        stats.trace.append({**policy.trace(), "tree_size": tree.num_nodes, "accepted": accepted})
+        stats.steps += 1
+        stats.accepted_tokens += accepted
+        stats.tree_sizes.append(tree.num_nodes)
         root = acc.next_token
         position += acc.path.shape[0]
         t2 = time.perf_counter()
