@@ -123,8 +123,6 @@ VIDEO_EXTENSIONS: tuple[str, ...] = (
 )  # fmt: skip
 FRAME_SAMPLERS = ("auto", "decord", "qwen")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-TESTBED_PREFIX = "testbed-"
-TINY_TARGET = "tiny"
 BARRIER_TIMEOUT = timedelta(days=7)
 """How long a process may wait at the final barrier for the others (shards can take hours)."""
 
@@ -527,59 +525,37 @@ def resolve_pair(
     """Model folders or hub ids for a target/draft pair, with the project's named pairs resolved.
 
     ``testbed-<size>`` (``testbed-mini``, ``testbed-base``) is the testbed's trained pair of ``family`` (built on
-    first use, then cached), ``tiny`` the tiny random pair; ``None`` means ``testbed-base`` when the testbed is
-    importable, else ``tiny``. Anything else (a folder, a hub id) passes through, as does ``draft``. An existing
-    folder named like a pair is taken as a folder.
+    first use, then cached), ``tiny`` the tiny random pair; ``None`` means the default pair (``testbed-base``).
+    Anything else (a folder, a hub id) passes through, as does ``draft``. See :mod:`vlmspec.named_pairs`.
 
     Args:
         target: the target's folder, hub id or pair name.
         draft: the draft's folder or hub id (``None`` with a pair name, or for ``policy="ar"``).
-        family: family of a named pair.
+        family: family of a named pair given without ``:<family>``.
 
     Returns:
         ``(target, draft)`` as strings (``draft`` may be ``None``).
 
     Raises:
-        JobError: a pair name with ``draft``, the testbed unavailable, an unknown size or family.
+        JobError: a pair name with ``--draft``, an unknown size or family.
     """
-    if target is None:
-        target = f"{TESTBED_PREFIX}base" if _testbed() is not None else TINY_TARGET
-    name = str(target)
-    if Path(name).exists() or not (name.startswith(TESTBED_PREFIX) or name == TINY_TARGET):
+    from vlmspec.named_pairs import DEFAULT_PAIR, is_pair_name
+    from vlmspec.named_pairs import resolve_pair as resolve_named_pair
+
+    name = DEFAULT_PAIR if target is None else str(target)
+    if not is_pair_name(name):
         return name, (str(draft) if draft is not None else None)
     if draft is not None:
         raise JobError(
             f"--target {name} names a target/draft pair; drop --draft {draft} (or name both folders)"
         )
-    if name == TINY_TARGET:
-        from vlmspec.testing import build_tiny_pair
-
-        try:
-            pair = build_tiny_pair(family)
-        except ValueError as err:
-            raise JobError(f"--target {name}: {err}") from err
-        return str(pair.target), str(pair.draft)
-    testbed = _testbed()
-    if testbed is None:
-        raise JobError(
-            f"--target {name} needs the testbed (vlmspec.testbed with pair_paths), which is not available in this "
-            "install; pass model folders or hub ids with --target/--draft instead"
-        )
-    size = name[len(TESTBED_PREFIX) :]
+    if ":" not in name:
+        name = f"{name}:{family}"
     try:
-        pair_target, pair_draft = testbed.pair_paths(size=size, family=family)
+        pair = resolve_named_pair(name)
     except ValueError as err:
         raise JobError(f"--target {name}: {err}") from err
-    return str(pair_target), str(pair_draft)
-
-
-def _testbed() -> Any:
-    """``vlmspec.testbed`` when it is importable and has ``pair_paths``, else ``None``."""
-    try:
-        from vlmspec import testbed
-    except ImportError:
-        return None
-    return testbed if hasattr(testbed, "pair_paths") else None
+    return pair.target, pair.draft
 
 
 def _torch_dtype(name: str) -> Any:

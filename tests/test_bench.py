@@ -26,6 +26,7 @@ from vlmspec_eval.report import REQUIRED_ROW_KEYS
 from vlmspec_eval.tasks import load_inputs, resolve_pair
 
 from vlmspec import VLMSpecPipeline
+from vlmspec import testbed as vlmspec_testbed
 from vlmspec.policies import MC_SIM_7B_63, available_policies
 from vlmspec.testing import build_tiny_pair
 
@@ -224,13 +225,14 @@ def test_inputs_and_default_pair_come_from_the_testbed_when_importable(monkeypat
         calls.append((task, seed))
         return SimpleNamespace(task=task, prompt=f"{task} prompt", reference="ref", image="img", video=None)
 
-    fake = SimpleNamespace(sample=sample, pair_paths=lambda size, family: (f"/t/{size}/{family}", "/d"))
+    fake = SimpleNamespace(sample=sample)
     monkeypatch.setattr(tasks, "testbed", lambda: fake)
+    monkeypatch.setattr(vlmspec_testbed, "pair_paths", lambda size, family: (f"/t/{size}/{family}", "/d"))
     items = load_inputs(["image_qa", "video_caption"], 2, seed=5)
     assert calls == [("image_qa", 5), ("image_qa", 6), ("video_caption", 5), ("video_caption", 6)]
     assert {it.source for it in items} == {"testbed"} and items[0].prompt == "image_qa prompt"
     assert resolve_pair(None, None, "qwen2_vl", "base") == tasks.PairSpec(
-        "/t/base/qwen2_vl", "/d", "testbed:base"
+        "/t/base/qwen2_vl", "/d", "testbed:base:qwen2_vl"
     )
     assert resolve_pair("a", "b", "qwen2_vl").source == "explicit"
     synthetic = load_inputs(["video_caption"], 1, seed=0, source="synthetic")[0]

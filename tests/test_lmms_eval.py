@@ -3,7 +3,7 @@
 The end-to-end tests run ``python -m lmms_eval`` as a subprocess (``HF_HUB_OFFLINE=1``) on the local tasks of
 ``eval/tasks`` (data generated into a temporary folder by ``make_tasks``) with the testbed's ``mini`` pair
 (trained once and cached when missing, ~2 min on 2 CPU cores; ``VLMSPEC_LMMS_TEST_PAIR=tiny`` uses the tiny
-random pair instead, which is also the fallback when ``vlmspec.testbed`` is not importable). They check that
+random pair instead). They check that
 SAGE's scores equal ``policy=ar``'s (lossless; the outputs' token hashes too), that the speed files are written,
 that two processes (``accelerate launch``) give the same scores, and that bad ``--model_args`` fail with a message
 naming them. Skipped when lmms-eval is not installed (``pip install -e .[eval]``).
@@ -37,22 +37,16 @@ CLI_TIMEOUT = 600
 # Fixtures
 # ---------------------------------------------------------------------------------------------------------------
 def _pair_model_args(root: Path) -> str:
-    """``target=...`` for the test pair: the testbed mini pair (built if needed), else the tiny pair."""
-    from vlmspec_eval.tasks import testbed
+    """``target=...`` for the test pair: the testbed mini pair (built if needed), or the tiny one on request."""
+    if os.environ.get("VLMSPEC_LMMS_TEST_PAIR") == "tiny":
+        from vlmspec.testing import build_tiny_pair
 
-    choice = os.environ.get("VLMSPEC_LMMS_TEST_PAIR", "auto")
-    module = testbed() if choice != "tiny" else None
-    if module is not None:
-        module.pair_paths(
-            size="mini", family="qwen2_vl"
-        )  # trained once and cached: the subprocesses only load
-        return "target=testbed-mini"
-    if choice == "testbed":
-        pytest.fail("VLMSPEC_LMMS_TEST_PAIR=testbed but vlmspec.testbed is not importable")
-    from vlmspec.testing import build_tiny_pair
+        pair = build_tiny_pair("qwen2_vl", root=os.environ.get("VLMSPEC_TEST_CACHE") or root / "tiny")
+        return f"target={pair.target},draft={pair.draft}"
+    from vlmspec import testbed
 
-    pair = build_tiny_pair("qwen2_vl", root=os.environ.get("VLMSPEC_TEST_CACHE") or root / "tiny")
-    return f"target={pair.target},draft={pair.draft}"
+    testbed.pair_paths(size="mini", family="qwen2_vl")  # trained once and cached: the subprocesses only load
+    return "target=testbed-mini"
 
 
 def _shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 import torch
-from transformers import AutoTokenizer
 from conftest import PROMPTS
+from transformers import AutoTokenizer
 
 from vlmspec import VLMSpecPipeline, get_policy
 from vlmspec.cli import main as cli_main
@@ -102,7 +102,9 @@ def test_draft_with_another_vocabulary_is_refused(pipe, tiny_pairs, tmp_path):
         VLMSpecPipeline(pipe.target, draft, pipe.processor)
         # ... a table that does not cover the tokenizer is not.
         draft.resize_token_embeddings(len(pipe.tokenizer) - 8)
-        with pytest.raises(ValueError, match="draft's vocabulary has .* entries but the target's tokenizer has"):
+        with pytest.raises(
+            ValueError, match="draft's vocabulary has .* entries but the target's tokenizer has"
+        ):
             VLMSpecPipeline(pipe.target, draft, pipe.processor)
     finally:
         draft.resize_token_embeddings(rows)
@@ -168,11 +170,12 @@ def test_bad_generation_arguments(pipe):
         pipe(None, 123)
 
 
-def test_demo_command_prints_caption_and_stats(capsys, tiny_root, monkeypatch):
+def test_demo_command_on_the_tiny_pair(capsys, tiny_root, monkeypatch):
     monkeypatch.setenv("VLMSPEC_CACHE", str(tiny_root))
-    assert cli_main(["demo", "--max-new-tokens", "12"]) == 0
+    assert cli_main(["demo", "--pair", "tiny", "--max-new-tokens", "12"]) == 0
     out = capsys.readouterr().out
     assert "caption:" in out and "tau=" in out and "tokens/s=" in out and "SAGE trace" in out
+    assert "output vs ar: identical" in out
 
 
 def test_pct_cost_ratio_is_measured_on_the_pair_at_load_time(pipe):

@@ -1,10 +1,8 @@
 """Batch video captioning (``pipelines/video_captioning.py``, ``vlmspec caption``): nothing lost, resumable, sharded.
 
-The model pair is the fixture ``caption_pair``: the testbed's trained ``mini`` qwen2_vl pair when
-``vlmspec.testbed.pair_paths`` exists (trained once, about 2 minutes on 2 CPU cores, then cached), else the tiny
-random qwen2_vl pair of ``vlmspec.testing`` (noise captions; the job's guarantees do not depend on caption quality).
-Videos are testbed clips when the testbed is there, else ``vlmspec.testing.make_video_frames`` clips, written with
-``write_video``. Generation is greedy and short (16 tokens), with one torch thread, so reruns give equal captions.
+The model pair is the fixture ``caption_pair``: the testbed's trained ``mini`` qwen2_vl pair (trained once,
+about 2 minutes on 2 CPU cores, then cached under ``VLMSPEC_CACHE``). Videos are testbed clips (held-out seeds)
+written with ``write_video``. Generation is greedy and short (16 tokens), with one torch thread, so reruns give equal captions.
 """
 
 from __future__ import annotations
@@ -20,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from vlmspec import caption_cli
-from vlmspec.testing import build_tiny_pair, make_video_frames, write_video
+from vlmspec import caption_cli, testbed
+from vlmspec.testing import write_video
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "pipelines" / "video_captioning.py"
@@ -32,14 +30,6 @@ TIMEOUT = 240
 # ---------------------------------------------------------------------------------------------------------------------
 # Fixtures and helpers
 # ---------------------------------------------------------------------------------------------------------------------
-def _testbed():
-    try:
-        from vlmspec import testbed
-    except ImportError:
-        return None
-    return testbed if hasattr(testbed, "pair_paths") else None
-
-
 @pytest.fixture(scope="module")
 def vc():
     """The job module, loaded the way ``vlmspec caption`` loads it."""
@@ -47,20 +37,13 @@ def vc():
 
 
 @pytest.fixture(scope="session")
-def caption_pair(tiny_root) -> tuple[Path, Path]:
-    """(target, draft): testbed mini when ``vlmspec.testbed.pair_paths`` exists, else the tiny qwen2_vl pair."""
-    testbed = _testbed()
-    if testbed is not None:
-        return tuple(Path(p) for p in testbed.pair_paths(size="mini", family="qwen2_vl"))
-    pair = build_tiny_pair("qwen2_vl", root=tiny_root)
-    return pair.target, pair.draft
+def caption_pair() -> tuple[Path, Path]:
+    """(target, draft): the testbed mini qwen2_vl pair (trained once, about 2 minutes, then cached)."""
+    return tuple(Path(p) for p in testbed.pair_paths(size="mini", family="qwen2_vl"))
 
 
 def _clip(seed: int) -> list:
-    testbed = _testbed()
-    if testbed is not None:
-        return testbed.sample("video_caption", seed).video
-    return make_video_frames(seed)
+    return testbed.sample("video_caption", seed).video
 
 
 def _write_clips(folder: Path, count: int, prefix: str = "clip") -> list[str]:
@@ -373,18 +356,15 @@ def test_resolve_pair(vc, monkeypatch, tmp_path):
     )
     calls = []
 
-    class FakeTestbed:
-        @staticmethod
-        def pair_paths(size, family):
-            calls.append((size, family))
-            return tmp_path / "t", tmp_path / "d"
+    def pair_paths(size, family):
+        calls.append((size, family))
+        return tmp_path / "t", tmp_path / "d"
 
-    monkeypatch.setattr(vc, "_testbed", lambda: FakeTestbed)
+    monkeypatch.setattr(testbed, "pair_paths", pair_paths)
     assert vc.resolve_pair("testbed-mini", None) == (str(tmp_path / "t"), str(tmp_path / "d"))
     assert vc.resolve_pair(None, None, family="llava_onevision")[0] == str(tmp_path / "t")
     assert calls == [("mini", "qwen2_vl"), ("base", "llava_onevision")]
     with pytest.raises(vc.JobError, match="drop --draft"):
         vc.resolve_pair("testbed-base", "some/draft")
-    monkeypatch.setattr(vc, "_testbed", lambda: None)
-    with pytest.raises(vc.JobError, match="needs the testbed"):
-        vc.resolve_pair("testbed-mini", None)
+    with pytest.raises(vc.JobError, match="no 'qwen9' pair"):
+        vc.resolve_pair("testbed-mini", None, family="qwen9")

@@ -10,6 +10,7 @@ from importlib import resources
 from pathlib import Path
 
 EXAMPLE_IMAGE = "example.png"
+EXAMPLE_META = "example.json"  # the testbed example the picture was drawn from
 
 
 def _example_image() -> Path:
@@ -35,42 +36,58 @@ def trace_summary(trace: list[dict]) -> str:
 def demo(args: argparse.Namespace) -> int:
     import torch
 
+    from .named_pairs import resolve_pair
     from .pipeline import VLMSpecPipeline
 
-    if args.target is None:
-        from .testing import build_tiny_pair
-
-        print(
-            f"No checkpoint named: using the embedded default pair, a tiny randomly initialised {args.family} "
-            "target/draft built locally (its caption is noise until the trained testbed pair exists; the speed "
-            "statistics are real).",
-            flush=True,
-        )
-        pair = build_tiny_pair(args.family)
-        target, draft = pair.target, pair.draft
-    else:
-        target, draft = args.target, args.draft
+    if args.target is None and args.draft is not None:
+        raise SystemExit("vlmspec demo: --draft needs --target (or name neither for the default pair)")
+    target = args.target if args.target is not None else f"{args.pair}:{args.family}"
+    pair = resolve_pair(target, args.draft)
+    if pair.source != "explicit":
+        print(f"No checkpoint named: using the embedded default pair ({pair.source}).", flush=True)
     options = json.loads(args.policy_options) if args.policy_options else {}
     pipe = VLMSpecPipeline.from_pretrained(
-        target, draft, policy=args.policy, torch_dtype=torch.float32, **options
+        pair.target, pair.draft, policy=args.policy, torch_dtype=torch.float32, **options
     )
+    example = None if (args.image or args.video) else bundled_example()
     image = None if args.video else (args.image or _example_image())
-    pipe(image, args.prompt, video=args.video, max_new_tokens=4)  # warm-up: torch's one-off first-call costs
-    out = pipe(image, args.prompt, video=args.video, max_new_tokens=args.max_new_tokens)
-    print(f"caption: {out.text}")
-    print(f"stats:   {out.stats.summary()}")
+    prompt = args.prompt or (example["prompt"] if example else "Describe this image.")
+    pipe(image, prompt, video=args.video, max_new_tokens=4)  # warm-up: torch's one-off first-call costs
+    out = pipe(image, prompt, video=args.video, max_new_tokens=args.max_new_tokens)
+    print(f"prompt:    {prompt}")
+    print(f"caption:   {out.text}")
+    if example is not None:
+        from .testbed import fact_accuracy
+
+        correct, total = fact_accuracy(out.text, example["reference"])
+        print(f"reference: {example['reference']}")
+        print(
+            f"scene facts right: {correct}/{total} (count, background, each shape's position/size/colour/kind)"
+        )
+    print(f"stats:     {out.stats.summary()}")
     summary = trace_summary(out.stats.trace)
     if summary:
         print(summary)
     if args.compare_ar:
         pipe.policy = "ar"
-        ar = pipe(image, args.prompt, video=args.video, max_new_tokens=args.max_new_tokens)
+        ar = pipe(image, prompt, video=args.video, max_new_tokens=args.max_new_tokens)
         same = "identical" if ar.token_ids == out.token_ids else "DIFFERENT"
-        print(f"ar:      {ar.stats.summary()}")
+        print(f"ar:        {ar.stats.summary()}")
         print(
             f"output vs ar: {same}; speed-up {out.stats.tokens_per_second / ar.stats.tokens_per_second:.2f}x"
         )
     return 0
+
+
+def bundled_example() -> dict[str, str]:
+    """The bundled scene's ``task``, ``seed``, ``prompt`` and ``reference`` (``assets/example.json``)."""
+    return json.loads((_example_image().parent / EXAMPLE_META).read_text())
+
+
+def _testbed_main(argv: list[str]) -> int:
+    from .testbed.cli import main as testbed_main
+
+    return testbed_main(argv, prog="vlmspec testbed")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,16 +96,29 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser(
         "demo", help="caption the bundled example image (or your image/video) with speed stats"
     )
-    d.add_argument("--target", help="target model (hub id or folder); default: the embedded tiny pair")
+    d.add_argument(
+        "--target", help="target model: hub id, folder or pair name; default: the embedded testbed pair"
+    )
     d.add_argument("--draft", help="draft model (hub id or folder)")
-    d.add_argument("--family", default="qwen2_vl", help="family of the embedded tiny pair (default qwen2_vl)")
+    d.add_argument(
+        "--pair",
+        default="testbed-base",
+        choices=("testbed-base", "testbed-mini", "tiny"),
+        help="the embedded pair used when no --target is named (default testbed-base)",
+    )
+    d.add_argument("--family", default="qwen2_vl", help="family of the embedded pair (default qwen2_vl)")
     d.add_argument("--policy", default="sage", help="tree policy (default sage)")
     d.add_argument("--policy-options", help="JSON of policy options, e.g. '{\"n_max\": 32}'")
     d.add_argument("--image", help="image path (default: the bundled example)")
     d.add_argument("--video", help="video path (instead of an image)")
-    d.add_argument("--prompt", default="Describe this image.")
-    d.add_argument("--max-new-tokens", type=int, default=64)
-    d.add_argument("--compare-ar", action="store_true", help="also run plain decoding and compare")
+    d.add_argument("--prompt", help="prompt (default: the bundled example's, 'Describe this image.')")
+    d.add_argument("--max-new-tokens", type=int, default=128)
+    d.add_argument(
+        "--compare-ar",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run plain decoding, check the output is identical and print the speed-up (default on)",
+    )
     d.set_defaults(func=demo)
 
     b = sub.add_parser(
@@ -105,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     caption_cli.add_arguments(c)
     c.set_defaults(func=caption_cli.run_args)
 
+    # `vlmspec testbed ...` is handed whole to the testbed's own parser (see `main`); listed here for --help.
+    sub.add_parser(
+        "testbed", help="build (train) the testbed pairs: vlmspec testbed build [--size base|mini]"
+    )
     # `vlmspec c2t ...` is handed whole to the C2T tool's own parser (see `main`); listed here for --help.
     sub.add_parser("c2t", help="collect labelled token trees / train the C2T classifier (vlmspec c2t --help)")
     return parser
@@ -120,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["c2t"]:
         return _c2t_main(argv[1:])
+    if argv[:1] == ["testbed"]:
+        return _testbed_main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -19,6 +19,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokeniz
 from .engine import DraftPrompt, SpecStats, speculative_generate
 from .inputs import ImageInput, VideoInput, load_images, load_video
 from .models import adapter_for
+from .named_pairs import resolve_pair
 from .policies import TreePolicy, available_policies, get_policy
 from .pruning import PruningConfig
 from .sampling import SamplingParams
@@ -110,7 +111,7 @@ class VLMSpecPipeline:
     @classmethod
     def from_pretrained(
         cls,
-        target: str | Path,
+        target: str | Path | None = None,
         draft: str | Path | None = None,
         policy: str | TreePolicy = DEFAULT_POLICY,
         torch_dtype: str | torch.dtype | None = "auto",
@@ -120,11 +121,17 @@ class VLMSpecPipeline:
         prune_ratio: float | None = None,
         **policy_options: Any,
     ) -> VLMSpecPipeline:
-        """Load a target/draft pair from hub ids or local folders.
+        """Load a target/draft pair from hub ids, local folders or a named pair.
+
+        With no model named, this loads the embedded default: the trained testbed ``base`` pair (see
+        :mod:`vlmspec.testbed`), built on first use with a progress bar (about 15-20 minutes on a CPU, once) and
+        cached. ``"testbed-mini"``, ``"testbed-base"`` and ``"tiny"`` (optionally ``":<family>"``) name pairs;
+        see :mod:`vlmspec.named_pairs`.
 
         Args:
-            target: hub id or folder of the target model (its processor is loaded from the same place).
-            draft: hub id or folder of the draft model (``None`` only with ``policy="ar"``).
+            target: hub id, folder or pair name of the target model (its processor is loaded from the same
+                place); ``None``: the default pair.
+            draft: hub id or folder of the draft model (``None`` only with ``policy="ar"`` or a pair name).
             policy: policy name or instance.
             torch_dtype: passed to ``from_pretrained`` (``"auto"``: the checkpoint's dtype).
             device_map: passed to accelerate (e.g. ``"auto"`` to spread a large target over several GPUs).
@@ -133,6 +140,8 @@ class VLMSpecPipeline:
             pruning, prune_ratio: the draft's visual-token pruning (see the class docstring).
             **policy_options: the policy's config options.
         """
+        pair = resolve_pair(target, draft)
+        target, draft = pair.target, pair.draft
         load = dict(dtype=torch_dtype, device_map=device_map, trust_remote_code=trust_remote_code)
         target_model = _load_model(target, "target", load)
         draft_model = _load_model(draft, "draft", load) if draft is not None else None

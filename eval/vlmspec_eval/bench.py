@@ -10,7 +10,10 @@ draft) and every registered policy but ``ar``. The bench
 3. warms every method up once, then for each input and repeat runs every method in turn (interleaved, the order
    rotated per repeat) so machine noise hits all of them alike;
 4. analyses the target's entropy along the AR outputs and the per-step acceptance traces;
-5. writes ``bench.md`` (also printed), ``bench.csv``, ``bench.json`` and PNG plots into ``--out``.
+5. optionally (``--sampling``, ``--dsbd``) runs the sampling sections of :mod:`.sampling`: ``ar`` and the lossless
+   policies sampling at temperature 1, and DSBD against the target's beam and multinomial sampling on image QA;
+6. writes ``bench.md`` (also printed), ``bench.csv``, ``bench.json`` (and ``bench_sampling.csv``,
+   ``bench_dsbd.csv`` with those sections) and PNG plots into ``--out``.
 
 API::
 
@@ -22,6 +25,7 @@ API::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import sys
@@ -37,6 +41,7 @@ from .analysis import entropy_report, tau_vs_length, token_entropies
 from .cost import DEFAULT_AUTO_FACTOR, PROBE_SIZES, CostProbe, auto_budget, check_sizes, run_cost_probe
 from .methods import AR, RunRecord, Variant, build_variants, resolve_methods, run_variant
 from .report import aggregate, markdown, write_files
+from .sampling import dsbd_policy, run_dsbd_section, run_sampling_section
 from .tasks import INPUT_SOURCES, TASKS, PairSpec, TaskInput, check_tasks, load_inputs, resolve_pair
 
 DEFAULT_PRUNE_RATIOS: tuple[float, ...] = (0.0, 0.5, 0.8, 0.9)
@@ -53,7 +58,7 @@ class BenchConfig:
     """Everything a bench run needs (the command line's options).
 
     Attributes:
-        target, draft: model folders / hub ids; both ``None``: the default pair (testbed ``size``, else tiny).
+        target, draft: model folders / hub ids; both ``None``: the default pair (the testbed ``size`` pair of ``family``).
         family: family of the default pair.
         size: testbed pair size.
         tasks: task names (see :data:`~vlmspec_eval.tasks.TASKS`).
@@ -73,6 +78,10 @@ class BenchConfig:
         threads: torch CPU threads during the run (``None``: torch's default). On a CPU shared with other jobs,
             ``1`` avoids the stalls of a parallel region waiting for a preempted thread.
         verbose: progress lines on stderr.
+        sampling: also run the sampling section (``ar`` and the lossless policies of ``methods`` at temperature 1).
+        dsbd: also run the DSBD section (dsbd vs beam and multinomial sampling on ``n`` image QA inputs).
+        beam_width: the beam-sampling baseline's width (``None``: dsbd's mean output width).
+        dsbd_options: dsbd config options over its paper defaults (e.g. ``{"threshold": 0.7}``).
     """
 
     target: str | None = None
@@ -97,6 +106,10 @@ class BenchConfig:
     plots: bool = True
     threads: int | None = None
     verbose: bool = True
+    sampling: bool = False
+    dsbd: bool = False
+    beam_width: int | None = None
+    dsbd_options: dict[str, Any] = field(default_factory=dict)
 
     def validated(self) -> BenchConfig:
         """A copy with names resolved and checked.
@@ -125,6 +138,12 @@ class BenchConfig:
                 raise ValueError(f"prune ratio {ratio} is invalid: use numbers in [0, 1)")
         if (self.target is None) != (self.draft is None):
             raise ValueError("give both --target and --draft, or neither (the default pair)")
+        if self.beam_width is not None and not (isinstance(self.beam_width, int) and self.beam_width >= 1):
+            raise ValueError(f"beam width={self.beam_width!r} is invalid: use an integer >= 1 or 'auto'")
+        try:
+            dsbd_policy(self.dsbd_options)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"dsbd options {self.dsbd_options!r} are invalid: {err}") from err
         return replace(
             self,
             methods=tuple(resolve_methods(self.methods)),
@@ -142,7 +161,9 @@ def run_bench(config: BenchConfig, pipe: Any = None) -> dict[str, Any]:
         pipe: an already loaded :class:`~vlmspec.VLMSpecPipeline` to use instead of loading ``config``'s pair.
 
     Returns:
-        ``{"pair", "device", "settings", "cost_probe", "rows", "ablation", "entropy_autocorr", "tau_vs_length"}``.
+        ``{"pair", "device", "settings", "cost_probe", "rows", "ablation", "entropy_autocorr", "tau_vs_length"}``,
+        plus ``"sampling_settings"``/``"sampling_rows"`` with ``config.sampling`` and
+        ``"dsbd_settings"``/``"dsbd_rows"`` with ``config.dsbd``.
     """
     config = config.validated()
     with torch_threads(config.threads):
@@ -189,7 +210,7 @@ def _run(config: BenchConfig, pipe: Any) -> dict[str, Any]:
     records = measure(pipe, variants, items, prepared, config, log)
     entropies = entropy_series(pipe, items, prepared, records)
     rows, ablation = aggregate(records, variants, config.tasks, references, probe)
-    return {
+    result = {
         "pair": describe_pair(pipe, pair, config.dtype),
         "device": describe_device(pipe),
         "settings": settings(config, budget, budget_note, items),
@@ -199,6 +220,27 @@ def _run(config: BenchConfig, pipe: Any) -> dict[str, Any]:
         "entropy_autocorr": entropy_report(entropies),
         "tau_vs_length": tau_vs_length(acceptance_traces(records, variants), config.max_new_tokens),
     }
+    result.update(sampling_sections(pipe, items, config, budget, log))
+    return result
+
+
+def sampling_sections(
+    pipe: Any, items: Sequence[TaskInput], config: BenchConfig, budget: int | None, log: Any
+) -> dict[str, Any]:
+    """The ``--sampling`` and ``--dsbd`` sections' result entries (``{}`` when neither is asked for)."""
+    out: dict[str, Any] = {}
+    if config.sampling:
+        section = run_sampling_section(
+            pipe, items, config.methods, budget, config.max_new_tokens, config.repeats, config.seed, log
+        )
+        out.update(sampling_settings=section["settings"], sampling_rows=section["rows"])
+    if config.dsbd:
+        section = run_dsbd_section(
+            pipe, config.n, config.seed, config.inputs, config.dsbd_options, config.beam_width,
+            config.max_new_tokens, config.repeats, log,
+        )  # fmt: skip
+        out.update(dsbd_settings=section["settings"], dsbd_rows=section["rows"])
+    return out
 
 
 def load_pipeline(pair: PairSpec, dtype: str) -> Any:
@@ -392,10 +434,36 @@ def _budget(text: str) -> int | str | None:
     return value
 
 
+def _beam_width(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(
+            f"--beam-width takes a positive integer or 'auto', got {text!r}"
+        ) from err
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--beam-width must be >= 1, got {value}")
+    return value
+
+
+def _json_options(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(
+            f"--dsbd-options takes a JSON object, e.g. '{{\"threshold\": 0.7}}', got {text!r} ({err.msg})"
+        ) from err
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"--dsbd-options takes a JSON object, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the bench's options to ``parser`` (for ``vlmspec bench``'s subparser)."""
     a = parser.add_argument
-    a("--target", help="target model folder or hub id (default: the testbed base pair, else the tiny pair)")
+    a("--target", help="target model folder or hub id or pair name (default: the testbed base pair)")
     a("--draft", help="draft model folder or hub id (with --target)")
     a("--family", default="qwen2_vl", help="family of the default pair (default qwen2_vl)")
     a("--size", default="base", help="testbed pair size of the default pair (default base)")
@@ -429,6 +497,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a("--threads", type=int, default=None, help="torch CPU threads during the run (default: torch's)")
     a("--no-plots", action="store_true", help="skip the PNG plots")
     a("--quiet", action="store_true", help="no progress lines")
+    a("--sampling", action="store_true",
+      help="also bench sampling at temperature 1: tau and tokens/s of ar and the lossless --methods policies")  # fmt: skip
+    a("--dsbd", action="store_true",
+      help="also bench dsbd vs the target's beam and multinomial sampling on image_qa: tok/s, perplexity, exact match")  # fmt: skip
+    a("--beam-width", type=_beam_width, default=None,
+      help="--dsbd: beam sampling's width, N or 'auto' (default: dsbd's mean output width)")  # fmt: skip
+    a("--dsbd-options", type=_json_options, default={},
+      help="--dsbd: JSON of dsbd config options, e.g. '{\"threshold\": 0.7}' (default: the paper's)")  # fmt: skip
     return parser
 
 
@@ -461,6 +537,10 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         plots=not args.no_plots,
         threads=args.threads,
         verbose=not args.quiet,
+        sampling=args.sampling,
+        dsbd=args.dsbd,
+        beam_width=args.beam_width,
+        dsbd_options=dict(args.dsbd_options),
     )
 
 

@@ -10,6 +10,9 @@ Aggregation of one (method, task) cell over its inputs and repeats:
   them identical across repeats, the first repeat is used). ``ideal_speedup``: ratio of pooled sums (see cost.py).
 * ``identical``: every run's tokens equal AR's for the same input; for ``ar`` itself, equal to the target's own
   ``generate(do_sample=False)``.
+
+The optional sampling and DSBD sections (``sampling_rows``, ``dsbd_rows``; aggregated in :mod:`.sampling`) get
+their own markdown tables and CSV files (``bench_sampling.csv``, ``bench_dsbd.csv``).
 """
 
 from __future__ import annotations
@@ -53,6 +56,13 @@ CSV_KEYS: tuple[str, ...] = (
     "target_visual_tokens",
     *(f"phase_{p}_s" for p in PHASES),
 )
+SAMPLING_CSV_KEYS: tuple[str, ...] = (
+    "method", "task", "budget", "runs", "tau", "tokens_per_step", "tokens_per_s", "speedup", "new_tokens",
+    "lossless", "error",
+)  # fmt: skip
+DSBD_CSV_KEYS: tuple[str, ...] = (
+    "method", "width", "runs", "tokens_per_s", "speedup", "perplexity", "exact_match", "tau", "new_tokens", "error",
+)  # fmt: skip
 _PHASE_LABELS = {
     "target_prefill": "target prefill",
     "draft_prefill": "draft prefill",
@@ -305,6 +315,79 @@ def entropy_table(report: dict[str, Any]) -> str:
     return _table(["task", "tokens", "mean entropy", *(f"lag {k}" for k in lags)], lines)
 
 
+def sampling_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The sampling section: per method and task, medians of tau, tokens/step, tokens/s and speed-up over AR."""
+    header = ["method", "task", "budget", "runs", "tau", "tok/step", "tok/s", "speed-up", "tokens", "lossless",
+              "error"]  # fmt: skip
+    lines = [
+        [r["method"], r["task"], _fmt(r["budget"]), _fmt(r["runs"]), _fmt(r["tau"]), _fmt(r["tokens_per_step"]),
+         _fmt(r["tokens_per_s"], ".1f"), _fmt(r["speedup"]), _fmt(r["new_tokens"], ".0f"), _fmt(r["lossless"]),
+         _short(r["error"])]
+        for r in rows
+    ]  # fmt: skip
+    return _table(header, lines)
+
+
+def dsbd_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The DSBD section: tokens/s, speed-up over beam sampling, perplexity and exact match per method."""
+    header = ["method", "width", "runs", "tok/s", "speed-up", "perplexity", "exact match", "tau", "tokens",
+              "error"]  # fmt: skip
+    lines = [
+        [r["method"], _fmt(r["width"]), _fmt(r["runs"]), _fmt(r["tokens_per_s"], ".1f"), _fmt(r["speedup"]),
+         _fmt(r["perplexity"], ".3f"), _fmt(r["exact_match"], ".0%"), _fmt(r["tau"]), _fmt(r["new_tokens"], ".0f"),
+         _short(r["error"])]
+        for r in rows
+    ]  # fmt: skip
+    return _table(header, lines)
+
+
+def sampling_markdown(result: dict[str, Any]) -> list[str]:
+    """Markdown lines of the sampling section (empty when it did not run)."""
+    if "sampling_rows" not in result:
+        return []
+    s = result["sampling_settings"]
+    return [
+        "",
+        (
+            f"## Sampling (temperature {_fmt(s['temperature'], 'g')}, top_k {_fmt(s['top_k'])}, top_p "
+            f"{_fmt(s['top_p'], 'g')}; medians over inputs x repeats)"
+        ),
+        "",
+        sampling_table(result["sampling_rows"]),
+        "",
+        (
+            f"Seeds: {s['seeds']}, the same for every method; speed-up: median of each run's tokens/s over ar's "
+            "in the same input and repeat; tau and tok/step over runs with at least one verification step."
+        ),
+    ]
+
+
+def dsbd_markdown(result: dict[str, Any]) -> list[str]:
+    """Markdown lines of the DSBD section (empty when it did not run)."""
+    if "dsbd_rows" not in result:
+        return []
+    s = result["dsbd_settings"]
+    c = s["dsbd_config"]
+    return [
+        "",
+        (
+            f"## DSBD vs beam sampling ({s['task']}, {s['inputs']} {s['inputs_source']} inputs x {s['repeats']} "
+            f"repeats; temperature {_fmt(s['temperature'], 'g')}, top_k {s['top_k']}, top_p {_fmt(s['top_p'], 'g')})"
+        ),
+        "",
+        dsbd_table(result["dsbd_rows"]),
+        "",
+        (
+            f"dsbd: gamma {c['gamma']}, draft width {c['draft_width']}, threshold {_fmt(c['threshold'], 'g')}, "
+            f"w_min {c['w_min']} (width: mean output beams per drafted step); beam_sampling: the target's "
+            f"generate(num_beams=W, do_sample=True), W = {s['beam_width_note']}; multinomial: num_beams=1. "
+            "tok/s: median; speed-up: median ratio to beam_sampling in the same input and repeat; perplexity: "
+            f"under the target (raw distribution), mean; exact match: reply stripped == reference "
+            f"({s['references']} of {s['inputs']} inputs have one). Seeds: {s['seeds']}."
+        ),
+    ]
+
+
 def _short(text: str | None, width: int = 80) -> str:
     if not text:
         return ""
@@ -369,6 +452,7 @@ def markdown(result: dict[str, Any]) -> str:
                 "speed-up and --budget auto."
             ),
         ]
+    parts += sampling_markdown(result) + dsbd_markdown(result)
     return "\n".join(parts) + "\n"
 
 
@@ -397,8 +481,16 @@ def csv_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _write_csv(path: Path, keys: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(keys))
+        writer.writeheader()
+        writer.writerows([{k: json_safe(r.get(k)) for k in keys} for r in rows])
+
+
 def write_files(result: dict[str, Any], out_dir: Path, json_path: Path | None = None) -> dict[str, Path]:
-    """Write ``bench.md``, ``bench.csv`` (main and ablation rows) and ``bench.json`` (plus ``json_path``)."""
+    """Write ``bench.md``, ``bench.csv`` (main and ablation rows) and ``bench.json`` (plus ``json_path``); with
+    the sampling/DSBD sections also ``bench_sampling.csv`` / ``bench_dsbd.csv``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"md": out_dir / "bench.md", "csv": out_dir / "bench.csv", "json": out_dir / "bench.json"}
     paths["md"].write_text(markdown(result))
@@ -406,6 +498,10 @@ def write_files(result: dict[str, Any], out_dir: Path, json_path: Path | None = 
         writer = csv.DictWriter(handle, fieldnames=list(CSV_KEYS))
         writer.writeheader()
         writer.writerows(csv_rows([*result["rows"], *result.get("ablation", [])]))
+    for name, keys in (("sampling", SAMPLING_CSV_KEYS), ("dsbd", DSBD_CSV_KEYS)):
+        if f"{name}_rows" in result:
+            paths[f"csv_{name}"] = out_dir / f"bench_{name}.csv"
+            _write_csv(paths[f"csv_{name}"], keys, result[f"{name}_rows"])
     text = json.dumps(json_safe(result), indent=2, allow_nan=False) + "\n"
     paths["json"].write_text(text)
     if json_path is not None:

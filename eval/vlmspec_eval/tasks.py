@@ -9,10 +9,8 @@ exists (or when asked for), the inputs are the deterministic synthetic pictures 
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -149,26 +147,20 @@ class PairSpec:
 
 
 def resolve_pair(target: str | None, draft: str | None, family: str, size: str = "base") -> PairSpec:
-    """The pair to benchmark: the explicit folders, else the testbed's ``size`` pair, else the tiny random pair.
+    """The pair to benchmark: the explicit folders (or a pair name, see :mod:`vlmspec.named_pairs`), else the
+    testbed's ``size`` pair of ``family`` (trained on first use).
 
     Raises:
-        ValueError: only one of ``target``/``draft`` given.
+        ValueError: a draft without a target, or a folder/hub-id target without a draft.
     """
-    if (target is None) != (draft is None):
-        raise ValueError("give both --target and --draft, or neither (the default pair)")
-    if target is not None:
-        return PairSpec(target=str(target), draft=str(draft), source="explicit")
-    module = testbed()
-    if module is not None:
-        try:
-            t, d = module.pair_paths(size=size, family=family)
-            return PairSpec(target=str(t), draft=str(d), source=f"testbed:{size}")
-        except (OSError, ValueError, KeyError) as err:  # pair not trained/built for this family yet
-            print(
-                f"[bench] testbed pair {size}/{family} unavailable ({err}); using the tiny pair",
-                file=sys.stderr,
-            )
-    from vlmspec.testing import build_tiny_pair
+    from vlmspec.named_pairs import is_pair_name
+    from vlmspec.named_pairs import resolve_pair as resolve_named_pair
 
-    pair = build_tiny_pair(family)
-    return PairSpec(target=str(Path(pair.target)), draft=str(Path(pair.draft)), source=f"tiny:{family}")
+    if target is None:
+        if draft is not None:
+            raise ValueError("give both --target and --draft, or neither (the default pair)")
+        target = f"testbed-{size}:{family}"
+    elif draft is None and not is_pair_name(target):
+        raise ValueError("give both --target and --draft, or neither (the default pair)")
+    pair = resolve_named_pair(target, draft)
+    return PairSpec(target=pair.target, draft=str(pair.draft), source=pair.source)

@@ -32,6 +32,9 @@ from typing import Any
 
 import yaml
 
+from vlmspec.named_pairs import DEFAULT_FAMILY, PAIR_NAMES, is_pair_name
+from vlmspec.named_pairs import resolve_pair as resolve_named_pair
+
 __all__ = [
     "MODEL_ARGS",
     "ModelOptions",
@@ -81,8 +84,7 @@ DTYPES: dict[str, str] = {
 PRUNING_METHODS: tuple[str, ...] = ("attention", "uniform")
 DEFAULT_IMAGE_PRUNE = 0.8  # SAGE's settings (the pipeline's defaults too)
 DEFAULT_VIDEO_PRUNE = 0.9
-SPECIAL_TARGETS: tuple[str, ...] = ("testbed-mini", "testbed-base", "tiny")
-DEFAULT_FAMILY = "qwen2_vl"
+SPECIAL_TARGETS: tuple[str, ...] = PAIR_NAMES
 
 # Family by checkpoint name, most specific first.
 _FAMILY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -402,10 +404,10 @@ def check_pair_families(target: str, draft: str | None) -> None:
 
 
 def _special(target: str) -> tuple[str, str] | None:
-    """``(name, family)`` for ``testbed-mini[:family]`` / ``testbed-base[:family]`` / ``tiny[:family]``."""
-    name, _, family = target.partition(":")
-    if name not in SPECIAL_TARGETS:
+    """``(name, family)`` for a pair name (``testbed-mini[:family]``, ``tiny[:family]``, ...), else ``None``."""
+    if not is_pair_name(target):
         return None
+    name, _, family = target.partition(":")
     return name, family or DEFAULT_FAMILY
 
 
@@ -417,45 +419,14 @@ def resolve_pair(options: ModelOptions) -> PairSource:
 
     Raises:
         ValueError: a policy that needs a draft without one, or an unknown family for a special target.
-        RuntimeError: ``testbed-*`` while :mod:`vlmspec.testbed` is not importable.
     """
     from vlmspec.policies import policy_class
 
     uses_draft = policy_class(options.policy).uses_draft
-    special = _special(options.target)
-    if special is None:
-        if uses_draft and options.draft is None:
-            raise ValueError(
-                f"policy={options.policy!r} needs draft=... (a smaller checkpoint of the target's family); "
-                "use policy=ar for the target alone"
-            )
-        return PairSource(options.target, options.draft if uses_draft else None, "explicit")
-    name, family = special
-    target, draft, source = _special_pair(name, family)
-    if options.draft is not None:
-        draft = options.draft
-    return PairSource(target, draft if uses_draft else None, source)
-
-
-def _special_pair(name: str, family: str) -> tuple[str, str, str]:
-    if name == "tiny":
-        from vlmspec.testing import FAMILIES, build_tiny_pair
-
-        if family not in FAMILIES:
-            raise ValueError(f"target=tiny:{family}: unknown family; valid: {', '.join(FAMILIES)}")
-        pair = build_tiny_pair(family)
-        return str(pair.target), str(pair.draft), f"tiny:{family}"
-    from vlmspec_eval.tasks import testbed
-
-    module = testbed()
-    if module is None:
-        raise RuntimeError(
-            f"target={name}: vlmspec.testbed is not importable here; use target=tiny or a checkpoint"
-        )
-    size = name.split("-", 1)[1]
-    if family not in module.FAMILIES:
+    if _special(options.target) is None and uses_draft and options.draft is None:
         raise ValueError(
-            f"target={name}:{family}: unknown testbed family; valid: {', '.join(module.FAMILIES)}"
+            f"policy={options.policy!r} needs draft=... (a smaller checkpoint of the target's family); "
+            "use policy=ar for the target alone"
         )
-    target, draft = module.pair_paths(size=size, family=family)
-    return str(target), str(draft), f"testbed:{size}:{family}"
+    pair = resolve_named_pair(options.target, options.draft)
+    return PairSource(pair.target, pair.draft if uses_draft else None, pair.source)

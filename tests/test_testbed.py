@@ -1,0 +1,256 @@
+"""The trained testbed world (:mod:`vlmspec.testbed`): sampling, tokenizer/processors, building, gates, lossless.
+
+One ``mini`` qwen2_vl pair is trained once per session (about 1-2 minutes on 2 CPU cores) in a temporary root;
+the tests check its manifest, reuse, quality gates, loading and the engine's lossless contract on a testbed
+picture and clip.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from vlmspec import testbed
+from vlmspec.testbed import cli
+from vlmspec.testbed import pairs as build_module
+from vlmspec.testbed.data import encode
+from vlmspec.testbed.tokenizer import build_processor
+from vlmspec.testbed.world import IMAGE_SIDE, NUM_FRAMES, caption_facts, fact_accuracy, lexicon, reply_words
+
+VISUAL_TOKENS = {"qwen2_vl": {"image": 9, "video": 18}, "llava_onevision": {"image": 21, "video": 17}}
+MAX_NEW = 40
+
+
+# ---------------------------------------------------------------------------------------------
+# World
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("task", testbed.TASKS)
+def test_sample_is_deterministic(task: str) -> None:
+    a, b, other = testbed.sample(task, 7), testbed.sample(task, 7), testbed.sample(task, 8)
+    assert (a.prompt, a.reference, a.task, a.seed) == (b.prompt, b.reference, task, 7)
+    frames_a = [a.image] if a.image is not None else a.video
+    frames_b = [b.image] if b.image is not None else b.video
+    assert [f.tobytes() for f in frames_a] == [f.tobytes() for f in frames_b]
+    assert (other.reference, other.prompt) != (a.reference, a.prompt) or other.scene != a.scene
+
+
+def test_sample_covers_tasks_and_media() -> None:
+    caption, qa, video = (testbed.sample(t, 3) for t in ("image_caption", "image_qa", "video_caption"))
+    assert caption.image.size == (IMAGE_SIDE, IMAGE_SIDE) and caption.video is None
+    assert qa.image is not None and len(qa.reference.split()) <= 4
+    assert video.image is None and len(video.video) == NUM_FRAMES
+    assert {f.size for f in video.video} == {(IMAGE_SIDE, IMAGE_SIDE)}
+    assert caption.reference.startswith("The image shows") and video.reference.startswith("The video shows")
+    # Captions carry random runs (high entropy) between the scene-determined sentences.
+    assert "It looks" in caption.reference and "The mood is" in caption.reference
+    seen = {" ".join(testbed.sample("image_qa", s).prompt.split()[:3]) for s in range(60)}
+    assert seen == {"How many shapes", "What color is", "Where is the"}  # count, colour, position
+
+
+def test_caption_facts_score_scene_words_only() -> None:
+    ref = testbed.sample("image_caption", 11).reference
+    facts = caption_facts(ref)
+    assert facts[0].startswith("count=") and facts[1].startswith("background=")
+    assert fact_accuracy(ref, ref) == (len(facts), len(facts))
+    mood_swapped = ref.rsplit("The mood is", 1)[0] + "The mood is calm."
+    assert fact_accuracy(mood_swapped, ref) == (len(facts), len(facts))  # random runs do not count
+    colour = next(f for f in facts if f.startswith("1.colour=")).split("=")[1]
+    other = next(c for c in ("red", "blue") if c != colour)
+    wrong = ref.replace(f" {colour} ", f" {other} ", 1)  # the first shape's colour
+    assert fact_accuracy(wrong, ref) == (len(facts) - 1, len(facts))
+
+
+def test_video_caption_facts_cover_events() -> None:
+    text = (
+        "The video shows two shapes on a black background. A small blue triangle turns orange at the middle left. "
+        "It looks smooth plain calm. A small white square moves from the bottom middle to the top middle. "
+        "The mood is cold."
+    )
+    assert caption_facts(text) == [
+        "count=two", "background=black",
+        "1.position=middle left", "1.size=small", "1.colour=blue", "1.kind=triangle", "1.event=turns",
+        "1.new_colour=orange",
+        "2.position=bottom middle", "2.size=small", "2.colour=white", "2.kind=square", "2.event=moves",
+        "2.end=top middle",
+    ]  # fmt: skip
+
+
+def test_bad_inputs_are_named() -> None:
+    with pytest.raises(ValueError, match="image_story"):
+        testbed.sample("image_story", 0)
+    with pytest.raises(ValueError, match="seed"):
+        testbed.sample("image_qa", -1)
+    with pytest.raises(ValueError, match="huge"):
+        testbed.build(size="huge")
+    with pytest.raises(ValueError, match="qwen9"):
+        testbed.pair_paths("mini", family="qwen9")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer and processors
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", testbed.FAMILIES)
+def test_tokenizer_round_trips_world_text_word_by_word(family: str) -> None:
+    tokenizer = build_processor(family).tokenizer
+    for task in testbed.TASKS:
+        for seed in range(10):
+            example = testbed.sample(task, seed)
+            for text in (example.prompt, example.reference):
+                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+                assert tokenizer.decode(ids) == text
+                assert len(ids) == len(reply_words(text)), text  # one token per word / punctuation mark
+    for word in lexicon():
+        assert len(tokenizer(" " + word, add_special_tokens=False)["input_ids"]) == 1, word
+    assert tokenizer.decode(tokenizer("unseen Zebra-42 text")["input_ids"]) == "unseen Zebra-42 text"
+
+
+@pytest.mark.parametrize("family", testbed.FAMILIES)
+def test_processor_handles_image_and_video(family: str) -> None:
+    processor = build_processor(family)
+    image_token = "<image>" if family == "llava_onevision" else "<|image_pad|>"
+    video_token = "<video>" if family == "llava_onevision" else "<|video_pad|>"
+    ids = {t: processor.tokenizer.convert_tokens_to_ids(t) for t in (image_token, video_token)}
+    for kind, task in (("image", "image_caption"), ("video", "video_caption")):
+        examples = [testbed.sample(task, s) for s in range(2)]
+        batch = encode(processor, examples)
+        token = ids[image_token if kind == "image" else video_token]
+        counts = (batch["input_ids"] == token).sum(1).tolist()
+        assert counts == [VISUAL_TOKENS[family][kind]] * 2
+        reply = batch["labels"][0][batch["labels"][0] != -100]
+        assert processor.tokenizer.decode(reply) == examples[0].reference + "<|im_end|>"
+
+
+# ---------------------------------------------------------------------------------------------
+# The mini pair (trained once per session)
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def mini_pair() -> testbed.TestbedPair:
+    """The mini qwen2_vl pair in the default cache (built once, about 1-2 minutes; the other test files share it)."""
+    start = time.perf_counter()
+    pair = testbed.build(size="mini", family="qwen2_vl")
+    print(f"\nmini qwen2_vl testbed pair ready in {time.perf_counter() - start:.0f} s")
+    return pair
+
+
+def test_build_writes_manifest_last(mini_pair: testbed.TestbedPair) -> None:
+    manifest_path = mini_pair.folder / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    others = [p for p in mini_pair.folder.rglob("*") if p.is_file() and p != manifest_path]
+    assert others and all(p.stat().st_mtime <= manifest_path.stat().st_mtime for p in others)
+    assert manifest["testbed_version"] == testbed.TESTBED_VERSION
+    assert (manifest["family"], manifest["size"]) == ("qwen2_vl", "mini")
+    for role in ("target", "draft"):
+        assert manifest[role]["params"]["total"] > 0 and manifest[role]["training"]["steps"] > 0
+    assert manifest["draft"]["params"]["language"] * 3 < manifest["target"]["params"]["language"]
+    assert not list(mini_pair.folder.parent.glob(".*partial*"))  # no staging folder left behind
+    print(json.dumps(manifest["quality"], indent=1))
+
+
+def test_second_build_reuses_the_pair(
+    mini_pair: testbed.TestbedPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_training(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a built pair must not be retrained")
+
+    monkeypatch.setattr(build_module, "_train", no_training)
+    again = testbed.build(size="mini", family="qwen2_vl", root=mini_pair.folder.parent)
+    assert again.manifest == mini_pair.manifest
+    assert testbed.pair_paths("mini", "qwen2_vl", root=mini_pair.folder.parent) == (
+        mini_pair.target,
+        mini_pair.draft,
+    )
+    assert cli.main(
+        ["build", "--size", "mini", "--family", "qwen2_vl", "--root", str(mini_pair.folder.parent)]
+    ) in (0, 1)
+
+
+def test_half_built_folder_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = testbed.pair_folder("mini", "qwen2_vl", root=tmp_path)
+    (folder / "target").mkdir(parents=True)
+    (folder / "draft").mkdir()
+    calls = []
+
+    def fake_train(family: str, config: object, out: Path, progress: bool) -> dict:
+        calls.append(family)
+        (out / "target").mkdir()
+        (out / "draft").mkdir()
+        return {"testbed_version": testbed.TESTBED_VERSION, "family": family, "size": "mini"}
+
+    monkeypatch.setattr(build_module, "_train", fake_train)
+    monkeypatch.setattr(build_module, "_summary", lambda *a: "")
+    pair = testbed.build(size="mini", family="qwen2_vl", root=tmp_path)
+    assert calls == ["qwen2_vl"] and (pair.folder / "manifest.json").is_file()
+
+
+def test_mini_quality_gates(mini_pair: testbed.TestbedPair) -> None:
+    quality = mini_pair.manifest["quality"]
+    target, draft = quality["target"], quality["draft"]
+    print(json.dumps(quality, indent=1))
+    gates = dict(testbed.SIZES["mini"].gates)
+    assert target["caption_accuracy"] >= gates["caption_accuracy"] >= 0.5
+    assert target["qa_exact_match"] >= gates["qa_exact_match"] >= 0.6
+    assert quality["entropy_autocorr"] >= gates["entropy_autocorr"] >= 0.3  # SAGE's premise (paper Fig. 2)
+    keys = ("caption_accuracy", "qa_exact_match", "video_accuracy")
+    assert sum(draft[k] for k in keys) < sum(target[k] for k in keys)  # the draft is weaker
+    assert quality["draft_agreement"] >= gates["draft_agreement"]  # ... but agrees with the target often
+    assert mini_pair.manifest["gates_passed"], mini_pair.manifest["gates"]
+
+
+def test_base_gates_are_the_issue_figures() -> None:
+    gates = dict(testbed.SIZES["base"].gates)
+    assert gates["caption_accuracy"] >= 0.95 and gates["qa_exact_match"] >= 0.95
+    assert gates["entropy_autocorr"] >= 0.3
+
+
+def test_pair_loads_with_auto_classes(mini_pair: testbed.TestbedPair) -> None:
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = AutoModelForImageTextToText.from_pretrained(mini_pair.draft)
+    processor = AutoProcessor.from_pretrained(mini_pair.target)
+    assert type(model).__name__ == "Qwen2VLForConditionalGeneration"
+    assert type(processor).__name__ == "Qwen2VLProcessor"
+    assert (mini_pair.target / "tokenizer.json").read_bytes() == (
+        mini_pair.draft / "tokenizer.json"
+    ).read_bytes()
+
+
+@pytest.mark.parametrize("task", ["image_caption", "video_caption"])
+def test_speculative_greedy_equals_generate(mini_pair: testbed.TestbedPair, task: str) -> None:
+    from vlmspec import VLMSpecPipeline
+
+    pipe = VLMSpecPipeline.from_pretrained(
+        mini_pair.target, mini_pair.draft, policy="sage", torch_dtype=torch.float32
+    )
+    example = testbed.sample(task, 5)
+    inputs = pipe.prepare_inputs(example.image, example.prompt, example.video)
+    with torch.no_grad():
+        expected = pipe.target.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
+    expected = expected[0, inputs["input_ids"].shape[1] :].tolist()
+    out = pipe(example.image, example.prompt, video=example.video, max_new_tokens=MAX_NEW)
+    assert out.token_ids == expected
+    assert out.stats.accepted_tokens > 0
+
+
+def test_demo_describes_the_bundled_scene(
+    mini_pair: testbed.TestbedPair, capsys: pytest.CaptureFixture
+) -> None:
+    from vlmspec.cli import bundled_example
+    from vlmspec.cli import main as cli_main
+
+    example = bundled_example()
+    drawn = testbed.sample(example["task"], example["seed"])
+    assert (drawn.prompt, drawn.reference) == (
+        example["prompt"],
+        example["reference"],
+    )  # the bundled scene is this one
+    assert cli_main(["demo", "--pair", "testbed-mini", "--max-new-tokens", "96"]) == 0
+    out = capsys.readouterr().out
+    print(out)
+    assert "embedded default pair (testbed:mini:qwen2_vl)" in out and "output vs ar: identical" in out
+    facts = next(line for line in out.splitlines() if line.startswith("scene facts right:"))
+    correct, total = map(int, facts.split()[3].split("/"))
+    assert total == len(caption_facts(example["reference"])) and correct > 0

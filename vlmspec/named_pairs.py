@@ -1,0 +1,99 @@
+"""Named model pairs: ``testbed-base``, ``testbed-mini`` and ``tiny``, each optionally ``:<family>``.
+
+These names work wherever a target is named (``VLMSpecPipeline.from_pretrained``, ``vlmspec demo``,
+``vlmspec caption``, ``vlmspec bench``, lmms-eval's ``--model_args target=...``); this module is the one place that
+turns them into folders.
+
+* ``testbed-base`` / ``testbed-mini``: the trained pair of :mod:`vlmspec.testbed` (built on first use with a
+  progress bar, then cached); ``base`` is the embedded default, ``mini`` the CI-sized one.
+* ``tiny``: the tiny *randomly initialised* pair of :mod:`vlmspec.testing` (fixtures; its text is noise).
+
+No target at all means :data:`DEFAULT_PAIR`, or the name in the ``VLMSPEC_DEFAULT_PAIR`` environment variable (so a
+notebook or a CI job can run the whole demo on ``testbed-mini`` without editing code). An existing folder whose
+name looks like a pair name is taken as a folder.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["DEFAULT_FAMILY", "DEFAULT_PAIR", "PAIR_NAMES", "ResolvedPair", "is_pair_name", "resolve_pair"]
+
+PAIR_NAMES: tuple[str, ...] = ("testbed-base", "testbed-mini", "tiny")
+DEFAULT_PAIR = "testbed-base"
+DEFAULT_FAMILY = "qwen2_vl"
+ENV_DEFAULT_PAIR = "VLMSPEC_DEFAULT_PAIR"
+
+
+@dataclass(frozen=True)
+class ResolvedPair:
+    """Where a pair's models are.
+
+    Attributes:
+        target: folder or hub id of the target.
+        draft: folder or hub id of the draft (``None`` when none was named and the target is not a pair name).
+        source: ``"explicit"``, ``"testbed:<size>:<family>"`` or ``"tiny:<family>"``.
+    """
+
+    target: str
+    draft: str | None
+    source: str
+
+
+def _split(name: str) -> tuple[str, str]:
+    base, _, family = name.partition(":")
+    return base, family or DEFAULT_FAMILY
+
+
+def is_pair_name(target: str | Path | None) -> bool:
+    """Whether ``target`` is one of :data:`PAIR_NAMES` (optionally ``:<family>``) and not an existing path."""
+    if target is None:
+        return False
+    text = str(target)
+    return _split(text)[0] in PAIR_NAMES and not Path(text).exists()
+
+
+def resolve_pair(target: str | Path | None, draft: str | Path | None = None) -> ResolvedPair:
+    """Folders for ``target``/``draft``, building a named pair first when ``target`` names one.
+
+    Args:
+        target: a folder, a hub id, a pair name (``testbed-base[:family]``, ``testbed-mini[:family]``,
+            ``tiny[:family]``) or ``None`` for the default pair.
+        draft: a folder or hub id; with a pair name it replaces the pair's own draft.
+
+    Returns:
+        The :class:`ResolvedPair`.
+
+    Raises:
+        ValueError: an unknown family in a pair name, or a bad ``VLMSPEC_DEFAULT_PAIR``.
+    """
+    if target is None:
+        target = os.environ.get(ENV_DEFAULT_PAIR) or DEFAULT_PAIR
+        if not is_pair_name(target):
+            raise ValueError(
+                f"{ENV_DEFAULT_PAIR}={target!r} is not a pair name; use one of {', '.join(PAIR_NAMES)} "
+                "(optionally ':<family>'), or name the target explicitly"
+            )
+    if not is_pair_name(target):
+        return ResolvedPair(str(target), str(draft) if draft is not None else None, "explicit")
+    name, family = _split(str(target))
+    if name == "tiny":
+        from .testing import FAMILIES, build_tiny_pair
+
+        if family not in FAMILIES:
+            raise ValueError(f"target {target!r}: unknown family {family!r}; valid: {', '.join(FAMILIES)}")
+        pair = build_tiny_pair(family)
+        pair_target, pair_draft, source = pair.target, pair.draft, f"tiny:{family}"
+    else:
+        from . import testbed
+
+        size = name.split("-", 1)[1]
+        if family not in testbed.FAMILIES:
+            raise ValueError(
+                f"target {target!r}: the testbed has no {family!r} pair; valid: {', '.join(testbed.FAMILIES)}"
+            )
+        pair_target, pair_draft = testbed.pair_paths(size=size, family=family)
+        source = f"testbed:{size}:{family}"
+    return ResolvedPair(str(pair_target), str(draft) if draft is not None else str(pair_draft), source)

@@ -1,0 +1,51 @@
+"""``testbed build [--size base|mini] [--family qwen2_vl|llava_onevision|all] [--root DIR] [--force]``.
+
+Run as ``python -m vlmspec.testbed build ...``; :func:`main` takes the arguments after ``testbed`` so the
+``vlmspec`` command can hand them on (``vlmspec testbed build ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from .pairs import build
+from .tokenizer import FAMILIES
+from .train import SIZES
+
+
+def build_parser(prog: str = "python -m vlmspec.testbed") -> argparse.ArgumentParser:
+    """The ``testbed`` argument parser (sub-command ``build``)."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Build (train) the vlmspec testbed target/draft pairs."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser(
+        "build", help="train the testbed pair(s) unless already built, and print their quality gates"
+    )
+    b.add_argument(
+        "--size", choices=tuple(SIZES), default="base", help="base (~15-20 min per pair) or mini (~1-2 min)"
+    )
+    b.add_argument("--family", choices=(*FAMILIES, "all"), default="all", help="model family (default: all)")
+    b.add_argument(
+        "--root",
+        default=None,
+        help="cache folder (default: $VLMSPEC_CACHE/testbed or ~/.cache/vlmspec/testbed)",
+    )
+    b.add_argument("--force", action="store_true", help="rebuild even if the pair is already built")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m vlmspec.testbed") -> int:
+    """Runs the ``testbed`` command; returns 0 when every built pair passes its quality gates, else 1."""
+    args = build_parser(prog).parse_args(argv)
+    families = FAMILIES if args.family == "all" else (args.family,)
+    ok = True
+    for family in families:
+        pair = build(size=args.size, family=family, root=args.root, force=args.force)
+        print(
+            f"{family}/{args.size}: target {pair.target}\n{family}/{args.size}: draft  {pair.draft}",
+            flush=True,
+        )
+        ok &= bool(pair.manifest.get("gates_passed", False))
+    return 0 if ok else 1

@@ -1,0 +1,294 @@
+"""Building (training) and caching testbed pairs: ``build()`` and ``pair_paths()``.
+
+A pair lives in ``<root>/<family>-<size>-v<TESTBED_VERSION>/`` with ``target/`` and ``draft/`` (each a
+``save_pretrained`` model plus the shared processor files) and ``manifest.json``. A pair is built in a private
+staging folder; the manifest is written last and the folder then renamed into place, so a half-built pair is
+never used. A folder counts as built only when its manifest exists and names the current version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .tokenizer import FAMILIES, build_processor, check_family
+from .train import (
+    SIZES,
+    TASK_CYCLE,
+    TRAIN_SEED_OFFSET,
+    SizeConfig,
+    deterministic,
+    get_size,
+    train_draft,
+    train_target,
+)
+
+__all__ = [
+    "TESTBED_VERSION",
+    "TestbedPair",
+    "build",
+    "check_gates",
+    "default_root",
+    "pair_folder",
+    "pair_paths",
+]
+
+TESTBED_VERSION = "3"
+"""Bumped whenever the world, tokenizer, models or training recipe change (old folders are then rebuilt)."""
+
+MANIFEST = "manifest.json"
+THREADS = (
+    1  # fixed: results do not depend on the machine's core count, and tiny models gain nothing from more
+)
+_ESTIMATE_MINUTES = {"base": "15-20", "mini": "1-2"}
+
+
+@dataclass(frozen=True)
+class TestbedPair:
+    """A built testbed pair.
+
+    Attributes:
+        family: ``"qwen2_vl"`` or ``"llava_onevision"``.
+        size: ``"base"`` or ``"mini"``.
+        folder: The pair's folder.
+        target: Target model folder (``AutoModelForImageTextToText`` / ``AutoProcessor.from_pretrained``).
+        draft: Draft model folder (same processor files).
+        manifest: The parsed ``manifest.json``.
+    """
+
+    family: str
+    size: str
+    folder: Path
+    target: Path
+    draft: Path
+    manifest: dict[str, Any] = field(repr=False)
+
+
+def default_root() -> Path:
+    """``$VLMSPEC_CACHE/testbed`` or ``~/.cache/vlmspec/testbed``."""
+    env = os.environ.get("VLMSPEC_CACHE")
+    return (Path(env).expanduser() if env else Path.home() / ".cache" / "vlmspec") / "testbed"
+
+
+def pair_folder(size: str, family: str, root: str | Path | None = None) -> Path:
+    """The folder of a pair (built or not)."""
+    get_size(size)
+    check_family(family)
+    base = Path(root).expanduser() if root is not None else default_root()
+    return base / f"{family}-{size}-v{TESTBED_VERSION}"
+
+
+def _read_manifest(folder: Path) -> dict[str, Any] | None:
+    path = folder / MANIFEST
+    if not path.is_file() or not (folder / "target").is_dir() or not (folder / "draft").is_dir():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return manifest if manifest.get("testbed_version") == TESTBED_VERSION else None
+
+
+def _pair(folder: Path, manifest: dict[str, Any]) -> TestbedPair:
+    return TestbedPair(
+        family=manifest["family"],
+        size=manifest["size"],
+        folder=folder,
+        target=folder / "target",
+        draft=folder / "draft",
+        manifest=manifest,
+    )
+
+
+def check_gates(config: SizeConfig, quality: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Compares quality figures with the size's gates.
+
+    ``caption_accuracy``, ``qa_exact_match`` and ``video_accuracy`` are the target's; ``draft_gap`` is the
+    target's minus the draft's mean of those three.
+
+    Returns:
+        ``{gate: {"value": float, "min": float, "passed": bool}}``.
+    """
+    target, draft = quality["target"], quality["draft"]
+    keys = ("caption_accuracy", "qa_exact_match", "video_accuracy")
+    values = {k: target[k] for k in keys}
+    values["draft_gap"] = round(sum(target[k] - draft[k] for k in keys) / len(keys), 4)
+    values.update({k: quality[k] for k in ("entropy_autocorr", "draft_agreement")})
+    return {
+        name: {"value": values[name], "min": threshold, "passed": bool(values[name] >= threshold)}
+        for name, threshold in config.gates
+    }
+
+
+def _summary(family: str, config: SizeConfig, manifest: dict[str, Any]) -> str:
+    q = manifest["quality"]
+    t, d = q["target"], q["draft"]
+    lines = [
+        f"testbed {family}/{config.name}: trained in {manifest['wall_seconds'] / 60:.1f} min; "
+        f"target {manifest['target']['params']['total'] / 1e6:.2f}M params, "
+        f"draft {manifest['draft']['params']['total'] / 1e6:.2f}M",
+        f"  target: caption acc {t['caption_accuracy']:.3f}, QA exact {t['qa_exact_match']:.3f}, "
+        f"video acc {t['video_accuracy']:.3f}",
+        f"  draft:  caption acc {d['caption_accuracy']:.3f}, QA exact {d['qa_exact_match']:.3f}, "
+        f"video acc {d['video_accuracy']:.3f}",
+        f"  entropy autocorrelation lag1 {q['entropy_autocorr']:.3f} (lag2 {q['entropy_autocorr_lag2']:.3f}); "
+        f"draft agreement {q['draft_agreement']:.3f} (confident {q.get('draft_agreement_confident', float('nan')):.3f},"
+        f" uncertain {q.get('draft_agreement_uncertain', float('nan')):.3f})",
+    ]
+    failed = [f"{k} {v['value']} < {v['min']}" for k, v in manifest["gates"].items() if not v["passed"]]
+    lines.append("  gates: all passed" if not failed else "  gates FAILED: " + "; ".join(failed))
+    return "\n".join(lines)
+
+
+def _train(family: str, config: SizeConfig, out: Path, progress: bool) -> dict[str, Any]:
+    """Trains and evaluates a pair, saves it under ``out`` and returns the manifest (not yet written)."""
+    import torch
+    import transformers
+    from tqdm.auto import tqdm
+    from transformers.utils import logging as hf_logging
+
+    from .evaluate import evaluate_pair
+    from .models import count_parameters
+
+    start = time.perf_counter()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    total = config.target_steps + config.draft_steps + sum(config.vision_steps)
+    bar = tqdm(
+        total=total, desc=f"{family}/{config.name}", unit="step", disable=not progress, file=sys.stderr
+    )
+
+    def on_step(role: str) -> Any:
+        def update(step: int, loss: float) -> None:
+            bar.update(1)
+            if step % 10 == 0:
+                bar.set_postfix_str(f"{role} loss {loss:.3f}")
+
+        return update
+
+    try:
+        with deterministic(THREADS):
+            processor = build_processor(family)
+            target, target_info = train_target(family, config, processor, on_step=on_step("target"))
+            draft, draft_info = train_draft(family, config, processor, target, on_step=on_step("draft"))
+            bar.set_postfix_str("evaluating on held-out scenes")
+            quality = evaluate_pair(target, draft, processor, config.eval_examples)
+        bar.close()
+        for name, model in (("target", target), ("draft", draft)):
+            model.save_pretrained(out / name)
+            processor.save_pretrained(out / name)
+    finally:
+        bar.close()
+        if bars:
+            hf_logging.enable_progress_bar()
+    manifest: dict[str, Any] = {
+        "testbed_version": TESTBED_VERSION,
+        "family": family,
+        "size": config.name,
+        "seed": config.seed,
+        "threads": THREADS,
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "batch_size": config.batch_size,
+        "lr": config.lr,
+        "task_cycle": list(TASK_CYCLE),
+        "train_seed_offset": TRAIN_SEED_OFFSET,
+        "eval_examples_per_task": config.eval_examples,
+        "vocab_size": len(processor.tokenizer),
+        "target": {
+            "spec": config.target.to_dict(),
+            "params": count_parameters(target),
+            "training": target_info,
+        },
+        "draft": {"spec": config.draft.to_dict(), "params": count_parameters(draft), "training": draft_info},
+        "quality": quality,
+    }
+    manifest["gates"] = check_gates(config, quality)
+    manifest["gates_passed"] = all(g["passed"] for g in manifest["gates"].values())
+    manifest["wall_seconds"] = round(time.perf_counter() - start, 1)
+    return manifest
+
+
+def build(
+    size: str = "base",
+    family: str = "qwen2_vl",
+    root: str | Path | None = None,
+    force: bool = False,
+    progress: bool = True,
+) -> TestbedPair:
+    """Returns the testbed pair, training it first unless it is already built.
+
+    Args:
+        size: ``"base"`` (benchmarks, demo; ~15-20 min on 2 CPU cores) or ``"mini"`` (tests; ~1-2 min).
+        family: ``"qwen2_vl"`` or ``"llava_onevision"``.
+        root: Cache folder; default :func:`default_root`.
+        force: Rebuild even if a built pair exists.
+        progress: Print the explanation line, a progress bar and the quality summary.
+
+    Returns:
+        The :class:`TestbedPair`.
+
+    Raises:
+        ValueError: If ``size`` or ``family`` is unknown.
+    """
+    from filelock import FileLock
+
+    config = get_size(size)
+    check_family(family)
+    folder = pair_folder(size, family, root)
+    manifest = None if force else _read_manifest(folder)
+    if manifest is not None:
+        return _pair(folder, manifest)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # One builder at a time (test workers, accelerate processes): the others wait, then find the pair built.
+    with FileLock(str(folder.parent / f".{folder.name}.lock")):
+        manifest = None if force else _read_manifest(folder)
+        if manifest is not None:
+            return _pair(folder, manifest)
+        if progress:
+            print(
+                f"vlmspec testbed: training the {size} {family} target/draft pair on procedurally drawn shapes "
+                f"(CPU, about {_ESTIMATE_MINUTES[size]} min, once; cached in {folder}).",
+                flush=True,
+            )
+        staging = folder.parent / f".{folder.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        staging.mkdir()
+        try:
+            manifest = _train(family, config, staging, progress)
+            (staging / MANIFEST).write_text(
+                json.dumps(manifest, indent=2) + "\n"
+            )  # last: marks the pair complete
+            if folder.exists():
+                shutil.rmtree(folder)
+            staging.rename(folder)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+    if progress:
+        print(_summary(family, config, manifest), flush=True)
+    return _pair(folder, manifest)
+
+
+def pair_paths(
+    size: str = "base", family: str = "qwen2_vl", root: str | Path | None = None
+) -> tuple[Path, Path]:
+    """``(target, draft)`` folders of the testbed pair, building it first if needed (see :func:`build`)."""
+    pair = build(size=size, family=family, root=root)
+    return pair.target, pair.draft
+
+
+def all_families() -> tuple[str, ...]:
+    """Every family the testbed builds."""
+    return FAMILIES
+
+
+def all_sizes() -> tuple[str, ...]:
+    """Every testbed size."""
+    return tuple(SIZES)

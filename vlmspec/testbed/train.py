@@ -1,0 +1,461 @@
+"""Deterministic CPU training of a testbed pair: a target on the world's texts, a draft distilled from it.
+
+* **Target**: next-token cross-entropy on the assistant reply (and its closing ``<|im_end|>``) of chat-formatted
+  prompts with the picture/clip, on freshly sampled scenes (seeds from ``TRAIN_SEED_OFFSET`` up, never those
+  the quality gates or benchmarks draw).
+* **Draft**: smaller language model *and* vision tower, distilled from the trained target (KL from the target's
+  next-token distributions on the same batches, as in EDD) for fewer steps, so it agrees with the target often
+  but is clearly weaker.
+
+Determinism: seeded initialisation and data, one torch thread, ``torch.use_deterministic_algorithms``; the
+same seed on the same machine gives the same weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .data import IGNORE, encode
+from .models import ModelSpec, build_model
+from .world import BACKGROUNDS, COLOURS, GRID, KINDS, Clip, Example, Scene, sample
+from .world import SIZES as SHAPE_SIZES
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import torch
+    from transformers import PreTrainedModel, ProcessorMixin
+
+__all__ = [
+    "SIZES",
+    "TASK_CYCLE",
+    "TRAIN_SEED_OFFSET",
+    "SizeConfig",
+    "get_size",
+    "pretrain_vision",
+    "train_draft",
+    "train_target",
+]
+
+TRAIN_SEED_OFFSET = 1_000_000_000
+"""Training scenes use seeds from here up; smaller seeds are held out."""
+
+TASK_CYCLE: tuple[str, ...] = ("image_caption", "image_qa", "video_caption", "image_qa")
+"""Task of training step ``i`` is ``TASK_CYCLE[i % len(TASK_CYCLE)]`` (QA batches are short and cheap)."""
+
+
+@dataclass(frozen=True)
+class SizeConfig:
+    """Everything that defines a testbed size.
+
+    Attributes:
+        name: ``"base"`` or ``"mini"``.
+        target: Target model shape.
+        draft: Draft model shape.
+        target_steps: Optimiser steps of the target.
+        draft_steps: Distillation steps of the draft.
+        vision_steps: Vision-tower pre-training steps of the target and of the draft (see
+            :func:`pretrain_vision`).
+        batch_size: Examples per step.
+        lr: Peak AdamW learning rate (linear warm-up over ``warmup`` steps, cosine decay to 10%).
+        warmup: Warm-up steps.
+        eval_examples: Held-out examples per task for the quality figures.
+        seed: Seed of initialisation and training data.
+        gates: Minimum target ``caption_accuracy`` / ``qa_exact_match`` / ``video_accuracy``, minimum
+            ``entropy_autocorr``, minimum ``draft_agreement``, and the margin by which the draft's
+            mean of ``caption_accuracy``, ``qa_exact_match`` and ``video_accuracy`` must trail the target's
+            (``draft_gap``).
+    """
+
+    name: str
+    target: ModelSpec
+    draft: ModelSpec
+    target_steps: int
+    draft_steps: int
+    vision_steps: tuple[int, int]
+    batch_size: int
+    lr: float
+    warmup: int
+    eval_examples: int
+    seed: int = 0
+    gates: tuple[tuple[str, float], ...] = ()
+
+
+SIZES: dict[str, SizeConfig] = {
+    "base": SizeConfig(
+        name="base",
+        target=ModelSpec(hidden=128, layers=4, kv_heads=2, intermediate=384, vision_hidden=64, vision_layers=2,
+                         vision_heads=2, init_std=0.08),
+        draft=ModelSpec(hidden=64, layers=2, kv_heads=1, intermediate=192, vision_hidden=32, vision_layers=1,
+                        vision_heads=2, init_std=0.08),
+        target_steps=3600,
+        draft_steps=600,
+        vision_steps=(400, 150),
+        batch_size=32,
+        lr=3e-3,
+        warmup=100,
+        eval_examples=64,
+        gates=(("caption_accuracy", 0.95), ("qa_exact_match", 0.95), ("video_accuracy", 0.8),
+               ("entropy_autocorr", 0.3), ("draft_agreement", 0.6), ("draft_gap", 0.05)),
+    ),
+    "mini": SizeConfig(
+        name="mini",
+        target=ModelSpec(hidden=128, layers=3, kv_heads=2, intermediate=256, vision_hidden=48, vision_layers=1,
+                         vision_heads=2, init_std=0.08),
+        draft=ModelSpec(hidden=64, layers=1, kv_heads=1, intermediate=128, vision_hidden=32, vision_layers=1,
+                        vision_heads=2, init_std=0.08),
+        target_steps=450,
+        draft_steps=120,
+        vision_steps=(150, 40),
+        batch_size=24,
+        lr=3e-3,
+        warmup=30,
+        eval_examples=24,
+        gates=(("caption_accuracy", 0.5), ("qa_exact_match", 0.6), ("entropy_autocorr", 0.3),
+               ("draft_agreement", 0.5), ("draft_gap", 0.05)),
+    ),
+}  # fmt: skip
+"""The testbed sizes: ``base`` (benchmarks, demo; <= ~20 min per pair) and ``mini`` (CI; <= ~2 min)."""
+
+
+def get_size(size: str) -> SizeConfig:
+    """Returns the :class:`SizeConfig` named ``size`` or raises ``ValueError`` naming the known sizes."""
+    if size not in SIZES:
+        raise ValueError(f"Unknown testbed size {size!r}; expected one of {', '.join(SIZES)}.")
+    return SIZES[size]
+
+
+@contextlib.contextmanager
+def deterministic(threads: int = 1) -> Iterator[None]:
+    """One (fixed) torch thread count and deterministic algorithms; both restored afterwards."""
+    import torch
+
+    old_threads = torch.get_num_threads()
+    old_det = torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old_threads)
+        torch.use_deterministic_algorithms(old_det)
+
+
+CURRICULUM: tuple[tuple[float, int], ...] = ((0.15, 1), (0.35, 2), (1.0, 3))
+"""``(fraction of the steps, most shapes per scene)``: one shape first (what is seen maps to words without any
+binding), then two, then the full world (which shape is where must be bound)."""
+
+
+def max_shapes_at(step: int, steps: int) -> int:
+    """Most shapes per training scene at ``step`` of ``steps`` (see :data:`CURRICULUM`)."""
+    return next(n for fraction, n in CURRICULUM if step < fraction * steps)
+
+
+def training_batch(step: int, batch_size: int, steps: int | None = None) -> list[Example]:
+    """The examples of training step ``step`` (the target's and the draft's step ``i`` see the same ones).
+
+    Args:
+        step: Step index.
+        batch_size: Examples per step.
+        steps: Total steps of the run (for the :data:`CURRICULUM`); ``None``: the full world throughout.
+    """
+    task = TASK_CYCLE[step % len(TASK_CYCLE)]
+    first = TRAIN_SEED_OFFSET + step * batch_size
+    limit = max_shapes_at(step, steps) if steps else CURRICULUM[-1][1]
+    return [sample(task, first + i, max_shapes=limit) for i in range(batch_size)]
+
+
+def _schedule(step: int, total: int, warmup: int) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(total - warmup, 1)
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def _optimizer(model: PreTrainedModel, lr: float) -> torch.optim.Optimizer:
+    import torch
+
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in params if p.ndim >= 2 and "embed" not in n]
+    other = [p for n, p in params if not (p.ndim >= 2 and "embed" not in n)]
+    groups = [{"params": decay, "weight_decay": 0.01}, {"params": other, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-8)
+
+
+def _reply_logits(model: PreTrainedModel, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits ``[N, V]`` predicting the ``N`` reply tokens of the batch, and those tokens ``[N]``."""
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    logits = model(**inputs).logits[:, :-1]  # [B, L-1, V]
+    labels = batch["labels"][:, 1:]  # [B, L-1]
+    mask = labels != IGNORE
+    return logits[mask].float(), labels[mask]
+
+
+def _run(
+    model: PreTrainedModel,
+    steps: int,
+    size: SizeConfig,
+    processor: ProcessorMixin,
+    loss_fn: Callable[[dict[str, Any]], torch.Tensor],
+    lr: float,
+    on_step: Callable[[int, float], None] | None,
+) -> list[float]:
+    import torch
+
+    for name, param in model.named_parameters():  # the pre-trained vision tower stays frozen, as in LLaVA
+        param.requires_grad_(not _is_vision(name))
+    optimizer = _optimizer(model, lr)
+    model.train()
+    losses = []
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr * _schedule(step, steps, size.warmup)
+        batch = encode(processor, training_batch(step, size.batch_size, steps))
+        loss = loss_fn(batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        if on_step is not None:
+            on_step(step, losses[-1])
+    for param in model.parameters():
+        param.requires_grad_(True)
+    model.eval()
+    return losses
+
+
+def train_target(
+    family: str,
+    size: SizeConfig,
+    processor: ProcessorMixin,
+    on_step: Callable[[int, float], None] | None = None,
+) -> tuple[PreTrainedModel, dict[str, Any]]:
+    """Trains the target with reply cross-entropy.
+
+    Args:
+        family: ``"qwen2_vl"`` or ``"llava_onevision"``.
+        size: The size's config.
+        processor: The pair's processor.
+        on_step: Called with ``(step, loss)`` after every step (progress bars).
+
+    Returns:
+        ``(model, info)`` with ``info`` = steps, seconds, first/last mean losses.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(size.seed)
+    model = build_model(family, size.target, processor.tokenizer)
+    vision = pretrain_vision(
+        model, family, processor, size.vision_steps[0], size, 2 * TRAIN_SEED_OFFSET, on_step
+    )
+
+    def loss_fn(batch: dict[str, Any]) -> torch.Tensor:
+        logits, labels = _reply_logits(model, batch)
+        return F.cross_entropy(logits, labels)
+
+    start = time.perf_counter()
+    losses = _run(model, size.target_steps, size, processor, loss_fn, size.lr, on_step)
+    return model, {**_info(losses, time.perf_counter() - start), "vision_pretraining": vision}
+
+
+def train_draft(
+    family: str,
+    size: SizeConfig,
+    processor: ProcessorMixin,
+    teacher: PreTrainedModel,
+    on_step: Callable[[int, float], None] | None = None,
+) -> tuple[PreTrainedModel, dict[str, Any]]:
+    """Distils the draft from ``teacher``: KL(teacher || draft) on the reply tokens of the same batches.
+
+    Args:
+        family: ``"qwen2_vl"`` or ``"llava_onevision"``.
+        size: The size's config.
+        processor: The pair's processor.
+        teacher: The trained target.
+        on_step: Called with ``(step, loss)`` after every step.
+
+    Returns:
+        ``(model, info)`` as :func:`train_target`.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(size.seed + 1)
+    model = build_model(family, size.draft, processor.tokenizer)
+    vision = pretrain_vision(
+        model, family, processor, size.vision_steps[1], size, 3 * TRAIN_SEED_OFFSET, on_step
+    )
+    teacher.eval()
+
+    def loss_fn(batch: dict[str, Any]) -> torch.Tensor:
+        with torch.no_grad():
+            teacher_logits, _ = _reply_logits(teacher, batch)
+        logits, _ = _reply_logits(model, batch)
+        return F.kl_div(
+            logits.log_softmax(-1), teacher_logits.log_softmax(-1), log_target=True, reduction="batchmean"
+        )
+
+    start = time.perf_counter()
+    losses = _run(model, size.draft_steps, size, processor, loss_fn, size.lr, on_step)
+    return model, {**_info(losses, time.perf_counter() - start), "vision_pretraining": vision}
+
+
+def _info(losses: list[float], seconds: float) -> dict[str, Any]:
+    window = max(1, min(50, len(losses) // 5))
+    return {
+        "steps": len(losses),
+        "seconds": round(seconds, 1),
+        "loss_first": round(sum(losses[:window]) / window, 4),
+        "loss_last": round(sum(losses[-window:]) / window, 4),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Vision pre-training
+# ---------------------------------------------------------------------------------------------
+# Per-cell labels: occupied (2), colour (+none), kind (+none), size (+none), cell index (9), background.
+_AUX_CLASSES = (2, len(COLOURS) + 1, len(KINDS) + 1, len(SHAPE_SIZES) + 1, GRID * GRID, len(BACKGROUNDS))
+_AUX_WEIGHTS = (1.0, 1.0, 3.0, 1.0, 2.0, 0.5)  # shape kind and cell position are the subtle ones
+_LLAVA_CELL_TOKENS = tuple(range(GRID * GRID)) + tuple(
+    GRID * GRID + r * (GRID + 1) + c for r in range(GRID) for c in range(GRID)
+)  # base crop (raster), then the anyres tile (raster rows, each followed by a newline token)
+
+
+def _cell_labels(scene: Scene | Clip, late: bool = False) -> list[list[int]]:
+    """``[9, 6]`` aux labels of a still scene, or of a clip's first (``late=False``) or last frame."""
+    none = (len(COLOURS), len(KINDS), len(SHAPE_SIZES))
+    rows = [[0, *none, cell, list(BACKGROUNDS).index(scene.background)] for cell in range(GRID * GRID)]
+    shapes = (
+        scene.shapes if isinstance(scene, Scene) else [s for t in scene.tracks if (s := t.shape_at(late))]
+    )
+    for shape in shapes:
+        rows[shape.cell][:4] = [
+            1,
+            list(COLOURS).index(shape.colour),
+            KINDS.index(shape.kind),
+            list(SHAPE_SIZES).index(shape.size),
+        ]
+    return rows
+
+
+def cell_features(
+    model: PreTrainedModel, family: str, pixels: dict[str, Any]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Language-model-ready visual features of the grid cells of a batch of pictures (or Qwen2-VL clips).
+
+    Args:
+        model: A testbed model.
+        family: Its family.
+        pixels: The image processor's output for ``B`` testbed pictures, or the Qwen2-VL video processor's for
+            ``B`` clips.
+
+    Returns:
+        ``(features, cells)``: ``[B, T, hidden]`` features of the ``T`` tokens that cover one grid cell each
+        (Qwen2-VL: the 9 merged tokens, or 2 x 9 for a clip: first half of the frames, then the second;
+        LLaVA-OneVision: 9 base-crop tokens and 9 tile tokens) and ``[T]`` the cell of each.
+    """
+    import torch
+
+    core = model.model
+    if "pixel_values_videos" in pixels:
+        out = core.get_video_features(
+            pixels["pixel_values_videos"], pixels["video_grid_thw"], return_dict=True
+        )
+        return torch.stack(list(out.pooler_output)), torch.arange(2 * GRID * GRID) % (GRID * GRID)
+    if family == "qwen2_vl":
+        out = core.get_image_features(pixels["pixel_values"], pixels["image_grid_thw"], return_dict=True)
+        return torch.stack(list(out.pooler_output)), torch.arange(GRID * GRID)
+    out = core.get_image_features(
+        pixels["pixel_values"],
+        pixels["image_sizes"],
+        batch_num_images=pixels.get("batch_num_images"),
+        return_dict=True,
+    )
+    index = torch.tensor(_LLAVA_CELL_TOKENS)
+    return torch.stack([f[index] for f in out.pooler_output]), torch.arange(len(index)) % (GRID * GRID)
+
+
+def pretrain_vision(
+    model: PreTrainedModel,
+    family: str,
+    processor: ProcessorMixin,
+    steps: int,
+    size: SizeConfig,
+    seed_offset: int,
+    on_step: Callable[[int, float], None] | None = None,
+) -> dict[str, Any]:
+    """Pre-trains the vision tower (and projector/merger) on the world's dense per-cell labels.
+
+    Real VLMs start from a pre-trained vision encoder; here a linear probe on the features of every grid-cell
+    token learns what is in the cell (occupied, colour, kind, size), where the cell is and the background. The
+    probe is discarded; only the vision weights keep what it taught them.
+
+    Args:
+        model: The model whose vision tower is trained (in place).
+        family: Its family.
+        processor: The pair's processor.
+        steps: Optimiser steps (0: nothing to do).
+        size: The size's config (batch size, learning rate, warm-up).
+        seed_offset: First training seed of the pictures (distinct per model).
+        on_step: Called with ``(step, loss)`` after every step.
+
+    Returns:
+        ``{"steps", "seconds", "loss_first", "loss_last"}``.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    if steps <= 0:
+        return _info([], 0.0)
+    hidden = model.config.get_text_config().hidden_size
+    # A fixed random probe on RMS-normalised features: the features themselves must carry every label as a
+    # large, linearly readable component (a trainable probe could read weak directions the LM then struggles with).
+    gen = torch.Generator().manual_seed(size.seed + 7)
+    probe = torch.linalg.qr(
+        torch.randn(hidden, sum(_AUX_CLASSES), generator=gen)
+    ).Q.T  # [C, H] orthonormal rows
+    params = [p for n, p in model.named_parameters() if _is_vision(n)]
+    optimizer = torch.optim.AdamW(params, lr=size.lr, weight_decay=0.0)
+    batch_size = 2 * size.batch_size
+    start, losses = time.perf_counter(), []
+    model.train()
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = size.lr * _schedule(step, steps, min(size.warmup, steps // 5 + 1))
+        # Qwen2-VL merges frame pairs in its patch embedding, so its tower also learns clips (every other step).
+        clips = family == "qwen2_vl" and step % 2 == 1
+        task = "video_caption" if clips else "image_caption"
+        examples = [sample(task, seed_offset + step * batch_size + i) for i in range(batch_size)]
+        if clips:
+            pixels = processor.video_processor(videos=[e.video for e in examples], return_tensors="pt")
+            label_rows = [_cell_labels(e.scene) + _cell_labels(e.scene, late=True) for e in examples]
+        else:
+            pixels = processor.image_processor(images=[e.image for e in examples], return_tensors="pt")
+            label_rows = [_cell_labels(e.scene) for e in examples]
+        feats, cells = cell_features(model, family, pixels)  # [B, T, H], [T]
+        labels = torch.tensor(label_rows)  # [B, 9 or 18, 6]
+        labels = labels if clips else labels[:, cells]  # [B, T, 6]
+        normed = feats.float() * torch.rsqrt(feats.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+        logits = (normed @ probe.T).split(_AUX_CLASSES, dim=-1)
+        loss = sum(
+            w * F.cross_entropy(lg.flatten(0, 1), labels[..., i].flatten())
+            for i, (lg, w) in enumerate(zip(logits, _AUX_WEIGHTS, strict=True))
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        if on_step is not None:
+            on_step(step, losses[-1])
+    model.eval()
+    return _info(losses, time.perf_counter() - start)
+
+
+def _is_vision(name: str) -> bool:
+    return any(key in name for key in ("visual", "vision_tower", "multi_modal_projector", "image_newline"))
