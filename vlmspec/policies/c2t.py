@@ -13,8 +13,9 @@ candidates it trusts (a *pre-pruning* method, section 4.2):
 
 * **Classifier** (section 4.1, Appendix B.3): a 2-layer FFN, ReLU hidden layer of 48 units, sigmoid output, the
   confidence ``C(v)`` in ``(0, 1)``. It is a :class:`C2TClassifier` whose weights live in a safetensors file next
-  to a JSON feature spec (``<name>.json``); the default, trained on the tiny fixture pairs with
-  :mod:`vlmspec.c2t_tools`, ships in ``vlmspec/assets/c2t_default.safetensors``.
+  to a JSON feature spec (``<name>.json``); the default, trained on the testbed base qwen2_vl pair with
+  :mod:`vlmspec.c2t_tools` (validation recall 0.66 at positive rate 0.024, beta 0.5), ships in
+  ``vlmspec/assets/c2t_default.safetensors``.
 
 * **Tree construction** (section 4.2). Layer ``l``: every node of layer ``l - 1`` that passed proposes its top-K
   children by draft probability (first purpose of top-K: the classifier only scores those); candidates with

@@ -22,7 +22,7 @@ from __future__ import annotations
 from .pairs import TESTBED_VERSION, TestbedPair, build, default_root, pair_folder, pair_paths
 from .tokenizer import FAMILIES
 from .train import SIZES
-from .world import TASKS, Example, sample, write_video
+from .world import TASKS, Example, caption_facts, fact_accuracy, sample, write_video
 
 __all__ = [
     "FAMILIES",
@@ -32,7 +32,9 @@ __all__ = [
     "Example",
     "TestbedPair",
     "build",
+    "caption_facts",
     "default_root",
+    "fact_accuracy",
     "pair_folder",
     "pair_paths",
     "sample",
