@@ -175,7 +175,8 @@ def test_truncate_paths_keeps_prefix_closed_trees():
 
 def test_resolve_methods_always_runs_ar_first():
     assert resolve_methods("sage,hf_assisted") == ["ar", "sage", "hf_assisted"]
-    assert resolve_methods(None) == valid_methods()
+    assert resolve_methods(None) == [m for m in valid_methods() if m != "dsbd"]  # dsbd: --dsbd section
+    assert "dsbd" in valid_methods() and resolve_methods("dsbd") == ["ar", "dsbd"]
     assert "ar" not in valid_methods()[1:] and set(available_policies()) - {"ar"} <= set(valid_methods())
 
 

@@ -65,14 +65,15 @@ def resolve_methods(spec: str | Sequence[str] | None) -> list[str]:
     """Method names to run, ``ar`` first (always run: it is the baseline of speed-up and identity).
 
     Args:
-        spec: comma-separated names or a list; ``None``/``"all"`` means :func:`valid_methods`.
+        spec: comma-separated names or a list; ``None``/``"all"`` means :func:`valid_methods` less the policies
+            that are not lossless with their default config (``dsbd``: beam sampling, measured by ``--dsbd``).
 
     Raises:
         ValueError: an unknown name; the message lists the valid methods.
     """
     valid = valid_methods()
     if spec is None or spec == "all":
-        return valid
+        return [m for m in valid if m in (AR, HF_ASSISTED) or get_policy(m).lossless]
     names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     bad = [n for n in names if n not in valid]
     if bad or not names:
