@@ -146,7 +146,7 @@ def test_build_writes_manifest_last(mini_pair: testbed.TestbedPair) -> None:
     for role in ("target", "draft"):
         assert manifest[role]["params"]["total"] > 0 and manifest[role]["training"]["steps"] > 0
     assert manifest["draft"]["params"]["language"] * 3 < manifest["target"]["params"]["language"]
-    assert not list(mini_pair.folder.parent.glob(".*partial*"))  # no staging folder left behind
+    assert not list(mini_pair.folder.parent.glob(f".{mini_pair.folder.name}.partial-*"))  # no staging folder left
     print(json.dumps(manifest["quality"], indent=1))
 
 
@@ -172,6 +172,8 @@ def test_half_built_folder_is_not_used(tmp_path: Path, monkeypatch: pytest.Monke
     folder = testbed.pair_folder("mini", "qwen2_vl", root=tmp_path)
     (folder / "target").mkdir(parents=True)
     (folder / "draft").mkdir()
+    killed = tmp_path / f".{folder.name}.partial-123-deadbeef"  # staging folder of a killed build
+    (killed / "target").mkdir(parents=True)
     calls = []
 
     def fake_train(family: str, config: object, out: Path, progress: bool) -> dict:
@@ -184,6 +186,7 @@ def test_half_built_folder_is_not_used(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(build_module, "_summary", lambda *a: "")
     pair = testbed.build(size="mini", family="qwen2_vl", root=tmp_path)
     assert calls == ["qwen2_vl"] and (pair.folder / "manifest.json").is_file()
+    assert not killed.exists()
 
 
 def test_mini_quality_gates(mini_pair: testbed.TestbedPair) -> None:
