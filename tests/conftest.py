@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/synthetic.py helpers
 # (pytest-xdist) on CI's two cores.
 torch.set_num_threads(1)
 
-from vlmspec.testing import FAMILIES, build_tiny_pair, make_image, make_video_frames
+from vlmspec.testing import FAMILIES, build_tiny_pair, make_image, make_video_frames  # noqa: E402
 
 PROMPTS = (
     "Describe this image.",

@@ -324,7 +324,7 @@ def test_outputs_depend_on_visual_input(loaded: Loaded, target_runs: dict[str, R
 def test_outputs_depend_on_context(loaded: Loaded, target_runs: dict[str, Run]) -> None:
     """Teacher-forced predictions must change with the prompt (KV-cache bugs must show)."""
     changed = 0
-    for kind, other in zip(INPUT_KINDS, INPUT_KINDS[1:] + INPUT_KINDS[:1]):
+    for kind, other in zip(INPUT_KINDS, INPUT_KINDS[1:] + INPUT_KINDS[:1], strict=False):
         run, other_inputs = target_runs[kind], target_runs[other].inputs
         sequence = torch.cat([other_inputs["input_ids"], run.new_tokens[None]], dim=1)
         predictions = _full_forward_logits(loaded.target, other_inputs, sequence).argmax(-1)

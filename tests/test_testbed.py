@@ -146,7 +146,9 @@ def test_build_writes_manifest_last(mini_pair: testbed.TestbedPair) -> None:
     for role in ("target", "draft"):
         assert manifest[role]["params"]["total"] > 0 and manifest[role]["training"]["steps"] > 0
     assert manifest["draft"]["params"]["language"] * 3 < manifest["target"]["params"]["language"]
-    assert not list(mini_pair.folder.parent.glob(f".{mini_pair.folder.name}.partial-*"))  # no staging folder left
+    assert not list(
+        mini_pair.folder.parent.glob(f".{mini_pair.folder.name}.partial-*")
+    )  # no staging folder left
     print(json.dumps(manifest["quality"], indent=1))
 
 

@@ -214,7 +214,7 @@ def auto_budget(probe: CostProbe, factor: float = DEFAULT_AUTO_FACTOR) -> int:
         raise ValueError(f"auto factor={factor} is invalid: a verification never costs less than one forward")
     base = probe.target_cost(1)
     budget = 1
-    for n, seconds in zip(probe.sizes, probe.target_curve):
+    for n, seconds in zip(probe.sizes, probe.target_curve, strict=False):
         if n < 2:
             continue
         if seconds > factor * base:

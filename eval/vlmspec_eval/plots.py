@@ -61,10 +61,10 @@ def plot_speedup(plt: Any, result: dict[str, Any]) -> Any:
         xs = [i + (j - (len(tasks) - 1) / 2) * width for i in range(len(methods))]
         values = [cells[m, task]["speedup"] if (m, task) in cells else 0.0 for m in methods]
         ax.bar(xs, values, width, label=task)
-        ideal = [(x, cells[m, task]["ideal_speedup"]) for x, m in zip(xs, methods)
+        ideal = [(x, cells[m, task]["ideal_speedup"]) for x, m in zip(xs, methods, strict=False)
                  if (m, task) in cells and cells[m, task]["ideal_speedup"] is not None]  # fmt: skip
         if ideal:
-            ax.scatter(*zip(*ideal), marker="_", s=160, color="black", zorder=3)
+            ax.scatter(*zip(*ideal, strict=False), marker="_", s=160, color="black", zorder=3)
     ax.scatter([], [], marker="_", s=160, color="black", label="ideal (no overhead)")
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
     ax.set_xticks(range(len(methods)), methods)
@@ -117,7 +117,7 @@ def plot_time_breakdown(plt: Any, result: dict[str, Any]) -> Any:
     for phase in PHASES:
         values = [s[phase] for s in shares.values()]
         ax.barh(list(shares), values, left=left, label=phase)
-        left = [a + b for a, b in zip(left, values)]
+        left = [a + b for a, b in zip(left, values, strict=False)]
     ax.set_xlim(0, 1)
     ax.set_xlabel("share of wall time")
     ax.set_title("Time per phase")

@@ -297,7 +297,7 @@ def probe_table(probe: dict[str, Any]) -> str:
     lines = [
         [str(n), _fmt(t * 1e3), _fmt(tr), _fmt(d * 1e3 if d is not None else None), _fmt(dr)]
         for n, t, tr, d, dr in zip(
-            probe["sizes"], probe["target_s"], probe["target_ratio"], draft, draft_ratio
+            probe["sizes"], probe["target_s"], probe["target_ratio"], draft, draft_ratio, strict=False
         )
     ]
     return _table(

@@ -252,7 +252,9 @@ def build(
         manifest = None if force else _read_manifest(folder)
         if manifest is not None:
             return _pair(folder, manifest)
-        for stale in folder.parent.glob(f".{folder.name}.partial-*"):  # left by a killed build (we hold the lock)
+        for stale in folder.parent.glob(
+            f".{folder.name}.partial-*"
+        ):  # left by a killed build (we hold the lock)
             shutil.rmtree(stale, ignore_errors=True)
         if progress:
             print(
