@@ -43,7 +43,7 @@ def demo(args: argparse.Namespace) -> int:
         raise SystemExit("vlmspec demo: --draft needs --target (or name neither for the default pair)")
     target = args.target if args.target is not None else f"{args.pair}:{args.family}"
     pair = resolve_pair(target, args.draft)
-    if pair.source != "explicit":
+    if args.target is None:
         print(f"No checkpoint named: using the embedded default pair ({pair.source}).", flush=True)
     options = json.loads(args.policy_options) if args.policy_options else {}
     pipe = VLMSpecPipeline.from_pretrained(

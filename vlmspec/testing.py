@@ -75,6 +75,9 @@ __all__ = [
     "FAMILIES",
     "FIXTURE_VERSION",
     "INPUT_KINDS",
+    "LLAVA_CHAT_TEMPLATE",
+    "LLAVA_SPECIAL_TOKENS",
+    "QWEN_CHAT_TEMPLATE",
     "TinyPair",
     "build_processor",
     "build_tiny_pair",
@@ -149,9 +152,9 @@ _QWEN_SPECIAL_TOKENS = (
     "<|image_pad|>",
     "<|video_pad|>",
 )
-_LLAVA_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>")
+LLAVA_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>")
 
-_QWEN_CHAT_TEMPLATE = (
+QWEN_CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
     "{% for message in messages %}"
     "<|im_start|>{{ message['role'] }}\n"
@@ -176,11 +179,11 @@ _QWEN_CHAT_TEMPLATE = (
 # patch; with the hub template's outer ``<|vision_start|>...<|vision_end|>`` wrapper (kept by the
 # generic placeholder replacement in 5.x) the text would carry a redundant extra wrapper, which the
 # reference Qwen3-VL processor never produced.
-_QWEN3_CHAT_TEMPLATE = _QWEN_CHAT_TEMPLATE.replace(
+_QWEN3_CHAT_TEMPLATE = QWEN_CHAT_TEMPLATE.replace(
     "<|vision_start|><|video_pad|><|vision_end|>", "<|video_pad|>"
 )
 
-_LLAVA_CHAT_TEMPLATE = (
+LLAVA_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + ' ' }}"
     "{% if message['content'] is string %}{{ message['content'] }}"
@@ -306,7 +309,7 @@ def _build_tokenizer(family: str) -> Qwen2Tokenizer:
     vocab: dict[str, int] = model_json["vocab"]
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model_json["merges"]]
 
-    specials = _QWEN_SPECIAL_TOKENS if _is_qwen(family) else _LLAVA_SPECIAL_TOKENS
+    specials = _QWEN_SPECIAL_TOKENS if _is_qwen(family) else LLAVA_SPECIAL_TOKENS
     tokenizer = Qwen2Tokenizer(
         vocab=vocab,
         merges=merges,
@@ -324,10 +327,10 @@ def _build_tokenizer(family: str) -> Qwen2Tokenizer:
     tokenizer.eos_token = "<|im_end|>"
     tokenizer.pad_token = "<|endoftext|>"
     tokenizer.chat_template = {
-        "qwen2_vl": _QWEN_CHAT_TEMPLATE,
-        "qwen2_5_vl": _QWEN_CHAT_TEMPLATE,
+        "qwen2_vl": QWEN_CHAT_TEMPLATE,
+        "qwen2_5_vl": QWEN_CHAT_TEMPLATE,
         "qwen3_vl": _QWEN3_CHAT_TEMPLATE,
-        "llava_onevision": _LLAVA_CHAT_TEMPLATE,
+        "llava_onevision": LLAVA_CHAT_TEMPLATE,
     }[family]
     return tokenizer
 
@@ -436,7 +439,7 @@ def build_processor(family: str) -> ProcessorMixin:
 # Model configs
 # ---------------------------------------------------------------------------------------------
 def _token_ids(tokenizer: Qwen2Tokenizer, family: str) -> dict[str, int]:
-    specials = _QWEN_SPECIAL_TOKENS if _is_qwen(family) else _LLAVA_SPECIAL_TOKENS
+    specials = _QWEN_SPECIAL_TOKENS if _is_qwen(family) else LLAVA_SPECIAL_TOKENS
     ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in specials}
     ids["eos"] = tokenizer.convert_tokens_to_ids("<|im_end|>")
     ids["pad"] = tokenizer.convert_tokens_to_ids("<|endoftext|>")
@@ -599,7 +602,7 @@ def _model_class(family: str) -> type[PreTrainedModel]:
 
 
 def _special_token_ids(tokenizer: Qwen2Tokenizer, family: str) -> list[int]:
-    specials = _QWEN_SPECIAL_TOKENS if _is_qwen(family) else _LLAVA_SPECIAL_TOKENS
+    specials = _QWEN_SPECIAL_TOKENS if _is_qwen(family) else LLAVA_SPECIAL_TOKENS
     return sorted(tokenizer.convert_tokens_to_ids(t) for t in specials)
 
 

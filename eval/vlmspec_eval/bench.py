@@ -420,32 +420,25 @@ def _csv(kind: type):
     return parse
 
 
+def _positive_int(flag: str, text: str, words: str) -> int:
+    """``text`` as an integer >= 1, else an argparse error naming ``flag`` and what it takes (``words``)."""
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{flag} takes a positive integer{words}, got {text!r}") from err
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{flag} must be >= 1, got {value}")
+    return value
+
+
 def _budget(text: str) -> int | str | None:
     if text in ("auto", "default"):
         return None if text == "default" else text
-    try:
-        value = int(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(
-            f"--budget takes a positive integer, 'auto' or 'default', got {text!r}"
-        ) from err
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--budget must be >= 1, got {value}")
-    return value
+    return _positive_int("--budget", text, ", 'auto' or 'default'")
 
 
 def _beam_width(text: str) -> int | None:
-    if text == "auto":
-        return None
-    try:
-        value = int(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(
-            f"--beam-width takes a positive integer or 'auto', got {text!r}"
-        ) from err
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--beam-width must be >= 1, got {value}")
-    return value
+    return None if text == "auto" else _positive_int("--beam-width", text, " or 'auto'")
 
 
 def _json_options(text: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from ..testing import LLAVA_CHAT_TEMPLATE, LLAVA_SPECIAL_TOKENS, QWEN_CHAT_TEMPLATE
 from .world import IMAGE_SIDE, lexicon
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -41,44 +42,6 @@ QWEN_SPECIAL_TOKENS = (
     "<|vision_pad|>",
     "<|image_pad|>",
     "<|video_pad|>",
-)
-LLAVA_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>")
-
-QWEN_CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}"
-    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
-    "<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}"
-    "{% set video_count.value = video_count.value + 1 %}"
-    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
-    "<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
-    "{% endfor %}<|im_end|>\n{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-LLAVA_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + ' ' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
-    "{{ '<image>' }}{% endfor %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}"
-    "{{ '<video>' }}{% endfor %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
-    "{{ '\n' + content['text'] }}{% endfor %}"
-    "{% endif %}"
-    "{{ '<|im_end|>' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
 
