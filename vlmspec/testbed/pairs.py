@@ -40,7 +40,7 @@ __all__ = [
     "pair_paths",
 ]
 
-TESTBED_VERSION = "3"
+TESTBED_VERSION = "4"
 """Bumped whenever the world, tokenizer, models or training recipe change (old folders are then rebuilt)."""
 
 MANIFEST = "manifest.json"

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .data import IGNORE, encode
 from .models import ModelSpec, build_model
-from .world import BACKGROUNDS, COLOURS, GRID, KINDS, Clip, Example, Scene, sample
+from .world import BACKGROUNDS, COLOURS, GRID, KINDS, MAX_SHAPES, Clip, Example, Scene, sample
 from .world import SIZES as SHAPE_SIZES
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -318,21 +318,38 @@ def _info(losses: list[float], seconds: float) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # Vision pre-training
 # ---------------------------------------------------------------------------------------------
-# Per-cell labels: occupied (2), colour (+none), kind (+none), size (+none), cell index (9), background.
-_AUX_CLASSES = (2, len(COLOURS) + 1, len(KINDS) + 1, len(SHAPE_SIZES) + 1, GRID * GRID, len(BACKGROUNDS))
-_AUX_WEIGHTS = (1.0, 1.0, 3.0, 1.0, 2.0, 0.5)  # shape kind and cell position are the subtle ones
+# Per-cell labels: occupied (2), colour (+none), kind (+none), size (+none), cell index (9), background, rank of
+# the shape in reading order (+none: which sentence of the caption is about it) and the scene's shape count.
+_AUX_CLASSES = (
+    2, len(COLOURS) + 1, len(KINDS) + 1, len(SHAPE_SIZES) + 1, GRID * GRID, len(BACKGROUNDS), MAX_SHAPES + 1,
+    MAX_SHAPES + 1,
+)  # fmt: skip
+_AUX_WEIGHTS = (1.0, 1.0, 3.0, 1.0, 2.0, 0.5, 2.0, 0.5)  # kind, cell and rank are the subtle ones
 _LLAVA_CELL_TOKENS = tuple(range(GRID * GRID)) + tuple(
     GRID * GRID + r * (GRID + 1) + c for r in range(GRID) for c in range(GRID)
 )  # base crop (raster), then the anyres tile (raster rows, each followed by a newline token)
 
 
 def _cell_labels(scene: Scene | Clip, late: bool = False) -> list[list[int]]:
-    """``[9, 6]`` aux labels of a still scene, or of a clip's first (``late=False``) or last frame."""
+    """``[9, 8]`` aux labels of a still scene, or of a clip's first (``late=False``) or last frame.
+
+    A clip's rank label sits on its track's anchor cell (the cell its caption sentence names first) in the
+    first frame, or in the last frame for a shape that appears; the other cells get rank "none".
+    """
     none = (len(COLOURS), len(KINDS), len(SHAPE_SIZES))
-    rows = [[0, *none, cell, list(BACKGROUNDS).index(scene.background)] for cell in range(GRID * GRID)]
-    shapes = (
-        scene.shapes if isinstance(scene, Scene) else [s for t in scene.tracks if (s := t.shape_at(late))]
-    )
+    count = len(scene.shapes) if isinstance(scene, Scene) else len(scene.tracks)
+    rows = [
+        [0, *none, cell, list(BACKGROUNDS).index(scene.background), 0, count] for cell in range(GRID * GRID)
+    ]
+    if isinstance(scene, Scene):
+        shapes, anchors = scene.shapes, [(s.cell, rank) for rank, s in enumerate(scene.shapes)]
+    else:
+        shapes = [s for t in scene.tracks if (s := t.shape_at(late))]
+        anchors = [
+            (t.shape.cell, rank)
+            for rank, t in enumerate(scene.tracks)
+            if (t.event == "appears") == late
+        ]
     for shape in shapes:
         rows[shape.cell][:4] = [
             1,
@@ -340,6 +357,8 @@ def _cell_labels(scene: Scene | Clip, late: bool = False) -> list[list[int]]:
             KINDS.index(shape.kind),
             list(SHAPE_SIZES).index(shape.size),
         ]
+    for cell, rank in anchors:
+        rows[cell][6] = rank + 1
     return rows
 
 
@@ -438,8 +457,8 @@ def pretrain_vision(
             pixels = processor.image_processor(images=[e.image for e in examples], return_tensors="pt")
             label_rows = [_cell_labels(e.scene) for e in examples]
         feats, cells = cell_features(model, family, pixels)  # [B, T, H], [T]
-        labels = torch.tensor(label_rows)  # [B, 9 or 18, 6]
-        labels = labels if clips else labels[:, cells]  # [B, T, 6]
+        labels = torch.tensor(label_rows)  # [B, 9 or 18, 8]
+        labels = labels if clips else labels[:, cells]  # [B, T, 8]
         normed = feats.float() * torch.rsqrt(feats.float().pow(2).mean(-1, keepdim=True) + 1e-6)
         logits = (normed @ probe.T).split(_AUX_CLASSES, dim=-1)
         loss = sum(

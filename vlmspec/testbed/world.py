@@ -8,8 +8,8 @@ square, so one grid cell is exactly one merged Qwen2-VL visual token (28x28 pixe
 Texts mix three kinds of spans, so that a model that sees the picture is confident on some runs of tokens and
 uncertain on others (the entropy autocorrelation SAGE relies on):
 
-* spans fixed by the scene (``There is a large red circle at the top left``): low entropy for a model that sees it;
-* spans fixed by the grammar (``The image shows``, ``on a``, ``background``): low entropy;
+* spans fixed by the scene (``a large red circle at the top left``): low entropy for a model that sees it;
+* spans fixed by the grammar (``The image shows``, ``on a``, ``The second shape is``): low entropy;
 * genuinely random runs of several words (``It looks calm bright bold.``, ``The mood is ...``): high entropy
   for every model, however good.
 
@@ -75,6 +75,9 @@ POSITIONS: tuple[str, ...] = (
 )  # fmt: skip
 """Cell names in reading order: a row word and a column word (no name is a prefix of another)."""
 COUNTS: tuple[str, ...] = ("zero", "one", "two", "three", "four")
+ORDINALS: tuple[str, ...] = ("first", "second", "third")
+"""Each shape sentence opens with its rank in reading order (``The second shape is ...``): which shape a
+sentence is about is then named by the grammar, not left for the model to infer by counting earlier sentences."""
 EVENTS: tuple[str, ...] = ("stays", "moves", "appears", "disappears", "turns")
 
 # Random runs (high entropy for any model): words drawn uniformly, without repetition within a run.
@@ -101,8 +104,8 @@ VIDEO_PROMPTS: tuple[str, ...] = (
     "Describe what happens in this clip.",
 )
 _GRAMMAR_WORDS = (
-    "The image video shows shape shapes on a background . It looks mood is At the There there is a A moves to "
-    "from appears disappears stays turns at"
+    "The image video shows shape shapes on a background . It looks mood is the is a that moves to "
+    "from appears disappears stays turns at " + " ".join(ORDINALS)
 )
 _QA_WORDS = (
     "How many shapes are there ? What color is the background Where is What is at shape Is small or large"
@@ -180,9 +183,13 @@ class Track:
             return replace(self.shape, colour=self.new_colour)
         return self.shape
 
-    def sentence(self) -> str:
-        """``A <size> <colour> <kind> <event> ... the <cell>.``: what the shape is, then what happens where."""
-        head = self.shape.phrase("A")
+    def sentence(self, rank: int) -> str:
+        """``The <ordinal> shape is a <size> <colour> <kind> that <event> ... the <cell>.``
+
+        Args:
+            rank: The track's index in reading order of the anchor cells (0: ``first``).
+        """
+        head = f"The {ORDINALS[rank]} shape is {self.shape.phrase('a')} that"
         where = self.shape.position
         if self.event == "moves":
             return f"{head} moves from the {where} to the {POSITIONS[self.end_cell]}."
@@ -313,8 +320,8 @@ def _mood(rng: random.Random) -> str:
 def scene_caption(scene: Scene, rng: random.Random) -> str:
     """The long caption of a still scene (random runs drawn from ``rng``)."""
     parts = [f"The image shows {_count(len(scene.shapes))} on a {scene.background} background."]
-    for shape in scene.shapes:
-        parts.append(f"There is {shape.phrase('a')} at the {shape.position}.")
+    for rank, shape in enumerate(scene.shapes):
+        parts.append(f"The {ORDINALS[rank]} shape is {shape.phrase('a')} at the {shape.position}.")
         parts.append(_looks(rng))
     parts.append(_mood(rng))
     return " ".join(parts)
@@ -323,8 +330,8 @@ def scene_caption(scene: Scene, rng: random.Random) -> str:
 def clip_caption(clip: Clip, rng: random.Random) -> str:
     """The temporal caption of a clip (random runs drawn from ``rng``)."""
     parts = [f"The video shows {_count(len(clip.tracks))} on a {clip.background} background."]
-    for track in clip.tracks:
-        parts.append(track.sentence())
+    for rank, track in enumerate(clip.tracks):
+        parts.append(track.sentence(rank))
         parts.append(_looks(rng))
     parts.append(_mood(rng))
     return " ".join(parts)
@@ -521,8 +528,8 @@ def reply_words(text: str) -> list[str]:
 
 
 _FACT_SHAPE = re.compile(
-    r"(?:There is a|A) (small|large) (\w+) (\w+)"
-    r"(?: (stays|appears|disappears|moves|turns (\w+)))? (?:at|from) the ([a-z ]+?)(?: to the ([a-z ]+?))?\."
+    r"The \w+ shape is a (small|large) (\w+) (\w+)"
+    r"(?: that (stays|appears|disappears|moves|turns (\w+)))? (?:at|from) the ([a-z ]+?)(?: to the ([a-z ]+?))?\."
 )
 _FACT_HEAD = re.compile(r"The (?:image|video) shows (\w+) shapes? on a (\w+) background\.")
 
