@@ -66,8 +66,9 @@ def test_caption_facts_score_scene_words_only() -> None:
 
 def test_video_caption_facts_cover_events() -> None:
     text = (
-        "The video shows two shapes on a black background. A small blue triangle turns orange at the middle left. "
-        "It looks smooth plain calm. A small white square moves from the bottom middle to the top middle. "
+        "The video shows two shapes on a black background. The first shape is a small blue triangle that turns "
+        "orange at the middle left. It looks smooth plain calm. The second shape is a small white square that "
+        "moves from the bottom middle to the top middle. "
         "The mood is cold."
     )
     assert caption_facts(text) == [

@@ -333,32 +333,23 @@ _LLAVA_CELL_TOKENS = tuple(range(GRID * GRID)) + tuple(
 def _cell_labels(scene: Scene | Clip, late: bool = False) -> list[list[int]]:
     """``[9, 8]`` aux labels of a still scene, or of a clip's first (``late=False``) or last frame.
 
-    A clip's rank label sits on its track's anchor cell (the cell its caption sentence names first) in the
-    first frame, or in the last frame for a shape that appears; the other cells get rank "none".
+    Rank and count describe the shapes drawn in that picture (Qwen2-VL's vision tower attends within one
+    frame pair, so nothing else is learnable there): for a still scene the rank is the shape's caption sentence.
     """
     none = (len(COLOURS), len(KINDS), len(SHAPE_SIZES))
-    count = len(scene.shapes) if isinstance(scene, Scene) else len(scene.tracks)
-    rows = [
-        [0, *none, cell, list(BACKGROUNDS).index(scene.background), 0, count] for cell in range(GRID * GRID)
-    ]
-    if isinstance(scene, Scene):
-        shapes, anchors = scene.shapes, [(s.cell, rank) for rank, s in enumerate(scene.shapes)]
-    else:
-        shapes = [s for t in scene.tracks if (s := t.shape_at(late))]
-        anchors = [
-            (t.shape.cell, rank)
-            for rank, t in enumerate(scene.tracks)
-            if (t.event == "appears") == late
-        ]
-    for shape in shapes:
+    shapes = (
+        scene.shapes if isinstance(scene, Scene) else [s for t in scene.tracks if (s := t.shape_at(late))]
+    )
+    background = list(BACKGROUNDS).index(scene.background)
+    rows = [[0, *none, cell, background, 0, len(shapes)] for cell in range(GRID * GRID)]
+    for rank, shape in enumerate(sorted(shapes, key=lambda s: s.cell)):
         rows[shape.cell][:4] = [
             1,
             list(COLOURS).index(shape.colour),
             KINDS.index(shape.kind),
             list(SHAPE_SIZES).index(shape.size),
         ]
-    for cell, rank in anchors:
-        rows[cell][6] = rank + 1
+        rows[shape.cell][6] = rank + 1
     return rows
 
 
