@@ -80,6 +80,25 @@ def test_video_caption_facts_cover_events() -> None:
     ]  # fmt: skip
 
 
+def test_vision_labels_rank_shapes_as_the_caption_orders_them() -> None:
+    from vlmspec.testbed.train import _cell_labels
+    from vlmspec.testbed.world import ORDINALS, POSITIONS
+
+    example = next(e for s in range(50) if len((e := testbed.sample("image_caption", s)).scene.shapes) == 3)
+    rows = _cell_labels(example.scene)  # [9 cells, 8 labels]; column 6: rank (0 = empty), 7: count
+    for rank in (1, 2, 3):
+        (cell,) = [c for c, row in enumerate(rows) if row[6] == rank]
+        assert f"The {ORDINALS[rank - 1]} shape is a" in example.reference
+        sentence = example.reference.split(f"The {ORDINALS[rank - 1]} shape is a ", 1)[1].split(".")[0]
+        assert sentence.endswith(f"at the {POSITIONS[cell]}")
+    assert {row[7] for row in rows} == {3}
+    clips = (testbed.sample("video_caption", s) for s in range(200))
+    clip = next(c for c in clips if any(t.event == "appears" for t in c.scene.tracks))
+    early, late = _cell_labels(clip.scene), _cell_labels(clip.scene, late=True)
+    assert early[0][7] == len(clip.scene.tracks) - sum(t.event == "appears" for t in clip.scene.tracks)
+    assert sorted(r[6] for r in late if r[6]) == list(range(1, late[0][7] + 1))  # ranks of what that frame shows
+
+
 def test_bad_inputs_are_named() -> None:
     with pytest.raises(ValueError, match="image_story"):
         testbed.sample("image_story", 0)
