@@ -99,6 +99,19 @@ def test_vision_labels_rank_shapes_as_the_caption_orders_them() -> None:
     assert sorted(r[6] for r in late if r[6]) == list(range(1, late[0][7] + 1))  # ranks of what that frame shows
 
 
+def test_training_questions_are_lookup_rich_and_never_held_out() -> None:
+    from vlmspec.testbed.train import TRAIN_SEED_OFFSET, is_lookup, training_batch
+
+    qa_step = 3001  # an image_qa step in the full world of a 3600-step run
+    batch = training_batch(qa_step, 32, 3600)
+    assert all(e.task == "image_qa" and e.seed >= TRAIN_SEED_OFFSET for e in batch)
+    assert sum(map(is_lookup, batch)) >= 16  # every other slot is a lookup, the rest the world's own mix
+    assert {e.prompt.split()[0] for e in batch[1::2]} >= {"How", "What"}
+    held_out = [testbed.sample("image_qa", s) for s in range(300)]
+    assert sum(map(is_lookup, held_out)) < 0.4 * len(held_out)  # evaluation keeps the world's mix
+    assert training_batch(1, 32, 3600) == training_batch(1, 32, 3600)
+
+
 def test_bad_inputs_are_named() -> None:
     with pytest.raises(ValueError, match="image_story"):
         testbed.sample("image_story", 0)

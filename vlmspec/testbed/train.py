@@ -194,10 +194,9 @@ def _training_question(seed: int, max_shapes: int, lookup: bool) -> Example:
     """
     if lookup and max_shapes > 1:
         base = 4 * TRAIN_SEED_OFFSET + LOOKUP_CANDIDATES * seed
-        for j in range(LOOKUP_CANDIDATES):
-            example = sample("image_qa", base + j, max_shapes=max_shapes)
-            if is_lookup(example):
-                return example
+        for candidate in range(base, base + LOOKUP_CANDIDATES):
+            if is_lookup(sample("image_qa", candidate, max_shapes=max_shapes, render=False)):
+                return sample("image_qa", candidate, max_shapes=max_shapes)
     return sample("image_qa", seed, max_shapes=max_shapes)
 
 

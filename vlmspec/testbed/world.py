@@ -458,7 +458,7 @@ def render_clip(clip: Clip, rng: random.Random) -> list[PIL.Image.Image]:
 # ---------------------------------------------------------------------------------------------
 # Public sampling
 # ---------------------------------------------------------------------------------------------
-def sample(task: str, seed: int, max_shapes: int = MAX_SHAPES) -> Example:
+def sample(task: str, seed: int, max_shapes: int = MAX_SHAPES, render: bool = True) -> Example:
     """Draws one example of ``task``; equal ``(task, seed)`` give identical examples.
 
     Seeds below ``TRAIN_SEED_OFFSET`` (see :mod:`vlmspec.testbed.train`) are never used for training, so
@@ -468,6 +468,7 @@ def sample(task: str, seed: int, max_shapes: int = MAX_SHAPES) -> Example:
         task: One of :data:`TASKS`.
         seed: Any non-negative int.
         max_shapes: At most this many shapes (1..3; training starts with simple scenes).
+        render: ``False`` skips drawing (``image``/``video`` are ``None``): the texts and scene alone, cheaply.
 
     Returns:
         An :class:`Example` with ``image`` (``IMAGE_SIDE`` x ``IMAGE_SIDE`` RGB) for image tasks or ``video``
@@ -484,14 +485,15 @@ def sample(task: str, seed: int, max_shapes: int = MAX_SHAPES) -> Example:
     if task == "video_caption":
         clip = sample_clip(rng, max_shapes)
         prompt = rng.choice(VIDEO_PROMPTS)
-        frames = render_clip(clip, rng)
-        return Example(task, seed, prompt, clip_caption(clip, rng), video=frames, scene=clip)
+        caption = clip_caption(clip, rng)
+        frames = render_clip(clip, rng) if render else None
+        return Example(task, seed, prompt, caption, video=frames, scene=clip)
     scene = sample_scene(rng, max_shapes)
     if task == "image_caption":
         prompt, reference = rng.choice(CAPTION_PROMPTS), scene_caption(scene, rng)
     else:
         prompt, reference = scene_question(scene, rng)
-    return Example(task, seed, prompt, reference, image=render_scene(scene, rng), scene=scene)
+    return Example(task, seed, prompt, reference, image=render_scene(scene, rng) if render else None, scene=scene)
 
 
 # ---------------------------------------------------------------------------------------------
