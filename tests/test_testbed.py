@@ -105,8 +105,8 @@ def test_training_questions_are_lookup_rich_and_never_held_out() -> None:
     qa_step = 3001  # an image_qa step in the full world of a 3600-step run
     batch = training_batch(qa_step, 32, 3600)
     assert all(e.task == "image_qa" and e.seed >= TRAIN_SEED_OFFSET for e in batch)
-    assert sum(map(is_lookup, batch)) >= 16  # every other slot is a lookup, the rest the world's own mix
-    assert {e.prompt.split()[0] for e in batch[1::2]} >= {"How", "What"}
+    assert sum(map(is_lookup, batch)) >= 24  # three slots in four are lookups, the rest the world's own mix
+    assert {e.prompt.split()[0] for e in batch[3::4]} >= {"How", "What"}
     held_out = [testbed.sample("image_qa", s) for s in range(300)]
     assert sum(map(is_lookup, held_out)) < 0.4 * len(held_out)  # evaluation keeps the world's mix
     assert training_batch(1, 32, 3600) == training_batch(1, 32, 3600)

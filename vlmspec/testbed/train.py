@@ -87,8 +87,8 @@ class SizeConfig:
 SIZES: dict[str, SizeConfig] = {
     "base": SizeConfig(
         name="base",
-        target=ModelSpec(hidden=128, layers=4, kv_heads=2, intermediate=384, vision_hidden=64, vision_layers=3,
-                         vision_heads=2, init_std=0.08),
+        target=ModelSpec(hidden=128, layers=4, kv_heads=8, intermediate=384, head_dim=16, vision_hidden=64,
+                         vision_layers=3, vision_heads=2, init_std=0.08),
         draft=ModelSpec(hidden=64, layers=2, kv_heads=1, intermediate=192, vision_hidden=32, vision_layers=1,
                         vision_heads=2, init_std=0.08),
         target_steps=3600,
@@ -166,7 +166,7 @@ def training_batch(step: int, batch_size: int, steps: int | None = None) -> list
     first = TRAIN_SEED_OFFSET + step * batch_size
     limit = max_shapes_at(step, steps) if steps else CURRICULUM[-1][1]
     if task == "image_qa":
-        return [_training_question(first + i, limit, lookup=i % 2 == 0) for i in range(batch_size)]
+        return [_training_question(first + i, limit, lookup=i % 4 != 3) for i in range(batch_size)]
     return [sample(task, first + i, max_shapes=limit) for i in range(batch_size)]
 
 
@@ -187,8 +187,8 @@ def _training_question(seed: int, max_shapes: int, lookup: bool) -> Example:
 
     Lookups (``Where is the red circle?`` / ``What color is the square?`` in a scene of several shapes) teach
     the language model to find a shape by its attributes, the hardest skill QA asks for, yet they are under a
-    third of the world's questions and have one- or two-token answers; half of every training QA batch is
-    therefore a lookup (the other half keeps the world's mix, so counts and backgrounds are still learned).
+    third of the world's questions and have one- or two-token answers; three slots in four of every training QA
+    batch are therefore lookups (the fourth keeps the world's mix, so counts and backgrounds are still learned).
     Evaluation draws from the world's own mix. Candidate seeds ``4 * TRAIN_SEED_OFFSET + 8 * seed + j`` are
     disjoint from every other training seed.
     """
