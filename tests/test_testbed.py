@@ -36,6 +36,9 @@ def test_sample_is_deterministic(task: str) -> None:
     frames_b = [b.image] if b.image is not None else b.video
     assert [f.tobytes() for f in frames_a] == [f.tobytes() for f in frames_b]
     assert (other.reference, other.prompt) != (a.reference, a.prompt) or other.scene != a.scene
+    text_only = testbed.sample(task, 7, render=False)  # same texts and scene, nothing drawn
+    assert (text_only.prompt, text_only.reference, text_only.scene) == (a.prompt, a.reference, a.scene)
+    assert text_only.image is None and text_only.video is None
 
 
 def test_sample_covers_tasks_and_media() -> None:
@@ -96,7 +99,9 @@ def test_vision_labels_rank_shapes_as_the_caption_orders_them() -> None:
     clip = next(c for c in clips if any(t.event == "appears" for t in c.scene.tracks))
     early, late = _cell_labels(clip.scene), _cell_labels(clip.scene, late=True)
     assert early[0][7] == len(clip.scene.tracks) - sum(t.event == "appears" for t in clip.scene.tracks)
-    assert sorted(r[6] for r in late if r[6]) == list(range(1, late[0][7] + 1))  # ranks of what that frame shows
+    assert sorted(r[6] for r in late if r[6]) == list(
+        range(1, late[0][7] + 1)
+    )  # ranks of what that frame shows
 
 
 def test_training_questions_are_lookup_rich_and_never_held_out() -> None:

@@ -493,7 +493,9 @@ def sample(task: str, seed: int, max_shapes: int = MAX_SHAPES, render: bool = Tr
         prompt, reference = rng.choice(CAPTION_PROMPTS), scene_caption(scene, rng)
     else:
         prompt, reference = scene_question(scene, rng)
-    return Example(task, seed, prompt, reference, image=render_scene(scene, rng) if render else None, scene=scene)
+    return Example(
+        task, seed, prompt, reference, image=render_scene(scene, rng) if render else None, scene=scene
+    )
 
 
 # ---------------------------------------------------------------------------------------------
