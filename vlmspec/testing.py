@@ -272,15 +272,20 @@ def _is_qwen(family: str) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Tokenizer and processor
 # ---------------------------------------------------------------------------------------------
-def _build_tokenizer(family: str) -> Qwen2Tokenizer:
-    """Trains a small byte-level BPE and wraps it in the family's real tokenizer class.
+def byte_level_tokenizer(
+    lines: list[str], specials: tuple[str, ...], chat_template: str, vocab_size: int, model_max_length: int
+) -> Qwen2Tokenizer:
+    """Trains a byte-level BPE on ``lines`` and wraps it in ``Qwen2Tokenizer`` (the class all four families use).
 
     Args:
-        family: One of :data:`FAMILIES`.
+        lines: Training text, one line per item.
+        specials: The family's special tokens, appended after the BPE vocabulary.
+        chat_template: The family's chat template.
+        vocab_size: BPE vocabulary limit (merges stop earlier once nothing is left to merge).
+        model_max_length: The tokenizer's ``model_max_length``.
 
     Returns:
-        A ``Qwen2Tokenizer`` (the tokenizer class all four families use) with the family's
-        special tokens appended after the BPE vocabulary and the family's chat template.
+        The tokenizer; ``eos_token`` is ``<|im_end|>`` (end of a reply), ``pad_token`` ``<|endoftext|>``.
     """
     from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
     from tokenizers.models import BPE
@@ -297,27 +302,23 @@ def _build_tokenizer(family: str) -> Qwen2Tokenizer:
     )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=_BPE_VOCAB,
+        vocab_size=vocab_size,
         min_frequency=1,
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[],
     )
-    lines = [line.strip() for line in _CORPUS.strip().splitlines() if line.strip()]
     bpe.train_from_iterator(lines, trainer=trainer)
     model_json = json.loads(bpe.to_str())["model"]
-    vocab: dict[str, int] = model_json["vocab"]
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model_json["merges"]]
-
-    specials = _QWEN_SPECIAL_TOKENS if _is_qwen(family) else LLAVA_SPECIAL_TOKENS
     tokenizer = Qwen2Tokenizer(
-        vocab=vocab,
+        vocab=model_json["vocab"],
         merges=merges,
         unk_token=None,
         bos_token=None,
         eos_token="<|endoftext|>",
         pad_token="<|endoftext|>",
-        model_max_length=32768,
+        model_max_length=model_max_length,
         padding_side="left",
     )
     tokenizer.add_special_tokens(
@@ -326,13 +327,25 @@ def _build_tokenizer(family: str) -> Qwen2Tokenizer:
     # Re-register eos/pad now that both exist as added tokens with their final ids.
     tokenizer.eos_token = "<|im_end|>"
     tokenizer.pad_token = "<|endoftext|>"
-    tokenizer.chat_template = {
+    tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+def _build_tokenizer(family: str) -> Qwen2Tokenizer:
+    """The fixtures' tokenizer: a small byte-level BPE on :data:`_CORPUS` with the family's specials and template."""
+    chat_template = {
         "qwen2_vl": QWEN_CHAT_TEMPLATE,
         "qwen2_5_vl": QWEN_CHAT_TEMPLATE,
         "qwen3_vl": _QWEN3_CHAT_TEMPLATE,
         "llava_onevision": LLAVA_CHAT_TEMPLATE,
     }[family]
-    return tokenizer
+    return byte_level_tokenizer(
+        lines=[line.strip() for line in _CORPUS.strip().splitlines() if line.strip()],
+        specials=_QWEN_SPECIAL_TOKENS if _is_qwen(family) else LLAVA_SPECIAL_TOKENS,
+        chat_template=chat_template,
+        vocab_size=_BPE_VOCAB,
+        model_max_length=32768,
+    )
 
 
 def build_processor(family: str) -> ProcessorMixin:

@@ -15,10 +15,9 @@ Visual tokens for an ``84 x 84`` testbed picture (see ``tests/test_testbed.py``)
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
-from ..testing import LLAVA_CHAT_TEMPLATE, LLAVA_SPECIAL_TOKENS, QWEN_CHAT_TEMPLATE
+from ..testing import LLAVA_CHAT_TEMPLATE, LLAVA_SPECIAL_TOKENS, QWEN_CHAT_TEMPLATE, byte_level_tokenizer
 from .world import IMAGE_SIDE, lexicon
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -70,48 +69,14 @@ def build_tokenizer(family: str) -> Qwen2Tokenizer:
     Returns:
         The tokenizer; ``eos_token`` is ``<|im_end|>`` (end of a reply), ``pad_token`` ``<|endoftext|>``.
     """
-    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
-    from tokenizers.models import BPE
-    from transformers import AddedToken
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
-
     check_family(family)
-    bpe = Tokenizer(BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
-    bpe.normalizer = normalizers.NFC()
-    bpe.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
+    return byte_level_tokenizer(
+        lines=_corpus(),
+        specials=_specials(family),
+        chat_template=QWEN_CHAT_TEMPLATE if family == "qwen2_vl" else LLAVA_CHAT_TEMPLATE,
         vocab_size=1 << 16,  # never reached: training stops once every word is a single token
-        min_frequency=1,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=[],
-    )
-    bpe.train_from_iterator(_corpus(), trainer=trainer)
-    model_json = json.loads(bpe.to_str())["model"]
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model_json["merges"]]
-    tokenizer = Qwen2Tokenizer(
-        vocab=model_json["vocab"],
-        merges=merges,
-        unk_token=None,
-        bos_token=None,
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
         model_max_length=4096,
-        padding_side="left",
     )
-    tokenizer.add_special_tokens(
-        {"extra_special_tokens": [AddedToken(t, special=True, normalized=False) for t in _specials(family)]}
-    )
-    tokenizer.eos_token = "<|im_end|>"
-    tokenizer.pad_token = "<|endoftext|>"
-    tokenizer.chat_template = QWEN_CHAT_TEMPLATE if family == "qwen2_vl" else LLAVA_CHAT_TEMPLATE
-    return tokenizer
 
 
 def special_token_ids(tokenizer: Qwen2Tokenizer, family: str) -> dict[str, int]:
