@@ -7,6 +7,7 @@ picture and clip.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -105,16 +106,21 @@ def test_vision_labels_rank_shapes_as_the_caption_orders_them() -> None:
 
 
 def test_training_questions_are_lookup_rich_and_never_held_out() -> None:
-    from vlmspec.testbed.train import TRAIN_SEED_OFFSET, is_lookup, training_batch
+    from vlmspec.testbed.train import TRAIN_SEED_OFFSET, get_size, is_lookup, training_batch
 
-    qa_step = 3001  # an image_qa step in the full world of a 3600-step run
-    batch = training_batch(qa_step, 32, 3600)
+    base = get_size("base")
+    steps, cycle = base.target_steps, base.task_cycle
+    assert [training_batch(i, 1, steps, cycle)[0].task for i in range(8)] == [
+        cycle[i % len(cycle)] for i in range(8)
+    ]  # the size's task order
+    qa_step = next(i for i in range(steps - 50, steps) if cycle[i % len(cycle)] == "image_qa")
+    batch = training_batch(qa_step, 32, steps, cycle)  # a QA step in the full world
     assert all(e.task == "image_qa" and e.seed >= TRAIN_SEED_OFFSET for e in batch)
     assert sum(map(is_lookup, batch)) >= 24  # three slots in four are lookups, the rest the world's own mix
     assert {e.prompt.split()[0] for e in batch[3::4]} >= {"How", "What"}
     held_out = [testbed.sample("image_qa", s) for s in range(300)]
     assert sum(map(is_lookup, held_out)) < 0.4 * len(held_out)  # evaluation keeps the world's mix
-    assert training_batch(1, 32, 3600) == training_batch(1, 32, 3600)
+    assert training_batch(1, 32, steps, cycle) == training_batch(1, 32, steps, cycle)
 
 
 def test_bad_inputs_are_named() -> None:
@@ -126,6 +132,12 @@ def test_bad_inputs_are_named() -> None:
         testbed.build(size="huge")
     with pytest.raises(ValueError, match="qwen9"):
         testbed.pair_paths("mini", family="qwen9")
+    from vlmspec.testbed.train import get_size
+
+    with pytest.raises(ValueError, match="image_story"):
+        dataclasses.replace(get_size("mini"), task_cycle=("image_caption", "image_story"))
+    with pytest.raises(ValueError, match="threads must be >= 1, got 0"):
+        dataclasses.replace(get_size("mini"), threads=0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,7 +21,6 @@ from typing import Any
 from .tokenizer import FAMILIES, build_processor, check_family
 from .train import (
     SIZES,
-    TASK_CYCLE,
     TRAIN_SEED_OFFSET,
     SizeConfig,
     deterministic,
@@ -40,13 +39,10 @@ __all__ = [
     "pair_paths",
 ]
 
-TESTBED_VERSION = "4"
+TESTBED_VERSION = "5"
 """Bumped whenever the world, tokenizer, models or training recipe change (old folders are then rebuilt)."""
 
 MANIFEST = "manifest.json"
-THREADS = (
-    1  # fixed: results do not depend on the machine's core count, and tiny models gain nothing from more
-)
 _ESTIMATE_MINUTES = {"base": "15-20", "mini": "1-2"}
 
 
@@ -174,7 +170,7 @@ def _train(family: str, config: SizeConfig, out: Path, progress: bool) -> dict[s
         return update
 
     try:
-        with deterministic(THREADS):
+        with deterministic(config.threads):
             processor = build_processor(family)
             target, target_info = train_target(family, config, processor, on_step=on_step("target"))
             draft, draft_info = train_draft(family, config, processor, target, on_step=on_step("draft"))
@@ -193,12 +189,12 @@ def _train(family: str, config: SizeConfig, out: Path, progress: bool) -> dict[s
         "family": family,
         "size": config.name,
         "seed": config.seed,
-        "threads": THREADS,
+        "threads": config.threads,
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "batch_size": config.batch_size,
         "lr": config.lr,
-        "task_cycle": list(TASK_CYCLE),
+        "task_cycle": list(config.task_cycle),
         "train_seed_offset": TRAIN_SEED_OFFSET,
         "eval_examples_per_task": config.eval_examples,
         "vocab_size": len(processor.tokenizer),
