@@ -12,6 +12,7 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -85,24 +86,44 @@ def test_video_caption_facts_cover_events() -> None:
 
 
 def test_vision_labels_rank_shapes_as_the_caption_orders_them() -> None:
+    from vlmspec.testbed.data import IGNORE
     from vlmspec.testbed.train import _cell_labels
-    from vlmspec.testbed.world import ORDINALS, POSITIONS
+    from vlmspec.testbed.world import COLOURS, EVENTS, GRID, ORDINALS, POSITIONS
 
     example = next(e for s in range(50) if len((e := testbed.sample("image_caption", s)).scene.shapes) == 3)
-    rows = _cell_labels(example.scene)  # [9 cells, 8 labels]; column 6: rank (0 = empty), 7: count
+    rows = _cell_labels(
+        example.scene
+    )  # [9 cells, 11 labels]; column 6: rank (0 = empty), 7: count, 8-10: event
     for rank in (1, 2, 3):
         (cell,) = [c for c, row in enumerate(rows) if row[6] == rank]
         assert f"The {ORDINALS[rank - 1]} shape is a" in example.reference
         sentence = example.reference.split(f"The {ORDINALS[rank - 1]} shape is a ", 1)[1].split(".")[0]
         assert sentence.endswith(f"at the {POSITIONS[cell]}")
     assert {row[7] for row in rows} == {3}
-    clips = (testbed.sample("video_caption", s) for s in range(200))
-    clip = next(c for c in clips if any(t.event == "appears" for t in c.scene.tracks))
+    clips = (testbed.sample("video_caption", s) for s in range(500))
+    clip = next(c for c in clips if {"appears", "moves", "turns"} <= {t.event for t in c.scene.tracks})
     early, late = _cell_labels(clip.scene), _cell_labels(clip.scene, late=True)
-    assert early[0][7] == len(clip.scene.tracks) - sum(t.event == "appears" for t in clip.scene.tracks)
-    assert sorted(r[6] for r in late if r[6]) == list(
-        range(1, late[0][7] + 1)
-    )  # ranks of what that frame shows
+    tracks = clip.scene.tracks
+    assert {row[7] for row in early} == {
+        3
+    }  # the first frame pair shows every track, before and after its event
+    for rank, track in enumerate(tracks, start=1):
+        row = early[track.shape.cell]
+        assert row[6] == rank and row[8] == EVENTS.index(track.event) + 1
+        assert (
+            f"The {ORDINALS[rank - 1]} shape is {track.shape.phrase('a')} that {track.event} "
+            in clip.reference
+        )
+        assert row[9] == (GRID * GRID if track.event != "moves" else track.end_cell)
+        assert row[10] == (len(COLOURS) if track.event != "turns" else list(COLOURS).index(track.new_colour))
+    assert all(row[8:] == [IGNORE] * 3 for row in late + rows)  # pictures without a before and after
+    assert sorted(r[6] for r in late if r[6]) == list(range(1, late[0][7] + 1))  # what the last pair shows
+    before, after = (np.asarray(f, dtype=np.int16) for f in clip.video[:2])
+    (appears,) = [t for t in tracks if t.event == "appears"]
+    row, col = divmod(appears.shape.cell, GRID)
+    side = IMAGE_SIDE // GRID
+    cell = (slice(side * row, side * (row + 1)), slice(side * col, side * (col + 1)))
+    assert np.abs(after[cell] - before[cell]).mean() > 20  # events show from the second frame on
 
 
 def test_training_questions_are_lookup_rich_and_never_held_out() -> None:

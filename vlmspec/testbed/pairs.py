@@ -39,7 +39,7 @@ __all__ = [
     "pair_paths",
 ]
 
-TESTBED_VERSION = "5"
+TESTBED_VERSION = "6"
 """Bumped whenever the world, tokenizer, models or training recipe change (old folders are then rebuilt)."""
 
 MANIFEST = "manifest.json"

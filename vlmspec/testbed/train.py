@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .data import IGNORE, encode
 from .models import ModelSpec, build_model
-from .world import BACKGROUNDS, COLOURS, GRID, KINDS, MAX_SHAPES, TASKS, Clip, Example, Scene, sample
+from .world import BACKGROUNDS, COLOURS, EVENTS, GRID, KINDS, MAX_SHAPES, TASKS, Clip, Example, Scene, sample
 from .world import SIZES as SHAPE_SIZES
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -387,30 +387,62 @@ def _info(losses: list[float], seconds: float) -> dict[str, Any]:
 # Vision pre-training
 # ---------------------------------------------------------------------------------------------
 # Per-cell labels: occupied (2), colour (+none), kind (+none), size (+none), cell index (9), background, rank of
-# the shape in reading order (+none: which sentence of the caption is about it) and the scene's shape count.
+# the shape in reading order (+none: which sentence of the caption is about it), the scene's shape count, and
+# for a clip's first frame pair the track's event (+none), a move's end cell (+none) and a turn's new colour (+none).
 _AUX_CLASSES = (
     2, len(COLOURS) + 1, len(KINDS) + 1, len(SHAPE_SIZES) + 1, GRID * GRID, len(BACKGROUNDS), MAX_SHAPES + 1,
-    MAX_SHAPES + 1,
+    MAX_SHAPES + 1, len(EVENTS) + 1, GRID * GRID + 1, len(COLOURS) + 1,
 )  # fmt: skip
-_AUX_WEIGHTS = (1.0, 1.0, 3.0, 1.0, 2.0, 0.5, 2.0, 0.5)  # kind, cell and rank are the subtle ones
+_AUX_WEIGHTS = (
+    1.0,
+    1.0,
+    3.0,
+    1.0,
+    2.0,
+    0.5,
+    2.0,
+    0.5,
+    2.0,
+    1.0,
+    1.0,
+)  # kind, cell, rank, event: the subtle ones
 _LLAVA_CELL_TOKENS = tuple(range(GRID * GRID)) + tuple(
     GRID * GRID + r * (GRID + 1) + c for r in range(GRID) for c in range(GRID)
 )  # base crop (raster), then the anyres tile (raster rows, each followed by a newline token)
 
 
 def _cell_labels(scene: Scene | Clip, late: bool = False) -> list[list[int]]:
-    """``[9, 8]`` aux labels of a still scene, or of a clip's first (``late=False``) or last frame.
+    """``[9, 11]`` aux labels of a still scene, or of a clip's first (``late=False``) or second frame pair.
 
-    Rank and count describe the shapes drawn in that picture (Qwen2-VL's vision tower attends within one
-    frame pair, so nothing else is learnable there): for a still scene the rank is the shape's caption sentence.
+    A still scene's rank is the shape's caption sentence. A clip's first frame pair shows each track before and
+    after its event (see :data:`~vlmspec.testbed.world.CHANGE_FRAME`), so its labels are the caption's: every
+    track at its anchor cell with its first-seen look, its sentence rank, the track count and the event (with the
+    end cell of a move and the new colour of a turn). The second pair shows the end state; its rank and count
+    describe what is drawn there (Qwen2-VL's vision tower attends within one frame pair). Event columns that a
+    picture cannot show are :data:`IGNORE`.
     """
     none = (len(COLOURS), len(KINDS), len(SHAPE_SIZES))
-    shapes = (
-        scene.shapes if isinstance(scene, Scene) else [s for t in scene.tracks if (s := t.shape_at(late))]
-    )
     background = list(BACKGROUNDS).index(scene.background)
-    rows = [[0, *none, cell, background, 0, len(shapes)] for cell in range(GRID * GRID)]
-    for rank, shape in enumerate(sorted(shapes, key=lambda s: s.cell)):
+    if isinstance(scene, Clip) and not late:
+        shapes = [t.shape for t in scene.tracks]
+        events = [
+            (
+                EVENTS.index(t.event) + 1,
+                GRID * GRID if t.end_cell is None else t.end_cell,
+                len(COLOURS) if t.new_colour is None else list(COLOURS).index(t.new_colour),
+            )
+            for t in scene.tracks
+        ]
+        empty = (0, GRID * GRID, len(COLOURS))
+    else:
+        shapes = (
+            scene.shapes if isinstance(scene, Scene) else [s for t in scene.tracks if (s := t.shape_at(late))]
+        )
+        events = [(IGNORE, IGNORE, IGNORE)] * len(shapes)
+        empty = (IGNORE, IGNORE, IGNORE)
+    rows = [[0, *none, cell, background, 0, len(shapes), *empty] for cell in range(GRID * GRID)]
+    ranked = sorted(zip(shapes, events, strict=True), key=lambda pair: pair[0].cell)
+    for rank, (shape, event) in enumerate(ranked):
         rows[shape.cell][:4] = [
             1,
             list(COLOURS).index(shape.colour),
@@ -418,6 +450,7 @@ def _cell_labels(scene: Scene | Clip, late: bool = False) -> list[list[int]]:
             list(SHAPE_SIZES).index(shape.size),
         ]
         rows[shape.cell][6] = rank + 1
+        rows[shape.cell][8:] = event
     return rows
 
 
@@ -470,8 +503,9 @@ def pretrain_vision(
     """Pre-trains the vision tower (and projector/merger) on the world's dense per-cell labels.
 
     Real VLMs start from a pre-trained vision encoder; here a linear probe on the features of every grid-cell
-    token learns what is in the cell (occupied, colour, kind, size), where the cell is and the background. The
-    probe is discarded; only the vision weights keep what it taught them.
+    token learns what is in the cell (occupied, colour, kind, size), where the cell is, the background, the
+    shape's rank and count and, on a Qwen2-VL clip's first frame pair, the track's event (see
+    :func:`_cell_labels`). The probe is discarded; only the vision weights keep what it taught them.
 
     Args:
         model: The model whose vision tower is trained (in place).
@@ -516,12 +550,13 @@ def pretrain_vision(
             pixels = processor.image_processor(images=[e.image for e in examples], return_tensors="pt")
             label_rows = [_cell_labels(e.scene) for e in examples]
         feats, cells = cell_features(model, family, pixels)  # [B, T, H], [T]
-        labels = torch.tensor(label_rows)  # [B, 9 or 18, 8]
-        labels = labels if clips else labels[:, cells]  # [B, T, 8]
+        labels = torch.tensor(label_rows)  # [B, 9 or 18, 11]
+        labels = labels if clips else labels[:, cells]  # [B, T, 11]
+        counted = (labels != IGNORE).sum((0, 1)).clamp(min=1)  # [11] labelled tokens per column
         normed = feats.float() * torch.rsqrt(feats.float().pow(2).mean(-1, keepdim=True) + 1e-6)
         logits = (normed @ probe.T).split(_AUX_CLASSES, dim=-1)
-        loss = sum(
-            w * F.cross_entropy(lg.flatten(0, 1), labels[..., i].flatten())
+        loss = sum(  # mean cross-entropy over each column's labelled tokens (0 where a column has none)
+            w * F.cross_entropy(lg.flatten(0, 1), labels[..., i].flatten(), reduction="sum") / counted[i]
             for i, (lg, w) in enumerate(zip(logits, _AUX_WEIGHTS, strict=True))
         )
         optimizer.zero_grad(set_to_none=True)

@@ -48,7 +48,10 @@ TASKS: tuple[str, ...] = ("image_caption", "image_qa", "video_caption")
 
 IMAGE_SIDE = 84  # pixels; 3x3 cells of 28 px = 3x3 merged Qwen2-VL tokens
 GRID = 3
-NUM_FRAMES = 4  # Qwen2-VL merges frame pairs (temporal patch 2): events happen at the half-way mark
+NUM_FRAMES = 4
+CHANGE_FRAME = 1
+"""Appear, disappear and turn events show from this frame on (moves glide over the whole clip): Qwen2-VL merges
+frame pairs (temporal patch 2), so its first frame pair holds a clip's before and after."""
 MAX_SHAPES = 3
 
 KINDS: tuple[str, ...] = ("circle", "square", "triangle", "diamond")
@@ -426,7 +429,7 @@ def render_scene(scene: Scene, rng: random.Random) -> PIL.Image.Image:
 
 
 def render_clip(clip: Clip, rng: random.Random) -> list[PIL.Image.Image]:
-    """Draws the frames of a clip; appear/disappear/turn events happen at the half-way mark."""
+    """Draws the frames of a clip; appear/disappear/turn events happen at :data:`CHANGE_FRAME`."""
     from PIL import ImageDraw
 
     frames_n = clip.num_frames
@@ -438,7 +441,7 @@ def render_clip(clip: Clip, rng: random.Random) -> list[PIL.Image.Image]:
     for f in range(frames_n):
         frame = base.copy()
         draw = ImageDraw.Draw(frame)
-        late = f >= frames_n // 2
+        late = f >= CHANGE_FRAME
         for track, (tint, dx, dy) in zip(clip.tracks, styles, strict=True):
             shape = track.shape
             if (track.event == "appears" and not late) or (track.event == "disappears" and late):
