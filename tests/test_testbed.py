@@ -91,9 +91,8 @@ def test_vision_labels_rank_shapes_as_the_caption_orders_them() -> None:
     from vlmspec.testbed.world import COLOURS, EVENTS, GRID, ORDINALS, POSITIONS
 
     example = next(e for s in range(50) if len((e := testbed.sample("image_caption", s)).scene.shapes) == 3)
-    rows = _cell_labels(
-        example.scene
-    )  # [9 cells, 11 labels]; column 6: rank (0 = empty), 7: count, 8-10: event
+    # [9 cells, 11 labels]; column 6: rank (0 = empty), 7: count, 8-10: event, end cell, new colour
+    rows = _cell_labels(example.scene)
     for rank in (1, 2, 3):
         (cell,) = [c for c, row in enumerate(rows) if row[6] == rank]
         assert f"The {ORDINALS[rank - 1]} shape is a" in example.reference
@@ -104,9 +103,8 @@ def test_vision_labels_rank_shapes_as_the_caption_orders_them() -> None:
     clip = next(c for c in clips if {"appears", "moves", "turns"} <= {t.event for t in c.scene.tracks})
     early, late = _cell_labels(clip.scene), _cell_labels(clip.scene, late=True)
     tracks = clip.scene.tracks
-    assert {row[7] for row in early} == {
-        3
-    }  # the first frame pair shows every track, before and after its event
+    # the first frame pair shows every track, before and after its event
+    assert {row[7] for row in early} == {3}
     for rank, track in enumerate(tracks, start=1):
         row = early[track.shape.cell]
         assert row[6] == rank and row[8] == EVENTS.index(track.event) + 1
@@ -145,6 +143,8 @@ def test_training_questions_are_lookup_rich_and_never_held_out() -> None:
 
 
 def test_bad_inputs_are_named() -> None:
+    from vlmspec.testbed.train import get_size
+
     with pytest.raises(ValueError, match="image_story"):
         testbed.sample("image_story", 0)
     with pytest.raises(ValueError, match="seed"):
@@ -153,8 +153,6 @@ def test_bad_inputs_are_named() -> None:
         testbed.build(size="huge")
     with pytest.raises(ValueError, match="qwen9"):
         testbed.pair_paths("mini", family="qwen9")
-    from vlmspec.testbed.train import get_size
-
     with pytest.raises(ValueError, match="image_story"):
         dataclasses.replace(get_size("mini"), task_cycle=("image_caption", "image_story"))
     with pytest.raises(ValueError, match="threads must be >= 1, got 0"):

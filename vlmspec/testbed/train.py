@@ -393,19 +393,8 @@ _AUX_CLASSES = (
     2, len(COLOURS) + 1, len(KINDS) + 1, len(SHAPE_SIZES) + 1, GRID * GRID, len(BACKGROUNDS), MAX_SHAPES + 1,
     MAX_SHAPES + 1, len(EVENTS) + 1, GRID * GRID + 1, len(COLOURS) + 1,
 )  # fmt: skip
-_AUX_WEIGHTS = (
-    1.0,
-    1.0,
-    3.0,
-    1.0,
-    2.0,
-    0.5,
-    2.0,
-    0.5,
-    2.0,
-    1.0,
-    1.0,
-)  # kind, cell, rank, event: the subtle ones
+_AUX_WEIGHTS = (1.0, 1.0, 3.0, 1.0, 2.0, 0.5, 2.0, 0.5, 2.0, 1.0, 1.0)  # fmt: skip
+"""Loss weight per label column: kind, cell, rank and event are the subtle ones."""
 _LLAVA_CELL_TOKENS = tuple(range(GRID * GRID)) + tuple(
     GRID * GRID + r * (GRID + 1) + c for r in range(GRID) for c in range(GRID)
 )  # base crop (raster), then the anyres tile (raster rows, each followed by a newline token)
