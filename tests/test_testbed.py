@@ -239,6 +239,22 @@ def test_second_build_reuses_the_pair(
     ) in (0, 1)
 
 
+def test_prune_removes_only_other_versions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    current = testbed.pair_folder("mini", "qwen2_vl", root=tmp_path)
+    old = [tmp_path / "qwen2_vl-base-v3", tmp_path / "llava_onevision-mini-v1"]
+    kept = [current, tmp_path / "notes-v3", tmp_path / "qwen2_vl-huge-v3"]
+    for folder in old + kept:
+        (folder / "target").mkdir(parents=True)
+    (tmp_path / f".{current.name}.lock").touch()
+    assert cli.main(["prune", "--root", str(tmp_path), "--dry-run"]) == 0
+    assert all(f.is_dir() for f in old) and capsys.readouterr().out.count("would remove") == 2
+    assert cli.main(["prune", "--root", str(tmp_path)]) == 0
+    assert not any(f.exists() for f in old) and all(f.is_dir() for f in kept)
+    assert (tmp_path / f".{current.name}.lock").exists()
+    assert cli.main(["prune", "--root", str(tmp_path)]) == 0
+    assert "no pair folders of other testbed versions" in capsys.readouterr().out
+
+
 def test_half_built_folder_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = testbed.pair_folder("mini", "qwen2_vl", root=tmp_path)
     (folder / "target").mkdir(parents=True)

@@ -19,7 +19,7 @@ Command line: ``python -m vlmspec.testbed build --size base --family all``.
 
 from __future__ import annotations
 
-from .pairs import TESTBED_VERSION, TestbedPair, build, default_root, pair_folder, pair_paths
+from .pairs import TESTBED_VERSION, TestbedPair, build, default_root, pair_folder, pair_paths, prune
 from .tokenizer import FAMILIES
 from .train import SIZES
 from .world import TASKS, Example, caption_facts, fact_accuracy, sample, write_video
@@ -37,6 +37,7 @@ __all__ = [
     "fact_accuracy",
     "pair_folder",
     "pair_paths",
+    "prune",
     "sample",
     "write_video",
 ]

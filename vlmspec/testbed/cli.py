@@ -1,4 +1,5 @@
-"""``testbed build [--size base|mini] [--family qwen2_vl|llava_onevision|all] [--root DIR] [--force]``.
+"""``testbed build [--size base|mini] [--family qwen2_vl|llava_onevision|all] [--root DIR] [--force]`` and
+``testbed prune [--root DIR] [--dry-run]``.
 
 Run as ``python -m vlmspec.testbed build ...``; :func:`main` takes the arguments after ``testbed`` so the
 ``vlmspec`` command can hand them on (``vlmspec testbed build ...``).
@@ -9,13 +10,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from .pairs import build
+from .pairs import build, prune
 from .tokenizer import FAMILIES
 from .train import SIZES
 
 
 def build_parser(prog: str = "python -m vlmspec.testbed") -> argparse.ArgumentParser:
-    """The ``testbed`` argument parser (sub-command ``build``)."""
+    """The ``testbed`` argument parser (sub-commands ``build`` and ``prune``)."""
     parser = argparse.ArgumentParser(
         prog=prog, description="Build (train) the vlmspec testbed target/draft pairs."
     )
@@ -33,12 +34,22 @@ def build_parser(prog: str = "python -m vlmspec.testbed") -> argparse.ArgumentPa
         help="cache folder (default: $VLMSPEC_CACHE/testbed or ~/.cache/vlmspec/testbed)",
     )
     b.add_argument("--force", action="store_true", help="rebuild even if the pair is already built")
+    p = sub.add_parser("prune", help="remove the pair folders built by other testbed versions")
+    p.add_argument("--root", default=None, help="cache folder (default: as for build)")
+    p.add_argument("--dry-run", action="store_true", help="list the folders without removing them")
     return parser
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m vlmspec.testbed") -> int:
-    """Runs the ``testbed`` command; returns 0 when every built pair passes its quality gates, else 1."""
+    """Runs the ``testbed`` command; ``build`` returns 0 when every built pair passes its quality gates, else 1."""
     args = build_parser(prog).parse_args(argv)
+    if args.command == "prune":
+        old = prune(args.root, dry_run=args.dry_run)
+        for folder in old:
+            print(f"{'would remove' if args.dry_run else 'removed'} {folder}", flush=True)
+        if not old:
+            print("no pair folders of other testbed versions", flush=True)
+        return 0
     families = FAMILIES if args.family == "all" else (args.family,)
     ok = True
     for family in families:

@@ -37,6 +37,7 @@ __all__ = [
     "default_root",
     "pair_folder",
     "pair_paths",
+    "prune",
 ]
 
 TESTBED_VERSION = "6"
@@ -282,6 +283,34 @@ def pair_paths(
     """``(target, draft)`` folders of the testbed pair, building it first if needed (see :func:`build`)."""
     pair = build(size=size, family=family, root=root)
     return pair.target, pair.draft
+
+
+def prune(root: str | Path | None = None, dry_run: bool = False) -> list[Path]:
+    """Removes the pair folders that another testbed version built (they are never read again).
+
+    Only folders named ``<family>-<size>-v<version>`` with a version other than :data:`TESTBED_VERSION` go;
+    the current pairs, build locks and anything else in ``root`` stay.
+
+    Args:
+        root: Cache folder (default: :func:`default_root`).
+        dry_run: List what would go without removing it.
+
+    Returns:
+        The old folders, sorted (removed unless ``dry_run``).
+    """
+    base = Path(root).expanduser() if root is not None else default_root()
+    if not base.is_dir():
+        return []
+    names = {f"{family}-{size}-v" for family in FAMILIES for size in SIZES}
+    old = sorted(
+        p
+        for p in base.iterdir()
+        if p.is_dir() and any(p.name.startswith(n) and p.name != f"{n}{TESTBED_VERSION}" for n in names)
+    )
+    if not dry_run:
+        for folder in old:
+            shutil.rmtree(folder)
+    return old
 
 
 def all_families() -> tuple[str, ...]:
