@@ -78,8 +78,15 @@ def pair_folder(size: str, family: str, root: str | Path | None = None) -> Path:
     """The folder of a pair (built or not)."""
     get_size(size)
     check_family(family)
-    base = Path(root).expanduser() if root is not None else default_root()
-    return base / f"{family}-{size}-v{TESTBED_VERSION}"
+    return _cache_root(root) / _folder_name(family, size)
+
+
+def _cache_root(root: str | Path | None) -> Path:
+    return Path(root).expanduser() if root is not None else default_root()
+
+
+def _folder_name(family: str, size: str, version: str = TESTBED_VERSION) -> str:
+    return f"{family}-{size}-v{version}"
 
 
 def _read_manifest(folder: Path) -> dict[str, Any] | None:
@@ -298,14 +305,14 @@ def prune(root: str | Path | None = None, dry_run: bool = False) -> list[Path]:
     Returns:
         The old folders, sorted (removed unless ``dry_run``).
     """
-    base = Path(root).expanduser() if root is not None else default_root()
+    base = _cache_root(root)
     if not base.is_dir():
         return []
-    names = {f"{family}-{size}-v" for family in FAMILIES for size in SIZES}
+    pairs = [(family, size) for family in FAMILIES for size in SIZES]
+    current = {_folder_name(family, size) for family, size in pairs}
+    prefixes = tuple(_folder_name(family, size, version="") for family, size in pairs)
     old = sorted(
-        p
-        for p in base.iterdir()
-        if p.is_dir() and any(p.name.startswith(n) and p.name != f"{n}{TESTBED_VERSION}" for n in names)
+        p for p in base.iterdir() if p.is_dir() and p.name.startswith(prefixes) and p.name not in current
     )
     if not dry_run:
         for folder in old:

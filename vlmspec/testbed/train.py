@@ -227,12 +227,12 @@ def _training_question(seed: int, max_shapes: int, lookup: bool) -> Example:
             sample("image_qa", c, max_shapes=max_shapes, render=False)
             for c in range(base, base + LOOKUP_CANDIDATES)
         ]
-        lookups = [e for e in drafts if is_lookup(e)]
-        lookups.sort(
-            key=lambda e: not e.prompt.startswith("Where")
-        )  # stable: the first "where", else the first
-        if lookups:
-            return sample("image_qa", lookups[0].seed, max_shapes=max_shapes)
+        # the first "Where" lookup, else the first lookup
+        best = min(
+            (e for e in drafts if is_lookup(e)), key=lambda e: not e.prompt.startswith("Where"), default=None
+        )
+        if best is not None:
+            return sample("image_qa", best.seed, max_shapes=max_shapes)
     return sample("image_qa", seed, max_shapes=max_shapes)
 
 
