@@ -85,6 +85,22 @@ def test_video_caption_facts_cover_events() -> None:
     ]  # fmt: skip
 
 
+def test_feature_scale_cap() -> None:
+    import torch
+
+    from vlmspec.testbed.train import FEATURE_RMS_CAP, rms_penalty
+
+    assert set(FEATURE_RMS_CAP) == {"llava_onevision"}  # Qwen2-VL's merged features already sit near RMS 1
+    features = torch.ones(2, 3, 8)  # RMS 1 per token
+    features[1, 2] *= 4.0  # one token at RMS 4
+    assert rms_penalty(features, 4.0) == 0
+    features.requires_grad_(True)
+    penalty = rms_penalty(features, 2.0)
+    penalty.backward()
+    assert penalty.item() == pytest.approx(torch.log(torch.tensor(2.0)).item() ** 2 / 6)
+    assert (features.grad[1, 2] > 0).all() and (features.grad[0] == 0).all()  # only the large token shrinks
+
+
 def test_vision_labels_rank_shapes_as_the_caption_orders_them() -> None:
     from vlmspec.testbed.data import IGNORE
     from vlmspec.testbed.train import _cell_labels

@@ -40,7 +40,7 @@ __all__ = [
     "prune",
 ]
 
-TESTBED_VERSION = "6"
+TESTBED_VERSION = "7"
 """Bumped whenever the world, tokenizer, models or training recipe change (old folders are then rebuilt)."""
 
 MANIFEST = "manifest.json"
