@@ -36,8 +36,8 @@ __all__ = [
     "TRAIN_SEED_OFFSET",
     "SizeConfig",
     "get_size",
-    "rms_penalty",
     "pretrain_vision",
+    "rms_penalty",
     "train_draft",
     "train_target",
 ]
