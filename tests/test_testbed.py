@@ -86,8 +86,6 @@ def test_video_caption_facts_cover_events() -> None:
 
 
 def test_feature_scale_cap() -> None:
-    import torch
-
     from vlmspec.testbed.train import FEATURE_RMS_CAP, rms_penalty
 
     assert set(FEATURE_RMS_CAP) == {"llava_onevision"}  # Qwen2-VL's merged features already sit near RMS 1
