@@ -1,4 +1,4 @@
-"""Named model pairs: ``testbed-base``, ``testbed-mini`` and ``tiny``, each optionally ``:<family>``.
+"""Named model pairs: ``testbed-base``, ``testbed-mini`` and ``tiny``, each optionally ``:<family>`` and ``@<calibration>``.
 
 These names work wherever a target is named (``VLMSpecPipeline.from_pretrained``, ``vlmspec demo``,
 ``vlmspec caption``, ``vlmspec bench``, lmms-eval's ``--model_args target=...``); this module is the one place that
@@ -7,6 +7,13 @@ turns them into folders.
 * ``testbed-base`` / ``testbed-mini``: the trained pair of :mod:`vlmspec.testbed` (built on first use with a
   progress bar, then cached); ``base`` is the embedded default, ``mini`` the CI-sized one.
 * ``tiny``: the tiny *randomly initialised* pair of :mod:`vlmspec.testing` (fixtures; its text is noise).
+* ``@<calibration>`` (``testbed-base@cpu``, ``testbed-base:llava_onevision@7b-0.5b``): the pair inflated on load,
+  in memory, to the language-model shapes of :data:`vlmspec.testbed.calibrate.CALIBRATIONS`, with the same
+  outputs and a real pair's costs (``cpu``: a 105M target, 40x its draft; ``7b-2b``, ``7b-3b``, ``7b-0.5b``:
+  real checkpoints' shapes, for GPUs).
+
+The embedded default is ``testbed-base@cpu``: on the testbed's own shapes the target costs only twice its draft, so
+no speculative method could be faster than plain decoding.
 
 No target at all means :data:`DEFAULT_PAIR`, or the name in the ``VLMSPEC_DEFAULT_PAIR`` environment variable (so a
 notebook or a CI job can run the whole demo on ``testbed-mini`` without editing code). An existing folder whose
@@ -19,10 +26,18 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DEFAULT_FAMILY", "DEFAULT_PAIR", "PAIR_NAMES", "ResolvedPair", "is_pair_name", "resolve_pair"]
+__all__ = [
+    "DEFAULT_FAMILY",
+    "DEFAULT_PAIR",
+    "PAIR_NAMES",
+    "ResolvedPair",
+    "is_pair_name",
+    "resolve_pair",
+    "split_calibration",
+]
 
 PAIR_NAMES: tuple[str, ...] = ("testbed-base", "testbed-mini", "tiny")
-DEFAULT_PAIR = "testbed-base"
+DEFAULT_PAIR = "testbed-base@cpu"
 DEFAULT_FAMILY = "qwen2_vl"
 ENV_DEFAULT_PAIR = "VLMSPEC_DEFAULT_PAIR"
 
@@ -34,21 +49,31 @@ class ResolvedPair:
     Attributes:
         target: folder or hub id of the target.
         draft: folder or hub id of the draft (``None`` when none was named and the target is not a pair name).
-        source: ``"explicit"``, ``"testbed:<size>:<family>"`` or ``"tiny:<family>"``.
+        source: ``"explicit"``, ``"testbed:<size>:<family>"`` or ``"tiny:<family>"`` (``"@<calibration>"``
+            appended for a calibrated pair).
+        calibration: the calibration to inflate the pair to on load (``None``: load it as it is).
     """
 
     target: str
     draft: str | None
     source: str
+    calibration: str | None = None
 
 
 def _split(name: str) -> tuple[str, str]:
-    base, _, family = name.partition(":")
+    base, _, family = name.partition("@")[0].partition(":")
     return base, family or DEFAULT_FAMILY
 
 
+def split_calibration(name: str) -> tuple[str, str | None]:
+    """``("testbed-base:qwen2_vl", "cpu")`` for ``"testbed-base:qwen2_vl@cpu"``; ``(name, None)`` without ``@``."""
+    base, at, calibration = str(name).partition("@")
+    return base, (calibration if at else None)
+
+
 def is_pair_name(target: str | Path | None) -> bool:
-    """Whether ``target`` is one of :data:`PAIR_NAMES` (optionally ``:<family>``) and not an existing path."""
+    """Whether ``target`` is one of :data:`PAIR_NAMES` (optionally ``:<family>``, ``@<calibration>``) and not an
+    existing path."""
     if target is None:
         return False
     text = str(target)
@@ -59,15 +84,15 @@ def resolve_pair(target: str | Path | None, draft: str | Path | None = None) -> 
     """Folders for ``target``/``draft``, building a named pair first when ``target`` names one.
 
     Args:
-        target: a folder, a hub id, a pair name (``testbed-base[:family]``, ``testbed-mini[:family]``,
-            ``tiny[:family]``) or ``None`` for the default pair.
+        target: a folder, a hub id, a pair name (``testbed-base[:family][@calibration]``,
+            ``testbed-mini[...]``, ``tiny[...]``) or ``None`` for the default pair.
         draft: a folder or hub id; with a pair name it replaces the pair's own draft.
 
     Returns:
         The :class:`ResolvedPair`.
 
     Raises:
-        ValueError: an unknown family in a pair name, or a bad ``VLMSPEC_DEFAULT_PAIR``.
+        ValueError: an unknown family or calibration in a pair name, or a bad ``VLMSPEC_DEFAULT_PAIR``.
     """
     if target is None:
         target = os.environ.get(ENV_DEFAULT_PAIR) or DEFAULT_PAIR
@@ -79,6 +104,14 @@ def resolve_pair(target: str | Path | None, draft: str | Path | None = None) -> 
     if not is_pair_name(target):
         return ResolvedPair(str(target), str(draft) if draft is not None else None, "explicit")
     name, family = _split(str(target))
+    calibration = split_calibration(str(target))[1]
+    if calibration is not None:
+        from .testbed.calibrate import get_calibration
+
+        try:
+            get_calibration(calibration)
+        except ValueError as err:
+            raise ValueError(f"target {target!r}: {err}") from None
     if name == "tiny":
         from .testing import FAMILIES, build_tiny_pair
 
@@ -96,4 +129,8 @@ def resolve_pair(target: str | Path | None, draft: str | Path | None = None) -> 
             )
         pair_target, pair_draft = testbed.pair_paths(size=size, family=family)
         source = f"testbed:{size}:{family}"
-    return ResolvedPair(str(pair_target), str(draft) if draft is not None else str(pair_draft), source)
+    if calibration is not None:
+        source += f"@{calibration}"
+    return ResolvedPair(
+        str(pair_target), str(draft) if draft is not None else str(pair_draft), source, calibration
+    )

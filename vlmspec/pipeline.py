@@ -119,14 +119,16 @@ class VLMSpecPipeline:
         trust_remote_code: bool = False,
         pruning: str | PruningConfig = "attention",
         prune_ratio: float | None = None,
+        calibration: str | None = None,
         **policy_options: Any,
     ) -> VLMSpecPipeline:
         """Load a target/draft pair from hub ids, local folders or a named pair.
 
-        With no model named, this loads the embedded default: the trained testbed ``base`` pair (see
-        :mod:`vlmspec.testbed`), built on first use with a progress bar (about 15-20 minutes on a CPU, once) and
-        cached. ``"testbed-mini"``, ``"testbed-base"`` and ``"tiny"`` (optionally ``":<family>"``) name pairs;
-        see :mod:`vlmspec.named_pairs`.
+        With no model named, this loads the embedded default ``testbed-base@cpu``: the trained testbed ``base``
+        pair that ships with the package (see :mod:`vlmspec.testbed`), its target inflated exactly to a 105M
+        language model so that it costs what a real target costs against its draft. ``"testbed-mini"``,
+        ``"testbed-base"`` and ``"tiny"`` (optionally ``":<family>"`` and ``"@<calibration>"``) name pairs; see
+        :mod:`vlmspec.named_pairs`.
 
         Args:
             target: hub id, folder or pair name of the target model (its processor is loaded from the same
@@ -138,13 +140,20 @@ class VLMSpecPipeline:
                 Without it, models go to the GPU when one is present, else stay on the CPU.
             trust_remote_code: only when you trust the checkpoints' code; off by default.
             pruning, prune_ratio: the draft's visual-token pruning (see the class docstring).
+            calibration: inflate the loaded pair to this calibration's shapes (see
+                :mod:`vlmspec.testbed.calibrate`); a pair name's ``@<calibration>`` sets it too.
             **policy_options: the policy's config options.
         """
         pair = resolve_pair(target, draft)
         target, draft = pair.target, pair.draft
+        calibration = calibration or pair.calibration
         load = dict(dtype=torch_dtype, device_map=device_map, trust_remote_code=trust_remote_code)
         target_model = _load_model(target, "target", load)
         draft_model = _load_model(draft, "draft", load) if draft is not None else None
+        if calibration is not None:
+            from .testbed.calibrate import calibrate
+
+            target_model, draft_model = calibrate(target_model, draft_model, calibration)
         processor = AutoProcessor.from_pretrained(str(target), trust_remote_code=trust_remote_code)
         if draft_model is not None:
             check_compatible(

@@ -19,13 +19,23 @@ Command line: ``python -m vlmspec.testbed build --size base --family all``.
 
 from __future__ import annotations
 
-from .pairs import TESTBED_VERSION, TestbedPair, build, default_root, pair_folder, pair_paths, prune
+from .pairs import (
+    SHIPPED_ROOT,
+    TESTBED_VERSION,
+    TestbedPair,
+    build,
+    default_root,
+    pair_folder,
+    pair_paths,
+    prune,
+)
 from .tokenizer import FAMILIES
 from .train import SIZES
 from .world import TASKS, Example, caption_facts, fact_accuracy, sample, write_video
 
 __all__ = [
     "FAMILIES",
+    "SHIPPED_ROOT",
     "SIZES",
     "TASKS",
     "TESTBED_VERSION",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from .pairs import build, prune
+from .pairs import build, compare_with_shipped, default_root, prune
 from .tokenizer import FAMILIES
 from .train import SIZES
 
@@ -22,7 +22,9 @@ def build_parser(prog: str = "python -m vlmspec.testbed") -> argparse.ArgumentPa
     )
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser(
-        "build", help="train the testbed pair(s) unless already built, and print their quality gates"
+        "build",
+        help="train the testbed pair(s) into the cache unless already built there, print their quality gates "
+        "and whether they match the pairs that ship with the package",
     )
     b.add_argument(
         "--size", choices=tuple(SIZES), default="base", help="base (~15-20 min per pair) or mini (~1-2 min)"
@@ -53,9 +55,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m vlmspec.testb
     families = FAMILIES if args.family == "all" else (args.family,)
     ok = True
     for family in families:
-        pair = build(size=args.size, family=family, root=args.root, force=args.force)
+        pair = build(size=args.size, family=family, root=args.root or default_root(), force=args.force)
         print(
-            f"{family}/{args.size}: target {pair.target}\n{family}/{args.size}: draft  {pair.draft}",
+            f"{family}/{args.size}: target {pair.target}\n{family}/{args.size}: draft  {pair.draft}\n"
+            f"{compare_with_shipped(pair)}",
             flush=True,
         )
         ok &= bool(pair.manifest.get("gates_passed", False))

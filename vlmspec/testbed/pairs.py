@@ -4,6 +4,11 @@ A pair lives in ``<root>/<family>-<size>-v<TESTBED_VERSION>/`` with ``target/`` 
 ``save_pretrained`` model plus the shared processor files) and ``manifest.json``. A pair is built in a private
 staging folder; the manifest is written last and the folder then renamed into place, so a half-built pair is
 never used. A folder counts as built only when its manifest exists and names the current version.
+
+**Shipped pairs.** The trained ``base`` and ``mini`` pairs of both families ship inside the package
+(``vlmspec/testbed/weights/``, safetensors with their manifests, about 24 MB), so nothing trains on first use:
+with no ``root`` named, :func:`build` and :func:`pair_paths` return the shipped pair. ``vlmspec testbed build``
+still trains a pair (into the cache) and :func:`compare_with_shipped` says whether it matches what ships.
 """
 
 from __future__ import annotations
@@ -30,20 +35,25 @@ from .train import (
 )
 
 __all__ = [
+    "SHIPPED_ROOT",
     "TESTBED_VERSION",
     "TestbedPair",
     "build",
     "check_gates",
+    "compare_with_shipped",
     "default_root",
     "pair_folder",
     "pair_paths",
     "prune",
+    "shipped_pair",
 ]
 
 TESTBED_VERSION = "7"
 """Bumped whenever the world, tokenizer, models or training recipe change (old folders are then rebuilt)."""
 
 MANIFEST = "manifest.json"
+SHIPPED_ROOT = Path(__file__).parent / "weights"
+"""Where the package's own trained pairs are (``<family>-<size>-v<version>/``, as in a cache)."""
 _ESTIMATE_MINUTES = {"base": "15-20", "mini": "1-2"}
 
 
@@ -108,6 +118,38 @@ def _pair(folder: Path, manifest: dict[str, Any]) -> TestbedPair:
         target=folder / "target",
         draft=folder / "draft",
         manifest=manifest,
+    )
+
+
+def shipped_pair(size: str, family: str) -> TestbedPair | None:
+    """The pair that ships with the package, or ``None`` when this version ships none of ``size``/``family``."""
+    folder = pair_folder(size, family, SHIPPED_ROOT)
+    manifest = _read_manifest(folder)
+    return _pair(folder, manifest) if manifest is not None else None
+
+
+def compare_with_shipped(pair: TestbedPair) -> str:
+    """One line: whether ``pair``'s weights are the shipped ones (bit for bit), or by how much they differ."""
+    from safetensors.torch import load_file
+
+    shipped = shipped_pair(pair.size, pair.family)
+    if shipped is None:
+        return f"{pair.family}/{pair.size}: no shipped pair to compare with"
+    worst, differing = 0.0, []
+    for role in ("target", "draft"):
+        built = load_file(str(getattr(pair, role) / "model.safetensors"))
+        ships = load_file(str(getattr(shipped, role) / "model.safetensors"))
+        if built.keys() != ships.keys():
+            return f"{pair.family}/{pair.size}: differs from the shipped pair ({role} parameter names differ)"
+        for name, tensor in built.items():
+            if not tensor.equal(ships[name]):
+                differing.append(f"{role}.{name}")
+                worst = max(worst, (tensor.float() - ships[name].float()).abs().max().item())
+    if not differing:
+        return f"{pair.family}/{pair.size}: matches the shipped pair bit for bit"
+    return (
+        f"{pair.family}/{pair.size}: differs from the shipped pair in {len(differing)} tensors "
+        f"(largest |difference| {worst:.3g}; first {differing[0]})"
     )
 
 
@@ -227,13 +269,14 @@ def build(
     force: bool = False,
     progress: bool = True,
 ) -> TestbedPair:
-    """Returns the testbed pair, training it first unless it is already built.
+    """Returns the testbed pair: the shipped one, else a built one in the cache, else it trains it first.
 
     Args:
         size: ``"base"`` (benchmarks, demo; ~15-20 min on 2 CPU cores) or ``"mini"`` (tests; ~1-2 min).
         family: ``"qwen2_vl"`` or ``"llava_onevision"``.
-        root: Cache folder; default :func:`default_root`.
-        force: Rebuild even if a built pair exists.
+        root: Cache folder; naming one skips the shipped pair. Default: the shipped pair, else
+            :func:`default_root`.
+        force: Train again (into the cache) even if a built or shipped pair exists.
         progress: Print the explanation line, a progress bar and the quality summary.
 
     Returns:
@@ -246,6 +289,9 @@ def build(
 
     config = get_size(size)
     check_family(family)
+    shipped = shipped_pair(size, family) if root is None and not force else None
+    if shipped is not None:
+        return shipped
     folder = pair_folder(size, family, root)
     manifest = None if force else _read_manifest(folder)
     if manifest is not None:

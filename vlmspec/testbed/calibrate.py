@@ -1,0 +1,445 @@
+"""Calibrated testbed pairs: a trained model inflated, exactly, to the cost of a real language model.
+
+The trained testbed target costs about twice its draft; a real 7B/0.5B pair costs 10-20x. Speed-ups measured in
+the first world mean nothing, so :func:`inflate` widens and deepens a trained model's language model to a named
+shape without changing the function it computes: the new weights are zero (or copies), so the inflated model's
+greedy output is token-for-token the trained model's, while every forward does the matrix work of the bigger
+shape. The work is real: zero weights cost as much as any others in a dense matmul.
+
+How each part is kept exact (``h``/``H``: old/new hidden size, ``d``/``D``: old/new head width, ``c = D / d``):
+
+* **Hidden size.** The residual stream is padded with zeros: embeddings, projector/merger outputs and
+  LLaVA-OneVision's ``image_newline`` fill the first ``h`` channels; every layer writes only those. RMSNorm
+  divides by ``sqrt(mean(x^2) + eps)`` over ``H`` channels, ``h / H`` of the old mean, so each norm weight is
+  scaled by ``sqrt(h / H)`` and ``rms_norm_eps`` by ``h / H``: ``sqrt(h/H) * sqrt(mean_h + eps)`` is then the old
+  denominator times ``sqrt(h/H)``, which the weight cancels.
+* **Head width and rotary (M-RoPE) sections.** Rotary pairs dimension ``j`` with ``j + D/2`` at frequency
+  ``theta^(-2j/D)``. Old pair ``j`` goes to new pair ``c * j``, whose frequency ``theta^(-2cj/D)`` equals the old
+  ``theta^(-2j/d)``, so ``rope_theta`` is unchanged, and M-RoPE's sections scale by ``c`` (``[2, 3, 3]`` at
+  ``d = 16`` becomes Qwen2-VL's real ``[16, 24, 24]`` at ``D = 128``), keeping each pair in its temporal/height/
+  width section. ``D`` must be a multiple of ``d``. Attention scales scores by ``D^-0.5``, so the query weights
+  and biases are multiplied by ``sqrt(D / d)``. Value heads use their first ``d`` dimensions.
+* **Heads and GQA grouping.** Each old key/value head is copied into as many new key/value heads as its query
+  group needs (``ceil(old group / new group)``); its query heads fill those groups' slots; all other heads are
+  zero (uniform attention over zero values: zero output). Two old key/value heads cannot share one new head,
+  because every rotary pair of a head has its own frequency. When the named shape has too few key/value heads
+  for that (the base target has 8 distinct ones, a 7B body 4), :func:`exact_shape` raises them to the smallest
+  count that divides the query heads and works, and narrows the MLP by the same number of parameters, so the
+  parameter count stays within 1% of the named body. It is reported with every calibrated pair.
+* **Layers.** The old layers are spread evenly over the new depth; the others have zero output projections, so
+  they add nothing to the residual stream (``x + 0 == x`` exactly). **MLP**: extra rows/columns zero
+  (``silu(0) * 0 = 0``). **Biases** (query/key/value) are mapped like their rows.
+* **Vocabulary.** Real shapes pad the vocabulary to the real size (its embedding and LM-head cost is a large part
+  of a small draft's). Padded embedding rows are zero (the tokenizer never produces their ids). Padded LM-head
+  rows are copies of the row of a token the model never emits (the image placeholder), so a padded logit always
+  *equals* that token's logit: argmax returns the first maximal index, so a padded id can never win a greedy
+  step (it would need to beat a lower id that has the same logit), and ``suppress_tokens`` in the generation
+  config gives them probability 0 when sampling (``generate()`` and :mod:`vlmspec.sampling` both apply it).
+* **Vision tower**: unchanged (the calibration is of the language model, where decoding spends its time).
+
+Parameter counts are compared "vocabulary aside": the language-model body (layers and final norm) of the
+inflated model against the real one's; the embedding and LM head are reported separately.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import torch
+    from transformers import PreTrainedModel
+
+__all__ = [
+    "CALIBRATIONS",
+    "REAL_BODIES",
+    "Calibration",
+    "LMShape",
+    "body_parameters",
+    "calibrate",
+    "exact_shape",
+    "get_calibration",
+    "inflate",
+    "lm_shape",
+]
+
+
+@dataclass(frozen=True)
+class LMShape:
+    """Shape of a Qwen2-style language model.
+
+    Attributes:
+        hidden: Residual width.
+        intermediate: MLP width.
+        layers: Decoder layers.
+        heads: Query heads.
+        kv_heads: Key/value heads (divides ``heads``).
+        head_dim: Attention head width (``hidden / heads``, as in every Qwen2 checkpoint).
+        vocab: Vocabulary rows (``None``: keep the model's own).
+        tied: Whether the real model ties its LM head to its embedding (counts only).
+        name: What it is (``"Qwen2-7B"``, ...).
+    """
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int | None = None
+    tied: bool = False
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        fields = ("hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim")
+        bad = [f"{f}={getattr(self, f)!r}" for f in fields if not (isinstance(getattr(self, f), int) and getattr(self, f) > 0)]
+        if bad:
+            raise ValueError(f"LMShape {self.name!r}: {', '.join(bad)} must be positive integers")
+        if self.heads % self.kv_heads or self.heads * self.head_dim != self.hidden:
+            raise ValueError(
+                f"LMShape {self.name!r}: heads={self.heads} must be a multiple of kv_heads={self.kv_heads} and "
+                f"heads * head_dim ({self.heads * self.head_dim}) must equal hidden={self.hidden} (Qwen2-VL "
+                "derives the head width from them)"
+            )
+
+
+REAL_BODIES: dict[str, LMShape] = {
+    shape.name: shape
+    for shape in (
+        LMShape(3584, 18944, 28, 28, 4, 128, vocab=152064, name="Qwen2-7B"),  # Qwen2-VL-7B, Qwen2.5-VL-7B
+        LMShape(1536, 8960, 28, 12, 2, 128, vocab=151936, tied=True, name="Qwen2-1.5B"),  # Qwen2-VL-2B
+        LMShape(2048, 11008, 36, 16, 2, 128, vocab=151936, tied=True, name="Qwen2.5-3B"),  # Qwen2.5-VL-3B
+        LMShape(896, 4864, 24, 14, 2, 64, vocab=151936, tied=True, name="Qwen2-0.5B"),  # LLaVA-OV-0.5B
+    )
+}
+"""Language-model bodies of real checkpoints (their ``config.json`` text settings). LLaVA-OneVision-7B's is
+Qwen2-7B with a 152128-row vocabulary."""
+
+CPU_TARGET = LMShape(1024, 2816, 8, 8, 8, 128, name="cpu-105M")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A named calibration: the shape the target (and the draft) are inflated to.
+
+    Attributes:
+        name: The suffix after ``@`` in a pair name.
+        target: Target language-model shape.
+        draft: Draft shape (``None``: the trained draft as it is).
+        mirrors: The real pair whose costs it reproduces.
+        why: One line for the demo.
+    """
+
+    name: str
+    target: LMShape
+    draft: LMShape | None
+    mirrors: str
+    why: str
+
+
+def _body(name: str, **changes: Any) -> LMShape:
+    return replace(REAL_BODIES[name], **changes)
+
+
+CALIBRATIONS: dict[str, Calibration] = {
+    c.name: c
+    for c in (
+        Calibration(
+            "cpu", CPU_TARGET, None, "a 7B/0.5B pair's 20-40x cost ratio on a 2-core CPU",
+            "the trained target inflated exactly (zero-padded weights, same outputs) to 105M parameters, so one "
+            "target forward costs ~40 draft forwards, as a real 7B target does against a 0.5B draft",
+        ),
+        Calibration(
+            "7b-2b", _body("Qwen2-7B"), _body("Qwen2-1.5B"), "Qwen2-VL-7B / Qwen2-VL-2B",
+            "language models inflated exactly to Qwen2-VL-7B's and -2B's shapes",
+        ),
+        Calibration(
+            "7b-3b", _body("Qwen2-7B"), _body("Qwen2.5-3B"), "Qwen2.5-VL-7B / Qwen2.5-VL-3B",
+            "language models inflated exactly to Qwen2.5-VL-7B's and -3B's shapes",
+        ),
+        Calibration(
+            "7b-0.5b", _body("Qwen2-7B", vocab=152128), _body("Qwen2-0.5B"),
+            "LLaVA-OneVision-7B / -0.5B",
+            "language models inflated exactly to LLaVA-OneVision-7B's and -0.5B's shapes",
+        ),
+    )
+}  # fmt: skip
+"""Every calibration, by the name used after ``@`` (``testbed-base@cpu``, ``testbed-base:llava_onevision@7b-0.5b``)."""
+
+
+def get_calibration(name: str) -> Calibration:
+    """The :class:`Calibration` named ``name``, or a ``ValueError`` listing the valid names."""
+    if name not in CALIBRATIONS:
+        raise ValueError(f"unknown calibration {name!r}; valid: {', '.join(CALIBRATIONS)}")
+    return CALIBRATIONS[name]
+
+
+def lm_shape(model: PreTrainedModel) -> LMShape:
+    """The language-model shape of a Qwen2-VL or LLaVA-OneVision model."""
+    t = model.config.get_text_config()
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    return LMShape(
+        t.hidden_size, t.intermediate_size, t.num_hidden_layers, t.num_attention_heads,
+        t.num_key_value_heads, head_dim, vocab=t.vocab_size, tied=bool(model.config.tie_word_embeddings),
+    )  # fmt: skip
+
+
+def body_parameters(shape: LMShape) -> int:
+    """Parameters of a Qwen2 language-model body (layers and final norm; vocabulary aside)."""
+    q = shape.heads * shape.head_dim
+    kv = shape.kv_heads * shape.head_dim
+    attention = shape.hidden * (q + 2 * kv) + (q + 2 * kv) + q * shape.hidden
+    layer = attention + 3 * shape.hidden * shape.intermediate + 2 * shape.hidden
+    return shape.layers * layer + shape.hidden
+
+
+def _kv_copies(old_heads: int, old_kv: int, new_heads: int, new_kv: int) -> int:
+    """New key/value heads each old one needs, or 0 when ``new_kv`` cannot hold them all."""
+    copies = math.ceil((old_heads // old_kv) / (new_heads // new_kv))
+    return copies if old_kv * copies <= new_kv else 0
+
+
+def exact_shape(old: LMShape, shape: LMShape) -> LMShape:
+    """``shape``, with more key/value heads (and a narrower MLP) where exact inflation of ``old`` needs them.
+
+    The key/value heads become the smallest divisor of ``shape.heads`` that holds every old key/value head's
+    copies (see the module docstring); the MLP loses as many parameters as the extra heads add, so
+    :func:`body_parameters` stays within 1% of ``shape``'s.
+
+    Raises:
+        ValueError: When ``old`` does not fit in ``shape`` (a smaller dimension, or a head width that is not a
+            multiple of the old one).
+    """
+    smaller = [
+        f"{f} {getattr(old, f)} > {getattr(shape, f)}"
+        for f in ("hidden", "intermediate", "layers", "heads", "head_dim")
+        if getattr(old, f) > getattr(shape, f)
+    ]
+    if smaller or shape.head_dim % old.head_dim or (shape.vocab or 0) and shape.vocab < (old.vocab or 0):
+        raise ValueError(
+            f"cannot inflate {old} to {shape.name or shape}: "
+            + ("; ".join(smaller) or "head_dim must be a multiple of the old one and vocab not smaller")
+        )
+    for kv in range(shape.kv_heads, shape.heads + 1):
+        if shape.heads % kv == 0 and _kv_copies(old.heads, old.kv_heads, shape.heads, kv):
+            break
+    if kv == shape.kv_heads:
+        return shape
+    extra = 2 * (kv - shape.kv_heads) * shape.head_dim * (shape.hidden + 1) * shape.layers
+    narrower = shape.intermediate - round(extra / (3 * shape.hidden * shape.layers))
+    return replace(shape, kv_heads=kv, intermediate=max(narrower, old.intermediate), name=f"{shape.name}*")
+
+
+def _rotary_slots(d: int, c: int) -> list[int]:
+    """New position of each old head dimension: rotary pair ``j`` (``j``, ``j + d/2``) goes to pair ``c * j``."""
+    half = d // 2
+    return [c * a if a < half else c * half + c * (a - half) for a in range(d)]
+
+
+@dataclass(frozen=True)
+class _HeadMap:
+    """Where old heads go: ``query[i]`` new query head of old query head ``i``; ``kv[r]`` the old key/value
+    head new key/value head ``r`` copies (``-1``: none); ``rows[a]`` new position of old dimension ``a``."""
+
+    query: list[int]
+    kv: list[int]
+    rows: list[int]
+
+
+def _head_map(old: LMShape, new: LMShape) -> _HeadMap:
+    group, new_group = old.heads // old.kv_heads, new.heads // new.kv_heads
+    copies = _kv_copies(old.heads, old.kv_heads, new.heads, new.kv_heads)
+    kv = [-1] * new.kv_heads
+    query = []
+    for i in range(old.heads):
+        m, j = divmod(i, group)
+        r = m * copies + j // new_group
+        kv[r] = m
+        query.append(r * new_group + j % new_group)
+    return _HeadMap(query, kv, _rotary_slots(old.head_dim, new.head_dim // old.head_dim))
+
+
+def _new_config(model: PreTrainedModel, old: LMShape, new: LMShape) -> Any:
+    config = copy.deepcopy(model.config)
+    text = config.get_text_config()
+    c = new.head_dim // old.head_dim
+    text.hidden_size = new.hidden
+    text.intermediate_size = new.intermediate
+    text.num_hidden_layers = new.layers
+    text.num_attention_heads = new.heads
+    text.num_key_value_heads = new.kv_heads
+    text.head_dim = new.head_dim
+    text.vocab_size = new.vocab or old.vocab
+    text.rms_norm_eps = text.rms_norm_eps * old.hidden / new.hidden
+    if getattr(text, "layer_types", None):
+        text.layer_types = [text.layer_types[0]] * new.layers
+    rope = dict(text.rope_parameters)
+    if "mrope_section" in rope:
+        rope["mrope_section"] = [c * s for s in rope["mrope_section"]]
+    text.rope_parameters = rope
+    vision = getattr(config, "vision_config", None)
+    if config.model_type == "qwen2_vl" and vision is not None:
+        vision.hidden_size = new.hidden  # the merger's output width: the language model's
+    return config
+
+
+def _layer_positions(old_layers: int, new_layers: int) -> list[int]:
+    return [i * new_layers // old_layers for i in range(old_layers)]
+
+
+class _Filler:
+    """Writes an old model's weights into a new model's zeroed state, dimension by dimension."""
+
+    def __init__(self, old: LMShape, new: LMShape) -> None:
+        self.old, self.new = old, new
+        self.heads = _head_map(old, new)
+        self.norm_scale = math.sqrt(old.hidden / new.hidden)
+        self.q_scale = math.sqrt(new.head_dim / old.head_dim)
+
+    def q_rows(self) -> tuple[list[int], list[int]]:
+        d, D = self.old.head_dim, self.new.head_dim
+        pairs = [(i * d + a, p * D + s) for i, p in enumerate(self.heads.query) for a, s in enumerate(self.heads.rows)]
+        return [o for o, _ in pairs], [n for _, n in pairs]
+
+    def kv_rows(self, rotary: bool) -> tuple[list[int], list[int]]:
+        d, D = self.old.head_dim, self.new.head_dim
+        slots = self.heads.rows if rotary else list(range(d))
+        pairs = [(m * d + a, r * D + s) for r, m in enumerate(self.heads.kv) if m >= 0 for a, s in enumerate(slots)]
+        return [o for o, _ in pairs], [n for _, n in pairs]
+
+    def o_cols(self) -> tuple[list[int], list[int]]:
+        d, D = self.old.head_dim, self.new.head_dim
+        pairs = [(i * d + a, p * D + a) for i, p in enumerate(self.heads.query) for a in range(d)]
+        return [o for o, _ in pairs], [n for _, n in pairs]
+
+    def rows_cols(self, key: str) -> tuple[tuple[list[int], list[int]], tuple[list[int], list[int]] | None, float]:
+        """``(rows, cols, scale)`` maps (old indices, new indices) of parameter ``key`` (a name's last parts)."""
+        h = (list(range(self.old.hidden)),) * 2
+        i = (list(range(self.old.intermediate)),) * 2
+        table = {
+            "q_proj.weight": (self.q_rows(), h, self.q_scale),
+            "q_proj.bias": (self.q_rows(), None, self.q_scale),
+            "k_proj.weight": (self.kv_rows(True), h, 1.0),
+            "k_proj.bias": (self.kv_rows(True), None, 1.0),
+            "v_proj.weight": (self.kv_rows(False), h, 1.0),
+            "v_proj.bias": (self.kv_rows(False), None, 1.0),
+            "o_proj.weight": (h, self.o_cols(), 1.0),
+            "gate_proj.weight": (i, h, 1.0),
+            "up_proj.weight": (i, h, 1.0),
+            "down_proj.weight": (h, i, 1.0),
+            "norm.weight": (h, None, self.norm_scale),
+        }
+        return table[key]
+
+
+def _copy_block(
+    dst: torch.Tensor, src: torch.Tensor, rows: tuple[list[int], list[int]], cols: Any, scale: float
+) -> None:
+    import torch
+
+    old_rows, new_rows = (torch.tensor(r) for r in rows)
+    values = src.to(dst.dtype) * scale
+    if cols is None:
+        dst[new_rows] = values[old_rows]
+    else:
+        old_cols, new_cols = (torch.tensor(c) for c in cols)
+        dst[new_rows[:, None], new_cols[None, :]] = values[old_rows][:, old_cols]
+
+
+def _fill(new_model: PreTrainedModel, old_model: PreTrainedModel, old: LMShape, new: LMShape, never: int) -> None:
+    """Zeroes ``new_model`` and writes ``old_model``'s weights into it (see the module docstring)."""
+    import torch
+
+    filler = _Filler(old, new)
+    old_state = old_model.state_dict()
+    positions = _layer_positions(old.layers, new.layers)
+    with torch.no_grad():
+        for name, param in new_model.named_parameters():
+            param.zero_()
+            source = _source_name(name, positions)
+            if source is None:
+                continue
+            src = old_state[source]
+            if ".language_model." in name and not name.endswith("embed_tokens.weight"):
+                rows, cols, scale = filler.rows_cols(_lm_key(name))
+                _copy_block(param, src, rows, cols, scale)
+                continue
+            # Everything else is zero-padded where it grew: the embedding and LM head (vocabulary rows, hidden
+            # columns), the merger/projector outputs and image_newline (hidden); the vision tower is unchanged.
+            param[tuple(slice(0, n) for n in src.shape)] = src.to(param.dtype)
+            if name.endswith("lm_head.weight"):
+                param[src.shape[0] :, : old.hidden] = src[never].to(param.dtype)
+
+
+def _lm_key(name: str) -> str:
+    module, kind = name.split(".")[-2:]
+    return "norm.weight" if module.endswith("norm") else f"{module}.{kind}"
+
+
+def _source_name(name: str, positions: list[int]) -> str | None:
+    """The old parameter that ``name`` (a new one) is filled from; ``None`` for a new (zero) layer."""
+    parts = name.split(".")
+    if "layers" in parts and "language_model" in parts:
+        k = parts.index("layers") + 1
+        new_index = int(parts[k])
+        if new_index not in positions:
+            return None
+        parts[k] = str(positions.index(new_index))
+    return ".".join(parts)
+
+
+def _never_emitted_token(model: PreTrainedModel) -> int:
+    """A token the model never emits: its image placeholder."""
+    config = model.config
+    for attr in ("image_token_id", "image_token_index"):
+        if getattr(config, attr, None) is not None:
+            return int(getattr(config, attr))
+    raise ValueError(f"{type(model).__name__} has no image token id to copy padded LM-head rows from")
+
+
+def inflate(
+    model: PreTrainedModel, shape: LMShape, dtype: torch.dtype | None = None, device: Any = None
+) -> PreTrainedModel:
+    """A new model whose language model has ``shape`` (made exact by :func:`exact_shape`) and ``model``'s function.
+
+    Args:
+        model: A trained Qwen2-VL or LLaVA-OneVision model (unchanged).
+        shape: The language-model shape to reach.
+        dtype: The new model's dtype (default: ``model``'s).
+        device: Where to build it (default: ``model``'s device).
+
+    Returns:
+        The inflated model in eval mode, with a copy of ``model``'s generation config (plus ``suppress_tokens``
+        for padded vocabulary rows).
+    """
+    import torch
+    from transformers.initialization import no_init_weights
+
+    old = lm_shape(model)
+    new = exact_shape(old, shape)
+    config = _new_config(model, old, new)
+    dtype = dtype or model.dtype
+    device = torch.device(device) if device is not None else model.device
+    with no_init_weights(), torch.device(device):
+        inflated = type(model)._from_config(config, dtype=dtype)
+    never = _never_emitted_token(model)
+    _fill(inflated, model, old, new, never)
+    inflated.generation_config = copy.deepcopy(model.generation_config)
+    if new.vocab and new.vocab > old.vocab:
+        inflated.generation_config.suppress_tokens = list(range(old.vocab, new.vocab))
+    inflated.config.vlmspec_calibration = {"shape": new.name or "custom", "from_parameters": model.num_parameters()}
+    return inflated.eval()
+
+
+def calibrate(
+    target: PreTrainedModel, draft: PreTrainedModel | None, calibration: str, **kwargs: Any
+) -> tuple[PreTrainedModel, PreTrainedModel | None]:
+    """``(target, draft)`` inflated to the named calibration (the draft is kept when it names no draft shape).
+
+    ``kwargs`` go to :func:`inflate` (``dtype``, ``device``).
+    """
+    cal = get_calibration(calibration)
+    inflated_draft = inflate(draft, cal.draft, **kwargs) if draft is not None and cal.draft else draft
+    return inflate(target, cal.target, **kwargs), inflated_draft
