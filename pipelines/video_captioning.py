@@ -539,7 +539,7 @@ def resolve_pair(
     Raises:
         JobError: a pair name with ``--draft``, an unknown size or family.
     """
-    from vlmspec.named_pairs import DEFAULT_PAIR, is_pair_name
+    from vlmspec.named_pairs import DEFAULT_PAIR, is_pair_name, split_calibration
     from vlmspec.named_pairs import resolve_pair as resolve_named_pair
 
     name = DEFAULT_PAIR if target is None else str(target)
@@ -549,8 +549,9 @@ def resolve_pair(
         raise JobError(
             f"--target {name} names a target/draft pair; drop --draft {draft} (or name both folders)"
         )
-    if ":" not in name:
-        name = f"{name}:{family}"
+    base, calibration = split_calibration(name)
+    if ":" not in base:
+        name = f"{base}:{family}" + (f"@{calibration}" if calibration else "")
     try:
         pair = resolve_named_pair(name)
     except ValueError as err:
@@ -605,6 +606,7 @@ def load_pipeline(
     except (ValueError, TypeError) as err:
         raise JobError(f"policy {policy!r} with options {config.policy_options}: {err}") from err
     target, draft = resolve_pair(config.target, config.draft, config.family)
+    calibration = _calibration(config.target)
     if draft is None and uses_draft:
         raise JobError(f"policy {policy!r} needs a draft model: pass --draft (or use --policy ar)")
     draft = draft if uses_draft else None
@@ -617,13 +619,22 @@ def load_pipeline(
                 torch_dtype=_torch_dtype(config.dtype),
                 device_map=device_map if device_map is not None else config.device_map,
                 prune_ratio=config.prune_ratio,
+                calibration=calibration,
                 **config.policy_options,
             )
     except (OSError, ValueError, TypeError, KeyError, RuntimeError, ImportError) as err:
         raise JobError(
             f"could not load the models (target {target!r}, draft {draft!r}): {type(err).__name__}: {err}"
         ) from err
-    return pipe, {"target": target, "draft": draft}
+    return pipe, {"target": target, "draft": draft, "calibration": calibration}
+
+
+def _calibration(target: str | Path | None) -> str | None:
+    """The ``@<calibration>`` of a pair name (the default pair's when ``target`` is ``None``), else ``None``."""
+    from vlmspec.named_pairs import DEFAULT_PAIR, is_pair_name, split_calibration
+
+    name = DEFAULT_PAIR if target is None else str(target)
+    return split_calibration(name)[1] if is_pair_name(name) else None
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -150,10 +150,13 @@ class VLMSpecPipeline:
         load = dict(dtype=torch_dtype, device_map=device_map, trust_remote_code=trust_remote_code)
         target_model = _load_model(target, "target", load)
         draft_model = _load_model(draft, "draft", load) if draft is not None else None
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if calibration is not None:
             from .testbed.calibrate import calibrate
 
-            target_model, draft_model = calibrate(target_model, draft_model, calibration)
+            # inflated where the models will run (a 7B-shaped target is built on the GPU, not copied there)
+            where = device if device_map is None else target_model.device
+            target_model, draft_model = calibrate(target_model, draft_model, calibration, device=where)
         processor = AutoProcessor.from_pretrained(str(target), trust_remote_code=trust_remote_code)
         if draft_model is not None:
             check_compatible(
@@ -163,7 +166,6 @@ class VLMSpecPipeline:
                 draft_tokenizer=_load_tokenizer(draft, trust_remote_code),
             )
         if device_map is None:
-            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
             target_model.to(device)
             if draft_model is not None:
                 draft_model.to(device)
@@ -211,6 +213,15 @@ class VLMSpecPipeline:
         return {k: v.to(self._target_adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
 
     # ---- generation ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def reference_generate(self, inputs: dict[str, torch.Tensor], max_new_tokens: int) -> list[int]:
+        """The target's own greedy ``generate()`` on ``inputs`` (from :meth:`prepare_inputs`): the new token ids.
+
+        This is what users run without vlmspec, and what greedy speculative output must equal token for token.
+        """
+        out = self.target.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
+        return out[0, inputs["input_ids"].shape[1] :].tolist()
+
     @torch.no_grad()
     def __call__(
         self,

@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from vlmspec.named_pairs import is_pair_name
+
 from .analysis import entropy_report, tau_vs_length, token_entropies
 from .cost import DEFAULT_AUTO_FACTOR, PROBE_SIZES, CostProbe, auto_budget, check_sizes, run_cost_probe
 from .methods import AR, RunRecord, Variant, build_variants, resolve_methods, run_variant
@@ -61,6 +63,8 @@ class BenchConfig:
         target, draft: model folders / hub ids; both ``None``: the default pair (the testbed ``size`` pair of ``family``).
         family: family of the default pair.
         size: testbed pair size.
+        calibration: the default pair's calibration (``"cpu"``: its target inflated exactly to a real target's
+            cost; ``None``: the pair as trained; see :mod:`vlmspec.testbed.calibrate`).
         tasks: task names (see :data:`~vlmspec_eval.tasks.TASKS`).
         methods: comma-separated names or a list; ``None``: all. ``ar`` is always run.
         n: inputs per task.
@@ -88,6 +92,7 @@ class BenchConfig:
     draft: str | None = None
     family: str = "qwen2_vl"
     size: str = "base"
+    calibration: str | None = "cpu"
     tasks: tuple[str, ...] = TASKS
     methods: str | Sequence[str] | None = None
     n: int = 3
@@ -136,8 +141,10 @@ class BenchConfig:
         for ratio in self.prune_ratios:
             if not 0.0 <= ratio < 1.0:
                 raise ValueError(f"prune ratio {ratio} is invalid: use numbers in [0, 1)")
-        if (self.target is None) != (self.draft is None):
-            raise ValueError("give both --target and --draft, or neither (the default pair)")
+        if (self.target is None) != (self.draft is None) and not is_pair_name(self.target):
+            raise ValueError(
+                "give both --target and --draft, a pair name as --target, or neither (the default pair)"
+            )
         if self.beam_width is not None and not (isinstance(self.beam_width, int) and self.beam_width >= 1):
             raise ValueError(f"beam width={self.beam_width!r} is invalid: use an integer >= 1 or 'auto'")
         try:
@@ -186,7 +193,7 @@ def _run(config: BenchConfig, pipe: Any) -> dict[str, Any]:
     log = _logger(config.verbose)
     pair = None
     if pipe is None:
-        pair = resolve_pair(config.target, config.draft, config.family, config.size)
+        pair = resolve_pair(config.target, config.draft, config.family, config.size, config.calibration)
         pipe = load_pipeline(pair, config.dtype)
     items = load_inputs(config.tasks, config.n, config.seed, config.inputs)
     prepared = {(it.task, it.index): pipe.prepare_inputs(it.image, it.prompt, it.video) for it in items}
@@ -205,7 +212,7 @@ def _run(config: BenchConfig, pipe: Any) -> dict[str, Any]:
     variants = build_variants(config.methods, budget, ratios)
 
     references = {
-        key: greedy_reference(pipe, inputs, config.max_new_tokens) for key, inputs in prepared.items()
+        key: pipe.reference_generate(inputs, config.max_new_tokens) for key, inputs in prepared.items()
     }
     records = measure(pipe, variants, items, prepared, config, log)
     entropies = entropy_series(pipe, items, prepared, records)
@@ -247,7 +254,9 @@ def load_pipeline(pair: PairSpec, dtype: str) -> Any:
     """The pipeline of ``pair`` in ``dtype`` (policy ``ar``; the bench swaps policies per run)."""
     from vlmspec import VLMSpecPipeline
 
-    return VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy=AR, torch_dtype=DTYPES[dtype])
+    return VLMSpecPipeline.from_pretrained(
+        pair.target, pair.draft, policy=AR, torch_dtype=DTYPES[dtype], calibration=pair.calibration
+    )
 
 
 def choose_budget(config: BenchConfig, probe: CostProbe) -> tuple[int | None, str]:
@@ -262,13 +271,6 @@ def choose_budget(config: BenchConfig, probe: CostProbe) -> tuple[int | None, st
     if config.budget is None:
         return None, "policy defaults (sage n_max 64, static 63 paths)"
     return int(config.budget), f"{int(config.budget)} nodes (--budget)"
-
-
-@torch.no_grad()
-def greedy_reference(pipe: Any, inputs: dict[str, torch.Tensor], max_new_tokens: int) -> list[int]:
-    """The target's own ``generate(do_sample=False)`` tokens (the lossless reference)."""
-    out = pipe.target.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
-    return out[0, inputs["input_ids"].shape[1] :].tolist()
 
 
 def measure(
@@ -460,11 +462,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a("--draft", help="draft model folder or hub id (with --target)")
     a("--family", default="qwen2_vl", help="family of the default pair (default qwen2_vl)")
     a("--size", default="base", help="testbed pair size of the default pair (default base)")
+    a(
+        "--calibration",
+        default="cpu",
+        help="calibration of the default pair: cpu (default: the target inflated exactly to 40x the draft's cost), "
+        "7b-2b, 7b-3b, 7b-0.5b (real checkpoints' shapes, for GPUs), or none (the pair as trained)",
+    )
     a("--tasks", type=_csv(str), default=TASKS, help=f"comma-separated tasks (default {','.join(TASKS)})")
     a(
         "--methods",
         default=None,
-        help="comma-separated methods: ar, hf_assisted and policy names (default: all)",
+        help="comma-separated methods: ar, hf_generate, hf_assisted and policy names (default: all; ar and "
+        "hf_generate always run)",
     )
     a("--n", type=int, default=3, help="inputs per task (default 3)")
     a("--repeats", type=int, default=3, help="timed repeats per input, interleaved; medians (default 3)")
@@ -512,6 +521,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         draft=args.draft,
         family=args.family,
         size=args.size,
+        calibration=None if args.calibration == "none" else args.calibration,
         tasks=tuple(args.tasks),
         methods=args.methods,
         n=args.n,

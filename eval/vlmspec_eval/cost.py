@@ -8,6 +8,13 @@ never gets cheaper with more tokens, so the costs used below are the medians' no
 at ``N`` is the smallest median at any size ``>= N``), which removes upward noise spikes on a shared machine.
 ``c_t(N)`` / ``c_d(N)`` interpolate that envelope linearly between probed sizes (extrapolating past the largest).
 
+**Roofline.** Next to the measured ``c_t(N)`` the probe prints the target's physical limit on this machine:
+``roof(N) = max(weight bytes / bandwidth, N * FLOPs per token / peak)``, where the weight bytes are the language
+model's (embedding lookups aside: the decoder layers, final norm and LM head, all read once per forward), the FLOPs
+per token ``2 *`` those weights plus the attention over the prefix (``4 * layers * prefix * heads * head_dim``),
+and bandwidth and peak are measured here (:func:`measure_machine`: the best of a few large copies and of a few
+square matmuls in the model's dtype). ``c_t(N) / roof(N)`` is how far the forward is from the hardware's limit.
+
 **Ideal speed-up** (zero engine overhead, decode phase only, prefills excluded): every model forward a run made
 after its prefills is priced at the probe's cost for its token count, so a step costs the draft forwards it made
 (``sum c_d(n_i)``) plus the target verification ``c_t(N + 1)`` (``N`` nodes plus the root); AR pays ``c_t(1)``
@@ -80,6 +87,7 @@ class CostProbe:
         prefix_tokens: prompt tokens in the prefix the trees were verified after.
         runs: timed rounds per size (median taken).
         task: task of the input whose prompt was the prefix.
+        roofline: the target's roofline on this machine (see :class:`Roofline`), or ``None``.
     """
 
     sizes: list[int]
@@ -88,6 +96,7 @@ class CostProbe:
     prefix_tokens: int
     runs: int
     task: str
+    roofline: Roofline | None = None
 
     @property
     def target_curve(self) -> list[float]:
@@ -116,7 +125,76 @@ class CostProbe:
         out["draft_curve_s"] = draft
         out["target_ratio"] = [t / target[0] for t in target]
         out["draft_ratio"] = [d / draft[0] for d in draft] if draft else None
+        out["roofline_s"] = [self.roofline.seconds(n) for n in self.sizes] if self.roofline else None
         return out
+
+
+@dataclass
+class Roofline:
+    """The target's physical limit per forward on this machine.
+
+    Attributes:
+        weight_bytes: bytes of the weights one decode forward reads (decoder layers, final norm, LM head).
+        flops_per_token: ``2 * weights + 4 * layers * prefix * heads * head_dim``.
+        bandwidth: measured memory bandwidth, bytes/s.
+        peak_flops: measured matmul throughput in the model's dtype, FLOP/s.
+    """
+
+    weight_bytes: int
+    flops_per_token: float
+    bandwidth: float
+    peak_flops: float
+
+    def seconds(self, tokens: int) -> float:
+        """``max(weight_bytes / bandwidth, tokens * flops_per_token / peak_flops)``."""
+        return max(self.weight_bytes / self.bandwidth, tokens * self.flops_per_token / self.peak_flops)
+
+
+def _best_seconds(fn: Any, device: torch.device, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@torch.no_grad()
+def measure_machine(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> tuple[float, float]:
+    """``(bandwidth bytes/s, peak FLOP/s)``: the best of ``repeats`` 256 MiB copies and square matmuls.
+
+    The matmul side is 4096 on a GPU and 1024 on a CPU (a few hundred milliseconds either way).
+    """
+    numel = 64 * 2**20  # 256 MiB of float32, or 128 MiB of bf16
+    a = torch.ones(numel, device=device, dtype=dtype)
+    b = torch.empty_like(a)
+    copy_s = _best_seconds(lambda: b.copy_(a), device, repeats)
+    side = 4096 if device.type == "cuda" else 1024
+    x = torch.ones(side, side, device=device, dtype=dtype)
+    matmul_s = _best_seconds(lambda: x @ x, device, repeats)
+    return 2 * a.numel() * a.element_size() / copy_s, 2 * side**3 / matmul_s
+
+
+def target_roofline(model: torch.nn.Module, prefix_tokens: int, repeats: int = 5) -> Roofline:
+    """The :class:`Roofline` of ``model`` (a VLM) after a ``prefix_tokens`` prompt, measured on its device."""
+    text = model.config.get_text_config()
+    decoder = [
+        p for n, p in model.named_parameters()
+        if ("language_model" in n or "lm_head" in n) and "embed_tokens" not in n
+    ]  # fmt: skip
+    weights = sum(p.numel() for p in decoder)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    attention = 4 * text.num_hidden_layers * prefix_tokens * text.num_attention_heads * head_dim
+    bandwidth, peak = measure_machine(decoder[0].device, decoder[0].dtype, repeats)
+    return Roofline(
+        weight_bytes=sum(p.numel() * p.element_size() for p in decoder),
+        flops_per_token=2.0 * weights + attention,
+        bandwidth=bandwidth,
+        peak_flops=peak,
+    )
 
 
 def monotone_envelope(values: Sequence[float]) -> list[float]:
@@ -202,7 +280,8 @@ def run_cost_probe(
         raise ValueError(f"probe runs={runs} is invalid: use at least 1")
     target_s = time_tree_forwards(pipe.target, inputs, sizes, runs)
     draft_s = time_tree_forwards(pipe.draft, inputs, sizes, runs) if pipe.draft is not None else None
-    return CostProbe(sizes, target_s, draft_s, int(inputs["input_ids"].shape[1]), runs, task)
+    prefix = int(inputs["input_ids"].shape[1])
+    return CostProbe(sizes, target_s, draft_s, prefix, runs, task, target_roofline(pipe.target, prefix))
 
 
 def auto_budget(probe: CostProbe, factor: float = DEFAULT_AUTO_FACTOR) -> int:

@@ -1,7 +1,9 @@
 """The methods the bench compares, their node budgets, and one timed run of a method on one input.
 
-Methods: ``ar`` (the engine's plain decoding, the baseline), ``hf_assisted`` (transformers' own assisted
-generation with the same draft) and every registered tree policy but ``ar`` (new policies appear automatically).
+Methods: ``hf_generate`` (transformers' own greedy ``generate()`` on the target: what users run today, the
+speed-up baseline), ``ar`` (the engine's plain decoding, the identity baseline), ``hf_assisted`` (transformers'
+own assisted generation with the same draft) and every registered tree policy but ``ar`` (new policies appear
+automatically).
 
 Node budgets are applied in ONE place, :data:`BUDGET_FIELDS` (policy name -> the config fields that bound its
 tree), with :data:`GENERIC_BUDGET_FIELDS` scanned for policies it does not name (so a new policy with, say, a
@@ -24,7 +26,10 @@ import torch
 from vlmspec.policies import TreePolicy, available_policies, get_policy, policy_class
 
 AR = "ar"
+HF_GENERATE = "hf_generate"
 HF_ASSISTED = "hf_assisted"
+TRANSFORMERS_METHODS: tuple[str, ...] = (HF_GENERATE, HF_ASSISTED)
+"""Methods run by transformers' ``generate()`` rather than the engine."""
 
 BUDGET_FIELDS: dict[str, tuple[str, ...]] = {
     "sage": ("n_max", "initial_paths"),
@@ -57,12 +62,12 @@ RECOVERABLE_POLICY_ERRORS = (NotImplementedError, ValueError, RuntimeError)
 
 # ---- method names --------------------------------------------------------------------------------------------
 def valid_methods() -> list[str]:
-    """``ar``, ``hf_assisted`` and every registered policy except ``ar``."""
-    return [AR, HF_ASSISTED, *(p for p in available_policies() if p != AR)]
+    """``ar``, ``hf_generate``, ``hf_assisted`` and every registered policy except ``ar``."""
+    return [AR, HF_GENERATE, HF_ASSISTED, *(p for p in available_policies() if p != AR)]
 
 
 def resolve_methods(spec: str | Sequence[str] | None) -> list[str]:
-    """Method names to run, ``ar`` first (always run: it is the baseline of speed-up and identity).
+    """Method names to run, ``ar`` and ``hf_generate`` first (always run: the baselines of identity and speed-up).
 
     Args:
         spec: comma-separated names or a list; ``None``/``"all"`` means :func:`valid_methods` less the policies
@@ -73,12 +78,12 @@ def resolve_methods(spec: str | Sequence[str] | None) -> list[str]:
     """
     valid = valid_methods()
     if spec is None or spec == "all":
-        return [m for m in valid if m in (AR, HF_ASSISTED) or get_policy(m).lossless]
+        return [m for m in valid if m in (AR, *TRANSFORMERS_METHODS) or get_policy(m).lossless]
     names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     bad = [n for n in names if n not in valid]
     if bad or not names:
         raise ValueError(f"unknown method(s) {bad or '(none given)'}; valid methods: {', '.join(valid)}")
-    return list(dict.fromkeys([AR, *names]))
+    return list(dict.fromkeys([AR, HF_GENERATE, *names]))
 
 
 # ---- budgets --------------------------------------------------------------------------------------------------
@@ -149,7 +154,7 @@ class Variant:
     Attributes:
         key: unique label (``"sage"``, or ``"sage@prune=0.5"`` for the prune-ratio ablation).
         method: method name.
-        policy: the policy instance (``None`` for ``hf_assisted``).
+        policy: the policy instance (``None`` for ``hf_generate`` and ``hf_assisted``).
         budget: node budget it runs with (``None``: not applicable).
         prune_ratio: the draft's visual pruning ratio (``None``: the pipeline's defaults).
         ablation: True for the prune-ratio ablation variants (reported in their own table).
@@ -175,7 +180,7 @@ def build_variants(
     """
     variants = []
     for method in methods:
-        if method == HF_ASSISTED:
+        if method in TRANSFORMERS_METHODS:
             variants.append(Variant(key=method, method=method, policy=None, budget=None))
         else:
             variants.append(_policy_variant(method, method, None if method == AR else budget))
@@ -248,7 +253,9 @@ class ForwardRecorder:
             if ids is None:
                 ids = kwargs.get("inputs_embeds")
             tokens = int(ids.shape[1]) if ids is not None else 0
-            cache = kwargs.get("past_key_values")
+            cache = kwargs.get(
+                "cache", kwargs.get("past_key_values")
+            )  # transformers >= 5.24 renames it `cache`
             prefill = cache is None or cache.get_seq_length() == 0
             _sync(module)
             self._open[role] = (tokens, prefill, time.perf_counter())
@@ -349,8 +356,8 @@ def run_variant(
         key=variant.key, method=variant.method, task=item.task, index=item.index, repeat=repeat
     )
     recorder = ForwardRecorder(pipe.target, pipe.draft)
-    if variant.method == HF_ASSISTED:
-        _run_hf_assisted(pipe, inputs, max_new_tokens, record, recorder)
+    if variant.method in TRANSFORMERS_METHODS:
+        _run_transformers(pipe, variant.method, inputs, max_new_tokens, record, recorder)
     else:
         _run_engine(pipe, variant, item, max_new_tokens, record, recorder)
     record.calls = recorder.calls
@@ -394,23 +401,30 @@ def assisted_generate(pipe: Any, inputs: dict[str, torch.Tensor], max_new_tokens
     return out[0, inputs["input_ids"].shape[1] :].tolist()
 
 
-def _run_hf_assisted(
+def _run_transformers(
     pipe: Any,
+    method: str,
     inputs: dict[str, torch.Tensor],
     max_new_tokens: int,
     record: RunRecord,
     recorder: ForwardRecorder,
 ) -> None:
+    """``hf_generate`` (the target's own greedy ``generate()``) or ``hf_assisted``, timed."""
     with recorder.recording():
         start = time.perf_counter()
         try:
-            tokens = assisted_generate(pipe, inputs, max_new_tokens)
+            if method == HF_ASSISTED:
+                tokens = assisted_generate(pipe, inputs, max_new_tokens)
+            else:
+                tokens = pipe.reference_generate(inputs, max_new_tokens)
         except Exception as err:  # transformers may fail in any way for a family; the row records how
             record.error = f"{type(err).__name__}: {err}".strip()
             return
         record.total_s = time.perf_counter() - start
     record.token_ids = tokens
-    record.emits_on_prefill = True
-    target_calls = [c for c in recorder.calls if c.role == "target"]
+    record.emits_on_prefill = method == HF_ASSISTED
+    target_calls = [
+        c for c in recorder.calls if c.role == "target" and (method == HF_ASSISTED or not c.prefill)
+    ]
     record.steps = len(target_calls)
     record.tree_sizes = [c.tokens - 1 for c in target_calls if not c.prefill]

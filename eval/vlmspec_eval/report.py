@@ -3,8 +3,10 @@
 Aggregation of one (method, task) cell over its inputs and repeats:
 
 * ``tokens_per_s``: per input the median over repeats, then the mean over inputs.
-* ``speedup``: per input and repeat the ratio to AR's tokens/s *in the same repeat round* (methods run
-  interleaved, so a slow moment of the machine hits both), median over repeats, mean over inputs.
+* ``speedup``: per input and repeat the ratio to ``hf_generate``'s tokens/s (transformers' own greedy
+  ``generate()``, what users have today) *in the same repeat round* (methods run interleaved, so a slow moment
+  of the machine hits both), median over repeats, mean over inputs. ``speedup_ar``: the same over ``ar`` (the
+  engine's own plain decoding). Without ``hf_generate`` runs, ``speedup`` is over ``ar``.
 * ``overhead_share`` and the time per phase: median over repeats (phases: of the median-time run), mean over inputs.
 * ``tau``, ``tokens_per_step``, ``nodes_per_step``: pooled over inputs (sums over steps; greedy decoding makes
   them identical across repeats, the first repeat is used). ``ideal_speedup``: ratio of pooled sums (see cost.py).
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .cost import PHASES, CostProbe, ideal_terms, overhead_share, phase_breakdown, probe_overhead_share
-from .methods import AR, RunRecord, Variant
+from .methods import AR, HF_GENERATE, RunRecord, Variant
 
 REQUIRED_ROW_KEYS: tuple[str, ...] = (
     "method",
@@ -46,6 +48,7 @@ REQUIRED_ROW_KEYS: tuple[str, ...] = (
 CSV_KEYS: tuple[str, ...] = (
     "key",
     *REQUIRED_ROW_KEYS,
+    "speedup_ar",
     "overhead_share_probe",
     "prune_ratio",
     "inputs",
@@ -98,7 +101,10 @@ def aggregate(
     for variant in variants:
         for task in tasks:
             ar_runs = {(r.index, r.repeat): r for r in by_cell[AR, task] if r.error is None}
-            row = cell_row(variant, task, by_cell[variant.key, task], ar_runs, references, probe)
+            hf_runs = {(r.index, r.repeat): r for r in by_cell[HF_GENERATE, task] if r.error is None}
+            row = cell_row(
+                variant, task, by_cell[variant.key, task], ar_runs, references, probe, hf_runs or None
+            )
             (ablation if variant.ablation else rows).append(row)
     return rows, ablation
 
@@ -110,8 +116,10 @@ def cell_row(
     ar_runs: dict[tuple[int, int], RunRecord],
     references: dict[tuple[str, int], list[int]],
     probe: CostProbe | None,
+    baseline_runs: dict[tuple[int, int], RunRecord] | None = None,
 ) -> dict[str, Any]:
-    """One row: ``variant`` on ``task`` aggregated as the module docstring says."""
+    """One row: ``variant`` on ``task`` aggregated as the module docstring says (``speedup`` over
+    ``baseline_runs``, ``hf_generate``'s, else over ``ar_runs``)."""
     ok = [r for r in runs if r.error is None]
     errors = [r.error for r in runs if r.error is not None]
     row: dict[str, Any] = {
@@ -139,7 +147,8 @@ def cell_row(
         tau=sum(r.accepted for r in firsts) / max(steps, 1),
         tokens_per_step=sum(r.decoded_tokens for r in firsts) / max(steps, 1),
         tokens_per_s=_mean(statistics.median(r.tokens_per_s for r in reps) for reps in per_input.values()),
-        speedup=_mean_or_none(_speedup(reps, ar_runs) for reps in per_input.values()),
+        speedup=_mean_or_none(_speedup(reps, baseline_runs or ar_runs) for reps in per_input.values()),
+        speedup_ar=_mean_or_none(_speedup(reps, ar_runs) for reps in per_input.values()),
         nodes_per_step=sum(sizes) / len(sizes) if sizes else 0.0,
         ideal_speedup=sum(t[0] for t in terms) / sum(t[1] for t in terms) if terms else None,
         overhead_share=_mean(
@@ -223,12 +232,13 @@ def _table(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
 
 def main_table(rows: Sequence[dict[str, Any]]) -> str:
     """The full method x task table."""
-    header = ["method", "task", "budget", "tau", "tok/step", "tok/s", "speed-up", "nodes/step", "ideal speed-up",
-              "overhead", "identical", "error"]  # fmt: skip
+    header = ["method", "task", "budget", "tau", "tok/step", "tok/s", "speed-up", "vs ar", "nodes/step",
+              "ideal speed-up", "overhead", "identical", "error"]  # fmt: skip
     lines = [
         [
             r["method"], r["task"], _fmt(r["budget"]), _fmt(r["tau"]), _fmt(r["tokens_per_step"]),
-            _fmt(r["tokens_per_s"], ".1f"), _fmt(r["speedup"]), _fmt(r["nodes_per_step"], ".1f"),
+            _fmt(r["tokens_per_s"], ".1f"), _fmt(r["speedup"]), _fmt(r.get("speedup_ar")),
+            _fmt(r["nodes_per_step"], ".1f"),
             _fmt(r["ideal_speedup"]), _fmt(r["overhead_share"], ".0%"), _fmt(r["identical"]),
             _short(r["error"]),
         ]
@@ -291,17 +301,32 @@ def ablation_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def probe_table(probe: dict[str, Any]) -> str:
-    """Cost probe: ms per forward and ratio to one token, target and draft."""
-    draft = probe.get("draft_s") or [None] * len(probe["sizes"])
-    draft_ratio = probe.get("draft_ratio") or [None] * len(probe["sizes"])
+    """Cost probe: ms per forward and ratio to one token, target (with its roofline) and draft."""
+    n = len(probe["sizes"])
+    draft = probe.get("draft_s") or [None] * n
+    draft_ratio = probe.get("draft_ratio") or [None] * n
+    roof = probe.get("roofline_s") or [None] * n
     lines = [
-        [str(n), _fmt(t * 1e3), _fmt(tr), _fmt(d * 1e3 if d is not None else None), _fmt(dr)]
-        for n, t, tr, d, dr in zip(
-            probe["sizes"], probe["target_s"], probe["target_ratio"], draft, draft_ratio, strict=False
+        [str(size), _fmt(t * 1e3), _fmt(tr), _fmt(r * 1e3 if r else None, ".3f"), _fmt(t / r if r else None, ".1f"),
+         _fmt(d * 1e3 if d is not None else None), _fmt(dr)]
+        for size, t, tr, r, d, dr in zip(
+            probe["sizes"], probe["target_s"], probe["target_ratio"], roof, draft, draft_ratio, strict=False
         )
-    ]
-    return _table(
-        ["tokens N", "target ms (median)", "target c(N)/c(1)", "draft ms (median)", "draft c(N)/c(1)"], lines
+    ]  # fmt: skip
+    header = ["tokens N", "target ms (median)", "target c(N)/c(1)", "target roofline ms", "c(N)/roofline",
+              "draft ms (median)", "draft c(N)/c(1)"]  # fmt: skip
+    return _table(header, lines)
+
+
+def roofline_note(probe: dict[str, Any]) -> str:
+    """One sentence: the machine's measured bandwidth and peak, and the target's bytes and FLOPs."""
+    roof = probe.get("roofline")
+    if not roof:
+        return ""
+    return (
+        f"Roofline: target weights {roof['weight_bytes'] / 2**20:.1f} MiB read per forward at a measured "
+        f"{roof['bandwidth'] / 1e9:.1f} GB/s, {roof['flops_per_token'] / 1e9:.3f} GFLOP per token at a measured "
+        f"{roof['peak_flops'] / 1e12:.2f} TFLOP/s peak; roofline ms = max(bytes / bandwidth, N * FLOPs / peak)."
     )
 
 
@@ -388,6 +413,12 @@ def dsbd_markdown(result: dict[str, Any]) -> list[str]:
     ]
 
 
+def _baseline_name(rows: Sequence[dict[str, Any]]) -> str:
+    if any(r["method"] == HF_GENERATE and r["tokens_per_s"] for r in rows):
+        return "transformers' generate() (hf_generate)"
+    return "AR"
+
+
 def _short(text: str | None, width: int = 80) -> str:
     if not text:
         return ""
@@ -413,7 +444,7 @@ def markdown(result: dict[str, Any]) -> str:
         ),
         f"- node budget: {settings['budget_note']}",
         "",
-        "## Summary (speed-up over AR, tau in brackets)",
+        f"## Summary (speed-up over {_baseline_name(result['rows'])}, tau in brackets)",
         "",
         summary_table(result["rows"], settings["tasks"]),
         "",
@@ -449,7 +480,7 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             (
                 "c(N)/c(1) uses the medians' non-decreasing envelope (noise spikes removed); it prices the ideal "
-                "speed-up and --budget auto."
+                "speed-up and --budget auto. " + roofline_note(probe)
             ),
         ]
     parts += sampling_markdown(result) + dsbd_markdown(result)

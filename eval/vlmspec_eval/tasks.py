@@ -138,17 +138,22 @@ class PairSpec:
 
     Attributes:
         target, draft: folders (or hub ids).
-        source: ``"explicit"``, ``"testbed:<size>"`` or ``"tiny:<family>"`` (random weights: speed says little).
+        source: ``"explicit"``, ``"testbed:<size>"`` or ``"tiny:<family>"`` (random weights: speed says little),
+            with ``"@<calibration>"`` for a calibrated pair.
+        calibration: the calibration the pair is inflated to on load (``None``: none).
     """
 
     target: str
     draft: str
     source: str
+    calibration: str | None = None
 
 
-def resolve_pair(target: str | None, draft: str | None, family: str, size: str = "base") -> PairSpec:
+def resolve_pair(
+    target: str | None, draft: str | None, family: str, size: str = "base", calibration: str | None = "cpu"
+) -> PairSpec:
     """The pair to benchmark: the explicit folders (or a pair name, see :mod:`vlmspec.named_pairs`), else the
-    testbed's ``size`` pair of ``family`` (trained on first use).
+    testbed's shipped ``size`` pair of ``family``, inflated to ``calibration`` (``None``: as trained).
 
     Raises:
         ValueError: a draft without a target, or a folder/hub-id target without a draft.
@@ -158,9 +163,15 @@ def resolve_pair(target: str | None, draft: str | None, family: str, size: str =
 
     if target is None:
         if draft is not None:
-            raise ValueError("give both --target and --draft, or neither (the default pair)")
-        target = f"testbed-{size}:{family}"
+            raise ValueError(
+                "give both --target and --draft, a pair name as --target, or neither (the default pair)"
+            )
+        target = f"testbed-{size}:{family}" + (f"@{calibration}" if calibration else "")
     elif draft is None and not is_pair_name(target):
-        raise ValueError("give both --target and --draft, or neither (the default pair)")
+        raise ValueError(
+            "give both --target and --draft, a pair name as --target, or neither (the default pair)"
+        )
     pair = resolve_named_pair(target, draft)
-    return PairSpec(target=pair.target, draft=str(pair.draft), source=pair.source)
+    return PairSpec(
+        target=pair.target, draft=str(pair.draft), source=pair.source, calibration=pair.calibration
+    )

@@ -24,10 +24,12 @@ from .pairs import (
     TESTBED_VERSION,
     TestbedPair,
     build,
+    compare_with_shipped,
     default_root,
     pair_folder,
     pair_paths,
     prune,
+    shipped_pair,
 )
 from .tokenizer import FAMILIES
 from .train import SIZES
@@ -42,6 +44,7 @@ __all__ = [
     "Example",
     "TestbedPair",
     "build",
+    "compare_with_shipped",
     "caption_facts",
     "default_root",
     "fact_accuracy",
@@ -49,5 +52,6 @@ __all__ = [
     "pair_paths",
     "prune",
     "sample",
+    "shipped_pair",
     "write_video",
 ]

@@ -94,7 +94,11 @@ class LMShape:
 
     def __post_init__(self) -> None:
         fields = ("hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim")
-        bad = [f"{f}={getattr(self, f)!r}" for f in fields if not (isinstance(getattr(self, f), int) and getattr(self, f) > 0)]
+        bad = [
+            f"{f}={getattr(self, f)!r}"
+            for f in fields
+            if not (isinstance(getattr(self, f), int) and getattr(self, f) > 0)
+        ]
         if bad:
             raise ValueError(f"LMShape {self.name!r}: {', '.join(bad)} must be positive integers")
         if self.heads % self.kv_heads or self.heads * self.head_dim != self.hidden:
@@ -152,21 +156,29 @@ CALIBRATIONS: dict[str, Calibration] = {
             "target forward costs ~40 draft forwards, as a real 7B target does against a 0.5B draft",
         ),
         Calibration(
-            "7b-2b", _body("Qwen2-7B"), _body("Qwen2-1.5B"), "Qwen2-VL-7B / Qwen2-VL-2B",
+            "ci", LMShape(256, 512, 5, 8, 8, 32, vocab=1024), LMShape(128, 256, 3, 4, 2, 32, vocab=1024),
+            "nothing real: small shapes for tests",
+            "small shapes that exercise every mapping (head width, GQA, depth, padded vocabulary) in seconds",
+        ),
+        Calibration(
+            "7b-2b", _body("Qwen2-7B"), _body("Qwen2-1.5B", vocab=152064), "Qwen2-VL-7B / Qwen2-VL-2B",
             "language models inflated exactly to Qwen2-VL-7B's and -2B's shapes",
         ),
         Calibration(
-            "7b-3b", _body("Qwen2-7B"), _body("Qwen2.5-3B"), "Qwen2.5-VL-7B / Qwen2.5-VL-3B",
+            "7b-3b", _body("Qwen2-7B"), _body("Qwen2.5-3B", vocab=152064), "Qwen2.5-VL-7B / Qwen2.5-VL-3B",
             "language models inflated exactly to Qwen2.5-VL-7B's and -3B's shapes",
         ),
         Calibration(
-            "7b-0.5b", _body("Qwen2-7B", vocab=152128), _body("Qwen2-0.5B"),
+            "7b-0.5b", _body("Qwen2-7B", vocab=152128), _body("Qwen2-0.5B", vocab=152128),
             "LLaVA-OneVision-7B / -0.5B",
             "language models inflated exactly to LLaVA-OneVision-7B's and -0.5B's shapes",
         ),
     )
 }  # fmt: skip
-"""Every calibration, by the name used after ``@`` (``testbed-base@cpu``, ``testbed-base:llava_onevision@7b-0.5b``)."""
+"""Every calibration, by the name used after ``@`` (``testbed-base@cpu``, ``testbed-base:llava_onevision@7b-0.5b``).
+
+A draft's vocabulary is padded to its target's (a few hundred rows more than the real draft's): transformers'
+assisted generation, one of the bench's baselines, refuses a draft whose vocabulary size differs."""
 
 
 def get_calibration(name: str) -> Calibration:
@@ -300,13 +312,19 @@ class _Filler:
 
     def q_rows(self) -> tuple[list[int], list[int]]:
         d, D = self.old.head_dim, self.new.head_dim
-        pairs = [(i * d + a, p * D + s) for i, p in enumerate(self.heads.query) for a, s in enumerate(self.heads.rows)]
+        pairs = [
+            (i * d + a, p * D + s)
+            for i, p in enumerate(self.heads.query)
+            for a, s in enumerate(self.heads.rows)
+        ]
         return [o for o, _ in pairs], [n for _, n in pairs]
 
     def kv_rows(self, rotary: bool) -> tuple[list[int], list[int]]:
         d, D = self.old.head_dim, self.new.head_dim
         slots = self.heads.rows if rotary else list(range(d))
-        pairs = [(m * d + a, r * D + s) for r, m in enumerate(self.heads.kv) if m >= 0 for a, s in enumerate(slots)]
+        pairs = [
+            (m * d + a, r * D + s) for r, m in enumerate(self.heads.kv) if m >= 0 for a, s in enumerate(slots)
+        ]
         return [o for o, _ in pairs], [n for _, n in pairs]
 
     def o_cols(self) -> tuple[list[int], list[int]]:
@@ -314,7 +332,9 @@ class _Filler:
         pairs = [(i * d + a, p * D + a) for i, p in enumerate(self.heads.query) for a in range(d)]
         return [o for o, _ in pairs], [n for _, n in pairs]
 
-    def rows_cols(self, key: str) -> tuple[tuple[list[int], list[int]], tuple[list[int], list[int]] | None, float]:
+    def rows_cols(
+        self, key: str
+    ) -> tuple[tuple[list[int], list[int]], tuple[list[int], list[int]] | None, float]:
         """``(rows, cols, scale)`` maps (old indices, new indices) of parameter ``key`` (a name's last parts)."""
         h = (list(range(self.old.hidden)),) * 2
         i = (list(range(self.old.intermediate)),) * 2
@@ -339,16 +359,20 @@ def _copy_block(
 ) -> None:
     import torch
 
-    old_rows, new_rows = (torch.tensor(r) for r in rows)
-    values = src.to(dst.dtype) * scale
+    old_rows, new_rows = (torch.tensor(r, device=dst.device) for r in rows)
+    values = (src.float() * scale).to(
+        device=dst.device, dtype=dst.dtype
+    )  # scaled before rounding to dst.dtype
     if cols is None:
         dst[new_rows] = values[old_rows]
     else:
-        old_cols, new_cols = (torch.tensor(c) for c in cols)
+        old_cols, new_cols = (torch.tensor(c, device=dst.device) for c in cols)
         dst[new_rows[:, None], new_cols[None, :]] = values[old_rows][:, old_cols]
 
 
-def _fill(new_model: PreTrainedModel, old_model: PreTrainedModel, old: LMShape, new: LMShape, never: int) -> None:
+def _fill(
+    new_model: PreTrainedModel, old_model: PreTrainedModel, old: LMShape, new: LMShape, never: int
+) -> None:
     """Zeroes ``new_model`` and writes ``old_model``'s weights into it (see the module docstring)."""
     import torch
 
@@ -368,9 +392,9 @@ def _fill(new_model: PreTrainedModel, old_model: PreTrainedModel, old: LMShape, 
                 continue
             # Everything else is zero-padded where it grew: the embedding and LM head (vocabulary rows, hidden
             # columns), the merger/projector outputs and image_newline (hidden); the vision tower is unchanged.
-            param[tuple(slice(0, n) for n in src.shape)] = src.to(param.dtype)
+            param[tuple(slice(0, n) for n in src.shape)] = src.to(param.device, param.dtype)
             if name.endswith("lm_head.weight"):
-                param[src.shape[0] :, : old.hidden] = src[never].to(param.dtype)
+                param[src.shape[0] :, : old.hidden] = src[never].to(param.device, param.dtype)
 
 
 def _lm_key(name: str) -> str:
@@ -429,7 +453,10 @@ def inflate(
     inflated.generation_config = copy.deepcopy(model.generation_config)
     if new.vocab and new.vocab > old.vocab:
         inflated.generation_config.suppress_tokens = list(range(old.vocab, new.vocab))
-    inflated.config.vlmspec_calibration = {"shape": new.name or "custom", "from_parameters": model.num_parameters()}
+    inflated.config.vlmspec_calibration = {
+        "shape": new.name or "custom",
+        "from_parameters": model.num_parameters(),
+    }
     return inflated.eval()
 
 

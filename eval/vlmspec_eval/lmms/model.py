@@ -336,6 +336,7 @@ def load_pipeline(options: ModelOptions, pair: PairSource, device_map: str | Non
         device_map=device_map,
         trust_remote_code=options.trust_remote_code,
         pruning=pruning,
+        calibration=pair.calibration,
         **options.policy_options,
     )
 

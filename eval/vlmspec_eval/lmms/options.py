@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from vlmspec.named_pairs import DEFAULT_FAMILY, PAIR_NAMES, is_pair_name
+from vlmspec.named_pairs import DEFAULT_FAMILY, PAIR_NAMES, is_pair_name, split_calibration
 from vlmspec.named_pairs import resolve_pair as resolve_named_pair
 
 __all__ = [
@@ -131,12 +131,15 @@ class PairSource:
     Attributes:
         target: target folder or hub id.
         draft: draft folder or hub id (``None`` when the policy needs no draft).
-        source: ``"explicit"``, ``"testbed:<size>:<family>"`` or ``"tiny:<family>"``.
+        source: ``"explicit"``, ``"testbed:<size>:<family>"`` or ``"tiny:<family>"`` (``"@<calibration>"``
+            appended for a calibrated pair).
+        calibration: the calibration the pair is inflated to on load (``None``: none).
     """
 
     target: str
     draft: str | None
     source: str
+    calibration: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -407,7 +410,7 @@ def _special(target: str) -> tuple[str, str] | None:
     """``(name, family)`` for a pair name (``testbed-mini[:family]``, ``tiny[:family]``, ...), else ``None``."""
     if not is_pair_name(target):
         return None
-    name, _, family = target.partition(":")
+    name, _, family = split_calibration(target)[0].partition(":")
     return name, family or DEFAULT_FAMILY
 
 
@@ -429,4 +432,4 @@ def resolve_pair(options: ModelOptions) -> PairSource:
             "use policy=ar for the target alone"
         )
     pair = resolve_named_pair(options.target, options.draft)
-    return PairSource(pair.target, pair.draft if uses_draft else None, pair.source)
+    return PairSource(pair.target, pair.draft if uses_draft else None, pair.source, pair.calibration)

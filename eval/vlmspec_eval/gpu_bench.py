@@ -1,0 +1,68 @@
+"""The GPU bench: ``vlmspec bench`` on the real-shape calibrated pairs in bf16, runnable on a bare GPU machine.
+
+    bash eval/gpu_bench.sh                       # both pairs below, the bench's table and cost curve for each
+    bash eval/gpu_bench.sh --pairs testbed-base:qwen2_vl@7b-2b --n 2 --repeats 2
+
+It needs no install: ``eval/gpu_bench.sh`` runs the machine's own ``python3`` with this tree on ``PYTHONPATH``,
+and everything it imports (torch, transformers >= 5.17, numpy, pillow, safetensors, accelerate, tqdm, pyyaml,
+filelock, jinja2) is in a GPU image; the trained testbed pairs ship in the package and are inflated on the GPU,
+in memory, in seconds (:mod:`vlmspec.testbed.calibrate`). Every option of ``vlmspec bench`` applies; the defaults
+differ: ``--dtype bfloat16``, ``--tasks image_caption,video_caption``, ``--max-new-tokens 128``, the policies'
+own node budgets (SAGE's ``n_max`` 64), no pruning ablation and no plots. For each pair it prints the bench's
+markdown (summary, all metrics, cost curve with the roofline) and writes it under ``--out/<pair>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .bench import add_arguments, config_from_args, run_bench, write_report
+from .report import markdown
+
+DEFAULT_PAIRS: tuple[str, ...] = ("testbed-base:qwen2_vl@7b-2b", "testbed-base:llava_onevision@7b-0.5b")
+"""Qwen2-VL-7B/2B-shaped and LLaVA-OneVision-7B/0.5B-shaped calibrated testbed pairs."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eval/gpu_bench.sh", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    parser.add_argument(
+        "--pairs",
+        default=",".join(DEFAULT_PAIRS),
+        help=f"comma-separated pair names (default {','.join(DEFAULT_PAIRS)})",
+    )
+    parser.set_defaults(
+        dtype="bfloat16",
+        tasks=("image_caption", "video_caption"),
+        max_new_tokens=128,
+        prune_ratios=(),
+        no_plots=True,
+        out=Path("gpu_bench_out"),
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    pairs = [p.strip() for p in args.pairs.split(",") if p.strip()]
+    root = args.out
+    for pair in pairs:
+        args.target, args.draft = pair, None
+        args.out = root / re.sub(r"[^A-Za-z0-9._-]+", "_", pair)
+        try:
+            config = config_from_args(args).validated()
+        except ValueError as err:
+            print(f"gpu bench: error: {err}", file=sys.stderr)
+            return 2
+        result = run_bench(config)
+        write_report(result, config.out, config.json_path, config.plots)
+        print(markdown(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

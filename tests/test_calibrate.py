@@ -1,0 +1,179 @@
+"""Calibrated testbed pairs: exact inflation (token-identical greedy output), parameter counts against the real
+language-model bodies, padded vocabulary rows that can never win, the shipped pairs and ``@<calibration>`` names."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+from vlmspec import named_pairs, testbed
+from vlmspec.sampling import SamplingParams
+from vlmspec.testbed import calibrate
+from vlmspec.testbed.calibrate import (
+    CALIBRATIONS,
+    REAL_BODIES,
+    LMShape,
+    body_parameters,
+    exact_shape,
+    inflate,
+)
+from vlmspec.testbed.data import encode
+
+FAMILIES = testbed.FAMILIES
+HELD_OUT_SEED = 4242  # below 10^9: never trained on
+
+
+def _load(size: str, family: str, role: str = "target"):
+    folder = getattr(testbed.build(size, family), role)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+    return model, AutoProcessor.from_pretrained(folder)
+
+
+def _held_out_inputs(processor) -> dict[str, dict]:
+    """A held-out picture, a held-out clip and a text-only chat, as ``generate()`` inputs."""
+    inputs = {
+        task: encode(processor, [testbed.sample(task, seed=HELD_OUT_SEED)], with_reply=False)
+        for task in ("image_caption", "video_caption")
+    }
+    chat = [{"role": "user", "content": [{"type": "text", "text": "Describe a large red circle."}]}]
+    inputs["text"] = processor.apply_chat_template(
+        chat, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+    )
+    return inputs
+
+
+def _greedy(model, inputs, max_new_tokens: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+def _body(model) -> int:
+    return sum(
+        p.numel() for n, p in model.named_parameters() if ".language_model." in n and "embed_tokens" not in n
+    )
+
+
+@pytest.mark.parametrize(
+    ("family", "shape", "max_new_tokens"),
+    [(family, "cpu", 64) for family in FAMILIES] + [(family, "Qwen2-0.5B", 24) for family in FAMILIES],
+)
+def test_inflated_target_gives_the_trained_targets_greedy_tokens(family, shape, max_new_tokens):
+    target, processor = _load("base", family)
+    named = CALIBRATIONS[shape].target if shape in CALIBRATIONS else REAL_BODIES[shape]
+    inflated = inflate(target, named)
+    # vocabulary aside: the body (layers + final norm) within 1% of the named shape's
+    assert abs(_body(inflated) / body_parameters(named) - 1) < 0.01
+    assert inflated.config.get_text_config().hidden_size == named.hidden
+    for name, inputs in _held_out_inputs(processor).items():
+        expected = _greedy(target, inputs, max_new_tokens)
+        assert len(expected) >= 8, name
+        assert _greedy(inflated, inputs, max_new_tokens) == expected, name
+
+
+@pytest.mark.parametrize("size", ["base", "mini"])
+@pytest.mark.parametrize("calibration", list(CALIBRATIONS))
+def test_every_calibration_matches_its_real_body_within_one_percent(size, calibration):
+    cal = CALIBRATIONS[calibration]
+    spec = testbed.SIZES[size]
+    for role, named in (("target", cal.target), ("draft", cal.draft)):
+        if named is None:
+            continue
+        model_spec = getattr(spec, role)
+        old = LMShape(
+            model_spec.hidden, model_spec.intermediate, model_spec.layers, model_spec.hidden // model_spec.head_dim,
+            model_spec.kv_heads, model_spec.head_dim,
+        )  # fmt: skip
+        exact = exact_shape(old, named)
+        assert exact.heads == named.heads and exact.hidden == named.hidden and exact.layers == named.layers
+        assert abs(body_parameters(exact) / body_parameters(named) - 1) < 0.01, (role, exact)
+
+
+def test_body_parameter_formula_counts_the_real_transformers_model():
+    """``body_parameters`` is what transformers builds for that shape (checked on the meta device, 7B included)."""
+    from transformers import Qwen2Config, Qwen2Model
+
+    for shape in REAL_BODIES.values():
+        config = Qwen2Config(
+            hidden_size=shape.hidden, intermediate_size=shape.intermediate, num_hidden_layers=shape.layers,
+            num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab,
+        )  # fmt: skip
+        with torch.device("meta"):
+            model = Qwen2Model(config)
+        body = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
+        assert body == body_parameters(shape), shape.name
+
+
+def test_known_real_totals():
+    """Body plus vocabulary gives the published sizes (7.6B, 1.5B, 3.1B, 0.49B)."""
+    totals = {
+        name: body_parameters(s) + s.vocab * s.hidden * (1 if s.tied else 2)
+        for name, s in REAL_BODIES.items()
+    }
+    assert round(totals["Qwen2-7B"] / 1e9, 1) == 7.6
+    assert round(totals["Qwen2-1.5B"] / 1e9, 2) == 1.54
+    assert round(totals["Qwen2.5-3B"] / 1e9, 2) == 3.09
+    assert round(totals["Qwen2-0.5B"] / 1e6) == 494
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_padded_vocabulary_rows_can_never_win(family):
+    target, _ = _load("mini", family)
+    old_vocab = target.config.get_text_config().vocab_size
+    inflated = inflate(target, LMShape(512, 512, 4, 8, 4, 64, vocab=old_vocab + 300))
+    head = inflated.lm_head.weight.detach()
+    never = calibrate._never_emitted_token(target)
+    torch.manual_seed(0)
+    hidden = torch.randn(2000, head.shape[1]) * torch.logspace(-3, 3, 2000)[:, None]
+    hidden[:1000] = head[never] * torch.logspace(-2, 2, 1000)[:, None]  # the hard case: pads tie the maximum
+    logits = hidden @ head.T
+    # a padded logit is exactly the never-emitted image token's logit, so it is at most the real maximum ...
+    assert torch.equal(logits[:, old_vocab:], logits[:, never, None].expand(-1, 300))
+    ties = logits[:, never] == logits.max(-1).values
+    assert ties.sum() > 100  # ... and where it is the maximum, argmax takes the first (real) index
+    assert (logits.argmax(-1) < old_vocab).all() and (logits.argmax(-1)[ties] == never).all()
+    params = SamplingParams.resolve(inflated.generation_config, top_k=0)
+    assert params.suppress_tokens == tuple(range(old_vocab, old_vocab + 300))
+    assert params.probs(logits[:50])[:, old_vocab:].sum() == 0
+
+
+def test_inflate_refuses_a_smaller_shape_with_the_reason():
+    target, _ = _load("mini", "qwen2_vl")
+    with pytest.raises(ValueError, match="hidden 128 > 64"):
+        inflate(target, LMShape(64, 512, 4, 2, 1, 32))
+    with pytest.raises(ValueError, match="heads \\* head_dim"):
+        LMShape(100, 512, 4, 2, 1, 32)
+
+
+def test_calibrated_pair_names_resolve_and_load():
+    pair = named_pairs.resolve_pair("testbed-mini:llava_onevision@cpu")
+    assert pair.calibration == "cpu" and pair.source == "testbed:mini:llava_onevision@cpu"
+    assert named_pairs.is_pair_name("testbed-base@7b-0.5b")
+    assert named_pairs.resolve_pair(None).calibration == "cpu"  # the embedded default is calibrated
+    with pytest.raises(ValueError, match="unknown calibration 'h100'.*cpu"):
+        named_pairs.resolve_pair("testbed-mini@h100")
+
+    from vlmspec import VLMSpecPipeline
+
+    pipe = VLMSpecPipeline.from_pretrained("testbed-mini@cpu", policy="chain")
+    assert pipe.target.config.get_text_config().hidden_size == CALIBRATIONS["cpu"].target.hidden
+    assert (
+        pipe.draft.config.get_text_config().hidden_size == testbed.SIZES["mini"].draft.hidden
+    )  # cpu keeps it
+    example = testbed.sample("image_caption", seed=HELD_OUT_SEED)
+    out = pipe(example.image, example.prompt, max_new_tokens=24)
+    assert out.stats.lossless and out.stats.new_tokens > 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("size", ["base", "mini"])
+def test_trained_pairs_ship_with_the_package(family, size):
+    shipped = testbed.shipped_pair(size, family)
+    assert shipped is not None and shipped.folder.is_relative_to(testbed.SHIPPED_ROOT)
+    assert testbed.build(size, family).folder == shipped.folder  # no training, no cache
+    assert shipped.manifest["testbed_version"] == testbed.TESTBED_VERSION
+    assert (shipped.target / "model.safetensors").is_file() and (
+        shipped.draft / "model.safetensors"
+    ).is_file()
+    assert "bit for bit" in testbed.compare_with_shipped(shipped)

@@ -1,0 +1,31 @@
+"""The GPU bench (``eval/gpu_bench.sh``) runs as it is, from the tree on ``PYTHONPATH``, here on the CPU at the tiny
+``ci`` calibration, so it cannot rot between the sessions that have a GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_bench_script_prints_the_table_and_the_cost_curve(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": ""}
+    command = [
+        "bash", str(ROOT / "eval" / "gpu_bench.sh"), "--pairs", "testbed-mini@ci,testbed-mini:llava_onevision@ci",
+        "--n", "1", "--repeats", "1", "--max-new-tokens", "12", "--dtype", "float32", "--methods", "sage,hf_assisted",
+        "--probe-sizes", "1,4", "--probe-runs", "1", "--threads", "1", "--quiet", "--out", str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert out.count("# vlmspec bench") == 2
+    assert "speed-up over transformers' generate() (hf_generate)" in out
+    for method in ("ar", "hf_generate", "hf_assisted", "sage"):
+        rows = [line for line in out.splitlines() if line.startswith(f"| {method} | image_caption |")]
+        assert len(rows) == 2 and all("| yes |" in row for row in rows), (method, rows)
+    assert "target roofline ms" in out and "GB/s" in out
+    assert (tmp_path / "testbed-mini_ci" / "bench.md").is_file()
+    assert (tmp_path / "testbed-mini_llava_onevision_ci" / "bench.json").is_file()
