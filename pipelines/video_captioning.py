@@ -524,8 +524,9 @@ def resolve_pair(
 ) -> tuple[str, str | None]:
     """Model folders or hub ids for a target/draft pair, with the project's named pairs resolved.
 
-    ``testbed-<size>`` (``testbed-mini``, ``testbed-base``) is the testbed's trained pair of ``family`` (built on
-    first use, then cached), ``tiny`` the tiny random pair; ``None`` means the default pair (``testbed-base``).
+    ``testbed-<size>`` (``testbed-mini``, ``testbed-base``, optionally ``@<calibration>``) is the testbed's
+    trained pair of ``family`` (shipped with the package), ``tiny`` the tiny random pair; ``None`` means the default
+    pair (``testbed-base@cpu``).
     Anything else (a folder, a hub id) passes through, as does ``draft``. See :mod:`vlmspec.named_pairs`.
 
     Args:
@@ -1488,7 +1489,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a("input", help="a folder of videos, a glob (quote it) or a .jsonl/.csv manifest (path, prompt, id)")
     a("--out", help="output JSONL file (one line per video; resumed when it exists)")
     a("--config", help=f"job config YAML (default: {DEFAULT_CONFIG_PATH.relative_to(REPO_ROOT)})")
-    a("--target", default=keep, help="target folder or hub id, or testbed-mini / testbed-base / tiny")
+    a(
+        "--target",
+        default=keep,
+        help="target folder or hub id, or a pair name: testbed-base@cpu (default), testbed-mini, tiny, ...",
+    )
     a("--draft", default=keep, help="draft folder or hub id (not with testbed-*/tiny)")
     a("--family", default=keep, help="family of a named pair (default qwen2_vl)")
     a("--policy", default=keep, help="tree policy (default sage; ar: plain decoding)")

@@ -66,7 +66,9 @@ def test_bench_writes_markdown_csv_json_and_plots(small_bench, capsys):
     assert "| method | task | budget | tau |" in md and "hf_assisted" in md and "sage" in md
     with (run / "bench.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 3 * 3 + 2 * 3  # 3 methods x 3 tasks + 2 prune ratios x 3 tasks
+    assert (
+        len(rows) == 4 * 3 + 2 * 3
+    )  # 4 methods (hf_generate always runs) x 3 tasks + 2 prune ratios x 3 tasks
 
 
 def test_bench_json_rows_are_complete_and_lossless(small_bench):
@@ -74,7 +76,9 @@ def test_bench_json_rows_are_complete_and_lossless(small_bench):
     assert {"pair", "device", "cost_probe", "rows"} <= set(result)
     rows = result["rows"]
     assert {(r["method"], r["task"]) for r in rows} == {
-        (m, t) for m in ("ar", "hf_assisted", "sage") for t in ("image_caption", "image_qa", "video_caption")
+        (m, t)
+        for m in ("ar", "hf_generate", "hf_assisted", "sage")
+        for t in ("image_caption", "image_qa", "video_caption")
     }
     for row in rows:
         assert set(REQUIRED_ROW_KEYS) <= set(row), row["method"]
@@ -87,7 +91,12 @@ def test_bench_json_rows_are_complete_and_lossless(small_bench):
     assert all(r["budget"] == 8 and 0 < r["nodes_per_step"] <= 8 for r in sage)
     assert all(r["tau"] > 0 and r["ideal_speedup"] is not None for r in sage)
     ar = [r for r in rows if r["method"] == "ar"]
-    assert all(r["speedup"] == pytest.approx(1.0) and r["ideal_speedup"] == pytest.approx(1.0) for r in ar)
+    assert all(r["speedup_ar"] == pytest.approx(1.0) and r["ideal_speedup"] == pytest.approx(1.0) for r in ar)
+    hf = [r for r in rows if r["method"] == "hf_generate"]  # the speed-up baseline: transformers' generate()
+    assert all(r["speedup"] == pytest.approx(1.0) and r["tokens_per_step"] == pytest.approx(1.0) for r in hf)
+    probe = result["cost_probe"]
+    assert probe["roofline"]["bandwidth"] > 0 and probe["roofline"]["peak_flops"] > 0
+    assert all(r > 0 for r in probe["roofline_s"]) and probe["roofline"]["weight_bytes"] > 0
     assert all(0.0 <= r["overhead_share"] <= 1.0 for r in rows)
 
 
@@ -97,7 +106,7 @@ def test_bad_method_lists_valid_methods(pair_args, capsys):
     assert "bogus" in err
     for name in valid_methods():
         assert name in err
-    with pytest.raises(ValueError, match="valid methods: ar, hf_assisted"):
+    with pytest.raises(ValueError, match="valid methods: ar, hf_generate, hf_assisted"):
         resolve_methods("nope")
 
 
@@ -174,9 +183,9 @@ def test_truncate_paths_keeps_prefix_closed_trees():
 
 
 def test_resolve_methods_always_runs_ar_first():
-    assert resolve_methods("sage,hf_assisted") == ["ar", "sage", "hf_assisted"]
+    assert resolve_methods("sage,hf_assisted") == ["ar", "hf_generate", "sage", "hf_assisted"]
     assert resolve_methods(None) == [m for m in valid_methods() if m != "dsbd"]  # dsbd: --dsbd section
-    assert "dsbd" in valid_methods() and resolve_methods("dsbd") == ["ar", "dsbd"]
+    assert "dsbd" in valid_methods() and resolve_methods("dsbd") == ["ar", "hf_generate", "dsbd"]
     assert "ar" not in valid_methods()[1:] and set(available_policies()) - {"ar"} <= set(valid_methods())
 
 
@@ -233,7 +242,7 @@ def test_inputs_and_default_pair_come_from_the_testbed_when_importable(monkeypat
     assert calls == [("image_qa", 5), ("image_qa", 6), ("video_caption", 5), ("video_caption", 6)]
     assert {it.source for it in items} == {"testbed"} and items[0].prompt == "image_qa prompt"
     assert resolve_pair(None, None, "qwen2_vl", "base") == tasks.PairSpec(
-        "/t/base/qwen2_vl", "/d", "testbed:base:qwen2_vl"
+        "/t/base/qwen2_vl", "/d", "testbed:base:qwen2_vl@cpu", "cpu"
     )
     assert resolve_pair("a", "b", "qwen2_vl").source == "explicit"
     synthetic = load_inputs(["video_caption"], 1, seed=0, source="synthetic")[0]

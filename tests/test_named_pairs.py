@@ -21,12 +21,15 @@ def fake_testbed(monkeypatch, tmp_path):
     return calls, tmp_path
 
 
-def test_no_target_means_the_testbed_base_pair(fake_testbed):
+def test_no_target_means_the_calibrated_testbed_base_pair(fake_testbed):
     calls, root = fake_testbed
     pair = named_pairs.resolve_pair(None)
     assert calls == [("base", "qwen2_vl")]
     assert pair == named_pairs.ResolvedPair(
-        str(root / "qwen2_vl-base" / "target"), str(root / "qwen2_vl-base" / "draft"), "testbed:base:qwen2_vl"
+        str(root / "qwen2_vl-base" / "target"),
+        str(root / "qwen2_vl-base" / "draft"),
+        "testbed:base:qwen2_vl@cpu",
+        "cpu",
     )
 
 

@@ -175,7 +175,7 @@ def test_demo_command_on_the_tiny_pair(capsys, tiny_root, monkeypatch):
     assert cli_main(["demo", "--pair", "tiny", "--max-new-tokens", "12"]) == 0
     out = capsys.readouterr().out
     assert "caption:" in out and "tau=" in out and "tokens/s=" in out and "SAGE trace" in out
-    assert "output vs ar: identical" in out
+    assert "output vs generate(): identical" in out and "transformers generate():" in out
 
 
 def test_pct_cost_ratio_is_measured_on_the_pair_at_load_time(pipe):

@@ -211,12 +211,34 @@ def test_processor_handles_image_and_video(family: str) -> None:
 # The mini pair (trained once per session)
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
-def mini_pair() -> testbed.TestbedPair:
-    """The mini qwen2_vl pair in the default cache (built once, about 1-2 minutes; the other test files share it)."""
+def mini_pair(tmp_path_factory: pytest.TempPathFactory) -> testbed.TestbedPair:
+    """The mini qwen2_vl pair trained here into a fresh cache (about 1-2 minutes), as `testbed build` does; the
+    other test files use the shipped one."""
     start = time.perf_counter()
-    pair = testbed.build(size="mini", family="qwen2_vl")
-    print(f"\nmini qwen2_vl testbed pair ready in {time.perf_counter() - start:.0f} s")
+    pair = testbed.build(size="mini", family="qwen2_vl", root=tmp_path_factory.mktemp("testbed"))
+    print(f"\nmini qwen2_vl testbed pair trained in {time.perf_counter() - start:.0f} s")
+    print(testbed.compare_with_shipped(pair))  # bit for bit on the machine that built the shipped one
     return pair
+
+
+def test_compare_with_shipped_reports_a_match_or_the_difference(tmp_path: Path) -> None:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shipped = testbed.shipped_pair("mini", "qwen2_vl")
+    copy = tmp_path / shipped.folder.name
+    shutil.copytree(shipped.folder, copy)
+    pair = testbed.build(size="mini", family="qwen2_vl", root=tmp_path)
+    assert pair.folder == copy and "matches the shipped pair bit for bit" in testbed.compare_with_shipped(
+        pair
+    )
+    weights = load_file(str(copy / "draft" / "model.safetensors"))
+    name = sorted(weights)[0]
+    weights[name] = weights[name] + 0.5
+    save_file(weights, str(copy / "draft" / "model.safetensors"), metadata={"format": "pt"})
+    line = testbed.compare_with_shipped(pair)
+    assert "differs from the shipped pair in 1 tensors" in line and "0.5" in line and name in line
 
 
 def test_build_writes_manifest_last(mini_pair: testbed.TestbedPair) -> None:
@@ -354,7 +376,7 @@ def test_demo_describes_the_bundled_scene(
     assert cli_main(["demo", "--pair", "testbed-mini", "--max-new-tokens", "96"]) == 0
     out = capsys.readouterr().out
     print(out)
-    assert "embedded default pair (testbed:mini:qwen2_vl)" in out and "output vs ar: identical" in out
+    assert "embedded default pair (testbed:mini:qwen2_vl)" in out and "output vs generate(): identical" in out
     facts = next(line for line in out.splitlines() if line.startswith("scene facts right:"))
     correct, total = map(int, facts.split()[3].split("/"))
     assert total == len(caption_facts(example["reference"])) and correct > 0

@@ -4,8 +4,8 @@ These names work wherever a target is named (``VLMSpecPipeline.from_pretrained``
 ``vlmspec caption``, ``vlmspec bench``, lmms-eval's ``--model_args target=...``); this module is the one place that
 turns them into folders.
 
-* ``testbed-base`` / ``testbed-mini``: the trained pair of :mod:`vlmspec.testbed` (built on first use with a
-  progress bar, then cached); ``base`` is the embedded default, ``mini`` the CI-sized one.
+* ``testbed-base`` / ``testbed-mini``: the trained pair of :mod:`vlmspec.testbed` (shipped with the package);
+  ``base`` (calibrated, ``@cpu``) is the embedded default, ``mini`` the CI-sized one.
 * ``tiny``: the tiny *randomly initialised* pair of :mod:`vlmspec.testing` (fixtures; its text is noise).
 * ``@<calibration>`` (``testbed-base@cpu``, ``testbed-base:llava_onevision@7b-0.5b``): the pair inflated on load,
   in memory, to the language-model shapes of :data:`vlmspec.testbed.calibrate.CALIBRATIONS`, with the same

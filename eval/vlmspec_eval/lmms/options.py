@@ -49,7 +49,8 @@ __all__ = [
 ]
 
 MODEL_ARGS: dict[str, str] = {
-    "target": "target model: hub id, local folder, testbed-mini / testbed-base / tiny (optionally ':<family>')",
+    "target": "target model: hub id, local folder, testbed-mini / testbed-base / tiny (optionally ':<family>' and "
+    "'@<calibration>', e.g. testbed-base@cpu)",
     "draft": "draft model of the same family (hub id or folder); not needed for policy=ar or the special targets",
     "policy": "tree policy (default sage); see vlmspec.policies.available_policies()",
     "prune_ratio": "fraction of visual tokens the draft drops, images and videos alike, in [0, 1)",
