@@ -392,7 +392,7 @@ EXPECTED_PAIRS = {
     ("Qwen/Qwen3-VL-32B-Instruct", "Qwen/Qwen3-VL-8B-Instruct"),
     ("Qwen/Qwen3-VL-8B-Instruct", "Qwen/Qwen3-VL-2B-Instruct"),
     ("testbed-mini", None),
-    ("testbed-base", None),
+    ("testbed-base@cpu", None),
 }
 
 

@@ -8,8 +8,23 @@ O(N) instead of O(cache length); a non-contiguous accepted path is handled the s
 
 from __future__ import annotations
 
+import functools
+import inspect
+from typing import Any
+
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+
+def cache_kwarg(module: torch.nn.Module, cache: Cache | None) -> dict[str, Any]:
+    """The keyword a model's ``forward`` takes its cache by: ``cache`` (transformers >= 5.24, which deprecates
+    ``past_key_values`` and drops it in 5.40) or ``past_key_values`` (earlier 5.x)."""
+    return {_cache_keyword(type(module)): cache}
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def new_cache(model: torch.nn.Module) -> DynamicCache:

@@ -20,8 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .bench import add_arguments, config_from_args, run_bench, write_report
-from .report import markdown
+from .bench import add_arguments, run_args
 
 DEFAULT_PAIRS: tuple[str, ...] = ("testbed-base:qwen2_vl@7b-2b", "testbed-base:llava_onevision@7b-0.5b")
 """Qwen2-VL-7B/2B-shaped and LLaVA-OneVision-7B/0.5B-shaped calibrated testbed pairs."""
@@ -53,14 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for pair in pairs:
         args.target, args.draft = pair, None
         args.out = root / re.sub(r"[^A-Za-z0-9._-]+", "_", pair)
-        try:
-            config = config_from_args(args).validated()
-        except ValueError as err:
-            print(f"gpu bench: error: {err}", file=sys.stderr)
-            return 2
-        result = run_bench(config)
-        write_report(result, config.out, config.json_path, config.plots)
-        print(markdown(result), flush=True)
+        status = run_args(args)
+        if status:
+            return status
     return 0
 
 

@@ -1,7 +1,7 @@
 """The bench's sampling sections: lossless policies at temperature 1, and DSBD against the target's beam sampling.
 
-``--sampling``: ``ar`` and every lossless tree policy of ``--methods`` (``hf_assisted`` and ``dsbd`` excluded: the
-first is transformers' greedy assisted generation, the second is not lossless) decode with ``do_sample=True`` at
+``--sampling``: ``ar`` and every lossless tree policy of ``--methods`` (``hf_generate`` and ``hf_assisted`` excluded:
+they are transformers' greedy paths; ``dsbd`` too: it is not lossless) decode with ``do_sample=True`` at
 temperature 1, ``top_k``/``top_p`` left to the target's ``generation_config`` (so the output follows the target's
 own sampling distribution whatever the tree). Run ``repeat`` of every input uses seed ``seed + repeat``; the
 methods run interleaved like the greedy section (order rotated per repeat). Per method and task (and ``all``
@@ -42,7 +42,7 @@ from vlmspec.policies import TreePolicy, get_policy
 from vlmspec.policies.dsbd import PAPER_TOP_K, PAPER_TOP_P, beam_sampling_baseline, perplexity
 from vlmspec.sampling import SamplingParams
 
-from .methods import AR, HF_ASSISTED, RECOVERABLE_POLICY_ERRORS, Variant, build_variants
+from .methods import AR, RECOVERABLE_POLICY_ERRORS, TRANSFORMERS_METHODS, Variant, build_variants
 from .tasks import TaskInput, load_inputs
 
 TEMPERATURE = 1.0
@@ -103,10 +103,10 @@ class SampleRun:
 def sampling_variants(methods: Sequence[str], budget: int | None) -> list[Variant]:
     """``ar`` and the lossless policies among ``methods`` (node budget applied), for sampling.
 
-    ``hf_assisted`` and ``dsbd`` are left out; so is a policy whose configuration is lossy. A policy that cannot
-    be built is kept with its ``error`` (its row reports it).
+    ``hf_generate``, ``hf_assisted`` and ``dsbd`` are left out; so is a policy whose configuration is lossy. A
+    policy that cannot be built is kept with its ``error`` (its row reports it).
     """
-    names = [m for m in dict.fromkeys([AR, *methods]) if m not in (HF_ASSISTED, DSBD)]
+    names = [m for m in dict.fromkeys([AR, *methods]) if m not in (*TRANSFORMERS_METHODS, DSBD)]
     return [v for v in build_variants(names, budget) if v.policy is None or v.policy.lossless]
 
 

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 import torch
 from transformers.cache_utils import DynamicCache
 
-from ..cache import cache_length, new_cache, pop_tail, push_tail, truncate
+from ..cache import cache_kwarg, cache_length, new_cache, pop_tail, push_tail, truncate
 from ..tree import tree_attention_bias
 
 
@@ -240,7 +240,11 @@ class VLMAdapter:
             cache = new_cache(self.model)
             position_ids, rope_delta = self.prompt_rope(inputs)
             out = self.model(
-                **inputs, position_ids=position_ids, past_key_values=cache, use_cache=True, logits_to_keep=1
+                **inputs,
+                position_ids=position_ids,
+                **cache_kwarg(self.model, cache),
+                use_cache=True,
+                logits_to_keep=1,
             )
             layout = self.prompt_layout(inputs)
             state = DecodeState(cache, rope_delta, layout.num_visual)
@@ -309,8 +313,13 @@ class VLMAdapter:
         ``bias`` ``None`` lets the model build its causal mask (the cache is always passed, so transformers never
         mistakes the gaps of pruned positions for packed sequences).
         """
-        out = self.model.get_decoder()(
-            **prompt, position_ids=position_ids, attention_mask=bias, past_key_values=cache, use_cache=True
+        decoder = self.model.get_decoder()
+        out = decoder(
+            **prompt,
+            position_ids=position_ids,
+            attention_mask=bias,
+            **cache_kwarg(decoder, cache),
+            use_cache=True,
         )
         return out.last_hidden_state
 
@@ -357,7 +366,7 @@ class VLMAdapter:
             input_ids=tokens[None],
             position_ids=self.rope_ids(positions, state.rope_delta),
             attention_mask=bias,
-            past_key_values=state.cache,
+            **cache_kwarg(self.model, state.cache),
             use_cache=True,
         )
         return out.logits[0]

@@ -453,10 +453,6 @@ def inflate(
     inflated.generation_config = copy.deepcopy(model.generation_config)
     if new.vocab and new.vocab > old.vocab:
         inflated.generation_config.suppress_tokens = list(range(old.vocab, new.vocab))
-    inflated.config.vlmspec_calibration = {
-        "shape": new.name or "custom",
-        "from_parameters": model.num_parameters(),
-    }
     return inflated.eval()
 
 
@@ -470,3 +466,48 @@ def calibrate(
     cal = get_calibration(calibration)
     inflated_draft = inflate(draft, cal.draft, **kwargs) if draft is not None and cal.draft else draft
     return inflate(target, cal.target, **kwargs), inflated_draft
+
+
+def parameter_table(size: str = "base") -> str:
+    """Markdown: each calibration's inflated language models against the real bodies they mirror.
+
+    Counts are computed from the shapes (:func:`body_parameters`, checked against transformers' own modules in
+    the tests); "with vocabulary" adds the embedding and an untied LM head (the real ones of the small Qwen2
+    models are tied).
+    """
+    from .train import get_size
+
+    spec = get_size(size)
+    lines = [
+        "| calibration | role | mirrors | hidden/MLP/layers/heads/kv/head_dim | body | real body | difference "
+        "| with vocabulary (inflated / real) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for cal in CALIBRATIONS.values():
+        for role, named in (("target", cal.target), ("draft", cal.draft)):
+            if named is None:
+                continue
+            model = getattr(spec, role)
+            old = LMShape(
+                model.hidden, model.intermediate, model.layers, model.hidden // model.head_dim, model.kv_heads,
+                model.head_dim, vocab=None,
+            )  # fmt: skip
+            exact = exact_shape(old, named)
+            vocab = named.vocab or 0
+            real = REAL_BODIES.get(named.name)
+            inflated_total = body_parameters(exact) + 2 * vocab * exact.hidden
+            real_total = (
+                body_parameters(real) + (1 if real.tied else 2) * real.vocab * real.hidden if real else None
+            )
+            shape = "/".join(str(v) for v in (exact.hidden, exact.intermediate, exact.layers, exact.heads,
+                                              exact.kv_heads, exact.head_dim))  # fmt: skip
+            lines.append(
+                f"| {cal.name} | {role} | {named.name or '-'} | {shape} | {body_parameters(exact) / 1e6:,.1f}M | "
+                f"{body_parameters(named) / 1e6:,.1f}M | {body_parameters(exact) / body_parameters(named) - 1:+.3%} | "
+                + (f"{inflated_total / 1e6:,.0f}M / {real_total / 1e6:,.0f}M |" if real_total else "- |")
+            )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(parameter_table())
