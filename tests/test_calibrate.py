@@ -177,3 +177,13 @@ def test_trained_pairs_ship_with_the_package(family, size):
         shipped.draft / "model.safetensors"
     ).is_file()
     assert "bit for bit" in testbed.compare_with_shipped(shipped)
+
+
+def test_demo_on_a_calibrated_pair_says_what_the_calibration_is(capsys):
+    from vlmspec.cli import main as cli_main
+
+    assert cli_main(["demo", "--pair", "testbed-mini@cpu", "--max-new-tokens", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "embedded default pair (testbed:mini:qwen2_vl@cpu)" in out
+    assert "calibration: cpu: the trained target inflated exactly" in out
+    assert "transformers generate():" in out and "output vs generate(): identical; speed-up" in out
