@@ -465,7 +465,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a(
         "--calibration",
         default="cpu",
-        help="calibration of the default pair: cpu (default: the target inflated exactly to 40x the draft's cost), "
+        help="calibration of the default pair: cpu (default: the target inflated exactly to 15-25x the draft's cost), "
         "7b-2b, 7b-3b, 7b-0.5b (real checkpoints' shapes, for GPUs), or none (the pair as trained)",
     )
     a("--tasks", type=_csv(str), default=TASKS, help=f"comma-separated tasks (default {','.join(TASKS)})")
