@@ -28,9 +28,13 @@ PROMPTS = (
 
 @pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory) -> Path:
-    """Where the tiny pairs live: $VLMSPEC_TEST_CACHE (reused across runs) or a fresh temp folder."""
+    """Where the tiny pairs live: $VLMSPEC_TEST_CACHE (reused across runs) or a fresh temp folder that all
+    pytest-xdist workers of the session share (pytest-xdist's documented pattern), so each pair is built once."""
     env = os.environ.get("VLMSPEC_TEST_CACHE")
-    return Path(env) if env else tmp_path_factory.mktemp("tiny")
+    if env:
+        return Path(env)
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "tiny"
 
 
 @pytest.fixture(scope="session")

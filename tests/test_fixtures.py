@@ -47,8 +47,8 @@ class Loaded:
 
 
 @pytest.fixture(scope="module")
-def cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("vlmspec-tiny")
+def cache_root(tiny_root: Path) -> Path:
+    return tiny_root
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

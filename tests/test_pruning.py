@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import pytest
@@ -178,9 +177,8 @@ def test_pruning_config():
 
 # ---- adapters -------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def tiny_root_dir(tmp_path_factory) -> Path:
-    env = os.environ.get("VLMSPEC_TEST_CACHE")
-    return Path(env) if env else tmp_path_factory.mktemp("tiny_pruning")
+def tiny_root_dir(tiny_root) -> Path:
+    return tiny_root
 
 
 @pytest.fixture(scope="module")

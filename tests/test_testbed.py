@@ -210,15 +210,11 @@ def test_processor_handles_image_and_video(family: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # The mini pair (trained once per session)
 # ---------------------------------------------------------------------------------------------
+# One test trains the pair (so one pytest-xdist worker does it); the tests that only need a trained pair use the
+# shipped one.
 @pytest.fixture(scope="session")
-def mini_pair(tmp_path_factory: pytest.TempPathFactory) -> testbed.TestbedPair:
-    """The mini qwen2_vl pair trained here into a fresh cache (about 1-2 minutes), as `testbed build` does; the
-    other test files use the shipped one."""
-    start = time.perf_counter()
-    pair = testbed.build(size="mini", family="qwen2_vl", root=tmp_path_factory.mktemp("testbed"))
-    print(f"\nmini qwen2_vl testbed pair trained in {time.perf_counter() - start:.0f} s")
-    print(testbed.compare_with_shipped(pair))  # bit for bit on the machine that built the shipped one
-    return pair
+def shipped_mini() -> testbed.TestbedPair:
+    return testbed.shipped_pair("mini", "qwen2_vl")
 
 
 def test_compare_with_shipped_reports_a_match_or_the_difference(tmp_path: Path) -> None:
@@ -241,38 +237,60 @@ def test_compare_with_shipped_reports_a_match_or_the_difference(tmp_path: Path) 
     assert "differs from the shipped pair in 1 tensors" in line and "0.5" in line and name in line
 
 
-def test_build_writes_manifest_last(mini_pair: testbed.TestbedPair) -> None:
-    manifest_path = mini_pair.folder / "manifest.json"
+def test_fresh_build_writes_manifest_last_passes_the_gates_and_is_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mini qwen2_vl pair trained into a fresh cache (1-3 minutes), as `testbed build` does."""
+    start = time.perf_counter()
+    pair = testbed.build(size="mini", family="qwen2_vl", root=tmp_path)
+    print(f"\nmini qwen2_vl testbed pair trained in {time.perf_counter() - start:.0f} s")
+    print(testbed.compare_with_shipped(pair))  # bit for bit on the machine that built the shipped one
+    _check_manifest_written_last(pair)
+    _check_quality_gates(pair)
+    _check_second_build_reuses(pair, monkeypatch)
+
+
+def _check_manifest_written_last(pair: testbed.TestbedPair) -> None:
+    manifest_path = pair.folder / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
-    others = [p for p in mini_pair.folder.rglob("*") if p.is_file() and p != manifest_path]
+    others = [p for p in pair.folder.rglob("*") if p.is_file() and p != manifest_path]
     assert others and all(p.stat().st_mtime <= manifest_path.stat().st_mtime for p in others)
     assert manifest["testbed_version"] == testbed.TESTBED_VERSION
     assert (manifest["family"], manifest["size"]) == ("qwen2_vl", "mini")
     for role in ("target", "draft"):
         assert manifest[role]["params"]["total"] > 0 and manifest[role]["training"]["steps"] > 0
     assert manifest["draft"]["params"]["language"] * 3 < manifest["target"]["params"]["language"]
-    assert not list(
-        mini_pair.folder.parent.glob(f".{mini_pair.folder.name}.partial-*")
-    )  # no staging folder left
-    print(json.dumps(manifest["quality"], indent=1))
+    assert not list(pair.folder.parent.glob(f".{pair.folder.name}.partial-*"))  # no staging folder left
 
 
-def test_second_build_reuses_the_pair(
-    mini_pair: testbed.TestbedPair, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _check_quality_gates(pair: testbed.TestbedPair) -> None:
+    quality = pair.manifest["quality"]
+    target, draft = quality["target"], quality["draft"]
+    print(json.dumps(quality, indent=1))
+    gates = dict(testbed.SIZES["mini"].gates)
+    assert target["caption_accuracy"] >= gates["caption_accuracy"] >= 0.5
+    assert target["qa_exact_match"] >= gates["qa_exact_match"] >= 0.6
+    assert quality["entropy_autocorr"] >= gates["entropy_autocorr"] >= 0.3  # SAGE's premise (paper Fig. 2)
+    keys = ("caption_accuracy", "qa_exact_match", "video_accuracy")
+    assert sum(draft[k] for k in keys) < sum(target[k] for k in keys)  # the draft is weaker
+    assert quality["draft_agreement"] >= gates["draft_agreement"]  # ... but agrees with the target often
+    assert pair.manifest["gates_passed"], pair.manifest["gates"]
+
+
+def _check_second_build_reuses(pair: testbed.TestbedPair, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_training(*args: object, **kwargs: object) -> None:
         raise AssertionError("a built pair must not be retrained")
 
     monkeypatch.setattr(build_module, "_train", no_training)
-    again = testbed.build(size="mini", family="qwen2_vl", root=mini_pair.folder.parent)
-    assert again.manifest == mini_pair.manifest
-    assert testbed.pair_paths("mini", "qwen2_vl", root=mini_pair.folder.parent) == (
-        mini_pair.target,
-        mini_pair.draft,
-    )
+    again = testbed.build(size="mini", family="qwen2_vl", root=pair.folder.parent)
+    assert again.manifest == pair.manifest
+    assert testbed.pair_paths("mini", "qwen2_vl", root=pair.folder.parent) == (pair.target, pair.draft)
     assert cli.main(
-        ["build", "--size", "mini", "--family", "qwen2_vl", "--root", str(mini_pair.folder.parent)]
-    ) in (0, 1)
+        ["build", "--size", "mini", "--family", "qwen2_vl", "--root", str(pair.folder.parent)]
+    ) in (
+        0,
+        1,
+    )
 
 
 def test_prune_removes_only_other_versions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -312,44 +330,30 @@ def test_half_built_folder_is_not_used(tmp_path: Path, monkeypatch: pytest.Monke
     assert not killed.exists()
 
 
-def test_mini_quality_gates(mini_pair: testbed.TestbedPair) -> None:
-    quality = mini_pair.manifest["quality"]
-    target, draft = quality["target"], quality["draft"]
-    print(json.dumps(quality, indent=1))
-    gates = dict(testbed.SIZES["mini"].gates)
-    assert target["caption_accuracy"] >= gates["caption_accuracy"] >= 0.5
-    assert target["qa_exact_match"] >= gates["qa_exact_match"] >= 0.6
-    assert quality["entropy_autocorr"] >= gates["entropy_autocorr"] >= 0.3  # SAGE's premise (paper Fig. 2)
-    keys = ("caption_accuracy", "qa_exact_match", "video_accuracy")
-    assert sum(draft[k] for k in keys) < sum(target[k] for k in keys)  # the draft is weaker
-    assert quality["draft_agreement"] >= gates["draft_agreement"]  # ... but agrees with the target often
-    assert mini_pair.manifest["gates_passed"], mini_pair.manifest["gates"]
-
-
 def test_base_gates_are_the_issue_figures() -> None:
     gates = dict(testbed.SIZES["base"].gates)
     assert gates["caption_accuracy"] >= 0.95 and gates["qa_exact_match"] >= 0.95
     assert gates["entropy_autocorr"] >= 0.3
 
 
-def test_pair_loads_with_auto_classes(mini_pair: testbed.TestbedPair) -> None:
+def test_pair_loads_with_auto_classes(shipped_mini: testbed.TestbedPair) -> None:
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    model = AutoModelForImageTextToText.from_pretrained(mini_pair.draft)
-    processor = AutoProcessor.from_pretrained(mini_pair.target)
+    model = AutoModelForImageTextToText.from_pretrained(shipped_mini.draft)
+    processor = AutoProcessor.from_pretrained(shipped_mini.target)
     assert type(model).__name__ == "Qwen2VLForConditionalGeneration"
     assert type(processor).__name__ == "Qwen2VLProcessor"
-    assert (mini_pair.target / "tokenizer.json").read_bytes() == (
-        mini_pair.draft / "tokenizer.json"
+    assert (shipped_mini.target / "tokenizer.json").read_bytes() == (
+        shipped_mini.draft / "tokenizer.json"
     ).read_bytes()
 
 
 @pytest.mark.parametrize("task", ["image_caption", "video_caption"])
-def test_speculative_greedy_equals_generate(mini_pair: testbed.TestbedPair, task: str) -> None:
+def test_speculative_greedy_equals_generate(shipped_mini: testbed.TestbedPair, task: str) -> None:
     from vlmspec import VLMSpecPipeline
 
     pipe = VLMSpecPipeline.from_pretrained(
-        mini_pair.target, mini_pair.draft, policy="sage", torch_dtype=torch.float32
+        shipped_mini.target, shipped_mini.draft, policy="sage", torch_dtype=torch.float32
     )
     example = testbed.sample(task, 5)
     inputs = pipe.prepare_inputs(example.image, example.prompt, example.video)
@@ -361,9 +365,7 @@ def test_speculative_greedy_equals_generate(mini_pair: testbed.TestbedPair, task
     assert out.stats.accepted_tokens > 0
 
 
-def test_demo_describes_the_bundled_scene(
-    mini_pair: testbed.TestbedPair, capsys: pytest.CaptureFixture
-) -> None:
+def test_demo_describes_the_bundled_scene(capsys: pytest.CaptureFixture) -> None:
     from vlmspec.cli import bundled_example
     from vlmspec.cli import main as cli_main
 

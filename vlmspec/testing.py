@@ -65,6 +65,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from filelock import FileLock
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import PIL.Image
     import torch
@@ -909,8 +911,8 @@ def build_tiny_pair(family: str, root: str | Path | None = None, seed: int = 0) 
 
     The pair lives in ``<root>/<family>-seed<seed>-v<FIXTURE_VERSION>/{target,draft}``. A marker
     file is written last; if it exists the folders are reused without rebuilding. Building writes
-    to a private temporary folder first and renames it into place, so concurrent builders (e.g.
-    pytest-xdist workers) never see half-written checkpoints.
+    to a private temporary folder first and renames it into place under a file lock, so concurrent
+    builders (e.g. pytest-xdist workers) never see half-written checkpoints and the pair is built once.
 
     Args:
         family: One of :data:`FAMILIES`.
@@ -928,24 +930,29 @@ def build_tiny_pair(family: str, root: str | Path | None = None, seed: int = 0) 
     _check_family(family)
     root_path = Path(root).expanduser() if root is not None else default_cache_root()
     folder = root_path / f"{family}-seed{int(seed)}-v{FIXTURE_VERSION}"
-    if not _is_complete(folder):
-        root_path.mkdir(parents=True, exist_ok=True)
-        staging = root_path / f".{folder.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        staging.mkdir()
-        try:
-            with _build_environment():
-                _write_pair(family, seed, staging)
-            if folder.exists() and not _is_complete(folder):
-                shutil.rmtree(folder, ignore_errors=True)  # a crashed earlier build
-            try:
-                staging.rename(folder)
-            except OSError:
-                if not _is_complete(folder):  # lost a race against a broken writer: report it
-                    raise
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
+    if _is_complete(folder):
+        return TinyPair(family=family, target=folder / "target", draft=folder / "draft")
+    root_path.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root_path / f".{folder.name}.lock")):  # concurrent builders wait for the first one
+        _build_into(family, seed, root_path, folder)
     return TinyPair(family=family, target=folder / "target", draft=folder / "draft")
+
+
+def _build_into(family: str, seed: int, root_path: Path, folder: Path) -> None:
+    """Builds the pair in a private staging folder and renames it into place (the caller holds the lock)."""
+    if _is_complete(folder):  # built by the builder we waited for
+        return
+    staging = root_path / f".{folder.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        with _build_environment():
+            _write_pair(family, seed, staging)
+        if folder.exists():
+            shutil.rmtree(folder)  # a crashed earlier build
+        staging.rename(folder)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 @contextlib.contextmanager
