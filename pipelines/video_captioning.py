@@ -29,7 +29,7 @@ Output: one JSON object per line, one line per video, written whole (one ``write
 ``fsync``)::
 
     {"id": "a/clip1.mp4", "path": "videos/a/clip1.mp4", "prompt": "...", "caption": "...", "policy": "sage",
-     "settings": {"max_new_tokens": 256, "num_frames": 8, "prune_ratio": 0.9, "frame_sampler": "decord", ...},
+     "settings": {"max_new_tokens": 256, "num_frames": 8, "prune_ratio": null, "frame_sampler": "decord", ...},
      "model": {"target": "...", "draft": "..."}, "stats": {"new_tokens": ..., "mean_accepted": ..., ...}}
     {"id": "bad.mp4", "path": "videos/bad.mp4", "prompt": "...", "error": "video file ... could not be decoded
      (...)", "error_type": "ValueError", "policy": "sage", "settings": {...}, "model": {...}}
@@ -159,7 +159,7 @@ class JobConfig:
     device_map: str | None = None
     policy: str = "sage"
     policy_options: dict[str, Any] = field(default_factory=dict)
-    prune_ratio: float | None = 0.9
+    prune_ratio: float | None = None
     prompt: str = "Describe this video in detail."
     max_new_tokens: int = 256
     num_frames: int = 8
@@ -1505,7 +1505,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--prune-ratio",
         type=float,
         default=keep,
-        help="fraction of visual tokens the draft drops (default 0.9)",
+        help="fraction of visual tokens the draft drops, applied as given (default: the library's, 0.9 for videos "
+        "but never below 64 tokens)",
     )
     a("--frame-sampler", choices=FRAME_SAMPLERS, default=keep,
       help="decord (evenly, num_frames) or qwen (qwen-vl-utils; Qwen families); auto: qwen if a qwen option is set")  # fmt: skip

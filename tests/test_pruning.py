@@ -169,10 +169,26 @@ def test_pruning_config():
     disabled = PruningConfig.disabled()
     assert not disabled.enabled and not disabled.needs_scores
     assert _ids(disabled.select(layout)) == list(range(20))
-    uniform = PruningConfig(method="uniform", image_ratio=0.8, video_ratio=0.6)
+    uniform = PruningConfig(method="uniform", image_ratio=0.8, video_ratio=0.6, min_keep=0)
     assert _ids(uniform.select(layout)) == _ids(
         select_prompt_positions(visual, is_video, None, "uniform", 0.8, 0.6, 0.4)
     )
+    # The default floor keeps every token of this prompt's small modalities: pruning them would not pay.
+    assert _ids(PruningConfig().select(layout, torch.rand(int(visual.sum())))) == list(range(20))
+
+
+def test_min_keep_floors_each_modality_and_is_validated():
+    visual, is_video = _layout()
+    images, videos = int((visual & ~is_video).sum()), int(is_video.sum())
+    for min_keep in (0, 2, 3, 100):
+        keep = select_prompt_positions(visual, is_video, None, "uniform", 0.8, 0.9, 0.4, min_keep)
+        kept_images = int((visual & ~is_video)[keep].sum())
+        kept_videos = int(is_video[keep].sum())
+        assert kept_images == max(keep_count(images, 0.8), min(min_keep, images))
+        assert kept_videos == max(keep_count(videos, 0.9), min(min_keep, videos))
+    for bad in (-1, 2.5, True, "64"):
+        with pytest.raises(ValueError, match=rf"PruningConfig\.min_keep.*{bad!r}.*use 0"):
+            PruningConfig(min_keep=bad)
 
 
 # ---- adapters -------------------------------------------------------------------------------------------------
@@ -239,7 +255,7 @@ def test_pruned_draft_prefill_holds_kept_visual_tokens(loaded, family, kind):
     assert scored.state.length == length and scored.state.visual_tokens == num_visual
     assert scored.visual_scores.shape == (num_visual,)
 
-    config = PruningConfig()  # attention, image 0.8, video 0.9
+    config = PruningConfig(min_keep=0)  # attention, image 0.8, video 0.9, as given
     keep = config.select(layout, scored.visual_scores)
     kept_visual = keep_count(num_visual - num_video, 0.8) + keep_count(num_video, 0.9)
     ratio = 0.9 if kind == "video" else 0.8
@@ -296,7 +312,10 @@ def test_scored_prefill_without_text_after_visual_tokens(loaded, family):
     assert torch.equal(scored.logits, plain.logits)
     assert scored.visual_scores is None
     layout = target.prompt_layout(cut)
-    assert torch.equal(PruningConfig().select(layout, None), PruningConfig(method="uniform").select(layout))
+    literal = PruningConfig(min_keep=0)
+    assert torch.equal(
+        literal.select(layout, None), PruningConfig(method="uniform", min_keep=0).select(layout)
+    )
 
 
 def test_prefill_rejects_bad_keep(loaded):
@@ -368,8 +387,8 @@ def test_attention_pruning_keeps_a_strongly_attended_visual_token(tiny_root_dir)
 
     visual_pos = layout.visual.nonzero().flatten()
     planted_pos = int(visual_pos[PLANTED])
-    uniform = PruningConfig(method="uniform").select(layout)
+    uniform = PruningConfig(method="uniform", min_keep=0).select(layout)
     assert planted_pos not in _ids(uniform)  # even spacing alone would drop it
-    keep = PruningConfig(method="attention").select(layout, scores)
+    keep = PruningConfig(method="attention", min_keep=0).select(layout, scores)
     assert planted_pos in _ids(keep)
     assert int(layout.visual[keep].sum()) == keep_count(16, 0.8)

@@ -53,8 +53,10 @@ class VLMSpecPipeline:
         policy: a registered policy name or a :class:`TreePolicy` instance.
         pruning: how the draft prunes visual tokens: a :class:`PruningConfig`, or the method name
             ``"attention"`` (SpecVLM's verifier-guided scheme, default) / ``"uniform"``.
-        prune_ratio: fraction of visual tokens the draft drops, for images and videos alike; ``None`` keeps the
-            SAGE paper's defaults (0.8 for images, 0.9 for videos); 0 disables pruning.
+        prune_ratio: fraction of visual tokens the draft drops, for images and videos alike, applied as given;
+            ``None`` keeps :class:`PruningConfig`'s defaults (the SAGE paper's 0.8 for images and 0.9 for videos,
+            never below 64 tokens per modality: pruning that pays for itself, see :mod:`vlmspec.pruning`); 0
+            disables pruning.
         **policy_options: options of the named policy's config.
 
     Raises:
@@ -250,7 +252,8 @@ class VLMSpecPipeline:
                 makes a run repeatable. The output follows the target's own sampling distribution whatever the tree.
             stop_strings: strings that end generation (as ``generate(stop_strings=...)``).
             num_frames: frames sampled evenly from a video file.
-            prune_ratio: overrides ``pipe.pruning``'s ratios for this call (0 disables pruning).
+            prune_ratio: overrides ``pipe.pruning``'s ratios for this call, applied as given (no ``min_keep``
+                floor; 0 disables pruning).
 
         Returns:
             :class:`SpecOutput` with ``text``, ``token_ids`` and ``stats``.
@@ -313,8 +316,12 @@ def pruning_config(pruning: str | PruningConfig, prune_ratio: float | None) -> P
     if prune_ratio is not None:
         if prune_ratio == 0:
             return PruningConfig.disabled()
-        config = PruningConfig(
-            method=config.method, image_ratio=prune_ratio, video_ratio=prune_ratio, mass=config.mass
+        config = PruningConfig(  # an explicit ratio is applied as given: no min_keep floor
+            method=config.method,
+            image_ratio=prune_ratio,
+            video_ratio=prune_ratio,
+            mass=config.mass,
+            min_keep=0,
         )
     return config
 

@@ -13,7 +13,17 @@ Two ways to choose the visual tokens the draft keeps:
 * ``"uniform"``: evenly spaced visual tokens, no scores needed.
 
 Images and videos are pruned separately, each with its own ratio (videos are more redundant, so they are usually
-pruned harder). Nothing here runs a model; :mod:`vlmspec.models` runs the pruned draft prefill.
+pruned harder).
+
+**Pruning that pays for itself** (``min_keep``, default 64): a modality keeps at least ``min_keep`` visual tokens
+(all of them when it has fewer), whatever its ratio. Why: pruning buys a cheaper draft prefill and a shorter draft
+cache, and both savings scale with the number of tokens dropped. Below a few dozen visual tokens they are nothing
+next to the draft's per-forward cost (its weights are read once per forward whatever the context length), while
+the acceptance they cost is not: on the testbed, whose images have 9 visual tokens, dropping 80% of them blinds
+the draft (sage's tau 2.84 -> 2.49, chain's 2.45 -> 1.85 on the calibrated base pair), and the default ratios made
+every policy slower. Real VLM images and videos (hundreds to thousands of tokens: Qwen2-VL's 448x448 image is 256)
+are still pruned at SAGE's and SpecVLM's ratios, down to the floor. ``min_keep=0`` gives the papers' literal
+ratios, and an explicit ``prune_ratio`` in a call is applied as given. Nothing here runs a model; :mod:`vlmspec.models` runs the pruned draft prefill.
 """
 
 from __future__ import annotations
@@ -44,6 +54,14 @@ def _check_mass(mass: float, name: str = "mass") -> None:
         raise ValueError(
             f"{name} must be a number in [0, 1] (the share of attention the top-scored tokens must cover), "
             f"got {mass!r}"
+        )
+
+
+def _check_min_keep(min_keep: int, name: str = "min_keep") -> None:
+    if isinstance(min_keep, bool) or not isinstance(min_keep, int) or min_keep < 0:
+        raise ValueError(
+            f"{name} must be an integer >= 0 (the fewest visual tokens a modality keeps), got {min_keep!r}; "
+            "use 0 to apply the prune ratios as given"
         )
 
 
@@ -153,12 +171,14 @@ def select_prompt_positions(
     image_ratio: float,
     video_ratio: float,
     mass: float = 0.4,
+    min_keep: int = 0,
 ) -> torch.Tensor:
     """Prompt positions the pruned draft keeps: every non-visual position plus the kept visual ones.
 
     Image tokens (all images of the prompt together) keep ``keep_count(num_image, image_ratio)`` tokens and video
-    tokens ``keep_count(num_video, video_ratio)``; each modality is selected on its own among its tokens (with
-    their slice of ``scores`` for ``"attention"``, evenly for ``"uniform"``).
+    tokens ``keep_count(num_video, video_ratio)``, but never fewer than ``min(min_keep, tokens of the modality)``;
+    each modality is selected on its own among its tokens (with their slice of ``scores`` for ``"attention"``,
+    evenly for ``"uniform"``).
 
     Args:
         visual: ``[L]`` bool, visual placeholder positions.
@@ -169,6 +189,7 @@ def select_prompt_positions(
         image_ratio: fraction of image tokens pruned, ``[0, 1)``.
         video_ratio: fraction of video tokens pruned, ``[0, 1)``.
         mass: attention share for :func:`attention_keep`.
+        min_keep: the fewest visual tokens a modality keeps (see the module docstring), ``>= 0``.
 
     Returns:
         ``[K]`` long, ascending prompt positions.
@@ -181,6 +202,7 @@ def select_prompt_positions(
     _check_ratio(image_ratio, "image_ratio")
     _check_ratio(video_ratio, "video_ratio")
     _check_mass(mass)
+    _check_min_keep(min_keep)
     if visual.ndim != 1 or visual.shape != is_video.shape:
         raise ValueError(
             f"visual {tuple(visual.shape)} and is_video {tuple(is_video.shape)} must be 1-D masks of the same length"
@@ -199,7 +221,7 @@ def select_prompt_positions(
     keep = ~visual
     for members, ratio, name in ((~video_among, image_ratio, "image"), (video_among, video_ratio, "video")):
         idx = members.nonzero().flatten()  # indices into the visual positions
-        budget = keep_count(idx.shape[0], ratio)
+        budget = max(keep_count(idx.shape[0], ratio), min(min_keep, idx.shape[0]))
         if budget == idx.shape[0]:
             chosen = idx
         elif method == "uniform":
@@ -224,12 +246,15 @@ class PruningConfig:
         image_ratio: fraction of image tokens pruned, ``[0, 1)``.
         video_ratio: fraction of video tokens pruned, ``[0, 1)``.
         mass: attention share the top-scored tokens must cover (``"attention"`` only), ``[0, 1]``.
+        min_keep: the fewest visual tokens each modality keeps (64; 0 applies the ratios as given: SAGE's and
+            SpecVLM's literal pruning). See the module docstring for why.
     """
 
     method: PruningMethod = "attention"
     image_ratio: float = 0.8
     video_ratio: float = 0.9
     mass: float = 0.4
+    min_keep: int = 64
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -237,6 +262,7 @@ class PruningConfig:
         _check_ratio(self.image_ratio, "PruningConfig.image_ratio")
         _check_ratio(self.video_ratio, "PruningConfig.video_ratio")
         _check_mass(self.mass, "PruningConfig.mass")
+        _check_min_keep(self.min_keep, "PruningConfig.min_keep")
 
     @classmethod
     def disabled(cls) -> PruningConfig:
@@ -274,6 +300,7 @@ class PruningConfig:
             self.image_ratio,
             self.video_ratio,
             self.mass,
+            self.min_keep,
         )
 
 
