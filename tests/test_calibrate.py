@@ -55,6 +55,7 @@ def _body(model) -> int:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("family", "shape", "max_new_tokens"),
     [(family, "cpu", 64) for family in FAMILIES] + [(family, "Qwen2-0.5B", 24) for family in FAMILIES],

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_gpu_bench_script_prints_the_table_and_the_cost_curve(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": ""}
     command = [

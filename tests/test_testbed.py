@@ -237,6 +237,7 @@ def test_compare_with_shipped_reports_a_match_or_the_difference(tmp_path: Path) 
     assert "differs from the shipped pair in 1 tensors" in line and "0.5" in line and name in line
 
 
+@pytest.mark.slow
 def test_fresh_build_writes_manifest_last_passes_the_gates_and_is_reused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
