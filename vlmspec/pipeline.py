@@ -8,6 +8,7 @@ Components are plain attributes and can be swapped (``pipe.policy = get_policy("
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokeniz
 
 from .engine import DraftPrompt, SpecStats, speculative_generate
 from .inputs import ImageInput, VideoInput, load_images, load_video
+from .kernels import onednn_linears
 from .models import adapter_for
 from .named_pairs import resolve_pair
 from .policies import TreePolicy, available_policies, get_policy
@@ -59,6 +61,11 @@ class VLMSpecPipeline:
             disables pruning.
         **policy_options: options of the named policy's config.
 
+    Attributes:
+        onednn_linears: run the models' fp32 CPU linear layers through oneDNN while generating (default True; see
+            :mod:`vlmspec.kernels`: a tree's few-row products are up to 2.7x faster than torch's default on the CPU).
+            Set it to False for torch's own kernels. No effect on GPUs or other dtypes.
+
     Raises:
         ValueError: the draft's family or vocabulary differs from the target's, or the policy is unknown
             or misconfigured.
@@ -83,6 +90,7 @@ class VLMSpecPipeline:
             check_compatible(target, draft, target_tokenizer=getattr(processor, "tokenizer", None))
         self.policy = policy if isinstance(policy, TreePolicy) else get_policy(policy, **policy_options)
         self.pruning = pruning_config(pruning, prune_ratio)
+        self.onednn_linears = True
 
     # ---- components ----------------------------------------------------------------------------------------------
     @property
@@ -214,6 +222,10 @@ class VLMSpecPipeline:
         inputs = self.processor(**kwargs)
         return {k: v.to(self._target_adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
 
+    def kernels(self) -> contextlib.AbstractContextManager[int]:
+        """The context both models generate in: oneDNN linears on the CPU when :attr:`onednn_linears` is set."""
+        return onednn_linears(self.target, self.draft) if self.onednn_linears else contextlib.nullcontext(0)
+
     # ---- generation ---------------------------------------------------------------------------------------------
     @torch.no_grad()
     def reference_generate(self, inputs: dict[str, torch.Tensor], max_new_tokens: int) -> list[int]:
@@ -286,9 +298,10 @@ class VLMSpecPipeline:
                 draft.select = lambda scores: pruning.select(layout, scores)
                 draft.needs_scores = pruning.needs_scores
         # 3. Decode.
-        token_ids, stats = speculative_generate(
-            self._target_adapter, inputs, self.policy, stop, draft=draft, sampling=sampling
-        )
+        with self.kernels():
+            token_ids, stats = speculative_generate(
+                self._target_adapter, inputs, self.policy, stop, draft=draft, sampling=sampling
+            )
         # 4. Decode the text.
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         return SpecOutput(text=text, token_ids=token_ids, stats=stats)

@@ -1,6 +1,6 @@
 """Cost accounting: the forward-cost probe, ideal (overhead-free) speed-up, time per phase, and ``--budget auto``.
 
-**Cost probe.** After a realistic prefix (the prompt of a task input, prefilled once), the target's and the draft's
+**Cost probe.** Inside ``pipe.kernels()`` (the kernels the engine generates with), after a realistic prefix (the prompt of a task input, prefilled once), the target's and the draft's
 ``adapter.forward`` are timed for ``N`` new tokens under a tree mask (a 4-ary tree: the mask's shape barely matters,
 ``N`` does), for every ``N`` in :data:`PROBE_SIZES`, and the cache is cut back after each call. Sizes are
 interleaved within each round so machine noise hits them alike; each cost is the median of the rounds. A forward
@@ -278,8 +278,9 @@ def run_cost_probe(
     sizes = check_sizes(sizes)
     if runs < 1:
         raise ValueError(f"probe runs={runs} is invalid: use at least 1")
-    target_s = time_tree_forwards(pipe.target, inputs, sizes, runs)
-    draft_s = time_tree_forwards(pipe.draft, inputs, sizes, runs) if pipe.draft is not None else None
+    with pipe.kernels():  # the kernels the engine generates with
+        target_s = time_tree_forwards(pipe.target, inputs, sizes, runs)
+        draft_s = time_tree_forwards(pipe.draft, inputs, sizes, runs) if pipe.draft is not None else None
     prefix = int(inputs["input_ids"].shape[1])
     return CostProbe(sizes, target_s, draft_s, prefix, runs, task, target_roofline(pipe.target, prefix))
 

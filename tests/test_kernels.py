@@ -1,0 +1,56 @@
+"""oneDNN linears (vlmspec.kernels): rerouted only inside the block, numerically torch's, lossless end to end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlmspec import VLMSpecPipeline, testbed
+from vlmspec.kernels import MIN_WEIGHT_ELEMENTS, onednn_available, onednn_linears
+
+pytestmark = pytest.mark.skipif(
+    not onednn_available(), reason="this torch build has no oneDNN (mkldnn) CPU backend"
+)
+
+
+def test_large_fp32_cpu_linears_are_rerouted_inside_the_block_only() -> None:
+    torch.manual_seed(0)
+    big = torch.nn.Linear(1024, MIN_WEIGHT_ELEMENTS // 1024 + 8)
+    small = torch.nn.Linear(64, 64)
+    half = torch.nn.Linear(1024, 1024).to(torch.bfloat16)
+    model = torch.nn.ModuleDict({"big": big, "small": small, "bf16": half})
+    x = torch.randn(2, 5, 1024)
+    expected = big(x)
+    with onednn_linears(model, None) as rerouted:
+        assert rerouted == 1 and "forward" in vars(big)
+        assert not {"forward"} & (vars(small).keys() | vars(half).keys())
+        with onednn_linears(model) as nested:  # an enclosing block already rerouted it
+            assert nested == 0
+        assert "forward" in vars(big)
+        out = big(x)
+    assert "forward" not in vars(big)  # nothing left on the model
+    assert out.shape == expected.shape and not torch.equal(out, expected)  # another kernel ...
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-4)  # ... with torch's numbers
+
+
+def test_exception_inside_the_block_restores_the_layers() -> None:
+    layer = torch.nn.Linear(1024, 1024)
+    with pytest.raises(RuntimeError, match="boom"), onednn_linears(layer):
+        raise RuntimeError("boom")
+    assert "forward" not in vars(layer)
+
+
+@pytest.mark.parametrize("task", ["image_caption", "video_caption"])
+def test_calibrated_pair_with_onednn_equals_generate(task: str) -> None:
+    pipe = VLMSpecPipeline.from_pretrained("testbed-mini@cpu", policy="sage")
+    assert pipe.onednn_linears
+    with pipe.kernels() as rerouted:
+        assert rerouted > 0  # the 1024-wide calibrated target's layers run through oneDNN
+    example = testbed.sample(task, 11)
+    inputs = pipe.prepare_inputs(example.image, example.prompt, example.video)
+    expected = pipe.reference_generate(inputs, 48)  # transformers' generate() with torch's own kernels
+    out = pipe(example.image, example.prompt, video=example.video, max_new_tokens=48)
+    assert out.token_ids == expected and out.stats.accepted_tokens > 0
+    pipe.onednn_linears = False
+    with pipe.kernels() as rerouted:
+        assert rerouted == 0

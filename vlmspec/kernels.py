@@ -1,0 +1,81 @@
+"""CPU matrix products for a few rows: the shape of tree verification.
+
+A tree of ``N`` nodes is verified by one target forward over ``N + 1`` tokens, so every linear layer multiplies an
+``[N + 1, K]`` activation by its ``[K, M]`` weight. On the CPU, torch's default (MKL's ``sgemm``) handles one row
+as a memory-bound vector product but a few rows far below the machine's limit: measured on a 2-core AMD EPYC
+(AVX2), one 1024 x 2816 fp32 ``F.linear`` took 0.34 ms for one row and 2.63 ms for four (9 GFLOP/s, about 5% of the
+cores' peak), where oneDNN took 0.98 ms for four rows and 1.11 ms for eight (``docs/calibration.md``, "the small-M
+GEMM wall"). That gap decides whether a tree can repay its verification at all.
+
+:func:`onednn_linears` routes the fp32 CPU ``nn.Linear`` layers of models through oneDNN
+(``torch._C._nn.mkldnn_linear`` on the layer's own dense weight: no copy, no packing, no extra memory) for the
+duration of a ``with`` block, for layers of at least :data:`MIN_WEIGHT_ELEMENTS` weights, then restores them.
+Nothing is left on the model: outside the block (e.g. in transformers' ``generate()``, the bench's
+``hf_generate`` baseline) the layers are torch's own. The engine's
+``ar`` runs inside the same block, so speed-ups over ``ar`` stay the speculation's own.
+
+Exactness: oneDNN sums in another order than MKL, so logits differ in the last bits (a few 1e-6 relative), as they
+already differ between a one-row and a many-row product of either library; greedy output stays the target's
+wherever no two logits tie to that precision (``tests/test_kernels.py`` checks it against ``generate()`` on a
+calibrated pair, whose 1024-wide target is rerouted; the tiny test fixtures are below the size threshold).
+
+GPU models, other dtypes, and torch builds without oneDNN are left as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+_ONEDNN_LINEAR = getattr(torch._C._nn, "mkldnn_linear", None)
+MIN_WEIGHT_ELEMENTS = 1 << 20
+"""Smaller layers keep torch's kernel: oneDNN's fixed cost per call (about 40 us here) outweighs its gain on a
+weight below ~4 MB (the testbed draft's forward went from 1.6 ms to 5.7 ms with every layer rerouted)."""
+
+
+def onednn_available() -> bool:
+    """Whether this torch build can run fp32 linear layers through oneDNN."""
+    return _ONEDNN_LINEAR is not None and torch.backends.mkldnn.is_available()
+
+
+def _onednn_forward(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    rows = x.reshape(-1, x.shape[-1]).contiguous()  # [R, K]
+    out = _ONEDNN_LINEAR(rows.to_mkldnn(), layer.weight, layer.bias).to_dense()  # [R, M]
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _eligible(layer: torch.nn.Module) -> bool:
+    return (
+        type(layer) is torch.nn.Linear
+        and layer.weight.device.type == "cpu"
+        and layer.weight.dtype == torch.float32
+        and layer.weight.numel() >= MIN_WEIGHT_ELEMENTS
+    )
+
+
+@contextlib.contextmanager
+def onednn_linears(*models: torch.nn.Module | None) -> Iterator[int]:
+    """Run the fp32 CPU ``nn.Linear`` layers of ``models`` through oneDNN inside the block.
+
+    Args:
+        models: modules (``None`` entries are skipped).
+
+    Yields:
+        The number of layers rerouted (0 when oneDNN is unavailable or no layer is an fp32 CPU ``nn.Linear``).
+    """
+    layers = []
+    if onednn_available():
+        layers = [m for model in models if model is not None for m in model.modules() if _eligible(m)]
+        layers = [m for m in layers if "forward" not in vars(m)]  # already rerouted by an enclosing block
+    for layer in layers:
+        layer.forward = lambda x, layer=layer: _onednn_forward(layer, x)
+    try:
+        yield len(layers)
+    finally:
+        for layer in layers:
+            del layer.forward
+
+
+__all__ = ["MIN_WEIGHT_ELEMENTS", "onednn_available", "onednn_linears"]
