@@ -157,7 +157,10 @@ def test_budget_mapping_applies_to_node_count_knobs():
     sage = make_policy("sage", 16)
     assert sage.config.n_max == 16 and len(sage.config.initial_paths) <= 16
     assert effective_budget(sage) == 16
-    assert effective_budget(make_policy("sage", None)) == 64
+    assert effective_budget(make_policy("sage", None)) == 32
+    paper = make_policy("sage_paper", 16)  # found by the generic field scan
+    assert paper.config.n_max == 16 and len(paper.config.initial_paths) == 16
+    assert effective_budget(make_policy("sage_paper", None)) == 64
     static = make_policy("static", 10)
     assert static.config.paths == MC_SIM_7B_63[:10] and effective_budget(static) == 10
     chain = make_policy("chain", 10)

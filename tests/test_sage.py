@@ -9,7 +9,7 @@ import pytest
 import torch
 from synthetic import geometric, peaked, synthetic_tree
 
-from vlmspec.policies import SAGEConfig, SAGEPolicy, StepFeedback, confidence, get_policy
+from vlmspec.policies import SAGEConfig, SAGEPaperConfig, SAGEPolicy, StepFeedback, confidence, get_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,7 @@ def test_confidence_uniform_topk_is_zero_and_one_hot_is_one():
 
 @pytest.mark.parametrize(("alpha", "depth", "width"), [(0.0, 3, 10), (0.5, 6, 6), (1.0, 8, 2)])
 def test_depth_and_width_follow_eq_10_11(alpha, depth, width):
-    c = SAGEConfig()
+    c = SAGEPaperConfig()
     assert (c.d_min, c.d_max, c.w_min, c.w_max, c.top_k, c.n_max, c.window, c.lower, c.upper) == (
         3,
         8,
@@ -118,7 +118,7 @@ def test_one_forward_per_level():
 
 
 def test_first_step_uses_static_initial_tree():
-    policy = get_policy("sage")
+    policy = get_policy("sage_paper")
     draft, _ = synthetic_tree(geometric(64, 0.6))
     tree = policy.build_tree(draft)
     assert tree.num_nodes == 63 and tree.max_depth == 4
@@ -130,7 +130,7 @@ def _feed(policy: SAGEPolicy, values: list[int]) -> None:
 
 
 def test_history_moves_max_depth_only_outside_thresholds():
-    policy = SAGEPolicy(SAGEConfig())
+    policy = SAGEPolicy(SAGEPaperConfig())
     assert policy._max_depth == 8
     _feed(policy, [1] * 9)
     assert policy._max_depth == 8  # window not full yet
@@ -160,6 +160,15 @@ def test_bad_config_values_are_named(option, value):
         get_policy("sage", **{option: value})
 
 
-def test_yaml_config_holds_paper_defaults():
-    config = SAGEConfig.from_yaml(ROOT / "configs" / "policies" / "sage.yaml")
-    assert config == SAGEConfig()
+def test_yaml_configs_hold_the_defaults_and_the_papers_settings():
+    assert SAGEConfig.from_yaml(ROOT / "configs" / "policies" / "sage.yaml") == SAGEConfig()
+    paper = SAGEPaperConfig.from_yaml(ROOT / "configs" / "policies" / "sage_paper.yaml")
+    assert paper == SAGEPaperConfig() == get_policy("sage_paper").config
+    assert (paper.d_min, paper.d_max, paper.w_max, paper.n_max, len(paper.initial_paths)) == (
+        3,
+        8,
+        10,
+        64,
+        63,
+    )
+    assert get_policy("sage").config == SAGEConfig() and SAGEConfig().initial_paths == ()

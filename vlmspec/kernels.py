@@ -9,7 +9,8 @@ GEMM wall"). That gap decides whether a tree can repay its verification at all.
 
 :func:`onednn_linears` routes the fp32 CPU ``nn.Linear`` layers of models through oneDNN
 (``torch._C._nn.mkldnn_linear`` on the layer's own dense weight: no copy, no packing, no extra memory) for the
-duration of a ``with`` block, for layers of at least :data:`MIN_WEIGHT_ELEMENTS` weights, then restores them.
+duration of a ``with`` block, for layers of at least :data:`MIN_WEIGHT_ELEMENTS` weights and inputs of two rows or
+more (one row is MKL's memory-bound vector product, as fast as it gets), then restores them.
 Nothing is left on the model: outside the block (e.g. in transformers' ``generate()``, the bench's
 ``hf_generate`` baseline) the layers are torch's own. The engine's
 ``ar`` runs inside the same block, so speed-ups over ``ar`` stay the speculation's own.
@@ -41,6 +42,8 @@ def onednn_available() -> bool:
 
 
 def _onednn_forward(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if x.numel() == x.shape[-1]:  # one row: MKL's vector product is already memory-bound
+        return torch.nn.functional.linear(x, layer.weight, layer.bias)
     rows = x.reshape(-1, x.shape[-1]).contiguous()  # [R, K]
     out = _ONEDNN_LINEAR(rows.to_mkldnn(), layer.weight, layer.bias).to_dense()  # [R, M]
     return out.reshape(*x.shape[:-1], out.shape[-1])

@@ -14,7 +14,7 @@ from .c2t import C2TClassifier, C2TConfig, C2TPolicy, distribution_entropy
 from .chain import ChainConfig, ChainPolicy
 from .eagle2 import EAGLE2Config, EAGLE2Policy
 from .pct import PCTConfig, PCTPolicy, measure_cost_ratio
-from .sage import SAGEConfig, SAGEPolicy, confidence
+from .sage import SAGEConfig, SAGEPaperConfig, SAGEPaperPolicy, SAGEPolicy, confidence
 from .static import MC_SIM_7B_63, StaticConfig, StaticTreePolicy
 from .wetap import WETAPConfig, WETAPPolicy, wetap_prune
 
@@ -33,6 +33,8 @@ __all__ = [
     "PCTPolicy",
     "PolicyConfig",
     "SAGEConfig",
+    "SAGEPaperConfig",
+    "SAGEPaperPolicy",
     "SAGEPolicy",
     "StaticConfig",
     "StaticTreePolicy",
