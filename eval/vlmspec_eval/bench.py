@@ -269,7 +269,7 @@ def choose_budget(config: BenchConfig, probe: CostProbe) -> tuple[int | None, st
             f"one-token forward on this machine (c_t({budget + 1})/c_t(1) = {ratio:.2f})"
         )
     if config.budget is None:
-        return None, "policy defaults (sage n_max 64, static 63 paths)"
+        return None, "policy defaults (sage n_max 32, sage_paper n_max 64, static 63 paths)"
     return int(config.budget), f"{int(config.budget)} nodes (--budget)"
 
 
