@@ -186,6 +186,10 @@ def test_min_keep_floors_each_modality_and_is_validated():
         kept_videos = int(is_video[keep].sum())
         assert kept_images == max(keep_count(images, 0.8), min(min_keep, images))
         assert kept_videos == max(keep_count(videos, 0.9), min(min_keep, videos))
+    from vlmspec.models import PromptLayout
+
+    layout = PromptLayout(visual=visual, is_video=is_video)  # 10 image and 5 video tokens
+    assert not PruningConfig().prunes(layout) and PruningConfig(min_keep=6).prunes(layout)
     for bad in (-1, 2.5, True, "64"):
         with pytest.raises(ValueError, match=rf"PruningConfig\.min_keep.*{bad!r}.*use 0"):
             PruningConfig(min_keep=bad)

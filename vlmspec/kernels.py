@@ -10,10 +10,11 @@ GEMM wall"). That gap decides whether a tree can repay its verification at all.
 :func:`onednn_linears` routes the fp32 CPU ``nn.Linear`` layers of models through oneDNN
 (``torch._C._nn.mkldnn_linear`` on the layer's own dense weight: no copy, no packing, no extra memory) for the
 duration of a ``with`` block, for layers of at least :data:`MIN_WEIGHT_ELEMENTS` weights and inputs of two rows or
-more (one row is MKL's memory-bound vector product, as fast as it gets), then restores them.
-Nothing is left on the model: outside the block (e.g. in transformers' ``generate()``, the bench's
-``hf_generate`` baseline) the layers are torch's own. The engine's
-``ar`` runs inside the same block, so speed-ups over ``ar`` stay the speculation's own.
+more (one row is MKL's memory-bound vector product, as fast as it gets), then restores them. Nothing is left on
+the model: outside the block (e.g. in transformers' ``generate()``, the bench's ``hf_generate`` baseline) the
+layers are torch's own. The engine's ``ar`` runs inside the same block, so speed-ups over ``ar`` stay the
+speculation's own. The layers are shared state while the block runs: one model generating in two threads at once
+would see them restored by whichever finishes first.
 
 Exactness: oneDNN sums in another order than MKL, so logits differ in the last bits (a few 1e-6 relative), as they
 already differ between a one-row and a many-row product of either library; greedy output stays the target's
@@ -66,7 +67,8 @@ def onednn_linears(*models: torch.nn.Module | None) -> Iterator[int]:
         models: modules (``None`` entries are skipped).
 
     Yields:
-        The number of layers rerouted (0 when oneDNN is unavailable or no layer is an fp32 CPU ``nn.Linear``).
+        The number of layers rerouted (0 when oneDNN is unavailable or no layer is a large enough fp32 CPU
+        ``nn.Linear``).
     """
     layers = []
     if onednn_available():

@@ -293,8 +293,8 @@ class VLMSpecPipeline:
                 self.pruning if prune_ratio is None else pruning_config(self.pruning.method, prune_ratio)
             )
             draft = DraftPrompt(adapter=adapter, inputs=draft_inputs)
-            if pruning.enabled:
-                layout = adapter.prompt_layout(draft_inputs)
+            layout = adapter.prompt_layout(draft_inputs) if pruning.enabled else None
+            if layout is not None and pruning.prunes(layout):  # no scoring pass when nothing would be pruned
                 draft.select = lambda scores: pruning.select(layout, scores)
                 draft.needs_scores = pruning.needs_scores
         # 3. Decode.

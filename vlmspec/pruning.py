@@ -23,7 +23,9 @@ the acceptance they cost is not: on the testbed, whose images have 9 visual toke
 the draft (sage's tau 2.84 -> 2.49, chain's 2.45 -> 1.85 on the calibrated base pair), and the default ratios made
 every policy slower. Real VLM images and videos (hundreds to thousands of tokens: Qwen2-VL's 448x448 image is 256)
 are still pruned at SAGE's and SpecVLM's ratios, down to the floor. ``min_keep=0`` gives the papers' literal
-ratios, and an explicit ``prune_ratio`` in a call is applied as given. Nothing here runs a model; :mod:`vlmspec.models` runs the pruned draft prefill.
+ratios, and an explicit ``prune_ratio`` in a call is applied as given.
+
+Nothing here runs a model; :mod:`vlmspec.models` runs the pruned draft prefill.
 """
 
 from __future__ import annotations
@@ -89,6 +91,11 @@ def keep_count(num_visual: int, ratio: float) -> int:
         return 0
     kept = math.floor(round((1.0 - float(ratio)) * num_visual, 6) + 0.5)
     return min(max(kept, 1), num_visual)
+
+
+def floored_keep_count(num_visual: int, ratio: float, min_keep: int) -> int:
+    """:func:`keep_count`, but never fewer than ``min(min_keep, num_visual)`` (the pruning floor)."""
+    return max(keep_count(num_visual, ratio), min(min_keep, num_visual))
 
 
 def uniform_keep(n: int, budget: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -221,7 +228,7 @@ def select_prompt_positions(
     keep = ~visual
     for members, ratio, name in ((~video_among, image_ratio, "image"), (video_among, video_ratio, "video")):
         idx = members.nonzero().flatten()  # indices into the visual positions
-        budget = max(keep_count(idx.shape[0], ratio), min(min_keep, idx.shape[0]))
+        budget = floored_keep_count(idx.shape[0], ratio, min_keep)
         if budget == idx.shape[0]:
             chosen = idx
         elif method == "uniform":
@@ -279,6 +286,15 @@ class PruningConfig:
         """Whether :meth:`select` needs the target's visual attention scores."""
         return self.method == "attention" and self.enabled
 
+    def prunes(self, layout: PromptLayout) -> bool:
+        """Whether this prompt loses any visual token (the floor keeps every token of a small modality)."""
+        videos = int(layout.is_video.sum())
+        images = int(layout.visual.sum()) - videos
+        return any(
+            floored_keep_count(n, ratio, self.min_keep) < n
+            for n, ratio in ((images, self.image_ratio), (videos, self.video_ratio))
+        )
+
     def select(self, layout: PromptLayout, scores: torch.Tensor | None = None) -> torch.Tensor:
         """Prompt positions the draft keeps.
 
@@ -309,6 +325,7 @@ __all__ = [
     "PruningConfig",
     "PruningMethod",
     "attention_keep",
+    "floored_keep_count",
     "keep_count",
     "select_prompt_positions",
     "uniform_keep",

@@ -1,6 +1,7 @@
 """Cost accounting: the forward-cost probe, ideal (overhead-free) speed-up, time per phase, and ``--budget auto``.
 
-**Cost probe.** Inside ``pipe.kernels()`` (the kernels the engine generates with), after a realistic prefix (the prompt of a task input, prefilled once), the target's and the draft's
+**Cost probe.** Inside ``pipe.kernels()`` (the kernels the engine generates with), after a realistic prefix (the
+prompt of a task input, prefilled once), the target's and the draft's
 ``adapter.forward`` are timed for ``N`` new tokens under a tree mask (a 4-ary tree: the mask's shape barely matters,
 ``N`` does), for every ``N`` in :data:`PROBE_SIZES`, and the cache is cut back after each call. Sizes are
 interleaved within each round so machine noise hits them alike; each cost is the median of the rounds. A forward

@@ -89,16 +89,16 @@ class SAGEConfig(PolicyConfig):
     verification costs. The paper's ranges (depth 3-8, width 2-10, 64 nodes, a 63-node static first tree) assume a
     GPU, where verifying 64 tokens costs about one. On the calibrated CPU pair c_t(33)/c_t(1) = 2.7 and
     c_t(64)/c_t(1) = 4.0, so wide trees cost more than their extra accepted tokens repay, while the draft's
-    confident runs reward depth. Measured (``docs/sage.md``, 4 captions of 128 tokens, speed-up over transformers'
-    ``generate()``, ``python -m vlmspec_eval.sage_sweep``): see ``docs/sage.md``; a lower cumulative-probability
-    threshold (``theta_scale`` 0.05) let the deeper trees keep their likely branches and won in both sweeps run.
+    confident runs reward depth; a lower cumulative-probability threshold (``theta_scale`` 0.05) lets the deeper
+    trees keep their likely branches. The measurements (``python -m vlmspec_eval.sage_sweep`` and the bench) are in
+    ``docs/sage.md``.
 
     Args:
         d_min, d_max: depth range (4, 10; paper 3, 8).
         w_min, w_max: width range (2, 6; paper 2, 10).
         top_k: k of the top-k entropy (10).
         n_max: most draft nodes per tree (32; paper 64).
-        theta_scale: the 0.1 in ``theta_l = 0.1 * l / D(alpha)`` (0.05; paper 0.1).
+        theta_scale: the factor in ``theta_l = theta_scale * l / D(alpha)`` (0.05; paper 0.1).
         init_alpha: alpha before any measurement (0.5, Algorithm 1).
         window: acceptance-history window (10).
         lower, upper: history thresholds on the mean acceptance length (2, 3).
