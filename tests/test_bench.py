@@ -10,16 +10,13 @@ import pytest
 import torch
 from vlmspec_eval import bench, methods, tasks
 from vlmspec_eval.analysis import lagged_autocorrelation, running_tau
-from vlmspec_eval.cost import CostProbe, auto_budget, ideal_terms, monotone_envelope, run_cost_probe
+from vlmspec_eval.cost import CostProbe, ideal_terms, run_cost_probe
 from vlmspec_eval.methods import (
     ForwardCall,
     RunRecord,
-    budget_fields,
     build_variants,
-    effective_budget,
     make_policy,
     resolve_methods,
-    truncate_paths,
     valid_methods,
 )
 from vlmspec_eval.report import REQUIRED_ROW_KEYS
@@ -143,7 +140,7 @@ def test_cost_probe_times_increasing_tree_sizes(qwen_pair):
     inputs = pipe.prepare_inputs(item.image, item.prompt, item.video)
     with bench.torch_threads(1):  # a parallel region on a shared CPU stalls on preempted threads
         probe = run_cost_probe(pipe, inputs, item.task, sizes=(16, 1, 4, 64), runs=2)
-    assert probe.sizes == [1, 4, 16, 64]
+    assert probe.sizes == (1, 4, 16, 64)
     assert len(probe.target_s) == len(probe.draft_s) == 4
     assert all(t > 0 for t in probe.target_s + probe.draft_s)
     assert probe.prefix_tokens == inputs["input_ids"].shape[1]
@@ -152,37 +149,34 @@ def test_cost_probe_times_increasing_tree_sizes(qwen_pair):
 
 
 # ---- no models needed -------------------------------------------------------------------------------------------
-def test_budget_mapping_applies_to_node_count_knobs():
-    assert budget_fields("sage") == ("n_max", "initial_paths")
+def test_budget_modes_apply_to_every_policy_through_its_config():
     sage = make_policy("sage", 16)
-    assert sage.config.n_max == 16 and len(sage.config.initial_paths) <= 16
-    assert effective_budget(sage) == 16
-    assert effective_budget(make_policy("sage", None)) == 32
-    paper = make_policy("sage_paper", 16)  # found by the generic field scan
+    assert sage.config.n_max == 16 and sage.fixed == {"n_max"}  # the depth is still the machine's to fit
+    assert make_policy("sage", None).config.node_budget == 32 and "n_max" in make_policy("sage", None).fixed
+    paper = make_policy("sage_paper", 16)
     assert paper.config.n_max == 16 and len(paper.config.initial_paths) == 16
-    assert effective_budget(make_policy("sage_paper", None)) == 64
+    assert make_policy("sage_paper", None).config.node_budget == 64
     static = make_policy("static", 10)
-    assert static.config.paths == MC_SIM_7B_63[:10] and effective_budget(static) == 10
+    assert static.config.paths == MC_SIM_7B_63[:10] and static.config.node_budget == 10
     chain = make_policy("chain", 10)
-    assert chain.config == make_policy("chain", None).config and effective_budget(chain) is None
+    assert chain.config == make_policy("chain", None).config and chain.config.node_budget is None
+    steep = _probe([1.0, 1.1, 1.3, 1.8, 2.5, 4.0, 7.0], draft=[0.05] * 7)
+    fitted = make_policy("sage", "auto", steep)
+    assert fitted.config.n_max == steep.node_budget() == 7 and fitted.config.d_max == steep.depth_budget(7)
     variants = {v.key: v for v in build_variants(["ar", "hf_assisted", "sage"], 12, prune_ratios=(0.5,))}
     assert variants["sage"].policy.config.n_max == 12 and variants["sage"].budget == 12
     assert variants["sage@prune=0.5"].ablation and variants["sage@prune=0.5"].budget == 12
     assert variants["ar"].budget is None and variants["hf_assisted"].policy is None
+    auto = {v.key: v for v in build_variants(["static", "eagle2", "pct"], "auto", costs=steep, factor=3.0)}
+    assert {v.budget for v in auto.values()} == {15}  # equal automatic budgets
 
 
-def test_budget_reaches_every_policy_with_a_generic_knob():
+def test_budget_reaches_every_policy_with_a_node_budget():
     for name in available_policies():
-        if name == "ar" or not budget_fields(name):
+        if name == "ar" or make_policy(name, None).config.budget_field is None:
             continue
         variant = build_variants([name], 24)[0]
         assert variant.error is not None or variant.budget == 24, name
-
-
-def test_truncate_paths_keeps_prefix_closed_trees():
-    paths = ((0,), (0, 0), (1,), (0, 0, 0), (2, 0), (2,), (0, 1))
-    assert truncate_paths(paths, 5) == ((0,), (0, 0), (1,), (0, 0, 0), (2,))  # (2, 0) came before its prefix
-    assert truncate_paths(paths, 100) == ((0,), (0, 0), (1,), (0, 0, 0), (2,), (0, 1))
 
 
 def test_resolve_methods_always_runs_ar_first():
@@ -194,19 +188,9 @@ def test_resolve_methods_always_runs_ar_first():
 
 def _probe(target, draft=None):
     return CostProbe(
-        sizes=[1, 2, 4, 8, 16, 32, 64], target_s=target, draft_s=draft, prefix_tokens=10, runs=1, task="t"
-    )
-
-
-def test_auto_budget_follows_the_cost_curve():
-    flat = _probe([1.0, 1.0, 1.0, 1.05, 1.1, 1.2, 1.5])  # GPU-like: 64 tokens cost 1.5x
-    assert auto_budget(flat) == 63
-    steep = _probe([1.0, 1.1, 1.3, 1.8, 2.5, 4.0, 7.0])  # CPU-like
-    assert auto_budget(steep) == 7
-    assert auto_budget(steep, factor=3.0) == 15
-    spiky = _probe([5.0, 1.0, 9.0, 1.1, 1.2, 3.0, 4.0])  # noise spikes are ignored (non-decreasing envelope)
-    assert monotone_envelope(spiky.target_s) == [1.0, 1.0, 1.1, 1.1, 1.2, 3.0, 4.0]
-    assert auto_budget(spiky) == 15
+        sizes=(1, 2, 4, 8, 16, 32, 64), target_s=tuple(target), draft_s=tuple(draft) if draft else None,
+        prefix_tokens=10, runs=1, task="t",
+    )  # fmt: skip
 
 
 def test_ideal_speedup_is_one_for_ar_and_prices_trees():

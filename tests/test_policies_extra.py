@@ -20,6 +20,7 @@ from synthetic import geometric, peaked, synthetic_tree
 from vlmspec import VLMSpecPipeline, get_policy
 from vlmspec.c2t_tools import Example, collect, train
 from vlmspec.c2t_tools import main as c2t_main
+from vlmspec.costs import ForwardCosts
 from vlmspec.policies import (
     C2TClassifier,
     C2TConfig,
@@ -31,11 +32,11 @@ from vlmspec.policies import (
     WETAPConfig,
     WETAPPolicy,
     distribution_entropy,
-    measure_cost_ratio,
     wetap_prune,
 )
 from vlmspec.policies.c2t import DEFAULT_CLASSIFIER, candidate_features, spec_path
 from vlmspec.policies.wetap import normalized_entropy
+from vlmspec.probe import measure_cost_ratio
 from vlmspec.testing import FAMILIES
 from vlmspec.tree import TokenTree
 from vlmspec.verify import beam_accept, greedy_accept
@@ -386,14 +387,19 @@ def test_pct_removes_leaves_below_the_threshold():
     assert PCTPolicy(PCTConfig(cost_ratio=1.5)).build_tree(draft).num_nodes == 0 and adapter.calls == []
 
 
-def test_pct_cost_ratio_overrides_and_fallback():
+def test_pct_cost_ratio_comes_from_the_machine_unless_configured():
+    costs = ForwardCosts(
+        sizes=(1, 2), target_s=(0.04, 0.05), draft_s=(0.002, 0.0025), prefix_tokens=8, runs=1
+    )
     policy = get_policy("pct")
-    assert policy.needs_cost_ratio and policy.cost_ratio is None
-    assert policy.with_cost_ratio(0.25).config.cost_ratio == 0.25 and policy.config.cost_ratio is None
-    policy.set_cost_ratio(0.3)
-    assert policy.cost_ratio == 0.3 and not policy.needs_cost_ratio
+    assert policy.cost_ratio is None and "cost_ratio" in policy.free_hardware_options()
+    policy.fit(costs)
+    assert policy.cost_ratio == pytest.approx(0.05) and policy.config.max_nodes == costs.node_budget()
+    configured = get_policy("pct", cost_ratio=0.3)
+    configured.fit(costs)
+    assert configured.cost_ratio == 0.3 and "cost_ratio" not in configured.free_hardware_options()
     with pytest.raises(ValueError, match=r"cost_ratio=-1"):
-        policy.set_cost_ratio(-1)
+        get_policy("pct", cost_ratio=-1)
     unmeasured = get_policy("pct")
     draft, _ = synthetic_tree(geometric(64, 0.6))
     with pytest.warns(UserWarning, match="no cost ratio"):
@@ -481,9 +487,7 @@ def test_measure_cost_ratio_on_a_tiny_pair(tiny_pairs):
     pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
     ratio = measure_cost_ratio(pipe.target, pipe.draft, context=16, warmup=1, repeats=3)
     assert 0 < ratio < math.inf
-    policy = get_policy("pct").with_cost_ratio(ratio)
-    assert policy.cost_ratio == ratio and not policy.needs_cost_ratio
-    with pytest.raises(ValueError, match="repeats=0"):
+    with pytest.raises(ValueError, match="runs=0"):
         measure_cost_ratio(pipe.target, pipe.draft, repeats=0)
 
 

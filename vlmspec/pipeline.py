@@ -17,12 +17,14 @@ from typing import Any
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
+from .costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
 from .engine import DraftPrompt, SpecStats, speculative_generate
 from .inputs import ImageInput, VideoInput, load_images, load_video
 from .kernels import onednn_linears
 from .models import adapter_for
 from .named_pairs import resolve_pair
 from .policies import TreePolicy, available_policies, get_policy
+from .probe import cached_costs
 from .pruning import PruningConfig
 from .sampling import SamplingParams
 from .stopping import StopCriteria
@@ -59,9 +61,17 @@ class VLMSpecPipeline:
             ``None`` keeps :class:`PruningConfig`'s defaults (the SAGE paper's 0.8 for images and 0.9 for videos,
             never below 64 tokens per modality: pruning that pays for itself, see :mod:`vlmspec.pruning`); 0
             disables pruning.
-        **policy_options: options of the named policy's config.
+        **policy_options: options of the named policy's config. The node budget and depth options you leave out
+            (and PCT's cost ratio) are fitted to this machine when the policy is attached: see :attr:`costs`.
 
     Attributes:
+        costs: the measured forward costs of this pair on this machine (:class:`~vlmspec.costs.ForwardCosts`),
+            which size every tree: the first policy with a budget or depth the user did not set triggers the
+            cost probe (:func:`vlmspec.probe.cached_costs`: a few seconds, once per machine, model shapes and
+            dtype, then read from disk). Assign your own (e.g. a probe after a real prompt) and re-assign
+            ``pipe.policy`` to refit it. :meth:`TreePolicy.fit` says which options it sets and how.
+        budget_factor: the most a verification may cost, in one-token target forwards, under the automatic node
+            budget (default 2; see :mod:`vlmspec.costs`).
         onednn_linears: run the models' fp32 CPU linear layers through oneDNN while generating (default True; see
             :mod:`vlmspec.kernels`: a tree's few-row products are up to 2.7x faster than torch's default on the CPU).
             Set it to False for torch's own kernels. No effect on GPUs or other dtypes.
@@ -88,9 +98,11 @@ class VLMSpecPipeline:
         self._draft_adapter = adapter_for(draft) if draft is not None else None
         if draft is not None:
             check_compatible(target, draft, target_tokenizer=getattr(processor, "tokenizer", None))
+        self.onednn_linears = True
+        self.costs: ForwardCosts | None = None
+        self.budget_factor = DEFAULT_BUDGET_FACTOR
         self.policy = policy if isinstance(policy, TreePolicy) else get_policy(policy, **policy_options)
         self.pruning = pruning_config(pruning, prune_ratio)
-        self.onednn_linears = True
 
     # ---- components ----------------------------------------------------------------------------------------------
     @property
@@ -110,8 +122,16 @@ class VLMSpecPipeline:
             raise ValueError(
                 f"policy {policy.name!r} needs a draft model; this pipeline was built without one"
             )
-        policy.bind(self.target, self.draft)
+        if policy.uses_draft and policy.free_hardware_options():
+            policy.fit(self.hardware_costs(), self.budget_factor)
         self._policy = policy
+
+    def hardware_costs(self) -> ForwardCosts:
+        """:attr:`costs`, measured (or read from the on-disk cache) on first use."""
+        if self.costs is None:
+            kernels = "onednn" if self.onednn_linears else "torch"
+            self.costs = cached_costs(self.target, self.draft, self.kernels(), kernels)
+        return self.costs
 
     @property
     def tokenizer(self) -> Any:

@@ -4,8 +4,9 @@ For a pair (the testbed's ``base`` pair by default) and the tasks image caption,
 method runs on the same inputs: ``ar`` (baseline), ``hf_assisted`` (transformers' assisted generation with the same
 draft) and every registered policy but ``ar``. The bench
 
-1. probes the target's and draft's tree-forward cost for ``N = 1..128`` tokens (see :mod:`.cost`), which also
-   picks the node budget under ``--budget auto``;
+1. probes the target's and draft's tree-forward cost for ``N = 1..128`` tokens (see :mod:`.cost`) and installs
+   it as ``pipe.costs``: under ``--budget auto`` (the default) every policy's node budget and depth are fitted to
+   it, the way a pipeline fits them to its own probe (:mod:`vlmspec.costs`);
 2. computes the target's own greedy ``generate()`` output per input (the lossless reference of ``ar``);
 3. warms every method up once, then for each input and repeat runs every method in turn (interleaved, the order
    rotated per repeat) so machine noise hits all of them alike;
@@ -37,10 +38,12 @@ from typing import Any
 
 import torch
 
+from vlmspec.costs import DEFAULT_BUDGET_FACTOR
 from vlmspec.named_pairs import is_pair_name
+from vlmspec.probe import check_sizes
 
 from .analysis import entropy_report, tau_vs_length, token_entropies
-from .cost import DEFAULT_AUTO_FACTOR, PROBE_SIZES, CostProbe, auto_budget, check_sizes, run_cost_probe
+from .cost import PROBE_SIZES, CostProbe, run_cost_probe
 from .methods import AR, RunRecord, Variant, build_variants, resolve_methods, run_variant
 from .report import aggregate, markdown, write_files
 from .sampling import dsbd_policy, run_dsbd_section, run_sampling_section
@@ -71,8 +74,9 @@ class BenchConfig:
         repeats: timed repeats per input (medians reported).
         seed: seed of the first input of each task.
         max_new_tokens: generation length.
-        budget: node budget for policies with a node-count knob: an int, ``"auto"`` or ``None`` (their defaults).
-        auto_factor: ``--budget auto``'s cost factor (see :mod:`.cost`).
+        budget: ``"auto"`` (default: what a pipeline does, budgets and depths fitted to the cost probe), an int
+            (every policy's node budget) or ``None`` (each policy's config defaults, as given).
+        auto_factor: the automatic budget's cost factor (``pipe.budget_factor``; see :mod:`vlmspec.costs`).
         prune_ratios: sage's draft prune ratios for the ablation (empty: no ablation; only when sage runs).
         probe_sizes, probe_runs: the cost probe's token counts and timed rounds.
         inputs: ``"auto"`` (testbed when importable), ``"testbed"`` or ``"synthetic"``.
@@ -99,8 +103,8 @@ class BenchConfig:
     repeats: int = 3
     seed: int = 0
     max_new_tokens: int = 64
-    budget: int | str | None = None
-    auto_factor: float = DEFAULT_AUTO_FACTOR
+    budget: int | str | None = "auto"
+    auto_factor: float = DEFAULT_BUDGET_FACTOR
     prune_ratios: tuple[float, ...] = DEFAULT_PRUNE_RATIOS
     probe_sizes: tuple[int, ...] = PROBE_SIZES
     probe_runs: int = 7
@@ -204,12 +208,13 @@ def _run(config: BenchConfig, pipe: Any) -> dict[str, Any]:
     probe = run_cost_probe(
         pipe, prepared[items[0].task, 0], items[0].task, config.probe_sizes, config.probe_runs
     )
+    pipe.costs, pipe.budget_factor = probe, config.auto_factor  # every policy is fitted to this probe
     budget, budget_note = choose_budget(config, probe)
     log(
         f"cost probe done (c_t(64)/c_t(1) = {probe.target_cost(64) / probe.target_cost(1):.2f}); {budget_note}"
     )
     ratios = config.prune_ratios if "sage" in config.methods else ()
-    variants = build_variants(config.methods, budget, ratios)
+    variants = build_variants(config.methods, config.budget, ratios, probe, config.auto_factor)
 
     references = {
         key: pipe.reference_generate(inputs, config.max_new_tokens) for key, inputs in prepared.items()
@@ -260,17 +265,18 @@ def load_pipeline(pair: PairSpec, dtype: str) -> Any:
 
 
 def choose_budget(config: BenchConfig, probe: CostProbe) -> tuple[int | None, str]:
-    """The node budget to apply and a sentence saying where it came from."""
+    """The node budget the tree policies run with and a sentence saying where it came from."""
     if config.budget == "auto":
-        budget = auto_budget(probe, config.auto_factor)
+        budget = probe.node_budget(config.auto_factor)
         ratio = probe.target_cost(budget + 1) / probe.target_cost(1)
         return budget, (
             f"auto: {budget} nodes, the largest tree whose verification costs <= {config.auto_factor:g}x a "
-            f"one-token forward on this machine (c_t({budget + 1})/c_t(1) = {ratio:.2f})"
+            f"one-token forward on this machine (c_t({budget + 1})/c_t(1) = {ratio:.2f}); depth "
+            f"{probe.depth_budget(budget)} where a policy has one (vlmspec.costs)"
         )
     if config.budget is None:
         return None, "policy defaults (sage n_max 32, sage_paper n_max 64, static 63 paths)"
-    return int(config.budget), f"{int(config.budget)} nodes (--budget)"
+    return int(config.budget), f"{int(config.budget)} nodes (--budget), depths fitted to the probe"
 
 
 def measure(
@@ -479,9 +485,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a("--repeats", type=int, default=3, help="timed repeats per input, interleaved; medians (default 3)")
     a("--seed", type=int, default=0, help="seed of the inputs (default 0)")
     a("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
-    a("--budget", type=_budget, default=None,
-      help="node budget for policies with a node-count knob: N, 'auto' (from the cost probe) or 'default'")  # fmt: skip
-    a("--auto-factor", type=float, default=DEFAULT_AUTO_FACTOR,
+    a("--budget", type=_budget, default="auto",
+      help="tree node budget: 'auto' (default: fitted to the cost probe, as a pipeline does), N, or 'default' "
+           "(each policy's config defaults)")  # fmt: skip
+    a("--auto-factor", type=float, default=DEFAULT_BUDGET_FACTOR,
       help="--budget auto: largest tree whose verification costs <= this x one token (default 2)")  # fmt: skip
     a("--prune-ratios", type=_csv(float), default=DEFAULT_PRUNE_RATIOS,
       help="sage draft prune ratios for the ablation, '' or 'none' to skip (default 0,0.5,0.8,0.9)")  # fmt: skip

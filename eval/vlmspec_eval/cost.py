@@ -1,13 +1,10 @@
 """Cost accounting: the forward-cost probe, ideal (overhead-free) speed-up, time per phase, and ``--budget auto``.
 
-**Cost probe.** Inside ``pipe.kernels()`` (the kernels the engine generates with), after a realistic prefix (the
-prompt of a task input, prefilled once), the target's and the draft's
-``adapter.forward`` are timed for ``N`` new tokens under a tree mask (a 4-ary tree: the mask's shape barely matters,
-``N`` does), for every ``N`` in :data:`PROBE_SIZES`, and the cache is cut back after each call. Sizes are
-interleaved within each round so machine noise hits them alike; each cost is the median of the rounds. A forward
-never gets cheaper with more tokens, so the costs used below are the medians' non-decreasing envelope (the cost
-at ``N`` is the smallest median at any size ``>= N``), which removes upward noise spikes on a shared machine.
-``c_t(N)`` / ``c_d(N)`` interpolate that envelope linearly between probed sizes (extrapolating past the largest).
+**Cost probe.** The library's harness (:mod:`vlmspec.probe`, the same that sizes the pipeline's trees and gives
+PCT its ratio) inside ``pipe.kernels()``, after a realistic prefix (the prompt of a task input, prefilled once),
+for every ``N`` in :data:`PROBE_SIZES`. The result is a :class:`vlmspec.costs.ForwardCosts` (envelope,
+interpolation and the node budget are defined there); the bench installs it as ``pipe.costs``, so every policy's
+automatic budget comes from it.
 
 **Roofline.** Next to the measured ``c_t(N)`` the probe prints the target's physical limit on this machine:
 ``roof(N) = max(weight bytes / bandwidth, N * FLOPs per token / peak)``, where the weight bytes are the language
@@ -32,38 +29,26 @@ accept + cache update (verification time outside the target forward), other (the
 **Overhead share** = (tree building + accept/update + other) / total: wall time outside model forwards and
 prefills. :func:`probe_overhead_share` estimates the same from the probe instead of the timers.
 
-**Budget auto**: the largest node budget ``B`` such that every probed verification of up to ``B + 1`` tokens
-costs at most ``factor`` (default 2) times a one-token forward. Why: a step that verifies ``B`` nodes costs
-``r(B) = c_t(B + 1) / c_t(1)`` AR steps and emits ``tau + 1`` tokens, so it can only pay off when
-``tau + 1 > r(B)`` (plus the draft's share). Acceptance grows sub-linearly with the node count (the extra nodes
-go to ever less likely branches: EAGLE-2, Sequoia), while the cost grows linearly once the hardware is compute
-bound, so the useful budget ends where the verification cost leaves its flat, memory-bound region. ``factor = 2``
-says "a verification may cost at most two AR steps", which a draft with ``tau >= 1`` already repays, with room
-for the draft's forwards. On a GPU the curve is flat to ~64 nodes, so auto gives SAGE's default ``n_max = 64``;
-on a CPU, where 64 nodes cost 3-4 AR steps, it picks the smaller trees the hardware affords.
+**Budget auto** is :meth:`ForwardCosts.node_budget` (see :mod:`vlmspec.costs` for how and why).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
-from vlmspec.cache import truncate
-from vlmspec.models import adapter_for
-from vlmspec.tree import TokenTree
+from vlmspec.costs import ForwardCosts
+from vlmspec.probe import check_sizes, probe_costs
 
 from .methods import ForwardCall, RunRecord
 
 PROBE_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 """Tokens per probed forward (the root included: a tree of ``N`` draft nodes verifies ``N + 1`` tokens)."""
 
-DEFAULT_AUTO_FACTOR = 2.0
 PHASES: tuple[str, ...] = (
     "target_prefill",
     "draft_prefill",
@@ -74,47 +59,19 @@ PHASES: tuple[str, ...] = (
     "other",
 )
 OVERHEAD_PHASES: tuple[str, ...] = ("tree_build", "accept_update", "other")
-_PROBE_ARITY = 4
 
 
-@dataclass
-class CostProbe:
-    """Median forward times for ``N`` new tokens after a real prompt.
+@dataclass(frozen=True)
+class CostProbe(ForwardCosts):
+    """:class:`ForwardCosts` after a task's prompt, with the task and the target's roofline on this machine.
 
     Attributes:
-        sizes: probed token counts, ascending (starting at 1).
-        target_s: target seconds per forward, per size (medians of the rounds).
-        draft_s: draft seconds per forward, per size (``None`` without a draft).
-        prefix_tokens: prompt tokens in the prefix the trees were verified after.
-        runs: timed rounds per size (median taken).
         task: task of the input whose prompt was the prefix.
         roofline: the target's roofline on this machine (see :class:`Roofline`), or ``None``.
     """
 
-    sizes: list[int]
-    target_s: list[float]
-    draft_s: list[float] | None
-    prefix_tokens: int
-    runs: int
-    task: str
+    task: str = ""
     roofline: Roofline | None = None
-
-    @property
-    def target_curve(self) -> list[float]:
-        """The target costs used: the non-decreasing envelope of ``target_s``."""
-        return monotone_envelope(self.target_s)
-
-    @property
-    def draft_curve(self) -> list[float] | None:
-        return monotone_envelope(self.draft_s) if self.draft_s else None
-
-    def target_cost(self, tokens: float) -> float:
-        """``c_t(tokens)`` in seconds."""
-        return interpolate(self.sizes, self.target_curve, tokens)
-
-    def draft_cost(self, tokens: float) -> float:
-        """``c_d(tokens)`` in seconds (0 without a draft probe)."""
-        return interpolate(self.sizes, self.draft_curve, tokens) if self.draft_s else 0.0
 
     def call_cost(self, call: ForwardCall) -> float:
         return self.target_cost(call.tokens) if call.role == "target" else self.draft_cost(call.tokens)
@@ -198,110 +155,17 @@ def target_roofline(model: torch.nn.Module, prefix_tokens: int, repeats: int = 5
     )
 
 
-def monotone_envelope(values: Sequence[float]) -> list[float]:
-    """``out[i] = min(values[i:])``: the largest non-decreasing curve under ``values``."""
-    out = list(values)
-    for i in range(len(out) - 2, -1, -1):
-        out[i] = min(out[i], out[i + 1])
-    return out
-
-
-def interpolate(sizes: Sequence[int], values: Sequence[float], n: float) -> float:
-    """Piecewise-linear ``values(n)``; linear extrapolation past the last size, clamped at the first."""
-    if len(sizes) == 1 or n <= sizes[0]:
-        return float(values[0])
-    if n <= sizes[-1]:
-        return float(np.interp(n, sizes, values))
-    slope = (values[-1] - values[-2]) / (sizes[-1] - sizes[-2])
-    return float(values[-1] + slope * (n - sizes[-1]))
-
-
-def check_sizes(sizes: Sequence[int]) -> list[int]:
-    """Sorted unique probe sizes that start at 1 (the AR cost every ratio is taken against).
-
-    Raises:
-        ValueError: a size below 1.
-    """
-    out = sorted({int(s) for s in sizes})
-    if not out or out[0] < 1:
-        raise ValueError(f"probe sizes must be integers >= 1, got {list(sizes)}")
-    return out if out[0] == 1 else [1, *out]
-
-
-def probe_tree(tokens: torch.Tensor) -> TokenTree:
-    """A breadth-first 4-ary tree over ``tokens`` (node ``i``'s parent is ``(i - 1) // 4``)."""
-    n = tokens.shape[0]
-    parents = torch.tensor([-1] + [(i - 1) // _PROBE_ARITY for i in range(1, n)], device=tokens.device)
-    return TokenTree(tokens=tokens, parents=parents, draft_probs=torch.ones(n, device=tokens.device))
-
-
-@torch.no_grad()
-def time_tree_forwards(
-    model: torch.nn.Module, inputs: dict[str, torch.Tensor], sizes: Sequence[int], runs: int, warmup: int = 1
-) -> list[float]:
-    """Median seconds of ``model``'s tree forward of ``N`` tokens after the prompt ``inputs``, per size.
-
-    Args:
-        model: a VLM with a vlmspec adapter.
-        inputs: processor outputs of one prompt (batch 1) on any device (moved to the model's).
-        sizes: token counts.
-        runs: timed rounds (each round times every size once).
-        warmup: untimed rounds first.
-    """
-    adapter = adapter_for(model)
-    inputs = {k: v.to(adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
-    state = adapter.prefill(inputs).state
-    past, position = state.length, inputs["input_ids"].shape[1]
-    ids = inputs["input_ids"][0]
-    text = ids[~adapter.prompt_layout(inputs).visual.to(ids.device)]  # any ordinary tokens will do
-    trees = {n: probe_tree(text.repeat(n // text.shape[0] + 1)[:n]) for n in sizes}
-    times: dict[int, list[float]] = {n: [] for n in sizes}
-    for round_ in range(warmup + runs):
-        for n in sizes:
-            tree = trees[n]
-            bias = tree.attention_bias(past, adapter.dtype)
-            positions = tree.positions(position)
-            _sync(adapter.device)
-            start = time.perf_counter()
-            adapter.forward(state, tree.tokens, positions, bias)
-            _sync(adapter.device)
-            elapsed = time.perf_counter() - start
-            truncate(state.cache, past)
-            if round_ >= warmup:
-                times[n].append(elapsed)
-    return [statistics.median(times[n]) for n in sizes]
-
-
 def run_cost_probe(
     pipe: Any, inputs: dict[str, torch.Tensor], task: str, sizes: Sequence[int] = PROBE_SIZES, runs: int = 5
 ) -> CostProbe:
-    """Probe the pipeline's target and (unpruned) draft after the prompt ``inputs``."""
+    """Probe the pipeline's target and (unpruned) draft after the prompt ``inputs``, in the engine's kernels."""
     sizes = check_sizes(sizes)
     if runs < 1:
         raise ValueError(f"probe runs={runs} is invalid: use at least 1")
-    with pipe.kernels():  # the kernels the engine generates with
-        target_s = time_tree_forwards(pipe.target, inputs, sizes, runs)
-        draft_s = time_tree_forwards(pipe.draft, inputs, sizes, runs) if pipe.draft is not None else None
-    prefix = int(inputs["input_ids"].shape[1])
-    return CostProbe(sizes, target_s, draft_s, prefix, runs, task, target_roofline(pipe.target, prefix))
-
-
-def auto_budget(probe: CostProbe, factor: float = DEFAULT_AUTO_FACTOR) -> int:
-    """The largest node budget whose verification (and every smaller probed one) costs <= ``factor`` x ``c_t(1)``.
-
-    Returns at least 1 (a single draft node) even when no probed tree stays under the factor.
-    """
-    if factor < 1:
-        raise ValueError(f"auto factor={factor} is invalid: a verification never costs less than one forward")
-    base = probe.target_cost(1)
-    budget = 1
-    for n, seconds in zip(probe.sizes, probe.target_curve, strict=False):
-        if n < 2:
-            continue
-        if seconds > factor * base:
-            break
-        budget = n - 1
-    return budget
+    with pipe.kernels():
+        costs = probe_costs(pipe.target, pipe.draft, inputs, sizes, runs)
+    roofline = target_roofline(pipe.target, costs.prefix_tokens)
+    return CostProbe(**{**asdict(costs), "task": task, "roofline": roofline})
 
 
 # ---- per-run accounting --------------------------------------------------------------------------------------

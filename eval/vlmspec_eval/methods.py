@@ -5,11 +5,10 @@ speed-up baseline), ``ar`` (the engine's plain decoding, the identity baseline),
 own assisted generation with the same draft) and every registered tree policy but ``ar`` (new policies appear
 automatically).
 
-Node budgets are applied in ONE place, :data:`BUDGET_FIELDS` (policy name -> the config fields that bound its
-tree), with :data:`GENERIC_BUDGET_FIELDS` scanned for policies it does not name (so a new policy with, say, a
-``max_nodes`` field gets the budget without an edit here). A count field is set to the budget; a field holding
-rank paths (:data:`PATH_FIELDS`, a static tree) keeps its first ``B`` paths (closed under prefixes), which is how
-``static`` gets a budget and how ``sage``'s first-step tree stays within ``n_max``.
+Node budgets: every policy config names its node-budget and depth fields (``PolicyConfig.budget_field`` /
+``depth_field``), so one rule serves every policy, new ones included. ``--budget auto`` (the default) is what a
+pipeline does: the options a user leaves out are fitted to the bench's cost probe (``pipe.costs``); ``N`` sets
+every policy's node budget to ``N`` (depths still fitted); ``default`` runs each policy's config defaults as given.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from typing import Any
 
 import torch
 
+from vlmspec.costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
 from vlmspec.policies import TreePolicy, available_policies, get_policy, policy_class
 
 AR = "ar"
@@ -31,30 +31,7 @@ HF_ASSISTED = "hf_assisted"
 TRANSFORMERS_METHODS: tuple[str, ...] = (HF_GENERATE, HF_ASSISTED)
 """Methods run by transformers' ``generate()`` rather than the engine."""
 
-BUDGET_FIELDS: dict[str, tuple[str, ...]] = {
-    "sage": ("n_max", "initial_paths"),
-    "static": ("paths",),
-    "eagle2": ("total_tokens",),
-    "wetap": ("budget",),
-    "pct": ("max_nodes",),
-}
-"""Policy name -> config fields that bound its tree's node count (ints are set, path tuples truncated)."""
-
-GENERIC_BUDGET_FIELDS: tuple[str, ...] = (
-    "n_max",
-    "total_tokens",
-    "total_token",
-    "budget",
-    "node_budget",
-    "max_nodes",
-    "num_nodes",
-    "paths",
-    "initial_paths",
-)
-"""Config field names taken as the node budget of a policy :data:`BUDGET_FIELDS` does not name."""
-
-PATH_FIELDS: tuple[str, ...] = ("paths", "initial_paths")
-"""Budget fields that hold a static tree as rank paths (truncated to the budget instead of set to it)."""
+AUTO = "auto"
 
 RECOVERABLE_POLICY_ERRORS = (NotImplementedError, ValueError, RuntimeError)
 """What a policy run may raise without stopping the bench (the row reports it); ``ar`` errors always stop it."""
@@ -86,64 +63,26 @@ def resolve_methods(spec: str | Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys([AR, HF_GENERATE, *names]))
 
 
-# ---- budgets --------------------------------------------------------------------------------------------------
-def budget_fields(policy: str) -> tuple[str, ...]:
-    """The config fields of ``policy`` that bound its node count (empty when it has no such knob)."""
-    names = {f.name for f in dataclasses.fields(policy_class(policy).config_class)}
-    fields = tuple(f for f in BUDGET_FIELDS.get(policy, ()) if f in names)
-    return fields or tuple(f for f in GENERIC_BUDGET_FIELDS if f in names)
-
-
-def truncate_paths(paths: Sequence[Sequence[int]], budget: int) -> tuple[tuple[int, ...], ...]:
-    """The first ``budget`` rank paths, dropping any whose prefix did not make it (so the tree stays closed)."""
-    kept: list[tuple[int, ...]] = []
-    seen: set[tuple[int, ...]] = set()
-    for path in paths:
-        if len(kept) >= budget:
-            break
-        path = tuple(int(r) for r in path)
-        if len(path) == 1 or path[:-1] in seen:
-            kept.append(path)
-            seen.add(path)
-    return tuple(kept)
-
-
-def budget_overrides(policy: str, budget: int | None) -> dict[str, Any]:
-    """Config options that give ``policy`` a node budget of ``budget`` (``{}`` for ``None`` or no knob)."""
+# ---- budgets ----------------------------------------------------------------------------------------------------
+def make_policy(
+    name: str,
+    budget: int | str | None,
+    costs: ForwardCosts | None = None,
+    factor: float = DEFAULT_BUDGET_FACTOR,
+) -> TreePolicy:
+    """Policy ``name`` with a node budget: ``"auto"`` (options left out, fitted to ``costs`` when given, as a pipeline
+    does), an int (the node budget, via ``PolicyConfig.budget_options``) or ``None`` (the config's defaults, as given).
+    """
+    cls = policy_class(name)
     if budget is None:
-        return {}
-    if budget < 1:
-        raise ValueError(f"budget={budget} is invalid: use at least 1 draft node")
-    defaults = policy_class(policy).config_class()
-    options: dict[str, Any] = {}
-    for name in budget_fields(policy):
-        value = getattr(defaults, name)
-        if name in PATH_FIELDS or isinstance(value, tuple):
-            if len(value) > budget:
-                options[name] = truncate_paths(value, budget)
-        elif value is None or (isinstance(value, int) and not isinstance(value, bool)):
-            options[name] = int(budget)
-    return options
-
-
-def effective_budget(policy: TreePolicy) -> int | None:
-    """The node budget a policy instance runs with (its int budget field, else its path count), or ``None``."""
-    fields = budget_fields(policy.name)
-    values = {f: getattr(policy.config, f) for f in fields}
-    counts = [
-        v
-        for f, v in values.items()
-        if f not in PATH_FIELDS and isinstance(v, int) and not isinstance(v, bool)
-    ]
-    if counts:
-        return counts[0]
-    paths = [v for f, v in values.items() if f in PATH_FIELDS and isinstance(v, tuple)]
-    return len(paths[0]) if paths else None
-
-
-def make_policy(name: str, budget: int | None) -> TreePolicy:
-    """``get_policy(name)`` with the node budget applied (see :func:`budget_overrides`)."""
-    return get_policy(name, **budget_overrides(name, budget))
+        return cls(cls.config_class())
+    if budget == AUTO:
+        policy = get_policy(name)
+    else:
+        policy = get_policy(name, **cls.config_class().budget_options(nodes=int(budget)))
+    if costs is not None:
+        policy.fit(costs, factor)
+    return policy
 
 
 # ---- variants -------------------------------------------------------------------------------------------------
@@ -171,9 +110,14 @@ class Variant:
 
 
 def build_variants(
-    methods: Sequence[str], budget: int | None, prune_ratios: Sequence[float] = ()
+    methods: Sequence[str],
+    budget: int | str | None,
+    prune_ratios: Sequence[float] = (),
+    costs: ForwardCosts | None = None,
+    factor: float = DEFAULT_BUDGET_FACTOR,
 ) -> list[Variant]:
-    """The variants for ``methods`` (budget applied) plus ``sage`` at each ablation prune ratio (if sage exists).
+    """The variants for ``methods`` (budget applied, see :func:`make_policy`) plus ``sage`` at each ablation prune
+    ratio (if sage exists).
 
     A policy that cannot be built (a missing asset, a budget its config rejects) becomes a variant with
     ``error`` set instead of stopping the bench; ``ar`` must build.
@@ -183,24 +127,30 @@ def build_variants(
         if method in TRANSFORMERS_METHODS:
             variants.append(Variant(key=method, method=method, policy=None, budget=None))
         else:
-            variants.append(_policy_variant(method, method, None if method == AR else budget))
+            variants.append(_policy_variant(method, method, budget, costs, factor))
     if "sage" in available_policies():
         for ratio in prune_ratios:
-            variant = _policy_variant(f"sage@prune={ratio:g}", "sage", budget)
+            variant = _policy_variant(f"sage@prune={ratio:g}", "sage", budget, costs, factor)
             variants.append(dataclasses.replace(variant, prune_ratio=float(ratio), ablation=True))
     return variants
 
 
-def _policy_variant(key: str, method: str, budget: int | None) -> Variant:
+def _policy_variant(
+    key: str, method: str, budget: int | str | None, costs: ForwardCosts | None, factor: float
+) -> Variant:
     try:
-        policy = make_policy(method, budget)
+        policy = make_policy(method, budget, costs, factor)
     except (*RECOVERABLE_POLICY_ERRORS, OSError, TypeError) as err:
         if method == AR:
             raise
         return Variant(
-            key=key, method=method, policy=None, budget=budget, error=f"{type(err).__name__}: {err}"
+            key=key,
+            method=method,
+            policy=None,
+            budget=budget if isinstance(budget, int) else None,
+            error=f"{type(err).__name__}: {err}",
         )
-    return Variant(key=key, method=method, policy=policy, budget=effective_budget(policy))
+    return Variant(key=key, method=method, policy=policy, budget=policy.config.node_budget)
 
 
 # ---- forward timers -------------------------------------------------------------------------------------------

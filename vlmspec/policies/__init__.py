@@ -13,7 +13,7 @@ from .base import (
 from .c2t import C2TClassifier, C2TConfig, C2TPolicy, distribution_entropy
 from .chain import ChainConfig, ChainPolicy
 from .eagle2 import EAGLE2Config, EAGLE2Policy
-from .pct import PCTConfig, PCTPolicy, measure_cost_ratio
+from .pct import PCTConfig, PCTPolicy
 from .sage import SAGEConfig, SAGEPaperConfig, SAGEPaperPolicy, SAGEPolicy, confidence
 from .static import MC_SIM_7B_63, StaticConfig, StaticTreePolicy
 from .wetap import WETAPConfig, WETAPPolicy, wetap_prune
@@ -46,7 +46,6 @@ __all__ = [
     "confidence",
     "distribution_entropy",
     "get_policy",
-    "measure_cost_ratio",
     "policy_class",
     "register_policy",
     "wetap_prune",

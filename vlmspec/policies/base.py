@@ -16,7 +16,7 @@ outcome of the step. Per-request state (if any) is cleared by ``reset``. Policie
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -24,15 +24,31 @@ from typing import Any, ClassVar, TypeVar
 import torch
 import yaml
 
+from ..costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
 from ..draft import DraftTree
 from ..sampling import Sampler
 from ..tree import TokenTree
 from ..verify import Acceptance, greedy_accept, sample_accept
 
+Paths = tuple[tuple[int, ...], ...]
+
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """Base of every policy's frozen config. Subclasses validate fields in ``__post_init__``."""
+    """Base of every policy's frozen config. Subclasses validate fields in ``__post_init__``.
+
+    **One node budget.** A policy whose trees have a size bound names the field holding it in
+    :attr:`budget_field` (SAGE's ``n_max``, EAGLE-2's ``total_tokens``, WETAP's ``budget``, PCT's ``max_nodes``,
+    the static tree's ``paths``), and the field bounding its depth in :attr:`depth_field`. Everything that sets a
+    budget goes through :attr:`node_budget` and :meth:`with_budget` (the paper's own names stay the options users
+    write), so the hardware-aware budgets of :meth:`TreePolicy.fit` and the bench's ``--budget`` treat every
+    policy alike.
+    """
+
+    budget_field: ClassVar[str | None] = None
+    """The field bounding the tree's draft nodes (an int, or rank paths truncated to the budget), or ``None``."""
+    depth_field: ClassVar[str | None] = None
+    """The field bounding the tree's depth, or ``None``."""
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> PolicyConfig:
@@ -59,6 +75,51 @@ class PolicyConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def node_budget(self) -> int | None:
+        """The most draft nodes a tree may have (``None``: no bound)."""
+        if self.budget_field is None:
+            return None
+        value = getattr(self, self.budget_field)
+        return len(value) if isinstance(value, tuple) else value
+
+    def budget_options(self, nodes: int | None = None, depth: int | None = None) -> dict[str, Any]:
+        """The options that give this config a node budget of ``nodes`` and a depth of ``depth`` (``None``: keep).
+
+        An int field is set; a rank-path field keeps its first ``nodes`` paths that stay closed under prefixes.
+        Subclasses extend it to keep their other fields consistent (e.g. SAGE's ``d_min <= d_max``).
+        """
+        for name, value in (("nodes", nodes), ("depth", depth)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{type(self).__name__}: {name}={value!r} is invalid: use an integer >= 1")
+        options: dict[str, Any] = {}
+        if nodes is not None and self.budget_field is not None:
+            current = getattr(self, self.budget_field)
+            options[self.budget_field] = (
+                truncate_paths(current, nodes) if isinstance(current, tuple) else nodes
+            )
+        if depth is not None and self.depth_field is not None:
+            options[self.depth_field] = depth
+        return options
+
+    def with_budget(self, nodes: int | None = None, depth: int | None = None) -> PolicyConfig:
+        """A copy with :meth:`budget_options` applied."""
+        return dataclasses.replace(self, **self.budget_options(nodes, depth))
+
+
+def truncate_paths(paths: Sequence[Sequence[int]], budget: int) -> Paths:
+    """The first ``budget`` rank paths, dropping any whose prefix did not make it (so the tree stays closed)."""
+    kept: list[tuple[int, ...]] = []
+    seen: set[tuple[int, ...]] = set()
+    for path in paths:
+        if len(kept) >= budget:
+            break
+        path = tuple(int(r) for r in path)
+        if len(path) == 1 or path[:-1] in seen:
+            kept.append(path)
+            seen.add(path)
+    return tuple(kept)
 
 
 def check(condition: bool, config: object, field: str, value: object, need: str) -> None:
@@ -91,13 +152,23 @@ class TreePolicy:
     config_class: ClassVar[type[PolicyConfig]] = PolicyConfig
     uses_draft: ClassVar[bool] = True
 
-    def __init__(self, config: PolicyConfig | None = None) -> None:
+    def __init__(self, config: PolicyConfig | None = None, fixed: Collection[str] | None = None) -> None:
+        """
+        Args:
+            config: the policy's config (``None``: the defaults).
+            fixed: the options the user set, which :meth:`fit` leaves alone; ``None``: none when ``config`` is
+                ``None``, every option when a config object is given (it is used as given).
+        """
+        names = [f.name for f in dataclasses.fields(self.config_class)]
+        if fixed is None:
+            fixed = () if config is None else names
         config = self.config_class() if config is None else config
         if not isinstance(config, self.config_class):
             raise TypeError(
                 f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}"
             )
         self.config = config
+        self.fixed = frozenset(fixed)
         self.reset()
 
     @classmethod
@@ -106,17 +177,36 @@ class TreePolicy:
         if config is None:
             config = {}
         if isinstance(config, dict):
-            config = cls.config_class.from_dict({**config, **overrides})
-        elif overrides:
+            values = {**config, **overrides}
+            return cls(cls.config_class.from_dict(values), fixed=values)
+        if overrides:
             config = dataclasses.replace(config, **overrides)
         return cls(config)
 
     def reset(self) -> None:
         """Clear per-request state (called by the engine before each generation)."""
 
-    def bind(self, target: torch.nn.Module, draft: torch.nn.Module | None) -> None:
-        """Optional hook: called when the policy is attached to a pipeline, with its loaded models (e.g. to time
-        them on the actual device)."""
+    # ---- hardware ---------------------------------------------------------------------------------------------
+    def free_hardware_options(self) -> tuple[str, ...]:
+        """The hardware-dependent options the user left to :meth:`fit` (budget and depth fields not in ``fixed``)."""
+        c = self.config
+        return tuple(f for f in (c.budget_field, c.depth_field) if f is not None and f not in self.fixed)
+
+    def fit(self, costs: ForwardCosts, factor: float = DEFAULT_BUDGET_FACTOR) -> None:
+        """Give the options the user did not set the values this machine affords (see :mod:`vlmspec.costs`).
+
+        The node budget is ``costs.node_budget(factor)``; the depth is ``costs.depth_budget`` for that budget
+        (the configured one where the user set it, the machine's where the policy has none). Called by the
+        pipeline when the policy is attached; options in :attr:`fixed` are never changed. Clears request state.
+        """
+        c, free = self.config, self.free_hardware_options()
+        if not free:
+            return
+        nodes = costs.node_budget(factor) if c.budget_field in free else None
+        tree_nodes = nodes or c.node_budget or costs.node_budget(factor)
+        depth = costs.depth_budget(tree_nodes) if c.depth_field in free else None
+        self.config = c.with_budget(nodes, depth)
+        self.reset()
 
     def build_tree(self, draft: DraftTree) -> TokenTree:
         """Grow this step's tree with ``draft`` and return it."""

@@ -43,6 +43,7 @@ Defaults and choices where the paper is open (the extracted text lost most symbo
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,8 @@ class C2TConfig(PolicyConfig):
         classifier: path of a classifier's safetensors weights; ``None``: the shipped default.
     """
 
+    depth_field = "max_depth"
+
     beta: float = 0.5
     max_depth: int = 11
     top_k: int = 15
@@ -223,8 +226,8 @@ class C2TConfig(PolicyConfig):
 class C2TPolicy(TreePolicy):
     config_class = C2TConfig
 
-    def __init__(self, config: C2TConfig | None = None) -> None:
-        super().__init__(config)
+    def __init__(self, config: C2TConfig | None = None, fixed: Collection[str] | None = None) -> None:
+        super().__init__(config, fixed)
         self.classifier = C2TClassifier.load(self.config.classifier or DEFAULT_CLASSIFIER)
         self._classifier_device: torch.device | None = None
 

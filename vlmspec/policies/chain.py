@@ -17,6 +17,8 @@ class ChainConfig(PolicyConfig):
     gamma: draft tokens per step (Leviathan et al. use 3-7; 5 is the common default).
     """
 
+    depth_field = "gamma"
+
     gamma: int = 5
 
     def __post_init__(self) -> None:

@@ -52,6 +52,9 @@ class EAGLE2Config(PolicyConfig):
         total_tokens: draft nodes kept after the rerank (60).
     """
 
+    budget_field = "total_tokens"
+    depth_field = "depth"
+
     depth: int = 6
     top_k: int = 10
     total_tokens: int = 60

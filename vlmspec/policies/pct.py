@@ -16,7 +16,7 @@ Construction (Implementation Details of 3.2):
 
 Defaults (section 4.1): expansion width 5, maximum depth 10, leaf threshold 0.01. ``s_d / s_t`` is the measured
 ratio of a draft forward's time to a target forward's time (the paper: 1.1 ms / 29.8 ms for 7B, 1.4 / 50.1 for
-13B on an A6000): :func:`measure_cost_ratio` times the actual pair on the actual device.
+13B on an A6000): :func:`vlmspec.probe.measure_cost_ratio` times the actual pair on the actual device.
 
 **The right ratio depends on the hardware.** On a GPU a decoding forward is memory-bound and costs roughly in
 proportion to the weights read, so a small draft is cheap (ratios of a few percent, deep trees). On a CPU, or
@@ -32,10 +32,11 @@ Choices where the paper is open (and why):
 * Leaf removal is repeated until no leaf is below the threshold (a parent left childless below the threshold is
   itself such a leaf). Cumulative confidence never grows along a path, so this keeps exactly the nodes with
   cumulative confidence ``>= leaf_threshold``, which is always an ancestor-closed tree.
-* ``cost_ratio=None`` means "measure": the pipeline calls :func:`measure_cost_ratio` at load time and installs
-  the value with :meth:`PCTPolicy.with_cost_ratio` (or :meth:`PCTPolicy.set_cost_ratio`). If a tree is built
-  before any value is known, the paper's 7B ratio (1.1 / 29.8) is used with a warning.
-* ``max_nodes`` (not in the paper, default ``None`` = no cap) bounds the tree for tiny ratios: at most
+* ``cost_ratio=None`` means "measure": a pipeline gives the policy its measured forward costs when it is attached
+  (:meth:`PCTPolicy.fit`, the one cost probe of :mod:`vlmspec.probe`, also behind every policy's node budget).
+  If a tree is built before any value is known, the paper's 7B ratio (1.1 / 29.8) is used with a warning.
+* ``max_nodes`` (not in the paper; ``None`` = no cap) is the node budget, which a pipeline sets from the machine's
+  costs unless you do (:mod:`vlmspec.costs`), and ``max_depth`` the depth. The cap matters for tiny ratios: at most
   ``1 / ratio`` nodes of a level can be expandable (their cumulative confidences sum to at most one), so a level
   holds at most ``width / ratio`` candidates; with a cap, a level keeps its most confident candidates.
 """
@@ -43,18 +44,16 @@ Choices where the paper is open (and why):
 from __future__ import annotations
 
 import dataclasses
-import statistics
-import time
 import warnings
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..cache import new_cache, truncate
+from ..costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
 from ..draft import DraftTree
-from ..models import DecodeState, VLMAdapter, adapter_for
-from ..tree import TokenTree, tree_attention_bias
+from ..tree import TokenTree
 from .base import PolicyConfig, TreePolicy, check, register_policy
 
 PAPER_COST_RATIO = 1.1 / 29.8  # LLaMA2-Chat 7B with EDD on an RTX A6000 (section 4.1)
@@ -75,6 +74,9 @@ class PCTConfig(PolicyConfig):
         max_depth: most layers below the root (10).
         max_nodes: optional cap on draft nodes (``None``: no cap, as in the paper).
     """
+
+    budget_field = "max_nodes"
+    depth_field = "max_depth"
 
     cost_ratio: float | None = None
     leaf_threshold: float = 0.01
@@ -107,128 +109,45 @@ class PCTConfig(PolicyConfig):
                   "an integer >= 1, or None for no cap")  # fmt: skip
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class _TimedForward:
-    """A ``tokens``-token decoding forward of one model on top of a ``context``-token cache, ready to time."""
-
-    def __init__(self, adapter: VLMAdapter, context: int, tokens: int) -> None:
-        device = adapter.device
-        vocab = adapter.model.get_input_embeddings().weight.shape[0]
-        self.adapter, self.context, self.device = adapter, context, device
-        rope_delta = torch.zeros((), dtype=torch.long, device=device)
-        self.state = DecodeState(cache=new_cache(adapter.model), rope_delta=rope_delta, visual_tokens=0)
-        gen = torch.Generator().manual_seed(0)
-        prompt = torch.randint(0, vocab, (context,), generator=gen).to(device)
-        causal = torch.ones(context, context, dtype=torch.bool, device=device).tril()
-        bias = tree_attention_bias(causal, 0, adapter.dtype)
-        adapter.forward(self.state, prompt, torch.arange(context, device=device), bias)
-        self.tokens = torch.randint(0, vocab, (tokens,), generator=gen).to(device)
-        self.positions = torch.arange(context, context + tokens, device=device)
-        visible = torch.ones(tokens, tokens, dtype=torch.bool, device=device).tril()
-        self.bias = tree_attention_bias(visible, context, adapter.dtype)
-
-    def __call__(self) -> float:
-        _sync(self.device)
-        start = time.perf_counter()
-        self.adapter.forward(self.state, self.tokens, self.positions, self.bias)
-        _sync(self.device)
-        elapsed = time.perf_counter() - start
-        truncate(self.state.cache, self.context)
-        return elapsed
-
-
-@torch.no_grad()
-def measure_cost_ratio(
-    target: torch.nn.Module | VLMAdapter,
-    draft: torch.nn.Module | VLMAdapter,
-    context: int = 128,
-    tokens: int = 1,
-    warmup: int = 2,
-    repeats: int = 7,
-) -> float:
-    """``s_d / s_t``: a draft decoding forward's time over a target decoding forward's time, on their devices.
-
-    Each model runs a ``tokens``-token forward on top of a ``context``-token cache (random text tokens, the models'
-    own decoding path: :meth:`VLMAdapter.forward`); after ``warmup`` untimed runs, ``repeats`` timed runs of each
-    model alternate (target, draft, target, ...) so that a load change on a shared machine hits both alike, and
-    the ratio of the two medians is returned (CUDA is synchronised around each run). The result depends on the
-    device: see the module docstring.
-
-    Args:
-        target, draft: the loaded models (``*ForConditionalGeneration``) or their adapters.
-        context: cache length the forwards attend to.
-        tokens: tokens per forward (1: a plain decoding step, as the paper times them).
-        warmup, repeats: untimed and timed runs per model.
-
-    Returns:
-        The ratio (> 0).
-    """
-    if warmup < 0 or repeats < 1 or context < 1 or tokens < 1:
-        raise ValueError(
-            f"measure_cost_ratio: need context >= 1, tokens >= 1, warmup >= 0, repeats >= 1; got context={context}, "
-            f"tokens={tokens}, warmup={warmup}, repeats={repeats}"
-        )
-    t_run = _TimedForward(target if isinstance(target, VLMAdapter) else adapter_for(target), context, tokens)
-    d_run = _TimedForward(draft if isinstance(draft, VLMAdapter) else adapter_for(draft), context, tokens)
-    for _ in range(warmup):
-        t_run()
-        d_run()
-    s_t, s_d = [], []
-    for _ in range(repeats):
-        s_t.append(t_run())
-        s_d.append(d_run())
-    return max(statistics.median(s_d), 1e-9) / max(statistics.median(s_t), 1e-9)
-
-
 @register_policy("pct")
 class PCTPolicy(TreePolicy):
     config_class = PCTConfig
 
-    def __init__(self, config: PCTConfig | None = None) -> None:
-        super().__init__(config)
-        self._ratio: float | None = self.config.cost_ratio
+    def __init__(self, config: PCTConfig | None = None, fixed: Collection[str] | None = None) -> None:
+        super().__init__(config, fixed)
         self._warned = False
 
     # ---- the cost ratio --------------------------------------------------------------------------------------
     @property
     def cost_ratio(self) -> float | None:
-        """``s_d / s_t`` in use: the configured or installed value, ``None`` while unknown."""
-        return self._ratio
+        """``s_d / s_t`` in use: the configured or measured value, ``None`` while unknown."""
+        return self.config.cost_ratio
 
-    @property
-    def needs_cost_ratio(self) -> bool:
-        """True while no ratio is known (the pipeline then measures one and calls :meth:`set_cost_ratio`)."""
-        return self._ratio is None
+    def free_hardware_options(self) -> tuple[str, ...]:
+        """The base's, plus ``cost_ratio`` while it is unknown or was not set by the user."""
+        free = super().free_hardware_options()
+        if self.config.cost_ratio is None or "cost_ratio" not in self.fixed:
+            free = (*free, "cost_ratio")
+        return free
 
-    def bind(self, target: torch.nn.Module, draft: torch.nn.Module | None) -> None:
-        """At load time, measure ``s_d / s_t`` of the actual pair on the actual device unless one is configured."""
-        if self.needs_cost_ratio and draft is not None:
-            self.set_cost_ratio(measure_cost_ratio(target, draft))
-
-    def set_cost_ratio(self, ratio: float) -> None:
-        """Install a measured ``s_d / s_t`` in this policy (validated like the config field)."""
-        self._ratio = PCTConfig(cost_ratio=ratio).cost_ratio
-
-    def with_cost_ratio(self, ratio: float) -> PCTPolicy:
-        """A new policy with ``cost_ratio`` set to ``ratio`` in its config (the rest unchanged)."""
-        return PCTPolicy(dataclasses.replace(self.config, cost_ratio=ratio))
+    def fit(self, costs: ForwardCosts, factor: float = DEFAULT_BUDGET_FACTOR) -> None:
+        """The base's hardware budgets, and ``s_d / s_t`` from ``costs`` unless the user configured one."""
+        super().fit(costs, factor)
+        if "cost_ratio" in self.free_hardware_options():
+            self.config = dataclasses.replace(self.config, cost_ratio=costs.cost_ratio)
 
     # ---- tree ------------------------------------------------------------------------------------------------
     def reset(self) -> None:
         self._last: dict[str, Any] = {}
 
     def _ratio_in_use(self) -> float:
-        if self._ratio is not None:
-            return self._ratio
+        if self.config.cost_ratio is not None:
+            return self.config.cost_ratio
         if not self._warned:
             warnings.warn(
                 "pct: no cost ratio s_d/s_t was measured or configured; using the paper's 7B GPU ratio "
-                f"{PAPER_COST_RATIO:.4f}. Call measure_cost_ratio(target, draft) on your device and "
-                "policy.set_cost_ratio(r), or pass cost_ratio=...",
+                f"{PAPER_COST_RATIO:.4f}. Attach the policy to a pipeline (it measures the pair on its device), "
+                "or pass cost_ratio=vlmspec.probe.measure_cost_ratio(target, draft)",
                 UserWarning,
                 stacklevel=3,
             )

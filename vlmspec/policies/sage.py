@@ -57,7 +57,7 @@ import torch
 
 from ..draft import DraftTree
 from ..tree import TokenTree
-from .base import PolicyConfig, StepFeedback, TreePolicy, check, register_policy
+from .base import PolicyConfig, StepFeedback, TreePolicy, check, register_policy, truncate_paths
 from .static import MC_SIM_7B_63, grow_planned, plan_levels
 
 
@@ -106,6 +106,9 @@ class SAGEConfig(PolicyConfig):
             ``init_alpha`` like every later step; the paper uses the 63-node Medusa/EAGLE tree).
     """
 
+    budget_field = "n_max"
+    depth_field = "d_max"
+
     d_min: int = 4
     d_max: int = 10
     w_min: int = 2
@@ -135,6 +138,15 @@ class SAGEConfig(PolicyConfig):
         if self.initial_paths:
             check(len(self.initial_paths) <= self.n_max, self, "initial_paths", len(self.initial_paths),
                   f"at most n_max ({self.n_max}) paths")  # fmt: skip
+
+    def budget_options(self, nodes: int | None = None, depth: int | None = None) -> dict[str, Any]:
+        """The base's options, with ``d_min`` lowered to a smaller ``d_max`` and ``initial_paths`` cut to ``n_max``."""
+        options = super().budget_options(nodes, depth)
+        if depth is not None:
+            options["d_min"] = min(self.d_min, depth)
+        if nodes is not None and self.initial_paths:
+            options["initial_paths"] = truncate_paths(self.initial_paths, nodes)
+        return options
 
     def depth(self, alpha: float, d_max: int) -> int:
         """Eq. 10, rounded half-up."""
@@ -232,6 +244,8 @@ class SAGEPolicy(TreePolicy):
 @dataclass(frozen=True)
 class SAGEPaperConfig(SAGEConfig):
     """SAGE exactly as the paper sets it (section 5.1, Appendix A.1); ``configs/policies/sage_paper.yaml``."""
+
+    depth_field = None  # the paper's depth range stays literal; only the node budget follows the machine
 
     d_min: int = 3
     d_max: int = 8

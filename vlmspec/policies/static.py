@@ -35,6 +35,8 @@ class StaticConfig(PolicyConfig):
     paths: the tree shape as rank paths (see module docstring); default: Medusa/EAGLE ``mc_sim_7b_63``.
     """
 
+    budget_field = "paths"
+
     paths: tuple[tuple[int, ...], ...] = MC_SIM_7B_63
 
     def __post_init__(self) -> None:
@@ -98,9 +100,8 @@ def grow_planned(draft: DraftTree, plan: list[_Level], root_probs: torch.Tensor)
 class StaticTreePolicy(TreePolicy):
     config_class = StaticConfig
 
-    def __init__(self, config: StaticConfig | None = None) -> None:
-        super().__init__(config)
-        self._plan = plan_levels(self.config.paths)
+    def reset(self) -> None:
+        self._plan = plan_levels(self.config.paths)  # the paths change when fit() sets the node budget
 
     def build_tree(self, draft: DraftTree) -> TokenTree:
         root = torch.zeros(1, dtype=torch.long, device=draft.tokens.device)

@@ -63,6 +63,7 @@ from __future__ import annotations
 import heapq
 import math
 import warnings
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,6 +214,9 @@ class WETAPConfig(PolicyConfig):
         tau: the beam-acceptance threshold (0.5; only used with ``"wetap_beam"``).
     """
 
+    budget_field = "budget"
+    depth_field = "length"
+
     budget: int = 64
     length: int = 8
     w_min: int = 16
@@ -249,8 +253,8 @@ class WETAPConfig(PolicyConfig):
 class WETAPPolicy(TreePolicy):
     config_class = WETAPConfig
 
-    def __init__(self, config: WETAPConfig | None = None) -> None:
-        super().__init__(config)
+    def __init__(self, config: WETAPConfig | None = None, fixed: Collection[str] | None = None) -> None:
+        super().__init__(config, fixed)
         if self.config.acceptance == "wetap_beam":
             warnings.warn(
                 f"wetap: acceptance='wetap_beam' (tau={self.config.tau}) accepts beams by the target/draft "

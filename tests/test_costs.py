@@ -1,0 +1,136 @@
+"""Hardware-aware budgets: the cost maths (``vlmspec.costs``), the probe and its cache (``vlmspec.probe``), the one
+node-budget notion of every policy config and the pipeline fitting the options a user leaves out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from vlmspec import VLMSpecPipeline, get_policy
+from vlmspec.costs import MAX_NODE_BUDGET, ForwardCosts, monotone_envelope
+from vlmspec.policies import MC_SIM_7B_63, SAGEConfig, SAGEPolicy, available_policies, policy_class
+from vlmspec.policies.base import truncate_paths
+from vlmspec.probe import cached_costs, probe_costs
+from vlmspec.testing import build_tiny_pair
+
+SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def costs(target, draft=None):
+    return ForwardCosts(
+        sizes=SIZES, target_s=tuple(target), draft_s=tuple(draft) if draft else None, prefix_tokens=10, runs=1
+    )
+
+
+CPU = costs(
+    [1.0, 1.1, 1.3, 1.8, 2.5, 4.0, 7.0], draft=[0.04] * 7
+)  # a CPU-like curve, draft 1/25 of the target
+GPU = costs([1.0, 1.0, 1.0, 1.05, 1.1, 1.2, 1.5], draft=[0.4] * 7)  # flat to 64 tokens, a launch-bound draft
+
+
+# ---- the maths --------------------------------------------------------------------------------------------------
+def test_node_budget_follows_the_cost_curve():
+    assert GPU.node_budget() == min(63, MAX_NODE_BUDGET)
+    assert CPU.node_budget() == 7 and CPU.node_budget(factor=3.0) == 15
+    spiky = costs([5.0, 1.0, 9.0, 1.1, 1.2, 3.0, 4.0])  # noise spikes are ignored (non-decreasing envelope)
+    assert monotone_envelope(spiky.target_s) == [1.0, 1.0, 1.1, 1.1, 1.2, 3.0, 4.0]
+    assert spiky.node_budget() == 15
+    assert costs([1.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0]).node_budget() == 1  # at least one node
+    with pytest.raises(ValueError, match="factor=0.5"):
+        CPU.node_budget(0.5)
+
+
+def test_depth_budget_is_deep_for_a_cheap_draft_and_shallow_for_a_dear_one():
+    cheap, dear = CPU.depth_budget(15), costs(CPU.target_s, draft=[0.5] * 7).depth_budget(15)
+    assert cheap >= 8 and dear <= 4 and 1 <= dear < cheap <= 15
+    assert GPU.depth_budget(63) < CPU.depth_budget(63)  # the GPU-like draft costs 0.4 of its target
+    assert CPU.depth_budget(1) == 1
+    with pytest.raises(ValueError, match="acceptance=1"):
+        CPU.depth_budget(8, acceptance=1)
+
+
+def test_costs_validate_and_round_trip():
+    assert ForwardCosts.from_dict(json.loads(json.dumps(CPU.to_dict()))) == CPU
+    assert CPU.cost_ratio == pytest.approx(0.04) and CPU.target_cost(3) == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="sizes"):
+        ForwardCosts(sizes=(2, 4), target_s=(1.0, 1.0), draft_s=None, prefix_tokens=1, runs=1)
+    with pytest.raises(ValueError, match="target_s"):
+        ForwardCosts(sizes=(1, 2), target_s=(1.0,), draft_s=None, prefix_tokens=1, runs=1)
+
+
+# ---- one node budget in every policy config -----------------------------------------------------------------
+def test_truncate_paths_keeps_prefix_closed_trees():
+    paths = ((0,), (0, 0), (1,), (0, 0, 0), (2, 0), (2,), (0, 1))
+    assert truncate_paths(paths, 5) == ((0,), (0, 0), (1,), (0, 0, 0), (2,))  # (2, 0) came before its prefix
+    assert truncate_paths(paths, 100) == ((0,), (0, 0), (1,), (0, 0, 0), (2,), (0, 1))
+
+
+def test_every_tree_policy_takes_a_budget_through_its_config():
+    for name in available_policies():
+        config = policy_class(name).config_class()
+        if config.budget_field is not None:
+            smaller = config.with_budget(nodes=5)
+            assert smaller.node_budget == 5, name
+        if config.depth_field is not None:
+            assert getattr(config.with_budget(depth=3), config.depth_field) == 3, name
+    assert policy_class("static").config_class().with_budget(nodes=10).paths == MC_SIM_7B_63[:10]
+    sage = SAGEConfig(d_min=4, initial_paths=MC_SIM_7B_63[:20], n_max=32).with_budget(nodes=8, depth=3)
+    assert (sage.n_max, sage.d_max, sage.d_min, len(sage.initial_paths)) == (8, 3, 3, 8)  # kept consistent
+    with pytest.raises(ValueError, match="nodes=0"):
+        SAGEConfig().with_budget(nodes=0)
+
+
+def test_fit_sets_only_what_the_user_left_out():
+    free = get_policy("sage")
+    free.fit(CPU)
+    assert (free.config.n_max, free.config.d_max) == (7, CPU.depth_budget(7))
+    mine = get_policy("sage", n_max=20)
+    mine.fit(CPU)
+    assert mine.config.n_max == 20 and mine.config.d_max == CPU.depth_budget(20)
+    given = SAGEPolicy(SAGEConfig(n_max=20))  # a config object is used as given
+    given.fit(CPU)
+    assert given.config == SAGEConfig(n_max=20) and given.free_hardware_options() == ()
+    paper = get_policy("sage_paper")
+    paper.fit(CPU)
+    assert paper.config.n_max == 7 and paper.config.d_max == 8  # the paper's depth range stays literal
+    chain = get_policy("chain")
+    chain.fit(CPU)
+    assert chain.config.gamma == CPU.depth_budget(CPU.node_budget())
+    ar = get_policy("ar")
+    assert ar.free_hardware_options() == ()
+
+
+# ---- the probe and the pipeline --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def qwen_pipe(tiny_root):
+    pair = build_tiny_pair("qwen2_vl", root=tiny_root)
+    return VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
+
+
+def test_probe_measures_both_models_and_the_cache_reuses_it(qwen_pipe, tmp_path):
+    measured = probe_costs(qwen_pipe.target, qwen_pipe.draft, sizes=(4, 1, 8), runs=2, context=8)
+    assert measured.sizes == (1, 4, 8) and measured.prefix_tokens == 8
+    assert all(t > 0 for t in measured.target_s + measured.draft_s)
+    first = cached_costs(qwen_pipe.target, qwen_pipe.draft, folder=tmp_path, sizes=(1, 2), runs=1, context=8)
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["sizes"] == [1, 2]
+    again = cached_costs(qwen_pipe.target, qwen_pipe.draft, folder=tmp_path, sizes=(1, 2), runs=1, context=8)
+    assert again == first  # read back, not measured again (timings never repeat exactly)
+    cached_costs(qwen_pipe.target, None, folder=tmp_path, sizes=(1, 2), runs=1, context=8)
+    assert len(list(tmp_path.glob("*.json"))) == 2  # another model set is another entry
+    files[0].write_text("{not json")
+    assert cached_costs(qwen_pipe.target, qwen_pipe.draft, folder=tmp_path, sizes=(1, 2), runs=1, context=8)
+
+
+def test_pipeline_fits_the_policy_to_its_costs(qwen_pipe):
+    qwen_pipe.costs = CPU
+    qwen_pipe.policy = "eagle2"
+    assert qwen_pipe.policy.config.total_tokens == 7 and qwen_pipe.policy.config.depth == CPU.depth_budget(7)
+    qwen_pipe.budget_factor = 3.0
+    qwen_pipe.policy = get_policy("static")
+    assert qwen_pipe.policy.config.node_budget == 15
+    qwen_pipe.policy = get_policy("eagle2", total_tokens=40, depth=2)
+    assert (qwen_pipe.policy.config.total_tokens, qwen_pipe.policy.config.depth) == (40, 2)
+    qwen_pipe.policy, qwen_pipe.costs, qwen_pipe.budget_factor = "ar", None, 2.0

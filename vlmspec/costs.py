@@ -1,0 +1,164 @@
+"""What a forward costs on this machine, and the tree budgets that follow from it (pure maths, no models).
+
+:class:`ForwardCosts` holds the measured seconds of one target forward and one draft forward for ``N`` new tokens
+(``N`` in ``sizes``, after a prompt; :mod:`vlmspec.probe` measures them). Everything that adapts to the hardware
+reads them: the node budget and depth of every tree policy, PCT's ``s_d / s_t`` and the bench's ideal speed-up.
+
+**Costs used.** A forward never gets cheaper with more tokens, so the costs used are the measured medians'
+non-decreasing envelope (the cost at ``N`` is the smallest median at any size ``>= N``: upward noise spikes on a
+shared machine go), interpolated linearly between probed sizes and extrapolated past the largest.
+
+**Node budget** (:meth:`ForwardCosts.node_budget`): the largest ``B`` such that every probed verification of up
+to ``B + 1`` tokens (the nodes plus the root) costs at most ``factor`` (default 2) one-token forwards. Why: a step
+verifying ``B`` nodes costs ``r(B) = c_t(B + 1) / c_t(1)`` AR steps and emits ``tau + 1`` tokens, so it can only
+pay when ``tau + 1 > r(B)`` plus the draft's share. Acceptance grows sub-linearly with the node count (extra nodes
+go to ever less likely branches: EAGLE-2, Sequoia) while the cost grows linearly once the hardware is compute
+bound, so the useful budget ends where the verification cost leaves its flat, memory-bound region. ``factor = 2``
+says "a verification may cost at most two AR steps", which a draft with ``tau >= 1`` already repays, with room for
+the draft's forwards. On a GPU the curve is flat to ~64 nodes and more; on a CPU it picks the smaller trees the
+hardware affords (capped at :data:`MAX_NODE_BUDGET`, past which no policy here gains acceptance).
+
+**Depth** (:meth:`ForwardCosts.depth_budget`): each level of a tree is one draft forward, so depth is paid in draft
+time while it can only add accepted tokens as deep as the draft stays right. With a per-token acceptance ``a``
+(default 0.8, the calibrated pairs' measured per-token rate along accepted paths is 0.75-0.8), a path of depth
+``d`` yields ``E(d) = (1 - a^(d+1)) / (1 - a)`` tokens per step on average (the bonus token included), and a step
+costs ``d * c_d(w) + c_t(B + 1)`` (``w = ceil(B / d)`` tokens per level). The depth is the ``d <= B`` that
+maximises tokens per second, ``E(d) / cost(d)``: about 10 when the draft costs 1/24 of the target (the calibrated
+pairs on a CPU), 2-3 when it costs half of it (the uncalibrated testbed pair), and deep trees on GPUs with small
+drafts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+DEFAULT_BUDGET_FACTOR = 2.0
+DEFAULT_ACCEPTANCE = 0.8
+MAX_NODE_BUDGET = 64
+"""The most nodes an automatic budget gives (the papers' largest trees: SAGE's and WETAP's 64)."""
+
+
+@dataclass(frozen=True)
+class ForwardCosts:
+    """Median seconds of one forward for ``N`` new tokens after a prompt, per model.
+
+    Attributes:
+        sizes: token counts probed, ascending, starting at 1 (a tree of ``N`` nodes verifies ``N + 1`` tokens).
+        target_s: target seconds per forward, per size.
+        draft_s: draft seconds per forward, per size (``None`` without a draft).
+        prefix_tokens: tokens in the cache the forwards attended to.
+        runs: timed rounds per size (the median is taken).
+        machine: what was measured (device, dtype, models' shapes, kernels), as the cache key saw it.
+    """
+
+    sizes: tuple[int, ...]
+    target_s: tuple[float, ...]
+    draft_s: tuple[float, ...] | None
+    prefix_tokens: int
+    runs: int
+    machine: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.sizes or self.sizes[0] != 1 or list(self.sizes) != sorted(set(self.sizes)):
+            raise ValueError(
+                f"ForwardCosts.sizes={self.sizes} is invalid: ascending unique sizes starting at 1"
+            )
+        for name in ("target_s", "draft_s"):
+            values = getattr(self, name)
+            if values is not None and (len(values) != len(self.sizes) or min(values) <= 0):
+                raise ValueError(f"ForwardCosts.{name} is invalid: one positive time per size, got {values}")
+
+    # ---- costs ------------------------------------------------------------------------------------------------
+    @property
+    def target_curve(self) -> list[float]:
+        """The target costs used: the non-decreasing envelope of ``target_s``."""
+        return monotone_envelope(self.target_s)
+
+    @property
+    def draft_curve(self) -> list[float] | None:
+        return monotone_envelope(self.draft_s) if self.draft_s else None
+
+    def target_cost(self, tokens: float) -> float:
+        """``c_t(tokens)`` in seconds."""
+        return interpolate(self.sizes, self.target_curve, tokens)
+
+    def draft_cost(self, tokens: float) -> float:
+        """``c_d(tokens)`` in seconds (0 without a draft)."""
+        curve = self.draft_curve
+        return interpolate(self.sizes, curve, tokens) if curve else 0.0
+
+    @property
+    def cost_ratio(self) -> float:
+        """``s_d / s_t``: a one-token draft forward over a one-token target forward (PCT's ratio)."""
+        return self.draft_cost(1) / self.target_cost(1)
+
+    # ---- budgets ----------------------------------------------------------------------------------------------
+    def node_budget(self, factor: float = DEFAULT_BUDGET_FACTOR) -> int:
+        """The largest node budget whose verification (and every smaller probed one) costs ``<= factor * c_t(1)``.
+
+        At least 1 and at most :data:`MAX_NODE_BUDGET`; see the module docstring for why.
+        """
+        if factor < 1:
+            raise ValueError(
+                f"budget factor={factor} is invalid: a verification never costs less than one forward"
+            )
+        base, budget = self.target_cost(1), 1
+        for n, seconds in zip(self.sizes, self.target_curve, strict=True):
+            if n < 2:
+                continue
+            if seconds > factor * base:
+                break
+            budget = n - 1
+        return max(1, min(budget, MAX_NODE_BUDGET))
+
+    def depth_budget(self, nodes: int, acceptance: float = DEFAULT_ACCEPTANCE) -> int:
+        """The tree depth (``1..nodes``) with the most expected tokens per second; see the module docstring."""
+        if not 0 < acceptance < 1:
+            raise ValueError(f"acceptance={acceptance} is invalid: a per-token probability in (0, 1)")
+        if nodes < 1:
+            raise ValueError(f"nodes={nodes} is invalid: use at least 1")
+        verify = self.target_cost(nodes + 1)
+
+        def rate(depth: int) -> float:
+            tokens = (1 - acceptance ** (depth + 1)) / (1 - acceptance)
+            return tokens / (depth * self.draft_cost(math.ceil(nodes / depth)) + verify)
+
+        return max(range(1, nodes + 1), key=rate)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ForwardCosts:
+        draft = values.get("draft_s")
+        return cls(
+            sizes=tuple(int(n) for n in values["sizes"]),
+            target_s=tuple(float(s) for s in values["target_s"]),
+            draft_s=tuple(float(s) for s in draft) if draft is not None else None,
+            prefix_tokens=int(values["prefix_tokens"]),
+            runs=int(values["runs"]),
+            machine=str(values.get("machine", "")),
+        )
+
+
+def monotone_envelope(values: Sequence[float]) -> list[float]:
+    """``out[i] = min(values[i:])``: the largest non-decreasing curve under ``values``."""
+    out = list(values)
+    for i in range(len(out) - 2, -1, -1):
+        out[i] = min(out[i], out[i + 1])
+    return out
+
+
+def interpolate(sizes: Sequence[int], values: Sequence[float], n: float) -> float:
+    """Piecewise-linear ``values(n)``; linear extrapolation past the last size, clamped at the first."""
+    if len(sizes) == 1 or n <= sizes[0]:
+        return float(values[0])
+    if n <= sizes[-1]:
+        return float(np.interp(n, sizes, values))
+    slope = (values[-1] - values[-2]) / (sizes[-1] - sizes[-2])
+    return float(values[-1] + slope * (n - sizes[-1]))
