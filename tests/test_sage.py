@@ -72,7 +72,7 @@ def test_confident_draft_builds_deeper_narrower_tree_than_uncertain():
 
 
 def test_lookahead_uses_previous_steps_confidence():
-    policy = SAGEPolicy(SAGEConfig(initial_paths=()))
+    policy = SAGEPolicy(SAGEConfig(initial_paths=(), confidence="lookahead"))
     first, _ = synthetic_tree(peaked(32, 0.9))
     policy.build_tree(first)
     assert policy.trace()["alpha"] == 0.5  # Algorithm 1 initialises alpha to 0.5
@@ -82,9 +82,21 @@ def test_lookahead_uses_previous_steps_confidence():
     assert policy.trace()["alpha"] == pytest.approx(float(confidence(root_probs, 10)), rel=1e-5)
 
 
+def test_root_confidence_shapes_this_steps_tree():
+    policy = SAGEPolicy(SAGEConfig(initial_paths=(), confidence="root"))
+    assert SAGEConfig().confidence == "lookahead" == get_policy("sage_paper").config.confidence
+    for dist in (peaked(32, 0.9), geometric(32, 0.7), peaked(32, 0.5)):
+        draft, _ = synthetic_tree(dist)
+        policy.build_tree(draft)
+        root_probs = dist(torch.tensor([1]), torch.tensor([0]))[0]
+        assert policy.trace()["alpha"] == pytest.approx(float(confidence(root_probs, 10)), rel=1e-5)
+    with pytest.raises(ValueError, match="confidence='next'"):
+        SAGEConfig(confidence="next")
+
+
 @pytest.mark.parametrize("n_max", [5, 17, 64])
 def test_n_max_theta_and_widths_are_respected(n_max):
-    policy = SAGEPolicy(SAGEConfig(initial_paths=(), n_max=n_max, init_alpha=0.0))
+    policy = SAGEPolicy(SAGEConfig(initial_paths=(), n_max=n_max, init_alpha=0.0, confidence="lookahead"))
     draft, _ = synthetic_tree(geometric(64, 0.85))
     tree = policy.build_tree(draft)
     trace = policy.trace()
@@ -108,7 +120,7 @@ def test_n_max_theta_and_widths_are_respected(n_max):
 
 
 def test_one_forward_per_level():
-    policy = SAGEPolicy(SAGEConfig(initial_paths=(), init_alpha=0.3))
+    policy = SAGEPolicy(SAGEConfig(initial_paths=(), init_alpha=0.3, confidence="lookahead"))
     draft, adapter = synthetic_tree(geometric(64, 0.6))
     tree = policy.build_tree(draft)
     # The root's forward, then each forward covers one whole level (all its nodes at once).

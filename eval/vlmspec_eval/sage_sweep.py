@@ -19,20 +19,17 @@ from vlmspec.policies import get_policy
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "ar": ("ar", {}),
+    "static": ("static", {}),
+    "eagle2": ("eagle2", {}),
     "pct": ("pct", {}),
     "sage_paper": ("sage_paper", {}),
-    "sage_paper theta 0.05": ("sage_paper", {"theta_scale": 0.05}),
-    "sage d4-10 theta 0.05 n32": (
-        "sage_paper",
-        {"d_min": 4, "d_max": 10, "theta_scale": 0.05, "n_max": 32, "initial_paths": ()},
-    ),
-    "sage w1-4 d4-10 n24": (
-        "sage_paper",
-        {"w_min": 1, "w_max": 4, "d_min": 4, "d_max": 10, "n_max": 24, "initial_paths": ()},
-    ),
-    "sage w2-6 d4-10 n32": ("sage", {"theta_scale": 0.1}),
-    "sage (default: w2-6 d4-10 theta 0.05 n32)": ("sage", {}),
+    "sage, this step's root confidence": ("sage", {"confidence": "root"}),
+    "sage w2-8": ("sage", {"w_max": 8}),
+    "sage n32": ("sage", {"n_max": 32}),
+    "sage (default: the paper's lookahead confidence)": ("sage", {}),
 }
+"""Variant name -> (policy, options). Options left out (node budgets, depths) are fitted to the machine, as in a
+pipeline: every variant runs at the same automatic budget unless it names its own."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,8 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     references = [pipe.reference_generate(inputs, args.max_new_tokens) for _, inputs in prepared]
     baseline = time.perf_counter() - start
+    costs = pipe.hardware_costs()
     print(
-        f"pair {args.pair}; {len(examples)} captions of {args.max_new_tokens} tokens; generate() {baseline:.1f} s"
+        f"pair {args.pair}; {len(examples)} captions of {args.max_new_tokens} tokens; generate() {baseline:.1f} s; "
+        f"automatic node budget {costs.node_budget(pipe.budget_factor)}, "
+        f"depth {costs.depth_budget(costs.node_budget(pipe.budget_factor))}"
     )
     print(
         "| variant | speed-up over generate() | tau | nodes/step | identical |\n| --- | --- | --- | --- | --- |"
