@@ -138,7 +138,7 @@ def test_first_step_uses_static_initial_tree():
 
 def _feed(policy: SAGEPolicy, values: list[int]) -> None:
     for i, v in enumerate(values):
-        policy.feedback(StepFeedback(step=i, accepted=v, tree_size=10, tree_depth=4))
+        policy.feedback(StepFeedback(step=i, accepted=v, tree_size=10))
 
 
 def test_history_moves_max_depth_only_outside_thresholds():

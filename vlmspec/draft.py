@@ -70,6 +70,11 @@ class DraftTree:
         self._anc[0, 0] = True
         self._start = state.length  # C: committed entries
         self._slot_nodes: list[torch.Tensor] = []  # node ids in cache order, per forward
+        # Host-side bookkeeping, so that growing a tree needs no host sync of its own:
+        self._root_slot: int | None = None  # the root's cache index once it is expanded
+        self._depth_bound = (
+            0  # an upper bound on the deepest node's depth (each add goes one level deeper at most)
+        )
 
     # ---- read access for policies ----------------------------------------------------------------------------
     @property
@@ -110,8 +115,10 @@ class DraftTree:
             ``[m']`` long ids of the added nodes, in input order; children beyond ``depth_limit`` are dropped.
         """
         depths = self._depths[parents] + 1
-        ok = depths <= self.depth_limit
-        if not bool(ok.all()):
+        if (
+            self._depth_bound + 1 > self.depth_limit
+        ):  # near max_new_tokens only: drop what is too deep (host sync)
+            ok = depths <= self.depth_limit
             parents, tokens, probs, depths = parents[ok], tokens[ok], probs[ok], depths[ok]
         m = parents.shape[0]
         if m == 0:
@@ -127,12 +134,15 @@ class DraftTree:
         rows[torch.arange(m, device=ids.device), ids] = True
         self._anc[ids] = rows
         self._n += m
+        self._depth_bound = min(self._depth_bound + 1, self.depth_limit)
         return ids
 
     def next_probs(self, nodes: torch.Tensor) -> torch.Tensor:
         """The draft's next-token distribution after each of ``nodes``: one batched forward.
 
-        Each node can be expanded once; the root's expansion also consumes the pending tokens.
+        Each node can be expanded once, the root first and on its own (its expansion also consumes the pending
+        tokens). The rules are checked without a host sync (``torch._assert_async``: on a GPU a violation fails
+        at the next sync, on the CPU at once).
 
         Args:
             nodes: ``[n]`` long node ids (all at any depths, but none expanded before).
@@ -140,18 +150,22 @@ class DraftTree:
         Returns:
             ``[n, V]`` float32 probabilities (softmax of the draft logits, temperature 1).
         """
-        if bool((self._slots[nodes] >= 0).any()):
-            raise RuntimeError("DraftTree.next_probs: a node can be expanded only once per step")
-        if bool((nodes == 0).any()):
+        if self._root_slot is None:
             if nodes.shape[0] != 1:
                 raise RuntimeError("DraftTree.next_probs: expand the root on its own, before its children")
+            torch._assert_async(nodes[0] == 0, "DraftTree.next_probs: expand the root before its descendants")
             return self._forward_root()
-        if self._slots[0] < 0:
-            raise RuntimeError("DraftTree.next_probs: expand the root before its descendants")
+        torch._assert_async(
+            (self._slots[nodes] < 0).all(), "DraftTree.next_probs: a node can be expanded only once per step"
+        )
         return self._forward_nodes(nodes)
 
     def tree(self, keep: torch.Tensor | None = None) -> TokenTree:
-        """The tree as verification data; ``keep`` (ascending node ids incl. 0) selects an ancestor-closed subset."""
+        """The tree as verification data; ``keep`` (ascending node ids incl. 0) selects an ancestor-closed subset.
+
+        Raises:
+            RuntimeError: ``keep`` misses an ancestor of a kept node.
+        """
         if keep is None:
             n = self._n
             return TokenTree(
@@ -162,8 +176,10 @@ class DraftTree:
                 source_ids=torch.arange(n, device=self._tokens.device),
             )
         anc = self._anc[keep][:, keep]
-        if not torch.equal(anc.sum(1), self.depths[keep] + 1):
-            raise ValueError("DraftTree.tree: `keep` must contain every ancestor of every kept node")
+        torch._assert_async(  # checked without a host sync (see next_probs)
+            (anc.sum(1) == self.depths[keep] + 1).all(),
+            "DraftTree.tree: `keep` must contain every ancestor of every kept node",
+        )
         remap = torch.full((self._n,), -1, dtype=torch.long, device=keep.device)
         remap[keep] = torch.arange(keep.shape[0], device=keep.device)
         parents = self._parents[keep]
@@ -187,14 +203,17 @@ class DraftTree:
         Returns:
             ``[p']`` long, the new pending tokens (accepted tokens not in the draft cache, then the bonus).
         """
-        if self._slots[0] < 0:  # the draft never ran this step: everything stays pending
+        if self._root_slot is None:  # the draft never ran this step: everything stays pending
             return torch.cat([self.pending, self._tokens[path], next_token.reshape(1)])
         nodes = path[1:]
         slots = self._slots[nodes]
-        forwarded = slots >= 0
-        root_end = int(self._slots[0]) + 1
-        keep_tail(self.state.cache, root_end, slots[forwarded])
-        return torch.cat([self._tokens[nodes[~forwarded]], next_token.reshape(1)])
+        # The forwarded nodes are a prefix of the path (a node is expanded only after its parent was): one sync.
+        forwarded = int((slots >= 0).sum())
+        torch._assert_async(
+            (slots[:forwarded] >= 0).all(), "DraftTree.commit: an unexpanded node has children"
+        )
+        keep_tail(self.state.cache, self._root_slot + 1, slots[:forwarded])
+        return torch.cat([self._tokens[nodes[forwarded:]], next_token.reshape(1)])
 
     # ---- internals ---------------------------------------------------------------------------------------------
     def _forward_root(self) -> torch.Tensor:
@@ -204,7 +223,8 @@ class DraftTree:
         causal = torch.ones(k, k, dtype=torch.bool, device=tokens.device).tril()
         bias = tree_attention_bias(causal, self.state.length, self.adapter.dtype)
         logits = self.adapter.forward(self.state, tokens, positions, bias)  # [k, V]
-        self._slots[0] = self._start + k - 1
+        self._root_slot = self._start + k - 1
+        self._slots[0] = self._root_slot
         self._tree_start = self._start + k
         self.forwards += 1
         return torch.softmax(logits[-1:].float(), dim=-1)

@@ -173,14 +173,7 @@ def speculative_generate(
             pending = builder.commit(tree.source_ids[acc.path], acc.next_token)
 
         # 7. Feed the statistics back to the policy.
-        policy.feedback(
-            StepFeedback(
-                step=stats.steps,
-                accepted=acc.num_accepted,
-                tree_size=tree.num_nodes,
-                tree_depth=tree.max_depth,
-            )
-        )
+        policy.feedback(StepFeedback(step=stats.steps, accepted=acc.num_accepted, tree_size=tree.num_nodes))
         # 8. Emit the tokens, applying the stop conditions after each one as generate() does.
         emitted = 0
         for token in new:

@@ -136,13 +136,11 @@ class StepFeedback:
         step: 0-based index of the decoding step.
         accepted: draft tokens accepted in this step (tau of the step, bonus token excluded).
         tree_size: draft nodes verified (root excluded).
-        tree_depth: depth of the verified tree.
     """
 
     step: int
     accepted: int
     tree_size: int
-    tree_depth: int
 
 
 class TreePolicy:

@@ -222,7 +222,7 @@ class SAGEPolicy(TreePolicy):
                 widths = torch.full_like(frontier, width, dtype=torch.float32)
             else:
                 widths = (width / level * (0.5 + draft.probs[frontier])).ceil()  # [F]
-            k = min(int(widths.max()), c.top_k)
+            k = min(math.ceil(width / level * 1.5), c.top_k)  # >= every W_l (P_parent <= 1): no host sync
             top_p, top_tok = probs.topk(k, dim=-1)  # [F, k]
             cum = (
                 draft.cum_probs[frontier][:, None] * top_p

@@ -60,6 +60,7 @@ class _Level:
     rows: torch.Tensor  # [m] row of the parent in the previous expansion's probabilities
     ranks: torch.Tensor  # [m] rank of the child token among the parent's draft candidates
     expand: torch.Tensor  # [e] indices (within this level) of the nodes that have children
+    top: int  # candidates per parent to rank (the largest rank + 1), known on the host
 
 
 def plan_levels(paths: tuple[tuple[int, ...], ...]) -> list[_Level]:
@@ -76,6 +77,7 @@ def plan_levels(paths: tuple[tuple[int, ...], ...]) -> list[_Level]:
                 rows=torch.tensor([prev_frontier.index(p[:-1]) for p in level]),
                 ranks=torch.tensor([p[-1] for p in level]),
                 expand=torch.tensor([level.index(p) for p in frontier], dtype=torch.long),
+                top=max(p[-1] for p in level) + 1,
             )
         )
         prev_level, prev_frontier = level, frontier
@@ -89,7 +91,7 @@ def grow_planned(draft: DraftTree, plan: list[_Level], root_probs: torch.Tensor)
     probs = root_probs  # [F, V]: distributions of the previous level's nodes that have children
     for level in plan:
         rows, ranks = level.rows.to(device), level.ranks.to(device)
-        top_p, top_tok = probs.topk(int(level.ranks.max()) + 1, dim=-1)  # [F, K]
+        top_p, top_tok = probs.topk(level.top, dim=-1)  # [F, K]
         ids = draft.add(ids[level.parent_pos.to(device)], top_tok[rows, ranks], top_p[rows, ranks])
         if ids.numel() < rows.numel() or level.expand.numel() == 0:
             break  # depth limit reached, or the leaves' level (leaves are not expanded)

@@ -1,0 +1,91 @@
+"""Host syncs per decoding step stay what the algorithms need (``vlmspec.host_syncs``), so they cannot creep back.
+
+What a step needs: the accepted path (its length depends on the target's choices) and the emitted tokens on the
+host (2, all a plain ``ar`` step makes), and with a draft the count of accepted nodes already in its cache (1).
+On top of that, per policy: SAGE reads this step's alpha (1 per step) and PCT its kept leaves (1 per step); SAGE,
+PCT and C2T keep a value-dependent set of candidates per level (1 per draft forward). Static, chain and EAGLE-2
+grow their trees with no host sync at all. Near ``max_new_tokens`` the draft drops children past the depth limit
+(a host sync per level in the last steps only: :data:`END_OF_GENERATION`).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from synthetic import peaked, synthetic_tree
+
+from vlmspec import VLMSpecPipeline
+from vlmspec.costs import ForwardCosts
+from vlmspec.host_syncs import HostSyncCounter
+from vlmspec.testing import FAMILIES, make_image
+
+STEP = 3  # accepted path, emitted tokens, draft commit
+PER_STEP = {
+    "ar": 2,
+    "chain": STEP,
+    "static": STEP,
+    "eagle2": STEP,
+    "sage": STEP + 1,
+    "pct": STEP + 1,
+    "c2t": STEP,
+}
+PER_DRAFT_FORWARD = {"sage": 1, "pct": 1, "c2t": 1}
+END_OF_GENERATION = 12
+CPU_LIKE = ForwardCosts(
+    sizes=(1, 2, 4, 8, 16, 32, 64),
+    target_s=(1.0, 1.1, 1.3, 1.8, 2.5, 4.0, 7.0),
+    draft_s=(0.04,) * 7,
+    prefix_tokens=8,
+    runs=1,
+)  # fixed costs, so the trees (and the counts) do not depend on this machine's timings
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_host_syncs_per_step_are_bounded(tiny_pairs, family):
+    pair = tiny_pairs[family]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
+    pipe.costs = CPU_LIKE
+    forwards = []
+    pipe.draft.register_forward_hook(lambda *_: forwards.append(1))
+    image = make_image(0)
+    for name, per_step in PER_STEP.items():
+        pipe.policy = name
+        with HostSyncCounter() as prefill:  # the prefills and the first token: no decoding step
+            pipe(image, "Describe.", max_new_tokens=1)
+        prefill_forwards = len(forwards)
+        with HostSyncCounter() as run:
+            out = pipe(image, "Describe.", max_new_tokens=40)
+        draft_forwards = len(forwards) - 2 * prefill_forwards
+        forwards.clear()
+        decode = run.total - prefill.total
+        bound = (
+            per_step * out.stats.steps + PER_DRAFT_FORWARD.get(name, 0) * draft_forwards + END_OF_GENERATION
+        )
+        assert out.stats.steps > 0 and decode <= bound, f"{family}/{name}: {decode} > {bound} ({run.counts})"
+    assert decode >= out.stats.steps * STEP  # the counter sees the syncs the step needs
+
+
+def test_counter_sees_reads_and_value_dependent_shapes():
+    x = torch.arange(6)
+    with HostSyncCounter() as syncs:
+        x.tolist(), int(x[0]), bool(x[1] > 0), x.nonzero(), x[x > 2]
+        x + 1, x[1:3], x.topk(2)  # none of these sync
+    assert syncs.counts == {"tolist": 1, "__int__": 1, "__bool__": 1, "nonzero": 1, "__getitem__[mask]": 1}
+
+
+def test_draft_tree_rules_hold_without_host_syncs():
+    draft, _ = synthetic_tree(peaked(16, 0.9))
+    with pytest.raises(RuntimeError, match="root on its own"):
+        draft.next_probs(torch.tensor([0, 1]))
+    draft, _ = synthetic_tree(peaked(16, 0.9))
+    with pytest.raises(RuntimeError, match="expand the root before"):
+        draft.next_probs(torch.tensor([3]))
+    draft, _ = synthetic_tree(peaked(16, 0.9))
+    probs = draft.next_probs(torch.zeros(1, dtype=torch.long))
+    ids = draft.add(torch.zeros(2, dtype=torch.long), probs[0].topk(2).indices, probs[0].topk(2).values)
+    draft.next_probs(ids[:1])
+    with pytest.raises(RuntimeError, match="only once"):
+        draft.next_probs(ids[:1])
+    child = draft.add(ids[:1], torch.tensor([5]), torch.tensor([0.5]))
+    with pytest.raises(RuntimeError, match="every ancestor"):
+        draft.tree(torch.tensor([0, int(child)]))
