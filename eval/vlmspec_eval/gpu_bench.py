@@ -7,8 +7,9 @@ It needs no install: ``eval/gpu_bench.sh`` runs the machine's own ``python3`` wi
 and everything it imports (torch, transformers >= 5.17, numpy, pillow, safetensors, accelerate, tqdm, pyyaml,
 filelock, jinja2) is in a GPU image; the trained testbed pairs ship in the package and are inflated on the GPU,
 in memory, in seconds (:mod:`vlmspec.testbed.calibrate`). Every option of ``vlmspec bench`` applies; the defaults
-differ: ``--dtype bfloat16``, ``--tasks image_caption,video_caption``, ``--max-new-tokens 128``, the policies'
-own node budgets (SAGE's ``n_max`` 64), no pruning ablation and no plots. For each pair it prints the bench's
+differ: ``--dtype bfloat16``, ``--tasks image_caption,video_caption``, ``--max-new-tokens 128``, no pruning
+ablation and no plots; node budgets and depths are the automatic ones, fitted to the GPU's own cost probe (a flat
+curve gives every tree policy 64 nodes). For each pair it prints the bench's
 markdown (summary, all metrics, cost curve with the roofline) and writes it under ``--out/<pair>/``.
 """
 
