@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .cache import keep_tail
+from .cache import keep_tail, truncate
 from .models import DecodeState, VLMAdapter
 from .tree import TokenTree, tree_attention_bias
 
@@ -51,6 +51,7 @@ class DraftTree:
         depth_limit: int,
     ) -> None:
         self.adapter = adapter
+        self.dtype = adapter.dtype
         self.state = state
         self.root_position = root_position
         self.pending = pending
@@ -207,12 +208,19 @@ class DraftTree:
             return torch.cat([self.pending, self._tokens[path], next_token.reshape(1)])
         nodes = path[1:]
         slots = self._slots[nodes]
-        # The forwarded nodes are a prefix of the path (a node is expanded only after its parent was): one sync.
-        forwarded = int((slots >= 0).sum())
+        start = self._root_slot + 1
+        # The forwarded nodes are a prefix of the path (a node is expanded only after its parent was). One sync
+        # reads how many there are and whether they already sit right after the root (a chain): then a crop does.
+        is_forwarded = slots >= 0
+        in_place = (slots == start + torch.arange(slots.shape[0], device=slots.device)) | ~is_forwarded
+        forwarded, contiguous = torch.stack([is_forwarded.sum(), in_place.all().long()]).tolist()
         torch._assert_async(
             (slots[:forwarded] >= 0).all(), "DraftTree.commit: an unexpanded node has children"
         )
-        keep_tail(self.state.cache, self._root_slot + 1, slots[:forwarded])
+        if contiguous:
+            truncate(self.state.cache, start + forwarded)
+        else:
+            keep_tail(self.state.cache, start, slots[:forwarded])
         return torch.cat([self._tokens[nodes[forwarded:]], next_token.reshape(1)])
 
     # ---- internals ---------------------------------------------------------------------------------------------
@@ -221,7 +229,7 @@ class DraftTree:
         k = tokens.shape[0]
         positions = torch.arange(self.root_position - k + 1, self.root_position + 1, device=tokens.device)
         causal = torch.ones(k, k, dtype=torch.bool, device=tokens.device).tril()
-        bias = tree_attention_bias(causal, self.state.length, self.adapter.dtype)
+        bias = tree_attention_bias(causal, self.state.length, self.dtype)
         logits = self.adapter.forward(self.state, tokens, positions, bias)  # [k, V]
         self._root_slot = self._start + k - 1
         self._slots[0] = self._root_slot
@@ -242,7 +250,7 @@ class DraftTree:
         prefix = torch.ones(n, self._tree_start, dtype=torch.bool, device=nodes.device)
         own = self._anc[nodes][:, nodes]  # [n, n]
         visible = torch.cat([prefix, tree_part, own], dim=1)
-        bias = tree_attention_bias(visible, 0, self.adapter.dtype)
+        bias = tree_attention_bias(visible, 0, self.dtype)
         positions = self.root_position + self._depths[nodes]
         logits = self.adapter.forward(self.state, self._tokens[nodes], positions, bias)  # [n, V]
         self._slots[nodes] = torch.arange(past, past + n, device=nodes.device)

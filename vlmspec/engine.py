@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .cache import keep_tail
+from .cache import keep_tail, truncate
 from .draft import DraftTree
 from .models import DecodeState, VLMAdapter
 from .policies import StepFeedback, TreePolicy
@@ -144,6 +144,7 @@ def speculative_generate(
 
     tokens = [int(root)]
     done = stop.update(tokens)
+    t_dtype = target.dtype
     position = prompt_len  # logical position of the root
     while not done:
         t0 = time.perf_counter()
@@ -159,16 +160,23 @@ def speculative_generate(
         # 4. Verify every node in one target forward under the tree mask.
         past = t_state.length
         logits = target.forward(
-            t_state, tree.tokens, tree.positions(position), tree.attention_bias(past, target.dtype)
+            t_state, tree.tokens, tree.positions(position), tree.attention_bias(past, t_dtype)
         )  # logits: [N+1, V]
 
         # 5. Accept a path and the target's next token (greedy: the longest path matching the target's argmax;
         #    sampling: the same walk following one draw from the target's warped distribution per node).
         acc = policy.accept(tree, logits, sampler)
-        new = torch.cat([tree.tokens[acc.path[1:]], acc.next_token.reshape(1)]).tolist()  # host sync (needed)
+        a = acc.path.shape[0]  # root + accepted nodes
+        host = torch.cat(
+            [acc.path, tree.tokens[acc.path[1:]], acc.next_token.reshape(1)]
+        ).tolist()  # host sync
+        path, new = host[:a], host[a:]  # (needed: the tokens to emit, and where they sit in the cache)
 
         # 6. Keep the accepted path in both caches, drop the rest of the tree.
-        keep_tail(t_state.cache, past, past + acc.path)  # cache slots of the root and the accepted nodes
+        if path == list(range(a)):  # the first `a` verified tokens (always for ar and chains): crop the rest
+            truncate(t_state.cache, past + a)
+        else:
+            keep_tail(t_state.cache, past, past + acc.path)  # cache slots of the root and the accepted nodes
         if builder is not None:
             pending = builder.commit(tree.source_ids[acc.path], acc.next_token)
 
