@@ -46,6 +46,10 @@ def load_images(images: ImageInput | Sequence[ImageInput] | None) -> list[Image.
         return []
     if isinstance(images, (Image.Image, str, Path)):
         return [load_image(images)]
+    if not isinstance(images, Sequence):
+        raise TypeError(
+            f"image must be a PIL image, a file path or a list of them, got {type(images).__name__}"
+        )
     return [load_image(im) for im in images]
 
 
@@ -93,17 +97,56 @@ def load_video(
             total_num_frames=total, fps=source_fps, frames_indices=[int(i) for i in index]
         )
         return [Image.fromarray(frame) for frame in array], metadata
-    frames = list(video)
+    if not isinstance(video, Sequence):
+        raise TypeError(f"video must be a file path or a list of frames, got {type(video).__name__}")
+    frames = [frame_image(i, frame) for i, frame in enumerate(video)]
     if not frames:
         raise ValueError("video is an empty list of frames; pass at least one frame")
-    out = []
-    for i, frame in enumerate(frames):
-        if isinstance(frame, Image.Image):
-            out.append(frame.convert("RGB"))
-        elif isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[-1] == 3:
-            out.append(Image.fromarray(frame.astype(np.uint8)))
-        else:
-            raise TypeError(
-                f"video frame {i} must be a PIL image or an HxWx3 uint8 array, got {type(frame).__name__}"
+    sizes = {frame.size for frame in frames}
+    if len(sizes) > 1:
+        odd = next(i for i, frame in enumerate(frames) if frame.size != frames[0].size)
+        raise ValueError(
+            f"video frame {odd} is {frames[odd].size[0]}x{frames[odd].size[1]} but frame 0 is "
+            f"{frames[0].size[0]}x{frames[0].size[1]}; the frames of one video must share a size (resize them first)"
+        )
+    return frames, VideoMetadata(
+        total_num_frames=len(frames), fps=fps, frames_indices=list(range(len(frames)))
+    )
+
+
+def frame_image(index: int, frame: Image.Image | np.ndarray) -> Image.Image:
+    """One video frame as an RGB PIL image.
+
+    An ``HxWx3`` array is read by its dtype: ``uint8`` as is; floats as intensities in ``[0, 1]`` (scaled by 255
+    and rounded, the convention of torchvision's ``ToTensor`` and matplotlib); other integers when every value is
+    in ``[0, 255]``. Anything else is refused with its dtype and range: a cast would wrap or blacken the frame.
+
+    Raises:
+        TypeError: neither a PIL image nor an ``HxWx3`` array.
+        ValueError: values outside the range its dtype allows (NaN included).
+    """
+    if isinstance(frame, Image.Image):
+        return frame.convert("RGB")
+    if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[-1] == 3):
+        shape = f" of shape {frame.shape}" if isinstance(frame, np.ndarray) else ""
+        raise TypeError(
+            f"video frame {index} must be a PIL image or an HxWx3 array, got {type(frame).__name__}{shape}"
+        )
+    if frame.dtype == np.uint8:
+        return Image.fromarray(frame)
+    if frame.size == 0:
+        raise ValueError(f"video frame {index} is empty (shape {frame.shape})")
+    low, high = (float(frame.min()), float(frame.max())) if frame.dtype != np.bool_ else (0.0, 1.0)
+    if np.issubdtype(frame.dtype, np.floating):
+        if not (np.isfinite(frame).all() and low >= 0.0 and high <= 1.0):
+            raise ValueError(
+                f"video frame {index} is a {frame.dtype} array with values in [{low:g}, {high:g}]; float frames "
+                "must hold intensities in [0, 1] (or pass uint8 arrays in [0, 255])"
             )
-    return out, VideoMetadata(total_num_frames=len(out), fps=fps, frames_indices=list(range(len(out))))
+        return Image.fromarray(np.rint(frame * 255.0).astype(np.uint8))
+    if np.issubdtype(frame.dtype, np.integer) and low >= 0 and high <= 255:
+        return Image.fromarray(frame.astype(np.uint8))
+    raise ValueError(
+        f"video frame {index} is a {frame.dtype} array with values in [{low:g}, {high:g}]; pass uint8 arrays in "
+        "[0, 255] or float arrays in [0, 1]"
+    )

@@ -268,7 +268,7 @@ class VLMSpecPipeline:
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int | None = None,
-        stop_strings: Sequence[str] | None = None,
+        stop_strings: str | Sequence[str] | None = None,
         num_frames: int = 8,
         prune_ratio: float | None = None,
     ) -> SpecOutput:
@@ -282,7 +282,7 @@ class VLMSpecPipeline:
             do_sample: sample from the target's distribution instead of greedy decoding. ``temperature``,
                 ``top_k``, ``top_p`` default to the target's ``generation_config`` as in ``generate()``; ``seed``
                 makes a run repeatable. The output follows the target's own sampling distribution whatever the tree.
-            stop_strings: strings that end generation (as ``generate(stop_strings=...)``).
+            stop_strings: a string or strings that end generation (as ``generate(stop_strings=...)``).
             num_frames: frames sampled evenly from a video file.
             prune_ratio: overrides ``pipe.pruning``'s ratios for this call, applied as given (no ``min_keep``
                 floor; 0 disables pruning).
@@ -296,6 +296,8 @@ class VLMSpecPipeline:
             sampling = SamplingParams.resolve(
                 self.target.generation_config, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
             )
+        if isinstance(stop_strings, str):  # one string, as generate(stop_strings="...") takes it
+            stop_strings = (stop_strings,)
         stop = StopCriteria(
             max_new_tokens=max_new_tokens,
             eos_token_ids=_eos_ids(self.target),

@@ -28,6 +28,7 @@ from ..costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
 from ..draft import DraftTree
 from ..sampling import Sampler
 from ..tree import TokenTree
+from ..validation import check_field_types
 from ..verify import Acceptance, greedy_accept, sample_accept
 
 Paths = tuple[tuple[int, ...], ...]
@@ -49,6 +50,21 @@ class PolicyConfig:
     """The field bounding the tree's draft nodes (an int, or rank paths truncated to the budget), or ``None``."""
     depth_field: ClassVar[str | None] = None
     """The field bounding the tree's depth, or ``None``."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every config checks its fields' types (:mod:`vlmspec.validation`) before its own ``__post_init__``."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is not None:
+
+            def post_init(self: PolicyConfig) -> None:
+                check_field_types(self)
+                own(self)
+
+            cls.__post_init__ = post_init  # type: ignore[method-assign]
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> PolicyConfig:

@@ -27,6 +27,7 @@ Defaults and choices:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,10 @@ import torch
 from ..draft import DraftTree
 from ..tree import TokenTree
 from .base import PolicyConfig, TreePolicy, check, register_policy
+
+MAX_EXPANSION_NODES = 8192
+"""The most nodes EAGLE-2's expansion may hold (``depth * top_k**2``): the draft tree keeps an ancestor matrix of
+their square (64 MiB at this bound), so ``top_k=100`` would ask for gigabytes."""
 
 
 def _is_int(value: object) -> bool:
@@ -66,6 +71,19 @@ class EAGLE2Config(PolicyConfig):
             _is_int(self.total_tokens) and self.total_tokens >= 1,
             self, "total_tokens", self.total_tokens, "an integer >= 1",
         )  # fmt: skip
+        check(self.depth * self.top_k**2 <= MAX_EXPANSION_NODES, self, "top_k", self.top_k,
+              f"at most {self.max_top_k(self.depth)} at depth {self.depth}: the expansion holds depth * top_k^2 "
+              f"candidates, at most {MAX_EXPANSION_NODES} (its ancestor matrix grows with their square)")  # fmt: skip
+
+    @staticmethod
+    def max_top_k(depth: int) -> int:
+        return math.isqrt(MAX_EXPANSION_NODES // depth)
+
+    def budget_options(self, nodes: int | None = None, depth: int | None = None) -> dict[str, Any]:
+        """The base's options, the depth kept within the expansion bound for this ``top_k``."""
+        if depth is not None:
+            depth = max(1, min(depth, MAX_EXPANSION_NODES // self.top_k**2))
+        return super().budget_options(nodes, depth)
 
 
 Observer = Callable[[torch.Tensor, torch.Tensor], None]

@@ -81,8 +81,10 @@ def confidence(probs: torch.Tensor, k: int) -> torch.Tensor:
         k: top-k size.
 
     Returns:
-        ``[...]`` alpha in ``[0, 1]``: 0 for a uniform top-k, 1 for a one-hot distribution.
+        ``[...]`` alpha in ``[0, 1]``: 0 for a uniform top-k, 1 for a one-hot distribution. A ``k`` above the
+        vocabulary is taken as the vocabulary.
     """
+    k = min(k, probs.shape[-1])
     top = probs.topk(k, dim=-1).values  # [..., k]
     top = top / top.sum(dim=-1, keepdim=True).clamp_min(1e-30)  # Eq. 7
     entropy = -(top * top.clamp_min(1e-30).log()).sum(dim=-1)  # Eq. 8
@@ -222,7 +224,7 @@ class SAGEPolicy(TreePolicy):
                 widths = torch.full_like(frontier, width, dtype=torch.float32)
             else:
                 widths = (width / level * (0.5 + draft.probs[frontier])).ceil()  # [F]
-            k = min(math.ceil(width / level * 1.5), c.top_k)  # >= every W_l (P_parent <= 1): no host sync
+            k = min(math.ceil(width / level * 1.5), c.top_k, probs.shape[-1])  # >= every W_l (P_parent <= 1)
             top_p, top_tok = probs.topk(k, dim=-1)  # [F, k]
             cum = (
                 draft.cum_probs[frontier][:, None] * top_p
