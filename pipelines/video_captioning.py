@@ -753,7 +753,8 @@ def frame_source(config: JobConfig, pipe: Any) -> Callable[[str], Any]:
 # ---------------------------------------------------------------------------------------------------------------------
 def encode_record(record: dict[str, Any]) -> bytes:
     """One output line: compact JSON (non-finite floats as ``null``) and a newline, UTF-8."""
-    return (json.dumps(_finite(record), ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+    ordered = {"id": record["id"], **record}  # the id first: how the job recognises its own lines
+    return (json.dumps(_finite(ordered), ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
 
 
 def _finite(value: Any) -> Any:
@@ -793,13 +794,32 @@ def _parse_line(line: bytes) -> dict[str, Any] | None:
     return record if isinstance(record, dict) and "id" in record else None
 
 
+RECORD_START = b'{"id": '
+"""How every line this job writes begins (:func:`encode_record`: the record's first key is its id)."""
+
+
+def _not_ours(file: Path, line: int) -> JobError:
+    return JobError(
+        f"output file {str(file)!r} was not written by this job (line {line} is not a caption record); it is left "
+        "unchanged: pass another --out, or move that file away"
+    )
+
+
 def scan_output(path: str | Path) -> ScannedFile:
-    """Parses an output file; a torn last line (no newline, or not a JSON object with an id) is set aside.
+    """Parses an output file; a torn last line (a record cut short: no newline, or not parsable) is set aside.
+
+    Only the job's own files are taken: a path that is not a regular file, or a file whose lines are not the job's
+    records (each starts with :data:`RECORD_START`), is refused without reading further or changing a byte.
 
     Raises:
-        JobError: a damaged line before the last one (not something this job writes).
+        JobError: not a regular file, not written by this job, or a damaged line before the last one.
     """
     file = Path(path)
+    if file.exists() and not file.is_file():
+        raise JobError(
+            f"output {str(file)!r} is not a regular file (a folder, device or pipe); the job writes only to a "
+            "regular file, new or one it wrote before: pass a .jsonl file path to --out"
+        )
     try:
         data = file.read_bytes()
     except FileNotFoundError:
@@ -807,6 +827,8 @@ def scan_output(path: str | Path) -> ScannedFile:
     except OSError as err:
         raise JobError(f"output file {str(file)!r} could not be read: {err}") from err
     lines = data.split(b"\n")
+    if lines[-1] and not lines[-1].startswith(RECORD_START):
+        raise _not_ours(file, len(lines))
     complete = lines[:-1]  # the last piece follows the last newline: empty, or a line torn before its newline
     records: list[dict[str, Any]] = []
     offset = valid = 0
@@ -817,7 +839,9 @@ def scan_output(path: str | Path) -> ScannedFile:
             continue
         record = _parse_line(line)
         if record is None:
-            if number == len(complete) and not lines[-1]:
+            if not records and not line.startswith(RECORD_START):
+                raise _not_ours(file, number)
+            if number == len(complete) and not lines[-1] and line.startswith(RECORD_START):
                 break  # the last line is torn (unparsable): truncated away
             raise JobError(
                 f"output file {str(file)!r} line {number} is not a JSON object with an 'id'; it was damaged or "

@@ -45,7 +45,9 @@ def test_every_policy_config_accepts_its_own_defaults_and_yaml_lists():
 
 
 def test_pruning_config_names_a_wrong_type_too():
-    with pytest.raises(ValueError, match=r"PruningConfig.image_ratio must be a number in \[0, 1\).*got '0.5'"):
+    with pytest.raises(
+        ValueError, match=r"PruningConfig.image_ratio must be a number in \[0, 1\).*got '0.5'"
+    ):
         PruningConfig(image_ratio="0.5")
 
 

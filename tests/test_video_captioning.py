@@ -316,6 +316,25 @@ def test_torn_last_line_is_truncated_and_damage_elsewhere_stops(vc, tmp_path):
         vc.read_output(out, repair=True)
 
 
+@pytest.mark.parametrize("text", [b"my own notes", b"my own notes\n", b"", b"\n\n"])
+def test_a_file_the_job_did_not_write_is_never_changed(vc, tmp_path, text):
+    out = tmp_path / "notes.txt"
+    out.write_bytes(text)
+    if text.strip():
+        with pytest.raises(vc.JobError, match=r"notes.txt' was not written by this job \(line 1"):
+            vc.read_output(out, repair=True)
+        assert out.read_bytes() == text  # not a byte changed
+    else:  # an empty file (or blank lines) holds nothing to lose: the job may use it
+        assert vc.read_output(out, repair=True) == []
+
+
+def test_the_output_must_be_a_regular_file(vc, tmp_path):
+    for path in (tmp_path, Path("/dev/null")):
+        with pytest.raises(vc.JobError, match="is not a regular file"):
+            vc.read_output(path, repair=False)
+    assert vc.encode_record({"caption": "x", "id": "a"}).startswith(vc.RECORD_START)  # the id always first
+
+
 def test_writer_appends_whole_lines_and_locks(vc, tmp_path):
     out = tmp_path / "o.jsonl"
     with vc.ResultWriter(out) as writer:
