@@ -32,7 +32,7 @@ from vlmspec.testing import make_image
     ],
 )
 def test_a_wrong_type_is_named_with_what_was_expected(policy, option, value, expected):
-    with pytest.raises(TypeError, match=rf"{option}={value!r} is invalid: expected {expected}, got"):
+    with pytest.raises(ValueError, match=rf"{option}={value!r} is invalid: expected {expected}, got"):
         get_policy(policy, **{option: value})
 
 

@@ -2,7 +2,7 @@
 
 A value from Python, YAML, JSON on a command line or lmms-eval's ``--model_args`` reaches a config dataclass; before
 the class checks its ranges, :func:`check_field_types` checks each field against its declared type, so that
-``d_max="8"`` is refused as "expected an integer, got str '8'" instead of failing later inside a comparison.
+``d_max="8"`` is refused as "expected an integer, got str" instead of failing later inside a comparison.
 
 Supported declarations: ``int`` (``bool`` is not an int here), ``float`` (an int is accepted), ``str``, ``bool``,
 unions with ``None``, ``Literal[...]``, and ``tuple[...]`` (a list is accepted: YAML and JSON have no tuples; the
@@ -25,11 +25,15 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 
 def check_field_types(config: Any) -> None:
-    """Raise ``TypeError`` naming the config, the field, its value and the declared type, for the first mismatch."""
+    """Raise ``ValueError`` naming the config, the field, its value and the declared type, for the first mismatch.
+
+    ``ValueError`` (not ``TypeError``): an option of the wrong type is one more invalid option value, handled
+    wherever options are (the command lines, the bench, the plugin) like an out-of-range one.
+    """
     for name, declared in _field_types(type(config)).items():
         value = getattr(config, name)
         if not _matches(value, declared):
-            raise TypeError(
+            raise ValueError(
                 f"{type(config).__name__}.{name}={value!r} is invalid: expected {_describe(declared)}, "
                 f"got {type(value).__name__}"
             )
