@@ -70,7 +70,7 @@ class DraftTree:
         self._tokens[0] = root
         self._anc[0, 0] = True
         self._start = state.length  # C: committed entries
-        self._slot_nodes: list[torch.Tensor] = []  # node ids in cache order, per forward
+        self._order = torch.zeros(0, dtype=torch.long, device=device)  # forwarded node ids in cache order
         # Host-side bookkeeping, so that growing a tree needs no host sync of its own:
         self._root_slot: int | None = None  # the root's cache index once it is expanded
         self._depth_bound = (
@@ -124,19 +124,19 @@ class DraftTree:
         m = parents.shape[0]
         if m == 0:
             return parents
-        self._reserve(self._n + m)
-        ids = torch.arange(self._n, self._n + m, device=parents.device)
-        self._tokens[ids] = tokens
-        self._parents[ids] = parents
-        self._depths[ids] = depths
-        self._probs[ids] = probs.float()
-        self._cum[ids] = self._cum[parents] * probs.float()
-        rows = self._anc[parents].clone()
-        rows[torch.arange(m, device=ids.device), ids] = True
-        self._anc[ids] = rows
-        self._n += m
+        start, end = self._n, self._n + m  # the new nodes take the next ids: slices, not index lists
+        self._reserve(end)
+        probs = probs.float()
+        self._tokens[start:end] = tokens
+        self._parents[start:end] = parents
+        self._depths[start:end] = depths
+        self._probs[start:end] = probs
+        self._cum[start:end] = self._cum[parents] * probs
+        self._anc[start:end] = self._anc[parents]  # a child sees its parent's ancestors ...
+        self._anc[start:end, start:end].fill_diagonal_(True)  # ... and itself
+        self._n = end
         self._depth_bound = min(self._depth_bound + 1, self.depth_limit)
-        return ids
+        return torch.arange(start, end, device=parents.device)
 
     def next_probs(self, nodes: torch.Tensor) -> torch.Tensor:
         """The draft's next-token distribution after each of ``nodes``: one batched forward.
@@ -175,6 +175,7 @@ class DraftTree:
                 draft_probs=self.probs.clone(),
                 ancestors=self._anc[:n, :n].clone(),
                 source_ids=torch.arange(n, device=self._tokens.device),
+                depths=self.depths.clone(),
             )
         anc = self._anc[keep][:, keep]
         torch._assert_async(  # checked without a host sync (see next_probs)
@@ -191,6 +192,7 @@ class DraftTree:
             draft_probs=self._probs[keep],
             ancestors=anc,
             source_ids=keep,
+            depths=self._depths[keep],
         )
 
     # ---- after verification ------------------------------------------------------------------------------------
@@ -240,21 +242,14 @@ class DraftTree:
     def _forward_nodes(self, nodes: torch.Tensor) -> torch.Tensor:
         past = self.state.length
         n = nodes.shape[0]
-        # Visibility over [prefix | root | earlier tree slots | these nodes]: prefix and root always, tree entries
-        # only when they are ancestors of the query node.
-        if self._slot_nodes:
-            earlier = torch.cat(self._slot_nodes)
-            tree_part = self._anc[nodes][:, earlier]  # [n, t]
-        else:
-            tree_part = torch.zeros(n, 0, dtype=torch.bool, device=nodes.device)
-        prefix = torch.ones(n, self._tree_start, dtype=torch.bool, device=nodes.device)
-        own = self._anc[nodes][:, nodes]  # [n, n]
-        visible = torch.cat([prefix, tree_part, own], dim=1)
-        bias = tree_attention_bias(visible, 0, self.dtype)
+        # Keys: [prefix and root (all visible) | earlier tree slots | these nodes]; a tree entry is visible to a
+        # query node only when it is one of its ancestors (or itself).
+        self._order = torch.cat([self._order, nodes])  # node ids in cache order after the root
+        visible = self._anc[nodes][:, self._order]  # [n, t + n]
+        bias = tree_attention_bias(visible, self._tree_start, self.dtype)
         positions = self.root_position + self._depths[nodes]
         logits = self.adapter.forward(self.state, self._tokens[nodes], positions, bias)  # [n, V]
         self._slots[nodes] = torch.arange(past, past + n, device=nodes.device)
-        self._slot_nodes.append(nodes)
         self.forwards += 1
         return torch.softmax(logits.float(), dim=-1)
 

@@ -60,6 +60,7 @@ class TokenTree:
         ancestors: ``[N+1, N+1]`` bool ancestor-or-self matrix (computed from ``parents`` if omitted).
         source_ids: ``[N+1]`` long, the id of each node in the :class:`~vlmspec.draft.DraftTree` it came from
             (``None`` for trees built directly).
+        depths: ``[N+1]`` long depth of every node, root 0 (computed from ``ancestors`` if omitted).
     """
 
     tokens: torch.Tensor
@@ -67,6 +68,7 @@ class TokenTree:
     draft_probs: torch.Tensor
     ancestors: torch.Tensor | None = None
     source_ids: torch.Tensor | None = None
+    depths: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.tokens.ndim != 1 or self.tokens.shape != self.parents.shape:
@@ -76,6 +78,8 @@ class TokenTree:
             )
         if self.ancestors is None:
             self.ancestors = ancestor_matrix(self.parents)
+        if self.depths is None:
+            self.depths = self.ancestors.sum(dim=1) - 1
 
     @classmethod
     def root_only(cls, token: torch.Tensor) -> TokenTree:
@@ -91,11 +95,6 @@ class TokenTree:
     def num_nodes(self) -> int:
         """Number of draft nodes, root excluded (``N``)."""
         return self.tokens.shape[0] - 1
-
-    @property
-    def depths(self) -> torch.Tensor:
-        """``[N+1]`` long depth of every node (root 0)."""
-        return self.ancestors.sum(dim=1) - 1
 
     @property
     def max_depth(self) -> int:
@@ -127,18 +126,18 @@ class TokenTree:
 
 
 def tree_attention_bias(visible: torch.Tensor, past: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask for ``n`` new query tokens over ``past`` cached ones plus themselves.
+    """Additive mask for ``n`` query tokens over ``past`` keys all of them see, then ``m`` keys some of them see.
 
     Args:
-        visible: ``[n, n]`` bool, which new tokens each new token may attend to (ancestors-or-self).
-        past: number of cached tokens, all visible to every query.
+        visible: ``[n, m]`` bool, which of the last ``m`` keys each query may attend to (for ``n`` new tokens
+            over themselves, ``m = n``: ancestors-or-self).
+        past: number of leading keys visible to every query.
         dtype: dtype of the model's activations.
 
     Returns:
-        ``[1, 1, n, past + n]`` float mask with 0 where attended and ``finfo(dtype).min`` elsewhere.
+        ``[1, 1, n, past + m]`` float mask with 0 where attended and ``finfo(dtype).min`` elsewhere.
     """
-    n = visible.shape[0]
-    allowed = torch.cat([torch.ones(n, past, dtype=torch.bool, device=visible.device), visible], dim=1)
-    bias = torch.zeros(allowed.shape, dtype=dtype, device=visible.device)
-    bias.masked_fill_(~allowed, torch.finfo(dtype).min)
+    n, m = visible.shape
+    bias = torch.zeros(n, past + m, dtype=dtype, device=visible.device)
+    bias[:, past:].masked_fill_(~visible, torch.finfo(dtype).min)
     return bias[None, None]
