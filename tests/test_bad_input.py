@@ -116,3 +116,28 @@ def test_stop_strings_takes_one_string_like_generate(tiny_pairs):
     listed = pipe(image, "Describe.", max_new_tokens=24, stop_strings=[stop])
     assert one.token_ids == listed.token_ids and stop in one.text
     assert len(one.token_ids) > 2  # not cut at the first token by one of the string's letters
+
+
+# ---- one answer for names -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("target", "draft", "message"),
+    [
+        (
+            "testbed-huge",
+            None,
+            r"target 'testbed-huge' is not an existing folder, a pair name .*did you mean 'testbed-base'",
+        ),
+        ("tinny", None, r"target 'tinny' is not .*did you mean 'tiny'"),
+        ("testbed-base@cpu", "draftt", r"draft 'draftt' is not an existing folder"),
+    ],
+)
+def test_an_unknown_name_is_reported_before_any_download(target, draft, message):
+    with pytest.raises(ValueError, match=message):
+        VLMSpecPipeline.from_pretrained(target, draft)
+
+
+def test_hub_ids_and_paths_still_pass_the_name_check():
+    from vlmspec.named_pairs import resolve_pair
+
+    assert resolve_pair("Qwen/Qwen2-VL-7B-Instruct", "Qwen/Qwen2-VL-2B-Instruct").source == "explicit"
+    assert resolve_pair("./not/here").target == "./not/here"  # the loader says the folder does not exist

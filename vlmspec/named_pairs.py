@@ -22,7 +22,9 @@ name looks like a pair name is taken as a folder.
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,7 @@ __all__ = [
     "DEFAULT_PAIR",
     "PAIR_NAMES",
     "ResolvedPair",
+    "check_model_source",
     "is_pair_name",
     "resolve_pair",
     "split_calibration",
@@ -40,6 +43,8 @@ PAIR_NAMES: tuple[str, ...] = ("testbed-base", "testbed-mini", "tiny")
 DEFAULT_PAIR = "testbed-base@cpu"
 DEFAULT_FAMILY = "qwen2_vl"
 ENV_DEFAULT_PAIR = "VLMSPEC_DEFAULT_PAIR"
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+"""What the hub is asked for: ``owner/name`` (every vision-language checkpoint on the hub has an owner)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,29 @@ def is_pair_name(target: str | Path | None) -> bool:
     return _split(text)[0] in PAIR_NAMES and not Path(text).exists()
 
 
+def check_model_source(source: str | Path, role: str) -> None:
+    """Refuse a model name that is neither a path, a pair name nor a hub id, before anything is downloaded.
+
+    A path (anything with a path separator, or starting with ``.`` or ``~``) is left to the loader, which says
+    when it does not exist; ``owner/name`` goes to the hub; a bare word (``testbed-huge``, a typo) is an unknown
+    name, reported with the valid pair names and the closest one.
+
+    Raises:
+        ValueError: naming the input, the valid names and what to do.
+    """
+    text = str(source)
+    if isinstance(source, Path) or Path(text).exists() or is_pair_name(text) or HUB_ID.fullmatch(text):
+        return
+    if os.sep in text or text.startswith((".", "~")):
+        return
+    close = difflib.get_close_matches(_split(text)[0], PAIR_NAMES, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ValueError(
+        f"{role} {text!r} is not an existing folder, a pair name ({', '.join(PAIR_NAMES)}, optionally ':<family>' "
+        f"and '@<calibration>') or a hub id ('owner/name'){hint}"
+    )
+
+
 def resolve_pair(target: str | Path | None, draft: str | Path | None = None) -> ResolvedPair:
     """Folders for ``target``/``draft``, building a named pair first when ``target`` names one.
 
@@ -92,7 +120,8 @@ def resolve_pair(target: str | Path | None, draft: str | Path | None = None) -> 
         The :class:`ResolvedPair`.
 
     Raises:
-        ValueError: an unknown family or calibration in a pair name, or a bad ``VLMSPEC_DEFAULT_PAIR``.
+        ValueError: an unknown name (:func:`check_model_source`), an unknown family or calibration in a pair
+            name, or a bad ``VLMSPEC_DEFAULT_PAIR``.
     """
     if target is None:
         target = os.environ.get(ENV_DEFAULT_PAIR) or DEFAULT_PAIR
@@ -101,7 +130,10 @@ def resolve_pair(target: str | Path | None, draft: str | Path | None = None) -> 
                 f"{ENV_DEFAULT_PAIR}={target!r} is not a pair name; use one of {', '.join(PAIR_NAMES)} "
                 "(optionally ':<family>'), or name the target explicitly"
             )
+    if draft is not None:
+        check_model_source(draft, "draft")
     if not is_pair_name(target):
+        check_model_source(target, "target")
         return ResolvedPair(str(target), str(draft) if draft is not None else None, "explicit")
     name, family = _split(str(target))
     calibration = split_calibration(str(target))[1]
