@@ -96,8 +96,9 @@ def _free_port() -> int:
 
 def _run_lmms_eval(
     ws: dict[str, Any], model_args: str, out: Path, processes: int = 1, tasks: tuple[str, ...] = TASKS
-) -> str:
-    """Run lmms-eval's CLI; returns stdout+stderr (lmms-eval exits 0 even when the run fails: check the files)."""
+) -> tuple[int, str]:
+    """Run lmms-eval's CLI; returns its exit code and stdout+stderr (lmms-eval itself exits 0 when a run fails;
+    the vlmspec model makes a bad --model_args fail: check the files too)."""
     cli = ["-m", "lmms_eval", "--model", "vlmspec", "--model_args", model_args, "--tasks", ",".join(tasks),
            "--include_path", str(ws["tasks"]), "--output_path", str(out),
            "--gen_kwargs", f"max_new_tokens={MAX_NEW_TOKENS}"]  # fmt: skip
@@ -110,7 +111,7 @@ def _run_lmms_eval(
     else:
         cmd, env = [sys.executable, *cli], _env(ws["root"])
     proc = subprocess.run(cmd, cwd=ws["root"], env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT)
-    return proc.stdout + proc.stderr
+    return proc.returncode, proc.stdout + proc.stderr
 
 
 def _scores(out: Path, log: str) -> dict[str, dict[str, float]]:
@@ -142,7 +143,7 @@ def cli_runs(workspace: dict[str, Any]) -> dict[str, Any]:
         for name, args, processes in plan:
             log_file = root / f"{name}.log"
             if not log_file.is_file():
-                log_file.write_text(_run_lmms_eval(ws, args, root / name, processes=processes))
+                log_file.write_text(_run_lmms_eval(ws, args, root / name, processes=processes)[1])
     runs = {}
     for name, _, _ in plan:
         log = (root / f"{name}.log").read_text()
@@ -194,8 +195,8 @@ def test_cli_two_processes_give_the_same_scores(cli_runs: dict[str, Any]) -> Non
 )
 def test_cli_bad_model_args_fail_naming_them(workspace: dict[str, Any], extra: str, message: str) -> None:
     out = workspace["root"] / f"bad_{extra.split('=')[0]}"
-    log = _run_lmms_eval(workspace, f"{workspace['pair']},{extra}", out, tasks=("vlmspec_image_qa",))
-    assert message in log
+    code, log = _run_lmms_eval(workspace, f"{workspace['pair']},{extra}", out, tasks=("vlmspec_image_qa",))
+    assert message in log and code != 0, f"exit code {code}"
     assert not list(out.glob("**/*_results.json"))
 
 

@@ -107,25 +107,31 @@ class VLMSpec(lmms):
             ``batch_size``/``max_batch_size``/``device``.
 
     Raises:
-        ValueError: an unknown ``--model_args`` key or a bad value, before any model is loaded.
+        SystemExit: an unknown ``--model_args`` key, a bad value or a missing model, with the message (lmms-eval
+            turns other exceptions into a zero exit code).
     """
 
     is_simple = True
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
-        self.options: ModelOptions = parse_model_args(kwargs)
-        if (
-            self.options.ar_reference is not None
-            and not Path(self.options.ar_reference).expanduser().exists()
-        ):
-            raise ValueError(f"ar_reference={self.options.ar_reference!r} does not exist")
-        self.accelerator = Accelerator()
-        self._rank = self.accelerator.process_index
-        self._world_size = self.accelerator.num_processes
-        with self.accelerator.main_process_first():
-            self.pair: PairSource = resolve_pair(self.options)
-        self.pipe: MessagesPipeline | None = load_pipeline(self.options, self.pair, self._device_map())
+        try:
+            self.options: ModelOptions = parse_model_args(kwargs)
+            if (
+                self.options.ar_reference is not None
+                and not Path(self.options.ar_reference).expanduser().exists()
+            ):
+                raise ValueError(f"ar_reference={self.options.ar_reference!r} does not exist")
+            self.accelerator = Accelerator()
+            self._rank = self.accelerator.process_index
+            self._world_size = self.accelerator.num_processes
+            with self.accelerator.main_process_first():
+                self.pair: PairSource = resolve_pair(self.options)
+            self.pipe: MessagesPipeline | None = load_pipeline(self.options, self.pair, self._device_map())
+        except (ValueError, FileNotFoundError) as err:
+            # lmms-eval's CLI catches exceptions and exits 0, so a CI job would record a green run with no
+            # results; a SystemExit passes through it: the run fails, with this one line.
+            raise SystemExit(f"vlmspec: bad --model_args: {err}") from err
         self._device = self.pipe.target.get_input_embeddings().weight.device
         if self.options.warmup:
             warm_up(self.pipe)
