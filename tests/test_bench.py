@@ -231,7 +231,7 @@ def test_inputs_and_default_pair_come_from_the_testbed_when_importable(monkeypat
     assert resolve_pair(None, None, "qwen2_vl", "base") == tasks.PairSpec(
         "/t/base/qwen2_vl", "/d", "testbed:base:qwen2_vl@cpu", "cpu"
     )
-    assert resolve_pair("a", "b", "qwen2_vl").source == "explicit"
+    assert resolve_pair("org/a", "org/b", "qwen2_vl").source == "explicit"
     synthetic = load_inputs(["video_caption"], 1, seed=0, source="synthetic")[0]
     assert synthetic.source == "synthetic" and synthetic.video is not None and synthetic.image is None
     with pytest.raises(ValueError, match="valid tasks"):
