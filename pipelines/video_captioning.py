@@ -116,6 +116,7 @@ PROG = "vlmspec caption"
 
 EXIT_OK = 0
 EXIT_JOB_ERROR = 1
+EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
 EXIT_PARTIAL = 2
 
 VIDEO_EXTENSIONS: tuple[str, ...] = (
@@ -1603,7 +1604,8 @@ def _measure(config: JobConfig, source: str, batch_sizes: str) -> int:
 def run_args(args: argparse.Namespace) -> int:
     """Runs the job from parsed arguments (see :func:`add_arguments`); returns the exit status.
 
-    0: every video captioned; 2: some failed (error lines written); 1: the job could not run (message on stderr).
+    0: every video captioned; 2: some failed (error lines written); 1: the job could not run (message on stderr);
+    130: interrupted (Ctrl-C; rerun the same command to resume).
     """
     try:
         config = load_config(args.config, overrides_from_args(args))
@@ -1615,9 +1617,9 @@ def run_args(args: argparse.Namespace) -> int:
     except JobError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return EXIT_JOB_ERROR
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # finished lines are on disk already: say how to go on, no traceback
         print(f"\n{PROG}: interrupted; rerun the same command to resume", file=sys.stderr)
-        raise
+        return EXIT_INTERRUPTED
     if summary is None:  # not the main process: the main process reports
         return EXIT_OK
     print(summary.line(), flush=True)

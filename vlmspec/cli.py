@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -59,6 +60,7 @@ def demo(args: argparse.Namespace) -> int:
 
     if args.target is None and args.draft is not None:
         raise SystemExit("vlmspec demo: --draft needs --target (or name neither for the default pair)")
+    _check_before_loading(args)
     target = args.target if args.target is not None else _embedded_pair(args.pair, args.family)
     pair = resolve_pair(target, args.draft)
     if args.target is None:
@@ -94,6 +96,24 @@ def demo(args: argparse.Namespace) -> int:
     if args.compare:
         _compare_with_generate(pipe, out, image, prompt, args)
     return 0
+
+
+def _check_before_loading(args: argparse.Namespace) -> None:
+    """The cheap checks, before any model loads: the files exist, the policy and its options are valid."""
+    from .policies import get_policy
+
+    for flag, path in (("--image", args.image), ("--video", args.video)):
+        if path is not None and not Path(path).is_file():
+            raise FileNotFoundError(f"{flag} {path!r} does not exist; pass an existing file")
+    try:
+        options = json.loads(args.policy_options) if args.policy_options else {}
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--policy-options {args.policy_options!r} is not valid JSON ({err})") from None
+    if not isinstance(options, dict):
+        raise ValueError(
+            f"--policy-options must be a JSON object of option: value, got {args.policy_options!r}"
+        )
+    get_policy(args.policy, **options)  # an unknown policy or option fails here, naming it
 
 
 def _compare_with_generate(pipe: Any, out: Any, image: Any, prompt: str, args: argparse.Namespace) -> None:
@@ -184,14 +204,42 @@ def _c2t_main(argv: list[str]) -> int:
     return c2t_main(argv, prog="vlmspec c2t")
 
 
+EXIT_USER_ERROR = 1
+EXIT_INTERRUPTED = 130
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, ImportError)
+"""What a bad input raises (a bad value or name, a missing or unwritable file, a missing optional package): one
+line on stderr, exit status 1. Anything else is a bug and keeps its traceback."""
+DEBUG_ENV = "VLMSPEC_DEBUG"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """``vlmspec <command> ...``; returns the exit status.
+
+    The one boundary for user errors: a bad input (:data:`USER_ERRORS`) prints ``vlmspec <command>: error: ...``
+    and exits 1, Ctrl-C prints one line and exits 130; ``--debug`` (anywhere) or ``VLMSPEC_DEBUG=1`` shows the
+    traceback instead. ``vlmspec caption`` keeps its own statuses (0 all captioned, 2 some failed).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["c2t"]:
-        return _c2t_main(argv[1:])
-    if argv[:1] == ["testbed"]:
-        return _testbed_main(argv[1:])
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    debug = "--debug" in argv or bool(os.environ.get(DEBUG_ENV))
+    argv = [a for a in argv if a != "--debug"]
+    command = argv[0] if argv else ""
+    try:
+        if command == "c2t":
+            return _c2t_main(argv[1:])
+        if command == "testbed":
+            return _testbed_main(argv[1:])
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"\nvlmspec {command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except USER_ERRORS as err:
+        if debug:
+            raise
+        print(f"vlmspec {command}: error: {err} (--debug shows the traceback)", file=sys.stderr)
+        return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":

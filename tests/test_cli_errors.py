@@ -1,0 +1,63 @@
+"""Every ``vlmspec`` subcommand answers a user error with one line and a non-zero status, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from vlmspec.cli import main
+from vlmspec.testing import make_video_frames, write_video
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    try:
+        code = main(argv)
+    except SystemExit as stop:  # argparse's usage errors and explicit SystemExit messages
+        code = stop.code if isinstance(stop.code, int) else 1
+        if not isinstance(stop.code, int) and stop.code is not None:
+            print(stop.code, file=__import__("sys").stderr)
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture
+def user_files(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my own notes\n")
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    write_video(videos / "a.mp4", make_video_frames(0))
+    return {"notes": notes, "videos": videos, "missing": tmp_path / "missing"}
+
+
+CASES = [
+    (["demo", "--image", "{missing}.png"], "does not exist"),
+    (["demo", "--video", "{missing}.mp4"], "does not exist"),
+    (["demo", "--target", "testbed-huge"], "did you mean 'testbed-base'"),
+    (["demo", "--policy", "nope"], "unknown policy 'nope'"),
+    (["demo", "--policy-options", "{{bad"], "is not valid JSON"),
+    (["demo", "--policy-options", '{{"d_max": "8"}}'], "expected an integer, got str"),
+    (["demo", "--policy-options", '{{"colour": 1}}'], "unknown option(s) ['colour']"),
+    (["demo", "--pair", "nonsense"], "is not a pair name"),
+    (["bench", "--tasks", "nope"], "nope"),
+    (["bench", "--methods", "nope"], "unknown method(s) ['nope']"),
+    (["bench", "--target", "testbed-huge", "--draft", "org/d"], "did you mean 'testbed-base'"),
+    (["caption", "{missing}", "--out", "{notes}.jsonl", "--target", "testbed-mini"], "missing"),
+    (["caption", "{videos}", "--out", "{notes}", "--target", "testbed-mini"], "was not written by this job"),
+    (["c2t", "train", "--data", "{missing}.safetensors", "--out", "{missing}.out"], "missing"),
+    (["testbed", "build", "--size", "huge"], "huge"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"), CASES, ids=[" ".join(c[0][:2]) + f"-{i}" for i, c in enumerate(CASES)]
+)
+def test_a_user_error_is_one_line_without_traceback(argv, message, user_files, capsys):
+    argv = [a.format(**user_files) for a in argv]
+    code, err = run(argv, capsys)
+    assert code != 0 and "Traceback" not in err, err
+    assert message in err, err
+    assert user_files["notes"].read_text() == "my own notes\n"  # the user's file is untouched
+
+
+def test_debug_shows_the_traceback(capsys):
+    with pytest.raises(ValueError, match="unknown policy"):
+        main(["demo", "--policy", "nope", "--debug"])
