@@ -61,3 +61,11 @@ def test_a_user_error_is_one_line_without_traceback(argv, message, user_files, c
 def test_debug_shows_the_traceback(capsys):
     with pytest.raises(ValueError, match="unknown policy"):
         main(["demo", "--policy", "nope", "--debug"])
+
+
+@pytest.mark.parametrize(
+    "argv", [["caption", "{videos}", "--bogus"], ["demo", "--nope"], ["bench", "--n", "zero"]]
+)
+def test_a_bad_flag_exits_1_not_the_jobs_partial_status_2(argv, user_files, capsys):
+    code, err = run([a.format(**user_files) for a in argv], capsys)
+    assert code == 1 and "error:" in err and "Traceback" not in err, (code, err)

@@ -138,6 +138,24 @@ def truncate_paths(paths: Sequence[Sequence[int]], budget: int) -> Paths:
     return tuple(kept)
 
 
+def rank_paths(config: object, field: str) -> Paths:
+    """The field's rank paths as tuples of ints, refused by name unless they form a tree: each path a non-empty list
+    of integers >= 0, every prefix also a path, no path twice."""
+    paths: list[tuple[int, ...]] = []
+    for path in getattr(config, field):
+        ok = isinstance(path, (list, tuple)) and all(
+            isinstance(r, int) and not isinstance(r, bool) for r in path
+        )
+        check(ok and len(path) > 0 and min(path) >= 0, config, field, path,
+              "each path is a non-empty list of ranks (integers >= 0)")  # fmt: skip
+        paths.append(tuple(path))
+    known = set(paths)
+    for p in paths:
+        check(len(p) == 1 or p[:-1] in known, config, field, p, f"its prefix {p[:-1]} must also be a path")
+    check(len(known) == len(paths), config, field, "duplicates", "every path once")
+    return tuple(paths)
+
+
 def check(condition: bool, config: object, field: str, value: object, need: str) -> None:
     """Raise a ``ValueError`` naming the config, the bad field, its value and what is expected."""
     if not condition:

@@ -67,7 +67,15 @@ import torch
 
 from ..draft import DraftTree
 from ..tree import TokenTree
-from .base import PolicyConfig, StepFeedback, TreePolicy, check, register_policy, truncate_paths
+from .base import (
+    PolicyConfig,
+    StepFeedback,
+    TreePolicy,
+    check,
+    rank_paths,
+    register_policy,
+    truncate_paths,
+)
 from .static import MC_SIM_7B_63, grow_planned, plan_levels
 
 CONFIDENCE_SOURCES: tuple[str, ...] = ("lookahead", "root")
@@ -140,7 +148,7 @@ class SAGEConfig(PolicyConfig):
     confidence: str = "lookahead"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "initial_paths", tuple(tuple(int(r) for r in p) for p in self.initial_paths))
+        object.__setattr__(self, "initial_paths", rank_paths(self, "initial_paths"))
         check(self.d_min >= 1, self, "d_min", self.d_min, "an integer >= 1")
         check(self.d_max >= self.d_min, self, "d_max", self.d_max, f"an integer >= d_min ({self.d_min})")
         check(self.w_min >= 1, self, "w_min", self.w_min, "an integer >= 1")

@@ -17,7 +17,7 @@ import torch
 
 from ..draft import DraftTree
 from ..tree import TokenTree
-from .base import PolicyConfig, TreePolicy, check, register_policy
+from .base import PolicyConfig, TreePolicy, check, rank_paths, register_policy
 
 MC_SIM_7B_63: tuple[tuple[int, ...], ...] = (
     (0,), (0, 0), (1,), (0, 1), (2,), (0, 0, 0), (1, 0), (0, 2), (3,), (0, 3), (4,), (0, 4), (2, 0), (0, 5),
@@ -40,16 +40,9 @@ class StaticConfig(PolicyConfig):
     paths: tuple[tuple[int, ...], ...] = MC_SIM_7B_63
 
     def __post_init__(self) -> None:
-        paths = tuple(tuple(int(r) for r in p) for p in self.paths)
+        paths = rank_paths(self, "paths")
         object.__setattr__(self, "paths", paths)
         check(len(paths) > 0, self, "paths", self.paths, "at least one path")
-        known = set(paths)
-        for p in paths:
-            check(len(p) > 0 and min(p) >= 0, self, "paths", p, "each path is a non-empty list of ranks >= 0")
-            check(
-                p[:-1] in known or len(p) == 1, self, "paths", p, f"its prefix {p[:-1]} must also be a path"
-            )
-        check(len(known) == len(paths), self, "paths", "duplicates", "every path once")
 
 
 @dataclass(frozen=True)
