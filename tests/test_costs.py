@@ -121,7 +121,13 @@ def test_probe_measures_both_models_and_the_cache_reuses_it(qwen_pipe, tmp_path)
     cached_costs(qwen_pipe.target, None, folder=tmp_path, sizes=(1, 2), runs=1, context=8)
     assert len(list(tmp_path.glob("*.json"))) == 2  # another model set is another entry
     files[0].write_text("{not json")
-    assert cached_costs(qwen_pipe.target, qwen_pipe.draft, folder=tmp_path, sizes=(1, 2), runs=1, context=8)
+    remeasured = cached_costs(
+        qwen_pipe.target, qwen_pipe.draft, folder=tmp_path, sizes=(1, 2), runs=1, context=8
+    )
+    assert remeasured.sizes == (1, 2) and json.loads(files[0].read_text())["sizes"] == [
+        1,
+        2,
+    ]  # measured, rewritten
 
 
 def test_pipeline_fits_the_policy_to_its_costs(qwen_pipe):

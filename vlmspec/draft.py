@@ -73,9 +73,8 @@ class DraftTree:
         self._order = torch.zeros(0, dtype=torch.long, device=device)  # forwarded node ids in cache order
         # Host-side bookkeeping, so that growing a tree needs no host sync of its own:
         self._root_slot: int | None = None  # the root's cache index once it is expanded
-        self._depth_bound = (
-            0  # an upper bound on the deepest node's depth (each add goes one level deeper at most)
-        )
+        # An upper bound on the deepest node's depth (each add goes one level deeper at most).
+        self._depth_bound = 0
 
     # ---- read access for policies ----------------------------------------------------------------------------
     @property
@@ -116,9 +115,8 @@ class DraftTree:
             ``[m']`` long ids of the added nodes, in input order; children beyond ``depth_limit`` are dropped.
         """
         depths = self._depths[parents] + 1
-        if (
-            self._depth_bound + 1 > self.depth_limit
-        ):  # near max_new_tokens only: drop what is too deep (host sync)
+        if self._depth_bound + 1 > self.depth_limit:
+            # Only near max_new_tokens: drop what is too deep (a host sync).
             ok = depths <= self.depth_limit
             parents, tokens, probs, depths = parents[ok], tokens[ok], probs[ok], depths[ok]
         m = parents.shape[0]

@@ -166,11 +166,10 @@ def speculative_generate(
         # 5. Accept a path and the target's next token (greedy: the longest path matching the target's argmax;
         #    sampling: the same walk following one draw from the target's warped distribution per node).
         acc = policy.accept(tree, logits, sampler)
+        # One host sync (needed): where the accepted nodes sit in the cache, and the tokens to emit.
         a = acc.path.shape[0]  # root + accepted nodes
-        host = torch.cat(
-            [acc.path, tree.tokens[acc.path[1:]], acc.next_token.reshape(1)]
-        ).tolist()  # host sync
-        path, new = host[:a], host[a:]  # (needed: the tokens to emit, and where they sit in the cache)
+        host = torch.cat([acc.path, tree.tokens[acc.path[1:]], acc.next_token.reshape(1)]).tolist()
+        path, new = host[:a], host[a:]
 
         # 6. Keep the accepted path in both caches, drop the rest of the tree.
         if path == list(range(a)):  # the first `a` verified tokens (always for ar and chains): crop the rest

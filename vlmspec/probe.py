@@ -82,10 +82,10 @@ class _Prefixed:
         tree = probe_tree(self.text.repeat(n // self.text.shape[0] + 1)[:n])
         bias = tree.attention_bias(self.past, self.adapter.dtype)
         positions = tree.positions(self.position)
-        _sync(self.adapter.device)
+        sync(self.adapter.device)
         start = time.perf_counter()
         self.adapter.forward(self.state, tree.tokens, positions, bias)
-        _sync(self.adapter.device)
+        sync(self.adapter.device)
         elapsed = time.perf_counter() - start
         truncate(self.state.cache, self.past)
         return elapsed
@@ -261,6 +261,7 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA), so a timer measures it; nothing on the CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from vlmspec.costs import ForwardCosts
-from vlmspec.probe import check_sizes, probe_costs
+from vlmspec.probe import check_sizes, probe_costs, sync
 
 from .methods import ForwardCall, RunRecord
 
@@ -112,10 +112,10 @@ def _best_seconds(fn: Any, device: torch.device, repeats: int) -> float:
     fn()
     best = float("inf")
     for _ in range(repeats):
-        _sync(device)
+        sync(device)
         start = time.perf_counter()
         fn()
-        _sync(device)
+        sync(device)
         best = min(best, time.perf_counter() - start)
     return best
 
@@ -231,8 +231,3 @@ def probe_overhead_share(record: RunRecord, probe: CostProbe | None) -> float | 
     phases = phase_breakdown(record)
     busy = phases["target_prefill"] + phases["draft_prefill"] + terms[1]
     return max(1.0 - busy / max(record.total_s, 1e-9), 0.0)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
