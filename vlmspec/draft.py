@@ -194,18 +194,18 @@ class DraftTree:
         )
 
     # ---- after verification ------------------------------------------------------------------------------------
-    def commit(self, path: torch.Tensor, next_token: torch.Tensor) -> torch.Tensor:
+    def commit(self, path: torch.Tensor) -> torch.Tensor:
         """Keep the accepted path in the draft cache.
 
         Args:
             path: ``[a+1]`` long node ids of this builder (root first) that were accepted.
-            next_token: ``[]`` long, the bonus token (the next root).
 
         Returns:
-            ``[p']`` long, the new pending tokens (accepted tokens not in the draft cache, then the bonus).
+            ``[p']`` long, the new pending tokens: accepted tokens the draft cache does not hold. The bonus token
+            is not among them: it is the next step's root, which the next builder feeds after them.
         """
         if self._root_slot is None:  # the draft never ran this step: everything stays pending
-            return torch.cat([self.pending, self._tokens[path], next_token.reshape(1)])
+            return torch.cat([self.pending, self._tokens[path]])
         nodes = path[1:]
         slots = self._slots[nodes]
         start = self._root_slot + 1
@@ -221,7 +221,7 @@ class DraftTree:
             truncate(self.state.cache, start + forwarded)
         else:
             keep_tail(self.state.cache, start, slots[:forwarded])
-        return torch.cat([self._tokens[nodes[forwarded:]], next_token.reshape(1)])
+        return self._tokens[nodes[forwarded:]]
 
     # ---- internals ---------------------------------------------------------------------------------------------
     def _forward_root(self) -> torch.Tensor:

@@ -177,7 +177,7 @@ def speculative_generate(
         else:
             keep_tail(t_state.cache, past, past + acc.path)  # cache slots of the root and the accepted nodes
         if builder is not None:
-            pending = builder.commit(tree.source_ids[acc.path], acc.next_token)
+            pending = builder.commit(tree.source_ids[acc.path])
 
         # 7. Feed the statistics back to the policy.
         policy.feedback(StepFeedback(step=stats.steps, accepted=acc.num_accepted, tree_size=tree.num_nodes))
