@@ -204,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # `vlmspec c2t ...` is handed whole to the C2T tool's own parser (see `main`); listed here for --help.
     sub.add_parser("c2t", help="collect labelled token trees / train the C2T classifier (vlmspec c2t --help)")
+    # `vlmspec edd ...` is handed whole to the EDD tool's own parser (see `main`); listed here for --help.
+    sub.add_parser("edd", help="train an EDD draft for a target (vlmspec edd train --help)")
     return parser
 
 
@@ -211,6 +213,12 @@ def _c2t_main(argv: list[str]) -> int:
     from .c2t_tools import main as c2t_main
 
     return c2t_main(argv, prog="vlmspec c2t")
+
+
+def _edd_main(argv: list[str]) -> int:
+    from .edd_train import main as edd_main
+
+    return edd_main(argv, prog="vlmspec edd")
 
 
 EXIT_USER_ERROR = 1
@@ -235,6 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if command == "c2t":
             return _c2t_main(argv[1:])
+        if command == "edd":
+            return _edd_main(argv[1:])
         if command == "testbed":
             return _testbed_main(argv[1:])
         args = build_parser().parse_args(argv)

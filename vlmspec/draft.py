@@ -36,7 +36,8 @@ class DraftTree:
         state: the draft's decoding state (its cache is extended in place).
         root: ``[]`` long, the root token.
         root_position: logical position of the root.
-        pending: ``[p]`` long, accepted tokens before the root that the draft has not consumed yet.
+        pending: ``[p]`` long, accepted tokens before the root that the draft has not consumed yet (for a draft
+            that reads the target's hidden states: ``[p, D]``, the target's hidden states of those tokens).
         depth_limit: children deeper than this are silently not added (the engine lowers it near
             ``max_new_tokens`` so no verification work is wasted).
     """
@@ -194,18 +195,28 @@ class DraftTree:
         )
 
     # ---- after verification ------------------------------------------------------------------------------------
-    def commit(self, path: torch.Tensor) -> torch.Tensor:
+    def commit(self, path: torch.Tensor, soft_prompt: torch.Tensor | None = None) -> torch.Tensor:
         """Keep the accepted path in the draft cache.
 
         Args:
             path: ``[a+1]`` long node ids of this builder (root first) that were accepted.
+            soft_prompt: for a draft that reads the target's hidden states (EDD): ``[a+1, D]`` the target's
+                hidden states at the path. They replace the draft's own entries for those tokens: the cache is cut
+                back to just before the root and they become the pending rows of the next root forward.
 
         Returns:
-            ``[p']`` long, the new pending tokens: accepted tokens the draft cache does not hold. The bonus token
-            is not among them: it is the next step's root, which the next builder feeds after them.
+            The new pending rows: ``[p']`` long accepted tokens the draft cache does not hold (or, with
+            ``soft_prompt``, ``[p', D]`` hidden states). The bonus token is not among them: it is the next step's
+            root, which the next builder feeds after them.
         """
+        accepted = self._tokens[path] if soft_prompt is None else soft_prompt
         if self._root_slot is None:  # the draft never ran this step: everything stays pending
-            return torch.cat([self.pending, self._tokens[path]])
+            return torch.cat([self.pending, accepted])
+        if (
+            soft_prompt is not None
+        ):  # keep the soft prompt up to the root (the pending rows fed this step too)
+            truncate(self.state.cache, self._root_slot)
+            return soft_prompt
         nodes = path[1:]
         slots = self._slots[nodes]
         start = self._root_slot + 1
@@ -225,12 +236,14 @@ class DraftTree:
 
     # ---- internals ---------------------------------------------------------------------------------------------
     def _forward_root(self) -> torch.Tensor:
-        tokens = torch.cat([self.pending, self._tokens[:1]])  # [p+1]
-        k = tokens.shape[0]
-        positions = torch.arange(self.root_position - k + 1, self.root_position + 1, device=tokens.device)
-        causal = torch.ones(k, k, dtype=torch.bool, device=tokens.device).tril()
+        k = self.pending.shape[0] + 1  # pending rows, then the root
+        device = self._tokens.device
+        positions = torch.arange(self.root_position - k + 1, self.root_position + 1, device=device)
+        causal = torch.ones(k, k, dtype=torch.bool, device=device).tril()
         bias = tree_attention_bias(causal, self.state.length, self.dtype)
-        logits = self.adapter.forward(self.state, tokens, positions, bias)  # [k, V]
+        logits = self.adapter.forward_root(
+            self.state, self.pending, self._tokens[0], positions, bias
+        )  # [k, V]
         self._root_slot = self._start + k - 1
         self._slots[0] = self._root_slot
         self._tree_start = self._start + k

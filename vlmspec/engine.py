@@ -121,9 +121,12 @@ def speculative_generate(
     sampler = Sampler(sampling, sampling.generator(target.device)) if sampling is not None else None
     t_start = time.perf_counter()
 
-    # 1. Prefill the target on the full prompt; its argmax is the first new token (the first root).
-    scores_needed = policy.uses_draft and draft is not None and draft.needs_scores
-    prefill = target.prefill(target_inputs, score_visual=scores_needed)
+    # 1. Prefill the target on the full prompt; its argmax is the first new token (the first root). A draft that
+    #    reads the target's hidden states (EDD) gets them from this forward and from each verification.
+    uses_draft = policy.uses_draft and draft is not None
+    scores_needed = uses_draft and draft.needs_scores
+    read_layer = draft.adapter.reads_target_layer if uses_draft else None
+    prefill = target.prefill(target_inputs, score_visual=scores_needed, hidden_layer=read_layer)
     t_state = prefill.state
     root = prefill.logits.argmax() if sampler is None else sampler.sample(prefill.logits)  # []
     prompt_len = target_inputs["input_ids"].shape[1]
@@ -136,11 +139,17 @@ def speculative_generate(
         if draft is None:
             raise ValueError(f"policy {policy.name!r} needs a draft model, but the pipeline has none")
         t0 = time.perf_counter()
-        keep = draft.select(prefill.visual_scores) if draft.select is not None else None
-        d_state = draft.adapter.prefill(draft.inputs, keep=keep).state
+        if read_layer is None:
+            keep = draft.select(prefill.visual_scores) if draft.select is not None else None
+            d_state = draft.adapter.prefill(draft.inputs, keep=keep).state
+        else:  # the soft prompt: the target's hidden states of the whole prompt, at its rotary positions
+            d_state = draft.adapter.prefill_soft(prefill.hidden, prefill.position_ids, t_state.rope_delta)
         stats.draft_visual_tokens = d_state.visual_tokens
         stats.draft_prefill_seconds = time.perf_counter() - t0
-    pending = root.new_zeros(0)  # accepted tokens the draft has not consumed
+    # Accepted tokens the draft has not consumed ([p]), or for EDD their target hidden states ([p, D]).
+    pending = (
+        root.new_zeros(0) if read_layer is None else prefill.hidden.new_zeros(0, prefill.hidden.shape[-1])
+    )
 
     tokens = [int(root)]
     done = stop.update(tokens)
@@ -159,9 +168,11 @@ def speculative_generate(
 
         # 4. Verify every node in one target forward under the tree mask.
         past = t_state.length
-        logits = target.forward(
-            t_state, tree.tokens, tree.positions(position), tree.attention_bias(past, t_dtype)
-        )  # logits: [N+1, V]
+        verify = (tree.tokens, tree.positions(position), tree.attention_bias(past, t_dtype))
+        if read_layer is None:
+            logits = target.forward(t_state, *verify)  # [N+1, V]
+        else:
+            logits, hidden = target.forward_hidden(t_state, *verify, read_layer)  # [N+1, V], [N+1, D]
 
         # 5. Accept a path and the target's next token (greedy: the longest path matching the target's argmax;
         #    sampling: the same walk following one draw from the target's warped distribution per node).
@@ -177,7 +188,8 @@ def speculative_generate(
         else:
             keep_tail(t_state.cache, past, past + acc.path)  # cache slots of the root and the accepted nodes
         if builder is not None:
-            pending = builder.commit(tree.source_ids[acc.path])
+            soft_prompt = hidden[acc.path] if read_layer is not None else None
+            pending = builder.commit(tree.source_ids[acc.path], soft_prompt)
 
         # 7. Feed the statistics back to the policy.
         policy.feedback(StepFeedback(step=stats.steps, accepted=acc.num_accepted, tree_size=tree.num_nodes))

@@ -43,6 +43,8 @@ PAIR_NAMES: tuple[str, ...] = ("testbed-base", "testbed-mini", "tiny")
 DEFAULT_PAIR = "testbed-base@cpu"
 DEFAULT_FAMILY = "qwen2_vl"
 ENV_DEFAULT_PAIR = "VLMSPEC_DEFAULT_PAIR"
+EDD_DRAFT = "edd"
+"""``draft="edd"`` with a testbed target: the EDD draft trained for it that ships with the package."""
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 """What the hub is asked for: ``owner/name`` (every vision-language checkpoint on the hub has an owner)."""
 
@@ -114,7 +116,8 @@ def resolve_pair(target: str | Path | None, draft: str | Path | None = None) -> 
     Args:
         target: a folder, a hub id, a pair name (``testbed-base[:family][@calibration]``,
             ``testbed-mini[...]``, ``tiny[...]``) or ``None`` for the default pair.
-        draft: a folder or hub id; with a pair name it replaces the pair's own draft.
+        draft: a folder or hub id; with a pair name it replaces the pair's own draft; ``"edd"`` with a testbed
+            pair name: the EDD draft trained for that target (:mod:`vlmspec.models.edd`), shipped with the package.
 
     Returns:
         The :class:`ResolvedPair`.
@@ -130,8 +133,14 @@ def resolve_pair(target: str | Path | None, draft: str | Path | None = None) -> 
                 f"{ENV_DEFAULT_PAIR}={target!r} is not a pair name; use one of {', '.join(PAIR_NAMES)} "
                 "(optionally ':<family>'), or name the target explicitly"
             )
-    if draft is not None:
+    named_edd = draft is not None and str(draft) == EDD_DRAFT and not Path(EDD_DRAFT).exists()
+    if draft is not None and not named_edd:
         check_model_source(draft, "draft")
+    if named_edd and not is_pair_name(target):
+        raise ValueError(
+            f"draft={EDD_DRAFT!r} names the EDD draft shipped with a testbed target, but target {str(target)!r} is "
+            "not one; train an EDD draft for it (`vlmspec edd train --target ... --out DIR`) and pass draft=DIR"
+        )
     if not is_pair_name(target):
         check_model_source(target, "target")
         return ResolvedPair(str(target), str(draft) if draft is not None else None, "explicit")
@@ -144,6 +153,10 @@ def resolve_pair(target: str | Path | None, draft: str | Path | None = None) -> 
             get_calibration(calibration)
         except ValueError as err:
             raise ValueError(f"target {target!r}: {err}") from None
+    if name == "tiny" and named_edd:
+        raise ValueError(
+            f"draft={EDD_DRAFT!r}: no EDD draft ships with the random tiny pairs; use a testbed target, or train one"
+        )
     if name == "tiny":
         from .testing import FAMILIES, build_tiny_pair
 
@@ -161,6 +174,8 @@ def resolve_pair(target: str | Path | None, draft: str | Path | None = None) -> 
             )
         pair_target, pair_draft = testbed.pair_paths(size=size, family=family)
         source = f"testbed:{size}:{family}"
+        if named_edd:
+            draft = testbed.edd_path(size=size, family=family)
     if calibration is not None:
         source += f"@{calibration}"
     return ResolvedPair(

@@ -21,7 +21,8 @@ from .costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
 from .engine import DraftPrompt, SpecStats, speculative_generate
 from .inputs import ImageInput, VideoInput, load_images, load_video
 from .kernels import onednn_linears
-from .models import adapter_for
+from .models import EDDDraft, adapter_for
+from .models.edd import check_target, is_edd_folder
 from .named_pairs import resolve_pair
 from .policies import TreePolicy, available_policies, get_policy
 from .probe import cached_costs
@@ -96,7 +97,9 @@ class VLMSpecPipeline:
         self.processor = processor
         self._target_adapter = adapter_for(target)
         self._draft_adapter = adapter_for(draft) if draft is not None else None
-        if draft is not None:
+        if isinstance(draft, EDDDraft):
+            check_target(draft.edd_config, target)
+        elif draft is not None:
             check_compatible(target, draft, target_tokenizer=getattr(processor, "tokenizer", None))
         self.onednn_linears = True
         self.costs: ForwardCosts | None = None
@@ -179,16 +182,25 @@ class VLMSpecPipeline:
         calibration = calibration or pair.calibration
         load = dict(dtype=torch_dtype, device_map=device_map, trust_remote_code=trust_remote_code)
         target_model = _load_model(target, "target", load)
-        draft_model = _load_model(draft, "draft", load) if draft is not None else None
+        edd = draft is not None and is_edd_folder(draft)
+        if edd:  # an EDD draft: trained for this target, read on top of it
+            draft_model = EDDDraft.from_pretrained(draft, target_model)
+        else:
+            draft_model = _load_model(draft, "draft", load) if draft is not None else None
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if calibration is not None:
-            from .testbed.calibrate import calibrate
+            from .testbed.calibrate import calibrate, inflate_edd
 
             # inflated where the models will run (a 7B-shaped target is built on the GPU, not copied there)
             where = device if device_map is None else target_model.device
-            target_model, draft_model = calibrate(target_model, draft_model, calibration, device=where)
+            base_target, base_draft = target_model, draft_model
+            target_model, draft_model = calibrate(
+                target_model, None if edd else draft_model, calibration, device=where
+            )
+            if edd:
+                draft_model = inflate_edd(base_draft, base_target, target_model)
         processor = AutoProcessor.from_pretrained(str(target), trust_remote_code=trust_remote_code)
-        if draft_model is not None:
+        if draft_model is not None and not edd:
             check_compatible(
                 target_model,
                 draft_model,
@@ -315,7 +327,9 @@ class VLMSpecPipeline:
                 self.pruning if prune_ratio is None else pruning_config(self.pruning.method, prune_ratio)
             )
             draft = DraftPrompt(adapter=adapter, inputs=draft_inputs)
-            layout = adapter.prompt_layout(draft_inputs) if pruning.enabled else None
+            # An EDD draft sees the prompt through the target's hidden states: nothing to prune.
+            prunable = pruning.enabled and adapter.reads_target_layer is None
+            layout = adapter.prompt_layout(draft_inputs) if prunable else None
             if layout is not None and pruning.prunes(layout):  # no scoring pass when nothing would be pruned
                 draft.select = lambda scores: pruning.select(layout, scores)
                 draft.needs_scores = pruning.needs_scores

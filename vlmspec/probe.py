@@ -60,6 +60,10 @@ class _Prefixed:
 
     def __init__(self, adapter: VLMAdapter, inputs: dict[str, torch.Tensor] | None, context: int) -> None:
         self.adapter, device = adapter, adapter.device
+        if inputs is not None and adapter.reads_target_layer is not None:
+            # An EDD draft's prefix is the target's hidden states, one row per prompt token: time it on a prefix of
+            # the prompt's length (what its forwards cost depends on that length, not on the rows' values).
+            context, inputs = int(inputs["input_ids"].shape[1]), None
         if inputs is not None:
             inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}
             self.state = adapter.prefill(inputs).state

@@ -44,7 +44,16 @@ from vlmspec.probe import check_sizes
 
 from .analysis import entropy_report, tau_vs_length, token_entropies
 from .cost import PROBE_SIZES, CostProbe, run_cost_probe
-from .methods import AR, RunRecord, Variant, build_variants, resolve_methods, run_variant
+from .methods import (
+    AR,
+    EDD_PREFIX,
+    RunRecord,
+    Variant,
+    build_variants,
+    edd_variants,
+    resolve_methods,
+    run_variant,
+)
 from .report import aggregate, markdown, write_files
 from .sampling import dsbd_policy, run_dsbd_section, run_sampling_section
 from .tasks import INPUT_SOURCES, TASKS, PairSpec, TaskInput, check_tasks, load_inputs, resolve_pair
@@ -119,6 +128,7 @@ class BenchConfig:
     dsbd: bool = False
     beam_width: int | None = None
     dsbd_options: dict[str, Any] = field(default_factory=dict)
+    edd: str = "auto"
 
     def validated(self) -> BenchConfig:
         """A copy with names resolved and checked.
@@ -215,6 +225,22 @@ def _run(config: BenchConfig, pipe: Any) -> dict[str, Any]:
     )
     ratios = config.prune_ratios if "sage" in config.methods else ()
     variants = build_variants(config.methods, config.budget, ratios, probe, config.auto_factor)
+    edd_methods = [m for m in config.methods if m.startswith(EDD_PREFIX)]
+    edd_probe = None
+    if edd_methods:
+        edd_pipe, missing = load_edd_pipeline(pipe, pair, config)
+        if edd_pipe is not None:
+            edd_probe = run_cost_probe(
+                edd_pipe, prepared[items[0].task, 0], items[0].task, config.probe_sizes, config.probe_runs
+            )
+            edd_pipe.costs, edd_pipe.budget_factor = edd_probe, config.auto_factor
+            log(f"EDD draft: {edd_pipe.draft.edd_config.target_name or 'given'}; {edd_share(edd_probe)}")
+        if edd_pipe is not None or config.edd != "auto":
+            variants += edd_variants(
+                edd_methods, config.budget, edd_probe, config.auto_factor, edd_pipe, missing
+            )
+        else:
+            log(f"no EDD rows: {missing}")
 
     references = {
         key: pipe.reference_generate(inputs, config.max_new_tokens) for key, inputs in prepared.items()
@@ -227,6 +253,7 @@ def _run(config: BenchConfig, pipe: Any) -> dict[str, Any]:
         "device": describe_device(pipe),
         "settings": settings(config, budget, budget_note, items),
         "cost_probe": probe.to_dict(),
+        "edd_cost_probe": edd_probe.to_dict() if edd_probe is not None else None,
         "rows": rows,
         "ablation": ablation,
         "entropy_autocorr": entropy_report(entropies),
@@ -253,6 +280,35 @@ def sampling_sections(
         )  # fmt: skip
         out.update(dsbd_settings=section["settings"], dsbd_rows=section["rows"])
     return out
+
+
+def load_edd_pipeline(pipe: Any, pair: PairSpec | None, config: BenchConfig) -> tuple[Any, str]:
+    """``(pipeline, "")``: the bench's target with an EDD draft (``--edd``: a folder, or ``auto``: the one shipped
+    for a testbed pair), inflated like the target; ``(None, why)`` when there is none."""
+    from vlmspec import VLMSpecPipeline
+    from vlmspec.testbed import edd_path
+
+    source = config.edd
+    if source == "auto":
+        parts = pair.source.split("@")[0].split(":") if pair is not None else []
+        if len(parts) != 3 or parts[0] != "testbed":
+            return None, "--edd auto finds EDD drafts for testbed pairs only; give --edd FOLDER"
+        try:
+            source = str(edd_path(size=parts[1], family=parts[2]))
+        except ValueError as err:
+            return None, str(err)
+    if pair is None:
+        return None, "the bench was given a pipeline, not a pair: no EDD draft can be loaded for it"
+    loaded = VLMSpecPipeline.from_pretrained(
+        pair.target, source, policy=AR, torch_dtype=DTYPES[config.dtype], calibration=pair.calibration
+    )
+    return VLMSpecPipeline(pipe.target, loaded.draft, pipe.processor, policy=AR), ""
+
+
+def edd_share(probe: CostProbe) -> str:
+    """One line: the EDD draft's forward cost as a share of the target's (one token, from the probe)."""
+    draft, target = probe.draft_cost(1), probe.target_cost(1)
+    return f"one draft forward {draft * 1e3:.2f} ms = {draft / target:.1%} of a target forward ({target * 1e3:.2f} ms)"
 
 
 def load_pipeline(pair: PairSpec, dtype: str) -> Any:
@@ -514,6 +570,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
       help="--dsbd: beam sampling's width, N or 'auto' (default: dsbd's mean output width)")  # fmt: skip
     a("--dsbd-options", type=_json_options, default={},
       help="--dsbd: JSON of dsbd config options, e.g. '{\"threshold\": 0.7}' (default: the paper's)")  # fmt: skip
+    a("--edd", default="auto",
+      help="EDD draft for the edd+<policy> rows: a folder, or 'auto' (the one shipped for a testbed pair)")  # fmt: skip
     return parser
 
 
@@ -551,6 +609,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         dsbd=args.dsbd,
         beam_width=args.beam_width,
         dsbd_options=dict(args.dsbd_options),
+        edd=args.edd,
     )
 
 

@@ -33,6 +33,11 @@ TRANSFORMERS_METHODS: tuple[str, ...] = (HF_GENERATE, HF_ASSISTED)
 
 AUTO = "auto"
 
+EDD_PREFIX = "edd+"
+"""``edd+<policy>``: the policy with an EDD draft (:mod:`vlmspec.models.edd`) instead of the pair's draft model."""
+DEFAULT_EDD_METHODS: tuple[str, ...] = ("edd+pct", "edd+sage")
+"""Run by default when the pair has an EDD draft: the paper's pairing (EDD + PCT) and the default policy."""
+
 RECOVERABLE_POLICY_ERRORS = (NotImplementedError, ValueError, RuntimeError)
 """What a policy run may raise without stopping the bench (the row reports it); ``ar`` errors always stop it."""
 
@@ -55,12 +60,23 @@ def resolve_methods(spec: str | Sequence[str] | None) -> list[str]:
     """
     valid = valid_methods()
     if spec is None or spec == "all":
-        return [m for m in valid if m in (AR, *TRANSFORMERS_METHODS) or get_policy(m).lossless]
+        lossless = [m for m in valid if m in (AR, *TRANSFORMERS_METHODS) or get_policy(m).lossless]
+        return [*lossless, *DEFAULT_EDD_METHODS]
     names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
-    bad = [n for n in names if n not in valid]
+    bad = [n for n in names if n not in valid and not _is_edd_method(n)]
     if bad or not names:
         raise ValueError(f"unknown method(s) {bad or '(none given)'}; valid methods: {', '.join(valid)}")
     return list(dict.fromkeys([AR, HF_GENERATE, *names]))
+
+
+def _is_edd_method(name: str) -> bool:
+    policy = name.removeprefix(EDD_PREFIX)
+    return name.startswith(EDD_PREFIX) and policy in available_policies() and policy != AR
+
+
+def policy_name(method: str) -> str:
+    """The tree policy a method runs (``edd+pct`` -> ``pct``)."""
+    return method.removeprefix(EDD_PREFIX)
 
 
 # ---- budgets ----------------------------------------------------------------------------------------------------
@@ -92,12 +108,13 @@ class Variant:
 
     Attributes:
         key: unique label (``"sage"``, or ``"sage@prune=0.5"`` for the prune-ratio ablation).
-        method: method name.
+        method: method name (``edd+<policy>`` for the EDD rows).
         policy: the policy instance (``None`` for ``hf_generate`` and ``hf_assisted``).
         budget: node budget it runs with (``None``: not applicable).
         prune_ratio: the draft's visual pruning ratio (``None``: the pipeline's defaults).
         ablation: True for the prune-ratio ablation variants (reported in their own table).
         error: why the variant could not be built (its rows report it and it is not run), else ``None``.
+        pipe: the pipeline it runs on when not the bench's own (the EDD rows: the same target, an EDD draft).
     """
 
     key: str
@@ -107,6 +124,28 @@ class Variant:
     prune_ratio: float | None = None
     ablation: bool = False
     error: str | None = None
+    pipe: Any = None
+
+
+def edd_variants(
+    methods: Sequence[str],
+    budget: int | str | None,
+    costs: ForwardCosts | None,
+    factor: float,
+    edd_pipe: Any,
+    missing: str,
+) -> list[Variant]:
+    """The ``edd+<policy>`` variants, run on ``edd_pipe`` with budgets fitted to its own ``costs``; with no EDD
+    pipeline each is an error row saying ``missing``."""
+    variants = []
+    for method in methods:
+        if edd_pipe is None:
+            variants.append(Variant(key=method, method=method, policy=None, budget=None, error=missing))
+        else:
+            variants.append(
+                dataclasses.replace(_policy_variant(method, method, budget, costs, factor), pipe=edd_pipe)
+            )
+    return variants
 
 
 def build_variants(
@@ -124,6 +163,8 @@ def build_variants(
     """
     variants = []
     for method in methods:
+        if method.startswith(EDD_PREFIX):  # see edd_variants
+            continue
         if method in TRANSFORMERS_METHODS:
             variants.append(Variant(key=method, method=method, policy=None, budget=None))
         else:
@@ -139,7 +180,7 @@ def _policy_variant(
     key: str, method: str, budget: int | str | None, costs: ForwardCosts | None, factor: float
 ) -> Variant:
     try:
-        policy = make_policy(method, budget, costs, factor)
+        policy = make_policy(policy_name(method), budget, costs, factor)
     except (*RECOVERABLE_POLICY_ERRORS, OSError, TypeError) as err:
         if method == AR:
             raise
@@ -305,6 +346,7 @@ def run_variant(
     record = RunRecord(
         key=variant.key, method=variant.method, task=item.task, index=item.index, repeat=repeat
     )
+    pipe = variant.pipe or pipe
     recorder = ForwardRecorder(pipe.target, pipe.draft)
     if variant.method in TRANSFORMERS_METHODS:
         _run_transformers(pipe, variant.method, inputs, max_new_tokens, record, recorder)

@@ -483,6 +483,14 @@ def markdown(result: dict[str, Any]) -> str:
                 "speed-up and --budget auto. " + roofline_note(probe)
             ),
         ]
+    if result.get("edd_cost_probe"):
+        edd = result["edd_cost_probe"]
+        share = edd["draft_s"][0] / edd["target_s"][0]
+        parts += [
+            "",
+            f"EDD draft (the edd+ rows, its own budgets from its own probe): one forward {edd['draft_s'][0] * 1e3:.2f} "
+            f"ms = {share:.1%} of a target forward ({edd['target_s'][0] * 1e3:.2f} ms).",
+        ]
     parts += sampling_markdown(result) + dsbd_markdown(result)
     return "\n".join(parts) + "\n"
 

@@ -1,10 +1,12 @@
-"""Per-family adapters. ``adapter_for(model)`` picks one from ``model.config.model_type``."""
+"""Per-family adapters. ``adapter_for(model)`` picks one from ``model.config.model_type`` (an EDD draft gets the
+:class:`~vlmspec.models.edd.EDDAdapter` of its target's family)."""
 
 from __future__ import annotations
 
 import torch
 
 from .base import DecodeState, Prefill, PromptLayout, VLMAdapter
+from .edd import EDDAdapter, EDDDraft
 from .llava import LlavaOnevisionAdapter
 from .qwen import QwenVLAdapter
 
@@ -21,6 +23,8 @@ def adapter_for(model: torch.nn.Module) -> VLMAdapter:
     Raises:
         ValueError: the model's ``model_type`` is not a supported family.
     """
+    if isinstance(model, EDDDraft):
+        return EDDAdapter(model, _ADAPTERS[model.edd_config.target_model_type])
     model_type = getattr(model.config, "model_type", None)
     if model_type not in _ADAPTERS:
         raise ValueError(
@@ -30,4 +34,13 @@ def adapter_for(model: torch.nn.Module) -> VLMAdapter:
     return _ADAPTERS[model_type](model)
 
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "DecodeState", "Prefill", "PromptLayout", "VLMAdapter", "adapter_for"]
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "DecodeState",
+    "EDDAdapter",
+    "EDDDraft",
+    "Prefill",
+    "PromptLayout",
+    "VLMAdapter",
+    "adapter_for",
+]

@@ -71,11 +71,17 @@ class Prefill:
         visual_scores: ``[num_visual]`` float32 attention each visual token receives from the text after the last
             visual token (mean over heads, layers and those text queries), in the order of the visual positions
             (of the kept ones when ``keep`` was given); only when asked for.
+        hidden: ``[L, D]`` output of the decoder layer ``hidden_layer`` at every prompt position (the soft prompt
+            of an EDD draft); only when asked for.
+        position_ids: the rotary position ids the prompt ran at (``[1, L]``, or ``[3, 1, L]`` with M-RoPE); only
+            with ``hidden``.
     """
 
     logits: torch.Tensor
     state: DecodeState
     visual_scores: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
 
 
 @dataclass
@@ -133,6 +139,11 @@ class VLMAdapter:
         """The language model's context length, if the config states it."""
         return getattr(self.config.get_text_config(), "max_position_embeddings", None)
 
+    @property
+    def reads_target_layer(self) -> int | None:
+        """For a draft that reads the target's hidden states (EDD), the target layer it reads; else ``None``."""
+        return None
+
     # ---- family hooks -------------------------------------------------------------------------------------
     def visual_token_ids(self) -> tuple[int, int]:
         """(image placeholder id, video placeholder id)."""
@@ -142,7 +153,8 @@ class VLMAdapter:
         """Rotary position ids of the prompt (``None``: the model's default) and the decode ``rope_delta``."""
         return None, torch.zeros((), dtype=torch.long, device=self.device)
 
-    def rope_ids(self, positions: torch.Tensor, rope_delta: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def rope_ids(positions: torch.Tensor, rope_delta: torch.Tensor) -> torch.Tensor:
         """Model ``position_ids`` for ``[n]`` logical positions of generated (text) tokens."""
         return positions[None]  # [1, n]
 
@@ -211,7 +223,11 @@ class VLMAdapter:
 
     @torch.no_grad()
     def prefill(
-        self, inputs: dict[str, torch.Tensor], keep: torch.Tensor | None = None, score_visual: bool = False
+        self,
+        inputs: dict[str, torch.Tensor],
+        keep: torch.Tensor | None = None,
+        score_visual: bool = False,
+        hidden_layer: int | None = None,
     ) -> Prefill:
         """Run the multimodal prompt.
 
@@ -229,6 +245,8 @@ class VLMAdapter:
                 of the cache cut back to the visual prefix, and the cache is restored afterwards. Scores are what
                 those text queries pay to each visual key (mean over heads, layers and queries). When no text
                 follows the last visual token, there is nothing to score and ``visual_scores`` is ``None``.
+            hidden_layer: also return ``hidden``, the output of this decoder layer at every prompt position (read
+                by a hook during the same forward), only with ``keep=None``.
 
         Returns:
             The last position's logits, the decoding state and (if asked) the visual scores.
@@ -239,19 +257,28 @@ class VLMAdapter:
         if keep is None:
             cache = new_cache(self.model)
             position_ids, rope_delta = self.prompt_rope(inputs)
-            out = self.model(
-                **inputs,
-                position_ids=position_ids,
-                **cache_kwarg(self.model, cache),
-                use_cache=True,
-                logits_to_keep=1,
-            )
+            with self._layer_output(hidden_layer) as hidden:
+                out = self.model(
+                    **inputs,
+                    position_ids=position_ids,
+                    **cache_kwarg(self.model, cache),
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
             layout = self.prompt_layout(inputs)
             state = DecodeState(cache, rope_delta, layout.num_visual)
             scores = self._visual_scores(inputs, layout, position_ids, state) if score_visual else None
-            return Prefill(logits=out.logits[0, -1], state=state, visual_scores=scores)
-        if score_visual:
-            raise ValueError("score_visual is for the full (target) prefill; it cannot be combined with keep")
+            prefill = Prefill(logits=out.logits[0, -1], state=state, visual_scores=scores)
+            if hidden_layer is not None:
+                length = inputs["input_ids"].shape[1]
+                if position_ids is None:
+                    position_ids = torch.arange(length, device=self.device)[None]
+                prefill.hidden, prefill.position_ids = hidden[0][0], position_ids
+            return prefill
+        if score_visual or hidden_layer is not None:
+            raise ValueError(
+                "score_visual and hidden_layer are for the full (target) prefill; they cannot be combined with keep"
+            )
 
         length = inputs["input_ids"].shape[1]
         position_ids, rope_delta = self.prompt_rope(inputs)
@@ -346,6 +373,53 @@ class VLMAdapter:
                 decoder.set_attn_implementation(previous)
             for handle in handles:
                 handle.remove()
+
+    @contextmanager
+    def _layer_output(self, layer: int | None) -> Iterator[list[torch.Tensor]]:
+        """Collect the output ``[1, n, D]`` of decoder layer ``layer`` during the forwards run inside the block.
+
+        A forward hook on that layer, removed on exit (``layer`` ``None``: nothing is collected). The hook only
+        reads: the forward computes exactly what it computes without it.
+        """
+        found: list[torch.Tensor] = []
+        if layer is None:
+            yield found
+            return
+
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            found.append(output[0] if isinstance(output, tuple) else output)
+
+        handle = self.model.get_decoder().layers[layer].register_forward_hook(hook)
+        try:
+            yield found
+        finally:
+            handle.remove()
+
+    @torch.no_grad()
+    def forward_hidden(
+        self,
+        state: DecodeState,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        bias: torch.Tensor,
+        layer: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward`, plus the output ``[n, D]`` of decoder layer ``layer`` at the ``n`` tokens."""
+        with self._layer_output(layer) as hidden:
+            logits = self.forward(state, tokens, positions, bias)
+        return logits, hidden[0][0]
+
+    @torch.no_grad()
+    def forward_root(
+        self,
+        state: DecodeState,
+        pending: torch.Tensor,
+        root: torch.Tensor,
+        positions: torch.Tensor,
+        bias: torch.Tensor,
+    ) -> torch.Tensor:
+        """A draft's first forward of a step: the ``[p]`` pending tokens, then the root; ``[p + 1, V]`` logits."""
+        return self.forward(state, torch.cat([pending, root.reshape(1)]), positions, bias)
 
     @torch.no_grad()
     def forward(

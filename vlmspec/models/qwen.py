@@ -43,7 +43,8 @@ class QwenVLAdapter(VLMAdapter):
         positions, deltas = self.model.model.get_rope_index(ids, inputs["mm_token_type_ids"], **extra)
         return positions, deltas.reshape(()).to(torch.long)
 
-    def rope_ids(self, positions: torch.Tensor, rope_delta: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def rope_ids(positions: torch.Tensor, rope_delta: torch.Tensor) -> torch.Tensor:
         return (positions + rope_delta).view(1, 1, -1).expand(3, 1, -1)  # [3, 1, n]
 
     # ---- pruned/scored prefill hooks ----------------------------------------------------------------------

@@ -62,6 +62,7 @@ __all__ = [
     "exact_shape",
     "get_calibration",
     "inflate",
+    "inflate_edd",
     "lm_shape",
 ]
 
@@ -454,6 +455,53 @@ def inflate(
     if new.vocab and new.vocab > old.vocab:
         inflated.generation_config.suppress_tokens = list(range(old.vocab, new.vocab))
     return inflated.eval()
+
+
+def inflate_edd(edd: Any, target: PreTrainedModel, inflated_target: PreTrainedModel) -> Any:
+    """An EDD draft (:class:`vlmspec.models.edd.EDDDraft`) of ``target`` inflated, exactly, for ``inflated_target``.
+
+    The draft's layer, embedding, norm and LM head are put into a one-layer copy of ``target`` (its vision tower
+    rides along unused), inflated like the target (same head width, heads, MLP and vocabulary), and taken out
+    again; the layer it reads moves to where :func:`inflate` put that target layer (the zero layers after it
+    leave the residual stream unchanged, so the hidden state there is the same, zero-padded).
+    """
+    import torch
+    from transformers.initialization import no_init_weights
+
+    from ..models.edd import EDDConfig, EDDDraft, target_signature
+
+    old, new = lm_shape(target), lm_shape(inflated_target)
+    one_layer = copy.deepcopy(target.config)
+    text = one_layer.get_text_config()
+    text.num_hidden_layers = 1
+    if getattr(text, "layer_types", None):
+        text.layer_types = text.layer_types[:1]
+    with no_init_weights(), torch.device(target.device):
+        carrier = type(target)._from_config(one_layer, dtype=target.dtype)
+    state = {k: v for k, v in target.state_dict().items() if k in carrier.state_dict()}
+    decoder_prefix = _module_name(carrier, carrier.get_decoder())
+    head_name = _module_name(carrier, carrier.get_output_embeddings())
+    for name, value in edd.decoder.state_dict().items():
+        state[f"{decoder_prefix}.{name}"] = value
+    state[f"{head_name}.weight"] = edd.lm_head.weight
+    carrier.load_state_dict(state, strict=False)
+    inflated = inflate(
+        carrier, replace(new, layers=1), dtype=inflated_target.dtype, device=inflated_target.device
+    )
+    config = EDDConfig(
+        **{
+            **edd.edd_config.__dict__,
+            "text_config": inflated.config.get_text_config().to_dict(),
+            "hidden_layer": _layer_positions(old.layers, new.layers)[edd.edd_config.hidden_layer],
+            "target_layers": new.layers,
+            "target_signature": target_signature(inflated_target),
+        }
+    )
+    return EDDDraft(config, inflated.get_decoder(), inflated.get_output_embeddings()).eval()
+
+
+def _module_name(model: torch.nn.Module, module: torch.nn.Module) -> str:
+    return next(name for name, found in model.named_modules() if found is module)
 
 
 def calibrate(

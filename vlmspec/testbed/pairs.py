@@ -338,6 +338,25 @@ def pair_paths(
     return pair.target, pair.draft
 
 
+def edd_path(size: str = "base", family: str = "qwen2_vl") -> Path:
+    """The EDD draft (:mod:`vlmspec.models.edd`) trained for the shipped ``size`` target of ``family``.
+
+    Raises:
+        ValueError: none ships for that pair. The shipped ones were trained with ``vlmspec edd train --target
+            testbed-base:<family> --data testbed --examples 2000 --max-new-tokens 128 --lr 1e-3 --epochs 8 --out
+            vlmspec/testbed/weights/<family>-base-v7/edd`` (settings in their ``edd_config.json``).
+    """
+    folder = SHIPPED_ROOT / _folder_name(family, size) / "edd"
+    if not folder.is_dir():
+        shipped = sorted(p.parent.name for p in SHIPPED_ROOT.glob("*/edd"))
+        raise ValueError(
+            f"no EDD draft ships for the testbed {size} {family} target (shipped: {', '.join(shipped) or 'none'}); "
+            f"train one with `vlmspec edd train --target testbed-{size}:{family} --data testbed --out DIR` and "
+            "pass draft=DIR"
+        )
+    return folder
+
+
 def prune(root: str | Path | None = None, dry_run: bool = False) -> list[Path]:
     """Removes the pair folders that another testbed version built (they are never read again).
 

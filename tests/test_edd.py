@@ -1,0 +1,204 @@
+"""EDD drafts (vlmspec.models.edd, vlmspec.edd_train): lossless with every tree policy and family, sampling that
+follows the target, exact inflation for calibrated targets, training that resumes and refuses another target."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import PROMPTS, input_kinds
+from scipy.stats import chisquare
+
+from vlmspec import VLMSpecPipeline, get_policy
+from vlmspec.edd_train import EDDTrainConfig, dual_block_mask, examples_from_testbed, train
+from vlmspec.models import EDDDraft, adapter_for
+from vlmspec.models.edd import default_hidden_layer
+from vlmspec.testing import FAMILIES, make_image
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICIES = ("chain", "static", "sage", "eagle2", "pct")
+MAX_NEW = 40
+
+
+def reference(pipe: VLMSpecPipeline, inputs) -> list[int]:
+    out = pipe.target.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
+    return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def edd_case(request, tiny_pairs):
+    """Per family: a pipeline with an (untrained) EDD draft and the target's greedy replies to every input kind."""
+    pair = tiny_pairs[request.param]
+    base = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
+    pipe = VLMSpecPipeline(base.target, EDDDraft.for_target(base.target), base.processor, policy="ar")
+    cases = []
+    for kind, image, video in input_kinds():
+        for prompt in PROMPTS[:2]:
+            cases.append(
+                (kind, prompt, image, video, reference(pipe, pipe.prepare_inputs(image, prompt, video)))
+            )
+    return request.param, pipe, cases
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_greedy_with_an_edd_draft_equals_generate(edd_case, policy):
+    family, pipe, cases = edd_case
+    pipe.policy = get_policy(policy)
+    accepted = 0
+    for kind, prompt, image, video, expected in cases:
+        out = pipe(image, prompt, video=video, max_new_tokens=MAX_NEW)
+        assert out.token_ids == expected, f"{family}/{policy}/{kind}/{prompt!r}"
+        assert out.stats.draft_visual_tokens == 0  # the draft sees the prompt only through the target
+        accepted += out.stats.accepted_tokens
+    assert accepted > 0  # the draft's proposals were used, not only the bonus tokens
+
+
+def test_sampling_with_an_edd_draft_follows_the_target(tiny_pairs):
+    """The second token (the first one a speculative step emits) over many seeds follows the target's own
+    two-token distribution: sum over the first token t1 of p(t1) p(t2 | t1), with generate()'s warping."""
+    pair = tiny_pairs["qwen2_vl"]
+    base = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
+    pipe = VLMSpecPipeline(base.target, EDDDraft.for_target(base.target), base.processor, policy="sage")
+    image, prompt = make_image(0), "Describe this image."
+    kw = dict(max_new_tokens=2, do_sample=True, temperature=1.5, top_k=4, top_p=1.0)
+    draws = 1500
+    second = torch.tensor([pipe(image, prompt, seed=s, **kw).token_ids[1] for s in range(draws)])
+    inputs = pipe.prepare_inputs(image, prompt)
+    with torch.no_grad():
+        first = _warped(pipe.target(**inputs).logits[0, -1])
+        expected = torch.zeros_like(first)
+        for t1 in first.nonzero().flatten().tolist():
+            ids = torch.cat([inputs["input_ids"], torch.tensor([[t1]])], dim=1)
+            extended = {**inputs, "input_ids": ids, "attention_mask": torch.ones_like(ids)}
+            if "mm_token_type_ids" in inputs:
+                extended["mm_token_type_ids"] = torch.cat(
+                    [inputs["mm_token_type_ids"], torch.zeros(1, 1, dtype=torch.long)], dim=1
+                )
+            expected += first[t1] * _warped(pipe.target(**extended).logits[0, -1])
+    support = expected.nonzero().flatten()
+    counts = torch.bincount(second, minlength=expected.shape[0])
+    assert counts[expected == 0].sum() == 0  # never a token the target cannot emit
+    expected_counts = expected[support].double() / expected[support].double().sum() * draws
+    assert chisquare(counts[support].double().numpy(), expected_counts.numpy()).pvalue > 1e-3
+
+
+def _warped(logits: torch.Tensor) -> torch.Tensor:
+    """generate()'s warping at temperature 1.5, top-k 4."""
+    scaled = logits.float() / 1.5
+    kth = scaled.topk(4).values[-1]
+    return torch.softmax(scaled.masked_fill(scaled < kth, float("-inf")), dim=-1)
+
+
+def test_dual_block_mask_matches_equation_3():
+    """Prompt of 3, reply of 5, blocks of 2: token row i (block start s) sees soft rows < s and tokens s..i."""
+    mask = dual_block_mask(3, 8, 2, torch.float32)[0, 0] == 0  # [13, 13] visible
+    soft, tokens = mask[:8], mask[8:]
+    assert torch.equal(soft[:, :8], torch.ones(8, 8, dtype=torch.bool).tril()) and not soft[:, 8:].any()
+    starts = [3, 3, 5, 5, 7]  # positions 3..7 in blocks [3, 4], [5, 6], [7]
+    for row, (position, start) in enumerate(zip(range(3, 8), starts, strict=True)):
+        assert tokens[row, :8].tolist() == [a < start for a in range(8)]
+        assert tokens[row, 8:].tolist() == [start <= p <= position for p in range(3, 8)]
+
+
+def test_default_layer_keeps_the_papers_relative_depth():
+    assert default_hidden_layer(32) == 27  # LLaMA2-7B: the 28th layer (the paper's "fourth-to-last")
+    assert default_hidden_layer(28) == 23 and default_hidden_layer(4) == 2 and default_hidden_layer(1) == 0
+
+
+def test_inflated_edd_drafts_exactly_what_the_base_one_drafts():
+    """The shipped EDD draft of testbed-base, loaded with its target inflated (``@ci``) through ``draft="edd"``,
+    accepts the same tokens at every step as on the target as trained."""
+    runs = []
+    for name in ("testbed-base", "testbed-base@ci"):
+        pipe = VLMSpecPipeline.from_pretrained(
+            name, draft="edd", policy="chain", gamma=5, torch_dtype=torch.float32
+        )
+        assert isinstance(pipe.draft, EDDDraft)
+        hidden = pipe.target.config.get_text_config().hidden_size
+        assert pipe.draft.decoder.config.hidden_size == hidden
+        out = pipe(make_image(3), "Describe this image.", max_new_tokens=32)
+        runs.append((out.token_ids, [step["accepted"] for step in out.stats.trace]))
+    assert runs[0] == runs[1] and sum(runs[0][1]) > 0
+
+
+def test_named_edd_draft_errors_say_what_to_do():
+    with pytest.raises(ValueError, match="no EDD draft ships"):
+        VLMSpecPipeline.from_pretrained("testbed-mini", draft="edd")
+    with pytest.raises(ValueError, match="not one; train an EDD draft"):
+        VLMSpecPipeline.from_pretrained("Qwen/Qwen2-VL-2B-Instruct", draft="edd")
+
+
+def test_a_draft_for_another_target_is_refused(tmp_path):
+    qwen = VLMSpecPipeline.from_pretrained("testbed-mini", policy="ar", torch_dtype=torch.float32)
+    llava = VLMSpecPipeline.from_pretrained(
+        "testbed-mini:llava_onevision", policy="ar", torch_dtype=torch.float32
+    )
+    folder = EDDDraft.for_target(qwen.target, target_name="testbed-mini").save_pretrained(tmp_path / "edd")
+    loaded = EDDDraft.from_pretrained(folder, qwen.target)  # its own target: fine, weights round-trip
+    fresh = EDDDraft.for_target(qwen.target).state_dict()
+    assert all(torch.equal(value, fresh[name]) for name, value in loaded.state_dict().items())
+    with pytest.raises(ValueError, match="trained for a 'qwen2_vl' target, not 'llava_onevision'"):
+        EDDDraft.from_pretrained(folder, llava.target)
+    with torch.no_grad():
+        qwen.target.get_output_embeddings().weight.mul_(1.5)  # same shape, other weights
+    with pytest.raises(ValueError, match="same shape but other weights"):
+        EDDDraft.from_pretrained(folder, qwen.target)
+    with pytest.raises(ValueError, match="trained for a 'qwen2_vl' target"):
+        train(
+            llava,
+            examples_from_testbed(2),
+            tmp_path / "edd",
+            EDDTrainConfig(max_new_tokens=4),
+            progress=False,
+        )
+
+
+@pytest.mark.slow
+def test_training_runs_end_to_end_and_resumes_after_a_kill(tmp_path):
+    """`vlmspec edd train` on 200 testbed examples (tiny size): killed after its first checkpoint and started again,
+    it resumes there and ends with exactly the weights of an uninterrupted run."""
+    args = ["--target", "testbed-mini", "--data", "testbed", "--examples", "200", "--max-new-tokens", "24",
+            "--batch-size", "4", "--epochs", "2", "--lr", "1e-3", "--checkpoint-every", "1", "--quiet"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    killed = tmp_path / "killed"
+    command = [sys.executable, "-m", "vlmspec.cli", "edd", "train", *args, "--out", str(killed)]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    progress = killed / "checkpoint" / "progress.json"
+    deadline = time.monotonic() + 300
+    while not progress.is_file() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    stopped_at = json.loads(progress.read_text())["step"]
+    assert stopped_at < 99, "the run finished before it could be killed"  # 200 / 4 * 2 = 100 steps
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "wrote" in done.stdout
+
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    (clean / "data.safetensors").write_bytes(
+        (killed / "data.safetensors").read_bytes()
+    )  # same replies, reused
+    pipe = VLMSpecPipeline.from_pretrained("testbed-mini", policy="ar", torch_dtype=torch.float32)
+    config = EDDTrainConfig(max_new_tokens=24, batch_size=4, epochs=2, lr=1e-3, checkpoint_every=1000)
+    reference_draft = train(pipe, examples_from_testbed(200), clean, config, progress=False)
+    resumed = EDDDraft.from_pretrained(killed, pipe.target)
+    for (name, a), b in zip(resumed.state_dict().items(), reference_draft.state_dict().values(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name
+    saved = json.loads((killed / "edd_config.json").read_text())
+    assert saved["training"]["steps"] == 100 and saved["target_name"] == "testbed-mini"
+    # A trained draft proposes tokens the target accepts.
+    with_edd = VLMSpecPipeline(pipe.target, resumed, pipe.processor, policy="chain")
+    out = with_edd(make_image(5), "Describe this image.", max_new_tokens=32)
+    assert out.token_ids == pipe.reference_generate(
+        pipe.prepare_inputs(make_image(5), "Describe this image."), 32
+    )
+    assert adapter_for(resumed).reads_target_layer == resumed.edd_config.hidden_layer

@@ -1,0 +1,418 @@
+"""Train an EDD draft for a target (edd_pct.txt, section 3.1), from the user's own images, videos and prompts.
+
+::
+
+    vlmspec edd train --target Qwen/Qwen2-VL-7B-Instruct --data examples.jsonl --out my_edd
+    vlmspec edd train --target testbed-base --data testbed --examples 200 --out edd   # the testbed world's scenes
+    pipe = VLMSpecPipeline.from_pretrained(target, draft="my_edd", policy="pct")
+
+(also ``python -m vlmspec.edd_train train ...``). ``examples.jsonl`` holds ``{"prompt": ..., "image": path |
+[paths] | null, "video": path | null}`` per line, as ``vlmspec c2t collect`` takes.
+
+1. **Self-distillation data.** The frozen target answers every prompt itself (greedy, ``max_new_tokens``), so the
+   draft learns the target's own replies on the user's own media. One prefill and one forward over the reply give
+   the soft prompt (the output of :attr:`~vlmspec.models.edd.EDDConfig.hidden_layer` at every position) and the
+   target's next-token distribution at every reply position (kept as its ``teacher_top_k`` most likely tokens,
+   renormalised: exact on the testbed's 699-token vocabulary; a real 150k vocabulary would need ~60 MB per example
+   in full). Collected once, saved as ``data.safetensors`` in ``--out``.
+2. **Dual-block training** (Eq. 3, Fig. 3a). One forward per example over ``[soft prompt rows | reply token
+   rows]``: the reply is cut into blocks of a random length in ``[block_min, block_max]`` (drawn anew at every
+   step, paper: 5-10); a token row sees the token rows before it in its own block and the soft-prompt rows before
+   its block's first position, exactly what it sees at inference when that block's first token is a root. Loss:
+   ``KL(P_target || P_draft)`` (Eq. 4), mean over reply rows. AdamW, learning rate 1e-4, batch 8 (gradients
+   accumulated over examples), one epoch: the paper's settings are the defaults.
+3. **Checkpoints** every ``checkpoint_every`` steps and at the end in ``--out/checkpoint`` (draft weights and
+   AdamW state as safetensors, the step as JSON; no pickle). A run started again with the same ``--out`` resumes
+   from the last checkpoint; every random choice is drawn from ``(seed, step)``, so a resumed run ends with the
+   same weights as an uninterrupted one. The final draft (``edd_config.json`` + ``model.safetensors``, with the
+   target it was trained for) is written to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .c2t_tools import Example, load_examples
+from .models import EDDDraft, VLMAdapter, adapter_for
+from .models.edd import check_target, is_edd_folder, read_config
+from .tree import tree_attention_bias
+
+DATA_NAME = "data.safetensors"
+CHECKPOINT = "checkpoint"
+
+
+@dataclass
+class EDDTrainConfig:
+    """Training settings (defaults: the paper's, section 4.1).
+
+    Attributes:
+        epochs: passes over the data.
+        lr: AdamW learning rate.
+        batch_size: examples per optimiser step (gradients accumulated).
+        block_min, block_max: the random block length's range (inclusive).
+        weight_decay: AdamW weight decay.
+        max_new_tokens: length of the target's own replies (self-distillation).
+        teacher_top_k: target probabilities kept per reply position.
+        hidden_layer: target layer read (``None``: :func:`~vlmspec.models.edd.default_hidden_layer`).
+        use_hidden: ``False`` trains the paper's ablation "w/o encoding result": the draft sees the prompt's and
+            the reply's *token embeddings* instead of the target's hidden states (same size, same data).
+        checkpoint_every: steps between checkpoints.
+        seed: seeds the data order and the block lengths.
+    """
+
+    epochs: int = 1
+    lr: float = 1e-4
+    batch_size: int = 8
+    block_min: int = 5
+    block_max: int = 10
+    weight_decay: float = 0.0
+    max_new_tokens: int = 128
+    teacher_top_k: int = 1024
+    hidden_layer: int | None = None
+    use_hidden: bool = True
+    checkpoint_every: int = 50
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "epochs",
+            "batch_size",
+            "block_min",
+            "max_new_tokens",
+            "teacher_top_k",
+            "checkpoint_every",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"EDDTrainConfig.{name} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.block_max, int) or self.block_max < self.block_min:
+            raise ValueError(
+                f"EDDTrainConfig.block_max must be an integer >= block_min ({self.block_min}), got {self.block_max!r}"
+            )
+        if not (isinstance(self.lr, int | float) and self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"EDDTrainConfig.lr must be a positive number, got {self.lr!r}")
+
+
+@dataclass
+class Sample:
+    """One self-distilled example.
+
+    Attributes:
+        soft: ``[S, D]`` target hidden states of prompt and reply (the soft prompt's rows).
+        positions: ``[..., 1, S]`` the target's rotary position ids.
+        prompt_len: ``P``, prompt tokens; the reply is positions ``P .. S-1``.
+        tokens: ``[S]`` token ids of prompt and reply.
+        top_ids, top_probs: ``[R, k]`` the target's distribution after each reply token (row ``j`` follows
+            reply token ``j`` and predicts the next one).
+    """
+
+    soft: torch.Tensor
+    positions: torch.Tensor
+    prompt_len: int
+    tokens: torch.Tensor
+    top_ids: torch.Tensor
+    top_probs: torch.Tensor
+
+
+# ---- 1. self-distillation -----------------------------------------------------------------------------------------
+@torch.no_grad()
+def distill_example(pipe: Any, example: Example, layer: int, max_new_tokens: int, top_k: int) -> Sample:
+    """The target's reply to ``example`` with its hidden states and distributions (see the module docstring)."""
+    target: VLMAdapter = adapter_for(pipe.target)
+    inputs = pipe.prepare_inputs(example.image, example.prompt, example.video)
+    reply = pipe.reference_generate(inputs, max_new_tokens)  # the target's own greedy reply
+    prefill = target.prefill(inputs, hidden_layer=layer)
+    prompt_len = inputs["input_ids"].shape[1]
+    tokens = torch.tensor(reply, device=target.device)  # [R]
+    positions = torch.arange(prompt_len, prompt_len + len(reply), device=target.device)
+    causal = torch.ones(len(reply), len(reply), dtype=torch.bool, device=target.device).tril()
+    logits, hidden = target.forward_hidden(
+        prefill.state, tokens, positions, tree_attention_bias(causal, prompt_len, target.dtype), layer
+    )  # [R, V], [R, D]
+    probs = torch.softmax(logits.float(), dim=-1)
+    top_probs, top_ids = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
+    return Sample(
+        soft=torch.cat([prefill.hidden, hidden]).float().cpu(),
+        positions=torch.cat(
+            [prefill.position_ids, target.rope_ids(positions, prefill.state.rope_delta)], dim=-1
+        ).cpu(),
+        prompt_len=prompt_len,
+        tokens=torch.cat([inputs["input_ids"][0], tokens]).cpu(),
+        top_ids=top_ids.cpu(),
+        top_probs=(top_probs / top_probs.sum(-1, keepdim=True)).cpu(),
+    )
+
+
+def save_samples(samples: Sequence[Sample], path: Path, meta: dict[str, Any]) -> None:
+    tensors: dict[str, torch.Tensor] = {}
+    for i, s in enumerate(samples):
+        for name in ("soft", "positions", "tokens", "top_ids", "top_probs"):
+            tensors[f"{i}.{name}"] = getattr(s, name).contiguous()
+        tensors[f"{i}.prompt_len"] = torch.tensor(s.prompt_len)
+    save_file(tensors, str(path), metadata={"meta": json.dumps(meta, sort_keys=True)})
+
+
+def load_samples(path: Path) -> list[Sample]:
+    state = load_file(str(path))
+    count = len({key.split(".")[0] for key in state})
+    return [
+        Sample(
+            soft=state[f"{i}.soft"],
+            positions=state[f"{i}.positions"],
+            prompt_len=int(state[f"{i}.prompt_len"]),
+            tokens=state[f"{i}.tokens"],
+            top_ids=state[f"{i}.top_ids"],
+            top_probs=state[f"{i}.top_probs"],
+        )  # fmt: skip
+        for i in range(count)
+    ]
+
+
+# ---- 2. the dual-block loss ---------------------------------------------------------------------------------------
+def block_starts(prompt_len: int, length: int, block: int) -> torch.Tensor:
+    """``[R]`` the first position of each reply position's block (blocks of ``block`` from ``prompt_len``)."""
+    offsets = torch.arange(length - prompt_len)
+    return prompt_len + offsets - offsets % block
+
+
+def dual_block_mask(prompt_len: int, length: int, block: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[1, 1, S + R, S + R]`` additive mask over ``[S soft rows | R reply token rows]`` (Fig. 3a).
+
+    Soft row ``a`` sees soft rows ``<= a``; the token row of position ``i`` (block starting at ``s``) sees soft
+    rows ``< s`` and the token rows ``s .. i``.
+    """
+    reply = length - prompt_len
+    start = block_starts(prompt_len, length, block)  # [R]
+    position = torch.arange(prompt_len, length)  # [R]
+    soft = torch.arange(length)
+    visible = torch.zeros(length + reply, length + reply, dtype=torch.bool)
+    visible[:length, :length] = soft[None, :] <= soft[:, None]
+    visible[length:, :length] = soft[None, :] < start[:, None]
+    visible[length:, length:] = (position[None, :] >= start[:, None]) & (
+        position[None, :] <= position[:, None]
+    )
+    return tree_attention_bias(visible, 0, dtype)
+
+
+def sample_loss(draft: EDDDraft, sample: Sample, block: int, use_hidden: bool) -> torch.Tensor:
+    """``KL(P_target || P_draft)`` (Eq. 4) over the reply rows of one sample, under the dual-block mask."""
+    weight = draft.lm_head.weight
+    length, prompt_len = sample.tokens.shape[0], sample.prompt_len
+    embed = draft.get_input_embeddings()
+    tokens = sample.tokens.to(weight.device)
+    soft = sample.soft.to(weight.device, weight.dtype) if use_hidden else embed(tokens)  # [S, D]
+    rows = torch.cat([soft, embed(tokens[prompt_len:])])[None]  # [1, S + R, D]
+    positions = sample.positions.to(weight.device)
+    positions = torch.cat([positions, positions[..., prompt_len:]], dim=-1)
+    mask = dual_block_mask(prompt_len, length, block, weight.dtype).to(weight.device)
+    logits = draft(rows, position_ids=positions, attention_mask=mask, cache=None)[
+        length:
+    ]  # [R, V]: token rows
+    log_draft = torch.log_softmax(logits.float(), dim=-1).gather(-1, sample.top_ids.to(weight.device))
+    teacher = sample.top_probs.to(weight.device)
+    return (teacher * (teacher.clamp_min(1e-12).log() - log_draft)).sum(-1).mean()
+
+
+# ---- 3. the loop, with resumable checkpoints ----------------------------------------------------------------------
+def _batches(count: int, config: EDDTrainConfig) -> Iterator[tuple[int, list[int]]]:
+    step = 0
+    for epoch in range(config.epochs):
+        order = torch.randperm(
+            count, generator=torch.Generator().manual_seed(config.seed * 1000 + epoch)
+        ).tolist()
+        for start in range(0, count, config.batch_size):
+            yield step, order[start : start + config.batch_size]
+            step += 1
+
+
+def _block_length(config: EDDTrainConfig, step: int) -> int:
+    generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+    return int(torch.randint(config.block_min, config.block_max + 1, (1,), generator=generator))
+
+
+def save_checkpoint(folder: Path, draft: EDDDraft, optimizer: torch.optim.Optimizer, step: int) -> None:
+    """Draft weights, AdamW state (safetensors) and the step (JSON), written whole before the step is recorded."""
+    folder.mkdir(parents=True, exist_ok=True)
+    draft.save_pretrained(folder)
+    state = optimizer.state_dict()
+    tensors = {
+        f"{index}.{key}": value.detach().contiguous().cpu()
+        for index, slots in state["state"].items()
+        for key, value in slots.items()
+        if torch.is_tensor(value)
+    }
+    save_file(tensors, str(folder / "optimizer.safetensors"))
+    progress = {"step": step, "param_groups": state["param_groups"]}
+    tmp = folder / "progress.json.tmp"
+    tmp.write_text(json.dumps(progress))
+    tmp.replace(folder / "progress.json")
+
+
+def load_checkpoint(
+    folder: Path, draft: EDDDraft, optimizer: torch.optim.Optimizer, target: torch.nn.Module
+) -> int:
+    """Restore a checkpoint (of a draft for ``target``) into ``draft`` and ``optimizer``; the next step to run
+    (0: none there)."""
+    if not (folder / "progress.json").is_file():
+        return 0
+    progress = json.loads((folder / "progress.json").read_text())
+    loaded = EDDDraft.from_pretrained(folder, target)
+    draft.load_state_dict(loaded.state_dict())
+    tensors = load_file(str(folder / "optimizer.safetensors"))
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": progress["param_groups"]})
+    return int(progress["step"]) + 1
+
+
+def train(
+    pipe: Any,
+    examples: Sequence[Example],
+    out: str | Path,
+    config: EDDTrainConfig | None = None,
+    target_name: str = "",
+    progress: bool = True,
+) -> EDDDraft:
+    """Train an EDD draft for ``pipe.target`` on ``examples`` and save it in ``out`` (resuming if possible).
+
+    Args:
+        pipe: a :class:`~vlmspec.VLMSpecPipeline` holding the (frozen) target and its processor.
+        examples: prompts with their images/videos.
+        out: output folder (draft, data, checkpoint).
+        config: training settings (default: the paper's).
+        target_name: recorded in the draft's config, for messages.
+        progress: show a progress bar.
+
+    Raises:
+        ValueError: ``out`` holds a draft or checkpoint of another target, or no examples were given.
+    """
+    from tqdm.auto import tqdm
+
+    config = config or EDDTrainConfig()
+    out = Path(out)
+    if not examples:
+        raise ValueError("no training examples: give --data with at least one example")
+    for folder in (out, out / CHECKPOINT):
+        if is_edd_folder(folder):
+            check_target(read_config(folder), pipe.target, where=str(folder))
+    torch.manual_seed(config.seed)
+    draft = EDDDraft.for_target(pipe.target, config.hidden_layer, target_name=target_name).float().train()
+    layer = draft.edd_config.hidden_layer
+    meta = {"examples": len(examples), "layer": layer, "max_new_tokens": config.max_new_tokens}
+    data_path = out / DATA_NAME
+    samples = load_samples(data_path) if data_path.is_file() and _data_meta(data_path) == meta else None
+    if samples is None:
+        bar = tqdm(examples, desc="edd: target replies", disable=not progress)
+        samples = [distill_example(pipe, e, layer, config.max_new_tokens, config.teacher_top_k) for e in bar]
+        out.mkdir(parents=True, exist_ok=True)
+        save_samples(samples, data_path, meta)
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    first = load_checkpoint(out / CHECKPOINT, draft, optimizer, pipe.target)
+    batches = list(_batches(len(samples), config))
+    bar = tqdm(batches[first:], desc="edd: training", disable=not progress, initial=first, total=len(batches))
+    losses: list[float] = []
+    for step, batch in bar:
+        block = _block_length(config, step)
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for index in batch:
+            loss = sample_loss(draft, samples[index], block, config.use_hidden) / len(batch)
+            loss.backward()
+            total += loss.item()
+        optimizer.step()
+        losses.append(total)
+        bar.set_postfix(kl=f"{total:.3f}")
+        if (step + 1) % config.checkpoint_every == 0 or step == len(batches) - 1:
+            save_checkpoint(out / CHECKPOINT, draft, optimizer, step)
+    draft.eval()
+    draft.edd_config.training = {**asdict(config), "steps": len(batches), "examples": len(samples)}
+    if losses:
+        draft.edd_config.training["final_kl"] = round(sum(losses[-10:]) / len(losses[-10:]), 4)
+    draft.save_pretrained(out)
+    return draft
+
+
+def _data_meta(path: Path) -> dict[str, Any] | None:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as handle:
+        raw = (handle.metadata() or {}).get("meta")
+    return json.loads(raw) if raw else None
+
+
+# ---- the command line -----------------------------------------------------------------------------------------------
+def examples_from_testbed(count: int, seed: int = 0) -> list[Example]:
+    """``count`` examples of the testbed world (image captions, video captions and image questions, in turn),
+    drawn from training seeds (never those the bench and the tests use)."""
+    from .testbed import sample
+    from .testbed.train import TRAIN_SEED_OFFSET
+
+    tasks = ("image_caption", "video_caption", "image_qa")
+    found = []
+    for i in range(count):
+        example = sample(tasks[i % len(tasks)], TRAIN_SEED_OFFSET + seed * 100_000 + i)
+        found.append(Example(prompt=example.prompt, image=example.image, video=example.video))
+    return found
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="EDD drafts (edd_pct.txt section 3.1)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    tr = sub.add_parser("train", help="train an EDD draft for a target by self-distillation")
+    tr.add_argument("--target", required=True, help="target: hub id, folder or pair name (e.g. testbed-base)")
+    tr.add_argument(
+        "--data", required=True, help="examples .jsonl ({prompt, image, video} per line) or 'testbed'"
+    )
+    tr.add_argument("--examples", type=int, default=None, help="use the first N examples (testbed: draw N)")
+    tr.add_argument("--out", required=True, help="output folder (resumes when it holds a checkpoint)")
+    defaults = EDDTrainConfig()
+    for name in ("epochs", "batch_size", "block_min", "block_max", "max_new_tokens", "teacher_top_k", "seed",
+                 "checkpoint_every", "hidden_layer"):  # fmt: skip
+        tr.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
+    tr.add_argument("--lr", type=float, default=defaults.lr)
+    tr.add_argument("--weight-decay", type=float, default=defaults.weight_decay)
+    tr.add_argument(
+        "--no-hidden", action="store_true", help="ablation: token embeddings instead of hidden states"
+    )
+    tr.add_argument(
+        "--dtype", default="float32", help="the target's dtype while it encodes (default float32)"
+    )
+    tr.add_argument("--quiet", action="store_true", help="no progress bars")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "vlmspec edd") -> int:
+    args = _parser(prog).parse_args(argv)
+    from .pipeline import VLMSpecPipeline
+
+    if args.data == "testbed":
+        examples = examples_from_testbed(args.examples or 200, args.seed)
+    else:
+        examples = load_examples(args.data)[: args.examples]
+    config = EDDTrainConfig(
+        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, block_min=args.block_min,
+        block_max=args.block_max, weight_decay=args.weight_decay, max_new_tokens=args.max_new_tokens,
+        teacher_top_k=args.teacher_top_k, hidden_layer=args.hidden_layer, use_hidden=not args.no_hidden,
+        checkpoint_every=args.checkpoint_every, seed=args.seed,
+    )  # fmt: skip
+    pipe = VLMSpecPipeline.from_pretrained(args.target, policy="ar", torch_dtype=getattr(torch, args.dtype))
+    draft = train(pipe, examples, args.out, config, target_name=args.target, progress=not args.quiet)
+    print(f"wrote {args.out}: EDD draft reading target layer {draft.edd_config.hidden_layer} "
+          f"({draft.edd_config.training.get('steps')} steps, final KL {draft.edd_config.training.get('final_kl')})")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
