@@ -233,6 +233,8 @@ def _run(config: BenchConfig, pipe: Any) -> dict[str, Any]:
             edd_probe = run_cost_probe(
                 edd_pipe, prepared[items[0].task, 0], items[0].task, config.probe_sizes, config.probe_runs
             )
+            # The same target costs as every other row (so the same node budget); the EDD draft's own costs.
+            edd_probe = replace(edd_probe, target_s=probe.target_s, roofline=probe.roofline)
             edd_pipe.costs, edd_pipe.budget_factor = edd_probe, config.auto_factor
             log(f"EDD draft: {edd_pipe.draft.edd_config.target_name or 'given'}; {edd_share(edd_probe)}")
         if edd_pipe is not None or config.edd != "auto":
