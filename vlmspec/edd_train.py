@@ -204,8 +204,8 @@ def dual_block_mask(prompt_len: int, length: int, block: int, dtype: torch.dtype
     return tree_attention_bias(visible, 0, dtype)
 
 
-def sample_loss(draft: EDDDraft, sample: Sample, block: int, use_hidden: bool) -> torch.Tensor:
-    """``KL(P_target || P_draft)`` (Eq. 4) over the reply rows of one sample, under the dual-block mask."""
+def block_logits(draft: EDDDraft, sample: Sample, block: int, use_hidden: bool) -> torch.Tensor:
+    """``[R, V]`` the draft's logits after each reply token, all blocks in one forward (dual-block mask)."""
     weight = draft.lm_head.weight
     length, prompt_len = sample.tokens.shape[0], sample.prompt_len
     embed = draft.get_input_embeddings()
@@ -215,12 +215,38 @@ def sample_loss(draft: EDDDraft, sample: Sample, block: int, use_hidden: bool) -
     positions = sample.positions.to(weight.device)
     positions = torch.cat([positions, positions[..., prompt_len:]], dim=-1)
     mask = dual_block_mask(prompt_len, length, block, weight.dtype).to(weight.device)
-    logits = draft(rows, position_ids=positions, attention_mask=mask, cache=None)[
-        length:
-    ]  # [R, V]: token rows
-    log_draft = torch.log_softmax(logits.float(), dim=-1).gather(-1, sample.top_ids.to(weight.device))
-    teacher = sample.top_probs.to(weight.device)
+    return draft(rows, position_ids=positions, attention_mask=mask, cache=None)[length:]  # the token rows
+
+
+def kl_to_target(logits: torch.Tensor, sample: Sample) -> torch.Tensor:
+    """``KL(P_target || P_draft)`` (Eq. 4), mean over the reply rows (the target's kept top-k, renormalised)."""
+    log_draft = torch.log_softmax(logits.float(), dim=-1).gather(-1, sample.top_ids.to(logits.device))
+    teacher = sample.top_probs.to(logits.device)
     return (teacher * (teacher.clamp_min(1e-12).log() - log_draft)).sum(-1).mean()
+
+
+@torch.no_grad()
+def evaluate(
+    draft: EDDDraft, samples: Sequence[Sample], block: int, use_hidden: bool = True
+) -> dict[str, float]:
+    """Held-out KL and greedy acceptance under the dual-block mask.
+
+    Each block is one drafting step whose root is the block's first token: the draft's greedy proposals along
+    the block are accepted while they equal the target's own next token (the sample's reply is the target's
+    greedy reply, so this is exactly a ``chain`` step of ``gamma = block``, without its decoding loop).
+
+    Returns:
+        ``{"kl": mean KL per reply position, "accepted": mean accepted tokens per block, "blocks": count}``.
+    """
+    kls, accepted = [], []
+    for sample in samples:
+        logits = block_logits(draft, sample, block, use_hidden)
+        kls.append(float(kl_to_target(logits, sample)))
+        matches = logits.argmax(-1).cpu() == sample.top_ids[:, 0]  # [R]
+        for start in range(0, matches.shape[0], block):
+            run = matches[start : start + block]  # the block's proposals, one per row
+            accepted.append(int(run.long().cumprod(0).sum()))
+    return {"kl": sum(kls) / len(kls), "accepted": sum(accepted) / len(accepted), "blocks": len(accepted)}
 
 
 # ---- 3. the loop, with resumable checkpoints ----------------------------------------------------------------------
@@ -328,7 +354,8 @@ def train(
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
         for index in batch:
-            loss = sample_loss(draft, samples[index], block, config.use_hidden) / len(batch)
+            sample = samples[index]
+            loss = kl_to_target(block_logits(draft, sample, block, config.use_hidden), sample) / len(batch)
             loss.backward()
             total += loss.item()
         optimizer.step()
@@ -390,6 +417,14 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--dtype", default="float32", help="the target's dtype while it encodes (default float32)"
     )
     tr.add_argument("--quiet", action="store_true", help="no progress bars")
+    ev = sub.add_parser("eval", help="held-out KL and greedy acceptance of a trained draft (dual-block mask)")
+    ev.add_argument("--target", required=True, help="the target the draft was trained for")
+    ev.add_argument("--draft", required=True, help="EDD draft folder")
+    ev.add_argument("--data", required=True, help="examples .jsonl or 'testbed' (held-out seeds with --seed 1)")
+    ev.add_argument("--examples", type=int, default=None)
+    ev.add_argument("--block", type=int, default=6, help="block length = chain length evaluated (default 6)")
+    ev.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    ev.add_argument("--seed", type=int, default=1)
     return parser
 
 
@@ -401,6 +436,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "vlmspec edd") -> int:
         examples = examples_from_testbed(args.examples or 200, args.seed)
     else:
         examples = load_examples(args.data)[: args.examples]
+    if args.command == "eval":
+        pipe = VLMSpecPipeline.from_pretrained(args.target, policy="ar", torch_dtype=torch.float32)
+        draft = EDDDraft.from_pretrained(args.draft, pipe.target).float()
+        layer = draft.edd_config.hidden_layer
+        samples = [distill_example(pipe, e, layer, args.max_new_tokens, 1024) for e in examples]
+        use_hidden = draft.edd_config.training.get("use_hidden", True)
+        result = evaluate(draft, samples, args.block, use_hidden)
+        print(json.dumps({"draft": args.draft, "use_hidden": use_hidden, "block": args.block, **result}))
+        return 0
     config = EDDTrainConfig(
         epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, block_min=args.block_min,
         block_max=args.block_max, weight_decay=args.weight_decay, max_new_tokens=args.max_new_tokens,

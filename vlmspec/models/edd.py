@@ -283,6 +283,11 @@ class EDDAdapter(VLMAdapter):
     """
 
     def __init__(self, draft: EDDDraft, family: type[VLMAdapter]) -> None:
+        if not draft.edd_config.training.get("use_hidden", True):
+            raise ValueError(
+                "this EDD draft was trained without the target's hidden states (the paper's 'w/o encoding result' "
+                "ablation, `vlmspec edd train --no-hidden`); it is for `vlmspec edd eval`, not for decoding"
+            )
         super().__init__(draft)
         self.family = family
 
