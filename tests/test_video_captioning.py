@@ -177,6 +177,50 @@ def test_killed_job_resumes_without_loss_or_duplicates(caption_pair, six_videos,
     assert {r["id"]: r["caption"] for r in records} == reference
 
 
+@pytest.mark.slow
+def test_killed_ten_times_with_every_signal_still_captions_each_video_once(
+    caption_pair, six_videos, reference, tmp_path
+):
+    """Killed at random points 10 times in a row (kill -9, SIGTERM, Ctrl-C in turn), each time started again on
+    the same output: the last run finishes, every video is there exactly once, with the clean run's caption."""
+    import random
+
+    out = tmp_path / "captions.jsonl"
+    argv = [
+        sys.executable,
+        str(SCRIPT),
+        str(six_videos),
+        "--out",
+        str(out),
+        *_pair_args(caption_pair),
+        *COMMON,
+    ]
+    rng = random.Random(0)
+    signals = [signal.SIGKILL, signal.SIGTERM, signal.SIGINT]
+    killed_mid_run = 0
+    for round_ in range(10):
+        child = subprocess.Popen(argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(1.0, 5.0))  # anywhere from loading the models to writing the last caption
+        if child.poll() is None:
+            killed_mid_run += 1
+            child.send_signal(signals[round_ % 3])
+        _, err = child.communicate(timeout=TIMEOUT)
+        assert b"Traceback" not in err or child.returncode < 0, err.decode()[-2000:]
+        if out.exists():
+            ids = [
+                json.loads(line)["id"]
+                for line in out.read_bytes().splitlines(keepends=True)
+                if line.endswith(b"\n")
+            ]
+            assert len(ids) == len(set(ids)), f"round {round_}: a video written twice"
+    result = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = _records(out)
+    assert sorted(r["id"] for r in records) == sorted(reference)  # every video exactly once
+    assert {r["id"]: r["caption"] for r in records} == reference
+    assert killed_mid_run >= 5, "most rounds must be killed while the job runs"
+
+
 def test_two_processes_match_one(caption_pair, six_videos, reference, tmp_path):
     launcher = Path(sys.executable).parent / "accelerate"
     if not launcher.exists():

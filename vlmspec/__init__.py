@@ -3,6 +3,7 @@
 from .engine import SpecStats, speculative_generate
 from .pipeline import SpecOutput, VLMSpecPipeline
 from .policies import TreePolicy, available_policies, get_policy, register_policy
+from .streaming import StreamPiece
 from .tree import TokenTree
 
 __version__ = "0.1.0"
@@ -10,6 +11,7 @@ __version__ = "0.1.0"
 __all__ = [
     "SpecOutput",
     "SpecStats",
+    "StreamPiece",
     "TokenTree",
     "TreePolicy",
     "VLMSpecPipeline",

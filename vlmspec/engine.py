@@ -102,6 +102,7 @@ def speculative_generate(
     stop: StopCriteria,
     draft: DraftPrompt | None = None,
     sampling: SamplingParams | None = None,
+    on_tokens: Callable[[list[int]], None] | None = None,
 ) -> tuple[list[int], SpecStats]:
     """Generate with tree speculative decoding: greedy, or sampling from the target's own distribution.
 
@@ -112,6 +113,8 @@ def speculative_generate(
         stop: stop criteria (EOS ids, stop strings, ``max_new_tokens``), as ``generate()`` applies them.
         draft: the draft model and how to prefill it; required when ``policy.uses_draft``.
         sampling: ``None`` for greedy decoding, else the sampling settings (``generate(do_sample=True)``'s).
+        on_tokens: called with the tokens each step emits (the prefill's first token, then each step's accepted
+            tokens and bonus token together), once they are final: never a token that is later taken back.
 
     Returns:
         The generated token ids (EOS included when produced, like ``generate()``) and the statistics.
@@ -153,6 +156,8 @@ def speculative_generate(
 
     tokens = [int(root)]
     done = stop.update(tokens)
+    if on_tokens is not None:
+        on_tokens(tokens[:])
     t_dtype = target.dtype
     position = prompt_len  # logical position of the root
     while not done:
@@ -201,6 +206,8 @@ def speculative_generate(
             done = stop.update(tokens)
             if done:
                 break
+        if on_tokens is not None:
+            on_tokens(tokens[-emitted:])
         # Statistics count only accepted tokens that were emitted (a stop condition may cut the step short).
         accepted = min(acc.num_accepted, emitted)
         stats.trace.append({**policy.trace(), "tree_size": tree.num_nodes, "accepted": accepted})

@@ -9,7 +9,7 @@ Components are plain attributes and can be swapped (``pipe.policy = get_policy("
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from .probe import cached_costs
 from .pruning import PruningConfig
 from .sampling import SamplingParams
 from .stopping import StopCriteria
+from .streaming import StreamPiece, stream_call
 
 DEFAULT_POLICY = "sage"
 
@@ -283,6 +284,7 @@ class VLMSpecPipeline:
         stop_strings: str | Sequence[str] | None = None,
         num_frames: int = 8,
         prune_ratio: float | None = None,
+        streamer: Any = None,
     ) -> SpecOutput:
         """Generate a reply to ``prompt`` about ``image`` (and/or ``video``).
 
@@ -298,6 +300,9 @@ class VLMSpecPipeline:
             num_frames: frames sampled evenly from a video file.
             prune_ratio: overrides ``pipe.pruning``'s ratios for this call, applied as given (no ``min_keep``
                 floor; 0 disables pruning).
+            streamer: a transformers streamer (``TextStreamer``, ``TextIteratorStreamer``, anything with
+                ``put``/``end``), driven as ``generate(streamer=...)`` drives it: the prompt's ids first, then each
+                verification step's tokens together (see :mod:`vlmspec.streaming`).
 
         Returns:
             :class:`SpecOutput` with ``text``, ``token_ids`` and ``stats``.
@@ -333,14 +338,38 @@ class VLMSpecPipeline:
             if layout is not None and pruning.prunes(layout):  # no scoring pass when nothing would be pruned
                 draft.select = lambda scores: pruning.select(layout, scores)
                 draft.needs_scores = pruning.needs_scores
-        # 3. Decode.
+        # 3. Decode (streaming each step's tokens when asked).
+        on_tokens = None
+        if streamer is not None:
+            streamer.put(inputs["input_ids"].cpu())
+            on_tokens = lambda ids: streamer.put(torch.tensor(ids))  # noqa: E731
         with self.kernels():
             token_ids, stats = speculative_generate(
-                self._target_adapter, inputs, self.policy, stop, draft=draft, sampling=sampling
+                self._target_adapter,
+                inputs,
+                self.policy,
+                stop,
+                draft=draft,
+                sampling=sampling,
+                on_tokens=on_tokens,
             )
+        if streamer is not None:
+            streamer.end()
         # 4. Decode the text.
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         return SpecOutput(text=text, token_ids=token_ids, stats=stats)
+
+    def stream(
+        self, image: ImageInput | Sequence[ImageInput] | None, prompt: str, **kwargs: Any
+    ) -> Iterator[StreamPiece]:
+        """Like :meth:`__call__`, yielding :class:`~vlmspec.streaming.StreamPiece` objects as each verification
+        step accepts tokens; the last one carries the statistics, and the pieces' texts join to the reply.
+
+        ``kwargs`` are :meth:`__call__`'s (``video``, ``max_new_tokens``, ``do_sample``, ...), ``streamer`` aside.
+        """
+        if "streamer" in kwargs:
+            raise TypeError("pipe.stream() makes its own streamer; use pipe(..., streamer=...) to pass yours")
+        return stream_call(lambda streamer: self(image, prompt, streamer=streamer, **kwargs), self.tokenizer)
 
     def _check_length(self, prompt_len: int, max_new_tokens: int) -> None:
         limit = self._target_adapter.max_positions

@@ -1,0 +1,82 @@
+"""Streaming (vlmspec.streaming): transformers' streamers on pipe(...), and pipe.stream(...)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from transformers import TextIteratorStreamer
+
+from vlmspec import VLMSpecPipeline, get_policy
+from vlmspec.testing import make_image
+
+CALLS = {
+    "sage greedy": ("sage", {}),
+    "chain sampling": ("chain", {"do_sample": True, "seed": 3, "temperature": 1.2}),
+}
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_pairs):
+    pair = tiny_pairs["qwen2_vl"]
+    return VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("case", list(CALLS))
+def test_text_iterator_streamer_yields_exactly_the_final_text(pipe, case):
+    policy, kwargs = CALLS[case]
+    pipe.policy = get_policy(policy)
+    streamer = TextIteratorStreamer(pipe.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    result = {}
+    worker = threading.Thread(
+        target=lambda: result.update(
+            out=pipe(make_image(0), "Describe this image.", max_new_tokens=40, streamer=streamer, **kwargs)
+        )  # fmt: skip
+    )
+    worker.start()
+    pieces = list(streamer)
+    worker.join()
+    out = result["out"]
+    assert "".join(pieces) == out.text and out.text
+    assert out.stats.accepted_tokens > 0  # steps emitted several tokens at once
+
+
+class _Recorder:
+    def __init__(self):
+        self.puts: list[list[int]] = []
+        self.ended = False
+
+    def put(self, value):
+        self.puts.append(value.flatten().tolist())
+
+    def end(self):
+        self.ended = True
+
+
+def test_a_streamer_gets_the_prompt_then_each_steps_tokens_together(pipe):
+    pipe.policy = get_policy("chain", gamma=4)
+    recorder = _Recorder()
+    image, prompt = make_image(1), "Describe this image."
+    out = pipe(image, prompt, max_new_tokens=40, streamer=recorder)
+    assert recorder.puts[0] == pipe.prepare_inputs(image, prompt)["input_ids"][0].tolist()
+    steps = recorder.puts[1:]
+    assert sum(steps, []) == out.token_ids and recorder.ended  # never a token taken back
+    assert len(steps) == out.stats.steps + 1 and max(len(s) for s in steps) > 1
+
+
+@pytest.mark.parametrize("case", list(CALLS))
+def test_pipe_stream_yields_pieces_that_join_to_the_reply(pipe, case):
+    policy, kwargs = CALLS[case]
+    pipe.policy = get_policy(policy)
+    pieces = list(pipe.stream(make_image(2), "Describe this image.", max_new_tokens=40, **kwargs))
+    out = pipe(make_image(2), "Describe this image.", max_new_tokens=40, **kwargs)
+    assert "".join(p.text for p in pieces) == out.text
+    assert sum((p.token_ids for p in pieces), []) == out.token_ids
+    assert pieces[-1].stats is not None and all(p.stats is None for p in pieces[:-1])
+    assert pieces[-1].stats.new_tokens == len(out.token_ids)
+
+
+def test_pipe_stream_raises_what_the_call_raised(pipe):
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        list(pipe.stream(make_image(0), "Describe this image.", max_new_tokens=0))

@@ -1,0 +1,118 @@
+"""Streaming the reply as it is verified: transformers' streamers, and ``pipe.stream(...)``.
+
+``pipe(..., streamer=s)`` drives any object with transformers' streamer protocol (``put(ids)``, ``end()``), as
+``generate(streamer=s)`` does: ``put`` first receives the prompt's ids (so ``skip_prompt=True`` works as with
+``generate``), then the tokens of each verification step *together* (the accepted draft tokens and the bonus
+token), never a token that is later taken back; ``end()`` comes last. ``TextStreamer`` and
+``TextIteratorStreamer`` work unchanged.
+
+``pipe.stream(...)`` yields :class:`StreamPiece` objects as the steps are verified: the text each step adds (a
+piece is held back while it would end inside a multi-byte character) and its token ids; the last piece carries the
+statistics. The pieces' texts join to exactly the final text.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .engine import SpecStats
+
+
+@dataclass
+class StreamPiece:
+    """One piece of a streamed reply.
+
+    Attributes:
+        text: the text this piece adds.
+        token_ids: the tokens this piece adds.
+        stats: the generation's statistics, on the last piece only (``None`` before).
+    """
+
+    text: str
+    token_ids: list[int]
+    stats: SpecStats | None = None
+
+
+class TextPieces:
+    """Turns a growing token list into text pieces whose concatenation is the decoded whole."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.sent = ""
+
+    def push(self, ids: list[int]) -> str:
+        """The text ``ids`` add, or ``""`` while the text so far ends inside a character (held back)."""
+        self.tokens.extend(ids)
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        if text.endswith("\ufffd") or not text.startswith(self.sent):
+            return ""
+        piece, self.sent = text[len(self.sent) :], text
+        return piece
+
+    def finish(self, text: str) -> str:
+        """What is left of the final ``text`` after the pieces already sent."""
+        piece = text[len(self.sent) :] if text.startswith(self.sent) else text
+        self.sent = text
+        return piece
+
+
+class _QueueStreamer:
+    """A streamer (``put``/``end``) that queues each step's tokens with their text, skipping the prompt."""
+
+    def __init__(self, tokenizer: Any, out: queue.Queue) -> None:
+        self.pieces = TextPieces(tokenizer)
+        self.out = out
+        self.prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        ids = value.flatten().tolist()
+        self.out.put(StreamPiece(self.pieces.push(ids), ids))
+
+    def end(self) -> None:
+        """Nothing to flush: the last piece (with the statistics) is sent once the call returns."""
+
+
+_DONE = object()
+
+
+def stream_call(call: Callable[[Any], Any], tokenizer: Any) -> Iterator[StreamPiece]:
+    """Run ``call(streamer)`` (a pipeline call) in a thread and yield its pieces as they come.
+
+    Args:
+        call: runs the generation with the given streamer and returns its ``SpecOutput``.
+        tokenizer: decodes the pieces.
+
+    Raises:
+        Whatever ``call`` raised, once the pieces before it were yielded.
+    """
+    pieces: queue.Queue = queue.Queue()
+    streamer = _QueueStreamer(tokenizer, pieces)
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["output"] = call(streamer)
+        except BaseException as error:  # handed to the caller's thread below
+            result["error"] = error
+        finally:
+            pieces.put(_DONE)
+
+    worker = threading.Thread(target=run, name="vlmspec-stream", daemon=True)
+    worker.start()
+    while (piece := pieces.get()) is not _DONE:
+        yield piece
+    worker.join()
+    if "error" in result:
+        raise result["error"]
+    output = result["output"]
+    yield StreamPiece(streamer.pieces.finish(output.text), [], output.stats)
