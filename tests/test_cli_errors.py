@@ -45,8 +45,14 @@ CASES = [
     (["c2t", "train", "--data", "{missing}.safetensors", "--out", "{missing}.out"], "missing"),
     (["testbed", "build", "--size", "huge"], "huge"),
     (["bench", "--methods", "edd+nope"], "unknown method(s) ['edd+nope']"),
-    (["edd", "train", "--target", "testbed-mini", "--data", "{missing}.jsonl", "--out", "{missing}"], "missing"),
-    (["edd", "eval", "--target", "testbed-mini", "--draft", "{videos}", "--data", "testbed"], "is not an EDD draft"),
+    (
+        ["edd", "train", "--target", "testbed-mini", "--data", "{missing}.jsonl", "--out", "{missing}"],
+        "missing",
+    ),
+    (
+        ["edd", "eval", "--target", "testbed-mini", "--draft", "{videos}", "--data", "testbed"],
+        "is not an EDD draft",
+    ),
     (["demo", "--pair", "testbed-mini", "--draft", "edd"], "no EDD draft ships"),
 ]
 

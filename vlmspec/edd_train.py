@@ -420,7 +420,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="held-out KL and greedy acceptance of a trained draft (dual-block mask)")
     ev.add_argument("--target", required=True, help="the target the draft was trained for")
     ev.add_argument("--draft", required=True, help="EDD draft folder")
-    ev.add_argument("--data", required=True, help="examples .jsonl or 'testbed' (held-out seeds with --seed 1)")
+    ev.add_argument(
+        "--data", required=True, help="examples .jsonl or 'testbed' (held-out seeds with --seed 1)"
+    )
     ev.add_argument("--examples", type=int, default=None)
     ev.add_argument("--block", type=int, default=6, help="block length = chain length evaluated (default 6)")
     ev.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)

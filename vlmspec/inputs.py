@@ -150,3 +150,68 @@ def frame_image(index: int, frame: Image.Image | np.ndarray) -> Image.Image:
         f"video frame {index} is a {frame.dtype} array with values in [{low:g}, {high:g}]; pass uint8 arrays in "
         "[0, 255] or float arrays in [0, 1]"
     )
+
+
+ROLES = ("system", "user", "assistant")
+_MEDIA_KEYS = {"image": ("image", "url", "path"), "video": ("video", "url", "path")}
+
+
+def normalize_messages(
+    messages: Sequence[dict], num_frames: int = 8
+) -> tuple[list[dict], list[Image.Image], list[tuple[list[Image.Image], VideoMetadata]]]:
+    """A conversation in transformers' chat format, checked, with its media loaded.
+
+    Each message is ``{"role": "system" | "user" | "assistant", "content": str | [item, ...]}``; an item is
+    ``{"type": "text", "text": ...}``, ``{"type": "image", "image": PIL image or path}`` or ``{"type": "video",
+    "video": path or frames}`` (``"url"``/``"path"`` keys work too, for local files), in any turn and any number.
+
+    Returns:
+        The messages with media items reduced to their placeholders (what the chat template needs), the images and
+        the videos (frames, metadata) in the order they appear.
+
+    Raises:
+        ValueError, TypeError: naming the message and item that is wrong, and what is expected.
+    """
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise TypeError(
+            f"messages must be a non-empty list of {{'role': ..., 'content': ...}} dicts, got {type(messages).__name__}"
+        )
+    chat, images, videos = [], [], []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+            raise ValueError(f"{where} must be a dict with 'role' and 'content', got {message!r:.80}")
+        if message["role"] not in ROLES:
+            raise ValueError(f"{where}: role {message['role']!r} is not one of {', '.join(ROLES)}")
+        content = message["content"]
+        if isinstance(content, str):  # as given: chat templates render a plain string their own way
+            chat.append({"role": message["role"], "content": content})
+            continue
+        if not isinstance(content, Sequence) or isinstance(content, bytes):
+            raise TypeError(
+                f"{where}: content must be a string or a list of items, got {type(content).__name__}"
+            )
+        items = []
+        for j, item in enumerate(content):
+            kind = item.get("type") if isinstance(item, dict) else None
+            if kind == "text":
+                if not isinstance(item.get("text"), str):
+                    raise TypeError(f"{where}.content[{j}]: a text item needs a string 'text'")
+                items.append({"type": "text", "text": item["text"]})
+                continue
+            if kind not in _MEDIA_KEYS:
+                raise ValueError(
+                    f"{where}.content[{j}]: expected an item of type 'text', 'image' or 'video', got {item!r:.80}"
+                )
+            source = next((item[k] for k in _MEDIA_KEYS[kind] if item.get(k) is not None), None)
+            if source is None:
+                raise ValueError(
+                    f"{where}.content[{j}]: this {kind} item has no {kind}: put it under {kind!r}"
+                )
+            if kind == "image":
+                images.append(load_image(source))
+            else:
+                videos.append(load_video(source, num_frames=num_frames))
+            items.append({"type": kind})
+        chat.append({"role": message["role"], "content": items})
+    return chat, images, videos

@@ -19,7 +19,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokeniz
 
 from .costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
 from .engine import DraftPrompt, SpecStats, speculative_generate
-from .inputs import ImageInput, VideoInput, load_images, load_video
+from .inputs import ImageInput, VideoInput, load_images, load_video, normalize_messages
 from .kernels import onednn_linears
 from .models import EDDDraft, adapter_for
 from .models.edd import check_target, is_edd_folder
@@ -237,20 +237,30 @@ class VLMSpecPipeline:
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
         images = load_images(image)
-        frames, metadata = load_video(video, num_frames=num_frames) if video is not None else (None, None)
+        videos = [load_video(video, num_frames=num_frames)] if video is not None else []
         content: list[dict[str, Any]] = [{"type": "image"} for _ in images]
-        if frames is not None:
-            content.append({"type": "video"})
+        content += [{"type": "video"} for _ in videos]
         content.append({"type": "text", "text": prompt})
-        text = self.processor.apply_chat_template(
-            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-        )
+        return self._encode([{"role": "user", "content": content}], images, videos)
+
+    def prepare_messages(self, messages: Sequence[dict], num_frames: int = 8) -> dict[str, torch.Tensor]:
+        """Processor inputs (batch 1) for a conversation in transformers' chat format (see
+        :func:`vlmspec.inputs.normalize_messages`): system, user and assistant turns, images and videos in any
+        turn. The same inputs as ``processor.apply_chat_template(messages, tokenize=True, return_dict=True,
+        add_generation_prompt=True)`` gives for the same media."""
+        chat, images, videos = normalize_messages(messages, num_frames=num_frames)
+        return self._encode(chat, images, videos)
+
+    def _encode(
+        self, chat: list[dict], images: list[Any], videos: list[tuple[Any, Any]]
+    ) -> dict[str, torch.Tensor]:
+        text = self.processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
         kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
         if images:
             kwargs["images"] = [images]  # nested per prompt: several images belong to one prompt
-        if frames is not None:
-            kwargs["videos"] = [frames]
-            kwargs["video_metadata"] = [metadata]
+        if videos:
+            kwargs["videos"] = [frames for frames, _ in videos]
+            kwargs["video_metadata"] = [metadata for _, metadata in videos]
             kwargs["do_sample_frames"] = False  # frames are already sampled
         inputs = self.processor(**kwargs)
         return {k: v.to(self._target_adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
@@ -272,8 +282,8 @@ class VLMSpecPipeline:
     @torch.no_grad()
     def __call__(
         self,
-        image: ImageInput | Sequence[ImageInput] | None,
-        prompt: str,
+        image: ImageInput | Sequence[ImageInput] | None = None,
+        prompt: str | None = None,
         video: VideoInput | None = None,
         max_new_tokens: int = 128,
         do_sample: bool = False,
@@ -285,8 +295,9 @@ class VLMSpecPipeline:
         num_frames: int = 8,
         prune_ratio: float | None = None,
         streamer: Any = None,
+        messages: Sequence[dict] | None = None,
     ) -> SpecOutput:
-        """Generate a reply to ``prompt`` about ``image`` (and/or ``video``).
+        """Generate a reply to ``prompt`` about ``image`` (and/or ``video``), or to a conversation (``messages``).
 
         Args:
             image: a PIL image, an image path, a list of them, or ``None`` (text only / video only).
@@ -300,6 +311,9 @@ class VLMSpecPipeline:
             num_frames: frames sampled evenly from a video file.
             prune_ratio: overrides ``pipe.pruning``'s ratios for this call, applied as given (no ``min_keep``
                 floor; 0 disables pruning).
+            messages: instead of ``image``/``prompt``/``video``: a conversation in transformers' chat format
+                (``[{"role": "user", "content": [{"type": "image", "image": ...}, {"type": "text", "text": ...}]}]``),
+                system, user and assistant turns, images and videos in any turn (:meth:`prepare_messages`).
             streamer: a transformers streamer (``TextStreamer``, ``TextIteratorStreamer``, anything with
                 ``put``/``end``), driven as ``generate(streamer=...)`` drives it: the prompt's ids first, then each
                 verification step's tokens together (see :mod:`vlmspec.streaming`).
@@ -322,7 +336,14 @@ class VLMSpecPipeline:
             tokenizer=self.tokenizer if stop_strings else None,
         )
         # 2. Build the multimodal prompt once; the draft sees the same inputs.
-        inputs = self.prepare_inputs(image, prompt, video, num_frames=num_frames)
+        if messages is not None:
+            if prompt is not None or image is not None or video is not None:
+                raise ValueError("give either messages or image/prompt/video, not both")
+            inputs = self.prepare_messages(messages, num_frames=num_frames)
+        elif prompt is None:
+            raise TypeError("pipe(...) needs a prompt (pipe(image, prompt)) or messages=[...]")
+        else:
+            inputs = self.prepare_inputs(image, prompt, video, num_frames=num_frames)
         self._check_length(inputs["input_ids"].shape[1], max_new_tokens)
         draft = None
         if self.policy.uses_draft:
