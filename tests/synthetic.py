@@ -36,6 +36,10 @@ class SyntheticDraft:
         self.calls.append(n)
         return self.dist_fn(tokens, positions).clamp_min(1e-12).log()
 
+    def forward_root(self, state, pending, root, positions, bias):
+        """The adapter contract's root forward: the pending tokens, then the root."""
+        return self.forward(state, torch.cat([pending, root.reshape(1)]), positions, bias)
+
 
 def synthetic_tree(
     dist_fn, depth_limit: int = 64, root_position: int = 10

@@ -12,6 +12,7 @@ from vlmspec_eval import bench, methods, tasks
 from vlmspec_eval.analysis import lagged_autocorrelation, running_tau
 from vlmspec_eval.cost import CostProbe, ideal_terms, run_cost_probe
 from vlmspec_eval.methods import (
+    DEFAULT_EDD_METHODS,
     ForwardCall,
     RunRecord,
     build_variants,
@@ -181,7 +182,9 @@ def test_budget_reaches_every_policy_with_a_node_budget():
 
 def test_resolve_methods_always_runs_ar_first():
     assert resolve_methods("sage,hf_assisted") == ["ar", "hf_generate", "sage", "hf_assisted"]
-    assert resolve_methods(None) == [m for m in valid_methods() if m != "dsbd"]  # dsbd: --dsbd section
+    # dsbd: the --dsbd section; the EDD rows run when the pair has an EDD draft (dropped otherwise)
+    assert resolve_methods(None) == [m for m in valid_methods() if m != "dsbd"] + list(DEFAULT_EDD_METHODS)
+    assert resolve_methods("edd+chain") == ["ar", "hf_generate", "edd+chain"]
     assert "dsbd" in valid_methods() and resolve_methods("dsbd") == ["ar", "hf_generate", "dsbd"]
     assert "ar" not in valid_methods()[1:] and set(available_policies()) - {"ar"} <= set(valid_methods())
 

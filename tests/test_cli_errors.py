@@ -53,7 +53,7 @@ CASES = [
         ["edd", "eval", "--target", "testbed-mini", "--draft", "{videos}", "--data", "testbed"],
         "is not an EDD draft",
     ),
-    (["demo", "--pair", "testbed-mini", "--draft", "edd"], "no EDD draft ships"),
+    (["demo", "--target", "testbed-mini", "--draft", "edd"], "no EDD draft ships"),
 ]
 
 
