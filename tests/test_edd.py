@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import PROMPTS, input_kinds
 from scipy.stats import chisquare
+from test_lossless import MAX_NEW, reference
 
 from vlmspec import VLMSpecPipeline, get_policy
 from vlmspec.edd_train import EDDTrainConfig, dual_block_mask, examples_from_testbed, train
@@ -24,12 +25,6 @@ from vlmspec.testing import FAMILIES, make_image
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("chain", "static", "sage", "eagle2", "pct")
-MAX_NEW = 40
-
-
-def reference(pipe: VLMSpecPipeline, inputs) -> list[int]:
-    out = pipe.target.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
-    return out[0, inputs["input_ids"].shape[1] :].tolist()
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
