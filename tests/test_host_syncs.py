@@ -65,6 +65,27 @@ def test_host_syncs_per_step_are_bounded(tiny_pairs, family):
     assert decode >= out.stats.steps * STEP  # the counter sees the syncs the step needs
 
 
+@pytest.mark.parametrize("policy", ["chain", "static", "sage"])
+def test_an_edd_draft_adds_no_host_sync(tiny_pairs, policy):
+    """With an EDD draft the step keeps the same budget: its commit cuts the cache at a host-known length (no
+    sync) and the hidden states of the accepted path are gathered on the device."""
+    from vlmspec.models import EDDDraft
+
+    pair = tiny_pairs["qwen2_vl"]
+    base = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
+    pipe = VLMSpecPipeline(base.target, EDDDraft.for_target(base.target), base.processor, policy="ar")
+    pipe.costs = CPU_LIKE
+    pipe.policy = policy
+    image = make_image(0)
+    with HostSyncCounter() as prefill:
+        pipe(image, "Describe.", max_new_tokens=1)
+    with HostSyncCounter() as run:
+        out = pipe(image, "Describe.", max_new_tokens=40)
+    levels = sum(step.get("depth", 0) for step in out.stats.trace) if policy == "sage" else 0
+    bound = (STEP - 1 + (policy == "sage")) * out.stats.steps + levels + END_OF_GENERATION
+    assert out.stats.steps > 0 and run.total - prefill.total <= bound, run.counts
+
+
 def test_counter_sees_reads_and_value_dependent_shapes():
     x = torch.arange(6)
     with HostSyncCounter() as syncs:
