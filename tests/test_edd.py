@@ -24,7 +24,7 @@ from vlmspec.models.edd import default_hidden_layer
 from vlmspec.testing import FAMILIES, make_image
 
 ROOT = Path(__file__).resolve().parents[1]
-POLICIES = ("chain", "static", "sage", "eagle2", "pct")
+POLICIES = ("chain", "static", "sage", "sage_paper", "eagle2", "pct", "wetap", "c2t")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
