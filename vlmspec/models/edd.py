@@ -295,10 +295,6 @@ class EDDAdapter(VLMAdapter):
     def reads_target_layer(self) -> int | None:
         return self.model.edd_config.hidden_layer
 
-    @property
-    def max_positions(self) -> int | None:
-        return getattr(self.config, "max_position_embeddings", None)
-
     def rope_ids(self, positions: torch.Tensor, rope_delta: torch.Tensor) -> torch.Tensor:
         return self.family.rope_ids(positions, rope_delta)
 
