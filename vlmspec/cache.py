@@ -58,6 +58,9 @@ def keep_tail(cache: Cache, start: int, keep: torch.Tensor) -> None:
         keep: ``[k]`` long, absolute cache indices ``>= start`` in ascending order; they become entries
             ``start .. start+k-1``.
     """
+    if isinstance(cache, RowCache):
+        cache.store.keep_row(cache.row, start, keep)
+        return
     k = keep.shape[0]
     for layer in _dynamic_layers(cache):
         if not layer.is_initialized:
@@ -93,3 +96,170 @@ def push_tail(cache: Cache, tail: list[tuple[torch.Tensor, torch.Tensor]]) -> No
     for layer, (keys, values) in zip(_dynamic_layers(cache), tail, strict=True):
         layer.keys = torch.cat([layer.keys, keys], dim=2)
         layer.values = torch.cat([layer.values, values], dim=2)
+
+
+class KVStore:
+    """Preallocated keys/values of up to ``max_rows`` requests of one model, written in place.
+
+    Per layer the keys (and values) are one ``[max_rows, H, capacity, D]`` tensor. Row ``b`` holds its own
+    ``lengths[b]`` entries at ``0 .. lengths[b]-1``, with no holes: the rows of a batch are at different lengths
+    (prompts of different sizes, different accepted paths every step), and each keeps its own. A forward over the
+    live rows writes each row's new entries at that row's own offset (one scatter per layer, no concatenation of
+    the whole cache) and attends over ``[:rows, :, :max(lengths) + n]`` under a per-row mask that hides everything
+    past each row's own entries; what lies there (padding rows of shorter requests, entries given up by a
+    verification) is never read. Live rows are kept at ``0 .. rows-1``: when a request leaves, the last row moves
+    into its place, so a forward never gathers rows.
+
+    Args:
+        max_rows: the most requests held at once (the batch size).
+    """
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self.keys: list[torch.Tensor] = []  # per layer [max_rows, H, capacity, D]
+        self.values: list[torch.Tensor] = []
+        self.lengths: list[int] = []  # entries of each live row
+        self.views: list[RowCache] = []  # the cache handle of each live row
+
+    @property
+    def rows(self) -> int:
+        """Live rows (requests) in the store."""
+        return len(self.lengths)
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+    def add_row(self, prefill: DynamicCache) -> RowCache:
+        """Copy a prefill's cache (batch 1) into a new row; returns the row's cache handle."""
+        layers = _dynamic_layers(prefill)
+        if self.rows >= self.max_rows:
+            raise RuntimeError(f"KVStore: all {self.max_rows} rows are in use")
+        length = layers[0].keys.shape[2]
+        if not self.keys:
+            for layer in layers:
+                shape = (self.max_rows, layer.keys.shape[1], length + _SPARE, layer.keys.shape[3])
+                self.keys.append(layer.keys.new_zeros(shape))
+                self.values.append(layer.values.new_zeros(shape))
+        self.reserve(length)
+        row = self.rows
+        for layer, keys, values in zip(layers, self.keys, self.values, strict=True):
+            keys[row, :, :length] = layer.keys[0]
+            values[row, :, :length] = layer.values[0]
+        view = RowCache(self, row)
+        self.lengths.append(length)
+        self.views.append(view)
+        return view
+
+    def remove_row(self, view: RowCache) -> None:
+        """Free a request's row; the last live row moves into its place."""
+        row, last = view.row, self.rows - 1
+        if row != last:
+            length = self.lengths[last]
+            for keys, values in zip(self.keys, self.values, strict=True):
+                keys[row, :, :length] = keys[last, :, :length]
+                values[row, :, :length] = values[last, :, :length]
+            self.lengths[row] = length
+            self.views[row] = self.views[last]
+            self.views[row].row = row
+        self.lengths.pop()
+        self.views.pop()
+        view.row = -1
+
+    def reserve(self, size: int) -> None:
+        """Make room for ``size`` entries per row (capacity doubles, so growing is rare)."""
+        if size <= self.capacity:
+            return
+        new = max(size + _SPARE, 2 * self.capacity)
+        for i, (keys, values) in enumerate(zip(self.keys, self.values, strict=True)):
+            shape = (keys.shape[0], keys.shape[1], new, keys.shape[3])
+            self.keys[i] = keys.new_zeros(shape)
+            self.keys[i][:, :, : keys.shape[2]] = keys
+            self.values[i] = values.new_zeros(shape)
+            self.values[i][:, :, : values.shape[2]] = values
+
+    def keep_row(self, row: int, start: int, keep: torch.Tensor) -> None:
+        """:func:`keep_tail` for one row: entries ``keep`` (ascending, ``>= start``) move to ``start ..``."""
+        k = keep.shape[0]
+        for keys, values in zip(self.keys, self.values, strict=True):
+            keys[row, :, start : start + k] = keys[row].index_select(1, keep)
+            values[row, :, start : start + k] = values[row].index_select(1, keep)
+        self.lengths[row] = start + k
+
+
+_SPARE = 256  # entries allocated past a row's need, so that decoding rarely grows the store
+
+
+class RowCache(Cache):
+    """One request's view of a :class:`KVStore`: the cache a batch-1 forward of that request runs on.
+
+    ``update`` writes the new entries at the row's own offset and returns the row's entries; the row's length
+    grows once the last layer has written (as a ``DynamicCache``'s length grows with its first layer's).
+    """
+
+    def __init__(self, store: KVStore, row: int) -> None:
+        super().__init__(layers=[])
+        self.store = store
+        self.row = row
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        store, row = self.store, self.row
+        start, n = store.lengths[row], key_states.shape[2]  # key_states: [1, H, n, D]
+        store.reserve(start + n)
+        keys, values = store.keys[layer_idx], store.values[layer_idx]
+        keys[row, :, start : start + n] = key_states[0]
+        values[row, :, start : start + n] = value_states[0]
+        if layer_idx == len(store.keys) - 1:
+            store.lengths[row] = start + n
+        return keys[row : row + 1, :, : start + n], values[row : row + 1, :, : start + n]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.store.lengths[self.row]
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def crop(self, max_length: int) -> None:
+        """Drop the last ``-max_length`` entries (transformers 5.x's negative count, as :func:`truncate` uses)."""
+        self.store.lengths[self.row] += min(max_length, 0)
+
+
+class BatchCache(Cache):
+    """The live rows of a :class:`KVStore` as one batched cache, for one forward of ``n`` tokens per row.
+
+    Args:
+        store: the store.
+        counts: per live row, how many of the forward's ``n`` tokens are real (the rest are padding; their entries
+            land past the row's length and are never read).
+    """
+
+    def __init__(self, store: KVStore, counts: list[int]) -> None:
+        super().__init__(layers=[])
+        self.store = store
+        self.counts = counts
+        self._offsets = torch.tensor(store.lengths, device=store.keys[0].device)  # [B]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        store = self.store
+        rows, heads, n, dim = key_states.shape
+        end = max(store.lengths) + n
+        store.reserve(end)
+        # Row b's n new entries go to lengths[b] .. lengths[b]+n-1: one scatter over the sequence axis.
+        slots = self._offsets[:, None] + torch.arange(n, device=self._offsets.device)  # [B, n]
+        index = slots[:, None, :, None].expand(rows, heads, n, dim)
+        keys, values = store.keys[layer_idx][:rows], store.values[layer_idx][:rows]
+        keys.scatter_(2, index, key_states)
+        values.scatter_(2, index, value_states)
+        if layer_idx == len(store.keys) - 1:
+            store.lengths[:] = [length + c for length, c in zip(store.lengths, self.counts, strict=True)]
+        return keys[:, :, :end], values[:, :, :end]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return max(self.store.lengths)
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0

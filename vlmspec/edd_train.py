@@ -215,7 +215,7 @@ def block_logits(draft: EDDDraft, sample: Sample, block: int, use_hidden: bool) 
     positions = sample.positions.to(weight.device)
     positions = torch.cat([positions, positions[..., prompt_len:]], dim=-1)
     mask = dual_block_mask(prompt_len, length, block, weight.dtype).to(weight.device)
-    return draft(rows, position_ids=positions, attention_mask=mask, cache=None)[length:]  # the token rows
+    return draft(rows, position_ids=positions, attention_mask=mask, cache=None)[0, length:]  # the token rows
 
 
 def kl_to_target(logits: torch.Tensor, sample: Sample) -> torch.Tensor:

@@ -9,14 +9,18 @@ Components are plain attributes and can be swapped (``pipe.policy = get_policy("
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
+from .batching import DRAFT_FIRST, TARGET, Batcher, RowAdapter
 from .costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
 from .engine import DraftPrompt, SpecStats, speculative_generate
 from .inputs import ImageInput, VideoInput, load_images, load_video, normalize_messages
@@ -47,6 +51,17 @@ class SpecOutput:
     text: str
     token_ids: list[int]
     stats: SpecStats
+
+
+@dataclass
+class _Call:
+    """One prepared request: its inputs, stop conditions, sampling settings, draft view and streamer."""
+
+    inputs: dict[str, torch.Tensor]
+    stop: StopCriteria
+    sampling: SamplingParams | None
+    draft: DraftPrompt | None
+    streamer: Any = None
 
 
 class VLMSpecPipeline:
@@ -321,6 +336,88 @@ class VLMSpecPipeline:
         Returns:
             :class:`SpecOutput` with ``text``, ``token_ids`` and ``stats``.
         """
+        call = self._prepare(
+            image,
+            prompt,
+            video,
+            max_new_tokens=max_new_tokens,
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            stop_strings=stop_strings,
+            num_frames=num_frames,
+            prune_ratio=prune_ratio,
+            streamer=streamer,
+            messages=messages,
+        )
+        (result,) = self._generate([call], batch_size=1)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    @torch.no_grad()
+    def batch(
+        self, requests: Sequence[dict[str, Any]], batch_size: int = 8, return_exceptions: bool = False
+    ) -> list[SpecOutput | Exception]:
+        """Generate replies to many requests, ``batch_size`` of them decoding together (:mod:`vlmspec.batching`).
+
+        Each request keeps its own tree, policy state, stop conditions and sampler: the output of each is what
+        ``pipe(**request)`` returns (greedy: the target's own ``generate()``, token for token; sampling: the same
+        seed gives the same reply at any batch size, up to floating-point differences of batched kernels). As a
+        request ends, the next one takes its place.
+
+        Args:
+            requests: one dict of :meth:`__call__` keyword arguments per request
+                (``{"image": ..., "prompt": ...}``, ``{"messages": [...]}``, ``{"video": ..., "prompt": ...,
+                "max_new_tokens": 64}``, ...).
+            batch_size: how many requests decode at once.
+            return_exceptions: put a failing request's exception in its place in the output instead of raising
+                it (the other requests are decoded either way).
+
+        Returns:
+            One :class:`SpecOutput` (or exception) per request, in the order of ``requests``.
+        """
+        calls: list[_Call | Exception] = []
+        for i, request in enumerate(requests):
+            if not isinstance(request, dict):
+                raise TypeError(
+                    f"pipe.batch: request {i} is a {type(request).__name__}; give one dict of pipe(...) keyword "
+                    'arguments per request, e.g. {"image": img, "prompt": "Describe it."}'
+                )
+            try:
+                calls.append(self._prepare(**request))
+            except (TypeError, ValueError, OSError) as error:
+                if not return_exceptions:
+                    raise type(error)(f"pipe.batch: request {i}: {error}") from error
+                calls.append(error)
+        todo = [c for c in calls if not isinstance(c, Exception)]
+        done = iter(self._generate(todo, batch_size))
+        results = [c if isinstance(c, Exception) else next(done) for c in calls]
+        for result in results:
+            if isinstance(result, BaseException) and not return_exceptions:
+                raise result
+        return results
+
+    def _prepare(
+        self,
+        image: ImageInput | Sequence[ImageInput] | None = None,
+        prompt: str | None = None,
+        video: VideoInput | None = None,
+        max_new_tokens: int = 128,
+        do_sample: bool = False,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop_strings: str | Sequence[str] | None = None,
+        num_frames: int = 8,
+        prune_ratio: float | None = None,
+        streamer: Any = None,
+        messages: Sequence[dict] | None = None,
+    ) -> _Call:
+        """Everything one request needs before decoding (:meth:`__call__`'s steps 1 and 2)."""
         # 1. Check the request before any model work.
         sampling = None
         if do_sample:
@@ -359,21 +456,36 @@ class VLMSpecPipeline:
             if layout is not None and pruning.prunes(layout):  # no scoring pass when nothing would be pruned
                 draft.select = lambda scores: pruning.select(layout, scores)
                 draft.needs_scores = pruning.needs_scores
-        # 3. Decode (streaming each step's tokens when asked).
-        on_tokens = None
-        if streamer is not None:
-            streamer.put(inputs["input_ids"].cpu())
-            on_tokens = lambda ids: streamer.put(torch.tensor(ids))  # noqa: E731
+        return _Call(inputs=inputs, stop=stop, sampling=sampling, draft=draft, streamer=streamer)
+
+    def _generate(self, calls: Sequence[_Call], batch_size: int) -> list[SpecOutput | BaseException]:
+        """Decode prepared requests, ``batch_size`` at a time (steps 3 and 4 of :meth:`__call__`)."""
+        batcher = Batcher(min(batch_size, max(len(calls), 1)))
+        results: list[SpecOutput | BaseException] = [RuntimeError("not decoded")] * len(calls)
         with self.kernels():
-            token_ids, stats = speculative_generate(
-                self._target_adapter,
-                inputs,
-                self.policy,
-                stop,
-                draft=draft,
-                sampling=sampling,
-                on_tokens=on_tokens,
-            )
+            for index, output, error in batcher.map([partial(self._decode, c, batcher) for c in calls]):
+                results[index] = output if error is None else error
+        return results
+
+    def _decode(self, call: _Call, batcher: Batcher) -> SpecOutput:
+        """One request in ``batcher``: decode (streaming each step's tokens when asked), then detokenize."""
+        # 3. Decode: the target and the draft as this request of the batch sees them.
+        draft = call.draft
+        if draft is not None:
+            draft = dataclasses.replace(draft, adapter=RowAdapter(draft.adapter, batcher, DRAFT_FIRST))
+        streamer, on_tokens = call.streamer, None
+        if streamer is not None:
+            streamer.put(call.inputs["input_ids"].cpu())
+            on_tokens = lambda ids: streamer.put(torch.tensor(ids))  # noqa: E731
+        token_ids, stats = speculative_generate(
+            RowAdapter(self._target_adapter, batcher, TARGET),
+            call.inputs,
+            copy.copy(self.policy),  # per-request state (the engine resets it); config and costs are shared
+            call.stop,
+            draft=draft,
+            sampling=call.sampling,
+            on_tokens=on_tokens,
+        )
         if streamer is not None:
             streamer.end()
         # 4. Decode the text.

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import Cache, DynamicCache
 
 from ..cache import cache_kwarg, cache_length, new_cache, pop_tail, push_tail, truncate
 from ..tree import tree_attention_bias
@@ -395,6 +395,46 @@ class VLMAdapter:
         finally:
             handle.remove()
 
+    # ---- decoding ---------------------------------------------------------------------------------------------
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``[n]`` token ids -> ``[n, D]`` input rows of the language model."""
+        return self.model.get_input_embeddings()(tokens)
+
+    def root_rows(self, pending: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
+        """Input rows ``[p + 1, D]`` of a draft's first forward of a step: the ``[p]`` pending tokens, the root."""
+        return self.embed(torch.cat([pending, root.reshape(1)]))
+
+    @torch.no_grad()
+    def run(
+        self,
+        cache: Cache,
+        rows: torch.Tensor,
+        position_ids: torch.Tensor,
+        bias: torch.Tensor,
+        hidden_layer: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed ``n`` input rows per request on top of the cache: the one forward every decoding call ends in.
+
+        Args:
+            cache: the KV cache of ``B`` requests (a batch-1 ``DynamicCache``/``RowCache``, or a ``BatchCache``).
+            rows: ``[B, n, D]`` input rows (token embeddings, or an EDD draft's soft-prompt rows).
+            position_ids: the model's rotary ``position_ids`` (``[B, n]``, or ``[3, B, n]`` with M-RoPE).
+            bias: ``[B, 1, n, keys]`` additive attention mask.
+            hidden_layer: also return the output of this decoder layer.
+
+        Returns:
+            ``[B, n, V]`` logits and (when asked) ``[B, n, D]`` hidden states of ``hidden_layer``.
+        """
+        with self._layer_output(hidden_layer) as hidden:
+            out = self.model(
+                inputs_embeds=rows,
+                position_ids=position_ids,
+                attention_mask=bias,
+                **cache_kwarg(self.model, cache),
+                use_cache=True,
+            )
+        return out.logits, (hidden[0] if hidden else None)
+
     @torch.no_grad()
     def forward_hidden(
         self,
@@ -405,9 +445,9 @@ class VLMAdapter:
         layer: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward`, plus the output ``[n, D]`` of decoder layer ``layer`` at the ``n`` tokens."""
-        with self._layer_output(layer) as hidden:
-            logits = self.forward(state, tokens, positions, bias)
-        return logits, hidden[0][0]
+        rope = self.rope_ids(positions, state.rope_delta)
+        logits, hidden = self.run(state.cache, self.embed(tokens)[None], rope, bias, layer)
+        return logits[0], hidden[0]
 
     @torch.no_grad()
     def forward_root(
@@ -418,8 +458,9 @@ class VLMAdapter:
         positions: torch.Tensor,
         bias: torch.Tensor,
     ) -> torch.Tensor:
-        """A draft's first forward of a step: the ``[p]`` pending tokens, then the root; ``[p + 1, V]`` logits."""
-        return self.forward(state, torch.cat([pending, root.reshape(1)]), positions, bias)
+        """A draft's first forward of a step: the ``[p]`` pending rows, then the root; ``[p + 1, V]`` logits."""
+        rope = self.rope_ids(positions, state.rope_delta)
+        return self.run(state.cache, self.root_rows(pending, root)[None], rope, bias)[0][0]
 
     @torch.no_grad()
     def forward(
@@ -436,14 +477,8 @@ class VLMAdapter:
         Returns:
             ``[n, V]`` logits.
         """
-        out = self.model(
-            input_ids=tokens[None],
-            position_ids=self.rope_ids(positions, state.rope_delta),
-            attention_mask=bias,
-            **cache_kwarg(self.model, state.cache),
-            use_cache=True,
-        )
-        return out.logits[0]
+        rope = self.rope_ids(positions, state.rope_delta)
+        return self.run(state.cache, self.embed(tokens)[None], rope, bias)[0][0]
 
 
 class _AttentionProbe:

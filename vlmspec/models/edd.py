@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+from transformers.cache_utils import Cache
 
 from ..cache import cache_kwarg, new_cache
 from .base import DecodeState, VLMAdapter
@@ -197,7 +198,7 @@ class EDDDraft(torch.nn.Module):
         attention_mask: torch.Tensor | None,
         cache: Any,
     ) -> torch.Tensor:
-        """``[1, n, D]`` input rows (soft-prompt hidden states and/or token embeddings) -> ``[n, V]`` logits."""
+        """``[B, n, D]`` input rows (soft-prompt hidden states and/or token embeddings) -> ``[B, n, V]`` logits."""
         out = self.decoder(
             inputs_embeds=inputs_embeds,
             position_ids=position_ids,
@@ -205,7 +206,7 @@ class EDDDraft(torch.nn.Module):
             use_cache=cache is not None,
             **cache_kwarg(self.decoder, cache),
         )
-        return self.lm_head(out.last_hidden_state)[0]
+        return self.lm_head(out.last_hidden_state)
 
 
 def read_config(folder: str | Path) -> EDDConfig:
@@ -307,28 +308,23 @@ class EDDAdapter(VLMAdapter):
         self.model(hidden[None].to(self.dtype), position_ids=position_ids, attention_mask=None, cache=cache)
         return DecodeState(cache=cache, rope_delta=rope_delta, visual_tokens=0)
 
-    @torch.no_grad()
-    def forward(
-        self, state: DecodeState, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor
-    ) -> torch.Tensor:
-        embeds = self.model.get_input_embeddings()(tokens)[None]  # [1, n, D]
-        rope = self.rope_ids(positions, state.rope_delta)
-        return self.model(embeds, position_ids=rope, attention_mask=bias, cache=state.cache)
+    def root_rows(self, pending: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
+        """``pending`` ``[p, D]`` target hidden states, then the root's embedding: ``[p + 1, D]``."""
+        root_row = self.embed(root.reshape(1))  # [1, D]
+        return torch.cat([pending.to(root_row.dtype), root_row])
 
     @torch.no_grad()
-    def forward_root(
+    def run(
         self,
-        state: DecodeState,
-        pending: torch.Tensor,
-        root: torch.Tensor,
-        positions: torch.Tensor,
+        cache: Cache,
+        rows: torch.Tensor,
+        position_ids: torch.Tensor,
         bias: torch.Tensor,
-    ) -> torch.Tensor:
-        """``pending`` ``[p, D]`` target hidden states, then the root's embedding: ``[p + 1, V]`` logits."""
-        root_row = self.model.get_input_embeddings()(root.reshape(1))  # [1, D]
-        rows = torch.cat([pending.to(root_row.dtype), root_row])[None]  # [1, p+1, D]
-        rope = self.rope_ids(positions, state.rope_delta)
-        return self.model(rows, position_ids=rope, attention_mask=bias, cache=state.cache)
+        hidden_layer: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if hidden_layer is not None:
+            raise ValueError("an EDD draft has no target layer to read: hidden_layer is for the target")
+        return self.model(rows, position_ids=position_ids, attention_mask=bias, cache=cache), None
 
 
 def _one_layer(text_config: Any) -> Any:

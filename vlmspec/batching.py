@@ -1,0 +1,282 @@
+"""Batched decoding: many requests, each with its own tree, verified together in one target forward.
+
+Every request runs the one decoding recipe, :func:`vlmspec.engine.speculative_generate`, unchanged: its own tree
+policy (SAGE's alpha, history and depth per request), stop conditions, sampler and draft state. What is batched
+is the models' work. Each request runs as a coroutine (a thread that only runs while the scheduler waits for it,
+so exactly one thread runs at any time and everything stays deterministic); its model calls go through a
+:class:`RowAdapter`, which hands each forward to the :class:`Batcher` and waits. When every live request waits on
+a forward, the batcher runs one forward per model for all of them (the draft's first, so that requests drafting
+deeper levels catch up and every verification is shared), hands each request its rows of the output and lets
+them run on to their next forward.
+
+Why coroutines rather than a second, batched engine: a tree policy is a short imperative function that asks the
+draft for distributions level by level and decides from what it gets (that is how the papers write them); run
+as coroutines, every policy works at any batch size as written, and the batch of one is the same code with the
+scheduler out of the way (a forward runs at once).
+
+The KV caches are :class:`~vlmspec.cache.KVStore` rows: each request keeps its own length and writes in place,
+so requests at different lengths share a forward without copying or padding their caches (see that class).
+Prefills are not batched: a request joins by prefilling at batch 1 (exactly ``generate()``'s prefill) and copying
+its cache into a free row; a finished request leaves at once and a queued one takes its row (continuous
+batching), so one long reply never holds up the rest.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .cache import BatchCache, KVStore, RowCache
+from .models import Prefill, VLMAdapter
+from .models.base import DecodeState
+
+DRAFT_FIRST, TARGET = 0, 1  # order in which waiting forwards run when several models are waited on
+
+
+@dataclass
+class _Forward:
+    """One request's forward, waiting to be merged with the others' of the same model."""
+
+    adapter: VLMAdapter
+    order: int
+    cache: RowCache
+    rows: torch.Tensor  # [1, n, D]
+    position_ids: torch.Tensor  # [1, n] or [3, 1, n]
+    bias: torch.Tensor  # [1, 1, n, length + n]
+    hidden_layer: int | None
+    result: tuple[torch.Tensor, torch.Tensor | None] | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class _Request:
+    index: int
+    job: Callable[[], Any]
+    resume: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+    forward: _Forward | None = None
+    caches: list[RowCache] = field(default_factory=list)
+    done: bool = False
+    output: Any = None
+    error: BaseException | None = None
+
+
+class Batcher:
+    """Runs up to ``max_rows`` requests at once and merges their forwards (see the module docstring).
+
+    Args:
+        max_rows: the batch size: how many requests decode together.
+    """
+
+    def __init__(self, max_rows: int) -> None:
+        if not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1:
+            raise ValueError(f"batch size must be a positive integer, got {max_rows!r}")
+        self.max_rows = max_rows
+        self.stores: dict[int, KVStore] = {}
+        self._running: _Request | None = None
+        self._threaded = max_rows > 1  # a batch of one runs each request straight through, forwards at once
+        self._turn = threading.Semaphore(0)  # released when the running request waits or ends
+
+    # ---- called by requests (through RowAdapter) -----------------------------------------------------------
+    def adopt(self, adapter: VLMAdapter, state: DecodeState) -> DecodeState:
+        """Move a prefill's cache into a row of ``adapter``'s store."""
+        store = self.stores.setdefault(id(adapter), KVStore(self.max_rows))
+        state.cache = store.add_row(state.cache)
+        if self._running is not None:
+            self._running.caches.append(state.cache)
+        return state
+
+    def run(self, adapter: VLMAdapter, order: int, cache: RowCache, *args: Any) -> Any:
+        """``adapter.run`` for one request: at once for a batch of one, else merged with the other requests'."""
+        request = self._running
+        if not self._threaded:
+            return adapter.run(cache, *args)
+        request.forward = call = _Forward(adapter, order, cache, *args)
+        self._turn.release()  # give the turn back and wait for the merged forward
+        request.resume.acquire()
+        request.forward = None
+        if call.error is not None:
+            raise call.error
+        return call.result
+
+    # ---- the scheduler --------------------------------------------------------------------------------------
+    def map(self, jobs: Sequence[Callable[[], Any]]) -> Iterator[tuple[int, Any, BaseException | None]]:
+        """Run ``jobs`` (each one request's whole decoding), ``max_rows`` at a time.
+
+        Yields ``(index, output, error)`` as each request ends (completion order); a failing request yields its
+        exception and the others go on.
+        """
+        if not self._threaded:
+            for index, job in enumerate(jobs):
+                request = _Request(index, job)
+                self._running = request
+                try:
+                    request.output = job()
+                except Exception as error:
+                    request.error = error
+                finally:
+                    self._running = None
+                    self._release(request)
+                yield index, request.output, request.error
+            return
+        queue = deque(enumerate(jobs))
+        live: list[_Request] = []
+        try:
+            while queue or live:
+                while queue and len(live) < self.max_rows:  # queued requests take the free rows
+                    index, job = queue.popleft()
+                    request = _Request(index, job)
+                    live.append(request)
+                    threading.Thread(target=self._body, args=(request,), daemon=True).start()
+                    self._switch_to(request)
+                for request in [r for r in live if r.done]:
+                    live.remove(request)
+                    self._release(request)
+                    yield request.index, request.output, request.error
+                waiting = [r for r in live if not r.done]
+                if waiting and len(waiting) == len(live):
+                    self._merged_forward(waiting)
+        finally:
+            for request in live:  # abandoned (an error in the caller, Ctrl-C): end every request's thread
+                if not request.done and request.forward is not None:
+                    request.forward.error = RuntimeError("the batch was stopped")
+                    self._switch_to(request)
+                self._release(request)
+
+    def _body(self, request: _Request) -> None:
+        request.resume.acquire()
+        try:
+            with torch.no_grad():
+                request.output = request.job()
+        except BaseException as error:
+            request.error = error
+        finally:
+            request.done = True
+            self._turn.release()
+
+    def _switch_to(self, request: _Request) -> None:
+        """Let ``request`` run until it waits on a forward or ends."""
+        self._running = request
+        request.resume.release()
+        self._turn.acquire()
+        self._running = None
+
+    def _release(self, request: _Request) -> None:
+        for cache in request.caches:
+            if cache.row >= 0:
+                cache.store.remove_row(cache)
+        request.caches.clear()
+
+    def _merged_forward(self, waiting: list[_Request]) -> None:
+        """One forward of one model for every request waiting on it; then those requests run on."""
+        first = min(waiting, key=lambda r: r.forward.order).forward
+        key = (first.adapter, first.hidden_layer)
+        group = [r for r in waiting if (r.forward.adapter, r.forward.hidden_layer) == key]
+        calls = [r.forward for r in group]
+        try:
+            results = run_merged(calls)
+            for call, result in zip(calls, results, strict=True):
+                call.result = result
+        except Exception as error:
+            for call in calls:
+                call.error = error
+        for request in group:
+            self._switch_to(request)
+
+
+def run_merged(calls: list[_Forward]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Run the forwards of several requests of one model as one batched forward over the store's live rows.
+
+    Every live row takes part (a row with no forward here gets ``n`` padding tokens), so the store's rows are the
+    batch as they lie, with no gather. Row ``b`` with ``n_b`` real tokens sees its own ``L_b`` entries and its
+    tokens' own mask; padding queries see only key 0 (so that no softmax row is empty).
+
+    Returns:
+        Per call: ``[1, n_b, V]`` logits and (if asked) ``[1, n_b, D]`` hidden states.
+    """
+    first = calls[0]
+    store = first.cache.store
+    by_row = {call.cache.row: call for call in calls}
+    n = max(call.rows.shape[1] for call in calls)
+    batch = store.rows
+    end = max(store.lengths) + n
+    dtype, device = first.rows.dtype, first.rows.device
+    rows = first.rows.new_zeros(batch, n, first.rows.shape[2])  # [B, n, D]
+    bias = torch.full((batch, 1, n, end), torch.finfo(first.bias.dtype).min, dtype=first.bias.dtype, device=device)
+    bias[:, :, :, 0] = 0
+    positions = []
+    counts = []
+    for row in range(batch):
+        call = by_row.get(row)
+        if call is None:
+            counts.append(0)
+            positions.append(_pad_positions(first.position_ids[..., :1] * 0, n))
+            continue
+        k = call.rows.shape[1]
+        counts.append(k)
+        rows[row, :k] = call.rows[0].to(dtype)
+        keys = call.bias.shape[-1]  # L_b + n_b
+        bias[row, :, :k, :keys] = call.bias[0]
+        positions.append(_pad_positions(call.position_ids, n))
+    position_ids = torch.cat(positions, dim=-2)  # [B, n] or [3, B, n]
+    logits, hidden = first.adapter.run(BatchCache(store, counts), rows, position_ids, bias, first.hidden_layer)
+    results = []
+    for call in calls:
+        row, k = call.cache.row, call.rows.shape[1]
+        results.append((logits[row : row + 1, :k], None if hidden is None else hidden[row : row + 1, :k]))
+    return results
+
+
+def _pad_positions(position_ids: torch.Tensor, n: int) -> torch.Tensor:
+    """Right-pad rotary ``position_ids`` (``[..., 1, k]``) to ``n`` by repeating the last one."""
+    k = position_ids.shape[-1]
+    if k == n:
+        return position_ids
+    return torch.cat([position_ids, position_ids[..., -1:].expand(*position_ids.shape[:-1], n - k)], dim=-1)
+
+
+class RowAdapter:
+    """A model adapter as one request of a batch sees it: prefills land in a store row, forwards are merged.
+
+    Everything else is the wrapped adapter's (its family hooks, ``embed``, ``rope_ids``, ...), so the decoding
+    methods below are :class:`VLMAdapter`'s own, running their single forward through the :class:`Batcher`.
+
+    Args:
+        adapter: the model's adapter.
+        batcher: the batch this request belongs to.
+        order: :data:`DRAFT_FIRST` for the draft, :data:`TARGET` for the target.
+    """
+
+    forward = VLMAdapter.forward
+    forward_root = VLMAdapter.forward_root
+    forward_hidden = VLMAdapter.forward_hidden
+
+    def __init__(self, adapter: VLMAdapter, batcher: Batcher, order: int) -> None:
+        self.adapter = adapter
+        self.batcher = batcher
+        self.order = order
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.adapter, name)
+
+    def prefill(self, inputs: dict[str, torch.Tensor], **kwargs: Any) -> Prefill:
+        prefill = self.adapter.prefill(inputs, **kwargs)
+        self.batcher.adopt(self.adapter, prefill.state)
+        return prefill
+
+    def prefill_soft(self, *args: Any) -> DecodeState:
+        return self.batcher.adopt(self.adapter, self.adapter.prefill_soft(*args))
+
+    def run(
+        self,
+        cache: RowCache,
+        rows: torch.Tensor,
+        position_ids: torch.Tensor,
+        bias: torch.Tensor,
+        hidden_layer: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.batcher.run(self.adapter, self.order, cache, rows, position_ids, bias, hidden_layer)
