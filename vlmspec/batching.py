@@ -206,7 +206,9 @@ def run_merged(calls: list[_Forward]) -> list[tuple[torch.Tensor, torch.Tensor |
     end = max(store.lengths) + n
     dtype, device = first.rows.dtype, first.rows.device
     rows = first.rows.new_zeros(batch, n, first.rows.shape[2])  # [B, n, D]
-    bias = torch.full((batch, 1, n, end), torch.finfo(first.bias.dtype).min, dtype=first.bias.dtype, device=device)
+    bias = torch.full(
+        (batch, 1, n, end), torch.finfo(first.bias.dtype).min, dtype=first.bias.dtype, device=device
+    )
     bias[:, :, :, 0] = 0
     positions = []
     counts = []
@@ -223,7 +225,9 @@ def run_merged(calls: list[_Forward]) -> list[tuple[torch.Tensor, torch.Tensor |
         bias[row, :, :k, :keys] = call.bias[0]
         positions.append(_pad_positions(call.position_ids, n))
     position_ids = torch.cat(positions, dim=-2)  # [B, n] or [3, B, n]
-    logits, hidden = first.adapter.run(BatchCache(store, counts), rows, position_ids, bias, first.hidden_layer)
+    logits, hidden = first.adapter.run(
+        BatchCache(store, counts), rows, position_ids, bias, first.hidden_layer
+    )
     results = []
     for call in calls:
         row, k = call.cache.row, call.rows.shape[1]

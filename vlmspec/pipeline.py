@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -352,7 +352,7 @@ class VLMSpecPipeline:
             streamer=streamer,
             messages=messages,
         )
-        (result,) = self._generate([call], batch_size=1)
+        ((_, result),) = self.batch_iter([call], batch_size=1)
         if isinstance(result, BaseException):
             raise result
         return result
@@ -381,24 +381,36 @@ class VLMSpecPipeline:
         """
         calls: list[_Call | Exception] = []
         for i, request in enumerate(requests):
-            if not isinstance(request, dict):
-                raise TypeError(
-                    f"pipe.batch: request {i} is a {type(request).__name__}; give one dict of pipe(...) keyword "
-                    'arguments per request, e.g. {"image": img, "prompt": "Describe it."}'
-                )
             try:
-                calls.append(self._prepare(**request))
+                calls.append(self._prepare(**_request_kwargs(request, i)))
             except (TypeError, ValueError, OSError) as error:
                 if not return_exceptions:
                     raise type(error)(f"pipe.batch: request {i}: {error}") from error
                 calls.append(error)
         todo = [c for c in calls if not isinstance(c, Exception)]
-        done = iter(self._generate(todo, batch_size))
-        results = [c if isinstance(c, Exception) else next(done) for c in calls]
+        done = dict(self.batch_iter(todo, batch_size))
+        order = iter(range(len(todo)))
+        results = [c if isinstance(c, Exception) else done[next(order)] for c in calls]
         for result in results:
             if isinstance(result, BaseException) and not return_exceptions:
                 raise result
         return results
+
+    @torch.no_grad()
+    def batch_iter(
+        self, requests: Iterable[dict[str, Any] | Callable[[], dict[str, Any]]], batch_size: int = 8
+    ) -> Iterator[tuple[int, SpecOutput | Exception]]:
+        """:meth:`batch` as results come: ``(index, output or exception)`` as each request ends.
+
+        For long jobs: ``requests`` is read lazily, one request as a row of the batch frees, and a request may be a
+        function that builds its keyword arguments only then (so that a job reads each video when its turn comes;
+        a failure there is that request's result, like any other bad input).
+        """
+        batcher = Batcher(batch_size)
+        jobs = (partial(self._decode, request, batcher, i) for i, request in enumerate(requests))
+        with self.kernels():
+            for index, output, error in batcher.map(jobs):
+                yield index, (output if error is None else error)
 
     def _prepare(
         self,
@@ -458,17 +470,13 @@ class VLMSpecPipeline:
                 draft.needs_scores = pruning.needs_scores
         return _Call(inputs=inputs, stop=stop, sampling=sampling, draft=draft, streamer=streamer)
 
-    def _generate(self, calls: Sequence[_Call], batch_size: int) -> list[SpecOutput | BaseException]:
-        """Decode prepared requests, ``batch_size`` at a time (steps 3 and 4 of :meth:`__call__`)."""
-        batcher = Batcher(min(batch_size, max(len(calls), 1)))
-        results: list[SpecOutput | BaseException] = [RuntimeError("not decoded")] * len(calls)
-        with self.kernels():
-            for index, output, error in batcher.map([partial(self._decode, c, batcher) for c in calls]):
-                results[index] = output if error is None else error
-        return results
-
-    def _decode(self, call: _Call, batcher: Batcher) -> SpecOutput:
-        """One request in ``batcher``: decode (streaming each step's tokens when asked), then detokenize."""
+    def _decode(
+        self, call: _Call | dict | Callable[[], dict], batcher: Batcher, index: int = 0
+    ) -> SpecOutput:
+        """One request in ``batcher``: prepare it if needed, decode (streaming each step's tokens when asked), then
+        detokenize."""
+        if not isinstance(call, _Call):
+            call = self._prepare(**_request_kwargs(call() if callable(call) else call, index))
         # 3. Decode: the target and the draft as this request of the batch sees them.
         draft = call.draft
         if draft is not None:
@@ -512,6 +520,15 @@ class VLMSpecPipeline:
                 f"context of {limit} tokens; shorten the prompt, use fewer/smaller images or video frames, or "
                 "lower max_new_tokens"
             )
+
+
+def _request_kwargs(request: Any, index: int) -> dict[str, Any]:
+    if not isinstance(request, dict):
+        raise TypeError(
+            f"pipe.batch: request {index} is a {type(request).__name__}; give one dict of pipe(...) keyword "
+            'arguments per request, e.g. {"image": img, "prompt": "Describe it."}'
+        )
+    return request
 
 
 def pruning_config(pruning: str | PruningConfig, prune_ratio: float | None) -> PruningConfig:

@@ -1,0 +1,124 @@
+"""Batched decoding (``pipe.batch``): each request's output is what it gets alone, whatever the batch.
+
+Greedy: every family x every lossless policy, a batch of mixed requests (one image, two images, a video, text;
+different prompt lengths and reply lengths) equals each request's own greedy ``generate()`` at batch 1; on the
+trained testbed pairs, whose captions end with EOS, with requests leaving the batch early and queued ones taking
+their rows. Sampling: the same seed gives the same reply at batch 1 and batch 3.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import PROMPTS, input_kinds
+
+from vlmspec import VLMSpecPipeline, get_policy
+from vlmspec.batching import Batcher
+from vlmspec.testbed.world import sample
+from vlmspec.testing import FAMILIES
+
+POLICIES = ("ar", "chain", "static", "sage", "sage_paper", "eagle2", "pct", "wetap", "c2t")
+
+
+def mixed_requests() -> list[dict]:
+    """Eight requests: every input kind, prompts of different lengths, replies of 12 to 40 tokens."""
+    requests = []
+    for i, (_kind, image, video) in enumerate(input_kinds() * 2):
+        requests.append(
+            {
+                "image": image,
+                "video": video,
+                "prompt": PROMPTS[i % len(PROMPTS)],
+                "max_new_tokens": 12 + 4 * i,
+            }
+        )
+    return requests
+
+
+def reference(pipe: VLMSpecPipeline, request: dict) -> list[int]:
+    inputs = pipe.prepare_inputs(request["image"], request["prompt"], request["video"])
+    return pipe.reference_generate(inputs, request["max_new_tokens"])
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_case(request, tiny_pairs):
+    pair = tiny_pairs[request.param]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
+    requests = mixed_requests()
+    return request.param, pipe, requests, [reference(pipe, r) for r in requests]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_batch_equals_generate(family_case, policy):
+    family, pipe, requests, expected = family_case
+    pipe.policy = get_policy(policy)
+    outputs = pipe.batch(requests, batch_size=6)
+    accepted = 0
+    for i, (out, want) in enumerate(zip(outputs, expected, strict=True)):
+        assert out.token_ids == want, f"{family}/{policy}: request {i} ({requests[i]['prompt']!r})"
+        accepted += out.stats.accepted_tokens
+    assert (accepted == 0) == (policy == "ar")  # the drafts were exercised at batch > 1
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava_onevision"])
+def test_testbed_batch_with_early_eos_equals_generate(family):
+    """Trained pairs: captions end with EOS at different lengths, so rows leave while others go on, and with
+    batch size 3 for 7 requests the queued ones join mid-run (continuous batching)."""
+    pipe = VLMSpecPipeline.from_pretrained(f"testbed-base:{family}", policy="sage")
+    requests = []
+    for i in range(7):
+        example = sample(("image_caption", "image_qa", "video_caption")[i % 3], 300 + i)
+        requests.append(
+            {"image": example.image, "video": example.video, "prompt": example.prompt, "max_new_tokens": 96}
+        )
+    requests.append({"image": None, "video": None, "prompt": "Describe the scene.", "max_new_tokens": 24})
+    expected = [reference(pipe, r) for r in requests]
+    eos = set(pipe.target.generation_config.eos_token_id or [])
+    assert (
+        sum(want[-1] in eos and len(want) < 96 for want in expected) >= 4
+    )  # most end early, at different steps
+    assert len({len(want) for want in expected}) >= 4
+    for policy in ("sage", "eagle2"):
+        pipe.policy = get_policy(policy)
+        outputs = pipe.batch(requests, batch_size=3)
+        assert [out.token_ids for out in outputs] == expected, policy
+
+
+def test_sampling_same_seed_same_reply_at_any_batch_size(tiny_pairs):
+    pair = tiny_pairs["qwen2_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
+    requests = [
+        dict(r, do_sample=True, seed=10 + i, temperature=0.9) for i, r in enumerate(mixed_requests()[:5])
+    ]
+    alone = [pipe(**r).token_ids for r in requests]
+    together = [out.token_ids for out in pipe.batch(requests, batch_size=3)]
+    assert together == alone
+    assert len({tuple(t) for t in alone}) == len(alone)
+
+
+def test_a_bad_request_fails_alone(tiny_pairs):
+    pair = tiny_pairs["qwen2_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
+    good = mixed_requests()[:3]
+    bad = {"image": None, "video": None, "prompt": "hi", "do_sample": True, "temperature": "hot"}
+    outputs = pipe.batch([good[0], bad, *good[1:]], batch_size=2, return_exceptions=True)
+    assert isinstance(outputs[1], Exception)
+    assert [out.token_ids for out in (outputs[0], *outputs[2:])] == [reference(pipe, r) for r in good]
+    with pytest.raises((TypeError, ValueError), match="request 1"):
+        pipe.batch([good[0], bad], batch_size=2)
+
+
+def test_batch_size_is_checked():
+    with pytest.raises(ValueError, match="positive integer, got 0"):
+        Batcher(0)
+
+
+def test_an_error_inside_a_request_reaches_the_caller_and_the_batch_goes_on():
+    batcher = Batcher(2)
+
+    def fails():
+        raise RuntimeError("boom")
+
+    results = {index: (output, error) for index, output, error in batcher.map([lambda: 1, fails, lambda: 3])}
+    assert results[0] == (1, None) and results[2] == (3, None)
+    assert isinstance(results[1][1], RuntimeError)
