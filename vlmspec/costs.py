@@ -98,35 +98,46 @@ class ForwardCosts:
         return self.draft_cost(1) / self.target_cost(1)
 
     # ---- budgets ----------------------------------------------------------------------------------------------
-    def node_budget(self, factor: float = DEFAULT_BUDGET_FACTOR) -> int:
+    def node_budget(self, factor: float = DEFAULT_BUDGET_FACTOR, rows: int = 1) -> int:
         """The largest node budget whose verification (and every smaller probed one) costs ``<= factor * c_t(1)``.
 
-        At least 1 and at most :data:`MAX_NODE_BUDGET`; see the module docstring for why.
+        At least 1 and at most :data:`MAX_NODE_BUDGET`; see the module docstring for why. With ``rows`` requests
+        verified together (batched decoding), the budget is per request and the rule is the batch's: ``rows``
+        trees of ``B + 1`` tokens may cost at most ``factor`` batched AR steps, ``c_t(rows * (B + 1)) <= factor *
+        c_t(rows)`` (a forward costs what its token count costs, whichever requests the tokens come from).
         """
         if factor < 1:
             raise ValueError(
                 f"budget factor={factor} is invalid: a verification never costs less than one forward"
             )
-        base, budget = self.target_cost(1), 1
-        for n, seconds in zip(self.sizes, self.target_curve, strict=True):
-            if n < 2:
+        if rows < 1:
+            raise ValueError(f"rows={rows} is invalid: a batch holds at least one request")
+        base, budget = self.target_cost(rows), 1
+        # Batch of one: the probed sizes themselves; a batch: every budget, its cost interpolated.
+        tokens = self.sizes if rows == 1 else [rows * (n + 1) for n in range(1, MAX_NODE_BUDGET + 1)]
+        for n in tokens:
+            if n < 2 * rows:
                 continue
-            if seconds > factor * base:
+            if self.target_cost(n) > factor * base:
                 break
-            budget = n - 1
+            budget = n // rows - 1
         return max(1, min(budget, MAX_NODE_BUDGET))
 
-    def depth_budget(self, nodes: int, acceptance: float = DEFAULT_ACCEPTANCE) -> int:
-        """The tree depth (``1..nodes``) with the most expected tokens per second; see the module docstring."""
+    def depth_budget(self, nodes: int, acceptance: float = DEFAULT_ACCEPTANCE, rows: int = 1) -> int:
+        """The tree depth (``1..nodes``) with the most expected tokens per second; see the module docstring.
+
+        ``rows`` requests decoding together share every forward: ``rows`` times the tokens per level and per
+        verification.
+        """
         if not 0 < acceptance < 1:
             raise ValueError(f"acceptance={acceptance} is invalid: a per-token probability in (0, 1)")
         if nodes < 1:
             raise ValueError(f"nodes={nodes} is invalid: use at least 1")
-        verify = self.target_cost(nodes + 1)
+        verify = self.target_cost(rows * (nodes + 1))
 
         def rate(depth: int) -> float:
             tokens = (1 - acceptance ** (depth + 1)) / (1 - acceptance)
-            return tokens / (depth * self.draft_cost(math.ceil(nodes / depth)) + verify)
+            return tokens / (depth * self.draft_cost(rows * math.ceil(nodes / depth)) + verify)
 
         return max(range(1, nodes + 1), key=rate)
 

@@ -407,7 +407,8 @@ class VLMSpecPipeline:
         a failure there is that request's result, like any other bad input).
         """
         batcher = Batcher(batch_size)
-        jobs = (partial(self._decode, request, batcher, i) for i, request in enumerate(requests))
+        policy = self.batch_policy(batch_size)
+        jobs = (partial(self._decode, request, batcher, policy, i) for i, request in enumerate(requests))
         with self.kernels():
             for index, output, error in batcher.map(jobs):
                 yield index, (output if error is None else error)
@@ -470,8 +471,17 @@ class VLMSpecPipeline:
                 draft.needs_scores = pruning.needs_scores
         return _Call(inputs=inputs, stop=stop, sampling=sampling, draft=draft, streamer=streamer)
 
+    def batch_policy(self, batch_size: int) -> TreePolicy:
+        """:attr:`policy` as requests decoding ``batch_size`` at a time use it: the node budget and depth it left
+        to the machine are refitted per request for that batch (:meth:`~vlmspec.costs.ForwardCosts.node_budget`
+        with ``rows``), since ``batch_size`` trees share every verification."""
+        policy = copy.copy(self.policy)
+        if batch_size > 1 and policy.uses_draft and policy.free_hardware_options():
+            policy.fit(self.hardware_costs(), self.budget_factor, rows=batch_size)
+        return policy
+
     def _decode(
-        self, call: _Call | dict | Callable[[], dict], batcher: Batcher, index: int = 0
+        self, call: _Call | dict | Callable[[], dict], batcher: Batcher, policy: TreePolicy, index: int
     ) -> SpecOutput:
         """One request in ``batcher``: prepare it if needed, decode (streaming each step's tokens when asked), then
         detokenize."""
@@ -488,7 +498,7 @@ class VLMSpecPipeline:
         token_ids, stats = speculative_generate(
             RowAdapter(self._target_adapter, batcher, TARGET),
             call.inputs,
-            copy.copy(self.policy),  # per-request state (the engine resets it); config and costs are shared
+            copy.copy(policy),  # per-request state (the engine resets it); config and costs are shared
             call.stop,
             draft=draft,
             sampling=call.sampling,

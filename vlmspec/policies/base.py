@@ -224,19 +224,20 @@ class TreePolicy:
         c = self.config
         return tuple(f for f in (c.budget_field, c.depth_field) if f is not None and f not in self.fixed)
 
-    def fit(self, costs: ForwardCosts, factor: float = DEFAULT_BUDGET_FACTOR) -> None:
+    def fit(self, costs: ForwardCosts, factor: float = DEFAULT_BUDGET_FACTOR, rows: int = 1) -> None:
         """Give the options the user did not set the values this machine affords (see :mod:`vlmspec.costs`).
 
         The node budget is ``costs.node_budget(factor)``; the depth is ``costs.depth_budget`` for that budget
         (the configured one where the user set it, the machine's where the policy has none). Called by the
         pipeline when the policy is attached; options in :attr:`fixed` are never changed. Clears request state.
+        ``rows``: the requests verified together (batched decoding); the budget is then each request's.
         """
         c, free = self.config, self.free_hardware_options()
         if not free:
             return
-        nodes = costs.node_budget(factor) if c.budget_field in free else None
-        tree_nodes = nodes or c.node_budget or costs.node_budget(factor)
-        depth = costs.depth_budget(tree_nodes) if c.depth_field in free else None
+        nodes = costs.node_budget(factor, rows) if c.budget_field in free else None
+        tree_nodes = nodes or c.node_budget or costs.node_budget(factor, rows)
+        depth = costs.depth_budget(tree_nodes, rows=rows) if c.depth_field in free else None
         self.config = c.with_budget(nodes, depth)
         self.reset()
 
