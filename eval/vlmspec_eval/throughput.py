@@ -1,0 +1,216 @@
+"""Throughput: captioning many videos at batch B, vlmspec against transformers' own batched ``generate()``.
+
+    vlmspec bench --throughput 1,4,8,16                       # calibrated base pair, 24 testbed videos
+    python -m vlmspec_eval.throughput --target testbed-base:qwen2_vl@7b-2b --dtype bfloat16 --sizes 1,8,16
+
+For each batch size ``B``: ``hf_generate`` runs the target's greedy ``generate()`` on left-padded batches of ``B``
+videos (what a user without vlmspec runs; a batch waits for its longest caption), and ``vlmspec`` runs
+``pipe.batch(requests, batch_size=B)`` with the pipeline's policy (default ``sage``), its node budget and depth
+refitted for ``B`` requests per verification (continuous batching: a finished caption's row goes to the next
+video at once). ``vlmspec`` at batch 1 is the same call with ``B = 1``. Every run is warmed up on ``B`` videos
+first; captions are compared with batch-1 ``generate()``'s token for token. Printed: videos/s, new tokens/s,
+speed-up over ``hf_generate`` at the same ``B``, tau and how many captions are identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .bench import DTYPES, load_pipeline
+from .tasks import load_inputs, resolve_pair
+
+DEFAULT_SIZES = (1, 4, 8, 16)
+
+
+@dataclass
+class ThroughputRow:
+    method: str
+    batch_size: int
+    seconds: float
+    videos: int
+    new_tokens: int
+    identical: int
+    tau: float | None = None
+
+    @property
+    def videos_per_s(self) -> float:
+        return self.videos / self.seconds
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds
+
+
+def batched_generate(pipe: Any, requests: Sequence[dict[str, Any]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy ``target.generate`` on one left-padded batch of video requests; each row up to its first EOS."""
+    from vlmspec.inputs import load_video
+
+    processor, tokenizer = pipe.processor, pipe.tokenizer
+    texts = [
+        processor.apply_chat_template(
+            [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": r["prompt"]}]}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        for r in requests
+    ]
+    videos = [load_video(r["video"]) for r in requests]
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        inputs = processor(
+            text=texts, videos=[frames for frames, _ in videos], video_metadata=[meta for _, meta in videos],
+            do_sample_frames=False, padding=True, return_tensors="pt",
+        )  # fmt: skip
+    finally:
+        tokenizer.padding_side = side
+    inputs = {k: v.to(pipe.target.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+    with torch.no_grad():
+        out = pipe.target.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    eos = pipe.target.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, (list, tuple)) else [eos])
+    rows = []
+    for row in out[:, inputs["input_ids"].shape[1] :].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+        rows.append(row[:cut])
+    return rows
+
+
+def measure_throughput(
+    pipe: Any,
+    requests: Sequence[dict[str, Any]],
+    sizes: Sequence[int],
+    policies: Sequence[str] = ("sage",),
+    log: Any = print,
+) -> list[ThroughputRow]:
+    """``hf_generate`` and one ``vlmspec`` row per policy for every batch size (see the module docstring)."""
+    from vlmspec import get_policy
+
+    max_new = requests[0]["max_new_tokens"]
+    reference = [
+        pipe.reference_generate(pipe.prepare_inputs(None, r["prompt"], r["video"]), max_new) for r in requests
+    ]
+    rows = []
+    for size in sizes:
+        with pipe.kernels():
+            batched_generate(pipe, requests[:size], 4)  # warm-up
+            start = time.perf_counter()
+            ids = [
+                t
+                for i in range(0, len(requests), size)
+                for t in batched_generate(pipe, requests[i : i + size], max_new)
+            ]
+            seconds = time.perf_counter() - start
+        rows.append(_row("hf_generate", size, seconds, ids, reference))
+        log(_line(rows[-1]))
+        for policy in policies:
+            pipe.policy = get_policy(policy)
+            pipe.batch(requests[:size], batch_size=size)  # warm-up
+            start = time.perf_counter()
+            outs = pipe.batch(requests, batch_size=size)
+            seconds = time.perf_counter() - start
+            tau = sum(o.stats.accepted_tokens for o in outs) / max(sum(o.stats.steps for o in outs), 1)
+            ids = [o.token_ids for o in outs]
+            rows.append(_row(f"vlmspec {_draft_name(pipe)}{policy}", size, seconds, ids, reference, tau))
+            log(_line(rows[-1]))
+    return rows
+
+
+def _row(method: str, size: int, seconds: float, ids: list[list[int]], reference: list[list[int]], tau=None):
+    same = sum(a == b for a, b in zip(ids, reference, strict=True))
+    return ThroughputRow(method, size, seconds, len(ids), sum(map(len, ids)), same, tau)
+
+
+def _draft_name(pipe: Any) -> str:
+    return "edd+" if getattr(pipe.draft, "edd_config", None) is not None else ""
+
+
+def _line(row: ThroughputRow) -> str:
+    return f"{row.method} B={row.batch_size}: {row.videos_per_s:.2f} videos/s, {row.tokens_per_s:.0f} tok/s"
+
+
+def markdown(rows: Sequence[ThroughputRow]) -> str:
+    """The throughput table; speed-ups are over ``hf_generate`` at the same batch size."""
+    hf = {r.batch_size: r for r in rows if r.method == "hf_generate"}
+    lines = [
+        "| method | batch | videos/s | new tokens/s | x hf_generate (same batch) | tau | identical |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        base = hf.get(r.batch_size)
+        ratio = f"{r.videos_per_s / base.videos_per_s:.2f}x" if base is not None else ""
+        tau = "" if r.tau is None else f"{r.tau:.2f}"
+        lines.append(
+            f"| {r.method} | {r.batch_size} | {r.videos_per_s:.2f} | {r.tokens_per_s:.0f} | {ratio} | {tau} | "
+            f"{r.identical}/{r.videos} |"
+        )
+    return "\n".join(lines)
+
+
+def video_requests(n: int, seed: int, max_new_tokens: int) -> list[dict[str, Any]]:
+    """``n`` testbed video-captioning requests."""
+    items = load_inputs(["video_caption"], n, seed)
+    return [{"video": it.video, "prompt": it.prompt, "max_new_tokens": max_new_tokens} for it in items]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m vlmspec_eval.throughput", description=__doc__.split("\n\n")[0]
+    )
+    a = parser.add_argument
+    a("--target", default=None, help="pair name or target folder (default: the calibrated base pair)")
+    a("--draft", default=None, help="draft folder (with a target folder)")
+    a("--family", default="qwen2_vl", help="testbed family when no --target is given")
+    a("--policies", default="sage", help="vlmspec's policies, comma-separated (default sage)")
+    a(
+        "--edd",
+        action="store_true",
+        help="vlmspec rows with the pair's EDD draft (testbed pairs) instead of its own",
+    )
+    a("--dtype", default="float32", choices=sorted(DTYPES), help="model dtype")
+    a("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="batch sizes (default 1,4,8,16)")
+    a("--n", type=int, default=24, help="videos (default 24)")
+    a("--max-new-tokens", type=int, default=128)
+    a("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from vlmspec import VLMSpecPipeline
+    from vlmspec.testbed import edd_path
+
+    args = build_parser().parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    pair = resolve_pair(args.target, args.draft, args.family)
+    if args.edd:
+        parts = pair.source.split("@")[0].split(":")
+        if len(parts) != 3 or parts[0] != "testbed":
+            raise SystemExit(
+                f"--edd needs a testbed pair (it uses the EDD draft shipped for it), got {pair.source}"
+            )
+        edd = str(edd_path(size=parts[1], family=parts[2]))
+        pipe = VLMSpecPipeline.from_pretrained(
+            pair.target, edd, policy="ar", torch_dtype=DTYPES[args.dtype], calibration=pair.calibration
+        )
+    else:
+        pipe = load_pipeline(pair, args.dtype)
+    requests = video_requests(args.n, args.seed, args.max_new_tokens)
+    print(
+        f"pair {pair.source}; {args.n} videos; {args.max_new_tokens} tokens; device {pipe.target.device}",
+        flush=True,
+    )
+    rows = measure_throughput(pipe, requests, sizes, policies, log=lambda line: print(line, flush=True))
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
