@@ -61,33 +61,12 @@ not sharded); use ``ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_pro
 launch whose processes do not see each other stops with an error instead of captioning everything twice. Under a
 launcher, a partial result (exit status 2 of the main process) shows as the launcher's failure (status 1).
 
-Batching (measured; reproduce with ``--measure-batching --batch-sizes 1,4,8``): decoding several videos per step
-with tree speculative decoding would need the engine to pad the trees of different sequences to a common node
-count with masked padding, and engine changes are out of scope here. This job keeps the pipeline loaded and
-captions one video at a time. Measured on the shared 2-core CPU box (1 torch thread, float32, frames decoded once
-and reused, each variant warmed up, 8 videos, ``max_new_tokens=48``, greedy)::
-
-    testbed mini qwen2_vl pair, 8 frames of 84x84 per video      seconds  videos/s  tokens/s  identical to (a) ar
-    (a) one at a time, pipeline kept loaded, ar                     1.00      8.0      328        8/8
-    (a) one at a time, pipeline kept loaded, sage (tau 1.66)        1.36      5.9      241        8/8
-    (b) transformers generate, ar, batch 1                          0.79     10.2      417        8/8
-    (b) transformers generate, ar, batch 4                          0.30     26.4     1082        8/8
-    (b) transformers generate, ar, batch 8                          0.19     42.0     1722        8/8
-    tiny random qwen2_vl pair, 4 frames of 56x56: (a) ar 1.07 s, (a) sage 1.50 s (tau 0.98), (b) batch 4 0.25 s,
-    (b) batch 8 0.15 s (all 8/8 identical)
-
-Here (b), batched ``generate`` for ``ar``, is the fastest, 4x (batch 4) to 6x (batch 8) the throughput of (a), and
-(runs on this box vary by about 20%) sage one at a time is slower than ar one at a time. With these tiny models a
-decoding step costs mostly fixed per-forward overhead (Python, kernel launches, cache bookkeeping), which a batch
-shares across its sequences: a batch-4 step costs about what a batch-1 step does. Tree speculative decoding saves
-target forwards, but each saved forward is replaced by draft forwards of nearly the same fixed cost, so it cannot
-win here; it pays off when the target is much costlier per forward than the draft (real 7B/72B targets, GPUs).
-Batching tree speculative decoding is left out because trees differ per sequence (shape, depth, accepted length):
-a batch must pad every tree to the largest one, and the masked padding nodes cost verification work for nothing
-(on a CPU that work is real compute, not idle parallel lanes), the sequences' accepted lengths and caches drift
-apart every step, and it needs the engine changes above. For throughput, run more processes
-(``accelerate launch``, see Scale-out), each captioning one video at a time with its pipeline loaded once; for ``ar`` on
-small models, transformers' batched ``generate`` is the faster tool.
+Batching: ``--batch-size B`` captions ``B`` videos at once (``pipe.batch_iter``, :mod:`vlmspec.batching`): each
+video keeps its own tree, the target verifies all of them in one forward, a finished video's line is written at once
+and the next video takes its row. The default (``batch_size: null``) is chosen from the pipeline's cost probe
+(``pipe.default_batch_size()``). Captions, their order in the file, resume and error lines are the same at any batch
+size; the bench's throughput section (``vlmspec bench --throughput``) compares it with transformers' batched
+``generate()``.
 """
 
 from __future__ import annotations
@@ -105,6 +84,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +154,7 @@ class JobConfig:
     trace: bool = False
     threads: int | None = None
     progress: bool = True
+    batch_size: int | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -218,7 +199,7 @@ class JobConfig:
             )
         if self.dtype not in DTYPES:
             problems.append(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        for name in ("fps", "max_frames", "min_pixels", "max_pixels", "threads"):
+        for name in ("fps", "max_frames", "min_pixels", "max_pixels", "threads", "batch_size"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 problems.append(f"{name} must be > 0, got {value}")
@@ -284,6 +265,7 @@ _KINDS: dict[str, tuple[type, bool]] = {
     "trace": (bool, False),
     "threads": (int, True),
     "progress": (bool, False),
+    "batch_size": (int, True),
 }
 """Type and nullability of every config key (kept equal to ``JobConfig``'s fields; a test checks)."""
 
@@ -1058,37 +1040,41 @@ def _error_message(err: BaseException) -> str:
     return text if len(text) <= 4000 else text[:4000] + " ..."
 
 
-def caption_item(
-    pipe: Any, item: VideoItem, config: JobConfig, frames: Callable[[str], Any], meta: dict[str, Any]
-) -> dict[str, Any]:
-    """Captions one video; a failure becomes an error record (``ITEM_ERRORS``), anything else propagates.
+def caption_request(item: VideoItem, config: JobConfig, frames: Callable[[str], Any]) -> dict[str, Any]:
+    """The pipeline call for one video (its frames are read here, when the video's turn in the batch comes).
 
     Args:
-        pipe: the loaded pipeline.
         item: the video.
         config: the job's config.
         frames: what the pipeline's ``video=`` gets for a path (see :func:`frame_source`).
-        meta: ``policy``/``settings``/``model`` fields shared by every record.
-
-    Returns:
-        The output record: ``caption`` and ``stats``, or ``error`` and ``error_type``.
     """
-    prompt = item.prompt or config.prompt
-    base = {"id": item.id, "path": item.path, "prompt": prompt}
-    try:
-        out = pipe(
-            None,
-            prompt,
-            video=frames(item.path),
-            max_new_tokens=config.max_new_tokens,
-            num_frames=config.num_frames,
-        )
-    except ITEM_ERRORS as err:
-        return {**base, "error": _error_message(err), "error_type": type(err).__name__, **meta}
-    stats = out.stats.to_dict()
+    return {
+        "prompt": item.prompt or config.prompt,
+        "video": frames(item.path),
+        "max_new_tokens": config.max_new_tokens,
+        "num_frames": config.num_frames,
+    }
+
+
+def caption_record(item: VideoItem, config: JobConfig, meta: dict[str, Any], result: Any) -> dict[str, Any]:
+    """The output record of one video from its pipeline result: ``caption`` and ``stats``, or, for a failure
+    (``ITEM_ERRORS``), ``error`` and ``error_type``; any other exception propagates.
+
+    Args:
+        item: the video.
+        config: the job's config.
+        meta: ``policy``/``settings``/``model`` fields shared by every record.
+        result: a :class:`~vlmspec.pipeline.SpecOutput`, or the exception its request raised.
+    """
+    base = {"id": item.id, "path": item.path, "prompt": item.prompt or config.prompt}
+    if isinstance(result, ITEM_ERRORS):
+        return {**base, "error": _error_message(result), "error_type": type(result).__name__, **meta}
+    if isinstance(result, BaseException):
+        raise result
+    stats = result.stats.to_dict()
     if not config.trace:
         stats.pop("trace", None)
-    return {**base, "caption": out.text, **meta, "stats": stats}
+    return {**base, "caption": result.text, **meta, "stats": stats}
 
 
 @dataclass
@@ -1268,14 +1254,18 @@ def _caption_shard(
     meta: dict[str, Any],
     bar: Any,
 ) -> RunTotals:
-    """Captions ``todo`` one at a time, one line per video; updates the progress bar."""
+    """Captions ``todo``, ``config.batch_size`` videos decoding together (default: the pipeline's choice), one
+    line per video written as soon as it is captioned; updates the progress bar."""
     from tqdm.auto import tqdm
 
     frames = frame_source(config, pipe)
+    batch_size = config.batch_size or pipe.default_batch_size()
     totals = RunTotals()
     start = time.perf_counter()
-    for item in todo:
-        record = caption_item(pipe, item, config, frames, meta)
+    requests = (partial(caption_request, item, config, frames) for item in todo)
+    for index, result in pipe.batch_iter(requests, batch_size):
+        item = todo[index]
+        record = caption_record(item, config, meta, result)
         try:
             writer.write(record)
         except OSError as err:
@@ -1392,111 +1382,6 @@ def _summarize(
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Batching measurement (--measure-batching)
-# ---------------------------------------------------------------------------------------------------------------------
-def measure_batching(
-    config: JobConfig, items: Sequence[VideoItem], batch_sizes: Sequence[int] = (4,)
-) -> list[dict[str, Any]]:
-    """Times (a) one video at a time with the pipeline kept loaded against (b) batched ``target.generate`` (ar).
-
-    Frames are decoded once beforehand (decord, ``num_frames``) and the same frames feed every variant, so the
-    timings are generation only. (a) runs ``ar`` and, when it uses a draft, ``config.policy``; (b) runs the target's
-    greedy ``generate`` on left-padded batches of ``batch_size`` videos. Each variant is warmed up once first.
-
-    Returns:
-        One dict per variant: ``name``, ``seconds``, ``videos_per_second``, ``tokens_per_second``, ``tau`` and
-        ``identical`` (videos whose tokens equal (a)'s ``ar`` output).
-    """
-    from vlmspec.inputs import load_video
-
-    pipe, _ = load_pipeline(config)
-    prompts = [item.prompt or config.prompt for item in items]
-    videos = [load_video(item.path, num_frames=config.num_frames)[0] for item in items]
-    rows: list[dict[str, Any]] = []
-
-    policies = ["ar"] + ([pipe.policy.name] if pipe.policy.uses_draft else [])
-    reference: list[list[int]] = []
-    for name in policies:
-        pipe.policy = name
-        pipe(None, prompts[0], video=videos[0], max_new_tokens=4)  # warm-up
-        start = time.perf_counter()
-        outs = [
-            pipe(None, p, video=v, max_new_tokens=config.max_new_tokens)
-            for p, v in zip(prompts, videos, strict=True)
-        ]
-        seconds = time.perf_counter() - start
-        ids = [o.token_ids for o in outs]
-        reference = reference or ids
-        steps = sum(o.stats.steps for o in outs)
-        tau = sum(o.stats.accepted_tokens for o in outs) / max(steps, 1)
-        rows.append(_row(f"(a) one at a time, {name}", seconds, ids, reference, tau))
-    for size in batch_sizes:
-        _batched_generate(pipe, prompts[:size], videos[:size], 4)  # warm-up
-        start = time.perf_counter()
-        ids = []
-        for i in range(0, len(videos), size):
-            ids += _batched_generate(pipe, prompts[i : i + size], videos[i : i + size], config.max_new_tokens)
-        rows.append(
-            _row(f"(b) batched generate, ar, batch {size}", time.perf_counter() - start, ids, reference, 0.0)
-        )
-    return rows
-
-
-def _row(
-    name: str, seconds: float, ids: list[list[int]], reference: list[list[int]], tau: float
-) -> dict[str, Any]:
-    tokens = sum(len(t) for t in ids)
-    return {
-        "name": name,
-        "seconds": seconds,
-        "videos_per_second": len(ids) / seconds,
-        "tokens_per_second": tokens / seconds,
-        "tau": tau,
-        "identical": sum(a == b for a, b in zip(ids, reference, strict=True)),
-        "videos": len(ids),
-    }
-
-
-def _batched_generate(
-    pipe: Any, prompts: Sequence[str], videos: Sequence[list[Any]], max_new_tokens: int
-) -> list[list[int]]:
-    """Greedy ``target.generate`` on a left-padded batch; each row's tokens up to and including its first EOS."""
-    import torch
-
-    from vlmspec.inputs import load_video
-
-    processor, tokenizer = pipe.processor, pipe.tokenizer
-    texts = [
-        processor.apply_chat_template(
-            [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": p}]}],
-            add_generation_prompt=True,
-            tokenize=False,
-        )
-        for p in prompts
-    ]
-    metadata = [load_video(v)[1] for v in videos]
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    try:
-        inputs = processor(
-            text=texts, videos=list(videos), video_metadata=metadata, do_sample_frames=False, padding=True,
-            return_tensors="pt",
-        )  # fmt: skip
-    finally:
-        tokenizer.padding_side = side
-    inputs = {k: v.to(pipe.target.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
-    with torch.no_grad():
-        out = pipe.target.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-    eos = pipe.target.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, (list, tuple)) else [eos])
-    rows = []
-    for row in out[:, inputs["input_ids"].shape[1] :].tolist():
-        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
-        rows.append(row[:cut])
-    return rows
-
-
-# ---------------------------------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
@@ -1557,9 +1442,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     a("--threads", type=int, default=keep, help="torch CPU threads per process")
     a("--progress", action=argparse.BooleanOptionalAction, default=keep, help="progress bar (default yes)")
-    a("--measure-batching", action="store_true",
-      help="instead of captioning: time one-at-a-time decoding against batched generate (ar) on the inputs")  # fmt: skip
-    a("--batch-sizes", default="4", help="--measure-batching: comma-separated batch sizes (default 4)")
+    a("--batch-size", type=int, default=keep,
+      help="videos decoded together (default: chosen from the cost probe, see pipe.default_batch_size)")  # fmt: skip
     return parser
 
 
@@ -1583,24 +1467,6 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
-def _measure(config: JobConfig, source: str, batch_sizes: str) -> int:
-    try:
-        sizes = [int(s) for s in batch_sizes.split(",") if s.strip()]
-    except ValueError as err:
-        raise JobError(f"--batch-sizes must be comma-separated integers, got {batch_sizes!r}") from err
-    items = discover_inputs(source, config.extensions)
-    with _torch_threads(config.threads):
-        rows = measure_batching(config, items, sizes)
-    print(f"{len(items)} videos, max_new_tokens={config.max_new_tokens}, num_frames={config.num_frames}")
-    for row in rows:
-        print(
-            f"{row['name']:<40} {row['seconds']:7.2f} s {row['videos_per_second']:7.2f} videos/s "
-            f"{row['tokens_per_second']:8.1f} tokens/s  tau {row['tau']:.2f}  identical to (a) ar: "
-            f"{row['identical']}/{row['videos']}"
-        )
-    return EXIT_OK
-
-
 def run_args(args: argparse.Namespace) -> int:
     """Runs the job from parsed arguments (see :func:`add_arguments`); returns the exit status.
 
@@ -1609,8 +1475,6 @@ def run_args(args: argparse.Namespace) -> int:
     """
     try:
         config = load_config(args.config, overrides_from_args(args))
-        if args.measure_batching:
-            return _measure(config, args.input, args.batch_sizes)
         if not args.out:
             raise JobError("--out is required: the output JSONL file")
         summary = run_job(config, args.input, args.out, cpu=args.cpu)

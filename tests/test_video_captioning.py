@@ -28,15 +28,17 @@ TIMEOUT = 240
 SLOW_JOB = (
     "import runpy, sys, time\n"
     "from vlmspec.pipeline import VLMSpecPipeline\n"
-    "call = VLMSpecPipeline.__call__\n"
+    "results = VLMSpecPipeline.batch_iter\n"
     "def slow(self, *a, **k):\n"
-    "    time.sleep(0.4)\n"
-    "    return call(self, *a, **k)\n"
-    "VLMSpecPipeline.__call__ = slow\n"
+    "    for result in results(self, *a, **k):\n"
+    "        yield result\n"
+    "        time.sleep(0.4)\n"
+    "VLMSpecPipeline.batch_iter = slow\n"
     "sys.argv = sys.argv[1:]\n"
     "runpy.run_path(sys.argv[0], run_name='__main__')\n"
 )
-"""Runs the job script given after ``-c`` with each video's caption delayed by 0.4 s, so a kill lands mid-run."""
+"""Runs the job script given after ``-c`` with 0.4 s between captions (the job waits that long after writing each
+line, whatever its batch size), so a kill lands mid-run."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -148,9 +150,10 @@ def test_bad_videos_get_error_lines_and_exit_2(vc, caption_pair, tmp_path, capsy
     assert "0 captioned, 2 failed, 3 already done" in capsys.readouterr().out
 
 
-def test_killed_job_resumes_without_loss_or_duplicates(caption_pair, six_videos, reference, tmp_path):
+@pytest.mark.parametrize("batch_size", ["1", "8"])
+def test_killed_job_resumes_without_loss_or_duplicates(caption_pair, six_videos, reference, tmp_path, batch_size):
     out = tmp_path / "captions.jsonl"
-    argv = [str(six_videos), "--out", str(out), *_pair_args(caption_pair), *COMMON]
+    argv = [str(six_videos), "--out", str(out), *_pair_args(caption_pair), *COMMON, "--batch-size", batch_size]
     # The first run is slowed down (0.4 s per video, in the child only) so that it is surely killed part-way.
     child = subprocess.Popen(
         [sys.executable, "-c", SLOW_JOB, str(SCRIPT), *argv],

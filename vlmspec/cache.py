@@ -101,14 +101,16 @@ def push_tail(cache: Cache, tail: list[tuple[torch.Tensor, torch.Tensor]]) -> No
 class KVStore:
     """Preallocated keys/values of up to ``max_rows`` requests of one model, written in place.
 
-    Per layer the keys (and values) are one ``[max_rows, H, capacity, D]`` tensor. Row ``b`` holds its own
-    ``lengths[b]`` entries at ``0 .. lengths[b]-1``, with no holes: the rows of a batch are at different lengths
-    (prompts of different sizes, different accepted paths every step), and each keeps its own. A forward over the
-    live rows writes each row's new entries at that row's own offset (one scatter per layer, no concatenation of
-    the whole cache) and attends over ``[:rows, :, :max(lengths) + n]`` under a per-row mask that hides everything
-    past each row's own entries; what lies there (padding rows of shorter requests, entries given up by a
-    verification) is never read. Live rows are kept at ``0 .. rows-1``: when a request leaves, the last row moves
-    into its place, so a forward never gathers rows.
+    All layers' keys and values are one ``[2, layers, max_rows, H, capacity, D]`` tensor, so that a row's
+    bookkeeping (keeping an accepted path, moving a row) is one gather and one copy for the whole model, not one
+    per layer (on a GPU each is a kernel launch). Row ``b`` holds its own ``lengths[b]`` entries at
+    ``0 .. lengths[b]-1``, with no holes: the rows of a batch are at different lengths (prompts of different
+    sizes, different accepted paths every step), and each keeps its own. A forward over the live rows writes each
+    row's new entries at that row's own offset (one scatter per layer, no concatenation of the whole cache) and
+    attends over ``[:rows, :, :max(lengths) + n]`` under a per-row mask that hides everything past each row's own
+    entries; what lies there (padding of shorter requests, entries given up by a verification) is never read.
+    Live rows are kept at ``0 .. rows-1``: when a request leaves, the last row moves into its place, so a forward
+    never gathers rows.
 
     Args:
         max_rows: the most requests held at once (the batch size).
@@ -116,8 +118,7 @@ class KVStore:
 
     def __init__(self, max_rows: int) -> None:
         self.max_rows = max_rows
-        self.keys: list[torch.Tensor] = []  # per layer [max_rows, H, capacity, D]
-        self.values: list[torch.Tensor] = []
+        self.kv: torch.Tensor | None = None  # [2, layers, max_rows, H, capacity, D]
         self.lengths: list[int] = []  # entries of each live row
         self.views: list[RowCache] = []  # the cache handle of each live row
 
@@ -127,25 +128,37 @@ class KVStore:
         return len(self.lengths)
 
     @property
+    def num_layers(self) -> int:
+        return self.kv.shape[1] if self.kv is not None else 0
+
+    @property
     def capacity(self) -> int:
-        return self.keys[0].shape[2] if self.keys else 0
+        return self.kv.shape[4] if self.kv is not None else 0
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``[max_rows, H, capacity, D]`` of one layer."""
+        return self.kv[0, index], self.kv[1, index]
 
     def add_row(self, prefill: DynamicCache) -> RowCache:
         """Copy a prefill's cache (batch 1) into a new row; returns the row's cache handle."""
-        layers = _dynamic_layers(prefill)
         if self.rows >= self.max_rows:
             raise RuntimeError(f"KVStore: all {self.max_rows} rows are in use")
-        length = layers[0].keys.shape[2]
-        if not self.keys:
-            for layer in layers:
-                shape = (self.max_rows, layer.keys.shape[1], length + _SPARE, layer.keys.shape[3])
-                self.keys.append(layer.keys.new_zeros(shape))
-                self.values.append(layer.values.new_zeros(shape))
+        entries = torch.stack(
+            [torch.stack([layer.keys[0], layer.values[0]]) for layer in _dynamic_layers(prefill)]
+        )
+        entries = entries.transpose(0, 1)  # [2, layers, H, length, D]
+        length = entries.shape[3]
+        if self.kv is None:
+            two, layers, heads, _, dim = entries.shape
+            shape = (two, layers, self.max_rows, heads, length + _SPARE, dim)
+            self.kv = entries.new_zeros(shape)
+        elif entries.shape[:3] != self.kv.shape[:2] + self.kv.shape[3:4]:
+            raise ValueError(
+                f"KVStore: a prefill cache of shape {tuple(entries.shape)} does not fit this store"
+            )
         self.reserve(length)
         row = self.rows
-        for layer, keys, values in zip(layers, self.keys, self.values, strict=True):
-            keys[row, :, :length] = layer.keys[0]
-            values[row, :, :length] = layer.values[0]
+        self.kv[:, :, row, :, :length] = entries
         view = RowCache(self, row)
         self.lengths.append(length)
         self.views.append(view)
@@ -156,9 +169,7 @@ class KVStore:
         row, last = view.row, self.rows - 1
         if row != last:
             length = self.lengths[last]
-            for keys, values in zip(self.keys, self.values, strict=True):
-                keys[row, :, :length] = keys[last, :, :length]
-                values[row, :, :length] = values[last, :, :length]
+            self.kv[:, :, row, :, :length] = self.kv[:, :, last, :, :length]
             self.lengths[row] = length
             self.views[row] = self.views[last]
             self.views[row].row = row
@@ -170,20 +181,15 @@ class KVStore:
         """Make room for ``size`` entries per row (capacity doubles, so growing is rare)."""
         if size <= self.capacity:
             return
-        new = max(size + _SPARE, 2 * self.capacity)
-        for i, (keys, values) in enumerate(zip(self.keys, self.values, strict=True)):
-            shape = (keys.shape[0], keys.shape[1], new, keys.shape[3])
-            self.keys[i] = keys.new_zeros(shape)
-            self.keys[i][:, :, : keys.shape[2]] = keys
-            self.values[i] = values.new_zeros(shape)
-            self.values[i][:, :, : values.shape[2]] = values
+        old = self.kv
+        shape = (*old.shape[:4], max(size + _SPARE, 2 * old.shape[4]), old.shape[5])
+        self.kv = old.new_zeros(shape)
+        self.kv[:, :, :, :, : old.shape[4]] = old
 
     def keep_row(self, row: int, start: int, keep: torch.Tensor) -> None:
         """:func:`keep_tail` for one row: entries ``keep`` (ascending, ``>= start``) move to ``start ..``."""
         k = keep.shape[0]
-        for keys, values in zip(self.keys, self.values, strict=True):
-            keys[row, :, start : start + k] = keys[row].index_select(1, keep)
-            values[row, :, start : start + k] = values[row].index_select(1, keep)
+        self.kv[:, :, row, :, start : start + k] = self.kv[:, :, row].index_select(3, keep)
         self.lengths[row] = start + k
 
 
@@ -208,10 +214,10 @@ class RowCache(Cache):
         store, row = self.store, self.row
         start, n = store.lengths[row], key_states.shape[2]  # key_states: [1, H, n, D]
         store.reserve(start + n)
-        keys, values = store.keys[layer_idx], store.values[layer_idx]
+        keys, values = store.layer(layer_idx)
         keys[row, :, start : start + n] = key_states[0]
         values[row, :, start : start + n] = value_states[0]
-        if layer_idx == len(store.keys) - 1:
+        if layer_idx == store.num_layers - 1:
             store.lengths[row] = start + n
         return keys[row : row + 1, :, : start + n], values[row : row + 1, :, : start + n]
 
@@ -239,7 +245,7 @@ class BatchCache(Cache):
         super().__init__(layers=[])
         self.store = store
         self.counts = counts
-        self._offsets = torch.tensor(store.lengths, device=store.keys[0].device)  # [B]
+        self._offsets = torch.tensor(store.lengths, device=store.kv.device)  # [B]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
@@ -251,10 +257,10 @@ class BatchCache(Cache):
         # Row b's n new entries go to lengths[b] .. lengths[b]+n-1: one scatter over the sequence axis.
         slots = self._offsets[:, None] + torch.arange(n, device=self._offsets.device)  # [B, n]
         index = slots[:, None, :, None].expand(rows, heads, n, dim)
-        keys, values = store.keys[layer_idx][:rows], store.values[layer_idx][:rows]
+        keys, values = (t[:rows] for t in store.layer(layer_idx))
         keys.scatter_(2, index, key_states)
         values.scatter_(2, index, value_states)
-        if layer_idx == len(store.keys) - 1:
+        if layer_idx == store.num_layers - 1:
             store.lengths[:] = [length + c for length, c in zip(store.lengths, self.counts, strict=True)]
         return keys[:, :, :end], values[:, :, :end]
 

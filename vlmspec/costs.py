@@ -39,6 +39,10 @@ import numpy as np
 
 DEFAULT_BUDGET_FACTOR = 2.0
 DEFAULT_ACCEPTANCE = 0.8
+BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+"""The batch sizes :meth:`ForwardCosts.batch_size` chooses from."""
+BATCH_RATE_SHARE = 0.9
+"""A job's default batch size is the smallest reaching this share of the best expected throughput."""
 MAX_NODE_BUDGET = 64
 """The most nodes an automatic budget gives (the papers' largest trees: SAGE's and WETAP's 64)."""
 
@@ -133,13 +137,42 @@ class ForwardCosts:
             raise ValueError(f"acceptance={acceptance} is invalid: a per-token probability in (0, 1)")
         if nodes < 1:
             raise ValueError(f"nodes={nodes} is invalid: use at least 1")
-        verify = self.target_cost(rows * (nodes + 1))
+        return max(range(1, nodes + 1), key=lambda depth: self.step_rate(nodes, depth, acceptance, rows))
 
-        def rate(depth: int) -> float:
-            tokens = (1 - acceptance ** (depth + 1)) / (1 - acceptance)
-            return tokens / (depth * self.draft_cost(rows * math.ceil(nodes / depth)) + verify)
+    def step_rate(
+        self, nodes: int, depth: int, acceptance: float = DEFAULT_ACCEPTANCE, rows: int = 1
+    ) -> float:
+        """Expected tokens per second of ``rows`` requests, each with a tree of ``nodes`` nodes ``depth`` deep:
+        ``rows * E(depth)`` tokens per step, a step costing ``depth`` draft forwards of ``rows * ceil(nodes /
+        depth)`` tokens and one verification of ``rows * (nodes + 1)``. ``nodes = 0``: plain decoding."""
+        if nodes == 0:
+            return rows / self.target_cost(rows)
+        tokens = (1 - acceptance ** (depth + 1)) / (1 - acceptance)
+        draft = depth * self.draft_cost(rows * math.ceil(nodes / depth))
+        return rows * tokens / (draft + self.target_cost(rows * (nodes + 1)))
 
-        return max(range(1, nodes + 1), key=rate)
+    def batch_size(
+        self,
+        factor: float = DEFAULT_BUDGET_FACTOR,
+        speculative: bool = True,
+        choices: Sequence[int] = BATCH_SIZES,
+        acceptance: float = DEFAULT_ACCEPTANCE,
+    ) -> int:
+        """The batch size a throughput job should use: the smallest of ``choices`` whose expected tokens per second
+        (:meth:`step_rate` with that batch's own node budget and depth) reaches :data:`BATCH_RATE_SHARE` of the
+        best one's. Past that point a larger batch buys little throughput for more latency and memory; where the
+        forwards are flat (a GPU) throughput keeps rising with the batch, on a CPU it flattens once the batch's
+        verifications are compute bound."""
+
+        def rate(rows: int) -> float:
+            if not speculative:
+                return self.step_rate(0, 0, acceptance, rows)
+            nodes = self.node_budget(factor, rows)
+            return self.step_rate(nodes, self.depth_budget(nodes, acceptance, rows), acceptance, rows)
+
+        rates = {rows: rate(rows) for rows in choices}
+        best = max(rates.values())
+        return min(rows for rows, r in rates.items() if r >= BATCH_RATE_SHARE * best)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -280,6 +280,11 @@ class VLMSpecPipeline:
         inputs = self.processor(**kwargs)
         return {k: v.to(self._target_adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
 
+    def default_batch_size(self) -> int:
+        """The batch size throughput jobs use when none is given: from :attr:`costs`, the smallest batch whose
+        expected throughput with :attr:`policy` reaches 90% of the best (:meth:`ForwardCosts.batch_size`)."""
+        return self.hardware_costs().batch_size(self.budget_factor, speculative=self.policy.uses_draft)
+
     def kernels(self) -> contextlib.AbstractContextManager[int]:
         """The context both models generate in: oneDNN linears on the CPU when :attr:`onednn_linears` is set."""
         return onednn_linears(self.target, self.draft) if self.onednn_linears else contextlib.nullcontext(0)

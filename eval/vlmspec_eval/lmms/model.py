@@ -28,6 +28,7 @@ import gc
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,9 @@ class VLMSpec(lmms):
         if self.rank == 0:
             self._announce()
 
+    gen_kwargs_at = 1
+    """Where a ``generate_until`` request's ``args`` hold its generation kwargs (simple path: 1, chat path: 2)."""
+
     # ---- lmms-eval interface ----------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
@@ -151,15 +155,28 @@ class VLMSpec(lmms):
 
     @property
     def batch_size(self) -> int:
-        return 1
+        """Requests decoded together: ``--batch_size`` (``auto``: the pipeline's choice from its cost probe)."""
+        if self.options.batch_size is None:
+            return self._pipeline().default_batch_size()
+        return self.options.batch_size
 
     @property
     def tokenizer(self) -> Any:
         return self._pipeline().tokenizer
 
     def generate_until(self, requests: list[Instance]) -> list[GenerationResult]:
-        """Generate a reply per request (greedy unless the request samples; see :mod:`.generation`)."""
-        return [self._answer(r) for r in tqdm(requests, disable=self.rank != 0, desc="vlmspec generate")]
+        """Generate a reply per request (greedy unless the request samples; see :mod:`.generation`), ``batch_size``
+        requests decoding together (:meth:`VLMSpecPipeline.batch_iter`)."""
+        results = [GenerationResult(text="")] * len(requests)  # lmms-eval's rank padding stays empty
+        todo = [i for i, request in enumerate(requests) if not _is_padding(request)]
+        calls = (partial(self._call, requests[i]) for i in todo)
+        with tqdm(total=len(todo), disable=self.rank != 0, desc="vlmspec generate") as bar:
+            for k, out in self._pipeline().batch_iter(calls, self.batch_size):
+                if isinstance(out, BaseException):
+                    raise out
+                results[todo[k]] = self._result(requests[todo[k]], out)
+                bar.update(1)
+        return results
 
     def generate_until_multi_round(self, requests: list[Instance]) -> list[str]:
         raise NotImplementedError(
@@ -186,36 +203,35 @@ class VLMSpec(lmms):
         super().clean()
 
     # ---- requests ---------------------------------------------------------------------------------------------
-    def _answer(self, request: Instance) -> GenerationResult:
-        if _is_padding(request):  # lmms-eval's rank padding: never scored, no need to decode
-            return GenerationResult(text="")
-        context, gen_kwargs, doc_to_visual, doc_id, task, split = request.args
+    def _prompt(self, request: Instance) -> tuple[str | list[dict[str, Any]], Media]:
+        """The prompt and media of a ``generate_until`` request (simple path: the context and ``doc_to_visual``)."""
+        context, _gen_kwargs, doc_to_visual, doc_id, task, split = request.args
         media = split_visuals(doc_to_visual(self._doc(task, split, doc_id)) if doc_to_visual else None)
-        return self._generate(media, strip_placeholders(context), gen_kwargs, task, split, doc_id)
+        return strip_placeholders(context), media
 
-    def _generate(
-        self,
-        media: Media,
-        prompt: str | list[dict[str, Any]],
-        gen_kwargs: dict[str, Any] | None,
-        task: str,
-        split: str | None,
-        doc_id: int,
-    ) -> GenerationResult:
-        settings = generation_settings(gen_kwargs, cap=self.options.max_new_tokens)
-        out = self._pipeline()(
-            media.image_arg,
-            prompt,
-            video=media.video,
-            max_new_tokens=settings.max_new_tokens,
-            do_sample=settings.do_sample,
-            temperature=settings.temperature,
-            top_k=settings.top_k,
-            top_p=settings.top_p,
-            seed=self.options.seed + int(doc_id) if settings.do_sample else None,
-            stop_strings=settings.stop_strings or None,
-            num_frames=self.options.num_frames,
-        )
+    def _call(self, request: Instance) -> dict[str, Any]:
+        """The pipeline call for a ``generate_until`` request (built when its turn in the batch comes)."""
+        prompt, media = self._prompt(request)
+        doc_id = request.args[3]
+        settings = generation_settings(request.args[self.gen_kwargs_at], cap=self.options.max_new_tokens)
+        return {
+            "image": media.image_arg,
+            "prompt": prompt,
+            "video": media.video,
+            "max_new_tokens": settings.max_new_tokens,
+            "do_sample": settings.do_sample,
+            "temperature": settings.temperature,
+            "top_k": settings.top_k,
+            "top_p": settings.top_p,
+            "seed": self.options.seed + int(doc_id) if settings.do_sample else None,
+            "stop_strings": settings.stop_strings or None,
+            "num_frames": self.options.num_frames,
+        }
+
+    def _result(self, request: Instance, out: Any) -> GenerationResult:
+        """The reply of a ``generate_until`` request from its pipeline output; records its speed."""
+        doc_id, task, split = request.args[3:]
+        settings = generation_settings(request.args[self.gen_kwargs_at], cap=self.options.max_new_tokens)
         self._samples.append(SampleSpeed.from_stats(task, split, doc_id, out.stats, out.token_ids))
         text = truncate_at_stops(out.text, settings.stop_strings)
         return GenerationResult(text=text, token_counts=TokenCounts(output_tokens=len(out.token_ids)))
@@ -256,10 +272,6 @@ class VLMSpec(lmms):
 
     def _announce(self) -> None:
         """Log what runs (rank 0)."""
-        if self.options.batch_size > 1:
-            logger.warning(
-                "vlmspec decodes one request at a time; batch_size={} is ignored", self.options.batch_size
-            )
         logger.info(
             "vlmspec: policy {} on {} processes; target {}, draft {} ({})",
             self.options.policy,
@@ -315,15 +327,15 @@ class VLMSpecChat(VLMSpec):
 
     is_simple = False
 
-    def _answer(self, request: Instance) -> GenerationResult:
+    gen_kwargs_at = 2
+
+    def _prompt(self, request: Instance) -> tuple[str | list[dict[str, Any]], Media]:
         from lmms_eval.protocol import ChatMessages
 
-        if _is_padding(request):
-            return GenerationResult(text="")
-        _context, doc_to_messages, gen_kwargs, doc_id, task, split = request.args
+        _context, doc_to_messages, _gen_kwargs, doc_id, task, split = request.args
         raw = doc_to_messages(self._doc(task, split, doc_id))
         hf_messages, media = chat_to_pipeline(ChatMessages(messages=raw))
-        return self._generate(media, hf_messages, gen_kwargs, task, split, doc_id)
+        return hf_messages, media
 
 
 # ---------------------------------------------------------------------------------------------------------------

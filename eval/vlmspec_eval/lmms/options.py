@@ -117,7 +117,7 @@ class ModelOptions:
     speed_dir: str | None = None
     seed: int = 0
     warmup: bool = True
-    batch_size: int = 1
+    batch_size: int | None = 1
     device: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -316,9 +316,9 @@ def _bool(key: str, value: Any) -> bool:
     raise ValueError(f"{key}={value!r} is invalid: expected true or false")
 
 
-def _batch_size(value: Any) -> int:
-    if isinstance(value, str) and value.startswith("auto"):
-        return 1
+def _batch_size(value: Any) -> int | None:
+    if value is None or isinstance(value, str) and value.startswith("auto"):
+        return None  # the pipeline's choice (its cost probe)
     if isinstance(value, str) and value.isdigit():
         value = int(value)
     return _positive_int("batch_size", value)
