@@ -42,6 +42,27 @@ def test_node_budget_follows_the_cost_curve():
         CPU.node_budget(0.5)
 
 
+def test_a_batch_shares_the_budget_of_its_verification():
+    """``rows`` requests verified together: each gets the budget whose batched verification stays within ``factor``
+    batched AR steps, so trees shrink as the batch grows on a compute-bound curve, and not on a flat one."""
+    budgets = [CPU.node_budget(rows=rows) for rows in (1, 2, 4, 8)]
+    assert budgets[0] == CPU.node_budget() and budgets == sorted(budgets, reverse=True) and budgets[-1] < budgets[0]
+    for rows, nodes in zip((2, 4, 8), budgets[1:], strict=True):
+        assert CPU.target_cost(rows * (nodes + 1)) <= 2 * CPU.target_cost(rows)
+        assert nodes == MAX_NODE_BUDGET or CPU.target_cost(rows * (nodes + 2)) > 2 * CPU.target_cost(rows)
+    assert GPU.node_budget(rows=2) > CPU.node_budget(rows=2)
+    with pytest.raises(ValueError, match="rows=0"):
+        CPU.node_budget(rows=0)
+
+
+def test_default_batch_size_follows_the_expected_throughput():
+    flat = costs([1.0] * 7, draft=[0.05] * 7)  # a batch costs what one request costs: the largest batch wins
+    assert flat.batch_size() == 32 and flat.batch_size(speculative=False) == 32
+    linear = costs([float(n) for n in SIZES], draft=[0.05 * n for n in SIZES])  # compute bound from one token
+    assert linear.batch_size(speculative=False) == 1  # batching plain decoding buys nothing there
+    assert 1 <= CPU.batch_size() <= 32
+
+
 def test_depth_budget_is_deep_for_a_cheap_draft_and_shallow_for_a_dear_one():
     cheap, dear = CPU.depth_budget(15), costs(CPU.target_s, draft=[0.5] * 7).depth_budget(15)
     assert cheap >= 8 and dear <= 4 and 1 <= dear < cheap <= 15
