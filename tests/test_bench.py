@@ -239,3 +239,15 @@ def test_inputs_and_default_pair_come_from_the_testbed_when_importable(monkeypat
     assert synthetic.source == "synthetic" and synthetic.video is not None and synthetic.image is None
     with pytest.raises(ValueError, match="valid tasks"):
         load_inputs(["captioning"], 1, seed=0)
+
+
+def test_throughput_section_compares_batched_generate_and_vlmspec(pair_args, tmp_path):
+    argv = [*pair_args, "--n", "3", "--max-new-tokens", "8", "--threads", "1", "--quiet", "--out", str(tmp_path),
+            "--throughput", "1,2", "--throughput-policies", "sage,chain"]  # fmt: skip
+    assert bench.main(argv) == 0
+    rows = [line for line in (tmp_path / "throughput.md").read_text().splitlines() if line.startswith("| hf_gen")
+            or line.startswith("| vlmspec")]  # fmt: skip
+    assert [row.split(" | ")[:2] for row in rows] == [
+        [f"| {method}", size] for size in ("1", "2") for method in ("hf_generate", "vlmspec sage", "vlmspec chain")
+    ]
+    assert all(row.endswith("| 3/3 |") for row in rows if "vlmspec" in row)  # every caption is generate()'s own

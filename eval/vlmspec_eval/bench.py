@@ -574,6 +574,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
       help="--dsbd: JSON of dsbd config options, e.g. '{\"threshold\": 0.7}' (default: the paper's)")  # fmt: skip
     a("--edd", default="auto",
       help="EDD draft for the edd+<policy> rows: a folder, or 'auto' (the one shipped for a testbed pair)")  # fmt: skip
+    a("--throughput", type=_csv(int), default=None, metavar="SIZES",
+      help="instead of the bench: the throughput section at these batch sizes (e.g. 1,4,8,16), --n videos, "
+      "vlmspec (--throughput-policies) against transformers' batched generate(); see vlmspec_eval.throughput")  # fmt: skip
+    a(
+        "--throughput-policies",
+        type=_csv(str),
+        default=("sage",),
+        help="policies of the throughput rows (sage)",
+    )
     return parser
 
 
@@ -622,6 +631,10 @@ def run_args(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"vlmspec bench: error: {err}", file=sys.stderr)
         return 2
+    if args.throughput:
+        from .throughput import run_section
+
+        return run_section(config, args.throughput, args.throughput_policies)
     result = run_bench(config)
     paths = write_report(result, config.out, config.json_path, config.plots)
     print(markdown(result))

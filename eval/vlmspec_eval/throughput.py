@@ -1,6 +1,6 @@
 """Throughput: captioning many videos at batch B, vlmspec against transformers' own batched ``generate()``.
 
-    vlmspec bench --throughput 1,4,8,16                       # calibrated base pair, 24 testbed videos
+    vlmspec bench --throughput 1,4,8,16 --n 24 --max-new-tokens 128   # the calibrated base pair, 24 videos
     python -m vlmspec_eval.throughput --target testbed-base:qwen2_vl@7b-2b --dtype bfloat16 --sizes 1,8,16
 
 For each batch size ``B``: ``hf_generate`` runs the target's greedy ``generate()`` on left-padded batches of ``B``
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .bench import DTYPES, load_pipeline
+from .bench import DTYPES, load_pipeline, torch_threads
 from .tasks import load_inputs, resolve_pair
 
 DEFAULT_SIZES = (1, 4, 8, 16)
@@ -158,6 +158,24 @@ def video_requests(n: int, seed: int, max_new_tokens: int) -> list[dict[str, Any
     """``n`` testbed video-captioning requests."""
     items = load_inputs(["video_caption"], n, seed)
     return [{"video": it.video, "prompt": it.prompt, "max_new_tokens": max_new_tokens} for it in items]
+
+
+def run_section(config: Any, sizes: Sequence[int], policies: Sequence[str]) -> int:
+    """``vlmspec bench --throughput SIZES``: the bench's pair (``config``: a ``BenchConfig``), ``config.n`` videos;
+    prints the table and writes it to ``<out>/throughput.md``."""
+    with torch_threads(config.threads):
+        pair = resolve_pair(config.target, config.draft, config.family, config.size, config.calibration)
+        pipe = load_pipeline(pair, config.dtype)
+        requests = video_requests(config.n, config.seed, config.max_new_tokens)
+        print(f"pair {pair.source}; {config.n} videos; {config.max_new_tokens} tokens", flush=True)
+        rows = measure_throughput(pipe, requests, sizes, policies, log=lambda line: print(line, flush=True))
+    table = markdown(rows)
+    print(table)
+    config.out.mkdir(parents=True, exist_ok=True)
+    path = config.out / "throughput.md"
+    path.write_text(f"pair {pair.source}; {config.n} videos; {config.max_new_tokens} new tokens\n\n{table}\n")
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
