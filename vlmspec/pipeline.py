@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import inspect
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -341,23 +343,9 @@ class VLMSpecPipeline:
         Returns:
             :class:`SpecOutput` with ``text``, ``token_ids`` and ``stats``.
         """
-        call = self._prepare(
-            image,
-            prompt,
-            video,
-            max_new_tokens=max_new_tokens,
-            do_sample=do_sample,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            stop_strings=stop_strings,
-            num_frames=num_frames,
-            prune_ratio=prune_ratio,
-            streamer=streamer,
-            messages=messages,
-        )
-        ((_, result),) = self.batch_iter([call], batch_size=1)
+        arguments = dict(locals())
+        del arguments["self"]
+        ((_, result),) = self.batch_iter([self._prepare(arguments)], batch_size=1)
         if isinstance(result, BaseException):
             raise result
         return result
@@ -387,7 +375,7 @@ class VLMSpecPipeline:
         calls: list[_Call | Exception] = []
         for i, request in enumerate(requests):
             try:
-                calls.append(self._prepare(**_request_kwargs(request, i)))
+                calls.append(self._prepare(_request_kwargs(request, i)))
             except (TypeError, ValueError, OSError) as error:
                 if not return_exceptions:
                     raise type(error)(f"pipe.batch: request {i}: {error}") from error
@@ -418,54 +406,59 @@ class VLMSpecPipeline:
             for index, output, error in batcher.map(jobs):
                 yield index, (output if error is None else error)
 
-    def _prepare(
-        self,
-        image: ImageInput | Sequence[ImageInput] | None = None,
-        prompt: str | None = None,
-        video: VideoInput | None = None,
-        max_new_tokens: int = 128,
-        do_sample: bool = False,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        stop_strings: str | Sequence[str] | None = None,
-        num_frames: int = 8,
-        prune_ratio: float | None = None,
-        streamer: Any = None,
-        messages: Sequence[dict] | None = None,
-    ) -> _Call:
-        """Everything one request needs before decoding (:meth:`__call__`'s steps 1 and 2)."""
+    def _prepare(self, request: dict[str, Any]) -> _Call:
+        """Everything one request (:meth:`__call__`'s keyword arguments) needs before decoding: its steps 1 and 2.
+
+        Raises:
+            TypeError: an argument :meth:`__call__` does not take.
+        """
+        try:
+            bound = inspect.signature(type(self).__call__).bind(self, **request)
+        except TypeError as err:
+            raise TypeError(f"{err}; pipe(...) takes {', '.join(_CALL_ARGUMENTS)}") from err
+        bound.apply_defaults()
+        a = SimpleNamespace(**bound.arguments)
+        image, prompt, video, num_frames, stop_strings = (
+            a.image,
+            a.prompt,
+            a.video,
+            a.num_frames,
+            a.stop_strings,
+        )
         # 1. Check the request before any model work.
         sampling = None
-        if do_sample:
+        if a.do_sample:
             sampling = SamplingParams.resolve(
-                self.target.generation_config, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
+                self.target.generation_config,
+                temperature=a.temperature,
+                top_k=a.top_k,
+                top_p=a.top_p,
+                seed=a.seed,
             )
         if isinstance(stop_strings, str):  # one string, as generate(stop_strings="...") takes it
             stop_strings = (stop_strings,)
         stop = StopCriteria(
-            max_new_tokens=max_new_tokens,
+            max_new_tokens=a.max_new_tokens,
             eos_token_ids=_eos_ids(self.target),
             stop_strings=tuple(stop_strings or ()),
             tokenizer=self.tokenizer if stop_strings else None,
         )
         # 2. Build the multimodal prompt once; the draft sees the same inputs.
-        if messages is not None:
+        if a.messages is not None:
             if prompt is not None or image is not None or video is not None:
                 raise ValueError("give either messages or image/prompt/video, not both")
-            inputs = self.prepare_messages(messages, num_frames=num_frames)
+            inputs = self.prepare_messages(a.messages, num_frames=num_frames)
         elif prompt is None:
             raise TypeError("pipe(...) needs a prompt (pipe(image, prompt)) or messages=[...]")
         else:
             inputs = self.prepare_inputs(image, prompt, video, num_frames=num_frames)
-        self._check_length(inputs["input_ids"].shape[1], max_new_tokens)
+        self._check_length(inputs["input_ids"].shape[1], a.max_new_tokens)
         draft = None
         if self.policy.uses_draft:
             adapter = self._draft_adapter
             draft_inputs = {k: v.to(adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
             pruning = (
-                self.pruning if prune_ratio is None else pruning_config(self.pruning.method, prune_ratio)
+                self.pruning if a.prune_ratio is None else pruning_config(self.pruning.method, a.prune_ratio)
             )
             draft = DraftPrompt(adapter=adapter, inputs=draft_inputs)
             # An EDD draft sees the prompt through the target's hidden states: nothing to prune.
@@ -474,7 +467,7 @@ class VLMSpecPipeline:
             if layout is not None and pruning.prunes(layout):  # no scoring pass when nothing would be pruned
                 draft.select = lambda scores: pruning.select(layout, scores)
                 draft.needs_scores = pruning.needs_scores
-        return _Call(inputs=inputs, stop=stop, sampling=sampling, draft=draft, streamer=streamer)
+        return _Call(inputs=inputs, stop=stop, sampling=sampling, draft=draft, streamer=a.streamer)
 
     def batch_policy(self, batch_size: int) -> TreePolicy:
         """:attr:`policy` as requests decoding ``batch_size`` at a time use it: the node budget and depth it left
@@ -491,7 +484,7 @@ class VLMSpecPipeline:
         """One request in ``batcher``: prepare it if needed, decode (streaming each step's tokens when asked), then
         detokenize."""
         if not isinstance(call, _Call):
-            call = self._prepare(**_request_kwargs(call() if callable(call) else call, index))
+            call = self._prepare(_request_kwargs(call() if callable(call) else call, index))
         # 3. Decode: the target and the draft as this request of the batch sees them.
         draft = call.draft
         if draft is not None:
@@ -535,6 +528,9 @@ class VLMSpecPipeline:
                 f"context of {limit} tokens; shorten the prompt, use fewer/smaller images or video frames, or "
                 "lower max_new_tokens"
             )
+
+
+_CALL_ARGUMENTS = tuple(inspect.signature(VLMSpecPipeline.__call__).parameters)[1:]
 
 
 def _request_kwargs(request: Any, index: int) -> dict[str, Any]:
