@@ -248,6 +248,10 @@ def test_throughput_section_compares_batched_generate_and_vlmspec(pair_args, tmp
     rows = [line for line in (tmp_path / "throughput.md").read_text().splitlines() if line.startswith("| hf_gen")
             or line.startswith("| vlmspec")]  # fmt: skip
     assert [row.split(" | ")[:2] for row in rows] == [
-        [f"| {method}", size] for size in ("1", "2") for method in ("hf_generate", "vlmspec sage", "vlmspec chain")
+        [f"| {method}", size]
+        for size in ("1", "2")
+        for method in ("hf_generate", "vlmspec sage", "vlmspec chain")
     ]
-    assert all(row.endswith("| 3/3 |") for row in rows if "vlmspec" in row)  # every caption is generate()'s own
+    assert all(
+        row.endswith("| 3/3 |") for row in rows if "vlmspec" in row
+    )  # every caption is generate()'s own

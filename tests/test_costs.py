@@ -46,7 +46,11 @@ def test_a_batch_shares_the_budget_of_its_verification():
     """``rows`` requests verified together: each gets the budget whose batched verification stays within ``factor``
     batched AR steps, so trees shrink as the batch grows on a compute-bound curve, and not on a flat one."""
     budgets = [CPU.node_budget(rows=rows) for rows in (1, 2, 4, 8)]
-    assert budgets[0] == CPU.node_budget() and budgets == sorted(budgets, reverse=True) and budgets[-1] < budgets[0]
+    assert (
+        budgets[0] == CPU.node_budget()
+        and budgets == sorted(budgets, reverse=True)
+        and budgets[-1] < budgets[0]
+    )
     for rows, nodes in zip((2, 4, 8), budgets[1:], strict=True):
         assert CPU.target_cost(rows * (nodes + 1)) <= 2 * CPU.target_cost(rows)
         assert nodes == MAX_NODE_BUDGET or CPU.target_cost(rows * (nodes + 2)) > 2 * CPU.target_cost(rows)

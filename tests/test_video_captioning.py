@@ -151,9 +151,19 @@ def test_bad_videos_get_error_lines_and_exit_2(vc, caption_pair, tmp_path, capsy
 
 
 @pytest.mark.parametrize("batch_size", ["1", "8"])
-def test_killed_job_resumes_without_loss_or_duplicates(caption_pair, six_videos, reference, tmp_path, batch_size):
+def test_killed_job_resumes_without_loss_or_duplicates(
+    caption_pair, six_videos, reference, tmp_path, batch_size
+):
     out = tmp_path / "captions.jsonl"
-    argv = [str(six_videos), "--out", str(out), *_pair_args(caption_pair), *COMMON, "--batch-size", batch_size]
+    argv = [
+        str(six_videos),
+        "--out",
+        str(out),
+        *_pair_args(caption_pair),
+        *COMMON,
+        "--batch-size",
+        batch_size,
+    ]
     # The first run is slowed down (0.4 s per video, in the child only) so that it is surely killed part-way.
     child = subprocess.Popen(
         [sys.executable, "-c", SLOW_JOB, str(SCRIPT), *argv],
