@@ -11,6 +11,7 @@ naming them. Skipped when lmms-eval is not installed (``pip install -e .[eval]``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -521,3 +522,31 @@ def test_output_path_from_the_command_line(tmp_path: Path) -> None:
     config = tmp_path / "run.yaml"
     config.write_text("- model: vlmspec\n  output_path: from_yaml\n")
     assert lmms_eval_output_path(["--config", str(config)]) == "from_yaml"
+
+
+def test_batch_size_changes_no_reply(model: Any, workspace: dict[str, Any]) -> None:
+    """``--batch_size 3``: the requests decode together (queued ones joining as rows free up), same replies, same
+    order as one at a time; ``auto`` leaves the choice to the pipeline's cost probe."""
+    data = workspace["tasks"] / "data"
+    requests = [
+        _instance("generate_until", (prompt, {"max_new_tokens": 10 + i}, visual, i % 2, task, "test"), task)
+        for i, (prompt, visual, task) in enumerate(
+            [
+                ("<image>\nWhat is at the top?", lambda d: [d["image"]], "image_qa"),
+                ("Describe this video.", lambda d: [str(data / d["video"])], "video_caption"),
+                ("<image>\nHow many shapes are there?", lambda d: [d["image"]], "image_qa"),
+                ("Describe this video briefly.", lambda d: [list(d["frames"])], "video_caption"),
+                ("<image>\nName the colours.", lambda d: [d["image"]], "image_qa"),
+            ]
+        )
+    ]
+    alone = [r.text for r in model.generate_until(requests)]
+    one_at_a_time = model.options
+    model.options = dataclasses.replace(one_at_a_time, batch_size=3)
+    try:
+        assert model.batch_size == 3
+        together = [r.text for r in model.generate_until(requests)]
+    finally:
+        model.options = one_at_a_time
+    assert together == alone and all(alone)
+    assert options.parse_model_args({"target": "tiny", "batch_size": "auto"}).batch_size is None
