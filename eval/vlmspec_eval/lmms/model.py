@@ -137,6 +137,7 @@ class VLMSpec(lmms):
         if self.options.warmup:
             warm_up(self.pipe)
         self._samples: list[SampleSpeed] = []
+        self._generate_seconds = 0.0  # wall time in generate_until (requests overlap at batch_size > 1)
         self._reports: dict[str, dict[str, Any]] = {}
         self._started = time.time()
         self._speed_dir = self.options.speed_dir or lmms_eval_output_path()
@@ -170,12 +171,14 @@ class VLMSpec(lmms):
         results = [GenerationResult(text="")] * len(requests)  # lmms-eval's rank padding stays empty
         todo = [i for i, request in enumerate(requests) if not _is_padding(request)]
         calls = (partial(self._call, requests[i]) for i in todo)
+        start = time.perf_counter()
         with tqdm(total=len(todo), disable=self.rank != 0, desc="vlmspec generate") as bar:
             for k, out in self._pipeline().batch_iter(calls, self.batch_size):
                 if isinstance(out, BaseException):
                     raise out
                 results[todo[k]] = self._result(requests[todo[k]], out)
                 bar.update(1)
+        self._generate_seconds += time.perf_counter() - start
         return results
 
     def generate_until_multi_round(self, requests: list[Instance]) -> list[str]:
@@ -284,12 +287,13 @@ class VLMSpec(lmms):
     # ---- speed metrics ----------------------------------------------------------------------------------------
     def _finish_speed(self) -> None:
         samples = self._gather(self._samples)
+        wall = max(self._gather([self._generate_seconds]))  # the ranks run side by side
         if self.rank != 0 or not samples:
             return
         tasks = sorted({s.task for s in samples})
         reference = load_reference(self.options.ar_reference, tasks) if self.options.ar_reference else None
         self._reports = task_reports(samples, self._run_info(), reference)
-        _log_throughput(samples)
+        _log_throughput(samples, wall)
         if self._speed_dir is None:
             print(f"\nvlmspec speed summary\n{format_summary(self._reports)}", flush=True)
             return
@@ -420,17 +424,21 @@ def _is_padding(request: Instance) -> bool:
     return bool((request.metadata or {}).get("__padding_only__"))
 
 
-def _log_throughput(samples: list[SampleSpeed]) -> None:
-    """Pooled figures into lmms-eval's own ``throughput`` section of the results file (rank 0)."""
+def _log_throughput(samples: list[SampleSpeed], wall_seconds: float) -> None:
+    """Pooled figures into lmms-eval's own ``throughput`` section of the results file (rank 0).
+
+    Elapsed time and tokens/s are the run's wall time in ``generate_until`` (the slowest rank's): at a batch size
+    above 1 requests overlap, and their own times add up to more than the run took.
+    """
     from lmms_eval.models.model_utils.gen_metrics import log_metrics
 
     from .speed import dedupe, summarize
 
     metrics = summarize(dedupe(samples))
     log_metrics(
-        total_elapsed_time=metrics["total_seconds"],
+        total_elapsed_time=wall_seconds,
         total_gen_tokens=metrics["new_tokens"],
-        avg_speed=metrics["tokens_per_second"],
+        avg_speed=metrics["new_tokens"] / max(wall_seconds, 1e-9),
         additional_metrics={
             "vlmspec_tau": metrics["tau"],
             "vlmspec_tokens_per_step": metrics["tokens_per_step"],
