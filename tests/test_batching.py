@@ -126,3 +126,27 @@ def test_an_error_inside_a_request_reaches_the_caller_and_the_batch_goes_on():
     results = {index: (output, error) for index, output, error in batcher.map([lambda: 1, fails, lambda: 3])}
     assert results[0] == (1, None) and results[2] == (3, None)
     assert isinstance(results[1][1], RuntimeError)
+
+
+def test_pruned_drafts_and_edd_drafts_at_batch_size_3_equal_generate(tiny_pairs):
+    """The draft's own prefills run per request inside the batch: a pruned draft (visual scores from the target's
+    prefill) and an EDD draft (soft prompt from the target's hidden states, pending rows every step)."""
+    pair = tiny_pairs["qwen2_vl"]
+    pruned = VLMSpecPipeline.from_pretrained(
+        pair.target, pair.draft, policy="sage", prune_ratio=0.5, torch_dtype=torch.float32
+    )
+    requests = mixed_requests()[:6]
+    outputs = pruned.batch(requests, batch_size=3)
+    assert [o.token_ids for o in outputs] == [reference(pruned, r) for r in requests]
+    assert any(o.stats.draft_visual_tokens < o.stats.target_visual_tokens for o in outputs)
+
+    edd = VLMSpecPipeline.from_pretrained("testbed-base:qwen2_vl", "edd", policy="eagle2")
+    examples = [
+        sample(task, 40 + i) for i, task in enumerate(["image_caption", "video_caption", "image_qa"] * 2)
+    ]
+    requests = [
+        {"image": e.image, "video": e.video, "prompt": e.prompt, "max_new_tokens": 40} for e in examples
+    ]
+    outputs = edd.batch(requests, batch_size=3)
+    assert [o.token_ids for o in outputs] == [reference(edd, r) for r in requests]
+    assert sum(o.stats.accepted_tokens for o in outputs) > 0
