@@ -8,6 +8,8 @@ their rows. Sampling: the same seed gives the same reply at batch 1 and batch 3.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from conftest import PROMPTS, input_kinds
@@ -150,3 +152,17 @@ def test_pruned_drafts_and_edd_drafts_at_batch_size_3_equal_generate(tiny_pairs)
     outputs = edd.batch(requests, batch_size=3)
     assert [o.token_ids for o in outputs] == [reference(edd, r) for r in requests]
     assert sum(o.stats.accepted_tokens for o in outputs) > 0
+
+
+def test_a_batch_stopped_early_ends_every_request(tiny_pairs):
+    pair = tiny_pairs["qwen2_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain", torch_dtype=torch.float32)
+    results = pipe.batch_iter(mixed_requests(), batch_size=3)
+    index, first = next(results)
+    assert first.token_ids
+    results.close()  # the caller stops (an error of its own, Ctrl-C): the requests still running must end
+    threads = [t for t in threading.enumerate() if t.name.startswith("vlmspec-request-")]
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not [t.name for t in threads if t.is_alive()]
+    assert pipe(**mixed_requests()[index]).token_ids == first.token_ids  # the pipeline is still usable

@@ -131,7 +131,9 @@ class Batcher:
                     index, job = queue.popleft()
                     request = _Request(index, job)
                     live.append(request)
-                    threading.Thread(target=self._body, args=(request,), daemon=True).start()
+                    threading.Thread(
+                        target=self._body, args=(request,), name=f"vlmspec-request-{index}", daemon=True
+                    ).start()
                     self._switch_to(request)
                 for request in [r for r in live if r.done]:
                     live.remove(request)
