@@ -166,3 +166,18 @@ def test_a_batch_stopped_early_ends_every_request(tiny_pairs):
         thread.join(timeout=10)
     assert not [t.name for t in threads if t.is_alive()]
     assert pipe(**mixed_requests()[index]).token_ids == first.token_ids  # the pipeline is still usable
+
+
+def test_the_lossy_dsbd_works_per_row_at_batch_size_3(tiny_pairs):
+    """DSBD (opt-in, lossy beam sampling) keeps its per-request state per row: the same seeds give the same replies
+    as one at a time."""
+    pair = tiny_pairs["qwen2_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="dsbd", torch_dtype=torch.float32)
+    requests = [
+        dict(r, do_sample=True, seed=i, top_k=10, top_p=0.8, max_new_tokens=16)
+        for i, r in enumerate(mixed_requests()[:4])
+    ]
+    alone = [pipe(**r).token_ids for r in requests]
+    outputs = pipe.batch(requests, batch_size=3)
+    assert [o.token_ids for o in outputs] == alone
+    assert not any(o.stats.lossless for o in outputs)
