@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vlmspec import VLMSpecPipeline, get_policy
-from vlmspec.costs import MAX_NODE_BUDGET, ForwardCosts, monotone_envelope
+from vlmspec.costs import BATCH_RATE_SHARE, BATCH_SIZES, MAX_NODE_BUDGET, ForwardCosts, monotone_envelope
 from vlmspec.policies import MC_SIM_7B_63, SAGEConfig, SAGEPolicy, available_policies, policy_class
 from vlmspec.policies.base import truncate_paths
 from vlmspec.probe import cached_costs, probe_costs
@@ -64,7 +64,14 @@ def test_default_batch_size_follows_the_expected_throughput():
     assert flat.batch_size() == 32 and flat.batch_size(speculative=False) == 32
     linear = costs([float(n) for n in SIZES], draft=[0.05 * n for n in SIZES])  # compute bound from one token
     assert linear.batch_size(speculative=False) == 1  # batching plain decoding buys nothing there
-    assert 1 <= CPU.batch_size() <= 32
+    # A CPU-like curve: the choice is the smallest batch within BATCH_RATE_SHARE of the best expected rate.
+    rates = {}
+    for rows in BATCH_SIZES:
+        nodes = CPU.node_budget(rows=rows)
+        rates[rows] = CPU.step_rate(nodes, CPU.depth_budget(nodes, rows=rows), rows=rows)
+    chosen = CPU.batch_size()
+    assert rates[chosen] >= BATCH_RATE_SHARE * max(rates.values())
+    assert all(rates[rows] < BATCH_RATE_SHARE * max(rates.values()) for rows in BATCH_SIZES if rows < chosen)
 
 
 def test_depth_budget_is_deep_for_a_cheap_draft_and_shallow_for_a_dear_one():
