@@ -246,6 +246,7 @@ class BatchCache(Cache):
         self.store = store
         self.counts = counts
         self._offsets = torch.tensor(store.lengths, device=store.kv.device)  # [B]
+        self._index: torch.Tensor | None = None  # [B, H, n, D] scatter index of this forward's entries
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
@@ -254,9 +255,12 @@ class BatchCache(Cache):
         rows, heads, n, dim = key_states.shape
         end = max(store.lengths) + n
         store.reserve(end)
-        # Row b's n new entries go to lengths[b] .. lengths[b]+n-1: one scatter over the sequence axis.
-        slots = self._offsets[:, None] + torch.arange(n, device=self._offsets.device)  # [B, n]
-        index = slots[:, None, :, None].expand(rows, heads, n, dim)
+        # Row b's n new entries go to lengths[b] .. lengths[b]+n-1: one scatter over the sequence axis (the index
+        # is the same for every layer: built at the first).
+        if self._index is None:
+            slots = self._offsets[:, None] + torch.arange(n, device=self._offsets.device)  # [B, n]
+            self._index = slots[:, None, :, None].expand(rows, heads, n, dim)
+        index = self._index
         keys, values = (t[:rows] for t in store.layer(layer_idx))
         keys.scatter_(2, index, key_states)
         values.scatter_(2, index, value_states)
