@@ -41,6 +41,9 @@ class SpecStats:
         verify_seconds: target tree forwards, acceptance and cache updates.
         tree_sizes: draft nodes verified at each step.
         lossless: True unless an opt-in lossy acceptance rule was used.
+        prompt_tokens: tokens in the prompt.
+        cached_prompt_tokens: prompt tokens the target took from a cache instead of prefilling them (a
+            conversation's earlier turns, :mod:`vlmspec.chat`; 0 for a fresh prompt).
         target_visual_tokens: visual tokens in the target's prefill.
         draft_visual_tokens: visual tokens in the draft's prefill (after pruning).
         trace: one dict per step: what the policy used to shape the tree, plus ``tree_size``/``accepted``.
@@ -60,6 +63,8 @@ class SpecStats:
     verify_seconds: float = 0.0
     tree_sizes: list[int] = field(default_factory=list)
     lossless: bool = True
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
     target_visual_tokens: int = 0
     draft_visual_tokens: int = 0
     trace: list[dict[str, Any]] = field(default_factory=list)
@@ -133,6 +138,7 @@ def speculative_generate(
     t_state = prefill.state
     root = prefill.logits.argmax() if sampler is None else sampler.sample(prefill.logits)  # []
     prompt_len = target_inputs["input_ids"].shape[1]
+    stats.prompt_tokens, stats.cached_prompt_tokens = prompt_len, prefill.cached
     stats.target_visual_tokens = t_state.visual_tokens
     stats.prefill_seconds = time.perf_counter() - t_start
 

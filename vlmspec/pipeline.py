@@ -23,11 +23,12 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from .batching import DRAFT_FIRST, TARGET, Batcher, RowAdapter
+from .chat import Chat
 from .costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
 from .engine import DraftPrompt, SpecStats, speculative_generate
 from .inputs import ImageInput, VideoInput, load_images, load_video, normalize_messages
 from .kernels import onednn_linears
-from .models import EDDDraft, adapter_for
+from .models import EDDDraft, VLMAdapter, adapter_for
 from .models.edd import check_target, is_edd_folder
 from .named_pairs import resolve_pair
 from .policies import TreePolicy, available_policies, get_policy
@@ -401,7 +402,8 @@ class VLMSpecPipeline:
         """
         batcher = Batcher(batch_size)
         policy = self.batch_policy(batch_size)
-        jobs = (partial(self._decode, request, batcher, policy, i) for i, request in enumerate(requests))
+        row = lambda adapter, order: RowAdapter(adapter, batcher, order)  # noqa: E731
+        jobs = (partial(self._decode, request, policy, i, row) for i, request in enumerate(requests))
         with self.kernels():
             for index, output, error in batcher.map(jobs):
                 yield index, (output if error is None else error)
@@ -479,22 +481,29 @@ class VLMSpecPipeline:
         return policy
 
     def _decode(
-        self, call: _Call | dict | Callable[[], dict], batcher: Batcher, policy: TreePolicy, index: int
+        self,
+        call: _Call | dict | Callable[[], dict],
+        policy: TreePolicy,
+        index: int,
+        models: Callable[[VLMAdapter, int], Any],
     ) -> SpecOutput:
-        """One request in ``batcher``: prepare it if needed, decode (streaming each step's tokens when asked), then
-        detokenize."""
+        """One request: prepare it if needed, decode (streaming each step's tokens when asked), then detokenize.
+
+        ``models(adapter, order)`` gives the adapter as this request sees it (a :class:`RowAdapter` of a batch, a
+        conversation's :class:`~vlmspec.chat.TurnCache`); ``order`` is :data:`DRAFT_FIRST` or :data:`TARGET`.
+        """
         if not isinstance(call, _Call):
             call = self._prepare(_request_kwargs(call() if callable(call) else call, index))
-        # 3. Decode: the target and the draft as this request of the batch sees them.
+        # 3. Decode: the target and the draft as this request sees them.
         draft = call.draft
         if draft is not None:
-            draft = dataclasses.replace(draft, adapter=RowAdapter(draft.adapter, batcher, DRAFT_FIRST))
+            draft = dataclasses.replace(draft, adapter=models(draft.adapter, DRAFT_FIRST))
         streamer, on_tokens = call.streamer, None
         if streamer is not None:
             streamer.put(call.inputs["input_ids"].cpu())
             on_tokens = lambda ids: streamer.put(torch.tensor(ids))  # noqa: E731
         token_ids, stats = speculative_generate(
-            RowAdapter(self._target_adapter, batcher, TARGET),
+            models(self._target_adapter, TARGET),
             call.inputs,
             copy.copy(policy),  # per-request state (the engine resets it); config and costs are shared
             call.stop,
@@ -507,6 +516,22 @@ class VLMSpecPipeline:
         # 4. Decode the text.
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         return SpecOutput(text=text, token_ids=token_ids, stats=stats)
+
+    def chat(self, system: str | None = None, **options: Any) -> Chat:
+        """A conversation that keeps both models' KV caches between turns (:mod:`vlmspec.chat`).
+
+            chat = pipe.chat(system="You describe pictures.", max_new_tokens=256)
+            reply = chat.send("What is in it?", images=image)
+            reply = chat.send("And its colour?")   # prefills only this turn's tokens
+
+        Each reply equals ``generate()`` on ``chat.messages`` (greedy), as ``pipe(messages=chat.messages)`` does.
+
+        Args:
+            system: the system prompt, if any.
+            **options: default keyword arguments of :meth:`__call__` for every turn (``max_new_tokens``,
+                ``do_sample``, ``seed``, ``stop_strings``, ...).
+        """
+        return Chat(self, system=system, **options)
 
     def stream(
         self, image: ImageInput | Sequence[ImageInput] | None, prompt: str, **kwargs: Any

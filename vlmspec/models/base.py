@@ -75,6 +75,8 @@ class Prefill:
             of an EDD draft); only when asked for.
         position_ids: the rotary position ids the prompt ran at (``[1, L]``, or ``[3, 1, L]`` with M-RoPE); only
             with ``hidden``.
+        cached: prompt positions taken from a cache instead of being run (:meth:`VLMAdapter.extend`; 0 for a
+            fresh prefill). ``hidden`` and ``position_ids`` then cover the positions from ``cached`` on.
     """
 
     logits: torch.Tensor
@@ -82,6 +84,7 @@ class Prefill:
     visual_scores: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
     position_ids: torch.Tensor | None = None
+    cached: int = 0
 
 
 @dataclass
@@ -190,6 +193,12 @@ class VLMAdapter:
         """
         return {"inputs_embeds": prompt["inputs_embeds"][:, index]}
 
+    def media_after(self, inputs: dict[str, torch.Tensor], images: int, videos: int) -> dict[str, Any]:
+        """The visual inputs (pixels and their per-item metadata) of the prompt's images after the first ``images``
+        and videos after the first ``videos``: what :meth:`extend` sends through the vision tower. Modalities with
+        nothing left are left out."""
+        raise NotImplementedError(f"{type(self).__name__} cannot extend a cached prompt yet")
+
     # ---- shared ---------------------------------------------------------------------------------------------
     def prompt_layout(self, inputs: dict[str, torch.Tensor]) -> PromptLayout:
         image_id, video_id = self.visual_token_ids()
@@ -292,6 +301,57 @@ class VLMAdapter:
         logits = self.model.get_output_embeddings()(hidden[:, -1])[0]  # [V]
         state = DecodeState(cache=cache, rope_delta=rope_delta, visual_tokens=int(visual.sum()))
         return Prefill(logits=logits, state=state)
+
+    @torch.no_grad()
+    def extend(
+        self,
+        state: DecodeState,
+        inputs: dict[str, torch.Tensor],
+        start: int,
+        media: tuple[int, int],
+        keep: torch.Tensor | None = None,
+        score_visual: bool = False,
+        hidden_layer: int | None = None,
+    ) -> Prefill:
+        """Run the prompt from position ``start`` on, on top of a cache that holds what comes before: the next turn
+        of a conversation (:mod:`vlmspec.chat`) prefills only the tokens the previous turns did not.
+
+        Args:
+            state: the decoding state whose cache holds the prompt before ``start`` (every visual token there
+                included); its cache grows by the positions run and its ``rope_delta`` becomes this prompt's.
+            inputs: processor outputs for the whole prompt (batch 1), on the model's device.
+            start: the first prompt position to run (at least one position must follow).
+            media: ``(images, videos)``: how many of the prompt's images and videos lie before ``start``; only the
+                later ones go through the vision tower (:meth:`media_after`).
+            keep: ``[K]`` ascending positions ``>= start`` to run (a pruned draft); ``None`` runs them all.
+            score_visual: also return ``visual_scores`` over all the prompt's visual tokens, as :meth:`prefill`.
+            hidden_layer: also return ``hidden`` (and ``position_ids``) of the positions run.
+
+        Returns:
+            The last position's logits and ``state`` (``cached`` = ``start``).
+        """
+        ids = inputs["input_ids"]
+        length = ids.shape[1]
+        position_ids, rope_delta = self.prompt_rope(inputs)
+        if position_ids is None:
+            position_ids = torch.arange(length, device=self.device)[None]  # [1, L]
+        run = torch.arange(start, length, device=self.device) if keep is None else keep.to(self.device)
+        if run.numel() == 0 or int(run[0]) < start:
+            raise ValueError(f"extend runs positions from start={start} on, got {run.tolist()[:8]}")
+        run = _check_keep(run, length)
+        suffix = {**self.media_after(inputs, *media), "input_ids": ids[:, start:]}
+        prompt = self.select_prompt(self.embed_prompt(suffix), run - start)
+        with self._layer_output(hidden_layer) as hidden:
+            last = self._run_language_model(prompt, position_ids[..., run], state.cache)
+        state.rope_delta = rope_delta
+        logits = self.model.get_output_embeddings()(last[:, -1])[0]  # [V]
+        prefill = Prefill(logits=logits, state=state, cached=start)
+        layout = self.prompt_layout(inputs)
+        if score_visual and bool(layout.visual[start:].any()):  # earlier visual tokens were scored before
+            prefill.visual_scores = self._visual_scores(inputs, layout, position_ids, state)
+        if hidden_layer is not None:
+            prefill.hidden, prefill.position_ids = hidden[0][0], position_ids[..., run]
+        return prefill
 
     def _visual_scores(
         self,

@@ -301,12 +301,22 @@ class EDDAdapter(VLMAdapter):
 
     @torch.no_grad()
     def prefill_soft(
-        self, hidden: torch.Tensor, position_ids: torch.Tensor, rope_delta: torch.Tensor
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        rope_delta: torch.Tensor,
+        state: DecodeState | None = None,
     ) -> DecodeState:
-        """Run the soft prompt: ``hidden`` ``[L, D]`` target states at rotary ``position_ids`` ``[..., 1, L]``."""
-        cache = new_cache(self.model)
-        self.model(hidden[None].to(self.dtype), position_ids=position_ids, attention_mask=None, cache=cache)
-        return DecodeState(cache=cache, rope_delta=rope_delta, visual_tokens=0)
+        """Run the soft prompt: ``hidden`` ``[L, D]`` target states at rotary ``position_ids`` ``[..., 1, L]``, into a
+        fresh cache, or on top of ``state``'s (the rest of a prompt whose start it holds: a conversation's next turn).
+        """
+        if state is None:
+            state = DecodeState(cache=new_cache(self.model), rope_delta=rope_delta, visual_tokens=0)
+        state.rope_delta = rope_delta
+        self.model(
+            hidden[None].to(self.dtype), position_ids=position_ids, attention_mask=None, cache=state.cache
+        )
+        return state
 
     def root_rows(self, pending: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
         """``pending`` ``[p, D]`` target hidden states, then the root's embedding: ``[p + 1, D]``."""

@@ -8,6 +8,8 @@ vision-feature options apply, as in ``forward``. Positions are the original 1-D 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .base import VisualFeatures, VLMAdapter
@@ -33,4 +35,17 @@ class LlavaOnevisionAdapter(VLMAdapter):
         if inputs.get("pixel_values_videos") is not None:
             out = core.get_video_features(inputs["pixel_values_videos"], return_dict=True)
             found["video"] = VisualFeatures(embeds=out.pooler_output.flatten(0, 1))  # [n_video, D]
+        return found
+
+    def media_after(self, inputs: dict[str, torch.Tensor], images: int, videos: int) -> dict[str, Any]:
+        """One pixel row per item. ``batch_num_images`` stays the whole prompt's: it decides how every image of the
+        prompt was tiled (a prompt with several images tiles none), which the placeholders already reflect."""
+        found: dict[str, Any] = {}
+        if inputs.get("pixel_values") is not None and inputs["pixel_values"].shape[0] > images:
+            found["pixel_values"] = inputs["pixel_values"][images:]
+            found["image_sizes"] = inputs["image_sizes"][images:]
+            if inputs.get("batch_num_images") is not None:
+                found["batch_num_images"] = inputs["batch_num_images"]
+        if inputs.get("pixel_values_videos") is not None and inputs["pixel_values_videos"].shape[0] > videos:
+            found["pixel_values_videos"] = inputs["pixel_values_videos"][videos:]
         return found

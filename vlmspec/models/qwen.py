@@ -63,6 +63,21 @@ class QwenVLAdapter(VLMAdapter):
             found["video"] = _features(out)
         return found
 
+    def media_after(self, inputs: dict[str, torch.Tensor], images: int, videos: int) -> dict[str, Any]:
+        """Pixel rows are patches: each item has ``t * h * w`` of them (its ``*_grid_thw`` row)."""
+        found: dict[str, Any] = {}
+        for pixels, grid, skip in (
+            ("pixel_values", "image_grid_thw", images),
+            ("pixel_values_videos", "video_grid_thw", videos),
+        ):
+            if inputs.get(grid) is None or inputs[grid].shape[0] <= skip:
+                continue
+            rows = int(inputs[grid][:skip].prod(-1).sum())
+            found[pixels], found[grid] = inputs[pixels][rows:], inputs[grid][skip:]
+        if "pixel_values_videos" in found and inputs.get("second_per_grid_ts") is not None:
+            found["second_per_grid_ts"] = inputs["second_per_grid_ts"][videos:]
+        return found
+
     def extra_prompt_inputs(
         self, masks: dict[str, torch.Tensor], features: dict[str, VisualFeatures]
     ) -> dict[str, Any]:

@@ -1,0 +1,141 @@
+"""Conversations that keep their caches (pipe.chat): every turn equals generate() on the full history, and a turn
+prefills only what the earlier turns did not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from vlmspec import VLMSpecPipeline
+from vlmspec.testbed.world import sample
+from vlmspec.testing import FAMILIES, make_image, make_video_frames
+
+MAX_NEW = 24
+
+
+def _reference(pipe: VLMSpecPipeline, messages: list[dict], max_new_tokens: int = MAX_NEW) -> list[int]:
+    """The target's own greedy generate() on the whole history (pipe.prepare_messages is transformers' own
+    apply_chat_template path, test_messages.py)."""
+    return pipe.reference_generate(pipe.prepare_messages(messages), max_new_tokens)
+
+
+def _count_calls(module: torch.nn.Module, calls: list[int], positions: bool = False) -> Any:
+    """Append to ``calls`` at each forward of ``module``: 1, or with ``positions`` the input positions it ran."""
+
+    def hook(module: torch.nn.Module, args: Any, kwargs: dict, out: Any) -> None:
+        calls.append(kwargs["inputs_embeds"].shape[1] if positions else 1)
+
+    return module.register_forward_hook(hook, with_kwargs=True)
+
+
+def _reusable(pipe: VLMSpecPipeline, held: list[int], prompt: list[int]) -> int:
+    """How much of ``prompt`` the cache holding ``held`` gives: the shared prefix, but nothing when it stops before
+    an image of ``held`` ends (LLaVA-OneVision renders an image with fewer tokens once a second one joins it), and
+    never the reply's last token (generated, never fed back)."""
+    shared = next((i for i, (a, b) in enumerate(zip(held, prompt, strict=False)) if a != b), len(held))
+    visual = {pipe.target.config.image_token_id, pipe.target.config.video_token_id}
+    if sum(i in visual for i in prompt[:shared]) < sum(i in visual for i in held):
+        return 0
+    return max(min(shared, len(held) - 1), 0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_three_turns_equal_generate_on_the_history_and_prefill_only_new_tokens(tiny_pairs, family):
+    """Images in the first and third turns. The trained testbed pairs (Qwen2-VL, LLaVA-OneVision) reply in words;
+    the tiny random pairs of the other families reply in bytes that need not survive detokenising, so less of
+    their replies is reused (what is reused is what the new prompt's ids share with the cache's, checked here)."""
+    if family in ("qwen2_vl", "llava_onevision"):
+        pipe = VLMSpecPipeline.from_pretrained(f"testbed-base:{family}", policy="sage")
+    else:
+        pair = tiny_pairs[family]
+        pipe = VLMSpecPipeline.from_pretrained(
+            pair.target, pair.draft, policy="sage", torch_dtype=torch.float32
+        )
+    core = pipe.target.model
+    vision, ran = [], []
+    _count_calls(getattr(core, "visual", None) or core.vision_tower, vision)
+    _count_calls(core.language_model, ran, positions=True)
+    first, third = sample("image_caption", 401), sample("image_qa", 402)
+    turns = ((first.prompt, first.image), ("Which shape is the largest?", None), (third.prompt, third.image))
+    chat = pipe.chat(system="You describe pictures.", max_new_tokens=48)
+    held: list[int] = []  # the ids of the turns before: prompt and reply
+    for turn, (text, image) in enumerate(turns):
+        vision.clear()
+        ran.clear()
+        out = chat.send(text, images=image)
+        prompt = pipe.prepare_messages(chat.messages[:-1])["input_ids"][0].tolist()
+        assert out.stats.cached_prompt_tokens == _reusable(pipe, held, prompt)
+        assert ran[0] == len(prompt) - out.stats.cached_prompt_tokens  # the prefill ran the rest only
+        assert bool(vision) == (image is not None)  # the vision tower saw this turn's image only
+        assert out.token_ids == _reference(pipe, chat.messages[:-1], 48), f"turn {turn + 1}"
+        assert chat.messages[-1] == {"role": "assistant", "content": [{"type": "text", "text": out.text}]}
+        if family == "qwen2_vl" and turn > 0:  # its template renders a reply as the tokens generated
+            assert out.stats.cached_prompt_tokens == len(held) - 1
+        held = prompt + out.token_ids
+
+
+def test_an_edited_history_is_prefilled_afresh(tiny_pairs):
+    pair = tiny_pairs["qwen2_5_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
+    chat = pipe.chat(max_new_tokens=MAX_NEW)
+    chat.send("What is in the picture?", images=make_image(0))
+    chat.send("Say more.")
+    # Replace the first image by another of the same size: same token ids, other pixels.
+    chat.messages[0]["content"][0] = {"type": "image", "image": make_image(3)}
+    out = chat.send("And now?")
+    assert out.stats.cached_prompt_tokens == 0
+    assert out.token_ids == _reference(pipe, chat.messages[:-1])
+    # Editing a reply's text keeps the prefix before it.
+    chat.messages[-1]["content"][0]["text"] = "Shapes."
+    out = chat.send("Really?")
+    assert 0 < out.stats.cached_prompt_tokens < out.stats.prompt_tokens
+    assert out.token_ids == _reference(pipe, chat.messages[:-1])
+
+
+@pytest.mark.parametrize("policy", ["eagle2", "ar"])
+def test_a_video_conversation_with_a_pruned_draft(tiny_pairs, policy):
+    pair = tiny_pairs["qwen3_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(
+        pair.target, pair.draft, policy=policy, prune_ratio=0.5, torch_dtype=torch.float32
+    )
+    chat = pipe.chat(max_new_tokens=MAX_NEW)
+    frames = make_video_frames(0)
+    outs = [
+        chat.send("What happens?", video=frames),
+        chat.send("Then?"),
+        chat.send("And here?", images=make_image(2)),
+    ]
+    references = []
+    messages = chat.messages
+    for i in range(3):
+        references.append(_reference(pipe, messages[: 2 * i + 1]))
+    assert [o.token_ids for o in outs] == references
+    assert outs[1].stats.cached_prompt_tokens > 0 and outs[2].stats.cached_prompt_tokens > 0
+
+
+def test_a_failing_turn_leaves_the_history_as_it_was(tiny_pairs):
+    pair = tiny_pairs["qwen2_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
+    chat = pipe.chat(max_new_tokens=8)
+    chat.send("Hello.")
+    before = list(chat.messages)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        chat.send("Look.", images="/nonexistent.png")
+    assert chat.messages == before
+    out = chat.send("Hello again.")
+    assert out.token_ids == _reference(pipe, chat.messages[:-1], 8)
+    with pytest.raises(TypeError, match="chat.send"):
+        chat.send("Hi.", prompt="other")
+
+
+def test_an_edd_draft_conversation(tiny_pairs):
+    """An EDD draft reads the target's hidden states: each turn it gets those of the positions the target ran."""
+    pipe = VLMSpecPipeline.from_pretrained("testbed-base:qwen2_vl", "edd", policy="eagle2")
+    chat = pipe.chat(max_new_tokens=32)
+    first, second = sample("image_caption", 403), sample("image_caption", 404)
+    outs = [chat.send(first.prompt, images=first.image), chat.send(second.prompt, images=second.image)]
+    assert [o.token_ids for o in outs] == [_reference(pipe, chat.messages[:i], 32) for i in (1, 3)]
+    assert outs[1].stats.cached_prompt_tokens > outs[0].stats.prompt_tokens
+    assert outs[1].stats.accepted_tokens > 0  # the draft kept drafting from its carried-over cache
