@@ -1,4 +1,4 @@
-"""lmms-eval integration: the ``vlmspec`` model through lmms-eval's CLI, offline, on the local tasks.
+"""lmms-eval integration: the ``vlmspec`` model through lmms-eval's CLI, offline, on local and shipped tasks.
 
 The end-to-end tests run ``python -m lmms_eval`` as a subprocess (``HF_HUB_OFFLINE=1``) on the local tasks of
 ``eval/tasks`` (data generated into a temporary folder by ``make_tasks``) with the testbed's ``mini`` pair
@@ -6,14 +6,19 @@ The end-to-end tests run ``python -m lmms_eval`` as a subprocess (``HF_HUB_OFFLI
 random pair instead). They check that
 SAGE's scores equal ``policy=ar``'s (lossless; the outputs' token hashes too), that the speed files are written,
 that two processes (``accelerate launch``) give the same scores, and that bad ``--model_args`` fail with a message
-naming them. Skipped when lmms-eval is not installed (``pip install -e .[eval]``).
+naming them. The README's block for lmms-eval's own tasks (``mme``, ``videomme``, ``seedbench_ppl`` on stand-in
+documents, :mod:`vlmspec_eval.lmms.standins`) runs as written in a scratch folder: SAGE's replies and
+log-likelihoods equal AR's, and ``--force_simple`` scores as the default chat path. Skipped when lmms-eval is not
+installed (``pip install -e .[eval]``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -202,6 +207,113 @@ def test_cli_bad_model_args_fail_naming_them(workspace: dict[str, Any], extra: s
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# lmms-eval's own tasks on stand-in documents: the README's block, run as written
+# ---------------------------------------------------------------------------------------------------------------
+SHIPPED_TASKS = ("mme", "videomme", "seedbench_ppl")
+# documents per task for the README's --n 4 (MME: two questions a picture)
+STANDIN_DOCS = {"mme": 8, "videomme": 4, "seedbench_ppl": 4}
+
+
+def _readme_block(marker: str) -> str:
+    """The README's ```bash block that contains ``marker``."""
+    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    found = [block for block in blocks if marker in block]
+    assert len(found) == 1, f"README.md has {len(found)} bash blocks naming {marker}"
+    return found[0]
+
+
+@pytest.fixture(scope="session")
+def readme_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The README's shipped-task block, run by bash as written in a scratch folder (``.venv`` linked to this
+    interpreter's environment), once per session."""
+    from filelock import FileLock
+
+    root = _shared_dir(tmp_path_factory) / "lmms_readme"
+    with FileLock(f"{root}.lock"):
+        if not (root / "readme.log").is_file():
+            root.mkdir(parents=True, exist_ok=True)
+            if not (root / ".venv").is_symlink():
+                (root / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
+            script = _readme_block("vlmspec_eval.lmms.standins")
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+            proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=root, env=env,
+                                  capture_output=True, text=True, timeout=CLI_TIMEOUT)  # fmt: skip
+            (root / "readme.log").write_text(f"exit code {proc.returncode}\n{proc.stdout}{proc.stderr}")
+    log = (root / "readme.log").read_text()
+    standins = root / "standins"
+    return {"root": root, "standins": standins, "log": log, "out": standins / "out"}
+
+
+def _samples(out: Path, task: str) -> dict[int, Any]:
+    """``doc_id -> filtered_resps`` of lmms-eval's ``--log_samples`` file for ``task``."""
+    files = sorted(out.glob(f"*_samples_{task}.jsonl"))
+    assert files, f"no samples file for {task} in {out}"
+    rows = [json.loads(line) for line in files[-1].read_text().splitlines() if line.strip()]
+    return {row["doc_id"]: row["filtered_resps"] for row in rows}
+
+
+def _nll_pairs(resps: Any) -> list[tuple[float, bool]]:
+    """A loglikelihood document's ``filtered_resps`` (one ``(nll, is_greedy)`` pair per choice, as logged)."""
+    return [(float(value), str(greedy) == "True") for value, greedy in resps]
+
+
+def test_readme_shipped_tasks_block_runs_as_written(readme_runs: dict[str, Any]) -> None:
+    log, out = readme_runs["log"], readme_runs["out"]
+    assert log.startswith("exit code 0\n"), log[-4000:]
+    for policy in ("ar", "sage"):
+        scores = _scores(out / policy, log)
+        assert set(scores) == set(SHIPPED_TASKS), policy
+        for task, n in STANDIN_DOCS.items():
+            assert sorted(_samples(out / policy, task)) == list(range(n)), (policy, task)
+    assert (readme_runs["standins"] / "hf" / "videomme" / "data" / "standin000.mp4").is_file()
+
+
+def test_shipped_generation_tasks_reply_the_same_under_ar_and_sage(readme_runs: dict[str, Any]) -> None:
+    out = readme_runs["out"]
+    assert _scores(out / "sage", readme_runs["log"]) == _scores(out / "ar", readme_runs["log"])
+    for task in ("mme", "videomme"):
+        ar, sage = _samples(out / "ar", task), _samples(out / "sage", task)
+        assert sage == ar, f"{task}: SAGE's replies differ from AR's"
+        assert all(isinstance(reply, str) for reply in ar.values()) and any(ar.values()), task
+        report = _speed(out / "sage", task)
+        assert report["run"]["policy"] == "sage" and report["metrics"]["tau"] > 0, task
+        assert report["reference"]["identical_outputs"] == STANDIN_DOCS[task], task
+
+
+def test_shipped_loglikelihood_task_scores_the_same_under_ar_and_sage(readme_runs: dict[str, Any]) -> None:
+    """``seedbench_ppl`` (``multiple_choice``: a loglikelihood request per choice) through the default chat path:
+    equal values under both policies, and the direction lmms-eval ranks them in (its ``acc`` takes the lowest)."""
+    from vlmspec_eval.lmms.standins import expected_seedbench_ppl_acc
+
+    out = readme_runs["out"]
+    ar, sage = _samples(out / "ar", "seedbench_ppl"), _samples(out / "sage", "seedbench_ppl")
+    assert sage == ar, "SAGE's log-likelihoods differ from AR's"
+    for doc_id, resps in ar.items():
+        values = [value for value, _ in _nll_pairs(resps)]
+        assert len(values) == 4 and all(math.isfinite(v) and v >= 0 for v in values), (doc_id, values)
+        # each choice extends the previous one by a word: its -log p can only be larger
+        assert values == sorted(values) and values[0] < values[-1], (doc_id, values)
+    for policy in ("ar", "sage"):
+        acc = _scores(out / policy, readme_runs["log"])["seedbench_ppl"]["acc,none"]
+        assert acc == expected_seedbench_ppl_acc(STANDIN_DOCS["seedbench_ppl"]), policy
+
+
+def test_loglikelihood_force_simple_scores_as_the_chat_path(readme_runs: dict[str, Any]) -> None:
+    """``--force_simple`` (the simple request path) gives the chat path's log-likelihoods."""
+    standins = readme_runs["standins"]
+    assert (readme_runs["out"] / "sage").is_dir(), readme_runs["log"][-4000:]
+    out = standins / "out" / "simple"
+    cmd = [sys.executable, "-m", "lmms_eval", "--model", "vlmspec", "--force_simple", "--model_args",
+           "target=testbed-mini,policy=sage", "--tasks", "seedbench_ppl", "--output_path", str(out),
+           "--log_samples"]  # fmt: skip
+    env = {**_env(readme_runs["root"]), "HF_HOME": str(standins / "hf")}
+    proc = subprocess.run(cmd, cwd=standins, env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and set(_scores(out, log)) == {"seedbench_ppl"}, log[-4000:]
+    assert _samples(out, "seedbench_ppl") == _samples(readme_runs["out"] / "sage", "seedbench_ppl")
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The model in process: simple path, frames, files, chat messages, loglikelihood
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
@@ -314,9 +426,9 @@ def test_loglikelihood_scores_the_greedy_reply_as_greedy(model: Any) -> None:
         _instance("loglikelihood", (doc["question"], c, visual, 0, "image_qa", "test"), "image_qa")
         for c in (reply, reply + " zebra")
     ]
-    greedy, other = model.loglikelihood(requests)
+    greedy, other = (r.text for r in model.loglikelihood(requests))  # (nll, is_greedy) in the result's text
     assert greedy[1] is True and other[1] is False
-    assert other[0] < greedy[0] <= 0
+    assert 0 <= greedy[0] < other[0]  # -log p: lmms-eval 0.7.3 ranks choices by the lowest value
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 * :mod:`.speed`: per-task tau, tokens/s, speed-up; ``vlmspec_speed_<task>.json`` and the summary.
 * :mod:`.text_metrics`: exact match, token F1 and ROUGE-L, implemented locally (no downloads).
 * :mod:`.make_tasks`: ``python -m vlmspec_eval.lmms.make_tasks --out eval/tasks/data --n 20``.
+* :mod:`.standins`: stand-in data for lmms-eval's own ``mme``, ``videomme`` and ``seedbench_ppl`` (offline runs).
 
 Nothing here is imported by ``import vlmspec_eval.lmms`` itself: the submodules import lmms-eval and torch.
 """

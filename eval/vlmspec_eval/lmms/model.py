@@ -8,7 +8,16 @@ Two classes share one implementation (lmms-eval 0.7.3 resolves a model id to its
   has no ``doc_to_messages``) go through the target's chat template as they are (system turns, interleaved text).
 * :class:`VLMSpec` (``--force_simple``, ``is_simple = True``): requests ``(ctx, gen_kwargs, doc_to_visual,
   doc_id, task, split)``; media first, then the context (``<image>`` placeholders removed), the pipeline's layout.
-  Only this path gets ``loglikelihood`` requests (lmms-eval's chat tasks are generation-only).
+
+Both paths answer ``loglikelihood`` requests (tasks with ``output_type: loglikelihood`` or ``multiple_choice``),
+thanks to two workarounds for lmms-eval 0.7.3. Its chat tasks build no such requests
+(``ConfigurableMessagesTask.construct_requests`` asserts "Currently messages is used for generation only"), so
+the chat model has them built as the simple path builds them and scores them the same way
+(:func:`refer_loglikelihood_to_simple_requests`). Its evaluator turns a model output that is neither a string nor
+a ``GenerationResult`` into ``str(output)``, so a plain ``(value, is_greedy)`` pair reaches the task as a string
+("too many values to unpack"; lmms-eval's own ``dummy`` model fails the same way): the pair travels as a
+``GenerationResult``'s ``text``. The value is the continuation's negative log-likelihood, because lmms-eval 0.7.3
+picks the lowest (see ``VLMSpec.loglikelihood``).
 
 Lifecycle: ``__init__`` validates ``--model_args`` (before loading anything), builds/loads the pair (rank 0
 first under ``accelerate launch``, so a testbed pair is trained once) and one pipeline per process on that
@@ -64,6 +73,7 @@ __all__ = [
     "VLMSpecChat",
     "lmms_eval_output_path",
     "load_pipeline",
+    "refer_loglikelihood_to_simple_requests",
     "score_continuation",
     "warm_up",
 ]
@@ -187,13 +197,31 @@ class VLMSpec(lmms):
             "single-turn generate_until tasks"
         )
 
-    def loglikelihood(self, requests: list[Instance]) -> list[tuple[float, bool]]:
-        """Log-probability of each request's continuation under the target (and whether it is its greedy reply).
+    def loglikelihood(self, requests: list[Instance]) -> list[GenerationResult]:
+        """Score each request's continuation under the target: ``GenerationResult(text=(nll, is_greedy))``.
 
         The context (with the request's images/video) goes through the chat template with the generation
-        prompt; the continuation's tokens follow it and are scored in one target forward. No draft is involved.
+        prompt; the continuation's tokens follow it and are scored in one target forward (no draft, so every
+        policy gives the same scores). ``nll`` is ``-log p(continuation | context)``, summed over its tokens;
+        ``is_greedy`` says whether greedy decoding would produce the continuation.
+
+        Two departures from the ``(logprob, is_greedy)`` pairs that lmms-eval's base class documents, both for
+        lmms-eval 0.7.3:
+
+        * the sign: lmms-eval 0.7.3 ranks choices by the *lowest* value (``ConfigurableTask.process_results``
+          takes ``argmin`` for ``multiple_choice``, and tasks' own ``process_results`` such as egoschema's do the
+          same) because its models return a loss; a log-probability would pick the least likely choice. With
+          the summed negative log-likelihood, ``acc`` and ``acc_norm`` are lm-evaluation-harness's (``argmax``
+          of the log-likelihood, raw and per character). (``acc_mutual_info`` takes ``argmax`` and is not
+          supported; no task lmms-eval 0.7.3 ships uses it.)
+        * the wrapper: lmms-eval 0.7.3's evaluator (``unwrap_generation_output``) replaces an output that is
+          neither a string nor a ``GenerationResult`` by ``str(output)``, so a plain pair reaches the task as a
+          string; inside a ``GenerationResult``'s ``text`` it reaches the task as the pair.
         """
-        return [self._score(r) for r in tqdm(requests, disable=self.rank != 0, desc="vlmspec loglikelihood")]
+        return [
+            GenerationResult(text=self._score(r))  # type: ignore[arg-type]  # the pair, see above
+            for r in tqdm(requests, disable=self.rank != 0, desc="vlmspec loglikelihood")
+        ]
 
     def clean(self) -> None:
         """End of generation (lmms-eval calls it on every rank): gather and write speed metrics, free the models."""
@@ -242,6 +270,11 @@ class VLMSpec(lmms):
     def _score(self, request: Instance) -> tuple[float, bool]:
         if _is_padding(request):
             return 0.0, False
+        if len(request.args) != 6:  # lmms-eval's unconditional (context, choice) requests of acc_mutual_info
+            raise NotImplementedError(
+                "the vlmspec model scores (ctx, continuation, doc_to_visual, doc_id, task, split) loglikelihood "
+                f"requests; got {len(request.args)} arguments (acc_mutual_info is not supported)"
+            )
         context, continuation, doc_to_visual, doc_id, task, split = request.args
         doc = self._doc(task, split, doc_id)
         if callable(continuation):
@@ -253,7 +286,8 @@ class VLMSpec(lmms):
         inputs = pipe.prepare_inputs(
             media.image_arg, strip_placeholders(context), media.video, self.options.num_frames
         )
-        return score_continuation(pipe.target, pipe.tokenizer, inputs, continuation)
+        logprob, greedy = score_continuation(pipe.target, pipe.tokenizer, inputs, continuation)
+        return -logprob, greedy
 
     def _doc(self, task: str, split: str, doc_id: int) -> Any:
         return self.task_dict[task][split][doc_id]
@@ -327,11 +361,19 @@ class VLMSpec(lmms):
 
 
 class VLMSpecChat(VLMSpec):
-    """The chat request path: the task's ``doc_to_messages`` (or lmms-eval's default messages) per request."""
+    """The chat request path: the task's ``doc_to_messages`` (or lmms-eval's default messages) per request.
+
+    ``loglikelihood`` requests (``loglikelihood``/``multiple_choice`` tasks) come in the simple path's form and
+    are scored as there: see :func:`refer_loglikelihood_to_simple_requests`.
+    """
 
     is_simple = False
 
     gen_kwargs_at = 2
+
+    def __init__(self, **kwargs: Any) -> None:
+        refer_loglikelihood_to_simple_requests()
+        super().__init__(**kwargs)
 
     def _prompt(self, request: Instance) -> tuple[str | list[dict[str, Any]], Media]:
         from lmms_eval.protocol import ChatMessages
@@ -345,6 +387,35 @@ class VLMSpecChat(VLMSpec):
 # ---------------------------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------------------------
+_LOGLIKELIHOOD_OUTPUT_TYPES = ("loglikelihood", "multiple_choice")
+
+
+def refer_loglikelihood_to_simple_requests() -> None:
+    """Let lmms-eval's chat tasks build ``loglikelihood`` requests as its simple tasks do (lmms-eval 0.7.3).
+
+    lmms-eval 0.7.3 loads every task of a run as a ``ConfigurableMessagesTask`` when the model is a chat model
+    (the default for ``--model vlmspec``), and that class's ``construct_requests`` refuses every output type but
+    generation ("Currently messages is used for generation only"), so a ``multiple_choice`` or ``loglikelihood``
+    task fails before a request is made. This wraps it (once per process): for those two output types it builds
+    the requests of its parent, ``ConfigurableTask`` (``(ctx, continuation, doc_to_visual, doc_id, task,
+    split)``, from the same context), which :meth:`VLMSpec.loglikelihood` scores; every other output type goes to
+    the original method as before. Called by :class:`VLMSpecChat` before lmms-eval loads the tasks.
+    """
+    from lmms_eval.api.task import ConfigurableMessagesTask, ConfigurableTask
+
+    original = ConfigurableMessagesTask.construct_requests
+    if getattr(original, "_vlmspec_refers_loglikelihood", False):
+        return
+
+    def construct_requests(self: Any, doc_id: int, ctx: str, **kwargs: Any) -> Any:
+        if self.OUTPUT_TYPE in _LOGLIKELIHOOD_OUTPUT_TYPES:
+            return ConfigurableTask.construct_requests(self, doc_id, ctx, **kwargs)
+        return original(self, doc_id, ctx, **kwargs)
+
+    construct_requests._vlmspec_refers_loglikelihood = True  # type: ignore[attr-defined]
+    ConfigurableMessagesTask.construct_requests = construct_requests  # type: ignore[method-assign]
+
+
 def load_pipeline(options: ModelOptions, pair: PairSource, device_map: str | None) -> MessagesPipeline:
     """The pipeline for ``pair`` with the options' policy, pruning, dtype and device."""
     pruning = PruningConfig(
