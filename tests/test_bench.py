@@ -255,3 +255,24 @@ def test_throughput_section_compares_batched_generate_and_vlmspec(pair_args, tmp
     assert all(
         row.endswith("| 3/3 |") for row in rows if "vlmspec" in row
     )  # every caption is generate()'s own
+
+
+def test_conversation_section_reports_every_turn_with_cache_reuse(pair_args, tmp_path):
+    argv = [*pair_args, "--n", "2", "--max-new-tokens", "8", "--threads", "1", "--quiet", "--out", str(tmp_path),
+            "--conversation", "--throughput-policies", "sage"]  # fmt: skip
+    assert bench.main(argv) == 0
+    text = (tmp_path / "conversation.md").read_text()
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
+            or line.startswith("| 3 |")]  # fmt: skip
+    methods = [(row[0], row[1]) for row in rows if len(row) == 10]
+    assert methods == [(f"| {t}", m) for t in "123" for m in ("generate()", "ar chat", "sage chat")]
+    assert all(row[-1] == "2/2 |" for row in rows if len(row) == 10)  # every reply is generate()'s own
+    cached = {(row[0], row[1]): int(row[3]) for row in rows if len(row) == 10}
+    assert (
+        cached[("| 1", "sage chat")] == 0
+        and cached[("| 2", "sage chat")] > 0
+        and cached[("| 3", "ar chat")] > 0
+    )
+    assert (
+        len([row for row in rows if len(row) == 4]) == 3
+    )  # the prefill table: fresh call against chat per turn

@@ -139,3 +139,25 @@ def test_an_edd_draft_conversation(tiny_pairs):
     assert [o.token_ids for o in outs] == [_reference(pipe, chat.messages[:i], 32) for i in (1, 3)]
     assert outs[1].stats.cached_prompt_tokens > outs[0].stats.prompt_tokens
     assert outs[1].stats.accepted_tokens > 0  # the draft kept drafting from its carried-over cache
+
+
+def test_demo_chat_streams_each_turn_and_reuses_the_caches(capsys, monkeypatch):
+    import io
+    import re
+
+    from vlmspec.cli import main as cli_main
+
+    common = ["demo", "--pair", "testbed-mini", "--max-new-tokens", "24", "--no-compare"]
+    assert cli_main(common) == 0
+    caption = re.search(r"^caption:   (.*)$", capsys.readouterr().out, re.M).group(1)
+    monkeypatch.setattr(
+        "sys.stdin", io.StringIO("Which shape is the largest?\nDescribe it again.\n\nignored\n")
+    )
+    assert cli_main([*common, "--chat"]) == 0
+    out = capsys.readouterr().out
+    replies = re.findall(r"^vlmspec> (.*)$", out, re.M)
+    assert len(replies) == 3  # the bundled image's turn, then the two typed lines; the empty line ends it
+    assert replies[0].strip() == caption.strip()  # streamed: the same text as the one-shot call
+    assert "you> Which shape is the largest?" in out
+    cached = [int(n) for n in re.findall(r"(\d+) cached\]", out)]
+    assert cached[0] == 0 and cached[1] > 0 and cached[2] > cached[1]

@@ -78,6 +78,8 @@ def demo(args: argparse.Namespace) -> int:
     image = None if args.video else (args.image or _example_image())
     prompt = args.prompt or (example["prompt"] if example else "Describe this image.")
     pipe(image, prompt, video=args.video, max_new_tokens=4)  # warm-up: torch's one-off first-call costs
+    if args.chat:
+        return _chat(pipe, image, prompt, args)
     out = pipe(image, prompt, video=args.video, max_new_tokens=args.max_new_tokens)
     print(f"prompt:    {prompt}")
     print(f"caption:   {out.text}")
@@ -95,6 +97,32 @@ def demo(args: argparse.Namespace) -> int:
         print(summary)
     if args.compare:
         _compare_with_generate(pipe, out, image, prompt, args)
+    return 0
+
+
+def _chat(pipe: Any, image: Any, prompt: str, args: argparse.Namespace) -> int:
+    """``demo --chat``: the first turn is the image (or video) and the prompt; then one turn per line typed (or
+    piped) until an empty line or end of input. Replies stream as each verification step accepts tokens; after
+    each, its statistics and how much of the prompt came from the caches of the earlier turns."""
+    from transformers import TextStreamer
+
+    chat = pipe.chat(max_new_tokens=args.max_new_tokens)
+    streamer = TextStreamer(pipe.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    typed = sys.stdin.isatty()
+    text, media = prompt, {"images": image, "video": args.video}
+    while text:
+        if media or not typed:  # echo what was not typed here
+            print(f"you> {text}")
+        print("vlmspec> ", end="", flush=True)
+        stats = chat.send(text, streamer=streamer, **media).stats
+        print(
+            f"  [{stats.summary()}; prompt {stats.prompt_tokens} tokens, {stats.cached_prompt_tokens} cached]"
+        )
+        media = {}
+        try:
+            text = input("you> " if typed else "").strip()
+        except EOFError:
+            text = ""
     return 0
 
 
@@ -181,6 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="also run transformers' own greedy generate() on the target, check the output is identical and print "
         "the speed-up (default on)",
+    )
+    d.add_argument(
+        "--chat",
+        action="store_true",
+        help="a conversation: the image/video and prompt first, then one turn per line you type (an empty line or "
+        "end of input ends it); replies stream, the caches carry over between turns",
     )
     d.set_defaults(func=demo)
 

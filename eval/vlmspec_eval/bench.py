@@ -583,6 +583,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=("sage",),
         help="policies of the throughput rows (sage)",
     )
+    a("--conversation", action="store_true",
+      help="instead of the bench: the multi-turn section, --n three-turn conversations per method (ar chat and "
+      "--throughput-policies chats against generate() on the whole history); see vlmspec_eval.conversation")  # fmt: skip
     return parser
 
 
@@ -635,6 +638,10 @@ def run_args(args: argparse.Namespace) -> int:
         from .throughput import run_section
 
         return run_section(config, args.throughput, args.throughput_policies)
+    if args.conversation:
+        from .conversation import run_section
+
+        return run_section(config, args.throughput_policies)
     result = run_bench(config)
     paths = write_report(result, config.out, config.json_path, config.plots)
     print(markdown(result))
