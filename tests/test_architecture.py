@@ -1,9 +1,15 @@
-"""The house's import rules (docs: the README's layout section): policies never reach models or caches."""
+"""The house's import rules (docs: the README's layout section): the library never imports its evaluation or its
+jobs; policies never reach models or caches. And the jobs ship with the wheel: a non-editable install runs them."""
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,3 +42,55 @@ def test_policies_never_import_models_or_caches():
 def test_import_resolution_sees_relative_imports():
     names = imported_modules(ROOT / "vlmspec" / "policies" / "pct.py", "vlmspec.policies.pct")
     assert "vlmspec.costs" in names and "vlmspec.draft.DraftTree" in names
+
+
+def test_the_library_never_imports_its_evaluation_or_its_jobs():
+    forbidden = ("vlmspec_eval", "vlmspec_caption", "pipelines", "eval")
+    for path in sorted((ROOT / "vlmspec").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        bad = {m for m in imported_modules(path, module) if m.split(".")[0] in forbidden}
+        assert not bad, (
+            f"{path.relative_to(ROOT)} imports {sorted(bad)}: subcommands come through entry points"
+        )
+
+
+@pytest.mark.slow
+def test_a_wheel_installed_without_the_checkout_captions(tmp_path):
+    """``pip install .`` (a wheel, not editable), then ``vlmspec caption`` from a folder outside the checkout. The
+    wheel goes ``--no-deps`` into a target folder put in front of this environment's packages."""
+    from vlmspec.testing import write_video
+
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    build = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "-w",
+        str(wheels),
+    ]
+    subprocess.run([*build, str(ROOT)], check=True, capture_output=True, timeout=600)
+    (wheel,) = wheels.glob("vlmspec-*.whl")
+    install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)]
+    subprocess.run(install, check=True, capture_output=True, timeout=600)
+    videos, work = tmp_path / "videos", tmp_path / "elsewhere"
+    videos.mkdir()
+    work.mkdir()
+    from vlmspec import testbed
+
+    write_video(videos / "a.mp4", testbed.sample("video_caption", 1).video)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    command = "import sys; from vlmspec.cli import main; sys.exit(main())"
+    argv = ["caption", str(videos), "--out", "x.jsonl", "--target", "testbed-mini", "--max-new-tokens", "8",
+            "--num-frames", "4", "--threads", "1", "--no-progress"]  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", command, *argv], cwd=work, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr
+    probe = "import vlmspec, vlmspec_caption; print(vlmspec.__file__, vlmspec_caption.__file__)"
+    where = subprocess.run([sys.executable, "-c", probe], cwd=work, env=env, capture_output=True, text=True)
+    assert all(path.startswith(str(site)) for path in where.stdout.split())  # the wheel's, not the checkout's
+    assert '"caption": ' in (work / "x.jsonl").read_text()

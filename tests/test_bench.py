@@ -25,6 +25,7 @@ from vlmspec_eval.tasks import load_inputs, resolve_pair
 
 from vlmspec import VLMSpecPipeline
 from vlmspec import testbed as vlmspec_testbed
+from vlmspec.named_pairs import ResolvedPair
 from vlmspec.policies import MC_SIM_7B_63, available_policies
 from vlmspec.testing import build_tiny_pair
 
@@ -231,9 +232,10 @@ def test_inputs_and_default_pair_come_from_the_testbed_when_importable(monkeypat
     items = load_inputs(["image_qa", "video_caption"], 2, seed=5)
     assert calls == [("image_qa", 5), ("image_qa", 6), ("video_caption", 5), ("video_caption", 6)]
     assert {it.source for it in items} == {"testbed"} and items[0].prompt == "image_qa prompt"
-    assert resolve_pair(None, None, "qwen2_vl", "base") == tasks.PairSpec(
+    assert resolve_pair(None, None, "qwen2_vl", "base") == ResolvedPair(
         "/t/base/qwen2_vl", "/d", "testbed:base:qwen2_vl@cpu", "cpu"
     )
+    assert resolve_pair("testbed-base", None, "llava_onevision").source == "testbed:base:llava_onevision"
     assert resolve_pair("org/a", "org/b", "qwen2_vl").source == "explicit"
     synthetic = load_inputs(["video_caption"], 1, seed=0, source="synthetic")[0]
     assert synthetic.source == "synthetic" and synthetic.video is not None and synthetic.image is None

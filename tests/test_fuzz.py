@@ -4,8 +4,6 @@ error naming the input; never a crash, and never a changed file the caption job 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -93,19 +91,11 @@ def test_random_frames_are_read_or_refused_by_name(specs):
         assert all(im.mode == "RGB" and im.size == images[0].size for im in images)
 
 
-def _job_module():
-    spec = importlib.util.spec_from_file_location(
-        "video_captioning_fuzz", ROOT / "pipelines" / "video_captioning.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def job():
-    return _job_module()
+    import vlmspec_caption
+
+    return vlmspec_caption
 
 
 PIECES = st.one_of(

@@ -36,10 +36,18 @@ def test_no_target_means_the_calibrated_testbed_base_pair(fake_testbed):
 def test_pair_names_with_family_and_env_default(fake_testbed, monkeypatch):
     calls, _ = fake_testbed
     assert named_pairs.resolve_pair("testbed-mini:llava_onevision").source == "testbed:mini:llava_onevision"
+    # One resolver for every entry point: a family for names that give none, never over one that does.
+    assert (
+        named_pairs.resolve_pair("testbed-mini", family="llava_onevision").source
+        == "testbed:mini:llava_onevision"
+    )
+    assert named_pairs.resolve_pair("testbed-mini:qwen2_vl@cpu", family="llava_onevision").source == (
+        "testbed:mini:qwen2_vl@cpu"
+    )
     monkeypatch.setenv(named_pairs.ENV_DEFAULT_PAIR, "testbed-mini")
     assert named_pairs.resolve_pair(None).source == "testbed:mini:qwen2_vl"
     assert named_pairs.resolve_pair("testbed-base", draft="my/draft").draft == "my/draft"
-    assert calls == [("mini", "llava_onevision"), ("mini", "qwen2_vl"), ("base", "qwen2_vl")]
+    assert calls == [("mini", "llava_onevision")] * 2 + [("mini", "qwen2_vl")] * 2 + [("base", "qwen2_vl")]
     monkeypatch.setenv(named_pairs.ENV_DEFAULT_PAIR, "Qwen/Qwen2-VL-7B")
     with pytest.raises(ValueError, match="VLMSPEC_DEFAULT_PAIR='Qwen/Qwen2-VL-7B' is not a pair name"):
         named_pairs.resolve_pair(None)

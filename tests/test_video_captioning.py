@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+import vlmspec_caption
 
-from vlmspec import caption_cli, testbed
+from vlmspec import testbed
 from vlmspec.testing import write_video
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,8 +47,8 @@ line, whatever its batch size), so a kill lands mid-run."""
 # ---------------------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def vc():
-    """The job module, loaded the way ``vlmspec caption`` loads it."""
-    return caption_cli.job_module()
+    """The job package (``pipelines/vlmspec_caption``, installed with vlmspec)."""
+    return vlmspec_caption
 
 
 @pytest.fixture(scope="session")
@@ -294,7 +295,7 @@ def test_job_errors_exit_1(vc, caption_pair, tmp_path, capsys):
 
 
 def test_vlmspec_caption_entry_point(tmp_path, capsys):
-    assert caption_cli.main([str(tmp_path / "missing"), "--out", str(tmp_path / "o.jsonl")]) == 1
+    assert vlmspec_caption.main([str(tmp_path / "missing"), "--out", str(tmp_path / "o.jsonl")]) == 1
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -341,7 +342,6 @@ def test_manifests_with_prompts_and_ids(vc, tmp_path):
 
 
 def test_config_file_defaults_and_flag_overrides(vc, tmp_path):
-    assert set(vc._KINDS) == set(vc.JobConfig.field_names())
     assert vc.load_config(vc.DEFAULT_CONFIG_PATH) == vc.JobConfig()  # the YAML holds the defaults
     config = tmp_path / "job.yaml"
     config.write_text("max_new_tokens: 7\npolicy: chain\npolicy_options: {gamma: 3}\nextensions: mp4, webm\n")
@@ -353,7 +353,7 @@ def test_config_file_defaults_and_flag_overrides(vc, tmp_path):
     assert loaded.extensions == (".mp4", ".webm")
     assert vc.load_config(str(config)).max_new_tokens == 7
     config.write_text("max_new_tokens: many\n")
-    with pytest.raises(vc.JobError, match="max_new_tokens must be an integer"):
+    with pytest.raises(vc.JobError, match="max_new_tokens=.* is invalid: expected an integer"):
         vc.load_config(str(config))
     assert vc.JobConfig(fps=1.0).sampler == "qwen" and vc.JobConfig().sampler == "decord"
 
@@ -430,10 +430,9 @@ def test_merge_prefers_captions_then_later_lines_in_input_order(vc, tmp_path):
 
 
 def test_resolve_pair(vc, monkeypatch, tmp_path):
-    assert vc.resolve_pair("Qwen/Qwen2-VL-7B-Instruct", "Qwen/Qwen2-VL-2B-Instruct") == (
-        "Qwen/Qwen2-VL-7B-Instruct",
-        "Qwen/Qwen2-VL-2B-Instruct",
-    )
+    """The library's one resolver (vlmspec.named_pairs), with the job's family and its error type."""
+    explicit = vc.resolve_pair("Qwen/Qwen2-VL-7B-Instruct", "Qwen/Qwen2-VL-2B-Instruct")
+    assert (explicit.target, explicit.draft) == ("Qwen/Qwen2-VL-7B-Instruct", "Qwen/Qwen2-VL-2B-Instruct")
     calls = []
 
     def pair_paths(size, family):
@@ -441,10 +440,10 @@ def test_resolve_pair(vc, monkeypatch, tmp_path):
         return tmp_path / "t", tmp_path / "d"
 
     monkeypatch.setattr(testbed, "pair_paths", pair_paths)
-    assert vc.resolve_pair("testbed-mini", None) == (str(tmp_path / "t"), str(tmp_path / "d"))
-    assert vc.resolve_pair(None, None, family="llava_onevision")[0] == str(tmp_path / "t")
+    pair = vc.resolve_pair("testbed-mini", None)
+    assert (pair.target, pair.draft) == (str(tmp_path / "t"), str(tmp_path / "d"))
+    assert vc.resolve_pair(None, None, family="llava_onevision").calibration == "cpu"  # the default pair
     assert calls == [("mini", "qwen2_vl"), ("base", "llava_onevision")]
-    with pytest.raises(vc.JobError, match="drop --draft"):
-        vc.resolve_pair("testbed-base", "some/draft")
+    assert vc.resolve_pair("testbed-base", "some/draft").draft == "some/draft"  # as everywhere: it replaces
     with pytest.raises(vc.JobError, match="no 'qwen9' pair"):
         vc.resolve_pair("testbed-mini", None, family="qwen9")

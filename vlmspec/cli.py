@@ -38,31 +38,20 @@ def trace_summary(trace: list[dict]) -> str:
     )
 
 
-def _embedded_pair(pair: str, family: str) -> str:
-    """``testbed-base@cpu`` with ``family`` put in: ``testbed-base:qwen2_vl@cpu``."""
-    from .named_pairs import is_pair_name, split_calibration
-
-    if not is_pair_name(pair):
-        raise SystemExit(
-            f"vlmspec demo: --pair {pair!r} is not a pair name (e.g. testbed-base@cpu, testbed-mini)"
-        )
-    name, calibration = split_calibration(pair)
-    if ":" not in name:
-        name = f"{name}:{family}"
-    return name + (f"@{calibration}" if calibration else "")
-
-
 def demo(args: argparse.Namespace) -> int:
     import torch
 
-    from .named_pairs import resolve_pair
+    from .named_pairs import is_pair_name, resolve_pair
     from .pipeline import VLMSpecPipeline
 
     if args.target is None and args.draft is not None:
         raise SystemExit("vlmspec demo: --draft needs --target (or name neither for the default pair)")
     _check_before_loading(args)
-    target = args.target if args.target is not None else _embedded_pair(args.pair, args.family)
-    pair = resolve_pair(target, args.draft)
+    if args.target is None and not is_pair_name(args.pair):
+        raise SystemExit(
+            f"vlmspec demo: --pair {args.pair!r} is not a pair name (e.g. testbed-base@cpu, testbed-mini)"
+        )
+    pair = resolve_pair(args.target if args.target is not None else args.pair, args.draft, family=args.family)
     if args.target is None:
         print(f"No checkpoint named: using the embedded default pair ({pair.source}).", flush=True)
     options = json.loads(args.policy_options) if args.policy_options else {}
@@ -218,19 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.set_defaults(func=demo)
 
-    b = sub.add_parser(
-        "bench", help="benchmark methods side by side (tau, tokens/s, speed-up, identical to AR)"
-    )
-    from vlmspec_eval.bench import add_arguments, run_args
-
-    add_arguments(b)
-    b.set_defaults(func=run_args)
-
-    from . import caption_cli
-
-    c = sub.add_parser("caption", help="caption a folder/glob/manifest of videos into a resumable JSONL")
-    caption_cli.add_arguments(c)
-    c.set_defaults(func=caption_cli.run_args)
+    for command in _commands():  # vlmspec bench (eval/), vlmspec caption (pipelines/): installed with vlmspec
+        command.load()(sub)
 
     # `vlmspec testbed ...` is handed whole to the testbed's own parser (see `main`); listed here for --help.
     sub.add_parser(
@@ -241,6 +219,17 @@ def build_parser() -> argparse.ArgumentParser:
     # `vlmspec edd ...` is handed whole to the EDD tool's own parser (see `main`); listed here for --help.
     sub.add_parser("edd", help="train an EDD draft for a target (vlmspec edd train --help)")
     return parser
+
+
+COMMANDS_GROUP = "vlmspec.commands"
+"""Entry-point group of the subcommands that live outside the library (each entry: ``register(subparsers)``)."""
+
+
+def _commands() -> list[Any]:
+    """The ``vlmspec.commands`` entry points, by name (the library imports neither ``eval/`` nor ``pipelines/``)."""
+    from importlib.metadata import entry_points
+
+    return sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name)
 
 
 def _c2t_main(argv: list[str]) -> int:

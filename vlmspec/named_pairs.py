@@ -110,7 +110,9 @@ def check_model_source(source: str | Path, role: str) -> None:
     )
 
 
-def resolve_pair(target: str | Path | None, draft: str | Path | None = None) -> ResolvedPair:
+def resolve_pair(
+    target: str | Path | None, draft: str | Path | None = None, family: str | None = None
+) -> ResolvedPair:
     """Folders for ``target``/``draft``, building a named pair first when ``target`` names one.
 
     Args:
@@ -118,6 +120,8 @@ def resolve_pair(target: str | Path | None, draft: str | Path | None = None) -> 
             ``testbed-mini[...]``, ``tiny[...]``) or ``None`` for the default pair.
         draft: a folder or hub id; with a pair name it replaces the pair's own draft; ``"edd"`` with a testbed
             pair name: the EDD draft trained for that target (:mod:`vlmspec.models.edd`), shipped with the package.
+        family: the family of a pair name that names none (``testbed-base@cpu``); default :data:`DEFAULT_FAMILY`.
+            Every entry point (the API, ``vlmspec demo``/``bench``/``caption``, lmms-eval) resolves through here.
 
     Returns:
         The :class:`ResolvedPair`.
@@ -144,7 +148,8 @@ def resolve_pair(target: str | Path | None, draft: str | Path | None = None) -> 
     if not is_pair_name(target):
         check_model_source(target, "target")
         return ResolvedPair(str(target), str(draft) if draft is not None else None, "explicit")
-    name, family = _split(str(target))
+    name, named_family = _split(str(target))
+    family = named_family if ":" in split_calibration(str(target))[0] or family is None else family
     calibration = split_calibration(str(target))[1]
     if calibration is not None:
         from .testbed.calibrate import get_calibration

@@ -5,8 +5,8 @@ the class checks its ranges, :func:`check_field_types` checks each field against
 ``d_max="8"`` is refused as "expected an integer, got str" instead of failing later inside a comparison.
 
 Supported declarations: ``int`` (``bool`` is not an int here), ``float`` (an int is accepted), ``str``, ``bool``,
-unions with ``None``, ``Literal[...]``, and ``tuple[...]`` (a list is accepted: YAML and JSON have no tuples; the
-items are checked by the class itself).
+unions with ``None``, ``Literal[...]``, ``tuple[...]`` (a list is accepted: YAML and JSON have no tuples; the
+items are checked by the class itself) and other generic containers (``dict[str, Any]``: a dict).
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def _matches(value: Any, declared: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if isinstance(declared, type):
         return isinstance(value, declared)
+    if isinstance(origin, type):  # dict[str, Any], list[int], ...: the container's type (items: the class's)
+        return isinstance(value, origin)
     return True  # a declaration this checker does not know: left to the class
 
 
@@ -68,5 +70,7 @@ def _describe(declared: Any) -> str:
         return "one of " + ", ".join(repr(v) for v in typing.get_args(declared))
     if origin is tuple or declared is tuple:
         return "a list"
+    if isinstance(origin, type):
+        return f"a {'mapping' if origin is dict else origin.__name__}"
     names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "None"}
     return names.get(declared, getattr(declared, "__name__", str(declared)))

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from vlmspec.costs import DEFAULT_BUDGET_FACTOR
-from vlmspec.named_pairs import is_pair_name
+from vlmspec.named_pairs import ResolvedPair, is_pair_name
 from vlmspec.probe import check_sizes
 
 from .analysis import entropy_report, tau_vs_length, token_entropies
@@ -56,7 +56,7 @@ from .methods import (
 )
 from .report import aggregate, markdown, write_files
 from .sampling import dsbd_policy, run_dsbd_section, run_sampling_section
-from .tasks import INPUT_SOURCES, TASKS, PairSpec, TaskInput, check_tasks, load_inputs, resolve_pair
+from .tasks import INPUT_SOURCES, TASKS, TaskInput, check_tasks, load_inputs, resolve_pair
 
 DEFAULT_PRUNE_RATIOS: tuple[float, ...] = (0.0, 0.5, 0.8, 0.9)
 DTYPES: dict[str, Any] = {
@@ -284,7 +284,7 @@ def sampling_sections(
     return out
 
 
-def load_edd_pipeline(pipe: Any, pair: PairSpec | None, config: BenchConfig) -> tuple[Any, str]:
+def load_edd_pipeline(pipe: Any, pair: ResolvedPair | None, config: BenchConfig) -> tuple[Any, str]:
     """``(pipeline, "")``: the bench's target with an EDD draft (``--edd``: a folder, or ``auto``: the one shipped
     for a testbed pair), inflated like the target; ``(None, why)`` when there is none."""
     from vlmspec import VLMSpecPipeline
@@ -313,7 +313,7 @@ def edd_share(probe: CostProbe) -> str:
     return f"one draft forward {draft * 1e3:.2f} ms = {draft / target:.1%} of a target forward ({target * 1e3:.2f} ms)"
 
 
-def load_pipeline(pair: PairSpec, dtype: str) -> Any:
+def load_pipeline(pair: ResolvedPair, dtype: str) -> Any:
     """The pipeline of ``pair`` in ``dtype`` (policy ``ar``; the bench swaps policies per run)."""
     from vlmspec import VLMSpecPipeline
 
@@ -413,7 +413,7 @@ def describe_device(pipe: Any) -> str:
     return f"cpu ({platform.machine()}, {torch.get_num_threads()} torch threads, {os.cpu_count()} cores)"
 
 
-def describe_pair(pipe: Any, pair: PairSpec | None, dtype: str) -> dict[str, Any]:
+def describe_pair(pipe: Any, pair: ResolvedPair | None, dtype: str) -> dict[str, Any]:
     def params(model: torch.nn.Module | None) -> float | None:
         return sum(p.numel() for p in model.parameters()) / 1e6 if model is not None else None
 
@@ -647,6 +647,15 @@ def run_args(args: argparse.Namespace) -> int:
     print(markdown(result))
     print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
     return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Adds ``vlmspec bench`` to the ``vlmspec`` command line (the ``vlmspec.commands`` entry point)."""
+    parser = commands.add_parser(
+        "bench", help="benchmark methods side by side (tau, tokens/s, speed-up, identical to AR)"
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run_args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """Multi-turn conversations: tau, speed-up and prefill time per turn, with the caches kept between turns.
 
     vlmspec bench --conversation --n 6                       # the calibrated base pair, 6 conversations
-    python -m vlmspec_eval.conversation --target testbed-base:qwen2_vl --policies sage,chain --n 6
+    vlmspec bench --conversation --target testbed-base:qwen2_vl --throughput-policies sage,chain --n 6
 
 Each conversation is three turns about one testbed scene: the picture and a caption prompt, a question about the
 scene that the picture answers (text only, short reply), then a second picture of the same scene (another
@@ -15,17 +15,16 @@ dominates; the later turns carry the earlier ones (and their picture) as history
 * the prefill of the same turn through a fresh ``pipe(messages=history)`` (all of the history prefilled) against
   the chat's (only what the earlier turns did not hold), target and draft prefills together.
 
-Every method runs one warm-up conversation first.
+Every method runs one warm-up conversation first; then the methods take turns, conversation by conversation.
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .bench import load_pipeline, torch_threads
@@ -45,11 +44,9 @@ class TurnRow:
     new_tokens: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
-    prefill_seconds: float = 0.0
     accepted: int = 0
     steps: int = 0
     identical: int = 0
-    replies: list[list[int]] = field(default_factory=list)
 
     @property
     def tau(self) -> float:
@@ -126,47 +123,62 @@ def measure_conversations(
     policies: Sequence[str],
     log: Any = print,
 ) -> tuple[list[TurnRow], list[float], list[float]]:
-    """Rows per method and turn, and per turn the fresh and chat prefill seconds of the first policy's chats."""
+    """Rows per method and turn, and per turn the fresh and chat prefill seconds of the first policy's chats.
+
+    Methods are interleaved conversation by conversation, so that machine noise falls on all of them alike.
+    """
     from vlmspec import get_policy
 
-    rows: dict[tuple[str, int], TurnRow] = {}
-    run_generate(pipe, convos[0], 4)  # warm-up
-    reference = []
-    for convo in convos:
-        results = run_generate(pipe, convo, max_new_tokens)
-        reference.append([ids for _, ids, _ in results])
-        for turn, (seconds, ids, prompt_tokens) in enumerate(results):
-            row = rows.setdefault(("generate()", turn), TurnRow("generate()", turn))
-            row.seconds += seconds
-            row.prompt_tokens += prompt_tokens
-            row.new_tokens += len(ids)
-            row.identical += 1
-    log(f"generate(): {sum(r.seconds for r in rows.values()):.1f} s")
-    fresh, cached = [0.0] * TURNS, [0.0] * TURNS
-    for index, policy in enumerate(["ar", *policies]):
+    chats = ["ar", *policies]
+    run_generate(pipe, convos[0], 4)  # warm-ups
+    for policy in chats:
         pipe.policy = get_policy(policy)
-        run_chat(pipe, convos[0], 4)  # warm-up
-        method = f"{policy} chat"
-        for convo, expected in zip(convos, reference, strict=True):
+        run_chat(pipe, convos[0], 4)
+    rows: dict[tuple[str, int], TurnRow] = {}
+    fresh, cached = [0.0] * TURNS, [0.0] * TURNS
+    for number, convo in enumerate(convos):
+        reference = run_generate(pipe, convo, max_new_tokens)
+        for turn, (seconds, ids, prompt_tokens) in enumerate(reference):
+            _add(rows, "generate()", turn, seconds, ids, ids, prompt_tokens)
+        for policy in chats:
+            pipe.policy = get_policy(policy)
             results = run_chat(pipe, convo, max_new_tokens)
             for turn, (seconds, out) in enumerate(results):
-                row = rows.setdefault((method, turn), TurnRow(method, turn))
-                stats = out.stats
-                row.seconds += seconds
-                row.new_tokens += len(out.token_ids)
-                row.prompt_tokens += stats.prompt_tokens
-                row.cached_tokens += stats.cached_prompt_tokens
-                row.prefill_seconds += stats.prefill_seconds + stats.draft_prefill_seconds
-                row.accepted += stats.accepted_tokens
-                row.steps += stats.steps
-                row.identical += out.token_ids == expected[turn]
-            if index == 1:  # the prefill comparison, with the first speculative policy's draft
+                row = _add(rows, f"{policy} chat", turn, seconds, out.token_ids, reference[turn][1])
+                _add_stats(row, out.stats)
+            if (
+                policy == chats[min(1, len(chats) - 1)]
+            ):  # the prefills, with the first speculative policy's draft
                 for turn, seconds in enumerate(fresh_prefills(pipe, convo, [o for _, o in results])):
                     fresh[turn] += seconds
                     cached[turn] += results[turn][1].stats.prefill_seconds
                     cached[turn] += results[turn][1].stats.draft_prefill_seconds
-        log(f"{method}: {sum(r.seconds for k, r in rows.items() if k[0] == method):.1f} s")
+        log(f"conversation {number + 1}/{len(convos)} done")
     return list(rows.values()), fresh, cached
+
+
+def _add(
+    rows: dict[tuple[str, int], TurnRow],
+    method: str,
+    turn: int,
+    seconds: float,
+    ids: list[int],
+    expected: list[int],
+    prompt_tokens: int = 0,
+) -> TurnRow:
+    row = rows.setdefault((method, turn), TurnRow(method, turn))
+    row.seconds += seconds
+    row.new_tokens += len(ids)
+    row.prompt_tokens += prompt_tokens
+    row.identical += ids == expected
+    return row
+
+
+def _add_stats(row: TurnRow, stats: Any) -> None:
+    row.prompt_tokens += stats.prompt_tokens
+    row.cached_tokens += stats.cached_prompt_tokens
+    row.accepted += stats.accepted_tokens
+    row.steps += stats.steps
 
 
 def markdown(rows: Sequence[TurnRow], fresh: Sequence[float], cached: Sequence[float], n: int) -> str:
@@ -199,53 +211,18 @@ def markdown(rows: Sequence[TurnRow], fresh: Sequence[float], cached: Sequence[f
 def run_section(config: Any, policies: Sequence[str]) -> int:
     """``vlmspec bench --conversation``: the bench's pair (``config``: a ``BenchConfig``), ``config.n``
     conversations; prints the tables and writes them to ``<out>/conversation.md``."""
+    log = lambda line: print(line, flush=True)  # noqa: E731
     with torch_threads(config.threads):
         pair = resolve_pair(config.target, config.draft, config.family, config.size, config.calibration)
         pipe = load_pipeline(pair, config.dtype)
-        table = _run(pipe, pair.source, config.n, config.seed, config.max_new_tokens, policies)
+        head = f"pair {pair.source}; {config.n} conversations of {TURNS} turns; up to {config.max_new_tokens} new "
+        log(head + "tokens per reply")
+        convos = conversations(config.n, config.seed)
+        rows, fresh, cached = measure_conversations(pipe, convos, config.max_new_tokens, policies, log=log)
+    table = f"{head}tokens per reply\n\n{markdown(rows, fresh, cached, config.n)}"
+    print(table)
     config.out.mkdir(parents=True, exist_ok=True)
     path = config.out / "conversation.md"
     path.write_text(table + "\n")
     print(f"wrote {path}", file=sys.stderr)
     return 0
-
-
-def _run(pipe: Any, source: str, n: int, seed: int, max_new_tokens: int, policies: Sequence[str]) -> str:
-    head = f"pair {source}; {n} conversations of {TURNS} turns; up to {max_new_tokens} new tokens per reply"
-    print(head, flush=True)
-    convos = conversations(n, seed)
-    rows, fresh, cached = measure_conversations(
-        pipe, convos, max_new_tokens, policies, log=lambda line: print(line, flush=True)
-    )
-    table = f"{head}\n\n{markdown(rows, fresh, cached, n)}"
-    print(table)
-    return table
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m vlmspec_eval.conversation", description=__doc__.split("\n\n")[0]
-    )
-    a = parser.add_argument
-    a("--target", default=None, help="pair name or target folder (default: the calibrated base pair)")
-    a("--draft", default=None, help="draft folder (with a target folder)")
-    a("--family", default="qwen2_vl", help="testbed family when no --target is given")
-    a("--policies", default="sage", help="speculative policies, comma-separated (default sage)")
-    a("--dtype", default="float32", help="model dtype")
-    a("--n", type=int, default=6, help="conversations (default 6)")
-    a("--max-new-tokens", type=int, default=128)
-    a("--seed", type=int, default=0)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    pair = resolve_pair(args.target, args.draft, args.family)
-    pipe = load_pipeline(pair, args.dtype)
-    _run(pipe, pair.source, args.n, args.seed, args.max_new_tokens, policies)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from vlmspec.named_pairs import ResolvedPair, is_pair_name
+from vlmspec.named_pairs import resolve_pair as resolve_named_pair
+
 TASKS: tuple[str, ...] = ("image_caption", "image_qa", "video_caption")
 """The task mix of the bench (SAGE Table 1's image captioning, image QA and video captioning)."""
 
@@ -132,35 +135,15 @@ def _synthetic_input(task: str, index: int, seed: int) -> TaskInput:
     return TaskInput(task=task, index=index, prompt=_SYNTHETIC_PROMPTS[task], image=make_image(seed))
 
 
-@dataclass(frozen=True)
-class PairSpec:
-    """Where the target/draft pair comes from.
-
-    Attributes:
-        target, draft: folders (or hub ids).
-        source: ``"explicit"``, ``"testbed:<size>"`` or ``"tiny:<family>"`` (random weights: speed says little),
-            with ``"@<calibration>"`` for a calibrated pair.
-        calibration: the calibration the pair is inflated to on load (``None``: none).
-    """
-
-    target: str
-    draft: str
-    source: str
-    calibration: str | None = None
-
-
 def resolve_pair(
     target: str | None, draft: str | None, family: str, size: str = "base", calibration: str | None = "cpu"
-) -> PairSpec:
+) -> ResolvedPair:
     """The pair to benchmark: the explicit folders (or a pair name, see :mod:`vlmspec.named_pairs`), else the
     testbed's shipped ``size`` pair of ``family``, inflated to ``calibration`` (``None``: as trained).
 
     Raises:
         ValueError: a draft without a target, or a folder/hub-id target without a draft.
     """
-    from vlmspec.named_pairs import is_pair_name
-    from vlmspec.named_pairs import resolve_pair as resolve_named_pair
-
     if target is None:
         if draft is not None:
             raise ValueError(
@@ -171,7 +154,4 @@ def resolve_pair(
         raise ValueError(
             "give both --target and --draft, a pair name as --target, or neither (the default pair)"
         )
-    pair = resolve_named_pair(target, draft)
-    return PairSpec(
-        target=pair.target, draft=str(pair.draft), source=pair.source, calibration=pair.calibration
-    )
+    return resolve_named_pair(target, draft, family=family)

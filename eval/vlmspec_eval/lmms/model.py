@@ -52,11 +52,12 @@ from tqdm import tqdm
 
 from vlmspec import VLMSpecPipeline
 from vlmspec.inputs import load_images, load_video
+from vlmspec.named_pairs import ResolvedPair
 from vlmspec.pruning import PruningConfig
 
 from .generation import generation_settings, truncate_at_stops
 from .media import Media, chat_to_pipeline, split_visuals, strip_placeholders
-from .options import ModelOptions, PairSource, parse_model_args, resolve_pair
+from .options import ModelOptions, parse_model_args, resolve_pair
 from .speed import (
     SampleSpeed,
     accuracy_by_task,
@@ -137,7 +138,7 @@ class VLMSpec(lmms):
             self._rank = self.accelerator.process_index
             self._world_size = self.accelerator.num_processes
             with self.accelerator.main_process_first():
-                self.pair: PairSource = resolve_pair(self.options)
+                self.pair: ResolvedPair = resolve_pair(self.options)
             self.pipe: MessagesPipeline | None = load_pipeline(self.options, self.pair, self._device_map())
         except (ValueError, FileNotFoundError) as err:
             # lmms-eval's CLI catches exceptions and exits 0, so a CI job would record a green run with no
@@ -416,7 +417,7 @@ def refer_loglikelihood_to_simple_requests() -> None:
     ConfigurableMessagesTask.construct_requests = construct_requests  # type: ignore[method-assign]
 
 
-def load_pipeline(options: ModelOptions, pair: PairSource, device_map: str | None) -> MessagesPipeline:
+def load_pipeline(options: ModelOptions, pair: ResolvedPair, device_map: str | None) -> MessagesPipeline:
     """The pipeline for ``pair`` with the options' policy, pruning, dtype and device."""
     pruning = PruningConfig(
         method=options.pruning, image_ratio=options.image_prune_ratio, video_ratio=options.video_prune_ratio

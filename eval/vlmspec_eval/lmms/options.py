@@ -32,13 +32,12 @@ from typing import Any
 
 import yaml
 
-from vlmspec.named_pairs import DEFAULT_FAMILY, PAIR_NAMES, is_pair_name, split_calibration
+from vlmspec.named_pairs import DEFAULT_FAMILY, PAIR_NAMES, ResolvedPair, is_pair_name, split_calibration
 from vlmspec.named_pairs import resolve_pair as resolve_named_pair
 
 __all__ = [
     "MODEL_ARGS",
     "ModelOptions",
-    "PairSource",
     "check_pair_families",
     "config_search_dirs",
     "family_from_name",
@@ -123,24 +122,6 @@ class ModelOptions:
     def to_dict(self) -> dict[str, Any]:
         """Plain mapping for logs and the speed files."""
         return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
-class PairSource:
-    """The checkpoints a run loads.
-
-    Attributes:
-        target: target folder or hub id.
-        draft: draft folder or hub id (``None`` when the policy needs no draft).
-        source: ``"explicit"``, ``"testbed:<size>:<family>"`` or ``"tiny:<family>"`` (``"@<calibration>"``
-            appended for a calibrated pair).
-        calibration: the calibration the pair is inflated to on load (``None``: none).
-    """
-
-    target: str
-    draft: str | None
-    source: str
-    calibration: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -418,7 +399,7 @@ def _special(target: str) -> tuple[str, str] | None:
 # ---------------------------------------------------------------------------------------------------------------
 # Checkpoints
 # ---------------------------------------------------------------------------------------------------------------
-def resolve_pair(options: ModelOptions) -> PairSource:
+def resolve_pair(options: ModelOptions) -> ResolvedPair:
     """The folders (or hub ids) to load, building the testbed/tiny pair first when the target names one.
 
     Raises:
@@ -433,4 +414,4 @@ def resolve_pair(options: ModelOptions) -> PairSource:
             "use policy=ar for the target alone"
         )
     pair = resolve_named_pair(options.target, options.draft)
-    return PairSource(pair.target, pair.draft if uses_draft else None, pair.source, pair.calibration)
+    return pair if uses_draft else dataclasses.replace(pair, draft=None)

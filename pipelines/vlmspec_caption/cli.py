@@ -1,0 +1,148 @@
+"""``vlmspec caption`` (and ``python -m vlmspec_caption``, ``python pipelines/video_captioning.py``): the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .config import (
+    DTYPES,
+    EXIT_INTERRUPTED,
+    EXIT_JOB_ERROR,
+    EXIT_OK,
+    FRAME_SAMPLERS,
+    PROG,
+    JobConfig,
+    JobError,
+    load_config,
+)
+from .run import run_job
+
+
+class _Parser(argparse.ArgumentParser):
+    """Exits with status 1 (the job could not run) on a bad flag, not argparse's 2 (which means "partial")."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_JOB_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the job's arguments to ``parser`` (for ``vlmspec caption``'s subparser and the script)."""
+    keep = argparse.SUPPRESS  # flags not given leave the config's value
+    a = parser.add_argument
+    a("input", help="a folder of videos, a glob (quote it) or a .jsonl/.csv manifest (path, prompt, id)")
+    a("--out", help="output JSONL file (one line per video; resumed when it exists)")
+    a("--config", help="job config YAML (default: configs/jobs/video_captioning.yaml in a source checkout)")
+    a(
+        "--target",
+        default=keep,
+        help="target folder or hub id, or a pair name: testbed-base@cpu (default), testbed-mini, tiny, ...",
+    )
+    a("--draft", default=keep, help="draft folder or hub id (not with testbed-*/tiny)")
+    a("--family", default=keep, help="family of a named pair (default qwen2_vl)")
+    a("--policy", default=keep, help="tree policy (default sage; ar: plain decoding)")
+    a("--policy-options", default=keep, help="JSON object of policy options, e.g. '{\"n_max\": 32}'")
+    a("--prompt", default=keep, help="prompt for videos without their own (manifest) prompt")
+    a("--max-new-tokens", type=int, default=keep, help="most tokens per caption (default 256)")
+    a("--num-frames", type=int, default=keep, help="frames sampled per video (default 8)")
+    a(
+        "--prune-ratio",
+        type=float,
+        default=keep,
+        help="fraction of visual tokens the draft drops, applied as given (default: the library's, 0.9 for videos "
+        "but never below 64 tokens)",
+    )
+    a("--frame-sampler", choices=FRAME_SAMPLERS, default=keep,
+      help="decord (evenly, num_frames) or qwen (qwen-vl-utils; Qwen families); auto: qwen if a qwen option is set")  # fmt: skip
+    a("--fps", type=float, default=keep, help="qwen sampler: frames per second to sample")
+    a("--max-frames", type=int, default=keep, help="qwen sampler: most frames with --fps")
+    a("--min-pixels", type=int, default=keep, help="qwen sampler: least pixels per frame")
+    a("--max-pixels", type=int, default=keep, help="qwen sampler: most pixels per frame")
+    a("--dtype", choices=DTYPES, default=keep, help="model dtype (default auto: the checkpoint's)")
+    a(
+        "--device-map",
+        default=keep,
+        help="device_map for from_pretrained, e.g. auto (a large target over GPUs)",
+    )
+    a("--cpu", action="store_true", help="keep the models on the CPU (also ACCELERATE_USE_CPU=1)")
+    a("--extensions", default=keep, help="comma-separated video extensions for folder inputs")
+    a("--retry-errors", action=argparse.BooleanOptionalAction, default=keep,
+      help="on restart, retry videos that have an error line (default yes)")  # fmt: skip
+    a(
+        "--trace",
+        action=argparse.BooleanOptionalAction,
+        default=keep,
+        help="keep the per-step trace in the stats",
+    )
+    a("--threads", type=int, default=keep, help="torch CPU threads per process")
+    a("--progress", action=argparse.BooleanOptionalAction, default=keep, help="progress bar (default yes)")
+    a("--batch-size", type=int, default=keep,
+      help="videos decoded together (default: chosen from the cost probe, see pipe.default_batch_size)")  # fmt: skip
+    return parser
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The config values given on the command line.
+
+    Raises:
+        JobError: ``--policy-options`` is not a JSON object.
+    """
+    values = {key: getattr(args, key) for key in JobConfig.field_names() if hasattr(args, key)}
+    if "policy_options" in values:
+        try:
+            options = json.loads(values["policy_options"])
+        except json.JSONDecodeError as err:
+            raise JobError(
+                f"--policy-options is not valid JSON ({err}): {values['policy_options']!r}"
+            ) from err
+        if not isinstance(options, dict):
+            raise JobError(f"--policy-options must be a JSON object, got {values['policy_options']!r}")
+        values["policy_options"] = options
+    return values
+
+
+def run_args(args: argparse.Namespace) -> int:
+    """Runs the job from parsed arguments (see :func:`add_arguments`); returns the exit status.
+
+    0: every video captioned; 2: some failed (error lines written); 1: the job could not run (message on stderr);
+    130: interrupted (Ctrl-C; rerun the same command to resume).
+    """
+    try:
+        config = load_config(args.config, overrides_from_args(args))
+        if not args.out:
+            raise JobError("--out is required: the output JSONL file")
+        summary = run_job(config, args.input, args.out, cpu=args.cpu)
+    except JobError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return EXIT_JOB_ERROR
+    except KeyboardInterrupt:  # finished lines are on disk already: say how to go on, no traceback
+        print(f"\n{PROG}: interrupted; rerun the same command to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if summary is None:  # not the main process: the main process reports
+        return EXIT_OK
+    print(summary.line(), flush=True)
+    return summary.exit_code
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The job's argument parser (bad flags exit with status 1)."""
+    description = (__doc__ or "").split("\n\n")[0]
+    return add_arguments(_Parser(prog=prog, description=description))
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Adds ``vlmspec caption`` to the ``vlmspec`` command line (the ``vlmspec.commands`` entry point)."""
+    parser = commands.add_parser(
+        "caption", help="caption a folder/glob/manifest of videos into a resumable JSONL"
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run_args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python pipelines/video_captioning.py INPUT --out captions.jsonl [options]``; returns the exit status."""
+    return run_args(build_parser().parse_args(argv))

@@ -1,0 +1,210 @@
+"""The job's settings: :class:`JobConfig`, read from YAML (``yaml.safe_load``) and the command line, checked by
+type from its declarations (:mod:`vlmspec.validation`) and by range."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import yaml
+
+from vlmspec.validation import check_field_types
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG_PATH = REPO_ROOT / "configs" / "jobs" / "video_captioning.yaml"
+"""The documented defaults in a source checkout; an installed wheel has none and uses :class:`JobConfig`'s own
+(the same values: a test keeps them equal)."""
+PROG = "vlmspec caption"
+
+EXIT_OK = 0
+EXIT_JOB_ERROR = 1
+EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
+EXIT_PARTIAL = 2
+
+VIDEO_EXTENSIONS: tuple[str, ...] = (
+    ".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v", ".mpg", ".mpeg", ".flv", ".wmv", ".ts", ".3gp",
+)  # fmt: skip
+FrameSampler = Literal["auto", "decord", "qwen"]
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+FRAME_SAMPLERS: tuple[str, ...] = get_args(FrameSampler)
+DTYPES: tuple[str, ...] = get_args(Dtype)
+
+
+class JobError(Exception):
+    """The job itself cannot run (bad config, missing input, unloadable model): exit status 1."""
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """The job's settings (``configs/jobs/video_captioning.yaml``; see that file for what each key means)."""
+
+    target: str | None = None
+    draft: str | None = None
+    family: str = "qwen2_vl"
+    dtype: Dtype = "auto"
+    device_map: str | None = None
+    policy: str = "sage"
+    policy_options: dict[str, Any] = field(default_factory=dict)
+    prune_ratio: float | None = None
+    prompt: str = "Describe this video in detail."
+    max_new_tokens: int = 256
+    num_frames: int = 8
+    frame_sampler: FrameSampler = "auto"
+    fps: float | None = None
+    max_frames: int | None = None
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    extensions: tuple[str, ...] = VIDEO_EXTENSIONS
+    retry_errors: bool = True
+    trace: bool = False
+    threads: int | None = None
+    progress: bool = True
+    batch_size: int | None = None
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """The valid config keys."""
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any], source: str) -> JobConfig:
+        """A checked config from a mapping of keys to values.
+
+        Args:
+            values: config keys and values (YAML or command line).
+            source: where they come from, for messages.
+
+        Raises:
+            JobError: an unknown key, a value of the wrong type or out of range.
+        """
+        unknown = sorted(set(values) - set(cls.field_names()))
+        if unknown:
+            raise JobError(
+                f"{source}: unknown key(s) {', '.join(map(repr, unknown))}; valid keys: {', '.join(cls.field_names())}"
+            )
+        values = dict(values)
+        if isinstance(values.get("extensions"), (str, list, tuple)):
+            values["extensions"] = _extensions(values["extensions"], source)
+        for name in ("prune_ratio", "fps"):  # numbers: an integer is the same number
+            if isinstance(values.get(name), int) and not isinstance(values[name], bool):
+                values[name] = float(values[name])
+        config = cls(**values)
+        try:
+            check_field_types(config)
+        except ValueError as err:
+            raise JobError(f"{source}: {err}") from None
+        return config.validated(source)
+
+    def validated(self, source: str = "config") -> JobConfig:
+        """Checks ranges and choices; returns ``self``.
+
+        Raises:
+            JobError: naming the key and what is allowed.
+        """
+        problems = []
+        if self.max_new_tokens < 1:
+            problems.append(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.num_frames < 1:
+            problems.append(f"num_frames must be >= 1, got {self.num_frames}")
+        if self.prune_ratio is not None and not 0 <= self.prune_ratio < 1:
+            problems.append(f"prune_ratio must be in [0, 1), got {self.prune_ratio}")
+        for name in ("fps", "max_frames", "min_pixels", "max_pixels", "threads", "batch_size"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                problems.append(f"{name} must be > 0, got {value}")
+        if self.max_frames is not None and self.max_frames < 2:
+            problems.append(
+                f"max_frames must be >= 2 (qwen-vl-utils samples frames in pairs), got {self.max_frames}"
+            )
+        if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
+            problems.append(f"min_pixels ({self.min_pixels}) must not exceed max_pixels ({self.max_pixels})")
+        if not self.extensions:
+            problems.append("extensions must name at least one file extension")
+        if problems:
+            raise JobError(f"{source}: " + "; ".join(problems))
+        return self
+
+    @property
+    def sampler(self) -> str:
+        """The frame sampler in use: ``frame_sampler``, with ``auto`` resolved."""
+        if self.frame_sampler != "auto":
+            return self.frame_sampler
+        qwen_options = (self.fps, self.max_frames, self.min_pixels, self.max_pixels)
+        return "qwen" if any(v is not None for v in qwen_options) else "decord"
+
+    def settings(self) -> dict[str, Any]:
+        """The generation settings recorded in every output line."""
+        out: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "num_frames": self.num_frames,
+            "prune_ratio": self.prune_ratio,
+            "frame_sampler": self.sampler,
+            "dtype": self.dtype,
+            "policy_options": dict(self.policy_options),
+        }
+        if self.sampler == "qwen":
+            out.update(
+                fps=self.fps,
+                max_frames=self.max_frames,
+                min_pixels=self.min_pixels,
+                max_pixels=self.max_pixels,
+            )
+        return out
+
+
+def _extensions(value: str | Sequence[Any], source: str) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out = []
+    for item in items:
+        if not isinstance(item, str):
+            raise JobError(f"{source}: extensions must be strings like '.mp4', got {item!r}")
+        item = item.strip().lower()
+        if item:
+            out.append(item if item.startswith(".") else f".{item}")
+    return tuple(out)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The mapping in a YAML config file (``yaml.safe_load``).
+
+    Raises:
+        JobError: the file is missing, not YAML, or not a mapping.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise JobError(f"config file {str(file)!r} does not exist")
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise JobError(f"config file {str(file)!r} could not be read as YAML: {err}") from err
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise JobError(
+            f"config file {str(file)!r} must hold a mapping of keys to values, got {type(data).__name__}"
+        )
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> JobConfig:
+    """The job's config: defaults, then the YAML file, then ``overrides`` (the command line).
+
+    Args:
+        path: a YAML config file; ``None``: ``configs/jobs/video_captioning.yaml`` when present.
+        overrides: values that win over the file's.
+
+    Raises:
+        JobError: the file or a value is invalid (unknown keys are listed with the valid ones).
+    """
+    if path is None and DEFAULT_CONFIG_PATH.is_file():
+        path = DEFAULT_CONFIG_PATH
+    values: dict[str, Any] = {}
+    source = "config"
+    if path is not None:
+        values.update(read_config_file(path))
+        source = f"config file {str(path)!r}"
+        JobConfig.from_mapping(values, source)  # report the file's own mistakes as the file's
+    values.update(overrides or {})
+    return JobConfig.from_mapping(values, source if not overrides else f"{source} with command-line flags")

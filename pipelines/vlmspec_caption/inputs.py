@@ -1,0 +1,252 @@
+"""What to caption: folders, globs and manifests as :class:`VideoItem` lists, and the frames of each video."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import VIDEO_EXTENSIONS, JobConfig, JobError
+
+
+@dataclass(frozen=True)
+class VideoItem:
+    """One video to caption.
+
+    Attributes:
+        id: unique, stable id (what resuming keys on).
+        path: the video file.
+        prompt: the item's own prompt (``None``: the job's).
+    """
+
+    id: str
+    path: str
+    prompt: str | None = None
+
+
+def discover_inputs(source: str | Path, extensions: Sequence[str] = VIDEO_EXTENSIONS) -> list[VideoItem]:
+    """The videos named by ``source``: a folder, a glob, or a ``.jsonl`` / ``.csv`` manifest.
+
+    Args:
+        source: the job's input.
+        extensions: video file extensions (folders only; lower case with the dot).
+
+    Returns:
+        The items in a deterministic order (sorted paths; a manifest's own order).
+
+    Raises:
+        JobError: the input does not exist, matches no video, is an unreadable or malformed manifest, or two
+            items share an id.
+    """
+    text = str(source)
+    path = Path(text)
+    if path.is_dir():
+        items = _folder_items(path, extensions)
+    elif path.is_file() and path.suffix.lower() == ".jsonl":
+        items = _jsonl_items(path)
+    elif path.is_file() and path.suffix.lower() == ".csv":
+        items = _csv_items(path)
+    elif path.is_file():
+        raise JobError(
+            f"input {text!r} is a file but not a manifest: pass a folder, a glob (quoted), or a .jsonl/.csv manifest"
+        )
+    elif any(char in text for char in "*?["):
+        items = _glob_items(text)
+    else:
+        raise JobError(f"input {text!r} does not exist (expected a folder, a glob or a .jsonl/.csv manifest)")
+    if not items:
+        raise JobError(
+            f"input {text!r} holds no videos"
+            + (f" (extensions {' '.join(extensions)})" if path.is_dir() else "")
+        )
+    _check_unique(items, text)
+    return items
+
+
+def _folder_items(folder: Path, extensions: Sequence[str]) -> list[VideoItem]:
+    wanted = {e.lower() for e in extensions}
+    items = []
+    for file in folder.rglob("*"):
+        rel = file.relative_to(folder)
+        if any(part.startswith(".") for part in rel.parts) or not file.is_file():
+            continue  # hidden files and folders (.DS_Store, partial downloads)
+        if file.suffix.lower() in wanted:
+            items.append(VideoItem(id=rel.as_posix(), path=str(file)))
+    return sorted(items, key=lambda item: item.id)
+
+
+def _glob_items(pattern: str) -> list[VideoItem]:
+    matches = sorted(m for m in glob.glob(pattern, recursive=True) if Path(m).is_file())
+    return [VideoItem(id=m, path=m) for m in matches]
+
+
+def _manifest_item(row: dict[str, Any], base: Path, where: str) -> VideoItem:
+    video = row.get("path", row.get("video"))
+    if not isinstance(video, str) or not video.strip():
+        raise JobError(f"{where}: needs a 'path' (or 'video') with the video file, got {row!r}")
+    prompt = row.get("prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise JobError(f"{where}: 'prompt' must be a string, got {prompt!r}")
+    item_id = row.get("id")
+    if item_id is None or item_id == "":
+        item_id = video
+    elif not isinstance(item_id, (str, int)) or isinstance(item_id, bool):
+        raise JobError(f"{where}: 'id' must be a string or an integer, got {item_id!r}")
+    file = Path(video)
+    resolved = file if file.is_absolute() else base / file
+    return VideoItem(id=str(item_id), path=str(resolved), prompt=prompt or None)
+
+
+def _jsonl_items(manifest: Path) -> list[VideoItem]:
+    items = []
+    for number, line in enumerate(_read_text(manifest).splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"manifest {str(manifest)!r} line {number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise JobError(f"{where} is not valid JSON ({err})") from err
+        if not isinstance(row, dict):
+            raise JobError(f"{where} must be a JSON object, got {type(row).__name__}")
+        items.append(_manifest_item(row, manifest.parent, where))
+    return items
+
+
+def _csv_items(manifest: Path) -> list[VideoItem]:
+    reader = csv.DictReader(_read_text(manifest).splitlines())
+    columns = reader.fieldnames or []
+    if "path" not in columns and "video" not in columns:
+        raise JobError(
+            f"manifest {str(manifest)!r} needs a header row with a 'path' (or 'video') column, got {columns}"
+        )
+    return [
+        _manifest_item(dict(row), manifest.parent, f"manifest {str(manifest)!r} row {number}")
+        for number, row in enumerate(reader, start=2)
+    ]
+
+
+def _read_text(file: Path) -> str:
+    try:
+        return file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise JobError(f"manifest {str(file)!r} could not be read: {err}") from err
+
+
+def _check_unique(items: Sequence[VideoItem], source: str) -> None:
+    seen: set[str] = set()
+    duplicates = sorted({item.id for item in items if item.id in seen or seen.add(item.id)})
+    if duplicates:
+        shown = ", ".join(map(repr, duplicates[:5])) + (" ..." if len(duplicates) > 5 else "")
+        raise JobError(f"input {source!r} has duplicate ids ({shown}); ids must be unique for resuming")
+
+
+def probe_video(path: str | Path) -> int:
+    """The number of frames in a video file (decord), with errors that name the file.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file is empty, cannot be decoded, or holds no frames.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"video file {str(file)!r} does not exist")
+    if file.stat().st_size == 0:
+        raise ValueError(f"video file {str(file)!r} is empty (0 bytes)")
+    from decord import DECORDError, VideoReader
+
+    try:
+        total = len(VideoReader(str(file)))
+    except (DECORDError, RuntimeError) as err:
+        raise ValueError(
+            f"video file {str(file)!r} could not be decoded ({err}); check that it is a valid video"
+        ) from err
+    if total == 0:
+        raise ValueError(f"video file {str(file)!r} holds no frames")
+    return total
+
+
+def qwen_frames(
+    path: str | Path,
+    num_frames: int = 8,
+    fps: float | None = None,
+    max_frames: int | None = None,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+    patch_size: int = 14,
+) -> list[Any]:
+    """Frames of a video file sampled and resized by qwen-vl-utils' ``fetch_video`` (offline, decord).
+
+    Args:
+        path: the video file.
+        num_frames: frames to sample when ``fps`` is ``None`` (at most the video's, rounded down to even).
+        fps: sample at this rate instead (qwen-vl-utils bounds it by 4 and ``max_frames`` frames).
+        max_frames: the most frames with ``fps``.
+        min_pixels, max_pixels: frame area bounds (qwen-vl-utils' defaults when ``None``).
+        patch_size: the vision tower's patch size (14 for Qwen2/2.5-VL, 16 for Qwen3-VL).
+
+    Returns:
+        RGB PIL frames whose sides are multiples of ``2 * patch_size``.
+
+    Raises:
+        FileNotFoundError, ValueError: the file is missing, unreadable or too short.
+    """
+    import torch
+    from PIL import Image
+    from qwen_vl_utils import fetch_video
+
+    total = probe_video(path)
+    element: dict[str, Any] = {"video": str(path)}
+    if fps is None:
+        count = min(num_frames, total)
+        count -= count % 2
+        if count < 2:
+            raise ValueError(
+                f"video file {str(path)!r} has {total} frame(s); qwen-vl-utils samples at least 2"
+            )
+        element["nframes"] = count
+    else:
+        element["fps"] = fps
+        if max_frames is not None:
+            element["max_frames"] = max_frames
+    if min_pixels is not None:
+        element["min_pixels"] = min_pixels
+    if max_pixels is not None:
+        element["max_pixels"] = max_pixels
+    video = fetch_video(element, image_patch_size=patch_size)  # [T, 3, H, W] float
+    array = video.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    return [Image.fromarray(frame) for frame in array]
+
+
+def frame_source(config: JobConfig, pipe: Any) -> Callable[[str], Any]:
+    """Maps a video path to what the pipeline's ``video=`` gets: the path (decord) or qwen-vl-utils' frames.
+
+    Raises:
+        JobError: the qwen sampler with a non-Qwen model.
+    """
+    if config.sampler == "decord":
+        return lambda path: path
+    model_type = str(getattr(pipe.target.config, "model_type", ""))
+    if not model_type.startswith("qwen"):
+        raise JobError(
+            f"frame_sampler 'qwen' (qwen-vl-utils; chosen by --fps/--max-frames/--min-pixels/--max-pixels) is for "
+            f"the Qwen families, but the target is a {model_type!r} model; use --frame-sampler decord"
+        )
+    patch_size = int(getattr(getattr(pipe.processor, "video_processor", None), "patch_size", 14) or 14)
+
+    def read(path: str) -> list[Any]:
+        return qwen_frames(
+            path,
+            num_frames=config.num_frames,
+            fps=config.fps,
+            max_frames=config.max_frames,
+            min_pixels=config.min_pixels,
+            max_pixels=config.max_pixels,
+            patch_size=patch_size,
+        )
+
+    return read

@@ -1,0 +1,99 @@
+"""The pair the job runs: names and folders resolved, the pipeline loaded once per process."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from vlmspec.named_pairs import ResolvedPair
+
+from .config import JobConfig, JobError
+
+
+def resolve_pair(
+    target: str | Path | None, draft: str | Path | None, family: str = "qwen2_vl"
+) -> ResolvedPair:
+    """The job's models: :func:`vlmspec.named_pairs.resolve_pair` (pair names, folders, hub ids; ``None``: the
+    default pair) with ``family`` for a pair name that names none.
+
+    Raises:
+        JobError: an unknown name, family or calibration.
+    """
+    from vlmspec.named_pairs import resolve_pair as resolve_named_pair
+
+    try:
+        return resolve_named_pair(target, draft, family=family)
+    except ValueError as err:
+        raise JobError(f"--target {target}: {err}") from err
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+        name
+    ]
+
+
+@contextlib.contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """No "Loading weights" bars from transformers while the job loads its models (restored after)."""
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def load_pipeline(
+    config: JobConfig, device_map: str | dict[str, Any] | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """The :class:`~vlmspec.VLMSpecPipeline` of ``config`` (loaded once per process) and the models it holds.
+
+    Args:
+        config: the job's config (models, dtype, policy and its options, prune ratio).
+        device_map: passed to ``from_pretrained`` (``config.device_map`` when ``None``).
+
+    Returns:
+        The pipeline and ``{"target": ..., "draft": ...}``, the resolved folders or hub ids (``draft`` is ``None``
+        when the policy does not use one).
+
+    Raises:
+        JobError: an unknown policy or bad policy options, a policy that needs a draft without one, or models
+            that cannot be loaded (message names them).
+    """
+    from vlmspec import VLMSpecPipeline, get_policy
+
+    policy = config.policy
+    try:
+        uses_draft = get_policy(policy, **config.policy_options).uses_draft
+    except (ValueError, TypeError) as err:
+        raise JobError(f"policy {policy!r} with options {config.policy_options}: {err}") from err
+    pair = resolve_pair(config.target, config.draft, config.family)
+    target, draft, calibration = pair.target, pair.draft, pair.calibration
+    if draft is None and uses_draft:
+        raise JobError(f"policy {policy!r} needs a draft model: pass --draft (or use --policy ar)")
+    draft = draft if uses_draft else None
+    try:
+        with _quiet_loading():
+            pipe = VLMSpecPipeline.from_pretrained(
+                target,
+                draft,
+                policy=policy,
+                torch_dtype=_torch_dtype(config.dtype),
+                device_map=device_map if device_map is not None else config.device_map,
+                prune_ratio=config.prune_ratio,
+                calibration=calibration,
+                **config.policy_options,
+            )
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError, ImportError) as err:
+        raise JobError(
+            f"could not load the models (target {target!r}, draft {draft!r}): {type(err).__name__}: {err}"
+        ) from err
+    return pipe, {"target": target, "draft": draft, "calibration": calibration}

@@ -1,0 +1,318 @@
+"""The output file: append-only fsynced lines, torn-tail repair, atomic rewrite, and the merge of part files."""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import PROG, JobError
+from .inputs import VideoItem
+
+
+def encode_record(record: dict[str, Any]) -> bytes:
+    """One output line: compact JSON (non-finite floats as ``null``) and a newline, UTF-8."""
+    ordered = {"id": record["id"], **record}  # the id first: how the job recognises its own lines
+    return (json.dumps(_finite(ordered), ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+_PART_RE = re.compile(r"\.part(\d+)$")
+
+
+@dataclass
+class ScannedFile:
+    """An output file's complete records and where its valid part ends.
+
+    Attributes:
+        records: the parsed lines (JSON objects with an ``id``), in file order.
+        valid_bytes: length of the valid part; beyond it lies a torn last line.
+        size: the file's size.
+    """
+
+    records: list[dict[str, Any]]
+    valid_bytes: int
+    size: int
+
+    @property
+    def torn(self) -> bool:
+        return self.valid_bytes < self.size
+
+
+def _parse_line(line: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) and "id" in record else None
+
+
+RECORD_START = b'{"id": '
+"""How every line this job writes begins (:func:`encode_record`: the record's first key is its id)."""
+
+
+def _not_ours(file: Path, line: int) -> JobError:
+    return JobError(
+        f"output file {str(file)!r} was not written by this job (line {line} is not a caption record); it is left "
+        "unchanged: pass another --out, or move that file away"
+    )
+
+
+def scan_output(path: str | Path) -> ScannedFile:
+    """Parses an output file; a torn last line (a record cut short: no newline, or not parsable) is set aside.
+
+    Only the job's own files are taken: a path that is not a regular file, or a file whose lines are not the job's
+    records (each starts with :data:`RECORD_START`), is refused without reading further or changing a byte.
+
+    Raises:
+        JobError: not a regular file, not written by this job, or a damaged line before the last one.
+    """
+    file = Path(path)
+    if file.exists() and not file.is_file():
+        raise JobError(
+            f"output {str(file)!r} is not a regular file (a folder, device or pipe); the job writes only to a "
+            "regular file, new or one it wrote before: pass a .jsonl file path to --out"
+        )
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        return ScannedFile([], 0, 0)
+    except OSError as err:
+        raise JobError(f"output file {str(file)!r} could not be read: {err}") from err
+    lines = data.split(b"\n")
+    if lines[-1] and not lines[-1].startswith(RECORD_START):
+        raise _not_ours(file, len(lines))
+    complete = lines[:-1]  # the last piece follows the last newline: empty, or a line torn before its newline
+    records: list[dict[str, Any]] = []
+    offset = valid = 0
+    for number, line in enumerate(complete, start=1):
+        offset += len(line) + 1
+        if not line.strip():
+            valid = offset
+            continue
+        record = _parse_line(line)
+        if record is None:
+            if not records and not line.startswith(RECORD_START):
+                raise _not_ours(file, number)
+            if number == len(complete) and not lines[-1] and line.startswith(RECORD_START):
+                break  # the last line is torn (unparsable): truncated away
+            raise JobError(
+                f"output file {str(file)!r} line {number} is not a JSON object with an 'id'; it was damaged or "
+                "edited (this job only writes whole lines): fix or delete that line, then rerun"
+            )
+        records.append(record)
+        valid = offset
+    return ScannedFile(records, valid, len(data))
+
+
+def read_output(path: str | Path, repair: bool) -> list[dict[str, Any]]:
+    """The records of an output file.
+
+    Args:
+        path: the file (missing: no records).
+        repair: truncate a torn last line away (only for a file this process owns); else just ignore it.
+
+    Raises:
+        JobError: a damaged line before the last one.
+    """
+    scanned = scan_output(path)
+    if repair and scanned.torn:
+        with open(path, "r+b") as handle:
+            handle.truncate(scanned.valid_bytes)
+            handle.flush()
+            os.fsync(handle.fileno())
+        print(
+            f"{PROG}: {path}: removed a torn last line ({scanned.size - scanned.valid_bytes} bytes) left by an "
+            "interrupted run; that video is captioned again",
+            file=sys.stderr,
+        )
+    return scanned.records
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Makes a new or renamed directory entry durable (where the platform allows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # not supported for directories here (e.g. some network file systems)
+    finally:
+        os.close(fd)
+
+
+class ResultWriter:
+    """Appends whole lines to an output file: one ``os.write`` of the encoded line, then ``os.fsync``.
+
+    The file is opened with ``O_APPEND`` and locked (``flock``) so that a second job cannot write the same file.
+    A process killed at any point leaves every earlier line whole; a line cut short by a crash has no newline and
+    is truncated away on the next start (:func:`read_output` with ``repair=True``).
+
+    Raises:
+        JobError: the file is locked by another running job or cannot be opened.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        existed = self.path.exists()
+        try:
+            self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise JobError(f"output file {str(self.path)!r} cannot be opened for writing: {err}") from err
+        try:
+            _lock(self._fd, self.path)
+        except JobError:
+            self.close()
+            raise
+        if not existed:
+            _fsync_dir(self.path.parent)
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Appends ``record`` as one line and makes it durable.
+
+        Raises:
+            OSError: the write failed or was short (disk full); the partial line is repaired on restart.
+        """
+        if self._fd is None:
+            raise ValueError(f"ResultWriter for {self.path} is closed")
+        data = encode_record(record)
+        written = os.write(self._fd, data)
+        if written != len(data):
+            raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes (disk full?)")
+        os.fsync(self._fd)
+
+    def rewrite(self, records: Sequence[dict[str, Any]]) -> None:
+        """Replaces the file's content with ``records`` atomically (:func:`write_atomically`), keeping the lock."""
+        write_atomically(self.path, records)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            _lock(fd, self.path)
+        except JobError:
+            os.close(fd)
+            raise
+        self.close()
+        self._fd = fd
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> ResultWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _lock(fd: int, path: Path) -> None:
+    try:
+        import fcntl
+    except ImportError:  # not on POSIX: no lock
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as err:
+        raise JobError(f"output file {str(path)!r} is being written by another running job") from err
+
+
+def write_atomically(path: str | Path, records: Sequence[dict[str, Any]]) -> None:
+    """Replaces ``path`` with ``records`` (temporary file, fsync, rename): the old or the new file, never half."""
+    file = Path(path)
+    tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(b"".join(encode_record(r) for r in records))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, file)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(file.parent)
+
+
+def part_path(out: str | Path, rank: int) -> Path:
+    """Rank ``rank``'s part file: ``<out>.part<rank>``."""
+    out = Path(out)
+    return out.with_name(f"{out.name}.part{rank}")
+
+
+def part_files(out: str | Path) -> list[Path]:
+    """The existing part files of ``out``, by rank."""
+    out = Path(out)
+    found = []
+    for file in out.parent.glob(glob.escape(out.name) + ".part*"):
+        match = _PART_RE.search(file.name)
+        if match and file.name == f"{out.name}.part{match.group(1)}":
+            found.append((int(match.group(1)), file))
+    return [file for _, file in sorted(found)]
+
+
+def is_success(record: dict[str, Any]) -> bool:
+    return "caption" in record
+
+
+def statuses(records: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """``id -> "ok" | "error"``; an id with any caption line is ``"ok"``."""
+    status: dict[str, str] = {}
+    for record in records:
+        key = str(record["id"])
+        if is_success(record) or key not in status:
+            status[key] = "ok" if is_success(record) else "error"
+    return status
+
+
+def merge_records(sources: Sequence[Sequence[dict[str, Any]]], order: Sequence[str]) -> list[dict[str, Any]]:
+    """One record per id from several files' records.
+
+    A caption beats an error; otherwise the later record wins (later source, later line). Ids in ``order`` come
+    first, in that order; other ids follow in the order first seen.
+    """
+    best: dict[str, dict[str, Any]] = {}
+    for records in sources:
+        for record in records:
+            key = str(record["id"])
+            previous = best.get(key)
+            if previous is None or is_success(record) or not is_success(previous):
+                best[key] = record
+    ordered = [best.pop(key) for key in order if key in best]
+    return ordered + list(best.values())
+
+
+def merge_outputs(out: str | Path, items: Sequence[VideoItem]) -> list[dict[str, Any]]:
+    """Merges ``<out>`` and its part files into ``<out>`` (atomically), then removes the part files.
+
+    Returns:
+        The merged records (what ``<out>`` now holds).
+    """
+    out = Path(out)
+    parts = part_files(out)
+    current = read_output(out, repair=False)
+    merged = merge_records([current] + [read_output(p, repair=False) for p in parts], [i.id for i in items])
+    if parts or merged != current or scan_output(out).torn:
+        write_atomically(out, merged)
+    for part in parts:
+        part.unlink()
+    if parts:
+        _fsync_dir(out.parent)
+    return merged
