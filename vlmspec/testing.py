@@ -15,7 +15,10 @@ Builds miniature checkpoints of four vision-language model families with the *re
 
 Nothing is downloaded: the tokenizer is a byte-level BPE (so *any* text encodes) trained on an
 embedded English word list and wrapped in ``Qwen2Tokenizer``, the tokenizer class of all four
-families, with the family's special tokens and a family-style chat template.
+families, with the family's special tokens and a family-style chat template. The tokenizer,
+processor and config builders are those of :mod:`vlmspec.family_builders`, shared with the trained
+:mod:`vlmspec.testbed`; this module picks the fixtures' sizes and pixel geometry and shapes the
+random weights.
 
 Guarantees (checked by ``tests/test_fixtures.py``):
 
@@ -56,6 +59,7 @@ Processor calls (transformers 5.x; the tests use exactly these):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -66,6 +70,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
+
+from . import family_builders
+from .family_builders import (
+    LLAVA_CHAT_TEMPLATE,
+    LLAVA_SPECIAL_TOKENS,
+    QWEN_CHAT_TEMPLATE,
+    ModelSpec,
+    VisionLayout,
+    build_config,
+    build_tokenizer,
+    generation_config,
+    model_class,
+    special_tokens,
+)
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import PIL.Image
@@ -91,7 +109,7 @@ __all__ = [
     "write_video",
 ]
 
-FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_onevision")
+FAMILIES: tuple[str, ...] = family_builders.FAMILIES
 """Model families :func:`build_tiny_pair` can build."""
 
 INPUT_KINDS: tuple[str, ...] = ("image", "two_images", "video", "text")
@@ -104,22 +122,32 @@ _COMPLETE_MARKER = "VLMSPEC_TINY_COMPLETE"
 _DEFAULT_SIZE = (56, 56)
 
 # ---------------------------------------------------------------------------------------------
-# Model sizes
+# Model sizes and geometry
 # ---------------------------------------------------------------------------------------------
-_HIDDEN = 64
-_INTERMEDIATE = 128
-_HEADS = 4
-_KV_HEADS = 2
-_HEAD_DIM = _HIDDEN // _HEADS  # 16 -> rotary half-dim 8
 _TARGET_LAYERS = 4
 _DRAFT_LAYERS = 2
-_VISION_HIDDEN = 32
-_VISION_HEADS = 2
-_VISION_DEPTH = 2
-_LLAVA_IMAGE_SIZE = 28  # SigLIP input side: 2x2 patches of 14 -> 4 tokens per crop
-_LLAVA_PATCH = 14
+_SPEC = ModelSpec(
+    hidden=64,
+    layers=_TARGET_LAYERS,
+    kv_heads=2,
+    intermediate=128,
+    vision_hidden=32,
+    vision_layers=2,
+    vision_heads=2,
+    head_dim=16,  # 4 heads; rotary half-dim 8
+    init_std=0.02,
+)
+_QWEN2_LAYOUT = VisionLayout(patch=14, image_pixels=(56 * 56, 112 * 112), video_pixels=(56 * 56, 112 * 112))
+_LAYOUTS = {
+    "qwen2_vl": _QWEN2_LAYOUT,
+    "qwen2_5_vl": _QWEN2_LAYOUT,
+    "qwen3_vl": VisionLayout(
+        patch=16, image_pixels=(64 * 64, 128 * 128), video_pixels=(64 * 64, 4 * 128 * 128)
+    ),
+    # SigLIP input side 28: 2x2 patches of 14 -> 4 tokens per crop; anyres grids of 1x1 to 2x2 crops
+    "llava_onevision": VisionLayout(patch=14, crop_side=28, anyres_tiles=(1, 2)),
+}
 _BPE_VOCAB = 960  # byte-level BPE size before special tokens
-_INIT_RANGE = 0.02
 
 # Weight shaping (see _shape_weights). _QK_STD/_OV_GAIN trade context sensitivity against
 # peakedness (bf16 robustness); measured on qwen2_vl, 80 prompts x 48 tokens:
@@ -138,72 +166,6 @@ _MIN_SENSITIVITY = 0.03
 _MAX_SENSITIVITY = 0.3
 _MAX_DRAWS = 32
 
-_QWEN_SPECIAL_TOKENS = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|object_ref_start|>",
-    "<|object_ref_end|>",
-    "<|box_start|>",
-    "<|box_end|>",
-    "<|quad_start|>",
-    "<|quad_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|vision_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-)
-LLAVA_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>")
-
-QWEN_CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}"
-    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
-    "<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}"
-    "{% set video_count.value = video_count.value + 1 %}"
-    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
-    "<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
-    "{% endfor %}<|im_end|>\n{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-# Qwen3-VL: identical except a video is emitted as a bare ``<|video_pad|>``. The transformers 5.x
-# Qwen3VLProcessor expands that token to ``<t seconds><|vision_start|>...<|vision_end|>`` per temporal
-# patch; with the hub template's outer ``<|vision_start|>...<|vision_end|>`` wrapper (kept by the
-# generic placeholder replacement in 5.x) the text would carry a redundant extra wrapper, which the
-# reference Qwen3-VL processor never produced.
-_QWEN3_CHAT_TEMPLATE = QWEN_CHAT_TEMPLATE.replace(
-    "<|vision_start|><|video_pad|><|vision_end|>", "<|video_pad|>"
-)
-
-LLAVA_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + ' ' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
-    "{{ '<image>' }}{% endfor %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}"
-    "{{ '<video>' }}{% endfor %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
-    "{{ '\n' + content['text'] }}{% endfor %}"
-    "{% endif %}"
-    "{{ '<|im_end|>' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-# A few hundred common English words and prompt phrases: the BPE merges are learned from this,
-# so ordinary prompts tokenize into short sequences (unseen text still encodes byte by byte).
 _CORPUS = """
 Describe this image. Describe the image in detail. Describe this video. What is in the image?
 What is shown in this picture? What happens in the video? What color is the square? How many
@@ -267,84 +229,15 @@ def _check_family(family: str) -> str:
     return family
 
 
-def _is_qwen(family: str) -> bool:
-    return family != "llava_onevision"
-
-
 # ---------------------------------------------------------------------------------------------
-# Tokenizer and processor
+# Tokenizer, processor, config (the builders shared with the testbed, with the fixtures' choices)
 # ---------------------------------------------------------------------------------------------
-def byte_level_tokenizer(
-    lines: list[str], specials: tuple[str, ...], chat_template: str, vocab_size: int, model_max_length: int
-) -> Qwen2Tokenizer:
-    """Trains a byte-level BPE on ``lines`` and wraps it in ``Qwen2Tokenizer`` (the class all four families use).
-
-    Args:
-        lines: Training text, one line per item.
-        specials: The family's special tokens, appended after the BPE vocabulary.
-        chat_template: The family's chat template.
-        vocab_size: BPE vocabulary limit (merges stop earlier once nothing is left to merge).
-        model_max_length: The tokenizer's ``model_max_length``.
-
-    Returns:
-        The tokenizer; ``eos_token`` is ``<|im_end|>`` (end of a reply), ``pad_token`` ``<|endoftext|>``.
-    """
-    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
-    from tokenizers.models import BPE
-    from transformers import AddedToken
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
-
-    bpe = Tokenizer(BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
-    bpe.normalizer = normalizers.NFC()
-    bpe.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=1,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=[],
-    )
-    bpe.train_from_iterator(lines, trainer=trainer)
-    model_json = json.loads(bpe.to_str())["model"]
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model_json["merges"]]
-    tokenizer = Qwen2Tokenizer(
-        vocab=model_json["vocab"],
-        merges=merges,
-        unk_token=None,
-        bos_token=None,
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        model_max_length=model_max_length,
-        padding_side="left",
-    )
-    tokenizer.add_special_tokens(
-        {"extra_special_tokens": [AddedToken(t, special=True, normalized=False) for t in specials]}
-    )
-    # Re-register eos/pad now that both exist as added tokens with their final ids.
-    tokenizer.eos_token = "<|im_end|>"
-    tokenizer.pad_token = "<|endoftext|>"
-    tokenizer.chat_template = chat_template
-    return tokenizer
-
-
 def _build_tokenizer(family: str) -> Qwen2Tokenizer:
     """The fixtures' tokenizer: a small byte-level BPE on :data:`_CORPUS` with the family's specials and template."""
-    chat_template = {
-        "qwen2_vl": QWEN_CHAT_TEMPLATE,
-        "qwen2_5_vl": QWEN_CHAT_TEMPLATE,
-        "qwen3_vl": _QWEN3_CHAT_TEMPLATE,
-        "llava_onevision": LLAVA_CHAT_TEMPLATE,
-    }[family]
-    return byte_level_tokenizer(
-        lines=[line.strip() for line in _CORPUS.strip().splitlines() if line.strip()],
-        specials=_QWEN_SPECIAL_TOKENS if _is_qwen(family) else LLAVA_SPECIAL_TOKENS,
-        chat_template=chat_template,
+    return build_tokenizer(
+        family,
+        [line.strip() for line in _CORPUS.strip().splitlines() if line.strip()],
+        grounding=True,
         vocab_size=_BPE_VOCAB,
         model_max_length=32768,
     )
@@ -367,258 +260,20 @@ def build_processor(family: str) -> ProcessorMixin:
         ValueError: If ``family`` is not one of :data:`FAMILIES`.
     """
     _check_family(family)
-    tokenizer = _build_tokenizer(family)
-    chat_template = tokenizer.chat_template
-    if family in ("qwen2_vl", "qwen2_5_vl"):
-        from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
-
-        image_processor = Qwen2VLImageProcessor(
-            size={"shortest_edge": 56 * 56, "longest_edge": 112 * 112},
-            patch_size=14,
-            temporal_patch_size=2,
-            merge_size=2,
-        )
-        video_processor = Qwen2VLVideoProcessor(
-            size={"shortest_edge": 56 * 56, "longest_edge": 112 * 112},
-            patch_size=14,
-            temporal_patch_size=2,
-            merge_size=2,
-            min_frames=2,
-            max_frames=16,
-            do_sample_frames=False,
-            cap_pixels_per_frame=False,
-        )
-        if family == "qwen2_vl":
-            from transformers import Qwen2VLProcessor as processor_cls
-        else:
-            from transformers import Qwen2_5_VLProcessor as processor_cls
-        return processor_cls(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            video_processor=video_processor,
-            chat_template=chat_template,
-        )
-    if family == "qwen3_vl":
-        from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
-
-        image_processor = Qwen2VLImageProcessor(
-            size={"shortest_edge": 64 * 64, "longest_edge": 128 * 128},
-            patch_size=16,
-            temporal_patch_size=2,
-            merge_size=2,
-            image_mean=[0.5, 0.5, 0.5],
-            image_std=[0.5, 0.5, 0.5],
-        )
-        video_processor = Qwen3VLVideoProcessor(
-            size={"shortest_edge": 64 * 64, "longest_edge": 4 * 128 * 128},
-            patch_size=16,
-            temporal_patch_size=2,
-            merge_size=2,
-            min_frames=2,
-            max_frames=16,
-            do_sample_frames=False,
-            cap_pixels_per_frame=False,
-        )
-        return Qwen3VLProcessor(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            video_processor=video_processor,
-            chat_template=chat_template,
-        )
-    from transformers import (
-        LlavaOnevisionImageProcessor,
-        LlavaOnevisionProcessor,
-        LlavaOnevisionVideoProcessor,
-    )
-
-    side = _LLAVA_IMAGE_SIZE
-    image_processor = LlavaOnevisionImageProcessor(
-        size={"height": side, "width": side},
-        image_grid_pinpoints=[[side * i, side * j] for i in (1, 2) for j in (1, 2)],
-    )
-    video_processor = LlavaOnevisionVideoProcessor(
-        size={"height": side, "width": side}, do_sample_frames=False
-    )
-    return LlavaOnevisionProcessor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        video_processor=video_processor,
-        num_image_tokens=(side // _LLAVA_PATCH) ** 2,
-        vision_feature_select_strategy="full",
-        chat_template=chat_template,
-        vision_aspect_ratio="anyres_max_9",
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Model configs
-# ---------------------------------------------------------------------------------------------
-def _token_ids(tokenizer: Qwen2Tokenizer, family: str) -> dict[str, int]:
-    specials = _QWEN_SPECIAL_TOKENS if _is_qwen(family) else LLAVA_SPECIAL_TOKENS
-    ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in specials}
-    ids["eos"] = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    ids["pad"] = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    return ids
+    return family_builders.build_processor(family, _build_tokenizer(family), _LAYOUTS[family])
 
 
 def _build_config(family: str, tokenizer: Qwen2Tokenizer, num_layers: int) -> Any:
     """Builds a tiny config of the family's real config class."""
-    ids = _token_ids(tokenizer, family)
-    vocab = len(tokenizer)
-    text_common: dict[str, Any] = {
-        "vocab_size": vocab,
-        "hidden_size": _HIDDEN,
-        "intermediate_size": _INTERMEDIATE,
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": _HEADS,
-        "num_key_value_heads": _KV_HEADS,
-        "max_position_embeddings": 4096,
-        "initializer_range": _INIT_RANGE,
-        "pad_token_id": ids["pad"],
-        "eos_token_id": ids["eos"],
-        "bos_token_id": ids["pad"],
-    }
-    if family == "qwen2_vl":
-        from transformers import Qwen2VLConfig
-
-        return Qwen2VLConfig(
-            text_config={
-                **text_common,
-                "rope_parameters": {
-                    "rope_type": "default",
-                    "rope_theta": 10000.0,
-                    "mrope_section": [2, 3, 3],
-                },
-            },
-            vision_config={
-                "depth": _VISION_DEPTH,
-                "embed_dim": _VISION_HIDDEN,
-                "hidden_size": _HIDDEN,
-                "mlp_ratio": 2,
-                "num_heads": _VISION_HEADS,
-                "patch_size": 14,
-                "spatial_merge_size": 2,
-                "temporal_patch_size": 2,
-                "initializer_range": _INIT_RANGE,
-            },
-            image_token_id=ids["<|image_pad|>"],
-            video_token_id=ids["<|video_pad|>"],
-            vision_start_token_id=ids["<|vision_start|>"],
-            vision_end_token_id=ids["<|vision_end|>"],
-            tie_word_embeddings=False,
-        )
-    if family == "qwen2_5_vl":
-        from transformers import Qwen2_5_VLConfig
-
-        return Qwen2_5_VLConfig(
-            text_config={
-                **text_common,
-                "rope_parameters": {
-                    "rope_type": "default",
-                    "rope_theta": 10000.0,
-                    "mrope_section": [2, 3, 3],
-                },
-            },
-            vision_config={
-                "depth": _VISION_DEPTH,
-                "hidden_size": _VISION_HIDDEN,
-                "intermediate_size": 2 * _VISION_HIDDEN,
-                "num_heads": _VISION_HEADS,
-                "out_hidden_size": _HIDDEN,
-                "patch_size": 14,
-                "spatial_merge_size": 2,
-                "temporal_patch_size": 2,
-                "window_size": 56,
-                "fullatt_block_indexes": [_VISION_DEPTH - 1],
-                "tokens_per_second": 2,
-                "initializer_range": _INIT_RANGE,
-            },
-            image_token_id=ids["<|image_pad|>"],
-            video_token_id=ids["<|video_pad|>"],
-            vision_start_token_id=ids["<|vision_start|>"],
-            vision_end_token_id=ids["<|vision_end|>"],
-            tie_word_embeddings=False,
-        )
-    if family == "qwen3_vl":
-        from transformers import Qwen3VLConfig
-
-        return Qwen3VLConfig(
-            text_config={
-                **text_common,
-                "head_dim": _HEAD_DIM,
-                "rope_parameters": {
-                    "rope_type": "default",
-                    "rope_theta": 10000.0,
-                    "mrope_section": [4, 2, 2],
-                    "mrope_interleaved": True,
-                },
-            },
-            vision_config={
-                "depth": _VISION_DEPTH,
-                "hidden_size": _VISION_HIDDEN,
-                "intermediate_size": 2 * _VISION_HIDDEN,
-                "num_heads": _VISION_HEADS,
-                "out_hidden_size": _HIDDEN,
-                "patch_size": 16,
-                "spatial_merge_size": 2,
-                "temporal_patch_size": 2,
-                "num_position_embeddings": 16,
-                "deepstack_visual_indexes": [0],
-                "initializer_range": _INIT_RANGE,
-            },
-            image_token_id=ids["<|image_pad|>"],
-            video_token_id=ids["<|video_pad|>"],
-            vision_start_token_id=ids["<|vision_start|>"],
-            vision_end_token_id=ids["<|vision_end|>"],
-            tie_word_embeddings=False,
-        )
-    from transformers import LlavaOnevisionConfig
-
-    side = _LLAVA_IMAGE_SIZE
-    return LlavaOnevisionConfig(
-        text_config={
-            **text_common,
-            "model_type": "qwen2",
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-        },
-        vision_config={
-            "model_type": "siglip_vision_model",
-            "hidden_size": _VISION_HIDDEN,
-            "intermediate_size": 2 * _VISION_HIDDEN,
-            "num_hidden_layers": _VISION_DEPTH,
-            "num_attention_heads": _VISION_HEADS,
-            "image_size": side,
-            "patch_size": _LLAVA_PATCH,
-            "vision_use_head": False,
-        },
-        image_token_index=ids["<image>"],
-        video_token_index=ids["<video>"],
-        vision_feature_select_strategy="full",
-        vision_feature_layer=-1,
-        image_grid_pinpoints=[[side * i, side * j] for i in (1, 2) for j in (1, 2)],
-        vision_aspect_ratio="anyres_max_9",
-        tie_word_embeddings=False,
-    )
+    spec = dataclasses.replace(_SPEC, layers=num_layers)
+    return build_config(family, spec, tokenizer, _LAYOUTS[family], explicit_head_dim=False)
 
 
 # ---------------------------------------------------------------------------------------------
 # Models
 # ---------------------------------------------------------------------------------------------
-def _model_class(family: str) -> type[PreTrainedModel]:
-    import transformers
-
-    name = {
-        "qwen2_vl": "Qwen2VLForConditionalGeneration",
-        "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
-        "qwen3_vl": "Qwen3VLForConditionalGeneration",
-        "llava_onevision": "LlavaOnevisionForConditionalGeneration",
-    }[family]
-    return getattr(transformers, name)
-
-
 def _special_token_ids(tokenizer: Qwen2Tokenizer, family: str) -> list[int]:
-    specials = _QWEN_SPECIAL_TOKENS if _is_qwen(family) else LLAVA_SPECIAL_TOKENS
-    return sorted(tokenizer.convert_tokens_to_ids(t) for t in specials)
+    return sorted(tokenizer.convert_tokens_to_ids(t) for t in special_tokens(family, grounding=True))
 
 
 def _shape_weights(model: PreTrainedModel, special_ids: list[int], draw_seed: int) -> None:
@@ -731,18 +386,6 @@ def _calibrate_vision(model: PreTrainedModel, family: str, processor: ProcessorM
             newline.mul_(_VISION_OUT_RMS / newline.pow(2).mean().sqrt())
 
 
-def _generation_config(tokenizer: Qwen2Tokenizer, family: str) -> Any:
-    from transformers import GenerationConfig
-
-    ids = _token_ids(tokenizer, family)
-    return GenerationConfig(
-        eos_token_id=[ids["eos"], ids["pad"]],
-        pad_token_id=ids["pad"],
-        bos_token_id=ids["pad"],
-        do_sample=False,
-    )
-
-
 def make_inputs(processor: ProcessorMixin, kind: str) -> Any:
     """Builds one of the canonical test inputs with the processor's chat template.
 
@@ -845,13 +488,13 @@ def _build_models(
     import torch
 
     tokenizer = processor.tokenizer
-    cls = _model_class(family)
+    cls = model_class(family)
     special_ids = _special_token_ids(tokenizer, family)
     with torch.random.fork_rng(devices=[]):  # deterministic without disturbing the caller's RNG
         torch.manual_seed(seed)
         target = cls(_build_config(family, tokenizer, _TARGET_LAYERS)).eval()
         draft = cls(_build_config(family, tokenizer, _DRAFT_LAYERS)).eval()
-    target.generation_config = _generation_config(tokenizer, family)
+    target.generation_config = generation_config(tokenizer)
     _calibrate_vision(target, family, processor)
 
     # A weight draw is a roll of the dice: it may leave a near-tie where all prompts share context
@@ -882,7 +525,7 @@ def _build_models(
     draft.load_state_dict({k: target_state[k] for k in draft_state}, strict=True)
     _perturb_draft_head(draft, special_ids, seed)
 
-    draft.generation_config = _generation_config(tokenizer, family)
+    draft.generation_config = generation_config(tokenizer)
     info = {
         "weight_draw_seed": best[1],
         "vetted_min_margin_std": round(best_stats[0], 4),

@@ -17,31 +17,28 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..testing import LLAVA_CHAT_TEMPLATE, LLAVA_SPECIAL_TOKENS, QWEN_CHAT_TEMPLATE, byte_level_tokenizer
+from .. import family_builders
+from ..family_builders import VisionLayout
 from .world import IMAGE_SIDE, lexicon
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from transformers import ProcessorMixin
     from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
-__all__ = ["FAMILIES", "build_processor", "build_tokenizer", "check_family", "special_token_ids"]
+__all__ = ["FAMILIES", "LAYOUTS", "build_processor", "build_tokenizer", "check_family", "special_token_ids"]
 
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "llava_onevision")
 """Families the testbed trains pairs for."""
 
-QWEN_PATCH = 14
-LLAVA_PATCH = 28
-
-QWEN_SPECIAL_TOKENS = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|vision_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-)
+LAYOUTS: dict[str, VisionLayout] = {
+    "qwen2_vl": VisionLayout(
+        patch=14,
+        image_pixels=(56 * 56, 112 * 112),
+        video_pixels=(IMAGE_SIDE * IMAGE_SIDE, IMAGE_SIDE * IMAGE_SIDE),
+    ),
+    "llava_onevision": VisionLayout(patch=28, crop_side=IMAGE_SIDE),  # one pinpoint: the picture itself
+}
+"""Pixel geometry of each family's processor and config."""
 
 
 def check_family(family: str) -> str:
@@ -52,7 +49,7 @@ def check_family(family: str) -> str:
 
 
 def _specials(family: str) -> tuple[str, ...]:
-    return QWEN_SPECIAL_TOKENS if family == "qwen2_vl" else LLAVA_SPECIAL_TOKENS
+    return family_builders.special_tokens(family, grounding=False)
 
 
 def _corpus() -> list[str]:
@@ -70,10 +67,10 @@ def build_tokenizer(family: str) -> Qwen2Tokenizer:
         The tokenizer; ``eos_token`` is ``<|im_end|>`` (end of a reply), ``pad_token`` ``<|endoftext|>``.
     """
     check_family(family)
-    return byte_level_tokenizer(
-        lines=_corpus(),
-        specials=_specials(family),
-        chat_template=QWEN_CHAT_TEMPLATE if family == "qwen2_vl" else LLAVA_CHAT_TEMPLATE,
+    return family_builders.build_tokenizer(
+        family,
+        _corpus(),
+        grounding=False,
         vocab_size=1 << 16,  # never reached: training stops once every word is a single token
         model_max_length=4096,
     )
@@ -81,10 +78,7 @@ def build_tokenizer(family: str) -> Qwen2Tokenizer:
 
 def special_token_ids(tokenizer: Qwen2Tokenizer, family: str) -> dict[str, int]:
     """Ids of the family's special tokens plus ``"eos"`` (``<|im_end|>``) and ``"pad"`` (``<|endoftext|>``)."""
-    ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in _specials(family)}
-    ids["eos"] = ids["<|im_end|>"]
-    ids["pad"] = ids["<|endoftext|>"]
-    return ids
+    return family_builders.special_token_ids(tokenizer, _specials(family))
 
 
 def build_processor(family: str) -> ProcessorMixin:
@@ -99,45 +93,4 @@ def build_processor(family: str) -> ProcessorMixin:
     Raises:
         ValueError: If ``family`` is not one of :data:`FAMILIES`.
     """
-    tokenizer = build_tokenizer(family)
-    chat_template = tokenizer.chat_template
-    if family == "qwen2_vl":
-        from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
-
-        side = IMAGE_SIDE
-        common = dict(
-            size={"shortest_edge": 56 * 56, "longest_edge": 112 * 112}, patch_size=QWEN_PATCH, merge_size=2
-        )
-        return Qwen2VLProcessor(
-            image_processor=Qwen2VLImageProcessor(temporal_patch_size=2, **common),
-            tokenizer=tokenizer,
-            video_processor=Qwen2VLVideoProcessor(
-                temporal_patch_size=2,
-                min_frames=2,
-                max_frames=16,
-                do_sample_frames=False,
-                cap_pixels_per_frame=False,
-                **{**common, "size": {"shortest_edge": side * side, "longest_edge": side * side}},
-            ),
-            chat_template=chat_template,
-        )
-    from transformers import (
-        LlavaOnevisionImageProcessor,
-        LlavaOnevisionProcessor,
-        LlavaOnevisionVideoProcessor,
-    )
-
-    side = IMAGE_SIDE
-    return LlavaOnevisionProcessor(
-        image_processor=LlavaOnevisionImageProcessor(
-            size={"height": side, "width": side}, image_grid_pinpoints=[[side, side]]
-        ),
-        tokenizer=tokenizer,
-        video_processor=LlavaOnevisionVideoProcessor(
-            size={"height": side, "width": side}, do_sample_frames=False
-        ),
-        num_image_tokens=(side // LLAVA_PATCH) ** 2,
-        vision_feature_select_strategy="full",
-        chat_template=chat_template,
-        vision_aspect_ratio="anyres_max_9",
-    )
+    return family_builders.build_processor(family, build_tokenizer(family), LAYOUTS[family])

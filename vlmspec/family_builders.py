@@ -1,0 +1,473 @@
+"""The four VLM families' real tokenizer, processor and config classes, built small and offline.
+
+One builder per piece, shared by the two model fixtures of the project: the tiny random pairs of
+:mod:`vlmspec.testing` and the trained pairs of :mod:`vlmspec.testbed`. What the two choose
+differently is passed in: the model's shape (:class:`ModelSpec`), the pixel geometry shared by a
+family's processor and config (:class:`VisionLayout`), the tokenizer's training text and whether the
+Qwen vocabulary carries the grounding tokens.
+
+The tokenizer is a byte-level BPE (so *any* text encodes) wrapped in ``Qwen2Tokenizer``, the tokenizer
+class of all four families, with the family's special tokens and a family-style chat template.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from transformers import GenerationConfig, PreTrainedModel, ProcessorMixin
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
+__all__ = [
+    "FAMILIES",
+    "LLAVA_CHAT_TEMPLATE",
+    "LLAVA_SPECIAL_TOKENS",
+    "QWEN3_CHAT_TEMPLATE",
+    "QWEN_CHAT_TEMPLATE",
+    "ModelSpec",
+    "VisionLayout",
+    "build_config",
+    "build_processor",
+    "build_tokenizer",
+    "byte_level_tokenizer",
+    "generation_config",
+    "model_class",
+    "special_token_ids",
+    "special_tokens",
+]
+
+FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_onevision")
+"""Families these builders know."""
+
+_CLASS_NAMES = {  # family: (config, model, processor) classes of transformers
+    "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor"),
+    "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor"),
+    "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor"),
+    "llava_onevision": (
+        "LlavaOnevisionConfig",
+        "LlavaOnevisionForConditionalGeneration",
+        "LlavaOnevisionProcessor",
+    ),
+}
+_MROPE_SECTIONS = {
+    16: [2, 3, 3],
+    32: [4, 6, 6],
+    64: [8, 12, 12],
+}  # rotary half-dim split, Qwen2-VL's proportions
+_QWEN3_MROPE_SECTIONS = {16: [4, 2, 2]}  # interleaved
+_VISION_INIT_STD = 0.02
+
+_CHAT_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+_GROUNDING_TOKENS = (
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+)
+_QWEN_VISION_TOKENS = (
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+LLAVA_SPECIAL_TOKENS = (*_CHAT_TOKENS, "<image>", "<video>")
+
+QWEN_CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Qwen3-VL: identical except a video is emitted as a bare ``<|video_pad|>``. The transformers 5.x
+# Qwen3VLProcessor expands that token to ``<t seconds><|vision_start|>...<|vision_end|>`` per temporal
+# patch; with the hub template's outer ``<|vision_start|>...<|vision_end|>`` wrapper (kept by the
+# generic placeholder replacement in 5.x) the text would carry a redundant extra wrapper, which the
+# reference Qwen3-VL processor never produced.
+QWEN3_CHAT_TEMPLATE = QWEN_CHAT_TEMPLATE.replace(
+    "<|vision_start|><|video_pad|><|vision_end|>", "<|video_pad|>"
+)
+
+LLAVA_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + ' ' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
+    "{{ '<image>' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}"
+    "{{ '<video>' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ '\n' + content['text'] }}{% endfor %}"
+    "{% endif %}"
+    "{{ '<|im_end|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_CHAT_TEMPLATES = {
+    "qwen2_vl": QWEN_CHAT_TEMPLATE,
+    "qwen2_5_vl": QWEN_CHAT_TEMPLATE,
+    "qwen3_vl": QWEN3_CHAT_TEMPLATE,
+    "llava_onevision": LLAVA_CHAT_TEMPLATE,
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of one model (language model + vision tower).
+
+    Attributes:
+        hidden: Language-model width (a multiple of ``head_dim``).
+        layers: Decoder layers.
+        kv_heads: Key/value heads (grouped-query attention; divides ``hidden // head_dim``).
+        intermediate: MLP width.
+        vision_hidden: Vision-tower width (a multiple of ``vision_heads``).
+        vision_layers: Vision-tower layers.
+        vision_heads: Vision-tower attention heads.
+        head_dim: Language-model attention head width (16, 32 or 64).
+        init_std: Standard deviation of the language model's initial weights.
+    """
+
+    hidden: int
+    layers: int
+    kv_heads: int
+    intermediate: int
+    vision_hidden: int
+    vision_layers: int
+    vision_heads: int
+    head_dim: int = 32
+    init_std: float = 0.02
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class VisionLayout:
+    """Pixel geometry of a family's pictures, shared by its processor and its config.
+
+    Attributes:
+        patch: Side of a vision-transformer patch in pixels.
+        image_pixels: Qwen families: ``(min, max)`` pixels of a resized image.
+        video_pixels: Qwen families: ``(min, max)`` pixels of a resized video frame.
+        crop_side: LLaVA-OneVision: side of a crop (the SigLIP input) in pixels.
+        anyres_tiles: LLaVA-OneVision: tiles per axis of the anyres grid pinpoints.
+    """
+
+    patch: int
+    image_pixels: tuple[int, int] = (0, 0)
+    video_pixels: tuple[int, int] = (0, 0)
+    crop_side: int = 0
+    anyres_tiles: tuple[int, ...] = (1,)
+
+    def pinpoints(self) -> list[list[int]]:
+        """LLaVA-OneVision's ``image_grid_pinpoints``: every ``tiles x tiles`` grid of crops."""
+        side = self.crop_side
+        return [[side * i, side * j] for i in self.anyres_tiles for j in self.anyres_tiles]
+
+
+def _transformers_class(family: str, which: int) -> Any:
+    import transformers
+
+    return getattr(transformers, _CLASS_NAMES[family][which])
+
+
+def model_class(family: str) -> type[PreTrainedModel]:
+    """The family's ``*ForConditionalGeneration`` class."""
+    return _transformers_class(family, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer
+# ---------------------------------------------------------------------------------------------
+def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
+    """The family's special tokens in vocabulary order (Qwen: with the grounding tokens or without)."""
+    if family == "llava_onevision":
+        return LLAVA_SPECIAL_TOKENS
+    return (*_CHAT_TOKENS, *(_GROUNDING_TOKENS if grounding else ()), *_QWEN_VISION_TOKENS)
+
+
+def special_token_ids(tokenizer: Qwen2Tokenizer, specials: tuple[str, ...]) -> dict[str, int]:
+    """Ids of ``specials`` plus ``"eos"`` (``<|im_end|>``) and ``"pad"`` (``<|endoftext|>``)."""
+    ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in specials}
+    ids["eos"] = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids["pad"] = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    return ids
+
+
+def byte_level_tokenizer(
+    lines: list[str], specials: tuple[str, ...], chat_template: str, vocab_size: int, model_max_length: int
+) -> Qwen2Tokenizer:
+    """Trains a byte-level BPE on ``lines`` and wraps it in ``Qwen2Tokenizer`` (the class all four families use).
+
+    Args:
+        lines: Training text, one line per item.
+        specials: The family's special tokens, appended after the BPE vocabulary.
+        chat_template: The family's chat template.
+        vocab_size: BPE vocabulary limit (merges stop earlier once nothing is left to merge).
+        model_max_length: The tokenizer's ``model_max_length``.
+
+    Returns:
+        The tokenizer; ``eos_token`` is ``<|im_end|>`` (end of a reply), ``pad_token`` ``<|endoftext|>``.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
+    from tokenizers.models import BPE
+    from transformers import AddedToken
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
+
+    bpe = Tokenizer(BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=1,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    bpe.train_from_iterator(lines, trainer=trainer)
+    model_json = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model_json["merges"]]
+    tokenizer = Qwen2Tokenizer(
+        vocab=model_json["vocab"],
+        merges=merges,
+        unk_token=None,
+        bos_token=None,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        model_max_length=model_max_length,
+        padding_side="left",
+    )
+    tokenizer.add_special_tokens(
+        {"extra_special_tokens": [AddedToken(t, special=True, normalized=False) for t in specials]}
+    )
+    # Re-register eos/pad now that both exist as added tokens with their final ids.
+    tokenizer.eos_token = "<|im_end|>"
+    tokenizer.pad_token = "<|endoftext|>"
+    tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+def build_tokenizer(
+    family: str, lines: list[str], *, grounding: bool, vocab_size: int, model_max_length: int
+) -> Qwen2Tokenizer:
+    """:func:`byte_level_tokenizer` with the family's :func:`special_tokens` and chat template."""
+    return byte_level_tokenizer(
+        lines=lines,
+        specials=special_tokens(family, grounding),
+        chat_template=_CHAT_TEMPLATES[family],
+        vocab_size=vocab_size,
+        model_max_length=model_max_length,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Processor
+# ---------------------------------------------------------------------------------------------
+def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout) -> ProcessorMixin:
+    """Builds the family's real processor class around ``tokenizer`` with ``layout``'s geometry.
+
+    Returns:
+        A ``Qwen2VLProcessor``, ``Qwen2_5_VLProcessor``, ``Qwen3VLProcessor`` or
+        ``LlavaOnevisionProcessor`` with the tokenizer's chat template.
+    """
+    processor_cls = _transformers_class(family, 2)
+    if family == "llava_onevision":
+        from transformers import LlavaOnevisionImageProcessor, LlavaOnevisionVideoProcessor
+
+        side = layout.crop_side
+        return processor_cls(
+            image_processor=LlavaOnevisionImageProcessor(
+                size={"height": side, "width": side}, image_grid_pinpoints=layout.pinpoints()
+            ),
+            tokenizer=tokenizer,
+            video_processor=LlavaOnevisionVideoProcessor(
+                size={"height": side, "width": side}, do_sample_frames=False
+            ),
+            num_image_tokens=(side // layout.patch) ** 2,
+            vision_feature_select_strategy="full",
+            chat_template=tokenizer.chat_template,
+            vision_aspect_ratio="anyres_max_9",
+        )
+    from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor, Qwen3VLVideoProcessor
+
+    geometry: dict[str, Any] = {"patch_size": layout.patch, "temporal_patch_size": 2, "merge_size": 2}
+    qwen3 = family == "qwen3_vl"
+    normalisation = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]} if qwen3 else {}
+    video_cls = Qwen3VLVideoProcessor if qwen3 else Qwen2VLVideoProcessor
+    return processor_cls(
+        image_processor=Qwen2VLImageProcessor(
+            size=_pixel_range(layout.image_pixels), **geometry, **normalisation
+        ),
+        tokenizer=tokenizer,
+        video_processor=video_cls(
+            size=_pixel_range(layout.video_pixels),
+            **geometry,
+            min_frames=2,
+            max_frames=16,
+            do_sample_frames=False,
+            cap_pixels_per_frame=False,
+        ),
+        chat_template=tokenizer.chat_template,
+    )
+
+
+def _pixel_range(pixels: tuple[int, int]) -> dict[str, int]:
+    return {"shortest_edge": pixels[0], "longest_edge": pixels[1]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs
+# ---------------------------------------------------------------------------------------------
+def build_config(
+    family: str,
+    spec: ModelSpec,
+    tokenizer: Qwen2Tokenizer,
+    layout: VisionLayout,
+    *,
+    explicit_head_dim: bool = True,
+) -> Any:
+    """Builds the family's real config class for ``spec``.
+
+    Args:
+        family: One of :data:`FAMILIES`.
+        spec: The model's shape.
+        tokenizer: The pair's tokenizer (vocabulary size and special-token ids).
+        layout: The processor's geometry (patch size; LLaVA-OneVision's crop side and pinpoints).
+        explicit_head_dim: Whether the text config names ``head_dim`` (Qwen3-VL's always does); when not,
+            transformers derives it as ``hidden // heads``.
+
+    Returns:
+        A ``Qwen2VLConfig``, ``Qwen2_5_VLConfig``, ``Qwen3VLConfig`` or ``LlavaOnevisionConfig``.
+    """
+    tid = tokenizer.convert_tokens_to_ids
+    text: dict[str, Any] = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": spec.hidden,
+        "intermediate_size": spec.intermediate,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.hidden // spec.head_dim,
+        **({"head_dim": spec.head_dim} if explicit_head_dim or family == "qwen3_vl" else {}),
+        "num_key_value_heads": spec.kv_heads,
+        "max_position_embeddings": 4096,
+        "initializer_range": spec.init_std,
+        "pad_token_id": tid("<|endoftext|>"),
+        "eos_token_id": tid("<|im_end|>"),
+        "bos_token_id": tid("<|endoftext|>"),
+    }
+    config_cls = _transformers_class(family, 0)
+    if family == "llava_onevision":
+        return config_cls(**_llava_config_kwargs(spec, text, tid, layout))
+    return config_cls(
+        text_config={**text, "rope_parameters": _mrope(family, spec.head_dim)},
+        vision_config={
+            "depth": spec.vision_layers,
+            "num_heads": spec.vision_heads,
+            "patch_size": layout.patch,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "initializer_range": _VISION_INIT_STD,
+            **_qwen_vision_widths(family, spec),
+        },
+        image_token_id=tid("<|image_pad|>"),
+        video_token_id=tid("<|video_pad|>"),
+        vision_start_token_id=tid("<|vision_start|>"),
+        vision_end_token_id=tid("<|vision_end|>"),
+        tie_word_embeddings=False,
+    )
+
+
+def _llava_config_kwargs(
+    spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
+) -> dict[str, Any]:
+    """``LlavaOnevisionConfig``'s arguments: a Qwen2 language model behind a SigLIP tower (no head)."""
+    return {
+        "text_config": {
+            **text,
+            "model_type": "qwen2",
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        "vision_config": {
+            "model_type": "siglip_vision_model",
+            "hidden_size": spec.vision_hidden,
+            "intermediate_size": 2 * spec.vision_hidden,
+            "num_hidden_layers": spec.vision_layers,
+            "num_attention_heads": spec.vision_heads,
+            "image_size": layout.crop_side,
+            "patch_size": layout.patch,
+            "vision_use_head": False,
+        },
+        "image_token_index": tid("<image>"),
+        "video_token_index": tid("<video>"),
+        "vision_feature_select_strategy": "full",
+        "vision_feature_layer": -1,
+        "image_grid_pinpoints": layout.pinpoints(),
+        "vision_aspect_ratio": "anyres_max_9",
+        "tie_word_embeddings": False,
+    }
+
+
+def _mrope(family: str, head_dim: int) -> dict[str, Any]:
+    """The Qwen family's multimodal rotary settings (Qwen3-VL interleaves the sections)."""
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": 10000.0}
+    if family == "qwen3_vl":
+        return {**rope, "mrope_section": _QWEN3_MROPE_SECTIONS[head_dim], "mrope_interleaved": True}
+    return {**rope, "mrope_section": _MROPE_SECTIONS[head_dim]}
+
+
+def _qwen_vision_widths(family: str, spec: ModelSpec) -> dict[str, Any]:
+    """The vision-config entries each Qwen family names its own way (widths, windows, deepstack)."""
+    if family == "qwen2_vl":
+        return {"embed_dim": spec.vision_hidden, "hidden_size": spec.hidden, "mlp_ratio": 2}
+    widths = {
+        "hidden_size": spec.vision_hidden,
+        "intermediate_size": 2 * spec.vision_hidden,
+        "out_hidden_size": spec.hidden,
+    }
+    if family == "qwen2_5_vl":
+        return {
+            **widths,
+            "window_size": 56,
+            "fullatt_block_indexes": [spec.vision_layers - 1],
+            "tokens_per_second": 2,
+        }
+    return {**widths, "num_position_embeddings": 16, "deepstack_visual_indexes": [0]}
+
+
+def generation_config(tokenizer: Qwen2Tokenizer) -> GenerationConfig:
+    """Greedy generation that stops at ``<|im_end|>`` (or ``<|endoftext|>``)."""
+    from transformers import GenerationConfig
+
+    ids = special_token_ids(tokenizer, ())
+    return GenerationConfig(
+        eos_token_id=[ids["eos"], ids["pad"]],
+        pad_token_id=ids["pad"],
+        bos_token_id=ids["pad"],
+        do_sample=False,
+    )
