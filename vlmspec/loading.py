@@ -1,0 +1,129 @@
+"""Loading a target/draft pair: named pairs resolved, EDD drafts, calibration, and the compatibility check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+from .models import EDDDraft
+from .models.edd import is_edd_folder
+from .named_pairs import resolve_pair
+
+
+def load_pair(
+    target: str | Path | None,
+    draft: str | Path | None,
+    torch_dtype: str | torch.dtype | None = "auto",
+    device_map: str | dict[str, Any] | None = None,
+    trust_remote_code: bool = False,
+    calibration: str | None = None,
+) -> tuple[torch.nn.Module, torch.nn.Module | None, Any]:
+    """The target, the draft (``None`` when none is named) and the target's processor, loaded as
+    :meth:`vlmspec.VLMSpecPipeline.from_pretrained` documents: named pairs resolved, an EDD draft read on top of its
+    target, a calibrated pair inflated where it will run, the draft checked against the target, both moved to the
+    GPU when one is present (without ``device_map``).
+    """
+    pair = resolve_pair(target, draft)
+    target, draft = pair.target, pair.draft
+    calibration = calibration or pair.calibration
+    load = dict(dtype=torch_dtype, device_map=device_map, trust_remote_code=trust_remote_code)
+    target_model = _load_model(target, "target", load)
+    edd = draft is not None and is_edd_folder(draft)
+    if edd:  # an EDD draft: trained for this target, read on top of it
+        draft_model = EDDDraft.from_pretrained(draft, target_model)
+    else:
+        draft_model = _load_model(draft, "draft", load) if draft is not None else None
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if calibration is not None:
+        from .testbed.calibrate import calibrate, inflate_edd
+
+        # inflated where the models will run (a 7B-shaped target is built on the GPU, not copied there)
+        where = device if device_map is None else target_model.device
+        base_target, base_draft = target_model, draft_model
+        target_model, draft_model = calibrate(
+            target_model, None if edd else draft_model, calibration, device=where
+        )
+        if edd:
+            draft_model = inflate_edd(base_draft, base_target, target_model)
+    processor = AutoProcessor.from_pretrained(str(target), trust_remote_code=trust_remote_code)
+    if draft_model is not None and not edd:
+        check_compatible(
+            target_model,
+            draft_model,
+            target_tokenizer=getattr(processor, "tokenizer", None),
+            draft_tokenizer=_load_tokenizer(draft, trust_remote_code),
+        )
+    if device_map is None:
+        target_model.to(device)
+        if draft_model is not None:
+            draft_model.to(device)
+    return target_model, draft_model, processor
+
+
+def check_compatible(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    target_tokenizer: Any = None,
+    draft_tokenizer: Any = None,
+) -> None:
+    """Refuse a draft that cannot draft for ``target``: another family or another vocabulary.
+
+    Embedding tables may differ in size: checkpoints of one series pad their vocabularies differently (Qwen2-VL-7B
+    has 152064 rows, Qwen2-VL-2B 151936, with the same tokenizer). What must hold is that both share the tokenizer
+    (compared when both are known) and that both tables cover every token of the target's tokenizer.
+
+    Raises:
+        ValueError: naming what differs and what to do.
+    """
+    t_type, d_type = target.config.model_type, draft.config.model_type
+    if t_type != d_type:
+        raise ValueError(
+            f"the draft model is a {d_type!r} model but the target is {t_type!r}; vlmspec needs a draft of the "
+            "same family (same tokenizer and visual token layout), e.g. a smaller checkpoint of the same series"
+        )
+    t_rows = target.get_input_embeddings().weight.shape[0]
+    d_rows = draft.get_input_embeddings().weight.shape[0]
+    tokens = len(target_tokenizer) if target_tokenizer is not None else t_rows
+    if d_rows < tokens:
+        raise ValueError(
+            f"the draft's vocabulary has {d_rows} entries but the target's tokenizer has {tokens} tokens; the draft "
+            "must share the target's tokenizer"
+        )
+    for key in ("image_token_id", "video_token_id"):
+        t_id, d_id = getattr(target.config, key, None), getattr(draft.config, key, None)
+        if t_id != d_id:
+            raise ValueError(
+                f"the draft's {key} is {d_id} but the target's is {t_id}; they must share a tokenizer"
+            )
+    if (
+        target_tokenizer is not None
+        and draft_tokenizer is not None
+        and target_tokenizer.get_vocab() != draft_tokenizer.get_vocab()
+    ):
+        raise ValueError(
+            "the draft's tokenizer differs from the target's (different vocabulary); use a draft that shares "
+            "the target's tokenizer"
+        )
+
+
+def _load_model(source: str | Path, role: str, load: dict[str, Any]) -> torch.nn.Module:
+    path = Path(source)
+    if isinstance(source, Path) or path.exists() or str(source).startswith((".", "/")):
+        if not path.is_dir():
+            raise FileNotFoundError(f"{role} model folder {str(source)!r} does not exist")
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{role} model folder {str(source)!r} has no config.json; point to a folder written by save_pretrained"
+            )
+    return AutoModelForImageTextToText.from_pretrained(str(source), **load)
+
+
+def _load_tokenizer(source: str | Path, trust_remote_code: bool) -> Any:
+    """The tokenizer saved with a checkpoint, or ``None`` when the checkpoint ships none."""
+    try:
+        return AutoTokenizer.from_pretrained(str(source), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return None
