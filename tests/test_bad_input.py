@@ -141,3 +141,27 @@ def test_hub_ids_and_paths_still_pass_the_name_check():
 
     assert resolve_pair("Qwen/Qwen2-VL-7B-Instruct", "Qwen/Qwen2-VL-2B-Instruct").source == "explicit"
     assert resolve_pair("./not/here").target == "./not/here"  # the loader says the folder does not exist
+
+
+def test_user_errors_are_the_library_s_own_and_the_builtin_ones():
+    """Every check of user input raises a VLMSpecError that is also the built-in error callers expect."""
+    import vlmspec
+    from vlmspec.inputs import load_image
+    from vlmspec.named_pairs import resolve_pair
+
+    cases = [
+        (lambda: resolve_pair("testbed-huge"), vlmspec.InvalidInputError, ValueError),
+        (lambda: get_policy("sage", d_max="8"), vlmspec.InvalidInputError, ValueError),
+        (lambda: get_policy("nope"), vlmspec.InvalidInputError, ValueError),
+        (lambda: load_image("/no/such/image.png"), vlmspec.InputNotFoundError, FileNotFoundError),
+        (lambda: load_image(42), vlmspec.InputTypeError, TypeError),
+        (
+            lambda: load_video([Image.new("RGB", (4, 4)), Image.new("RGB", (6, 6))]),
+            vlmspec.VLMSpecError,
+            Exception,
+        ),
+    ]
+    for call, own, builtin in cases:
+        with pytest.raises(own) as caught:
+            call()
+        assert isinstance(caught.value, vlmspec.VLMSpecError) and isinstance(caught.value, builtin)

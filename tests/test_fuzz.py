@@ -1,5 +1,5 @@
 """Property-based tests: random option values, frames and output files give a valid result or the library's own
-error naming the input; never a crash, and never a changed file the caption job did not write."""
+error (a ``VLMSpecError``) naming the input; never a crash, and never a changed file the caption job did not write."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vlmspec.errors import VLMSpecError
 from vlmspec.inputs import load_video
 from vlmspec.policies import available_policies, get_policy, policy_class
 
@@ -45,7 +46,7 @@ def test_random_policy_options_give_a_policy_or_a_named_error(case):
     config = policy_class(name).config_class.__name__
     try:
         policy = get_policy(name, **options)
-    except ValueError as err:
+    except VLMSpecError as err:
         assert config in str(err), str(err)  # the message names the config (and the option)
     else:
         assert policy.config == policy.config_class.from_dict(policy.config.to_dict())
@@ -59,7 +60,7 @@ def test_random_rank_paths_give_a_tree_or_a_named_error(field, value):
     name, option = field
     try:
         policy = get_policy(name, **{option: value})
-    except ValueError as err:
+    except VLMSpecError as err:
         assert f"{policy_class(name).config_class.__name__}.{option}=" in str(err), str(err)
     else:
         assert all(
@@ -84,7 +85,7 @@ def test_random_frames_are_read_or_refused_by_name(specs):
               else np.zeros((h, w, c), dtype) for dtype, h, w, c, v in specs]  # fmt: skip
     try:
         images, metadata = load_video(frames)
-    except (ValueError, TypeError) as err:
+    except VLMSpecError as err:
         assert "video frame" in str(err), str(err)
     else:
         assert len(images) == metadata.total_num_frames == len(frames)
@@ -113,6 +114,7 @@ def test_random_output_files_are_read_or_refused_and_only_a_torn_record_is_cut(j
     try:
         records = job.read_output(out, repair=True)
     except job.JobError as err:
+        assert isinstance(err, VLMSpecError)
         assert str(out) in str(err) and out.read_bytes() == data  # refused: not a byte changed
         return
     after = out.read_bytes()

@@ -1,6 +1,7 @@
 """vlmspec: lossless tree speculative decoding for vision-language models."""
 
 from .engine import SpecStats, speculative_generate
+from .errors import InputNotFoundError, InputTypeError, InvalidInputError, VLMSpecError
 from .pipeline import SpecOutput, VLMSpecPipeline
 from .policies import TreePolicy, available_policies, get_policy, register_policy
 from .streaming import StreamPiece
@@ -9,11 +10,15 @@ from .tree import TokenTree
 __version__ = "0.1.0"
 
 __all__ = [
+    "InputNotFoundError",
+    "InputTypeError",
+    "InvalidInputError",
     "SpecOutput",
     "SpecStats",
     "StreamPiece",
     "TokenTree",
     "TreePolicy",
+    "VLMSpecError",
     "VLMSpecPipeline",
     "__version__",
     "available_policies",

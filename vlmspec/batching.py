@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from .cache import BatchCache, KVStore, RowCache
+from .errors import InvalidInputError
 from .models import Prefill, VLMAdapter
 from .models.base import DecodeState
 
@@ -74,7 +75,7 @@ class Batcher:
 
     def __init__(self, max_rows: int) -> None:
         if not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1:
-            raise ValueError(f"batch size must be a positive integer, got {max_rows!r}")
+            raise InvalidInputError(f"batch size must be a positive integer, got {max_rows!r}")
         self.max_rows = max_rows
         self.stores: dict[int, KVStore] = {}
         self._running: _Request | None = None

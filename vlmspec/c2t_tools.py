@@ -40,6 +40,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .draft import DraftTree
+from .errors import InvalidInputError
 from .policies.base import TreePolicy
 from .policies.c2t import C2TClassifier, distribution_entropy
 from .policies.eagle2 import EAGLE2Config, eagle2_expand
@@ -87,7 +88,7 @@ def load_examples(path: str | Path) -> list[Example]:
             continue
         row = json.loads(line)
         if "prompt" not in row:
-            raise ValueError(f"{path}:{number}: every example needs a 'prompt'")
+            raise InvalidInputError(f"{path}:{number}: every example needs a 'prompt'")
         examples.append(Example(prompt=row["prompt"], image=row.get("image"), video=row.get("video")))
     return examples
 
@@ -173,7 +174,9 @@ def collect(
     finally:
         pipe.policy = previous
     if not recorder.features:
-        raise ValueError("c2t collect: no token tree was recorded (no examples, or max_new_tokens too small)")
+        raise InvalidInputError(
+            "c2t collect: no token tree was recorded (no examples, or max_new_tokens too small)"
+        )
     features = torch.cat(recorder.features)
     labels = torch.cat(recorder.labels)
     tree = torch.cat(
@@ -215,7 +218,7 @@ def load_trees(paths: str | Path | Sequence[str | Path]) -> tuple[torch.Tensor, 
     for path in paths:
         data = load_file(str(path))
         if set(data) != {"features", "labels", "tree"}:
-            raise ValueError(f"{str(path)!r} is not a c2t collect file (tensors: {sorted(data)})")
+            raise InvalidInputError(f"{str(path)!r} is not a c2t collect file (tensors: {sorted(data)})")
         features.append(data["features"].float())
         labels.append(data["labels"].float())
         trees.append(data["tree"] + offset)
@@ -267,7 +270,9 @@ def train(
     features, labels, trees = load_trees(data_path)
     positives_total = int((labels > 0.5).sum())
     if positives_total == 0:
-        raise ValueError("c2t train: the data holds no accepted node (every label is 0); collect more steps")
+        raise InvalidInputError(
+            "c2t train: the data holds no accepted node (every label is 0); collect more steps"
+        )
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     tree_ids = trees.unique()

@@ -38,6 +38,7 @@ import torch
 
 from .batching import DRAFT_FIRST, TARGET
 from .cache import truncate
+from .errors import InputTypeError
 from .models import DecodeState, Prefill, VLMAdapter
 
 if TYPE_CHECKING:
@@ -219,7 +220,7 @@ class Chat:
         """
         _check_options(options)
         if not isinstance(text, str):
-            raise TypeError(f"chat.send: text must be a string, got {type(text).__name__}")
+            raise InputTypeError(f"chat.send: text must be a string, got {type(text).__name__}")
         listed = images if isinstance(images, (list, tuple)) else ([] if images is None else [images])
         content = [{"type": "image", "image": image} for image in listed]
         content += [{"type": "video", "video": video}] if video is not None else []
@@ -263,7 +264,7 @@ class Chat:
 def _check_options(options: dict[str, Any]) -> None:
     wrong = sorted(set(options) & set(_TURN_ARGUMENTS))
     if wrong:
-        raise TypeError(
+        raise InputTypeError(
             f"chat options {', '.join(wrong)} are not per-chat settings: give a turn's text, images and video to "
             "chat.send(text, images=..., video=...)"
         )

@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .errors import InputNotFoundError, InvalidInputError, VLMSpecError
 from .named_pairs import DEFAULT_PAIR
 
 EXAMPLE_IMAGE = "example.png"
@@ -121,13 +122,15 @@ def _check_before_loading(args: argparse.Namespace) -> None:
 
     for flag, path in (("--image", args.image), ("--video", args.video)):
         if path is not None and not Path(path).is_file():
-            raise FileNotFoundError(f"{flag} {path!r} does not exist; pass an existing file")
+            raise InputNotFoundError(f"{flag} {path!r} does not exist; pass an existing file")
     try:
         options = json.loads(args.policy_options) if args.policy_options else {}
     except json.JSONDecodeError as err:
-        raise ValueError(f"--policy-options {args.policy_options!r} is not valid JSON ({err})") from None
+        raise InvalidInputError(
+            f"--policy-options {args.policy_options!r} is not valid JSON ({err})"
+        ) from None
     if not isinstance(options, dict):
-        raise ValueError(
+        raise InvalidInputError(
             f"--policy-options must be a JSON object of option: value, got {args.policy_options!r}"
         )
     get_policy(args.policy, **options)  # an unknown policy or option fails here, naming it
@@ -246,9 +249,10 @@ def _edd_main(argv: list[str]) -> int:
 
 EXIT_USER_ERROR = 1
 EXIT_INTERRUPTED = 130
-USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, ImportError)
-"""What a bad input raises (a bad value or name, a missing or unwritable file, a missing optional package): one
-line on stderr, exit status 1. Anything else is a bug and keeps its traceback."""
+USER_ERRORS: tuple[type[BaseException], ...] = (VLMSpecError, ValueError, OSError, ImportError)
+"""What a bad input raises: the library's own :class:`~vlmspec.errors.VLMSpecError`, and what the libraries below
+it raise for bad values, missing or unwritable files and missing optional packages: one line on stderr, exit
+status 1. Anything else is a bug and keeps its traceback."""
 DEBUG_ENV = "VLMSPEC_DEBUG"
 
 

@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import InvalidInputError
+
 DEFAULT_BUDGET_FACTOR = 2.0
 DEFAULT_ACCEPTANCE = 0.8
 BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
@@ -69,13 +71,15 @@ class ForwardCosts:
 
     def __post_init__(self) -> None:
         if not self.sizes or self.sizes[0] != 1 or list(self.sizes) != sorted(set(self.sizes)):
-            raise ValueError(
+            raise InvalidInputError(
                 f"ForwardCosts.sizes={self.sizes} is invalid: ascending unique sizes starting at 1"
             )
         for name in ("target_s", "draft_s"):
             values = getattr(self, name)
             if values is not None and (len(values) != len(self.sizes) or min(values) <= 0):
-                raise ValueError(f"ForwardCosts.{name} is invalid: one positive time per size, got {values}")
+                raise InvalidInputError(
+                    f"ForwardCosts.{name} is invalid: one positive time per size, got {values}"
+                )
 
     # ---- costs ------------------------------------------------------------------------------------------------
     @property
@@ -111,11 +115,11 @@ class ForwardCosts:
         c_t(rows)`` (a forward costs what its token count costs, whichever requests the tokens come from).
         """
         if factor < 1:
-            raise ValueError(
+            raise InvalidInputError(
                 f"budget factor={factor} is invalid: a verification never costs less than one forward"
             )
         if rows < 1:
-            raise ValueError(f"rows={rows} is invalid: a batch holds at least one request")
+            raise InvalidInputError(f"rows={rows} is invalid: a batch holds at least one request")
         base, budget = self.target_cost(rows), 1
         # Batch of one: the probed sizes themselves; a batch: every budget, its cost interpolated.
         tokens = self.sizes if rows == 1 else [rows * (n + 1) for n in range(1, MAX_NODE_BUDGET + 1)]
@@ -134,9 +138,9 @@ class ForwardCosts:
         verification.
         """
         if not 0 < acceptance < 1:
-            raise ValueError(f"acceptance={acceptance} is invalid: a per-token probability in (0, 1)")
+            raise InvalidInputError(f"acceptance={acceptance} is invalid: a per-token probability in (0, 1)")
         if nodes < 1:
-            raise ValueError(f"nodes={nodes} is invalid: use at least 1")
+            raise InvalidInputError(f"nodes={nodes} is invalid: use at least 1")
         return max(range(1, nodes + 1), key=lambda depth: self.step_rate(nodes, depth, acceptance, rows))
 
     def step_rate(

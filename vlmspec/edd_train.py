@@ -43,6 +43,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .c2t_tools import Example, load_examples
+from .errors import InvalidInputError
 from .models import EDDDraft, VLMAdapter, adapter_for
 from .models.edd import check_target, is_edd_folder, read_config
 from .tree import tree_attention_bias
@@ -94,13 +95,13 @@ class EDDTrainConfig:
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"EDDTrainConfig.{name} must be an integer >= 1, got {value!r}")
+                raise InvalidInputError(f"EDDTrainConfig.{name} must be an integer >= 1, got {value!r}")
         if not isinstance(self.block_max, int) or self.block_max < self.block_min:
-            raise ValueError(
+            raise InvalidInputError(
                 f"EDDTrainConfig.block_max must be an integer >= block_min ({self.block_min}), got {self.block_max!r}"
             )
         if not (isinstance(self.lr, int | float) and self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"EDDTrainConfig.lr must be a positive number, got {self.lr!r}")
+            raise InvalidInputError(f"EDDTrainConfig.lr must be a positive number, got {self.lr!r}")
 
 
 @dataclass
@@ -329,7 +330,7 @@ def train(
     config = config or EDDTrainConfig()
     out = Path(out)
     if not examples:
-        raise ValueError("no training examples: give --data with at least one example")
+        raise InvalidInputError("no training examples: give --data with at least one example")
     for folder in (out, out / CHECKPOINT):
         if is_edd_folder(folder):
             check_target(read_config(folder), pipe.target, where=str(folder))

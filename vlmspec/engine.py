@@ -15,6 +15,7 @@ import torch
 
 from .cache import keep_tail, truncate
 from .draft import DraftTree
+from .errors import InvalidInputError
 from .models import DecodeState, VLMAdapter
 from .policies import StepFeedback, TreePolicy
 from .sampling import Sampler, SamplingParams
@@ -146,7 +147,7 @@ def speculative_generate(
     d_state: DecodeState | None = None
     if policy.uses_draft:
         if draft is None:
-            raise ValueError(f"policy {policy.name!r} needs a draft model, but the pipeline has none")
+            raise InvalidInputError(f"policy {policy.name!r} needs a draft model, but the pipeline has none")
         t0 = time.perf_counter()
         if read_layer is None:
             keep = draft.select(prefill.visual_scores) if draft.select is not None else None

@@ -9,6 +9,8 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 from transformers.video_utils import VideoMetadata
 
+from .errors import InputNotFoundError, InputTypeError, InvalidInputError
+
 ImageInput = Image.Image | str | Path
 VideoInput = str | Path | Sequence[Image.Image | np.ndarray]
 
@@ -26,18 +28,18 @@ def load_image(image: ImageInput) -> Image.Image:
     if isinstance(image, (str, Path)):
         path = Path(image)
         if not path.is_file():
-            raise FileNotFoundError(
+            raise InputNotFoundError(
                 f"image file {str(path)!r} does not exist; pass an existing image path or a PIL image"
             )
         try:
             with Image.open(path) as im:
                 return im.convert("RGB")
         except (UnidentifiedImageError, OSError) as err:
-            raise ValueError(
+            raise InvalidInputError(
                 f"image file {str(path)!r} could not be read as an image ({err}); check that it is a valid "
                 "PNG/JPEG/... file"
             ) from err
-    raise TypeError(f"image must be a PIL image or a file path, got {type(image).__name__}")
+    raise InputTypeError(f"image must be a PIL image or a file path, got {type(image).__name__}")
 
 
 def load_images(images: ImageInput | Sequence[ImageInput] | None) -> list[Image.Image]:
@@ -47,7 +49,7 @@ def load_images(images: ImageInput | Sequence[ImageInput] | None) -> list[Image.
     if isinstance(images, (Image.Image, str, Path)):
         return [load_image(images)]
     if not isinstance(images, Sequence):
-        raise TypeError(
+        raise InputTypeError(
             f"image must be a PIL image, a file path or a list of them, got {type(images).__name__}"
         )
     return [load_image(im) for im in images]
@@ -70,27 +72,27 @@ def load_video(
         ValueError: the file cannot be decoded, holds no frames, or ``num_frames`` < 1.
     """
     if num_frames < 1:
-        raise ValueError(f"num_frames={num_frames} is invalid: sample at least 1 frame")
+        raise InvalidInputError(f"num_frames={num_frames} is invalid: sample at least 1 frame")
     if isinstance(video, (str, Path)):
         path = Path(video)
         if not path.is_file():
-            raise FileNotFoundError(
+            raise InputNotFoundError(
                 f"video file {str(path)!r} does not exist; pass an existing video path or frames"
             )
         if path.stat().st_size == 0:
-            raise ValueError(f"video file {str(path)!r} is empty (0 bytes)")
+            raise InvalidInputError(f"video file {str(path)!r} is empty (0 bytes)")
         from decord import DECORDError, VideoReader  # imported lazily: heavy native library
 
         try:
             reader = VideoReader(str(path))
             total = len(reader)
             if total == 0:
-                raise ValueError(f"video file {str(path)!r} holds no frames")
+                raise InvalidInputError(f"video file {str(path)!r} holds no frames")
             index = np.linspace(0, total - 1, num=min(num_frames, total)).round().astype(int)
             array = reader.get_batch(list(index)).asnumpy()  # [F, H, W, 3] uint8
             source_fps = float(reader.get_avg_fps())
         except (DECORDError, RuntimeError) as err:  # decord raises RuntimeError for unreadable containers
-            raise ValueError(
+            raise InvalidInputError(
                 f"video file {str(path)!r} could not be decoded ({err}); check that it is a valid video"
             ) from err
         metadata = VideoMetadata(
@@ -98,14 +100,14 @@ def load_video(
         )
         return [Image.fromarray(frame) for frame in array], metadata
     if not isinstance(video, Sequence):
-        raise TypeError(f"video must be a file path or a list of frames, got {type(video).__name__}")
+        raise InputTypeError(f"video must be a file path or a list of frames, got {type(video).__name__}")
     frames = [frame_image(i, frame) for i, frame in enumerate(video)]
     if not frames:
-        raise ValueError("video is an empty list of frames; pass at least one frame")
+        raise InvalidInputError("video is an empty list of frames; pass at least one frame")
     sizes = {frame.size for frame in frames}
     if len(sizes) > 1:
         odd = next(i for i, frame in enumerate(frames) if frame.size != frames[0].size)
-        raise ValueError(
+        raise InvalidInputError(
             f"video frame {odd} is {frames[odd].size[0]}x{frames[odd].size[1]} but frame 0 is "
             f"{frames[0].size[0]}x{frames[0].size[1]}; the frames of one video must share a size (resize them first)"
         )
@@ -129,24 +131,24 @@ def frame_image(index: int, frame: Image.Image | np.ndarray) -> Image.Image:
         return frame.convert("RGB")
     if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[-1] == 3):
         shape = f" of shape {frame.shape}" if isinstance(frame, np.ndarray) else ""
-        raise TypeError(
+        raise InputTypeError(
             f"video frame {index} must be a PIL image or an HxWx3 array, got {type(frame).__name__}{shape}"
         )
     if frame.dtype == np.uint8:
         return Image.fromarray(frame)
     if frame.size == 0:
-        raise ValueError(f"video frame {index} is empty (shape {frame.shape})")
+        raise InvalidInputError(f"video frame {index} is empty (shape {frame.shape})")
     low, high = (float(frame.min()), float(frame.max())) if frame.dtype != np.bool_ else (0.0, 1.0)
     if np.issubdtype(frame.dtype, np.floating):
         if not (np.isfinite(frame).all() and low >= 0.0 and high <= 1.0):
-            raise ValueError(
+            raise InvalidInputError(
                 f"video frame {index} is a {frame.dtype} array with values in [{low:g}, {high:g}]; float frames "
                 "must hold intensities in [0, 1] (or pass uint8 arrays in [0, 255])"
             )
         return Image.fromarray(np.rint(frame * 255.0).astype(np.uint8))
     if np.issubdtype(frame.dtype, np.integer) and low >= 0 and high <= 255:
         return Image.fromarray(frame.astype(np.uint8))
-    raise ValueError(
+    raise InvalidInputError(
         f"video frame {index} is a {frame.dtype} array with values in [{low:g}, {high:g}]; pass uint8 arrays in "
         "[0, 255] or float arrays in [0, 1]"
     )
@@ -173,22 +175,22 @@ def normalize_messages(
         ValueError, TypeError: naming the message and item that is wrong, and what is expected.
     """
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
-        raise TypeError(
+        raise InputTypeError(
             f"messages must be a non-empty list of {{'role': ..., 'content': ...}} dicts, got {type(messages).__name__}"
         )
     chat, images, videos = [], [], []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
-            raise ValueError(f"{where} must be a dict with 'role' and 'content', got {message!r:.80}")
+            raise InvalidInputError(f"{where} must be a dict with 'role' and 'content', got {message!r:.80}")
         if message["role"] not in ROLES:
-            raise ValueError(f"{where}: role {message['role']!r} is not one of {', '.join(ROLES)}")
+            raise InvalidInputError(f"{where}: role {message['role']!r} is not one of {', '.join(ROLES)}")
         content = message["content"]
         if isinstance(content, str):  # as given: chat templates render a plain string their own way
             chat.append({"role": message["role"], "content": content})
             continue
         if not isinstance(content, Sequence) or isinstance(content, bytes):
-            raise TypeError(
+            raise InputTypeError(
                 f"{where}: content must be a string or a list of items, got {type(content).__name__}"
             )
         items = []
@@ -196,16 +198,16 @@ def normalize_messages(
             kind = item.get("type") if isinstance(item, dict) else None
             if kind == "text":
                 if not isinstance(item.get("text"), str):
-                    raise TypeError(f"{where}.content[{j}]: a text item needs a string 'text'")
+                    raise InputTypeError(f"{where}.content[{j}]: a text item needs a string 'text'")
                 items.append({"type": "text", "text": item["text"]})
                 continue
             if kind not in _MEDIA_KEYS:
-                raise ValueError(
+                raise InvalidInputError(
                     f"{where}.content[{j}]: expected an item of type 'text', 'image' or 'video', got {item!r:.80}"
                 )
             source = next((item[k] for k in _MEDIA_KEYS[kind] if item.get(k) is not None), None)
             if source is None:
-                raise ValueError(
+                raise InvalidInputError(
                     f"{where}.content[{j}]: this {kind} item has no {kind}: put it under {kind!r}"
                 )
             if kind == "image":

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
+from .errors import InputNotFoundError, InvalidInputError
 from .models import EDDDraft
 from .models.edd import is_edd_folder
 from .named_pairs import resolve_pair
@@ -80,7 +81,7 @@ def check_compatible(
     """
     t_type, d_type = target.config.model_type, draft.config.model_type
     if t_type != d_type:
-        raise ValueError(
+        raise InvalidInputError(
             f"the draft model is a {d_type!r} model but the target is {t_type!r}; vlmspec needs a draft of the "
             "same family (same tokenizer and visual token layout), e.g. a smaller checkpoint of the same series"
         )
@@ -88,14 +89,14 @@ def check_compatible(
     d_rows = draft.get_input_embeddings().weight.shape[0]
     tokens = len(target_tokenizer) if target_tokenizer is not None else t_rows
     if d_rows < tokens:
-        raise ValueError(
+        raise InvalidInputError(
             f"the draft's vocabulary has {d_rows} entries but the target's tokenizer has {tokens} tokens; the draft "
             "must share the target's tokenizer"
         )
     for key in ("image_token_id", "video_token_id"):
         t_id, d_id = getattr(target.config, key, None), getattr(draft.config, key, None)
         if t_id != d_id:
-            raise ValueError(
+            raise InvalidInputError(
                 f"the draft's {key} is {d_id} but the target's is {t_id}; they must share a tokenizer"
             )
     if (
@@ -103,7 +104,7 @@ def check_compatible(
         and draft_tokenizer is not None
         and target_tokenizer.get_vocab() != draft_tokenizer.get_vocab()
     ):
-        raise ValueError(
+        raise InvalidInputError(
             "the draft's tokenizer differs from the target's (different vocabulary); use a draft that shares "
             "the target's tokenizer"
         )
@@ -113,9 +114,9 @@ def _load_model(source: str | Path, role: str, load: dict[str, Any]) -> torch.nn
     path = Path(source)
     if isinstance(source, Path) or path.exists() or str(source).startswith((".", "/")):
         if not path.is_dir():
-            raise FileNotFoundError(f"{role} model folder {str(source)!r} does not exist")
+            raise InputNotFoundError(f"{role} model folder {str(source)!r} does not exist")
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(
+            raise InputNotFoundError(
                 f"{role} model folder {str(source)!r} has no config.json; point to a folder written by save_pretrained"
             )
     return AutoModelForImageTextToText.from_pretrained(str(source), **load)

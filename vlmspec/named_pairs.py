@@ -28,6 +28,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import InvalidInputError
+
 __all__ = [
     "DEFAULT_FAMILY",
     "DEFAULT_PAIR",
@@ -104,7 +106,7 @@ def check_model_source(source: str | Path, role: str) -> None:
         return
     close = difflib.get_close_matches(_split(text)[0], PAIR_NAMES, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ValueError(
+    raise InvalidInputError(
         f"{role} {text!r} is not an existing folder, a pair name ({', '.join(PAIR_NAMES)}, optionally ':<family>' "
         f"and '@<calibration>') or a hub id ('owner/name'){hint}"
     )
@@ -133,7 +135,7 @@ def resolve_pair(
     if target is None:
         target = os.environ.get(ENV_DEFAULT_PAIR) or DEFAULT_PAIR
         if not is_pair_name(target):
-            raise ValueError(
+            raise InvalidInputError(
                 f"{ENV_DEFAULT_PAIR}={target!r} is not a pair name; use one of {', '.join(PAIR_NAMES)} "
                 "(optionally ':<family>'), or name the target explicitly"
             )
@@ -141,7 +143,7 @@ def resolve_pair(
     if draft is not None and not named_edd:
         check_model_source(draft, "draft")
     if named_edd and not is_pair_name(target):
-        raise ValueError(
+        raise InvalidInputError(
             f"draft={EDD_DRAFT!r} names the EDD draft shipped with a testbed target, but target {str(target)!r} is "
             "not one; train an EDD draft for it (`vlmspec edd train --target ... --out DIR`) and pass draft=DIR"
         )
@@ -157,16 +159,18 @@ def resolve_pair(
         try:
             get_calibration(calibration)
         except ValueError as err:
-            raise ValueError(f"target {target!r}: {err}") from None
+            raise InvalidInputError(f"target {target!r}: {err}") from None
     if name == "tiny" and named_edd:
-        raise ValueError(
+        raise InvalidInputError(
             f"draft={EDD_DRAFT!r}: no EDD draft ships with the random tiny pairs; use a testbed target, or train one"
         )
     if name == "tiny":
         from .testing import FAMILIES, build_tiny_pair
 
         if family not in FAMILIES:
-            raise ValueError(f"target {target!r}: unknown family {family!r}; valid: {', '.join(FAMILIES)}")
+            raise InvalidInputError(
+                f"target {target!r}: unknown family {family!r}; valid: {', '.join(FAMILIES)}"
+            )
         pair = build_tiny_pair(family)
         pair_target, pair_draft, source = pair.target, pair.draft, f"tiny:{family}"
     else:
@@ -174,7 +178,7 @@ def resolve_pair(
 
         size = name.split("-", 1)[1]
         if family not in testbed.FAMILIES:
-            raise ValueError(
+            raise InvalidInputError(
                 f"target {target!r}: the testbed has no {family!r} pair; valid: {', '.join(testbed.FAMILIES)}"
             )
         pair_target, pair_draft = testbed.pair_paths(size=size, family=family)

@@ -25,6 +25,7 @@ from .batching import DRAFT_FIRST, TARGET, Batcher, RowAdapter
 from .chat import Chat
 from .costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
 from .engine import DraftPrompt, SpecStats, speculative_generate
+from .errors import InputTypeError, InvalidInputError
 from .inputs import ImageInput, VideoInput, load_images, load_video, normalize_messages
 from .kernels import onednn_linears
 from .loading import check_compatible, load_pair
@@ -135,12 +136,12 @@ class VLMSpecPipeline:
         if isinstance(policy, str):
             policy = get_policy(policy)
         if not isinstance(policy, TreePolicy):
-            raise TypeError(
+            raise InputTypeError(
                 f"pipe.policy must be a TreePolicy (e.g. get_policy('chain')), got {type(policy).__name__}; "
                 f"available policies: {', '.join(available_policies())}"
             )
         if policy.uses_draft and self.draft is None:
-            raise ValueError(
+            raise InvalidInputError(
                 f"policy {policy.name!r} needs a draft model; this pipeline was built without one"
             )
         if policy.uses_draft and policy.free_hardware_options():
@@ -221,7 +222,7 @@ class VLMSpecPipeline:
         The same inputs are what ``target.generate(**inputs)`` takes, which is how the tests compare outputs.
         """
         if not isinstance(prompt, str):
-            raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
+            raise InputTypeError(f"prompt must be a string, got {type(prompt).__name__}")
         images = load_images(image)
         videos = [load_video(video, num_frames=num_frames)] if video is not None else []
         content: list[dict[str, Any]] = [{"type": "image"} for _ in images]
@@ -385,7 +386,7 @@ class VLMSpecPipeline:
         try:
             bound = inspect.signature(type(self).__call__).bind(self, **request)
         except TypeError as err:
-            raise TypeError(f"{err}; pipe(...) takes {', '.join(_CALL_ARGUMENTS)}") from err
+            raise InputTypeError(f"{err}; pipe(...) takes {', '.join(_CALL_ARGUMENTS)}") from err
         bound.apply_defaults()
         a = SimpleNamespace(**bound.arguments)
         image, prompt, video, num_frames, stop_strings = (
@@ -416,10 +417,10 @@ class VLMSpecPipeline:
         # 2. Build the multimodal prompt once; the draft sees the same inputs.
         if a.messages is not None:
             if prompt is not None or image is not None or video is not None:
-                raise ValueError("give either messages or image/prompt/video, not both")
+                raise InvalidInputError("give either messages or image/prompt/video, not both")
             inputs = self.prepare_messages(a.messages, num_frames=num_frames)
         elif prompt is None:
-            raise TypeError("pipe(...) needs a prompt (pipe(image, prompt)) or messages=[...]")
+            raise InputTypeError("pipe(...) needs a prompt (pipe(image, prompt)) or messages=[...]")
         else:
             inputs = self.prepare_inputs(image, prompt, video, num_frames=num_frames)
         self._check_length(inputs["input_ids"].shape[1], a.max_new_tokens)
@@ -510,13 +511,15 @@ class VLMSpecPipeline:
         ``kwargs`` are :meth:`__call__`'s (``video``, ``max_new_tokens``, ``do_sample``, ...), ``streamer`` aside.
         """
         if "streamer" in kwargs:
-            raise TypeError("pipe.stream() makes its own streamer; use pipe(..., streamer=...) to pass yours")
+            raise InputTypeError(
+                "pipe.stream() makes its own streamer; use pipe(..., streamer=...) to pass yours"
+            )
         return stream_call(lambda streamer: self(image, prompt, streamer=streamer, **kwargs), self.tokenizer)
 
     def _check_length(self, prompt_len: int, max_new_tokens: int) -> None:
         limit = self._target_adapter.max_positions
         if limit is not None and prompt_len + max_new_tokens > limit:
-            raise ValueError(
+            raise InvalidInputError(
                 f"the prompt has {prompt_len} tokens and max_new_tokens={max_new_tokens}, more than the target's "
                 f"context of {limit} tokens; shorten the prompt, use fewer/smaller images or video frames, or "
                 "lower max_new_tokens"
@@ -528,7 +531,7 @@ _CALL_ARGUMENTS = tuple(inspect.signature(VLMSpecPipeline.__call__).parameters)[
 
 def _request_kwargs(request: Any, index: int) -> dict[str, Any]:
     if not isinstance(request, dict):
-        raise TypeError(
+        raise InputTypeError(
             f"pipe.batch: request {index} is a {type(request).__name__}; give one dict of pipe(...) keyword "
             'arguments per request, e.g. {"image": img, "prompt": "Describe it."}'
         )
@@ -542,7 +545,7 @@ def pruning_config(pruning: str | PruningConfig, prune_ratio: float | None) -> P
     elif isinstance(pruning, str):
         config = PruningConfig(method=pruning)
     else:
-        raise TypeError(
+        raise InputTypeError(
             f"pruning must be 'attention', 'uniform' or a PruningConfig, got {type(pruning).__name__}"
         )
     if prune_ratio is not None:

@@ -35,6 +35,7 @@ import torch
 
 from .cache import new_cache, truncate
 from .costs import ForwardCosts
+from .errors import InvalidInputError
 from .models import DecodeState, VLMAdapter, adapter_for
 from .tree import TokenTree, tree_attention_bias
 
@@ -121,7 +122,7 @@ def check_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
     """
     out = sorted({int(s) for s in sizes})
     if not out or out[0] < 1:
-        raise ValueError(f"probe sizes must be integers >= 1, got {list(sizes)}")
+        raise InvalidInputError(f"probe sizes must be integers >= 1, got {list(sizes)}")
     return tuple(out if out[0] == 1 else [1, *out])
 
 
@@ -151,7 +152,7 @@ def probe_costs(
     """
     sizes = check_sizes(sizes)
     if runs < 1 or warmup < 0 or context < 1:
-        raise ValueError(
+        raise InvalidInputError(
             f"cost probe: need runs >= 1, warmup >= 0 and context >= 1; got runs={runs}, warmup={warmup}, "
             f"context={context}"
         )

@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from .errors import InvalidInputError
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .models.base import PromptLayout
 
@@ -45,7 +47,7 @@ METHODS: tuple[str, ...] = ("attention", "uniform")
 
 def _check_ratio(ratio: float, name: str = "ratio") -> None:
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= float(ratio) < 1.0:
-        raise ValueError(
+        raise InvalidInputError(
             f"{name} must be a number in [0, 1) (the fraction of visual tokens pruned), got {ratio!r}; "
             "use 0 to keep every visual token"
         )
@@ -53,7 +55,7 @@ def _check_ratio(ratio: float, name: str = "ratio") -> None:
 
 def _check_mass(mass: float, name: str = "mass") -> None:
     if isinstance(mass, bool) or not isinstance(mass, (int, float)) or not 0.0 <= float(mass) <= 1.0:
-        raise ValueError(
+        raise InvalidInputError(
             f"{name} must be a number in [0, 1] (the share of attention the top-scored tokens must cover), "
             f"got {mass!r}"
         )
@@ -61,7 +63,7 @@ def _check_mass(mass: float, name: str = "mass") -> None:
 
 def _check_min_keep(min_keep: int, name: str = "min_keep") -> None:
     if isinstance(min_keep, bool) or not isinstance(min_keep, int) or min_keep < 0:
-        raise ValueError(
+        raise InvalidInputError(
             f"{name} must be an integer >= 0 (the fewest visual tokens a modality keeps), got {min_keep!r}; "
             "use 0 to apply the prune ratios as given"
         )
@@ -86,7 +88,7 @@ def keep_count(num_visual: int, ratio: float) -> int:
     """
     _check_ratio(ratio)
     if isinstance(num_visual, bool) or not isinstance(num_visual, int) or num_visual < 0:
-        raise ValueError(f"num_visual must be a non-negative int, got {num_visual!r}")
+        raise InvalidInputError(f"num_visual must be a non-negative int, got {num_visual!r}")
     if num_visual == 0:
         return 0
     kept = math.floor(round((1.0 - float(ratio)) * num_visual, 6) + 0.5)
@@ -118,7 +120,7 @@ def uniform_keep(n: int, budget: int, device: torch.device | str | None = None) 
         ValueError: ``budget`` is negative or larger than ``n``.
     """
     if n < 0 or not 0 <= budget <= n:
-        raise ValueError(f"uniform_keep needs 0 <= budget <= n, got n={n!r}, budget={budget!r}")
+        raise InvalidInputError(f"uniform_keep needs 0 <= budget <= n, got n={n!r}, budget={budget!r}")
     if budget == 0:
         return torch.zeros(0, dtype=torch.long, device=device)
     i = torch.arange(budget, dtype=torch.long, device=device)
@@ -147,14 +149,16 @@ def attention_keep(scores: torch.Tensor, budget: int, mass: float = 0.4) -> torc
         ValueError: ``scores`` is not 1-D, has negative or non-finite entries, or ``budget``/``mass`` is out of range.
     """
     if scores.ndim != 1:
-        raise ValueError(f"scores must be 1-D [num_visual], got shape {tuple(scores.shape)}")
+        raise InvalidInputError(f"scores must be 1-D [num_visual], got shape {tuple(scores.shape)}")
     n = scores.shape[0]
     if not 0 <= budget <= n:
-        raise ValueError(f"attention_keep needs 0 <= budget <= len(scores) = {n}, got budget={budget!r}")
+        raise InvalidInputError(
+            f"attention_keep needs 0 <= budget <= len(scores) = {n}, got budget={budget!r}"
+        )
     _check_mass(mass)
     scores = scores.detach().to(torch.float64)
     if n and not (bool(torch.isfinite(scores).all()) and bool((scores >= 0).all())):
-        raise ValueError(
+        raise InvalidInputError(
             "scores must be finite and non-negative (attention weights); got negative, NaN or inf values"
         )
     if budget == n:
@@ -205,23 +209,25 @@ def select_prompt_positions(
         ValueError: bad method/ratio/mass, mismatched shapes, video positions outside ``visual``, or missing scores.
     """
     if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        raise InvalidInputError(f"method must be one of {METHODS}, got {method!r}")
     _check_ratio(image_ratio, "image_ratio")
     _check_ratio(video_ratio, "video_ratio")
     _check_mass(mass)
     _check_min_keep(min_keep)
     if visual.ndim != 1 or visual.shape != is_video.shape:
-        raise ValueError(
+        raise InvalidInputError(
             f"visual {tuple(visual.shape)} and is_video {tuple(is_video.shape)} must be 1-D masks of the same length"
         )
     visual, is_video = visual.bool(), is_video.bool()
     if bool((is_video & ~visual).any()):
-        raise ValueError("is_video marks positions that visual does not; video tokens must be visual tokens")
+        raise InvalidInputError(
+            "is_video marks positions that visual does not; video tokens must be visual tokens"
+        )
     visual_pos = visual.nonzero().flatten()  # [num_visual]
     num_visual = visual_pos.shape[0]
     video_among = is_video[visual_pos]  # [num_visual]
     if scores is not None and (scores.ndim != 1 or scores.shape[0] != num_visual):
-        raise ValueError(
+        raise InvalidInputError(
             f"scores must be [num_visual] = [{num_visual}] (one per visual position), got {tuple(scores.shape)}"
         )
 
@@ -234,7 +240,7 @@ def select_prompt_positions(
         elif method == "uniform":
             chosen = idx[uniform_keep(idx.shape[0], budget, device=idx.device)]
         elif scores is None:
-            raise ValueError(
+            raise InvalidInputError(
                 f"attention-guided pruning of the {name} tokens needs scores (the target's "
                 "`prefill(..., score_visual=True).visual_scores`); pass them or use method='uniform'"
             )
@@ -265,7 +271,7 @@ class PruningConfig:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise ValueError(f"PruningConfig.method must be one of {METHODS}, got {self.method!r}")
+            raise InvalidInputError(f"PruningConfig.method must be one of {METHODS}, got {self.method!r}")
         _check_ratio(self.image_ratio, "PruningConfig.image_ratio")
         _check_ratio(self.video_ratio, "PruningConfig.video_ratio")
         _check_mass(self.mass, "PruningConfig.mass")

@@ -24,6 +24,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from .errors import InvalidInputError
+
 _GLOBAL_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
 
 
@@ -45,13 +47,15 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
-            raise ValueError(
+            raise InvalidInputError(
                 f"temperature={self.temperature!r} is invalid: use a number > 0 (or do_sample=False)"
             )
         if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
-            raise ValueError(f"top_k={self.top_k!r} is invalid: use an integer >= 0 (0 disables top-k)")
+            raise InvalidInputError(
+                f"top_k={self.top_k!r} is invalid: use an integer >= 0 (0 disables top-k)"
+            )
         if self.top_p is not None and not (0 < self.top_p <= 1):
-            raise ValueError(f"top_p={self.top_p!r} is invalid: use a number in (0, 1]")
+            raise InvalidInputError(f"top_p={self.top_p!r} is invalid: use a number in (0, 1]")
 
     @classmethod
     def resolve(cls, generation_config: Any = None, **overrides: Any) -> SamplingParams:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import InvalidInputError
+
 
 @dataclass
 class StopCriteria:
@@ -28,9 +30,9 @@ class StopCriteria:
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} is invalid: use an integer >= 1")
+            raise InvalidInputError(f"max_new_tokens={self.max_new_tokens!r} is invalid: use an integer >= 1")
         if self.stop_strings and self.tokenizer is None:
-            raise ValueError(
+            raise InvalidInputError(
                 "stop_strings need a tokenizer to decode the output; pass the processor's tokenizer"
             )
         self._eos = frozenset(self.eos_token_ids)

@@ -17,6 +17,8 @@ import types
 import typing
 from typing import Any, Literal, Union
 
+from .errors import InvalidInputError
+
 
 @functools.cache
 def _field_types(cls: type) -> dict[str, Any]:
@@ -33,7 +35,7 @@ def check_field_types(config: Any) -> None:
     for name, declared in _field_types(type(config)).items():
         value = getattr(config, name)
         if not _matches(value, declared):
-            raise ValueError(
+            raise InvalidInputError(
                 f"{type(config).__name__}.{name}={value!r} is invalid: expected {_describe(declared)}, "
                 f"got {type(value).__name__}"
             )

@@ -10,6 +10,7 @@ from typing import Any, Literal, get_args
 
 import yaml
 
+from vlmspec.errors import VLMSpecError
 from vlmspec.validation import check_field_types
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +33,7 @@ FRAME_SAMPLERS: tuple[str, ...] = get_args(FrameSampler)
 DTYPES: tuple[str, ...] = get_args(Dtype)
 
 
-class JobError(Exception):
+class JobError(VLMSpecError):
     """The job itself cannot run (bad config, missing input, unloadable model): exit status 1."""
 
 

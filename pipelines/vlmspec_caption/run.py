@@ -14,6 +14,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from vlmspec.errors import VLMSpecError
+
 from .config import EXIT_OK, EXIT_PARTIAL, PROG, JobConfig, JobError
 from .inputs import VideoItem, discover_inputs, frame_source
 from .models import load_pipeline
@@ -56,6 +58,16 @@ def caption_request(item: VideoItem, config: JobConfig, frames: Callable[[str], 
     }
 
 
+def _error_type(error: BaseException) -> str:
+    """The error's class name, the built-in one for the library's own errors (``InvalidInputError`` is recorded as
+    ``ValueError``), so the documented ``error_type`` values stay what they were."""
+    if isinstance(error, VLMSpecError):
+        return next(
+            c.__name__ for c in type(error).__mro__ if c.__module__ == "builtins" and c is not Exception
+        )
+    return type(error).__name__
+
+
 def caption_record(item: VideoItem, config: JobConfig, meta: dict[str, Any], result: Any) -> dict[str, Any]:
     """The output record of one video from its pipeline result: ``caption`` and ``stats``, or, for a failure
     (``ITEM_ERRORS``), ``error`` and ``error_type``; any other exception propagates.
@@ -68,7 +80,7 @@ def caption_record(item: VideoItem, config: JobConfig, meta: dict[str, Any], res
     """
     base = {"id": item.id, "path": item.path, "prompt": item.prompt or config.prompt}
     if isinstance(result, ITEM_ERRORS):
-        return {**base, "error": _error_message(result), "error_type": type(result).__name__, **meta}
+        return {**base, "error": _error_message(result), "error_type": _error_type(result), **meta}
     if isinstance(result, BaseException):
         raise result
     stats = result.stats.to_dict()

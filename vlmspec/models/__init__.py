@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import InvalidInputError
 from .base import DecodeState, Prefill, PromptLayout, VLMAdapter
 from .edd import EDDAdapter, EDDDraft
 from .llava import LlavaOnevisionAdapter
@@ -27,7 +28,7 @@ def adapter_for(model: torch.nn.Module) -> VLMAdapter:
         return EDDAdapter(model, _ADAPTERS[model.edd_config.target_model_type])
     model_type = getattr(model.config, "model_type", None)
     if model_type not in _ADAPTERS:
-        raise ValueError(
+        raise InvalidInputError(
             f"model_type {model_type!r} is not supported by vlmspec; supported families: "
             f"{', '.join(SUPPORTED_MODEL_TYPES)}"
         )

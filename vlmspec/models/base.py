@@ -38,6 +38,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache
 
 from ..cache import cache_kwarg, cache_length, new_cache, pop_tail, push_tail, truncate
+from ..errors import InvalidInputError
 from ..tree import tree_attention_bias
 
 
@@ -285,7 +286,7 @@ class VLMAdapter:
                 prefill.hidden, prefill.position_ids = hidden[0][0], position_ids
             return prefill
         if score_visual or hidden_layer is not None:
-            raise ValueError(
+            raise InvalidInputError(
                 "score_visual and hidden_layer are for the full (target) prefill; they cannot be combined with keep"
             )
 
@@ -337,7 +338,7 @@ class VLMAdapter:
             position_ids = torch.arange(length, device=self.device)[None]  # [1, L]
         run = torch.arange(start, length, device=self.device) if keep is None else keep.to(self.device)
         if run.numel() == 0 or int(run[0]) < start:
-            raise ValueError(f"extend runs positions from start={start} on, got {run.tolist()[:8]}")
+            raise InvalidInputError(f"extend runs positions from start={start} on, got {run.tolist()[:8]}")
         run = _check_keep(run, length)
         suffix = {**self.media_after(inputs, *media), "input_ids": ids[:, start:]}
         prompt = self.select_prompt(self.embed_prompt(suffix), run - start)
@@ -572,14 +573,14 @@ def _check_keep(keep: torch.Tensor, length: int) -> torch.Tensor:
     """Validate ``keep`` (``[K]`` ascending unique positions in ``[0, length)``) and return it as long."""
     if not torch.is_tensor(keep) or keep.ndim != 1 or keep.numel() == 0:
         shape = tuple(keep.shape) if torch.is_tensor(keep) else type(keep).__name__
-        raise ValueError(f"keep must be a non-empty 1-D tensor of prompt positions, got {shape}")
+        raise InvalidInputError(f"keep must be a non-empty 1-D tensor of prompt positions, got {shape}")
     if keep.dtype.is_floating_point or keep.dtype == torch.bool:
-        raise ValueError(
+        raise InvalidInputError(
             f"keep must hold integer positions, got dtype {keep.dtype}; pass e.g. mask.nonzero().flatten()"
         )
     keep = keep.long()
     if int(keep[0]) < 0 or int(keep[-1]) >= length or not bool((keep[1:] > keep[:-1]).all()):
-        raise ValueError(
+        raise InvalidInputError(
             f"keep must be strictly ascending positions in [0, {length}) (the prompt length), got "
             f"first={int(keep[0])}, last={int(keep[-1])}; build it with vlmspec.pruning.select_prompt_positions"
         )

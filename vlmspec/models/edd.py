@@ -43,6 +43,7 @@ from safetensors.torch import load_file, save_file
 from transformers.cache_utils import Cache
 
 from ..cache import cache_kwarg, new_cache
+from ..errors import InvalidInputError
 from .base import DecodeState, VLMAdapter
 
 CONFIG_NAME = "edd_config.json"
@@ -131,7 +132,7 @@ class EDDDraft(torch.nn.Module):
         layers = len(source.layers)
         layer = default_hidden_layer(layers) if hidden_layer is None else hidden_layer
         if not 0 <= layer < layers:
-            raise ValueError(
+            raise InvalidInputError(
                 f"hidden_layer must be in [0, {layers}) for this target ({layers} layers), got {layer}"
             )
         text = _one_layer(target.config.get_text_config())
@@ -173,7 +174,7 @@ class EDDDraft(torch.nn.Module):
         missing, unexpected = draft.load_state_dict(state, strict=False)
         missing = [name for name in missing if "rotary_emb" not in name]  # buffers, rebuilt from the config
         if missing or unexpected:
-            raise ValueError(
+            raise InvalidInputError(
                 f"{folder}/{WEIGHTS_NAME} does not match its {CONFIG_NAME}: missing {missing[:4]}, unexpected "
                 f"{unexpected[:4]}; retrain it with `vlmspec edd train`"
             )
@@ -217,16 +218,16 @@ def read_config(folder: str | Path) -> EDDConfig:
     """
     path = Path(folder) / CONFIG_NAME
     if not path.is_file():
-        raise ValueError(
+        raise InvalidInputError(
             f"{folder} is not an EDD draft: it has no {CONFIG_NAME} (train one with `vlmspec edd train`)"
         )
     try:
         raw = json.loads(path.read_text())
         config = EDDConfig(**raw)
     except (json.JSONDecodeError, TypeError) as error:
-        raise ValueError(f"{path} is not a valid EDD config ({error}); retrain the draft") from None
+        raise InvalidInputError(f"{path} is not a valid EDD config ({error}); retrain the draft") from None
     if config.format != FORMAT:
-        raise ValueError(f"{path}: format {config.format!r}, expected {FORMAT!r}")
+        raise InvalidInputError(f"{path}: format {config.format!r}, expected {FORMAT!r}")
     return config
 
 
@@ -244,7 +245,7 @@ def check_target(config: EDDConfig, target: torch.nn.Module, where: str = "this 
     trained_for = f"{config.target_name or 'its target'} ({config.target_model_type})"
     advice = "train a draft for this target with `vlmspec edd train --target ...`"
     if target.config.model_type != config.target_model_type:
-        raise ValueError(
+        raise InvalidInputError(
             f"{where} was trained for a {config.target_model_type!r} target, not {target.config.model_type!r}; "
             f"{advice}"
         )
@@ -252,12 +253,12 @@ def check_target(config: EDDConfig, target: torch.nn.Module, where: str = "this 
     layers = len(target.get_decoder().layers)
     for key in ("hidden_size", "vocab_size"):
         if getattr(text, key) != config.text_config.get(key):
-            raise ValueError(
+            raise InvalidInputError(
                 f"{where} was trained for {trained_for} with {key} {config.text_config.get(key)}, but this target "
                 f"has {getattr(text, key)}; {advice}"
             )
     if layers != config.target_layers:
-        raise ValueError(
+        raise InvalidInputError(
             f"{where} was trained for {trained_for} with {config.target_layers} layers, but this target has "
             f"{layers}; {advice}"
         )
@@ -266,7 +267,7 @@ def check_target(config: EDDConfig, target: torch.nn.Module, where: str = "this 
         math.isclose(a, b, rel_tol=SIGNATURE_RTOL, abs_tol=1e-6)
         for a, b in zip(signature, config.target_signature, strict=True)
     ):
-        raise ValueError(
+        raise InvalidInputError(
             f"{where} was trained for {trained_for}, a target of the same shape but other weights (LM-head "
             f"signature differs); {advice}"
         )
@@ -285,7 +286,7 @@ class EDDAdapter(VLMAdapter):
 
     def __init__(self, draft: EDDDraft, family: type[VLMAdapter]) -> None:
         if not draft.edd_config.training.get("use_hidden", True):
-            raise ValueError(
+            raise InvalidInputError(
                 "this EDD draft was trained without the target's hidden states (the paper's 'w/o encoding result' "
                 "ablation, `vlmspec edd train --no-hidden`); it is for `vlmspec edd eval`, not for decoding"
             )
@@ -333,7 +334,9 @@ class EDDAdapter(VLMAdapter):
         hidden_layer: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if hidden_layer is not None:
-            raise ValueError("an EDD draft has no target layer to read: hidden_layer is for the target")
+            raise InvalidInputError(
+                "an EDD draft has no target layer to read: hidden_layer is for the target"
+            )
         return self.model(rows, position_ids=position_ids, attention_mask=bias, cache=cache), None
 
 

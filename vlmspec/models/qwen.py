@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..errors import InvalidInputError
 from .base import VisualFeatures, VLMAdapter
 
 _ROPE_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts", "attention_mask")
@@ -35,7 +36,7 @@ class QwenVLAdapter(VLMAdapter):
             positions = torch.arange(ids.shape[1], device=ids.device).view(1, 1, -1).expand(3, 1, -1)
             return positions, torch.zeros((), dtype=torch.long, device=ids.device)
         if inputs.get("mm_token_type_ids") is None:
-            raise ValueError(
+            raise InvalidInputError(
                 "Qwen-VL inputs with images/videos need `mm_token_type_ids` for M-RoPE; build the inputs with the "
                 "model's processor (it returns them by default)"
             )

@@ -26,6 +26,7 @@ import yaml
 
 from ..costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
 from ..draft import DraftTree
+from ..errors import InputNotFoundError, InputTypeError, InvalidInputError
 from ..sampling import Sampler
 from ..tree import TokenTree
 from ..validation import check_field_types
@@ -72,7 +73,7 @@ class PolicyConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
-            raise ValueError(
+            raise InvalidInputError(
                 f"{cls.__name__}: unknown option(s) {unknown}; valid options are {sorted(names) or 'none'}"
             )
         return cls(**values)
@@ -82,10 +83,10 @@ class PolicyConfig:
         """Load from a YAML file (``yaml.safe_load``); a top-level ``policy:`` key, if present, is ignored."""
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"policy config {str(path)!r} does not exist")
+            raise InputNotFoundError(f"policy config {str(path)!r} does not exist")
         values = yaml.safe_load(path.read_text()) or {}
         if not isinstance(values, dict):
-            raise ValueError(f"policy config {str(path)!r} must hold a mapping of option: value")
+            raise InvalidInputError(f"policy config {str(path)!r} must hold a mapping of option: value")
         values = {k: v for k, v in values.items() if k != "policy"}
         return cls.from_dict(values)
 
@@ -108,7 +109,9 @@ class PolicyConfig:
         """
         for name, value in (("nodes", nodes), ("depth", depth)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ValueError(f"{type(self).__name__}: {name}={value!r} is invalid: use an integer >= 1")
+                raise InvalidInputError(
+                    f"{type(self).__name__}: {name}={value!r} is invalid: use an integer >= 1"
+                )
         options: dict[str, Any] = {}
         if nodes is not None and self.budget_field is not None:
             current = getattr(self, self.budget_field)
@@ -159,7 +162,7 @@ def rank_paths(config: object, field: str) -> Paths:
 def check(condition: bool, config: object, field: str, value: object, need: str) -> None:
     """Raise a ``ValueError`` naming the config, the bad field, its value and what is expected."""
     if not condition:
-        raise ValueError(f"{type(config).__name__}.{field}={value!r} is invalid: {need}")
+        raise InvalidInputError(f"{type(config).__name__}.{field}={value!r} is invalid: {need}")
 
 
 @dataclass(frozen=True)
@@ -196,7 +199,7 @@ class TreePolicy:
             fixed = () if config is None else names
         config = self.config_class() if config is None else config
         if not isinstance(config, self.config_class):
-            raise TypeError(
+            raise InputTypeError(
                 f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}"
             )
         self.config = config
@@ -285,7 +288,9 @@ def register_policy(name: str) -> Callable[[P], P]:
 
     def wrap(cls: P) -> P:
         if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"a policy named {name!r} is already registered ({_REGISTRY[name].__name__})")
+            raise InvalidInputError(
+                f"a policy named {name!r} is already registered ({_REGISTRY[name].__name__})"
+            )
         cls.name = name
         _REGISTRY[name] = cls
         return cls
@@ -300,7 +305,9 @@ def available_policies() -> list[str]:
 
 def policy_class(name: str) -> type[TreePolicy]:
     if name not in _REGISTRY:
-        raise ValueError(f"unknown policy {name!r}; available policies: {', '.join(available_policies())}")
+        raise InvalidInputError(
+            f"unknown policy {name!r}; available policies: {', '.join(available_policies())}"
+        )
     return _REGISTRY[name]
 
 

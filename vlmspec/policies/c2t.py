@@ -52,6 +52,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..draft import DraftTree
+from ..errors import InputNotFoundError, InvalidInputError
 from ..tree import TokenTree
 from .base import PolicyConfig, TreePolicy, check, register_policy
 
@@ -165,13 +166,13 @@ class C2TClassifier(torch.nn.Module):
         """Load weights (safetensors) and check them against the JSON spec next to them."""
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"C2T classifier {str(path)!r} does not exist")
+            raise InputNotFoundError(f"C2T classifier {str(path)!r} does not exist")
         spec_file = spec_path(path)
         if not spec_file.is_file():
-            raise FileNotFoundError(f"C2T classifier {str(path)!r} has no feature spec {str(spec_file)!r}")
+            raise InputNotFoundError(f"C2T classifier {str(path)!r} has no feature spec {str(spec_file)!r}")
         spec = json.loads(spec_file.read_text())
         if spec.get("format") != SPEC_FORMAT or tuple(spec.get("features", ())) != FEATURES:
-            raise ValueError(
+            raise InvalidInputError(
                 f"{str(spec_file)!r} is not a C2T classifier spec with features {list(FEATURES)} "
                 f"(got format {spec.get('format')!r}, features {spec.get('features')!r})"
             )

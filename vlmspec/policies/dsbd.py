@@ -89,6 +89,7 @@ from typing import Any
 import torch
 
 from ..draft import DraftTree
+from ..errors import InvalidInputError
 from ..sampling import Sampler, SamplingParams
 from ..tree import TokenTree
 from ..verify import (
@@ -237,7 +238,7 @@ class DSBDPolicy(TreePolicy):
     ) -> Acceptance:
         c = self.config
         if sampler is None:
-            raise ValueError(
+            raise InvalidInputError(
                 "policy 'dsbd' is speculative beam *sampling* and has no greedy form: call the pipeline with "
                 "do_sample=True (e.g. pipe(image, prompt, do_sample=True, top_k=10, top_p=0.8, seed=0)), or use a "
                 "lossless policy such as 'sage' for greedy decoding"
@@ -313,7 +314,7 @@ class DSBDPolicy(TreePolicy):
         want_p = None if c.top_p is None else float(c.top_p)
         got_k, got_p = params.top_k or 0, 1.0 if params.top_p is None else float(params.top_p)
         if (want_k is not None and want_k != got_k) or (want_p is not None and want_p != got_p):
-            raise ValueError(
+            raise InvalidInputError(
                 f"policy 'dsbd' is configured for top_k={c.top_k}, top_p={c.top_p} (paper section 4) but this call "
                 f"samples with top_k={params.top_k}, top_p={params.top_p} (call arguments over the target's "
                 f"generation_config); pass top_k={c.top_k}, top_p={c.top_p} to the call, or configure dsbd with "
@@ -396,7 +397,7 @@ def beam_sampling_baseline(
         temperature, top_k, top_p: the warping (paper section 4: 1.0, 10, 0.8).
     """
     if not (_is_int(width) and width >= 1):
-        raise ValueError(f"width={width!r} is invalid: use an integer >= 1 (num_beams)")
+        raise InvalidInputError(f"width={width!r} is invalid: use an integer >= 1 (num_beams)")
     inputs = pipe.prepare_inputs(image, prompt, video)
     prompt_len = inputs["input_ids"].shape[1]
     device = inputs["input_ids"].device
@@ -436,7 +437,7 @@ def perplexity(pipe: Any, inputs: dict[str, Any], token_ids: Sequence[int]) -> f
     """
     tokens = list(token_ids)
     if not tokens:
-        raise ValueError("perplexity: token_ids is empty")
+        raise InvalidInputError("perplexity: token_ids is empty")
     ids = inputs["input_ids"]
     prompt_len = ids.shape[1]
     new = torch.tensor([tokens], dtype=ids.dtype, device=ids.device)

@@ -48,6 +48,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from ..errors import InvalidInputError
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
     from transformers import PreTrainedModel
@@ -101,9 +103,9 @@ class LMShape:
             if not (isinstance(getattr(self, f), int) and getattr(self, f) > 0)
         ]
         if bad:
-            raise ValueError(f"LMShape {self.name!r}: {', '.join(bad)} must be positive integers")
+            raise InvalidInputError(f"LMShape {self.name!r}: {', '.join(bad)} must be positive integers")
         if self.heads % self.kv_heads or self.heads * self.head_dim != self.hidden:
-            raise ValueError(
+            raise InvalidInputError(
                 f"LMShape {self.name!r}: heads={self.heads} must be a multiple of kv_heads={self.kv_heads} and "
                 f"heads * head_dim ({self.heads * self.head_dim}) must equal hidden={self.hidden} (Qwen2-VL "
                 "derives the head width from them)"
@@ -185,7 +187,7 @@ assisted generation, one of the bench's baselines, refuses a draft whose vocabul
 def get_calibration(name: str) -> Calibration:
     """The :class:`Calibration` named ``name``, or a ``ValueError`` listing the valid names."""
     if name not in CALIBRATIONS:
-        raise ValueError(f"unknown calibration {name!r}; valid: {', '.join(CALIBRATIONS)}")
+        raise InvalidInputError(f"unknown calibration {name!r}; valid: {', '.join(CALIBRATIONS)}")
     return CALIBRATIONS[name]
 
 
@@ -231,7 +233,7 @@ def exact_shape(old: LMShape, shape: LMShape) -> LMShape:
         if getattr(old, f) > getattr(shape, f)
     ]
     if smaller or shape.head_dim % old.head_dim or (shape.vocab or 0) and shape.vocab < (old.vocab or 0):
-        raise ValueError(
+        raise InvalidInputError(
             f"cannot inflate {old} to {shape.name or shape}: "
             + ("; ".join(smaller) or "head_dim must be a multiple of the old one and vocab not smaller")
         )
@@ -421,7 +423,7 @@ def _never_emitted_token(model: PreTrainedModel) -> int:
     for attr in ("image_token_id", "image_token_index"):
         if getattr(config, attr, None) is not None:
             return int(getattr(config, attr))
-    raise ValueError(f"{type(model).__name__} has no image token id to copy padded LM-head rows from")
+    raise InvalidInputError(f"{type(model).__name__} has no image token id to copy padded LM-head rows from")
 
 
 def inflate(

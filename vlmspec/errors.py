@@ -1,0 +1,26 @@
+"""The library's own errors: what a user's input can cause, each message naming the input, what is wrong and what
+to do.
+
+Every check of user input (options, names, files, media, requests) raises one of these. They subclass the
+built-in error a caller would expect (``ValueError``, ``TypeError``, ``FileNotFoundError``), so ``except
+ValueError`` keeps working, while ``except VLMSpecError`` catches exactly the user's mistakes and not the bugs: the
+command lines print those as one line (``vlmspec <command>: error: ...``) and keep the traceback for the rest.
+"""
+
+from __future__ import annotations
+
+
+class VLMSpecError(Exception):
+    """Base of every error a user's input causes."""
+
+
+class InvalidInputError(VLMSpecError, ValueError):
+    """A value is wrong: out of range, an unknown name, content that cannot be read."""
+
+
+class InputTypeError(VLMSpecError, TypeError):
+    """A value is of the wrong type."""
+
+
+class InputNotFoundError(VLMSpecError, FileNotFoundError):
+    """A named file or folder does not exist."""
