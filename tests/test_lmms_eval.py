@@ -32,6 +32,8 @@ pytest.importorskip("lmms_eval")
 
 from vlmspec_eval.lmms import generation, media, options, speed, text_metrics
 
+from vlmspec.errors import InvalidInputError
+
 REPO = Path(__file__).resolve().parents[1]
 TASKS = ("vlmspec_image_qa", "vlmspec_image_caption", "vlmspec_video_caption", "vlmspec_video_caption_frames")
 N_DOCS = 4
@@ -458,7 +460,12 @@ def test_registered_through_the_entry_point_manifest() -> None:
             {"target": "tiny", "policy": "fastest"},
             "policy='fastest' is not a vlmspec policy; valid policies: ar",
         ),
-        ({"target": "tiny", "dtype": "float8"}, "dtype='float8' is invalid; valid values: auto"),
+        ({"target": "tiny", "dtype": "float8"}, "dtype='float8' is invalid: expected one of 'auto'"),
+        ({"target": "tiny", "num_frames": "many"}, "num_frames='many' is invalid: expected an integer"),
+        ({"target": "tiny", "warmup": "yes"}, "warmup='yes' is invalid: expected true or false"),
+        ({"target": "tiny", "prune_ratio": "most"}, "prune_ratio='most' is invalid: expected a number"),
+        ({"target": "tiny", "batch_size": 0}, "batch_size=0 is invalid: expected an integer >= 1"),
+        ({"target": "tiny", "policy": "chain", "gamma": "two"}, "ChainConfig.gamma='two' is invalid"),
         ({"target": "tiny", "max_new_tokens": 0}, "max_new_tokens=0 is invalid"),
         ({"target": "tiny", "pruning": "random"}, "pruning='random' is invalid"),
         ({"target": "tiny", "policy": "chain", "gamma": 0}, "ChainConfig.gamma=0 is invalid"),
@@ -478,9 +485,40 @@ def test_registered_through_the_entry_point_manifest() -> None:
     ],
 )
 def test_bad_model_args_name_the_key_or_value(kwargs: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValueError, match=None) as err:
+    with pytest.raises(InvalidInputError, match=None) as err:
         options.parse_model_args(kwargs)
     assert message in str(err.value)
+
+
+def test_model_args_text_is_converted_by_declared_type() -> None:
+    """lmms-eval may pass text or already converted values: both give the same options."""
+    text = {
+        "target": "tiny", "draft": "none", "policy": "chain", "gamma": "3", "prune_ratio": "0.5", "dtype": "BF16",
+        "pruning": "Uniform", "num_frames": "4", "max_new_tokens": 8.0, "seed": "-2", "warmup": "false",
+        "trust_remote_code": "True", "device_map": 0, "batch_size": "2", "max_batch_size": None,
+    }  # fmt: skip
+    opts = options.parse_model_args(text)
+    assert opts.policy_options == {"gamma": 3}
+    assert (opts.draft, opts.image_prune_ratio, opts.video_prune_ratio) == (None, 0.5, 0.5)
+    assert (opts.dtype, opts.pruning, opts.num_frames, opts.max_new_tokens) == ("bfloat16", "uniform", 4, 8)
+    assert (opts.seed, opts.warmup, opts.trust_remote_code, opts.device_map, opts.batch_size) == (
+        -2, False, True, "0", 2,
+    )  # fmt: skip
+    typed = {**text, "gamma": 3, "prune_ratio": 0.5, "num_frames": 4, "warmup": False, "batch_size": 2}
+    assert options.parse_model_args(typed) == opts
+
+
+def test_model_options_are_one_validated_config() -> None:
+    """Every --model_args key is a ModelOptions field (and back); a config built in Python is checked alike."""
+    fields = {f.name for f in dataclasses.fields(options.ModelOptions)}
+    assert fields - set(options.MODEL_ARGS) == {"policy_options", "batch_size", "device"}
+    assert set(options.MODEL_ARGS) <= fields
+    with pytest.raises(InvalidInputError, match="num_frames=0 is invalid: expected an integer >= 1"):
+        options.ModelOptions(target="tiny", num_frames=0)
+    with pytest.raises(InvalidInputError, match="ModelOptions.seed='1' is invalid: expected an integer"):
+        options.ModelOptions(target="tiny", seed="1")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="bad option for policy 'chain'"):
+        options.ModelOptions(target="tiny", policy="chain", policy_options={"gamma": 0})
 
 
 def test_model_args_policy_options_and_overrides() -> None:

@@ -1,4 +1,4 @@
-"""``--model_args`` of the ``vlmspec`` lmms-eval model: parsing, validation and pair configs.
+"""``--model_args`` of the ``vlmspec`` lmms-eval model: one validated config (:class:`ModelOptions`) and pair configs.
 
 lmms-eval hands the model its ``--model_args key=value,...`` as keyword arguments (values already turned into
 ``bool``/``int``/``float`` where they look like one). :func:`parse_model_args` checks every key and value before
@@ -9,10 +9,14 @@ any model is loaded, so a typo fails in a second with a message naming it::
     --model_args config=qwen2_5_vl-7b-3b,policy=ar  # keys given on the command line win over the config's
                                                     # (a given prune_ratio replaces the config's per-modality ones)
 
+Options are checked like the policies' configs: each value is converted to its field's declared type where its
+text allows (``"8"`` -> ``8``, ``"true"`` -> ``True``, ``"none"`` -> ``None``), then
+:func:`~vlmspec.validation.check_field_types` checks the types and :class:`ModelOptions` the ranges. The chosen
+policy's options (e.g. ``gamma`` for ``chain``) are valid keys too, converted from its config's declarations.
+
 Pair configs (``configs/models/*.yaml``) hold the same keys as ``--model_args`` (flat mapping, loaded with
 ``yaml.safe_load``). Per-modality pruning is written ``image_prune_ratio``/``video_prune_ratio``;
-``prune_ratio`` sets both. The options of the chosen policy's config (e.g. ``gamma`` for ``chain``, ``d_max``
-for ``sage``) are valid keys too.
+``prune_ratio`` sets both.
 
 Special target names (no download, built locally on first use):
 
@@ -24,16 +28,23 @@ Special target names (no download, built locally on first use):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Union
 
 import yaml
 
-from vlmspec.named_pairs import DEFAULT_FAMILY, PAIR_NAMES, ResolvedPair, is_pair_name, split_calibration
+from vlmspec.errors import InvalidInputError
+from vlmspec.named_pairs import DEFAULT_FAMILY, ResolvedPair, is_pair_name, split_calibration
 from vlmspec.named_pairs import resolve_pair as resolve_named_pair
+from vlmspec.policies import PolicyConfig, available_policies, policy_class
+from vlmspec.pruning import PruningMethod
+from vlmspec.validation import check_field_types
 
 __all__ = [
     "MODEL_ARGS",
@@ -57,7 +68,7 @@ MODEL_ARGS: dict[str, str] = {
     "video_prune_ratio": "fraction of video tokens the draft drops, in [0, 1) (default 0.9)",
     "pruning": "how the draft picks visual tokens: attention (default) or uniform",
     "config": "a pair config: a YAML path or a name in configs/models/ (same keys as --model_args)",
-    "dtype": "auto (checkpoint dtype, default), float32, bfloat16 or float16",
+    "dtype": "auto (checkpoint dtype, default), float32 (fp32), bfloat16 (bf16) or float16 (fp16)",
     "device_map": "passed to from_pretrained (e.g. auto to spread a large target over several GPUs)",
     "max_new_tokens": "upper bound on new tokens per request (the task's max_new_tokens is capped at it)",
     "num_frames": "frames sampled evenly from a video file (default 8)",
@@ -70,21 +81,13 @@ MODEL_ARGS: dict[str, str] = {
 """Every ``--model_args`` key with a one-line description (policy options come on top)."""
 
 LMMS_EVAL_ARGS: tuple[str, ...] = ("batch_size", "max_batch_size", "device")
-"""Keys lmms-eval itself passes to every model (from ``--batch_size``/``--device``)."""
+"""Keys lmms-eval itself passes to every model (from ``--batch_size``/``--device``; ``max_batch_size`` unused)."""
 
-DTYPES: dict[str, str] = {
-    "auto": "auto",
-    "float32": "float32",
-    "fp32": "float32",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-    "float16": "float16",
-    "fp16": "float16",
-}
-PRUNING_METHODS: tuple[str, ...] = ("attention", "uniform")
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+DTYPE_ALIASES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 DEFAULT_IMAGE_PRUNE = 0.8  # SAGE's settings (the pipeline's defaults too)
 DEFAULT_VIDEO_PRUNE = 0.9
-SPECIAL_TARGETS: tuple[str, ...] = PAIR_NAMES
+_RATIO_NEED = "use a number in [0, 1) (the fraction of visual tokens the draft drops; 0 keeps them all)"
 
 # Family by checkpoint name, most specific first.
 _FAMILY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -97,17 +100,21 @@ _FAMILY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """Validated options of the ``vlmspec`` lmms-eval model (see :data:`MODEL_ARGS`)."""
+    """Options of the ``vlmspec`` lmms-eval model (see :data:`MODEL_ARGS`), checked on construction: types from the
+    declarations, then ranges, the policy and its options, the pair's families (each error an
+    :class:`~vlmspec.errors.InvalidInputError` naming the key, the value and what is allowed)."""
 
-    target: str
+    target: str = ""
     draft: str | None = None
     policy: str = "sage"
     policy_options: dict[str, Any] = field(default_factory=dict)
+    prune_ratio: float | None = None
+    """Set for both modalities when given (:func:`parse_model_args` copies it into the ratios not given)."""
     image_prune_ratio: float = DEFAULT_IMAGE_PRUNE
     video_prune_ratio: float = DEFAULT_VIDEO_PRUNE
-    pruning: str = "attention"
+    pruning: PruningMethod = "attention"
     config: str | None = None
-    dtype: str = "auto"
+    dtype: Dtype = "auto"
     device_map: str | None = None
     max_new_tokens: int | None = None
     num_frames: int = 8
@@ -117,11 +124,37 @@ class ModelOptions:
     seed: int = 0
     warmup: bool = True
     batch_size: int | None = 1
+    """Requests decoded together; ``None`` (lmms-eval's ``auto``): the pipeline's choice."""
     device: str | None = None
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+        if not self.target:
+            raise InvalidInputError(
+                "the vlmspec model needs target=... in --model_args (a hub id, a local folder, testbed-mini or "
+                "tiny), or config=<pair config>"
+            )
+        config_class = _policy_config_class(self.policy)
+        for name in ("prune_ratio", "image_prune_ratio", "video_prune_ratio"):
+            value = getattr(self, name)
+            _check(value is None or 0.0 <= value < 1.0, name, value, _RATIO_NEED)
+        for name in ("max_new_tokens", "num_frames", "batch_size"):
+            value = getattr(self, name)
+            _check(value is None or value >= 1, name, value, "expected an integer >= 1")
+        try:
+            config_class.from_dict(self.policy_options)
+        except (TypeError, ValueError) as err:
+            raise InvalidInputError(f"bad option for policy {self.policy!r} in --model_args: {err}") from err
+        check_pair_families(self.target, self.draft)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain mapping for logs and the speed files."""
         return dataclasses.asdict(self)
+
+
+def _check(ok: bool, key: str, value: Any, need: str) -> None:
+    if not ok:
+        raise InvalidInputError(f"{key}={value!r} is invalid: {need}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -131,178 +164,110 @@ def parse_model_args(kwargs: Mapping[str, Any]) -> ModelOptions:
     """Check and convert the model's keyword arguments (``--model_args`` plus lmms-eval's own).
 
     Args:
-        kwargs: ``key -> value`` as lmms-eval passes them; ``config`` names a pair config whose keys are used
-            unless given here too.
+        kwargs: ``key -> value`` as lmms-eval passes them (text or already converted); ``config`` names a pair
+            config whose keys are used unless given here too.
 
     Returns:
         The validated :class:`ModelOptions`.
 
     Raises:
-        ValueError: an unknown key (the message lists the valid ones), a bad value (the message names the key,
-            the value and what is expected), a missing ``target``, or a config that cannot be used.
+        InvalidInputError: an unknown key (the message lists the valid ones), a bad value (the message names the
+            key, the value and what is expected), a missing ``target``, or a config that cannot be used.
     """
     values = dict(kwargs)
-    config = values.pop("config", None)
-    if config is not None:
-        values = _merge_config(load_pair_config(config), values)
-    policy = _check_policy(values.get("policy", "sage"))
-    policy_fields = _policy_fields(policy)
+    # lmms-eval's --batch_size auto[:N]: the pipeline's choice (its cost probe)
+    if isinstance(values.get("batch_size"), str) and values["batch_size"].startswith("auto"):
+        values["batch_size"] = None
+    values = _coerce_fields(ModelOptions, values)
+    # a pair config's keys go under the given ones; a given prune_ratio also wins over its per-modality ratios
+    if values.get("config") is not None:
+        config = _coerce_fields(ModelOptions, load_pair_config(values["config"]))
+        if values.get("prune_ratio") is not None:
+            config = {k: v for k, v in config.items() if k not in ("image_prune_ratio", "video_prune_ratio")}
+        values = {**config, **values}
+    policy = values.get("policy", "sage")
+    config_class = _policy_config_class(policy)
+    policy_fields = [f.name for f in dataclasses.fields(config_class)]
     _check_keys(values, policy, policy_fields)
-    if values.get("target") in (None, ""):
-        raise ValueError(
-            "the vlmspec model needs target=... in --model_args (a hub id, a local folder, testbed-mini or tiny), "
-            "or config=<pair config>"
-        )
-    _ratio("prune_ratio", values.get("prune_ratio"), 0.0)  # checked first so its errors name it
-    policy_options = {k: values.pop(k) for k in list(values) if k in policy_fields}
-    _check_policy_options(policy, policy_options)
-    options = ModelOptions(
-        target=_text("target", values["target"]),
-        draft=_optional_text("draft", values.get("draft")),
-        policy=policy,
-        policy_options=policy_options,
-        image_prune_ratio=_ratio(
-            "image_prune_ratio", _first(values, "image_prune_ratio", "prune_ratio"), DEFAULT_IMAGE_PRUNE
-        ),
-        video_prune_ratio=_ratio(
-            "video_prune_ratio", _first(values, "video_prune_ratio", "prune_ratio"), DEFAULT_VIDEO_PRUNE
-        ),
-        pruning=_choice("pruning", values.get("pruning", "attention"), PRUNING_METHODS),
-        config=None if config is None else str(config),
-        dtype=DTYPES[_choice("dtype", values.get("dtype", "auto"), tuple(DTYPES))],
-        device_map=_optional_text("device_map", values.get("device_map")),
-        max_new_tokens=_optional_positive_int("max_new_tokens", values.get("max_new_tokens")),
-        num_frames=_positive_int("num_frames", values.get("num_frames", 8)),
-        trust_remote_code=_bool("trust_remote_code", values.get("trust_remote_code", False)),
-        ar_reference=_optional_text("ar_reference", values.get("ar_reference")),
-        speed_dir=_optional_text("speed_dir", values.get("speed_dir")),
-        seed=_int("seed", values.get("seed", 0)),
-        warmup=_bool("warmup", values.get("warmup", True)),
-        batch_size=_batch_size(values.get("batch_size", 1)),
-        device=_optional_text("device", values.get("device")),
+    policy_options = _coerce_fields(
+        config_class, {k: values.pop(k) for k in list(values) if k in policy_fields}
     )
-    check_pair_families(options.target, options.draft)
-    return options
+    values.pop("max_batch_size", None)
+    for key in ("image_prune_ratio", "video_prune_ratio"):
+        if values.get(key) is None and values.get("prune_ratio") is not None:
+            values[key] = values["prune_ratio"]
+    if isinstance(values.get("dtype"), str):
+        values["dtype"] = DTYPE_ALIASES.get(values["dtype"].lower(), values["dtype"])
+    return ModelOptions(**{**values, "policy_options": policy_options})
 
 
-def _merge_config(config: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
-    """Config keys under the given ones; a given ``prune_ratio`` also replaces the config's per-modality ratios."""
-    base = dict(config)
-    if given.get("prune_ratio") is not None:
-        base.pop("image_prune_ratio", None)
-        base.pop("video_prune_ratio", None)
-    return {**base, **given}
+def _coerce_fields(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with each of ``cls``'s dataclass fields converted to its declared type where the value allows
+    (see :func:`_coerce`); other keys unchanged."""
+    declared = _declared_types(cls)
+    return {k: _coerce(v, declared[k]) if k in declared else v for k, v in values.items()}
 
 
-def _first(values: Mapping[str, Any], *keys: str) -> Any:
-    for key in keys:
-        if values.get(key) is not None:
-            return values[key]
-    return None
+def _coerce(value: Any, declared: Any) -> Any:
+    """``value`` converted to the ``declared`` type where its form allows, else unchanged (for
+    :func:`~vlmspec.validation.check_field_types` to refuse).
+
+    Text becomes an int, a float, a bool (``true``/``false``), ``None`` (``""``/``none``/``null``, where ``None``
+    is allowed) or a ``Literal`` choice (case-insensitively) as declared; a number or path becomes text for a
+    ``str`` field, an int a float for a ``float`` one, an integral float an int for an ``int`` one.
+    """
+    kinds = (
+        typing.get_args(declared) if typing.get_origin(declared) in (Union, types.UnionType) else (declared,)
+    )
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if type(None) in kinds and text in ("", "none", "null"):
+            return None
+        for kind in kinds:
+            if typing.get_origin(kind) is Literal:
+                choices = [c for c in typing.get_args(kind) if isinstance(c, str) and c.lower() == text]
+                if choices:
+                    return choices[0]
+            elif kind is bool and text in ("true", "false"):
+                return text == "true"
+            elif kind in (int, float):
+                try:
+                    return kind(text)
+                except ValueError:
+                    pass
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float, Path)):
+        return value
+    if isinstance(value, Path) or (int not in kinds and float not in kinds):
+        return str(value) if str in kinds else value
+    if float not in kinds:  # an int field: an integral float is that int
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+    return value if int in kinds else float(value)
 
 
-def _check_policy(policy: Any) -> str:
-    from vlmspec.policies import available_policies
+@functools.cache
+def _declared_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
+
+def _policy_config_class(policy: Any) -> type[PolicyConfig]:
     names = available_policies()
     if not isinstance(policy, str) or policy not in names:
-        raise ValueError(f"policy={policy!r} is not a vlmspec policy; valid policies: {', '.join(names)}")
-    return policy
+        raise InvalidInputError(
+            f"policy={policy!r} is not a vlmspec policy; valid policies: {', '.join(names)}"
+        )
+    return policy_class(policy).config_class
 
 
-def _policy_fields(policy: str) -> set[str]:
-    from vlmspec.policies import policy_class
-
-    return {f.name for f in dataclasses.fields(policy_class(policy).config_class)}
-
-
-def _check_keys(values: Mapping[str, Any], policy: str, policy_fields: set[str]) -> None:
-    valid = set(MODEL_ARGS) | set(LMMS_EVAL_ARGS) | policy_fields
-    unknown = sorted(k for k in values if k not in valid)
+def _check_keys(values: Mapping[str, Any], policy: str, policy_fields: list[str]) -> None:
+    unknown = sorted(k for k in values if k not in {*MODEL_ARGS, *LMMS_EVAL_ARGS, *policy_fields})
     if unknown:
         extra = f"; options of policy {policy!r}: {', '.join(sorted(policy_fields))}" if policy_fields else ""
-        raise ValueError(
+        raise InvalidInputError(
             f"unknown --model_args key(s) for the vlmspec model: {', '.join(unknown)}; valid keys: "
             f"{', '.join(MODEL_ARGS)}{extra}"
         )
-
-
-def _check_policy_options(policy: str, options: dict[str, Any]) -> None:
-    from vlmspec.policies import policy_class
-
-    try:
-        policy_class(policy).config_class.from_dict(options)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"bad option for policy {policy!r} in --model_args: {err}") from err
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Values
-# ---------------------------------------------------------------------------------------------------------------
-def _text(key: str, value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int, float, Path)):
-        raise ValueError(f"{key}={value!r} is invalid: expected a string")
-    return str(value)
-
-
-def _optional_text(key: str, value: Any) -> str | None:
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
-        return None
-    return _text(key, value)
-
-
-def _ratio(key: str, value: Any, default: float) -> float:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) < 1.0:
-        raise ValueError(
-            f"{key}={value!r} is invalid: use a number in [0, 1) (the fraction of visual tokens the draft drops; "
-            "0 keeps them all)"
-        )
-    return float(value)
-
-
-def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value.lower() not in choices:
-        raise ValueError(f"{key}={value!r} is invalid; valid values: {', '.join(choices)}")
-    return value.lower()
-
-
-def _int(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ValueError(f"{key}={value!r} is invalid: expected an integer")
-    return value
-
-
-def _positive_int(key: str, value: Any) -> int:
-    number = _int(key, value)
-    if number < 1:
-        raise ValueError(f"{key}={value!r} is invalid: expected an integer >= 1")
-    return number
-
-
-def _optional_positive_int(key: str, value: Any) -> int | None:
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
-        return None
-    return _positive_int(key, value)
-
-
-def _bool(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    raise ValueError(f"{key}={value!r} is invalid: expected true or false")
-
-
-def _batch_size(value: Any) -> int | None:
-    if value is None or isinstance(value, str) and value.startswith("auto"):
-        return None  # the pipeline's choice (its cost probe)
-    if isinstance(value, str) and value.isdigit():
-        value = int(value)
-    return _positive_int("batch_size", value)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -319,7 +284,7 @@ def resolve_config_path(config: str | Path) -> Path:
     """The YAML file of a pair config given as a path or a name (``qwen2_5_vl-7b-3b``).
 
     Raises:
-        ValueError: no such file; the message lists the configs found by name.
+        InvalidInputError: no such file; the message lists the configs found by name.
     """
     path = Path(str(config)).expanduser()
     if path.is_file():
@@ -329,28 +294,28 @@ def resolve_config_path(config: str | Path) -> Path:
             if candidate.is_file():
                 return candidate
     known = sorted({p.stem for d in config_search_dirs() if d.is_dir() for p in d.glob("*.yaml")})
-    raise ValueError(
+    raise InvalidInputError(
         f"config={config!r} is not a file nor a known pair config; known configs: {', '.join(known)}"
     )
 
 
 def load_pair_config(config: str | Path) -> dict[str, Any]:
-    """The keys of a pair config (``yaml.safe_load``), checked to be ``--model_args`` keys.
+    """The keys of a pair config (``yaml.safe_load``; :func:`parse_model_args` checks them).
 
     Raises:
-        ValueError: missing file, not a mapping, nested ``config``, or unknown keys (listing the valid ones).
+        InvalidInputError: missing file, not YAML, not a mapping, or a nested ``config``.
     """
     path = resolve_config_path(config)
     try:
         values = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise ValueError(f"pair config {str(path)!r} is not valid YAML: {err}") from err
+        raise InvalidInputError(f"pair config {str(path)!r} is not valid YAML: {err}") from err
     if not isinstance(values, dict):
-        raise ValueError(
+        raise InvalidInputError(
             f"pair config {str(path)!r} must be a mapping of --model_args keys, got {type(values).__name__}"
         )
     if "config" in values:
-        raise ValueError(f"pair config {str(path)!r} must not name another config")
+        raise InvalidInputError(f"pair config {str(path)!r} must not name another config")
     return values
 
 
@@ -376,13 +341,13 @@ def check_pair_families(target: str, draft: str | None) -> None:
     """Refuse a target/draft pair whose names say they are of different families.
 
     Raises:
-        ValueError: naming both checkpoints and their families.
+        InvalidInputError: naming both checkpoints and their families.
     """
     if draft is None:
         return
     t_family, d_family = family_from_name(target), family_from_name(draft)
     if t_family and d_family and t_family != d_family:
-        raise ValueError(
+        raise InvalidInputError(
             f"target={target!r} is a {t_family} model but draft={draft!r} is a {d_family} model; the draft must be a "
             "smaller checkpoint of the target's family"
         )
@@ -403,13 +368,11 @@ def resolve_pair(options: ModelOptions) -> ResolvedPair:
     """The folders (or hub ids) to load, building the testbed/tiny pair first when the target names one.
 
     Raises:
-        ValueError: a policy that needs a draft without one, or an unknown family for a special target.
+        InvalidInputError: a policy that needs a draft without one, or an unknown family for a special target.
     """
-    from vlmspec.policies import policy_class
-
     uses_draft = policy_class(options.policy).uses_draft
     if _special(options.target) is None and uses_draft and options.draft is None:
-        raise ValueError(
+        raise InvalidInputError(
             f"policy={options.policy!r} needs draft=... (a smaller checkpoint of the target's family); "
             "use policy=ar for the target alone"
         )
