@@ -142,9 +142,9 @@ class TurnCache:
         if self.state is None:
             return 0
         shared = _common_prefix(self.ids, ids, limit)
-        if self._visual(ids[:shared]) != self._visual(
-            self.ids
-        ):  # an earlier image or video is not all shared
+        # An earlier image or video not shared whole (LLaVA-OneVision tiles one image differently once a second
+        # joins it): nothing before it can be kept either.
+        if self._visual(ids[:shared]) != self._visual(self.ids):
             shared = 0
         positions = self._positions()
         kept = int((positions < shared).sum())

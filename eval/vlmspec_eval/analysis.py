@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -126,8 +125,3 @@ def tau_vs_length(runs: dict[str, list[Sequence[int]]], max_new_tokens: int) -> 
                 taus.append(sum(values) / len(values))
         out[method] = {"lengths": lengths, "tau": taus}
     return out
-
-
-def finite(value: float | None) -> float | None:
-    """``value`` unless it is ``None``/NaN/inf (JSON-safe)."""
-    return value if value is not None and math.isfinite(value) else None

@@ -32,14 +32,14 @@ import platform
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from vlmspec.costs import DEFAULT_BUDGET_FACTOR
-from vlmspec.named_pairs import ResolvedPair, is_pair_name
+from vlmspec.named_pairs import ResolvedPair
 from vlmspec.probe import check_sizes
 
 from .analysis import entropy_report, tau_vs_length, token_entropies
@@ -51,12 +51,13 @@ from .methods import (
     Variant,
     build_variants,
     edd_variants,
+    interleaved,
     resolve_methods,
     run_variant,
 )
-from .report import aggregate, markdown, write_files
+from .report import aggregate, edd_share, markdown, write_files
 from .sampling import dsbd_policy, run_dsbd_section, run_sampling_section
-from .tasks import INPUT_SOURCES, TASKS, TaskInput, check_tasks, load_inputs, resolve_pair
+from .tasks import INPUT_SOURCES, TASKS, TaskInput, check_pair, check_tasks, load_inputs, resolve_pair
 
 DEFAULT_PRUNE_RATIOS: tuple[float, ...] = (0.0, 0.5, 0.8, 0.9)
 DTYPES: dict[str, Any] = {
@@ -69,36 +70,12 @@ DTYPES: dict[str, Any] = {
 
 @dataclass
 class BenchConfig:
-    """Everything a bench run needs (the command line's options).
+    """Everything a bench run needs: one field per ``vlmspec bench`` option (see :func:`add_arguments` for what
+    each means), with ``json_path`` for ``--json``, ``plots`` for ``not --no-plots``, ``verbose`` for ``not --quiet``.
 
-    Attributes:
-        target, draft: model folders / hub ids; both ``None``: the default pair (the testbed ``size`` pair of ``family``).
-        family: family of the default pair.
-        size: testbed pair size.
-        calibration: the default pair's calibration (``"cpu"``: its target inflated exactly to a real target's
-            cost; ``None``: the pair as trained; see :mod:`vlmspec.testbed.calibrate`).
-        tasks: task names (see :data:`~vlmspec_eval.tasks.TASKS`).
-        methods: comma-separated names or a list; ``None``: all. ``ar`` is always run.
-        n: inputs per task.
-        repeats: timed repeats per input (medians reported).
-        seed: seed of the first input of each task.
-        max_new_tokens: generation length.
-        budget: ``"auto"`` (default: what a pipeline does, budgets and depths fitted to the cost probe), an int
-            (every policy's node budget) or ``None`` (each policy's config defaults, as given).
-        auto_factor: the automatic budget's cost factor (``pipe.budget_factor``; see :mod:`vlmspec.costs`).
-        prune_ratios: sage's draft prune ratios for the ablation (empty: no ablation; only when sage runs).
-        probe_sizes, probe_runs: the cost probe's token counts and timed rounds.
-        inputs: ``"auto"`` (testbed when importable), ``"testbed"`` or ``"synthetic"``.
-        dtype: model dtype name (see :data:`DTYPES`).
-        out: output folder; json_path: an extra copy of the JSON.
-        plots: write PNG plots.
-        threads: torch CPU threads during the run (``None``: torch's default). On a CPU shared with other jobs,
-            ``1`` avoids the stalls of a parallel region waiting for a preempted thread.
-        verbose: progress lines on stderr.
-        sampling: also run the sampling section (``ar`` and the lossless policies of ``methods`` at temperature 1).
-        dsbd: also run the DSBD section (dsbd vs beam and multinomial sampling on ``n`` image QA inputs).
-        beam_width: the beam-sampling baseline's width (``None``: dsbd's mean output width).
-        dsbd_options: dsbd config options over its paper defaults (e.g. ``{"threshold": 0.7}``).
+    ``target``/``draft`` both ``None``: the default pair (the testbed ``size`` pair of ``family`` at ``calibration``);
+    ``methods`` ``None``: all; ``budget``: ``"auto"``, an int or ``None`` (each policy's config defaults);
+    ``beam_width`` ``None``: dsbd's mean output width; ``threads`` ``None``: torch's default.
     """
 
     target: str | None = None
@@ -155,10 +132,7 @@ class BenchConfig:
         for ratio in self.prune_ratios:
             if not 0.0 <= ratio < 1.0:
                 raise ValueError(f"prune ratio {ratio} is invalid: use numbers in [0, 1)")
-        if (self.target is None) != (self.draft is None) and not is_pair_name(self.target):
-            raise ValueError(
-                "give both --target and --draft, a pair name as --target, or neither (the default pair)"
-            )
+        check_pair(self.target, self.draft)
         if self.beam_width is not None and not (isinstance(self.beam_width, int) and self.beam_width >= 1):
             raise ValueError(f"beam width={self.beam_width!r} is invalid: use an integer >= 1 or 'auto'")
         try:
@@ -236,7 +210,8 @@ def _run(config: BenchConfig, pipe: Any) -> dict[str, Any]:
             # The same target costs as every other row (so the same node budget); the EDD draft's own costs.
             edd_probe = replace(edd_probe, target_s=probe.target_s, roofline=probe.roofline)
             edd_pipe.costs, edd_pipe.budget_factor = edd_probe, config.auto_factor
-            log(f"EDD draft: {edd_pipe.draft.edd_config.target_name or 'given'}; {edd_share(edd_probe)}")
+            share = edd_share(edd_probe.draft_cost(1), edd_probe.target_cost(1))
+            log(f"EDD draft: {edd_pipe.draft.edd_config.target_name or 'given'}; {share}")
         if edd_pipe is not None or config.edd != "auto":
             variants += edd_variants(
                 edd_methods, config.budget, edd_probe, config.auto_factor, edd_pipe, missing
@@ -307,12 +282,6 @@ def load_edd_pipeline(pipe: Any, pair: ResolvedPair | None, config: BenchConfig)
     return VLMSpecPipeline(pipe.target, loaded.draft, pipe.processor, policy=AR), ""
 
 
-def edd_share(probe: CostProbe) -> str:
-    """One line: the EDD draft's forward cost as a share of the target's (one token, from the probe)."""
-    draft, target = probe.draft_cost(1), probe.target_cost(1)
-    return f"one draft forward {draft * 1e3:.2f} ms = {draft / target:.1%} of a target forward ({target * 1e3:.2f} ms)"
-
-
 def load_pipeline(pair: ResolvedPair, dtype: str) -> Any:
     """The pipeline of ``pair`` in ``dtype`` (policy ``ar``; the bench swaps policies per run)."""
     from vlmspec import VLMSpecPipeline
@@ -350,26 +319,16 @@ def measure(
     A variant that failed on an input (e.g. ``hf_assisted`` for a family transformers cannot assist) is not
     retried on that input's later repeats.
     """
+    usable = {v.key: v for v in variants if v.error is None}
     first = items[0]
-    for variant in (v for v in variants if v.error is None):
+    for variant in usable.values():
         run_variant(pipe, variant, first, prepared[first.task, first.index], config.max_new_tokens, repeat=-1)
-    records: list[RunRecord] = []
-    failed: set[tuple[str, str, int]] = set()
-    for item in items:
+
+    def run(key: str, item: TaskInput, repeat: int) -> RunRecord:
         inputs = prepared[item.task, item.index]
-        for repeat in range(config.repeats):
-            shift = repeat % len(variants)
-            line = []
-            for variant in [*variants[shift:], *variants[:shift]]:
-                if variant.error is not None or (variant.key, item.task, item.index) in failed:
-                    continue
-                record = run_variant(pipe, variant, item, inputs, config.max_new_tokens, repeat)
-                records.append(record)
-                if record.error is not None:
-                    failed.add((variant.key, item.task, item.index))
-                line.append(f"{variant.key} {'ERR' if record.error else f'{record.tokens_per_s:.1f}'}")
-            log(f"{item.task}[{item.index}] repeat {repeat + 1}/{config.repeats} tok/s: {', '.join(line)}")
-    return records
+        return run_variant(pipe, usable[key], item, inputs, config.max_new_tokens, repeat)
+
+    return interleaved(items, config.repeats, list(usable), run, log)
 
 
 def entropy_series(
@@ -595,35 +554,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """The :class:`BenchConfig` of parsed :func:`add_arguments` options."""
+    names = {f.name for f in fields(BenchConfig)} & set(vars(args)) - {"calibration"}
     return BenchConfig(
-        target=args.target,
-        draft=args.draft,
-        family=args.family,
-        size=args.size,
+        **{name: getattr(args, name) for name in names},
         calibration=None if args.calibration == "none" else args.calibration,
-        tasks=tuple(args.tasks),
-        methods=args.methods,
-        n=args.n,
-        repeats=args.repeats,
-        seed=args.seed,
-        max_new_tokens=args.max_new_tokens,
-        budget=args.budget,
-        auto_factor=args.auto_factor,
-        prune_ratios=tuple(args.prune_ratios),
-        probe_sizes=tuple(args.probe_sizes),
-        probe_runs=args.probe_runs,
-        inputs=args.inputs,
-        dtype=args.dtype,
-        out=args.out,
         json_path=args.json,
         plots=not args.no_plots,
-        threads=args.threads,
         verbose=not args.quiet,
-        sampling=args.sampling,
-        dsbd=args.dsbd,
-        beam_width=args.beam_width,
-        dsbd_options=dict(args.dsbd_options),
-        edd=args.edd,
     )
 
 

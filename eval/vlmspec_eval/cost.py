@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from vlmspec.costs import ForwardCosts
-from vlmspec.probe import check_sizes, probe_costs, sync
+from vlmspec.probe import probe_costs, sync
 
 from .methods import ForwardCall, RunRecord
 
@@ -50,14 +50,8 @@ PROBE_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 12
 """Tokens per probed forward (the root included: a tree of ``N`` draft nodes verifies ``N + 1`` tokens)."""
 
 PHASES: tuple[str, ...] = (
-    "target_prefill",
-    "draft_prefill",
-    "draft_forward",
-    "tree_build",
-    "verify_forward",
-    "accept_update",
-    "other",
-)
+    "target_prefill", "draft_prefill", "draft_forward", "tree_build", "verify_forward", "accept_update", "other",
+)  # fmt: skip
 OVERHEAD_PHASES: tuple[str, ...] = ("tree_build", "accept_update", "other")
 
 
@@ -159,9 +153,6 @@ def run_cost_probe(
     pipe: Any, inputs: dict[str, torch.Tensor], task: str, sizes: Sequence[int] = PROBE_SIZES, runs: int = 5
 ) -> CostProbe:
     """Probe the pipeline's target and (unpruned) draft after the prompt ``inputs``, in the engine's kernels."""
-    sizes = check_sizes(sizes)
-    if runs < 1:
-        raise ValueError(f"probe runs={runs} is invalid: use at least 1")
     with pipe.kernels():
         costs = probe_costs(pipe.target, pipe.draft, inputs, sizes, runs)
     roofline = target_roofline(pipe.target, costs.prefix_tokens)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +24,7 @@ import torch
 
 from vlmspec.costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
 from vlmspec.policies import TreePolicy, available_policies, get_policy, policy_class
+from vlmspec.probe import sync
 
 AR = "ar"
 HF_GENERATE = "hf_generate"
@@ -72,11 +73,6 @@ def resolve_methods(spec: str | Sequence[str] | None) -> list[str]:
 def _is_edd_method(name: str) -> bool:
     policy = name.removeprefix(EDD_PREFIX)
     return name.startswith(EDD_PREFIX) and policy in available_policies() and policy != AR
-
-
-def policy_name(method: str) -> str:
-    """The tree policy a method runs (``edd+pct`` -> ``pct``)."""
-    return method.removeprefix(EDD_PREFIX)
 
 
 # ---- budgets ----------------------------------------------------------------------------------------------------
@@ -180,7 +176,7 @@ def _policy_variant(
     key: str, method: str, budget: int | str | None, costs: ForwardCosts | None, factor: float
 ) -> Variant:
     try:
-        policy = make_policy(policy_name(method), budget, costs, factor)
+        policy = make_policy(method.removeprefix(EDD_PREFIX), budget, costs, factor)
     except (*RECOVERABLE_POLICY_ERRORS, OSError, TypeError) as err:
         if method == AR:
             raise
@@ -264,8 +260,8 @@ class ForwardRecorder:
 
 def _sync(module: torch.nn.Module) -> None:
     param = next(module.parameters(), None)
-    if param is not None and param.device.type == "cuda":
-        torch.cuda.synchronize(param.device)
+    if param is not None:
+        sync(param.device)
 
 
 # ---- one run --------------------------------------------------------------------------------------------------
@@ -420,3 +416,32 @@ def _run_transformers(
     ]
     record.steps = len(target_calls)
     record.tree_sizes = [c.tokens - 1 for c in target_calls if not c.prefill]
+
+
+def interleaved(
+    items: Sequence[Any],
+    repeats: int,
+    keys: Sequence[str],
+    run_one: Callable[[str, Any, int], Any],
+    log: Any,
+    label: str = "",
+) -> list[Any]:
+    """``run_one(key, item, repeat)`` for every input, repeat and key, the keys in turn (their order rotated per
+    repeat, so machine noise hits all alike); a key whose run failed on an input (``run.error``) is not retried on
+    that input's later repeats. One log line per input and repeat with each run's tokens/s."""
+    runs: list[Any] = []
+    failed: set[tuple[str, str, int]] = set()
+    for item in items:
+        for repeat in range(repeats):
+            shift = repeat % max(len(keys), 1)
+            line = []
+            for key in [*keys[shift:], *keys[:shift]]:
+                if (key, item.task, item.index) in failed:
+                    continue
+                run = run_one(key, item, repeat)
+                runs.append(run)
+                if run.error is not None:
+                    failed.add((key, item.task, item.index))
+                line.append(f"{key} {'ERR' if run.error else f'{run.tokens_per_s:.1f}'}")
+            log(f"{label}{item.task}[{item.index}] repeat {repeat + 1}/{repeats} tok/s: {', '.join(line)}")
+    return runs

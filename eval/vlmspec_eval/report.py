@@ -32,33 +32,13 @@ from .cost import PHASES, CostProbe, ideal_terms, overhead_share, phase_breakdow
 from .methods import AR, HF_GENERATE, RunRecord, Variant
 
 REQUIRED_ROW_KEYS: tuple[str, ...] = (
-    "method",
-    "task",
-    "tau",
-    "tokens_per_step",
-    "tokens_per_s",
-    "speedup",
-    "identical",
-    "budget",
-    "nodes_per_step",
-    "ideal_speedup",
-    "overhead_share",
-    "error",
-)
+    "method", "task", "tau", "tokens_per_step", "tokens_per_s", "speedup", "identical", "budget", "nodes_per_step",
+    "ideal_speedup", "overhead_share", "error",
+)  # fmt: skip
 CSV_KEYS: tuple[str, ...] = (
-    "key",
-    *REQUIRED_ROW_KEYS,
-    "speedup_ar",
-    "overhead_share_probe",
-    "prune_ratio",
-    "inputs",
-    "repeats",
-    "new_tokens",
-    "steps",
-    "draft_visual_tokens",
-    "target_visual_tokens",
-    *(f"phase_{p}_s" for p in PHASES),
-)
+    "key", *REQUIRED_ROW_KEYS, "speedup_ar", "overhead_share_probe", "prune_ratio", "inputs", "repeats", "new_tokens",
+    "steps", "draft_visual_tokens", "target_visual_tokens", *(f"phase_{p}_s" for p in PHASES),
+)  # fmt: skip
 SAMPLING_CSV_KEYS: tuple[str, ...] = (
     "method", "task", "budget", "runs", "tau", "tokens_per_step", "tokens_per_s", "speedup", "new_tokens",
     "lossless", "error",
@@ -137,6 +117,7 @@ def cell_row(
     per_input: dict[int, list[RunRecord]] = defaultdict(list)
     for r in ok:
         per_input[r.index].append(r)
+    by_run = lambda r: (r.index, r.repeat)  # noqa: E731
     firsts = [min(reps, key=lambda r: r.repeat) for reps in per_input.values()]
     steps = sum(r.steps for r in firsts)
     sizes = [s for r in firsts for s in r.tree_sizes]
@@ -147,21 +128,23 @@ def cell_row(
         tau=sum(r.accepted for r in firsts) / max(steps, 1),
         tokens_per_step=sum(r.decoded_tokens for r in firsts) / max(steps, 1),
         tokens_per_s=_mean(statistics.median(r.tokens_per_s for r in reps) for reps in per_input.values()),
-        speedup=_mean_or_none(_speedup(reps, baseline_runs or ar_runs) for reps in per_input.values()),
-        speedup_ar=_mean_or_none(_speedup(reps, ar_runs) for reps in per_input.values()),
+        speedup=mean_or_none(
+            ratio_median(reps, baseline_runs or ar_runs, by_run) for reps in per_input.values()
+        ),
+        speedup_ar=mean_or_none(ratio_median(reps, ar_runs, by_run) for reps in per_input.values()),
         nodes_per_step=sum(sizes) / len(sizes) if sizes else 0.0,
         ideal_speedup=sum(t[0] for t in terms) / sum(t[1] for t in terms) if terms else None,
         overhead_share=_mean(
             statistics.median(overhead_share(r) for r in reps) for reps in per_input.values()
         ),
-        overhead_share_probe=_mean_or_none(
-            _median_or_none(probe_overhead_share(r, probe) for r in reps) for reps in per_input.values()
+        overhead_share_probe=mean_or_none(
+            median_or_none(probe_overhead_share(r, probe) for r in reps) for reps in per_input.values()
         ),
         identical=all(r.token_ids == _expected(variant, r, ar_runs, references) for r in ok),
         new_tokens=_mean(r.new_tokens for r in firsts),
         steps=_mean(r.steps for r in firsts),
-        draft_visual_tokens=_mean_or_none(r.draft_visual_tokens for r in firsts),
-        target_visual_tokens=_mean_or_none(r.target_visual_tokens for r in firsts),
+        draft_visual_tokens=mean_or_none(r.draft_visual_tokens for r in firsts),
+        target_visual_tokens=mean_or_none(r.target_visual_tokens for r in firsts),
         phases=phases,
     )
     return row
@@ -176,13 +159,9 @@ def _expected(
     return ar.token_ids if ar is not None else None
 
 
-def _speedup(reps: Sequence[RunRecord], ar_runs: dict[tuple[int, int], RunRecord]) -> float | None:
-    ratios = [
-        r.tokens_per_s / ar_runs[r.index, r.repeat].tokens_per_s
-        for r in reps
-        if (r.index, r.repeat) in ar_runs
-    ]
-    return statistics.median(ratios) if ratios else None
+def ratio_median(runs: Sequence[Any], base: dict[Any, Any], key: Any) -> float | None:
+    """Median over ``runs`` of each run's tokens/s over that of ``base[key(run)]`` (runs without one skipped)."""
+    return median_or_none([r.tokens_per_s / base[key(r)].tokens_per_s for r in runs if key(r) in base])
 
 
 def _median_run(reps: Sequence[RunRecord]) -> RunRecord:
@@ -199,22 +178,24 @@ def _error_text(errors: Sequence[str], runs: Sequence[RunRecord]) -> str | None:
 
 
 def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values) if values else 0.0
+    return mean_or_none(values) or 0.0
 
 
-def _mean_or_none(values) -> float | None:
+def mean_or_none(values) -> float | None:
+    """The mean of the values that are not ``None`` (``None`` when there are none)."""
     values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
+    return float(statistics.fmean(values)) if values else None
 
 
-def _median_or_none(values) -> float | None:
+def median_or_none(values) -> float | None:
+    """The median of the values that are not ``None`` (``None`` when there are none)."""
     values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
+    return float(statistics.median(values)) if values else None
 
 
 # ---- markdown -------------------------------------------------------------------------------------------------
-def _fmt(value: Any, spec: str = ".2f") -> str:
+def fmt(value: Any, spec: str = ".2f") -> str:
+    """A table cell: ``-`` for ``None`` or a non-finite float, yes/NO for a bool, ``spec`` for a float."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -224,27 +205,40 @@ def _fmt(value: Any, spec: str = ".2f") -> str:
     return str(value)
 
 
-def _table(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
+def table(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
+    """A markdown table."""
     out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     out += ["| " + " | ".join(line) + " |" for line in lines]
     return "\n".join(out)
 
 
-def main_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The full method x task table."""
-    header = ["method", "task", "budget", "tau", "tok/step", "tok/s", "speed-up", "vs ar", "nodes/step",
-              "ideal speed-up", "overhead", "identical", "error"]  # fmt: skip
+def rows_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, ...]]) -> str:
+    """A markdown table of ``rows``, one column per ``(header, key[, format spec])`` (``error``: shortened)."""
     lines = [
-        [
-            r["method"], r["task"], _fmt(r["budget"]), _fmt(r["tau"]), _fmt(r["tokens_per_step"]),
-            _fmt(r["tokens_per_s"], ".1f"), _fmt(r["speedup"]), _fmt(r.get("speedup_ar")),
-            _fmt(r["nodes_per_step"], ".1f"),
-            _fmt(r["ideal_speedup"]), _fmt(r["overhead_share"], ".0%"), _fmt(r["identical"]),
-            _short(r["error"]),
-        ]
+        [_short(r.get(key)) if key == "error" else fmt(r.get(key), *spec) for _, key, *spec in columns]
         for r in rows
-    ]  # fmt: skip
-    return _table(header, lines)
+    ]
+    return table([c[0] for c in columns], lines)
+
+
+MAIN_COLUMNS = (("method", "method"), ("task", "task"), ("budget", "budget"), ("tau", "tau"),
+                ("tok/step", "tokens_per_step"), ("tok/s", "tokens_per_s", ".1f"), ("speed-up", "speedup"),
+                ("vs ar", "speedup_ar"), ("nodes/step", "nodes_per_step", ".1f"), ("ideal speed-up", "ideal_speedup"),
+                ("overhead", "overhead_share", ".0%"), ("identical", "identical"), ("error", "error"))  # fmt: skip
+"""The full method x task table."""
+ABLATION_COLUMNS = (("prune ratio", "prune_ratio", "g"), ("task", "task"),
+                    ("draft visual tokens", "draft_visual_tokens", ".0f"), ("tau", "tau"),
+                    ("tok/s", "tokens_per_s", ".1f"), ("speed-up", "speedup"), ("identical", "identical"),
+                    ("error", "error"))  # fmt: skip
+"""SAGE Table 5 style: sage per prune ratio and task: tau and tokens/s."""
+SAMPLING_COLUMNS = (("method", "method"), ("task", "task"), ("budget", "budget"), ("runs", "runs"), ("tau", "tau"),
+                    ("tok/step", "tokens_per_step"), ("tok/s", "tokens_per_s", ".1f"), ("speed-up", "speedup"),
+                    ("tokens", "new_tokens", ".0f"), ("lossless", "lossless"), ("error", "error"))  # fmt: skip
+"""The sampling section: per method and task, medians of tau, tokens/step, tokens/s and speed-up over AR."""
+DSBD_COLUMNS = (("method", "method"), ("width", "width"), ("runs", "runs"), ("tok/s", "tokens_per_s", ".1f"),
+                ("speed-up", "speedup"), ("perplexity", "perplexity", ".3f"), ("exact match", "exact_match", ".0%"),
+                ("tau", "tau"), ("tokens", "new_tokens", ".0f"), ("error", "error"))  # fmt: skip
+"""The DSBD section: tokens/s, speed-up over beam sampling, perplexity and exact match per method."""
 
 
 def summary_table(rows: Sequence[dict[str, Any]], tasks: Sequence[str]) -> str:
@@ -254,19 +248,19 @@ def summary_table(rows: Sequence[dict[str, Any]], tasks: Sequence[str]) -> str:
     lines = []
     for method in methods:
         mine = [cells[method, t] for t in tasks if (method, t) in cells]
-        line = [method, _fmt(mine[0]["budget"]) if mine else "-"]
+        line = [method, fmt(mine[0]["budget"]) if mine else "-"]
         for task in tasks:
             r = cells.get((method, task))
             line.append(
-                "-" if r is None or r["speedup"] is None else f"{r['speedup']:.2f}x ({_fmt(r['tau'])})"
+                "-" if r is None or r["speedup"] is None else f"{r['speedup']:.2f}x ({fmt(r['tau'])})"
             )
         speedups = [r["speedup"] for r in mine if r["speedup"] is not None]
         taus = [r["tau"] for r in mine if r["tau"] is not None]
         line.append(f"{_mean(speedups):.2f}x ({_mean(taus):.2f})" if speedups else "-")
-        line.append(_fmt(all(r["identical"] for r in mine) if mine and None not in [r["identical"] for r in mine]
-                         else None))  # fmt: skip
+        identical = [r["identical"] for r in mine]
+        line.append(fmt(all(identical) if identical and None not in identical else None))
         lines.append(line)
-    return _table(["method", "budget", *(f"{t} speed-up (tau)" for t in tasks), "mean", "identical"], lines)
+    return table(["method", "budget", *(f"{t} speed-up (tau)" for t in tasks), "mean", "identical"], lines)
 
 
 def phase_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -274,10 +268,9 @@ def phase_table(rows: Sequence[dict[str, Any]]) -> str:
     lines = []
     for method in dict.fromkeys(r["method"] for r in rows):
         shares = phase_shares([r for r in rows if r["method"] == method])
-        if shares is None:
-            continue
-        lines.append([method, *(_fmt(shares[p], ".0%") for p in PHASES)])
-    return _table(["method", *(_PHASE_LABELS[p] for p in PHASES)], lines)
+        if shares is not None:
+            lines.append([method, *(fmt(shares[p], ".0%") for p in PHASES)])
+    return table(["method", *(_PHASE_LABELS[p] for p in PHASES)], lines)
 
 
 def phase_shares(rows: Sequence[dict[str, Any]]) -> dict[str, float] | None:
@@ -289,17 +282,6 @@ def phase_shares(rows: Sequence[dict[str, Any]]) -> dict[str, float] | None:
     return {ph: _mean(p[ph] / t for p, t in totals) for ph in PHASES}
 
 
-def ablation_table(rows: Sequence[dict[str, Any]]) -> str:
-    """SAGE Table 5 style: sage per prune ratio and task: tau and tokens/s."""
-    header = ["prune ratio", "task", "draft visual tokens", "tau", "tok/s", "speed-up", "identical", "error"]
-    lines = [
-        [_fmt(r["prune_ratio"], "g"), r["task"], _fmt(r["draft_visual_tokens"], ".0f"), _fmt(r["tau"]),
-         _fmt(r["tokens_per_s"], ".1f"), _fmt(r["speedup"]), _fmt(r["identical"]), _short(r["error"])]
-        for r in rows
-    ]  # fmt: skip
-    return _table(header, lines)
-
-
 def probe_table(probe: dict[str, Any]) -> str:
     """Cost probe: ms per forward and ratio to one token, target (with its roofline) and draft."""
     n = len(probe["sizes"])
@@ -307,15 +289,15 @@ def probe_table(probe: dict[str, Any]) -> str:
     draft_ratio = probe.get("draft_ratio") or [None] * n
     roof = probe.get("roofline_s") or [None] * n
     lines = [
-        [str(size), _fmt(t * 1e3), _fmt(tr), _fmt(r * 1e3 if r else None, ".3f"), _fmt(t / r if r else None, ".1f"),
-         _fmt(d * 1e3 if d is not None else None), _fmt(dr)]
+        [str(size), fmt(t * 1e3), fmt(tr), fmt(r * 1e3 if r else None, ".3f"), fmt(t / r if r else None, ".1f"),
+         fmt(d * 1e3 if d is not None else None), fmt(dr)]
         for size, t, tr, r, d, dr in zip(
             probe["sizes"], probe["target_s"], probe["target_ratio"], roof, draft, draft_ratio, strict=False
         )
     ]  # fmt: skip
     header = ["tokens N", "target ms (median)", "target c(N)/c(1)", "target roofline ms", "c(N)/roofline",
               "draft ms (median)", "draft c(N)/c(1)"]  # fmt: skip
-    return _table(header, lines)
+    return table(header, lines)
 
 
 def roofline_note(probe: dict[str, Any]) -> str:
@@ -330,40 +312,19 @@ def roofline_note(probe: dict[str, Any]) -> str:
     )
 
 
+def edd_share(draft_s: float, target_s: float) -> str:
+    """The EDD draft's one-token forward cost as a share of the target's."""
+    return f"one draft forward {draft_s * 1e3:.2f} ms = {draft_s / target_s:.1%} of a target forward ({target_s * 1e3:.2f} ms)"
+
+
 def entropy_table(report: dict[str, Any]) -> str:
     """Entropy autocorrelation per task and lag."""
     lags = list(next(iter(report.values()))["autocorr"]) if report else []
     lines = [
-        [task, str(v["tokens"]), _fmt(v["mean_entropy"]), *(_fmt(v["autocorr"][k]) for k in lags)]
+        [task, str(v["tokens"]), fmt(v["mean_entropy"]), *(fmt(v["autocorr"][k]) for k in lags)]
         for task, v in report.items()
     ]
-    return _table(["task", "tokens", "mean entropy", *(f"lag {k}" for k in lags)], lines)
-
-
-def sampling_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The sampling section: per method and task, medians of tau, tokens/step, tokens/s and speed-up over AR."""
-    header = ["method", "task", "budget", "runs", "tau", "tok/step", "tok/s", "speed-up", "tokens", "lossless",
-              "error"]  # fmt: skip
-    lines = [
-        [r["method"], r["task"], _fmt(r["budget"]), _fmt(r["runs"]), _fmt(r["tau"]), _fmt(r["tokens_per_step"]),
-         _fmt(r["tokens_per_s"], ".1f"), _fmt(r["speedup"]), _fmt(r["new_tokens"], ".0f"), _fmt(r["lossless"]),
-         _short(r["error"])]
-        for r in rows
-    ]  # fmt: skip
-    return _table(header, lines)
-
-
-def dsbd_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The DSBD section: tokens/s, speed-up over beam sampling, perplexity and exact match per method."""
-    header = ["method", "width", "runs", "tok/s", "speed-up", "perplexity", "exact match", "tau", "tokens",
-              "error"]  # fmt: skip
-    lines = [
-        [r["method"], _fmt(r["width"]), _fmt(r["runs"]), _fmt(r["tokens_per_s"], ".1f"), _fmt(r["speedup"]),
-         _fmt(r["perplexity"], ".3f"), _fmt(r["exact_match"], ".0%"), _fmt(r["tau"]), _fmt(r["new_tokens"], ".0f"),
-         _short(r["error"])]
-        for r in rows
-    ]  # fmt: skip
-    return _table(header, lines)
+    return table(["task", "tokens", "mean entropy", *(f"lag {k}" for k in lags)], lines)
 
 
 def sampling_markdown(result: dict[str, Any]) -> list[str]:
@@ -374,11 +335,11 @@ def sampling_markdown(result: dict[str, Any]) -> list[str]:
     return [
         "",
         (
-            f"## Sampling (temperature {_fmt(s['temperature'], 'g')}, top_k {_fmt(s['top_k'])}, top_p "
-            f"{_fmt(s['top_p'], 'g')}; medians over inputs x repeats)"
+            f"## Sampling (temperature {fmt(s['temperature'], 'g')}, top_k {fmt(s['top_k'])}, top_p "
+            f"{fmt(s['top_p'], 'g')}; medians over inputs x repeats)"
         ),
         "",
-        sampling_table(result["sampling_rows"]),
+        rows_table(result["sampling_rows"], SAMPLING_COLUMNS),
         "",
         (
             f"Seeds: {s['seeds']}, the same for every method; speed-up: median of each run's tokens/s over ar's "
@@ -397,13 +358,13 @@ def dsbd_markdown(result: dict[str, Any]) -> list[str]:
         "",
         (
             f"## DSBD vs beam sampling ({s['task']}, {s['inputs']} {s['inputs_source']} inputs x {s['repeats']} "
-            f"repeats; temperature {_fmt(s['temperature'], 'g')}, top_k {s['top_k']}, top_p {_fmt(s['top_p'], 'g')})"
+            f"repeats; temperature {fmt(s['temperature'], 'g')}, top_k {s['top_k']}, top_p {fmt(s['top_p'], 'g')})"
         ),
         "",
-        dsbd_table(result["dsbd_rows"]),
+        rows_table(result["dsbd_rows"], DSBD_COLUMNS),
         "",
         (
-            f"dsbd: gamma {c['gamma']}, draft width {c['draft_width']}, threshold {_fmt(c['threshold'], 'g')}, "
+            f"dsbd: gamma {c['gamma']}, draft width {c['draft_width']}, threshold {fmt(c['threshold'], 'g')}, "
             f"w_min {c['w_min']} (width: mean output beams per drafted step); beam_sampling: the target's "
             f"generate(num_beams=W, do_sample=True), W = {s['beam_width_note']}; multinomial: num_beams=1. "
             "tok/s: median; speed-up: median ratio to beam_sampling in the same input and repeat; perplexity: "
@@ -434,8 +395,8 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         (
             f"- pair: target `{pair['target']}`, draft `{pair['draft']}` ({pair['source']}, {pair['family']}, "
-            f"{pair['dtype']}; {_fmt(pair.get('target_params_m'), '.1f')}M / "
-            f"{_fmt(pair.get('draft_params_m'), '.1f')}M params)"
+            f"{pair['dtype']}; {fmt(pair.get('target_params_m'), '.1f')}M / "
+            f"{fmt(pair.get('draft_params_m'), '.1f')}M params)"
         ),
         f"- device: {result['device']}",
         (
@@ -450,7 +411,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "## All metrics",
         "",
-        main_table(result["rows"]),
+        rows_table(result["rows"], MAIN_COLUMNS),
         "",
         (
             "tau: accepted draft tokens per step; ideal speed-up: with zero engine overhead (probe costs of the "
@@ -462,7 +423,12 @@ def markdown(result: dict[str, Any]) -> str:
         phase_table(result["rows"]),
     ]
     if result.get("ablation"):
-        parts += ["", "## Draft visual-token pruning ablation (sage)", "", ablation_table(result["ablation"])]
+        parts += [
+            "",
+            "## Draft visual-token pruning ablation (sage)",
+            "",
+            rows_table(result["ablation"], ABLATION_COLUMNS),
+        ]
     if result.get("entropy_autocorr"):
         parts += [
             "",
@@ -485,12 +451,8 @@ def markdown(result: dict[str, Any]) -> str:
         ]
     if result.get("edd_cost_probe"):
         edd = result["edd_cost_probe"]
-        share = edd["draft_s"][0] / edd["target_s"][0]
-        parts += [
-            "",
-            f"EDD draft (the edd+ rows, its own budgets from its own probe): one forward {edd['draft_s'][0] * 1e3:.2f} "
-            f"ms = {share:.1%} of a target forward ({edd['target_s'][0] * 1e3:.2f} ms).",
-        ]
+        share = edd_share(edd["draft_s"][0], edd["target_s"][0])
+        parts += ["", f"EDD draft (the edd+ rows, its own budgets from its own probe): {share}."]
     parts += sampling_markdown(result) + dsbd_markdown(result)
     return "\n".join(parts) + "\n"
 
@@ -511,13 +473,7 @@ def json_safe(value: Any) -> Any:
 
 def csv_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows flattened for CSV (phases as ``phase_<name>_s`` columns)."""
-    out = []
-    for r in rows:
-        flat = {k: r.get(k) for k in CSV_KEYS if not k.startswith("phase_")}
-        for p in PHASES:
-            flat[f"phase_{p}_s"] = (r.get("phases") or {}).get(p)
-        out.append(flat)
-    return out
+    return [{**r, **{f"phase_{p}_s": (r.get("phases") or {}).get(p) for p in PHASES}} for r in rows]
 
 
 def _write_csv(path: Path, keys: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
@@ -533,10 +489,7 @@ def write_files(result: dict[str, Any], out_dir: Path, json_path: Path | None = 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"md": out_dir / "bench.md", "csv": out_dir / "bench.csv", "json": out_dir / "bench.json"}
     paths["md"].write_text(markdown(result))
-    with paths["csv"].open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(CSV_KEYS))
-        writer.writeheader()
-        writer.writerows(csv_rows([*result["rows"], *result.get("ablation", [])]))
+    _write_csv(paths["csv"], CSV_KEYS, csv_rows([*result["rows"], *result.get("ablation", [])]))
     for name, keys in (("sampling", SAMPLING_CSV_KEYS), ("dsbd", DSBD_CSV_KEYS)):
         if f"{name}_rows" in result:
             paths[f"csv_{name}"] = out_dir / f"bench_{name}.csv"

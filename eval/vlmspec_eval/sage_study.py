@@ -25,7 +25,6 @@ k = 10) of the draft's distribution at the step's root.
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from vlmspec.policies import MC_SIM_7B_63, EAGLE2Config, SAGEConfig, TreePolicy,
 from vlmspec.tree import TokenTree
 
 from .analysis import lagged_autocorrelation, pearson, token_entropies
+from .report import fmt, table
 from .tasks import load_inputs
 
 BUDGET = 32
@@ -205,15 +205,6 @@ def previous_alpha_pairs(steps: Sequence[Step]) -> tuple[list[float], list[float
 
 
 # ---- tables -----------------------------------------------------------------------------------------------------------
-def _fmt(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
-
-
 def acceptance_table(runs: dict[str, list[Step]], max_len: int = 8) -> str:
     """Per policy: steps, tau, nodes and depth per step, the share of steps accepting 0..``max_len``+ tokens,
     and the share of steps ending at the tree's maximum depth / at a shallower leaf / at a too narrow node."""
@@ -228,12 +219,12 @@ def acceptance_table(runs: dict[str, list[Step]], max_len: int = 8) -> str:
         rows.append(
             [name, str(len(steps))]
             + [
-                _fmt(float(np.mean([getattr(s, a) for s in steps])))
+                fmt(float(np.mean([getattr(s, a) for s in steps])))
                 for a in ("accepted", "tree_size", "tree_depth")
             ]
-            + [_fmt(v) for v in hist + ends]
+            + [fmt(v) for v in hist + ends]
         )
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def miss_table(runs: dict[str, list[Step]]) -> str:
@@ -249,8 +240,8 @@ def miss_table(runs: dict[str, list[Step]]) -> str:
         n = max(len(narrow), 1)
         share = [sum(lo <= (s.miss_rank or 0) <= hi for s in narrow) / n for lo, hi in RANK_BUCKETS]
         depth = float(np.mean([s.accepted for s in narrow])) if narrow else None
-        rows.append([name, str(len(narrow)), _fmt(depth)] + [_fmt(v) for v in share])
-    return _table(header, rows)
+        rows.append([name, str(len(narrow)), fmt(depth)] + [fmt(v) for v in share])
+    return table(header, rows)
 
 
 def confidence_table(runs: dict[str, list[Step]]) -> str:
@@ -270,7 +261,7 @@ def confidence_table(runs: dict[str, list[Step]]) -> str:
             else:
                 cells.append("-")
         rows.append([name, *cells])
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def token_lag_table(entropies: dict[str, list[list[float]]], lags: Sequence[int] = TOKEN_LAGS) -> str:
@@ -279,8 +270,8 @@ def token_lag_table(entropies: dict[str, list[list[float]]], lags: Sequence[int]
     for name, series in entropies.items():
         auto = lagged_autocorrelation(series, lags)
         mean = float(np.mean([v for s in series for v in s])) if any(series) else None
-        rows.append([name, _fmt(mean), *[_fmt(auto[k]) for k in lags]])
-    return _table(["entropy of", "mean (nats)", *[f"lag {k}" for k in lags]], rows)
+        rows.append([name, fmt(mean), *[fmt(auto[k]) for k in lags]])
+    return table(["entropy of", "mean (nats)", *[f"lag {k}" for k in lags]], rows)
 
 
 def step_lag_table(runs: dict[str, list[Step]], lags: Sequence[int] = STEP_LAGS) -> str:
@@ -296,8 +287,8 @@ def step_lag_table(runs: dict[str, list[Step]], lags: Sequence[int] = STEP_LAGS)
     for name, steps in runs.items():
         for label, value in values.items():
             auto = lagged_autocorrelation(per_caption(steps, value), lags)
-            rows.append([name, label, *[_fmt(auto[k]) for k in lags]])
-    return _table(["policy", "per-step value", *[f"lag {k}" for k in lags]], rows)
+            rows.append([name, label, *[fmt(auto[k]) for k in lags]])
+    return table(["policy", "per-step value", *[f"lag {k}" for k in lags]], rows)
 
 
 def predictor_table(runs: dict[str, list[Step]]) -> str:
@@ -311,9 +302,9 @@ def predictor_table(runs: dict[str, list[Step]]) -> str:
         later = [now for before, now in zip(steps, steps[1:], strict=False) if before.caption == now.caption]
         cells = []
         for x in (prev, [s.root_alpha for s in later], [s.root_top1 for s in later]):
-            cells.append(f"{_fmt(pearson(x, acc))} / {_fmt(spearman(x, acc))}")
+            cells.append(f"{fmt(pearson(x, acc))} / {fmt(spearman(x, acc))}")
         rows.append([name, str(len(acc)), *cells])
-    return _table(header, rows)
+    return table(header, rows)
 
 
 # ---- running -----------------------------------------------------------------------------------------------------------

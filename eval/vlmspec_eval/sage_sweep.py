@@ -13,9 +13,11 @@ from typing import Any
 
 import torch
 
-from vlmspec import VLMSpecPipeline, testbed
+from vlmspec import VLMSpecPipeline
 from vlmspec.named_pairs import DEFAULT_PAIR
 from vlmspec.policies import get_policy
+
+from .tasks import load_inputs
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "ar": ("ar", {}),
@@ -41,9 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     pipe = VLMSpecPipeline.from_pretrained(args.pair)
-    examples = [
-        testbed.sample(task, 200 + i) for task in ("image_caption", "video_caption") for i in range(args.n)
-    ]
+    examples = load_inputs(["image_caption", "video_caption"], args.n, seed=200, source="testbed")
     prepared = [(ex, pipe.prepare_inputs(ex.image, ex.prompt, ex.video)) for ex in examples]
     start = time.perf_counter()
     references = [pipe.reference_generate(inputs, args.max_new_tokens) for _, inputs in prepared]

@@ -42,7 +42,8 @@ from vlmspec.policies import TreePolicy, get_policy
 from vlmspec.policies.dsbd import PAPER_TOP_K, PAPER_TOP_P, beam_sampling_baseline, perplexity
 from vlmspec.sampling import SamplingParams
 
-from .methods import AR, RECOVERABLE_POLICY_ERRORS, TRANSFORMERS_METHODS, Variant, build_variants
+from .methods import AR, RECOVERABLE_POLICY_ERRORS, TRANSFORMERS_METHODS, Variant, build_variants, interleaved
+from .report import mean_or_none, median_or_none, ratio_median
 from .tasks import TaskInput, load_inputs
 
 TEMPERATURE = 1.0
@@ -60,21 +61,10 @@ Logger = Callable[[str], None]
 
 @dataclass
 class SampleRun:
-    """One timed sampled generation.
-
-    Attributes:
-        key: method (``ar``, a policy name, ``beam_sampling`` or ``multinomial``).
-        task, index, repeat: the input and the repeat.
-        seed: the sampling seed (``seed + repeat``).
-        token_ids, text: the output.
-        total_s: wall time of the generation (inputs already processed).
-        steps: verification steps (engine runs; 0 for ``generate()`` baselines).
-        tau, tokens_per_step: ``stats.mean_accepted`` and ``stats.tokens_per_step`` (engine runs).
-        lossless: ``stats.lossless`` (engine runs; ``None`` for the baselines).
-        widths: per drafted step, the number of output beams (dsbd), or ``[W]`` (beam baselines).
-        perplexity: of the output under the target (DSBD section only).
-        exact_match: reply stripped == reference (DSBD section, inputs with a reference).
-        error: ``None`` or why the run failed (then the other fields are empty).
+    """One timed sampled generation of ``key`` (``ar``, a policy, ``beam_sampling`` or ``multinomial``) on an input,
+    with seed ``seed + repeat``. ``steps``, ``tau``, ``tokens_per_step``, ``lossless``: the engine's stats (empty for
+    the ``generate()`` baselines); ``widths``: output beams per drafted step (dsbd) or ``[W]`` (the baselines);
+    ``perplexity`` and ``exact_match``: the DSBD section's scores; ``error``: why the run failed, else ``None``.
     """
 
     key: str
@@ -110,11 +100,6 @@ def sampling_variants(methods: Sequence[str], budget: int | None) -> list[Varian
     return [v for v in build_variants(names, budget) if v.policy is None or v.policy.lossless]
 
 
-def sampling_params(pipe: Any) -> SamplingParams:
-    """The warping of the sampling section: temperature 1, top-k/top-p from the target's ``generation_config``."""
-    return SamplingParams.resolve(pipe.target.generation_config, temperature=TEMPERATURE)
-
-
 def run_sampled(
     pipe: Any, variant: Variant, item: TaskInput, max_new_tokens: int, repeat: int, seed: int
 ) -> SampleRun:
@@ -122,29 +107,46 @@ def run_sampled(
 
     A policy's recoverable error is recorded in the run; ``ar``'s is raised (it is the baseline).
     """
-    run = SampleRun(key=variant.key, task=item.task, index=item.index, repeat=repeat, seed=seed)
-    pipe.policy = variant.policy
+    warping = {"temperature": TEMPERATURE, "top_k": None, "top_p": None}
+    return _engine_run(
+        pipe, variant.key, variant.policy, item, max_new_tokens, repeat, seed, warping, variant.method == AR
+    )
+
+
+def _engine_run(
+    pipe: Any,
+    key: str,
+    policy: TreePolicy,
+    item: TaskInput,
+    max_new_tokens: int,
+    repeat: int,
+    seed: int,
+    warping: dict[str, Any],
+    baseline: bool = False,
+) -> SampleRun:
+    """One sampled engine generation; a recoverable error is recorded in the run (raised for the ``baseline``)."""
+    run = SampleRun(key=key, task=item.task, index=item.index, repeat=repeat, seed=seed)
+    pipe.policy = policy
     try:
         out = pipe(item.image, item.prompt, video=item.video, max_new_tokens=max_new_tokens, do_sample=True,
-                   temperature=TEMPERATURE, top_k=None, top_p=None, seed=seed)  # fmt: skip
+                   seed=seed, **warping)  # fmt: skip
     except RECOVERABLE_POLICY_ERRORS as err:
-        if variant.method == AR:
+        if baseline:
             raise
         run.error = f"{type(err).__name__}: {err}"
         return run
-    _fill_engine_run(run, out)
-    return run
-
-
-def _fill_engine_run(run: SampleRun, out: Any) -> None:
     stats = out.stats
-    run.token_ids = list(out.token_ids)
-    run.text = out.text
-    run.total_s = stats.total_seconds
-    run.steps = stats.steps
-    run.tau = stats.mean_accepted
-    run.tokens_per_step = stats.tokens_per_step
-    run.lossless = stats.lossless
+    run.token_ids, run.text, run.total_s, run.steps = (
+        list(out.token_ids),
+        out.text,
+        stats.total_seconds,
+        stats.steps,
+    )
+    run.tau, run.tokens_per_step, run.lossless = stats.mean_accepted, stats.tokens_per_step, stats.lossless
+    run.widths = [
+        int(t["output_beams"]) for t in stats.trace if t.get("gamma", 0) > 0 and "output_beams" in t
+    ]
+    return run
 
 
 def measure_sampling(
@@ -161,32 +163,21 @@ def measure_sampling(
     Repeat ``r`` uses seed ``seed + r`` for every method and input. A variant that failed on an input is not
     retried on that input's later repeats.
     """
-    usable = [v for v in variants if v.error is None]
-    for variant in usable:
+    usable = {v.key: v for v in variants if v.error is None}
+    for variant in usable.values():
         run_sampled(pipe, variant, items[0], max_new_tokens, repeat=-1, seed=seed)
-    runs: list[SampleRun] = []
-    failed: set[tuple[str, str, int]] = set()
-    for item in items:
-        for repeat in range(repeats):
-            shift = repeat % len(usable)
-            line = []
-            for variant in [*usable[shift:], *usable[:shift]]:
-                if (variant.key, item.task, item.index) in failed:
-                    continue
-                run = run_sampled(pipe, variant, item, max_new_tokens, repeat, seed + repeat)
-                runs.append(run)
-                if run.error is not None:
-                    failed.add((variant.key, item.task, item.index))
-                line.append(f"{variant.key} {'ERR' if run.error else f'{run.tokens_per_s:.1f}'}")
-            log(f"sampling {item.task}[{item.index}] repeat {repeat + 1}/{repeats} tok/s: {', '.join(line)}")
-    return runs
+
+    def run(key: str, item: TaskInput, repeat: int) -> SampleRun:
+        return run_sampled(pipe, usable[key], item, max_new_tokens, repeat, seed + repeat)
+
+    return interleaved(items, repeats, list(usable), run, log, "sampling ")
 
 
 def aggregate_sampling(
     runs: Sequence[SampleRun], variants: Sequence[Variant], tasks: Sequence[str]
 ) -> list[dict[str, Any]]:
     """One row per variant and task (plus ``all`` tasks pooled when there are several), medians over runs."""
-    ar_runs = {(r.task, r.index, r.repeat): r for r in runs if r.key == AR and r.error is None}
+    ar_runs = {_run_key(r): r for r in runs if r.key == AR and r.error is None}
     groups = [*tasks, ALL_TASKS] if len(tasks) > 1 else list(tasks)
     rows = []
     for variant in variants:
@@ -202,22 +193,17 @@ def sampling_row(
     """The row of ``variant`` on ``task`` from its runs (module docstring: what each number is)."""
     ok = [r for r in runs if r.error is None]
     stepped = [r for r in ok if r.steps > 0]
-    ratios = [
-        r.tokens_per_s / ar_runs[r.task, r.index, r.repeat].tokens_per_s
-        for r in ok
-        if (r.task, r.index, r.repeat) in ar_runs
-    ]
     errors = [r.error for r in runs if r.error is not None]
     return {
         "method": variant.key,
         "task": task,
         "budget": variant.budget,
         "runs": len(ok),
-        "tau": _median([r.tau for r in stepped]),
-        "tokens_per_step": _median([r.tokens_per_step for r in stepped]),
-        "tokens_per_s": _median([r.tokens_per_s for r in ok]),
-        "speedup": _median(ratios),
-        "new_tokens": _median([len(r.token_ids) for r in ok]),
+        "tau": median_or_none([r.tau for r in stepped]),
+        "tokens_per_step": median_or_none([r.tokens_per_step for r in stepped]),
+        "tokens_per_s": median_or_none([r.tokens_per_s for r in ok]),
+        "speedup": ratio_median(ok, ar_runs, _run_key),
+        "new_tokens": median_or_none([len(r.token_ids) for r in ok]),
         "lossless": all(r.lossless for r in ok) if ok else None,
         "error": variant.error or (errors[0] if errors else None),
     }
@@ -235,7 +221,7 @@ def run_sampling_section(
 ) -> dict[str, Any]:
     """The ``--sampling`` section: ``{"settings", "rows"}`` (see the module docstring)."""
     variants = sampling_variants(methods, budget)
-    params = sampling_params(pipe)
+    params = SamplingParams.resolve(pipe.target.generation_config, temperature=TEMPERATURE)
     runs = measure_sampling(pipe, variants, items, max_new_tokens, repeats, seed, log)
     tasks = list(dict.fromkeys(it.task for it in items))
     return {
@@ -276,19 +262,7 @@ def run_dsbd(
     pipe: Any, policy: TreePolicy, item: TaskInput, max_new_tokens: int, repeat: int, seed: int
 ) -> SampleRun:
     """One DSBD generation (its recoverable errors are recorded in the run)."""
-    run = SampleRun(key=DSBD, task=item.task, index=item.index, repeat=repeat, seed=seed)
-    pipe.policy = policy
-    try:
-        out = pipe(item.image, item.prompt, video=item.video, max_new_tokens=max_new_tokens, do_sample=True,
-                   seed=seed, **dsbd_warping(policy))  # fmt: skip
-    except RECOVERABLE_POLICY_ERRORS as err:
-        run.error = f"{type(err).__name__}: {err}"
-        return run
-    _fill_engine_run(run, out)
-    run.widths = [
-        int(t["output_beams"]) for t in out.stats.trace if t.get("gamma", 0) > 0 and "output_beams" in t
-    ]
-    return run
+    return _engine_run(pipe, DSBD, policy, item, max_new_tokens, repeat, seed, dsbd_warping(policy))
 
 
 def run_beam(
@@ -361,48 +335,38 @@ def measure_dsbd(
     widths = {BEAM_SAMPLING: width, MULTINOMIAL: 1}
     for key, w in widths.items():
         run_beam(pipe, key, w, warping, items[0], max_new_tokens, -1, seed)
-    runs: list[SampleRun] = []
-    for item in items:
-        for repeat in range(repeats):
-            shift = repeat % len(DSBD_METHODS)
-            line = []
-            for key in [*DSBD_METHODS[shift:], *DSBD_METHODS[:shift]]:
-                s = seed + repeat
-                if key == DSBD:
-                    run = run_dsbd(pipe, policy, item, max_new_tokens, repeat, s)
-                else:
-                    run = run_beam(pipe, key, widths[key], warping, item, max_new_tokens, repeat, s)
-                runs.append(run)
-                line.append(f"{key} {'ERR' if run.error else f'{run.tokens_per_s:.1f}'}")
-            log(f"dsbd {item.task}[{item.index}] repeat {repeat + 1}/{repeats} tok/s: {', '.join(line)}")
+
+    def run(key: str, item: TaskInput, repeat: int) -> SampleRun:
+        if key == DSBD:
+            return run_dsbd(pipe, policy, item, max_new_tokens, repeat, seed + repeat)
+        return run_beam(pipe, key, widths[key], warping, item, max_new_tokens, repeat, seed + repeat)
+
+    runs = interleaved(items, repeats, DSBD_METHODS, run, log, "dsbd ")
     return runs, width, note
 
 
 def dsbd_rows(runs: Sequence[SampleRun], width: int) -> list[dict[str, Any]]:
     """One row per DSBD-section method (module docstring: what each number is)."""
-    beam = {(r.task, r.index, r.repeat): r for r in runs if r.key == BEAM_SAMPLING and r.error is None}
+    beam = {_run_key(r): r for r in runs if r.key == BEAM_SAMPLING and r.error is None}
     widths = {BEAM_SAMPLING: width, MULTINOMIAL: 1}
     rows = []
     for key in DSBD_METHODS:
         mine = [r for r in runs if r.key == key]
         ok = [r for r in mine if r.error is None]
         matches = [r.exact_match for r in ok if r.exact_match is not None]
-        ratios = [
-            r.tokens_per_s / beam[r.task, r.index, r.repeat].tokens_per_s
-            for r in ok
-            if (r.task, r.index, r.repeat) in beam
-        ]
         rows.append(
             {
                 "method": key,
-                "width": _mean([w for r in ok for w in r.widths]) if key == DSBD else float(widths[key]),
+                "width": mean_or_none([w for r in ok for w in r.widths])
+                if key == DSBD
+                else float(widths[key]),
                 "runs": len(ok),
-                "tokens_per_s": _median([r.tokens_per_s for r in ok]),
-                "speedup": _median(ratios),
-                "perplexity": _mean([r.perplexity for r in ok if r.perplexity is not None]),
-                "exact_match": _mean(matches),
-                "tau": _median([r.tau for r in ok if r.steps > 0]) if key == DSBD else None,
-                "new_tokens": _median([len(r.token_ids) for r in ok]),
+                "tokens_per_s": median_or_none([r.tokens_per_s for r in ok]),
+                "speedup": ratio_median(ok, beam, _run_key),
+                "perplexity": mean_or_none([r.perplexity for r in ok if r.perplexity is not None]),
+                "exact_match": mean_or_none(matches),
+                "tau": median_or_none([r.tau for r in ok if r.steps > 0]) if key == DSBD else None,
+                "new_tokens": median_or_none([len(r.token_ids) for r in ok]),
                 "error": next((r.error for r in mine if r.error is not None), None),
             }
         )
@@ -444,9 +408,5 @@ def run_dsbd_section(
     }
 
 
-def _median(values: Sequence[float]) -> float | None:
-    return float(statistics.median(values)) if values else None
-
-
-def _mean(values: Sequence[float]) -> float | None:
-    return float(statistics.fmean(values)) if values else None
+def _run_key(run: SampleRun) -> tuple[str, int, int]:
+    return run.task, run.index, run.repeat

@@ -142,16 +142,17 @@ def resolve_pair(
     testbed's shipped ``size`` pair of ``family``, inflated to ``calibration`` (``None``: as trained).
 
     Raises:
-        ValueError: a draft without a target, or a folder/hub-id target without a draft.
+        ValueError: see :func:`check_pair`.
     """
+    check_pair(target, draft)
     if target is None:
-        if draft is not None:
-            raise ValueError(
-                "give both --target and --draft, a pair name as --target, or neither (the default pair)"
-            )
         target = f"testbed-{size}:{family}" + (f"@{calibration}" if calibration else "")
-    elif draft is None and not is_pair_name(target):
+    return resolve_named_pair(target, draft, family=family)
+
+
+def check_pair(target: str | None, draft: str | None) -> None:
+    """Raises ``ValueError`` for a draft without a target, or a folder/hub-id target without a draft."""
+    if (target is None) != (draft is None) and not is_pair_name(target):
         raise ValueError(
             "give both --target and --draft, a pair name as --target, or neither (the default pair)"
         )
-    return resolve_named_pair(target, draft, family=family)
