@@ -160,9 +160,21 @@ def rank_paths(config: object, field: str) -> Paths:
 
 
 def check(condition: bool, config: object, field: str, value: object, need: str) -> None:
-    """Raise a ``ValueError`` naming the config, the bad field, its value and what is expected."""
+    """Raise an :class:`~vlmspec.errors.InvalidInputError` naming the config, the bad field, its value and what is
+    expected."""
     if not condition:
         raise InvalidInputError(f"{type(config).__name__}.{field}={value!r} is invalid: {need}")
+
+
+def is_int(value: object) -> bool:
+    """An integer, and not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_positive_int(config: object, field: str) -> None:
+    """:func:`check` that ``config.<field>`` is an integer >= 1."""
+    value = getattr(config, field)
+    check(is_int(value) and value >= 1, config, field, value, "an integer >= 1")
 
 
 @dataclass(frozen=True)

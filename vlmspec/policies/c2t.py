@@ -54,15 +54,11 @@ from safetensors.torch import load_file, save_file
 from ..draft import DraftTree
 from ..errors import InputNotFoundError, InvalidInputError
 from ..tree import TokenTree
-from .base import PolicyConfig, TreePolicy, check, register_policy
+from .base import PolicyConfig, TreePolicy, check, check_positive_int, is_int, register_policy
 
 FEATURES = ("joint_prob", "entropy", "depth")
 SPEC_FORMAT = "vlmspec-c2t-classifier"
 DEFAULT_CLASSIFIER = Path(__file__).resolve().parent.parent / "assets" / "c2t_default.safetensors"
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def spec_path(weights: str | Path) -> Path:
@@ -206,15 +202,9 @@ class C2TConfig(PolicyConfig):
 
     def __post_init__(self) -> None:
         check(0.0 <= self.beta < 1.0, self, "beta", self.beta, "a number in [0, 1)")
-        check(
-            _is_int(self.max_depth) and self.max_depth >= 1,
-            self,
-            "max_depth",
-            self.max_depth,
-            "an integer >= 1",
-        )
-        check(_is_int(self.top_k) and self.top_k >= 1, self, "top_k", self.top_k, "an integer >= 1")
-        check(_is_int(self.entropy_top) and self.entropy_top >= 2, self, "entropy_top", self.entropy_top,
+        check_positive_int(self, "max_depth")
+        check_positive_int(self, "top_k")
+        check(is_int(self.entropy_top) and self.entropy_top >= 2, self, "entropy_top", self.entropy_top,
               "an integer >= 2")  # fmt: skip
         if self.classifier is not None:
             exists = isinstance(self.classifier, (str, Path)) and Path(self.classifier).is_file()

@@ -99,7 +99,7 @@ from ..verify import (
     dynamic_width,
     verify_beam_layer,
 )
-from .base import PolicyConfig, TreePolicy, check, register_policy
+from .base import PolicyConfig, TreePolicy, check, check_positive_int, is_int, register_policy
 
 PAPER_TOP_K = 10
 PAPER_TOP_P = 0.8
@@ -129,14 +129,13 @@ class DSBDConfig(PolicyConfig):
     memory_mode: bool = True
 
     def __post_init__(self) -> None:
-        check(_is_int(self.gamma) and self.gamma >= 1, self, "gamma", self.gamma, "an integer >= 1")
-        check(_is_int(self.draft_width) and self.draft_width >= 1, self, "draft_width", self.draft_width,
-              "an integer >= 1")  # fmt: skip
+        check_positive_int(self, "gamma")
+        check_positive_int(self, "draft_width")  # fmt: skip
         check(isinstance(self.threshold, (int, float)) and 0.0 <= self.threshold <= 1.0, self, "threshold",
               self.threshold, "a number in [0, 1]")  # fmt: skip
-        check(_is_int(self.w_min) and 1 <= self.w_min <= self.draft_width, self, "w_min", self.w_min,
+        check(is_int(self.w_min) and 1 <= self.w_min <= self.draft_width, self, "w_min", self.w_min,
               f"an integer in [1, draft_width] ([1, {self.draft_width}])")  # fmt: skip
-        check(self.top_k is None or (_is_int(self.top_k) and self.top_k >= 0), self, "top_k", self.top_k,
+        check(self.top_k is None or (is_int(self.top_k) and self.top_k >= 0), self, "top_k", self.top_k,
               "an integer >= 0 (0: no top-k) or None (follow the request)")  # fmt: skip
         check(self.top_p is None or (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1), self, "top_p",
               self.top_p, "a number in (0, 1] or None (follow the request)")  # fmt: skip
@@ -144,10 +143,6 @@ class DSBDConfig(PolicyConfig):
               "only True is supported: the engine keeps one target KV cache and one sequence, so DSBD runs in its "
               "memory mode (paper 3.4: the lowest-perplexity output beam is the next single input beam); the "
               "forest mode with one KV cache per input beam (paper 3.3) is not supported")  # fmt: skip
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass
@@ -396,7 +391,7 @@ def beam_sampling_baseline(
         seed: seeds the sampling.
         temperature, top_k, top_p: the warping (paper section 4: 1.0, 10, 0.8).
     """
-    if not (_is_int(width) and width >= 1):
+    if not (is_int(width) and width >= 1):
         raise InvalidInputError(f"width={width!r} is invalid: use an integer >= 1 (num_beams)")
     inputs = pipe.prepare_inputs(image, prompt, video)
     prompt_len = inputs["input_ids"].shape[1]

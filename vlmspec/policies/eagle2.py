@@ -36,15 +36,11 @@ import torch
 
 from ..draft import DraftTree
 from ..tree import TokenTree
-from .base import PolicyConfig, TreePolicy, check, register_policy
+from .base import PolicyConfig, TreePolicy, check, check_positive_int, register_policy
 
 MAX_EXPANSION_NODES = 8192
 """The most nodes EAGLE-2's expansion may hold (``depth * top_k**2``): the draft tree keeps an ancestor matrix of
 their square (64 MiB at this bound), so ``top_k=100`` would ask for gigabytes."""
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -65,12 +61,9 @@ class EAGLE2Config(PolicyConfig):
     total_tokens: int = 60
 
     def __post_init__(self) -> None:
-        check(_is_int(self.depth) and self.depth >= 1, self, "depth", self.depth, "an integer >= 1")
-        check(_is_int(self.top_k) and self.top_k >= 1, self, "top_k", self.top_k, "an integer >= 1")
-        check(
-            _is_int(self.total_tokens) and self.total_tokens >= 1,
-            self, "total_tokens", self.total_tokens, "an integer >= 1",
-        )  # fmt: skip
+        check_positive_int(self, "depth")
+        check_positive_int(self, "top_k")
+        check_positive_int(self, "total_tokens")  # fmt: skip
         check(self.depth * self.top_k**2 <= MAX_EXPANSION_NODES, self, "top_k", self.top_k,
               f"at most {self.max_top_k(self.depth)} at depth {self.depth}: the expansion holds depth * top_k^2 "
               f"candidates, at most {MAX_EXPANSION_NODES} (its ancestor matrix grows with their square)")  # fmt: skip

@@ -54,13 +54,9 @@ import torch
 from ..costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
 from ..draft import DraftTree
 from ..tree import TokenTree
-from .base import PolicyConfig, TreePolicy, check, register_policy
+from .base import PolicyConfig, TreePolicy, check, check_positive_int, is_int, register_policy
 
 PAPER_COST_RATIO = 1.1 / 29.8  # LLaMA2-Chat 7B with EDD on an RTX A6000 (section 4.1)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -96,16 +92,10 @@ class PCTConfig(PolicyConfig):
             self.leaf_threshold,
             "a number in [0, 1)",
         )
-        check(_is_int(self.width) and self.width >= 1, self, "width", self.width, "an integer >= 1")
-        check(
-            _is_int(self.max_depth) and self.max_depth >= 1,
-            self,
-            "max_depth",
-            self.max_depth,
-            "an integer >= 1",
-        )
+        check_positive_int(self, "width")
+        check_positive_int(self, "max_depth")
         if self.max_nodes is not None:
-            check(_is_int(self.max_nodes) and self.max_nodes >= 1, self, "max_nodes", self.max_nodes,
+            check(is_int(self.max_nodes) and self.max_nodes >= 1, self, "max_nodes", self.max_nodes,
                   "an integer >= 1, or None for no cap")  # fmt: skip
 
 

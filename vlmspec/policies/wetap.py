@@ -73,13 +73,9 @@ from ..draft import DraftTree
 from ..sampling import Sampler
 from ..tree import TokenTree
 from ..verify import Acceptance, beam_accept
-from .base import PolicyConfig, TreePolicy, check, register_policy
+from .base import PolicyConfig, TreePolicy, check, check_positive_int, is_int, register_policy
 
 ACCEPTANCE_RULES = ("greedy", "wetap_beam")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _round_half_up(x: float) -> int:
@@ -230,14 +226,14 @@ class WETAPConfig(PolicyConfig):
     tau: float = 0.5
 
     def __post_init__(self) -> None:
-        check(_is_int(self.budget) and self.budget >= 1, self, "budget", self.budget, "an integer >= 1")
-        check(_is_int(self.length) and self.length >= 1, self, "length", self.length, "an integer >= 1")
-        check(_is_int(self.w_min) and self.w_min >= 1, self, "w_min", self.w_min, "an integer >= 1")
-        check(_is_int(self.w_max) and self.w_max >= self.w_min, self, "w_max", self.w_max,
+        check_positive_int(self, "budget")
+        check_positive_int(self, "length")
+        check_positive_int(self, "w_min")
+        check(is_int(self.w_max) and self.w_max >= self.w_min, self, "w_max", self.w_max,
               f"an integer >= w_min ({self.w_min})")  # fmt: skip
         check(self.gamma > 0, self, "gamma", self.gamma, "a number > 0")
         check(0.0 <= self.alpha <= 1.0, self, "alpha", self.alpha, "a number in [0, 1]")
-        check(_is_int(self.top_k) and self.top_k >= 1, self, "top_k", self.top_k, "an integer >= 1")
+        check_positive_int(self, "top_k")
         check(0.0 < self.top_p <= 1.0, self, "top_p", self.top_p, "a number in (0, 1]")
         check(self.eps > 0, self, "eps", self.eps, "a number > 0")
         check(self.acceptance in ACCEPTANCE_RULES, self, "acceptance", self.acceptance,
