@@ -16,12 +16,13 @@ import pytest
 import torch
 from scipy.stats import chisquare
 from synthetic import SyntheticDraft, _CountingCache
+from vlmspec_eval.dsbd_baseline import beam_sampling_baseline, perplexity
 
 import vlmspec.verify as verify
 from vlmspec import VLMSpecPipeline
 from vlmspec.draft import DraftTree
 from vlmspec.models import DecodeState, adapter_for
-from vlmspec.policies import DSBDConfig, DSBDPolicy, beam_sampling_baseline, get_policy, perplexity
+from vlmspec.policies import DSBDConfig, DSBDPolicy, get_policy
 from vlmspec.sampling import Sampler, SamplingParams
 from vlmspec.testing import make_image
 from vlmspec.tree import TokenTree

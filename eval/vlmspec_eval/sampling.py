@@ -39,9 +39,10 @@ from typing import Any
 import torch
 
 from vlmspec.policies import TreePolicy, get_policy
-from vlmspec.policies.dsbd import PAPER_TOP_K, PAPER_TOP_P, beam_sampling_baseline, perplexity
+from vlmspec.policies.dsbd import PAPER_TOP_K, PAPER_TOP_P
 from vlmspec.sampling import SamplingParams
 
+from .dsbd_baseline import beam_sampling_baseline, perplexity
 from .methods import AR, RECOVERABLE_POLICY_ERRORS, TRANSFORMERS_METHODS, Variant, build_variants, interleaved
 from .report import mean_or_none, median_or_none, ratio_median
 from .tasks import TaskInput, load_inputs

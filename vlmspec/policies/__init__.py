@@ -51,6 +51,6 @@ __all__ = [
     "wetap_prune",
 ]
 
-from .dsbd import DSBDConfig, DSBDPolicy, beam_sampling_baseline, perplexity
+from .dsbd import DSBDConfig, DSBDPolicy
 
-__all__ += ["DSBDConfig", "DSBDPolicy", "beam_sampling_baseline", "perplexity"]
+__all__ += ["DSBDConfig", "DSBDPolicy"]
