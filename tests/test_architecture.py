@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +61,17 @@ def test_a_wheel_installed_without_the_checkout_captions(tmp_path):
     wheel goes ``--no-deps`` into a target folder put in front of this environment's packages."""
     from vlmspec.testing import write_video
 
-    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    wheels, site, source = tmp_path / "wheels", tmp_path / "site", tmp_path / "source"
+    source.mkdir()
+    for part in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / part, source / part)
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for part in (
+        "vlmspec",
+        "eval/vlmspec_eval",
+        "pipelines/vlmspec_caption",
+    ):  # a copy: the checkout stays clean
+        shutil.copytree(ROOT / part, source / part, ignore=skip)
     build = [
         sys.executable,
         "-m",
@@ -72,7 +83,7 @@ def test_a_wheel_installed_without_the_checkout_captions(tmp_path):
         "-w",
         str(wheels),
     ]
-    subprocess.run([*build, str(ROOT)], check=True, capture_output=True, timeout=600)
+    subprocess.run([*build, str(source)], check=True, capture_output=True, timeout=600)
     (wheel,) = wheels.glob("vlmspec-*.whl")
     install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)]
     subprocess.run(install, check=True, capture_output=True, timeout=600)

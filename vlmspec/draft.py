@@ -57,7 +57,6 @@ class DraftTree:
         self.root_position = root_position
         self.pending = pending
         self.depth_limit = depth_limit
-        self.forwards = 0
         device = root.device
         self._n = 1
         cap = _GROW
@@ -247,7 +246,6 @@ class DraftTree:
         self._root_slot = self._start + k - 1
         self._slots[0] = self._root_slot
         self._tree_start = self._start + k
-        self.forwards += 1
         return torch.softmax(logits[-1:].float(), dim=-1)
 
     def _forward_nodes(self, nodes: torch.Tensor) -> torch.Tensor:
@@ -261,7 +259,6 @@ class DraftTree:
         positions = self.root_position + self._depths[nodes]
         logits = self.adapter.forward(self.state, self._tokens[nodes], positions, bias)  # [n, V]
         self._slots[nodes] = torch.arange(past, past + n, device=nodes.device)
-        self.forwards += 1
         return torch.softmax(logits.float(), dim=-1)
 
     def _reserve(self, size: int) -> None:

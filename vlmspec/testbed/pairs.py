@@ -383,13 +383,3 @@ def prune(root: str | Path | None = None, dry_run: bool = False) -> list[Path]:
         for folder in old:
             shutil.rmtree(folder)
     return old
-
-
-def all_families() -> tuple[str, ...]:
-    """Every family the testbed builds."""
-    return FAMILIES
-
-
-def all_sizes() -> tuple[str, ...]:
-    """Every testbed size."""
-    return tuple(SIZES)
