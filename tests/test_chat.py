@@ -161,3 +161,29 @@ def test_demo_chat_streams_each_turn_and_reuses_the_caches(capsys, monkeypatch):
     assert "you> Which shape is the largest?" in out
     cached = [int(n) for n in re.findall(r"(\d+) cached\]", out)]
     assert cached[0] == 0 and cached[1] > 0 and cached[2] > cached[1]
+
+
+def test_a_sampled_streamed_turn_is_the_fresh_call_s_with_the_same_seed():
+    """Sampling with the caches kept draws what a fresh call on the whole history draws with the same seed, and a
+    TextIteratorStreamer on a turn yields exactly its text."""
+    from threading import Thread
+
+    from transformers import TextIteratorStreamer
+
+    pipe = VLMSpecPipeline.from_pretrained("testbed-mini:qwen2_vl", policy="sage")
+    example = sample("image_caption", 9)
+    options = {"do_sample": True, "seed": 3, "temperature": 0.8}
+    chat = pipe.chat(max_new_tokens=32, **options)
+    chat.send(example.prompt, images=example.image)
+    streamer = TextIteratorStreamer(pipe.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    result = {}
+    turn = Thread(
+        target=lambda: result.update(out=chat.send("Which shape is the largest?", streamer=streamer))
+    )
+    turn.start()
+    streamed = "".join(streamer)
+    turn.join()
+    out = result["out"]
+    assert streamed == out.text and out.stats.cached_prompt_tokens > 0
+    fresh = pipe(messages=chat.messages[:-1], max_new_tokens=32, **options)
+    assert fresh.token_ids == out.token_ids
