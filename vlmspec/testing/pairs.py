@@ -1,60 +1,5 @@
-"""Tiny, randomly initialised, real-architecture VLM target/draft pairs for tests.
-
-Builds miniature checkpoints of four vision-language model families with the *real*
-`transformers` config, model, tokenizer and processor classes and saves them with
-``save_pretrained``, so tests (and users trying the SDK offline) load them through
-``from_pretrained`` exactly like real checkpoints::
-
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-    from vlmspec.testing import build_tiny_pair, make_image
-
-    pair = build_tiny_pair("qwen2_vl")  # cached under $VLMSPEC_CACHE or ~/.cache/vlmspec/tiny
-    target = AutoModelForImageTextToText.from_pretrained(pair.target)
-    draft = AutoModelForImageTextToText.from_pretrained(pair.draft)
-    processor = AutoProcessor.from_pretrained(pair.target)
-
-Nothing is downloaded: the tokenizer is a byte-level BPE (so *any* text encodes) trained on an
-embedded English word list and wrapped in ``Qwen2Tokenizer``, the tokenizer class of all four
-families, with the family's special tokens and a family-style chat template. The tokenizer,
-processor and config builders are those of :mod:`vlmspec.family_builders`, shared with the trained
-:mod:`vlmspec.testbed`; this module picks the fixtures' sizes and pixel geometry and shapes the
-random weights.
-
-Guarantees (checked by ``tests/test_fixtures.py``):
-
-* **Same tokenizer/processor** files in the target and draft folders.
-* **Draft = truncated copy of the target**: same width, first ``_DRAFT_LAYERS`` of
-  ``_TARGET_LAYERS`` decoder layers; embeddings, vision tower, projector, layers and final norm are
-  copied from the target. Its ``lm_head`` is the target's plus seeded noise, so draft greedy
-  tokens agree with the target's on ~75% of positions (a plain copy agrees ~97% of the time,
-  which would leave the rejection paths of speculative decoding nearly untested).
-* **No early stop**: the ``lm_head`` rows of all special tokens (``<|im_end|>``, ``<|endoftext|>``,
-  placeholders, ...) are zero, so their logit is exactly 0 while the best ordinary token's is
-  positive; greedy decoding never emits EOS/special tokens and always runs to ``max_new_tokens``.
-  Tests that need an EOS stop can pass ``eos_token_id=<a token the model emits>`` to ``generate``.
-* **Peaked but context-driven greedy decoding** (see :func:`_shape_weights`): each token strongly
-  predicts a "successor" (``lm_head`` = permuted embeddings) and sharp attention lets the
-  context (text, images, video, i.e. the KV cache) override that for a few percent of the
-  tokens. Median top1-top2 gap ~1.8 logit std (random init: ~0.25). Every weight draw is vetted
-  on the :func:`make_inputs` prompts (min gap >= 0.1 std, context sensitivity >= 3%) and re-drawn
-  deterministically otherwise. Residual risk for *exact bf16* comparisons on other prompts:
-  ~0.06% of positions flip between a one-pass and a token-by-token (KV-cache) bf16 forward,
-  i.e. ~3% of random 48-token prompts; fp32 comparisons are exact.
-* **Deterministic**: the same ``seed`` gives byte-identical folders.
-
-Processor calls (transformers 5.x; the tests use exactly these):
-
-* One image: ``processor(text=[prompt], images=[image], return_tensors="pt")``.
-* Several images in one prompt: ``images=[[image1, image2]]`` (nested per prompt; a flat list
-  makes LLaVA-OneVision treat each image as its own sample and use the single-image anyres layout).
-* Video from PIL frames: ``videos=[frames], video_metadata=[VideoMetadata(total_num_frames=n,
-  fps=4.0, frames_indices=list(range(n)))]``. Metadata is only *needed* by Qwen3-VL (timestamps;
-  without it the processor warns and assumes 24 fps). ``do_sample_frames=False`` is saved in
-  every video processor config, so frames are used as given.
-* Video file: ``frames, metadata = read_video(path)`` and pass them as above. ``videos=[path]``
-  needs ``torchcodec`` in transformers 5.x, which this project does not install.
-* The Qwen processors return ``mm_token_type_ids`` by default (needed for M-RoPE); no flag needed.
-"""
+"""Building the tiny pairs: the fixtures' sizes, weights shaped and vetted, folders written once and cached
+(see :mod:`vlmspec.testing`)."""
 
 from __future__ import annotations
 
@@ -71,11 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
-from . import family_builders
-from .family_builders import (
-    LLAVA_CHAT_TEMPLATE,
-    LLAVA_SPECIAL_TOKENS,
-    QWEN_CHAT_TEMPLATE,
+from .. import family_builders
+from ..family_builders import (
     ModelSpec,
     VisionLayout,
     build_config,
@@ -84,30 +26,13 @@ from .family_builders import (
     model_class,
     special_tokens,
 )
+from .media import make_image, make_video_frames
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    import PIL.Image
     import torch
     from transformers import PreTrainedModel, ProcessorMixin
     from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
-__all__ = [
-    "FAMILIES",
-    "FIXTURE_VERSION",
-    "INPUT_KINDS",
-    "LLAVA_CHAT_TEMPLATE",
-    "LLAVA_SPECIAL_TOKENS",
-    "QWEN_CHAT_TEMPLATE",
-    "TinyPair",
-    "build_processor",
-    "build_tiny_pair",
-    "default_cache_root",
-    "make_image",
-    "make_inputs",
-    "make_video_frames",
-    "read_video",
-    "write_video",
-]
 
 FAMILIES: tuple[str, ...] = family_builders.FAMILIES
 """Model families :func:`build_tiny_pair` can build."""
@@ -119,7 +44,6 @@ FIXTURE_VERSION = "3"
 """Bumped whenever the fixture recipe changes, so stale cached folders are not reused."""
 
 _COMPLETE_MARKER = "VLMSPEC_TINY_COMPLETE"
-_DEFAULT_SIZE = (56, 56)
 
 # ---------------------------------------------------------------------------------------------
 # Model sizes and geometry
@@ -638,154 +562,3 @@ def _write_pair(family: str, seed: int, out: Path) -> None:
         **draw_info,
     }
     (out / _COMPLETE_MARKER).write_text(json.dumps(info, indent=2) + "\n")
-
-
-# ---------------------------------------------------------------------------------------------
-# Images and videos
-# ---------------------------------------------------------------------------------------------
-def make_image(seed: int = 0, size: tuple[int, int] = _DEFAULT_SIZE) -> PIL.Image.Image:
-    """Draws a deterministic picture: colour gradient, a few random shapes and light noise.
-
-    The default ``size`` (56x56) gives a few visual tokens for every family.
-
-    Args:
-        seed: Selects the picture; equal seeds give identical images.
-        size: ``(width, height)`` in pixels.
-
-    Returns:
-        An RGB ``PIL.Image.Image``.
-    """
-    import numpy as np
-    from PIL import Image, ImageDraw
-
-    width, height = int(size[0]), int(size[1])
-    if width < 1 or height < 1:
-        raise ValueError(f"make_image size must be positive (width, height), got {size!r}.")
-    rng = np.random.default_rng(seed)
-    c0, c1 = rng.integers(0, 256, size=(2, 3))
-    ramp = np.linspace(0.0, 1.0, width)[None, :, None]
-    base = (c0 * (1 - ramp) + c1 * ramp) * np.ones((height, 1, 1))
-    image = Image.fromarray(base.astype(np.uint8), "RGB")
-    draw = ImageDraw.Draw(image)
-    for _ in range(3):
-        x0, x1 = sorted(rng.integers(0, width, size=2).tolist())
-        y0, y1 = sorted(rng.integers(0, height, size=2).tolist())
-        box = (x0, y0, max(x1, x0 + 2), max(y1, y0 + 2))
-        fill = tuple(int(v) for v in rng.integers(0, 256, size=3))
-        if rng.random() < 0.5:
-            draw.rectangle(box, fill=fill)
-        else:
-            draw.ellipse(box, fill=fill)
-    pixels = np.asarray(image).astype(np.int16) + rng.integers(-12, 13, size=(height, width, 3))
-    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGB")
-
-
-def make_video_frames(
-    seed: int = 0, num_frames: int = 4, size: tuple[int, int] = _DEFAULT_SIZE
-) -> list[PIL.Image.Image]:
-    """Makes a short deterministic clip: a shape moving over a :func:`make_image` background.
-
-    Args:
-        seed: Selects the clip.
-        num_frames: Number of frames (Qwen video processors need an even count >= 2).
-        size: ``(width, height)`` of every frame.
-
-    Returns:
-        ``num_frames`` RGB ``PIL.Image.Image`` frames.
-    """
-    from PIL import ImageDraw
-
-    if num_frames < 1:
-        raise ValueError(f"make_video_frames needs num_frames >= 1, got {num_frames}.")
-    background = make_image(seed, size)
-    width, height = background.size
-    frames = []
-    for i in range(num_frames):
-        frame = background.copy()
-        draw = ImageDraw.Draw(frame)
-        x = int((width - width // 4) * i / max(num_frames - 1, 1))
-        draw.rectangle(
-            (x, height // 3, x + width // 4, height // 3 + height // 4), fill=(255, 255 - 40 * i % 256, 0)
-        )
-        frames.append(frame)
-    return frames
-
-
-def write_video(path: str | Path, frames: list[PIL.Image.Image], fps: int = 4) -> Path:
-    """Encodes frames to an mp4 file with PyAV (H.264 if available, else MPEG-4 part 2).
-
-    Args:
-        path: Output file (parent folders are created).
-        frames: RGB frames of equal, even width and height.
-        fps: Frames per second stored in the container.
-
-    Returns:
-        ``path`` as a ``Path``.
-
-    Raises:
-        ValueError: If ``frames`` is empty or sizes are odd/mismatched.
-        RuntimeError: If no usable encoder is available in the installed PyAV.
-    """
-    import av
-    import numpy as np
-
-    out = Path(path)
-    if not frames:
-        raise ValueError("write_video needs at least one frame; pass e.g. make_video_frames().")
-    width, height = frames[0].size
-    if width % 2 or height % 2 or any(f.size != (width, height) for f in frames):
-        raise ValueError(
-            f"write_video needs frames of one even size, got {[f.size for f in frames]}; resize them first."
-        )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    errors = []
-    for codec in ("libx264", "h264", "mpeg4"):
-        try:
-            with av.open(str(out), mode="w") as container:
-                stream = container.add_stream(codec, rate=int(fps))
-                stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-                if codec != "mpeg4":
-                    stream.options = {"crf": "18", "preset": "ultrafast"}
-                for frame in frames:
-                    video_frame = av.VideoFrame.from_ndarray(np.asarray(frame.convert("RGB")), format="rgb24")
-                    container.mux(stream.encode(video_frame))
-                container.mux(stream.encode())
-            return out
-        except (av.error.FFmpegError, ValueError, KeyError) as exc:  # codec missing in this build
-            errors.append(f"{codec}: {exc}")
-    raise RuntimeError(f"Could not encode {out} with PyAV; tried {'; '.join(errors)}.")
-
-
-def read_video(path: str | Path) -> tuple[Any, Any]:
-    """Decodes a video file into frames + metadata for the processors.
-
-    transformers 5.x processors decode ``videos=[path]`` only with ``torchcodec`` (the torchvision
-    fallback was removed in torchvision 0.26), which is not a dependency of this project. Decode
-    with PyAV (or decord) instead and pass the result on::
-
-        frames, metadata = read_video("clip.mp4")
-        processor(text=[prompt], videos=[frames], video_metadata=[metadata], return_tensors="pt")
-
-    Args:
-        path: Video file readable by PyAV or decord (e.g. from :func:`write_video`).
-
-    Returns:
-        ``(frames, metadata)``: a ``(num_frames, height, width, 3)`` uint8 array and its
-        ``transformers.video_utils.VideoMetadata`` (fps, frame indices, ...).
-
-    Raises:
-        FileNotFoundError: If ``path`` does not exist.
-        RuntimeError: If neither PyAV nor decord can decode it.
-    """
-    from transformers.video_utils import load_video
-
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"read_video: no video file at {file}; write one with write_video().")
-    errors = []
-    for backend in ("pyav", "decord"):
-        try:
-            return load_video(str(file), backend=backend)
-        except (ImportError, RuntimeError, ValueError, OSError) as exc:
-            errors.append(f"{backend}: {exc}")
-    raise RuntimeError(f"Could not decode {file}; tried {'; '.join(errors)}.")
