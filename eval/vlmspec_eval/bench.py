@@ -536,12 +536,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a("--throughput", type=_csv(int), default=None, metavar="SIZES",
       help="instead of the bench: the throughput section at these batch sizes (e.g. 1,4,8,16), --n videos, "
       "vlmspec (--throughput-policies) against transformers' batched generate(); see vlmspec_eval.throughput")  # fmt: skip
-    a(
-        "--throughput-policies",
-        type=_csv(str),
-        default=("sage",),
-        help="policies of the throughput rows (sage)",
-    )
+    a("--throughput-policies", type=_csv(str), default=("sage",),
+      help="policies of the throughput and conversation sections' vlmspec rows (default sage)")  # fmt: skip
     a("--conversation", action="store_true",
       help="instead of the bench: the multi-turn section, --n three-turn conversations per method (ar chat and "
       "--throughput-policies chats against generate() on the whole history); see vlmspec_eval.conversation")  # fmt: skip
@@ -573,13 +569,13 @@ def run_args(args: argparse.Namespace) -> int:
         print(f"vlmspec bench: error: {err}", file=sys.stderr)
         return 2
     if args.throughput:
-        from .throughput import run_section
+        from . import throughput
 
-        return run_section(config, args.throughput, args.throughput_policies)
+        return throughput.run_section(config, args.throughput, args.throughput_policies)
     if args.conversation:
-        from .conversation import run_section
+        from . import conversation
 
-        return run_section(config, args.throughput_policies)
+        return conversation.run_section(config, args.throughput_policies)
     result = run_bench(config)
     paths = write_report(result, config.out, config.json_path, config.plots)
     print(markdown(result))
@@ -589,10 +585,8 @@ def run_args(args: argparse.Namespace) -> int:
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Adds ``vlmspec bench`` to the ``vlmspec`` command line (the ``vlmspec.commands`` entry point)."""
-    parser = commands.add_parser(
-        "bench", help="benchmark methods side by side (tau, tokens/s, speed-up, identical to AR)"
-    )
-    add_arguments(parser)
+    summary = "benchmark methods side by side (tau, tokens/s, speed-up, identical to AR)"
+    add_arguments(parser := commands.add_parser("bench", help=summary))
     parser.set_defaults(func=run_args)
 
 
