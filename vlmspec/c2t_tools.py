@@ -237,6 +237,41 @@ def evaluate(
     return {"recall": recall, "positive_rate": float(passed.float().mean()) if passed.numel() else 0.0}
 
 
+def _fit(
+    model: C2TClassifier,
+    train_x: torch.Tensor,
+    train_y: torch.Tensor,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    neg_ratio: float,
+    gen: torch.Generator,
+    verbose: bool,
+) -> None:
+    """Adam on the BCE of ``model``'s logits: each epoch every positive and ``neg_ratio`` as many negatives drawn
+    afresh, shuffled, in batches of ``batch_size``; the model is left in eval mode."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    pos_idx = (train_y > 0.5).nonzero().flatten()
+    neg_idx = (train_y <= 0.5).nonzero().flatten()
+    for epoch in range(epochs):
+        n_neg = min(neg_idx.numel(), math.ceil(neg_ratio * pos_idx.numel()))
+        negatives = neg_idx[torch.randperm(neg_idx.numel(), generator=gen)[:n_neg]]
+        idx = torch.cat([pos_idx, negatives])
+        idx = idx[torch.randperm(idx.numel(), generator=gen)]
+        total = 0.0
+        for start in range(0, idx.numel(), batch_size):
+            batch = idx[start : start + batch_size]
+            loss = loss_fn(model.logits(train_x[batch]), train_y[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total += loss.item() * batch.numel()
+        if verbose:
+            print(f"[c2t train] epoch {epoch + 1}/{epochs}: BCE {total / max(idx.numel(), 1):.4f}")
+    model.eval()
+
+
 def train(
     data_path: str | Path | Sequence[str | Path],
     out_path: str | Path,
@@ -285,26 +320,7 @@ def train(
     mean = train_x.mean(dim=0)
     std = train_x.std(dim=0).clamp_min(1e-6)
     model = C2TClassifier(hidden=hidden, mean=mean, std=std)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-    pos_idx = (train_y > 0.5).nonzero().flatten()
-    neg_idx = (train_y <= 0.5).nonzero().flatten()
-    for epoch in range(epochs):
-        n_neg = min(neg_idx.numel(), math.ceil(neg_ratio * pos_idx.numel()))
-        negatives = neg_idx[torch.randperm(neg_idx.numel(), generator=gen)[:n_neg]]
-        idx = torch.cat([pos_idx, negatives])
-        idx = idx[torch.randperm(idx.numel(), generator=gen)]
-        total = 0.0
-        for start in range(0, idx.numel(), batch_size):
-            batch = idx[start : start + batch_size]
-            loss = loss_fn(model.logits(train_x[batch]), train_y[batch])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            total += loss.item() * batch.numel()
-        if verbose:
-            print(f"[c2t train] epoch {epoch + 1}/{epochs}: BCE {total / max(idx.numel(), 1):.4f}")
-    model.eval()
+    _fit(model, train_x, train_y, epochs, batch_size, lr, neg_ratio, gen, verbose)
     held_out = evaluate(model, val_x, val_y, beta)
     on_train = evaluate(model, train_x, train_y, beta)
     metrics = {
