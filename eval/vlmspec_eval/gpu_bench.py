@@ -2,6 +2,8 @@
 
     bash eval/gpu_bench.sh                       # both pairs below, the bench's table and cost curve for each
     bash eval/gpu_bench.sh --pairs testbed-base:qwen2_vl@7b-2b --n 2 --repeats 2
+    bash eval/gpu_bench.sh --conversation --n 4     # the multi-turn section instead (conversation.md per pair)
+    bash eval/gpu_bench.sh --throughput 1,4,8,16    # the throughput section instead (throughput.md per pair)
 
 It needs no install: ``eval/gpu_bench.sh`` runs the machine's own ``python3`` with this tree on ``PYTHONPATH``,
 and everything it imports (torch, transformers >= 5.17, numpy, pillow, safetensors, accelerate, tqdm, pyyaml,
