@@ -35,7 +35,7 @@ from .policies import TreePolicy, available_policies, get_policy
 from .probe import cached_costs
 from .pruning import PruningConfig
 from .sampling import SamplingParams
-from .stopping import StopCriteria
+from .stopping import StopCriteria, eos_token_ids
 from .streaming import StreamPiece, stream_call
 
 DEFAULT_POLICY = "sage"
@@ -410,7 +410,7 @@ class VLMSpecPipeline:
             stop_strings = (stop_strings,)
         stop = StopCriteria(
             max_new_tokens=a.max_new_tokens,
-            eos_token_ids=_eos_ids(self.target),
+            eos_token_ids=eos_token_ids(self.target),
             stop_strings=tuple(stop_strings or ()),
             tokenizer=self.tokenizer if stop_strings else None,
         )
@@ -559,12 +559,3 @@ def pruning_config(pruning: str | PruningConfig, prune_ratio: float | None) -> P
             min_keep=0,
         )
     return config
-
-
-def _eos_ids(model: torch.nn.Module) -> tuple[int, ...]:
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        eos = getattr(model.config.get_text_config(), "eos_token_id", None)
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)

@@ -55,3 +55,18 @@ class StopCriteria:
             if end >= 0 and end + len(stop) > len(tail) - len(last):
                 return True
         return False
+
+
+def eos_token_ids(model: Any) -> tuple[int, ...]:
+    """The EOS ids ``generate()`` stops at for ``model``: its ``generation_config``'s, else its text config's."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config.get_text_config(), "eos_token_id", None)
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+
+def until_eos(tokens: list[int], eos: tuple[int, ...]) -> list[int]:
+    """``tokens`` up to and including the first EOS (as ``generate()``'s output of one row reads)."""
+    return next((tokens[: i + 1] for i, t in enumerate(tokens) if t in eos), tokens)

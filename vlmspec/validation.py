@@ -7,6 +7,9 @@ the class checks its ranges, :func:`check_field_types` checks each field against
 Supported declarations: ``int`` (``bool`` is not an int here), ``float`` (an int is accepted), ``str``, ``bool``,
 unions with ``None``, ``Literal[...]``, ``tuple[...]`` (a list is accepted: YAML and JSON have no tuples; the
 items are checked by the class itself) and other generic containers (``dict[str, Any]``: a dict).
+
+Values that arrive as text (lmms-eval's ``--model_args``) are first converted to their declared types by
+:func:`coerce_fields`, the one generic conversion (nothing field-specific).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import dataclasses
 import functools
 import types
 import typing
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal, Union
 
 from .errors import InvalidInputError
@@ -76,3 +81,47 @@ def _describe(declared: Any) -> str:
         return f"a {'mapping' if origin is dict else origin.__name__}"
     names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "None"}
     return names.get(declared, getattr(declared, "__name__", str(declared)))
+
+
+def coerce_fields(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with each of ``cls``'s dataclass fields converted to its declared type where the value allows
+    (see :func:`coerce`); other keys unchanged."""
+    declared = _field_types(cls)
+    return {k: coerce(v, declared[k]) if k in declared else v for k, v in values.items()}
+
+
+def coerce(value: Any, declared: Any) -> Any:
+    """``value`` converted to the ``declared`` type where its form allows, else unchanged (for
+    :func:`check_field_types` to refuse).
+
+    Text becomes an int, a float, a bool (``true``/``false``), ``None`` (``""``/``none``/``null``, where ``None``
+    is allowed) or a ``Literal`` choice (case-insensitively) as declared; a number or path becomes text for a
+    ``str`` field, an int a float for a ``float`` one, an integral float an int for an ``int`` one.
+    """
+    kinds = (
+        typing.get_args(declared) if typing.get_origin(declared) in (Union, types.UnionType) else (declared,)
+    )
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if type(None) in kinds and text in ("", "none", "null"):
+            return None
+        for kind in kinds:
+            if typing.get_origin(kind) is Literal:
+                choices = [c for c in typing.get_args(kind) if isinstance(c, str) and c.lower() == text]
+                if choices:
+                    return choices[0]
+            elif kind is bool and text in ("true", "false"):
+                return text == "true"
+            elif kind in (int, float):
+                try:
+                    return kind(text)
+                except ValueError:
+                    pass
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float, Path)):
+        return value
+    if isinstance(value, Path) or (int not in kinds and float not in kinds):
+        return str(value) if str in kinds else value
+    if float not in kinds:  # an int field: an integral float is that int
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+    return value if int in kinds else float(value)

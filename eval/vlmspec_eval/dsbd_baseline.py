@@ -15,6 +15,8 @@ import torch
 from vlmspec.errors import InvalidInputError
 from vlmspec.policies.base import is_int
 from vlmspec.policies.dsbd import PAPER_TOP_K, PAPER_TOP_P
+from vlmspec.probe import sync
+from vlmspec.stopping import eos_token_ids, until_eos
 
 
 @dataclass
@@ -71,7 +73,7 @@ def beam_sampling_baseline(
     devices = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         out = pipe.target.generate(
             **inputs,
@@ -83,9 +85,9 @@ def beam_sampling_baseline(
             max_new_tokens=max_new_tokens,
             num_return_sequences=1,
         )
-        _sync(device)
+        sync(device)
         seconds = time.perf_counter() - t0
-    tokens = _until_eos(out[0, prompt_len:].tolist(), _eos_ids(pipe.target))
+    tokens = until_eos(out[0, prompt_len:].tolist(), eos_token_ids(pipe.target))
     text = pipe.tokenizer.decode(tokens, skip_special_tokens=True)
     return BeamSamplingOutput(tokens, text, seconds, len(tokens) / max(seconds, 1e-9))
 
@@ -123,22 +125,3 @@ def perplexity(pipe: Any, inputs: dict[str, Any], token_ids: Sequence[int]) -> f
     logp = torch.log_softmax(logits.double(), dim=-1)
     nll = -logp[torch.arange(len(tokens), device=logp.device), new[0].to(logp.device)].mean()
     return float(math.exp(float(nll)))
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _eos_ids(model: torch.nn.Module) -> tuple[int, ...]:
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
-
-
-def _until_eos(tokens: list[int], eos: tuple[int, ...]) -> list[int]:
-    for i, t in enumerate(tokens):
-        if t in eos:
-            return tokens[: i + 1]
-    return tokens

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from vlmspec.stopping import eos_token_ids, until_eos
+
 from .bench import DTYPES, load_pipeline, torch_threads
 from .tasks import load_inputs, resolve_pair
 
@@ -74,13 +76,8 @@ def batched_generate(pipe: Any, requests: Sequence[dict[str, Any]], max_new_toke
     inputs = {k: v.to(pipe.target.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
     with torch.no_grad():
         out = pipe.target.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-    eos = pipe.target.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, (list, tuple)) else [eos])
-    rows = []
-    for row in out[:, inputs["input_ids"].shape[1] :].tolist():
-        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
-        rows.append(row[:cut])
-    return rows
+    eos = eos_token_ids(pipe.target)
+    return [until_eos(row, eos) for row in out[:, inputs["input_ids"].shape[1] :].tolist()]
 
 
 def measure_throughput(

@@ -28,14 +28,11 @@ Special target names (no download, built locally on first use):
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
 
@@ -44,7 +41,7 @@ from vlmspec.named_pairs import DEFAULT_FAMILY, ResolvedPair, is_pair_name, spli
 from vlmspec.named_pairs import resolve_pair as resolve_named_pair
 from vlmspec.policies import PolicyConfig, available_policies, policy_class
 from vlmspec.pruning import PruningMethod
-from vlmspec.validation import check_field_types
+from vlmspec.validation import check_field_types, coerce_fields
 
 __all__ = [
     "MODEL_ARGS",
@@ -178,10 +175,10 @@ def parse_model_args(kwargs: Mapping[str, Any]) -> ModelOptions:
     # lmms-eval's --batch_size auto[:N]: the pipeline's choice (its cost probe)
     if isinstance(values.get("batch_size"), str) and values["batch_size"].startswith("auto"):
         values["batch_size"] = None
-    values = _coerce_fields(ModelOptions, values)
+    values = coerce_fields(ModelOptions, values)
     # a pair config's keys go under the given ones; a given prune_ratio also wins over its per-modality ratios
     if values.get("config") is not None:
-        config = _coerce_fields(ModelOptions, load_pair_config(values["config"]))
+        config = coerce_fields(ModelOptions, load_pair_config(values["config"]))
         if values.get("prune_ratio") is not None:
             config = {k: v for k, v in config.items() if k not in ("image_prune_ratio", "video_prune_ratio")}
         values = {**config, **values}
@@ -189,7 +186,7 @@ def parse_model_args(kwargs: Mapping[str, Any]) -> ModelOptions:
     config_class = _policy_config_class(policy)
     policy_fields = [f.name for f in dataclasses.fields(config_class)]
     _check_keys(values, policy, policy_fields)
-    policy_options = _coerce_fields(
+    policy_options = coerce_fields(
         config_class, {k: values.pop(k) for k in list(values) if k in policy_fields}
     )
     values.pop("max_batch_size", None)
@@ -199,56 +196,6 @@ def parse_model_args(kwargs: Mapping[str, Any]) -> ModelOptions:
     if isinstance(values.get("dtype"), str):
         values["dtype"] = DTYPE_ALIASES.get(values["dtype"].lower(), values["dtype"])
     return ModelOptions(**{**values, "policy_options": policy_options})
-
-
-def _coerce_fields(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
-    """``values`` with each of ``cls``'s dataclass fields converted to its declared type where the value allows
-    (see :func:`_coerce`); other keys unchanged."""
-    declared = _declared_types(cls)
-    return {k: _coerce(v, declared[k]) if k in declared else v for k, v in values.items()}
-
-
-def _coerce(value: Any, declared: Any) -> Any:
-    """``value`` converted to the ``declared`` type where its form allows, else unchanged (for
-    :func:`~vlmspec.validation.check_field_types` to refuse).
-
-    Text becomes an int, a float, a bool (``true``/``false``), ``None`` (``""``/``none``/``null``, where ``None``
-    is allowed) or a ``Literal`` choice (case-insensitively) as declared; a number or path becomes text for a
-    ``str`` field, an int a float for a ``float`` one, an integral float an int for an ``int`` one.
-    """
-    kinds = (
-        typing.get_args(declared) if typing.get_origin(declared) in (Union, types.UnionType) else (declared,)
-    )
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if type(None) in kinds and text in ("", "none", "null"):
-            return None
-        for kind in kinds:
-            if typing.get_origin(kind) is Literal:
-                choices = [c for c in typing.get_args(kind) if isinstance(c, str) and c.lower() == text]
-                if choices:
-                    return choices[0]
-            elif kind is bool and text in ("true", "false"):
-                return text == "true"
-            elif kind in (int, float):
-                try:
-                    return kind(text)
-                except ValueError:
-                    pass
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float, Path)):
-        return value
-    if isinstance(value, Path) or (int not in kinds and float not in kinds):
-        return str(value) if str in kinds else value
-    if float not in kinds:  # an int field: an integral float is that int
-        return int(value) if isinstance(value, float) and value.is_integer() else value
-    return value if int in kinds else float(value)
-
-
-@functools.cache
-def _declared_types(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
 def _policy_config_class(policy: Any) -> type[PolicyConfig]:
