@@ -123,7 +123,9 @@ def _run_lmms_eval(
 
 
 def _scores(out: Path, log: str) -> dict[str, dict[str, float]]:
-    files = sorted(out.glob("**/*_results.json"))
+    files = sorted(
+        f for f in out.glob("**/*_results.json") if f.parent.name != "submissions"
+    )  # tasks' own files
     assert files, f"lmms-eval wrote no results into {out}; its output ends with:\n{log[-4000:]}"
     results = json.loads(files[-1].read_text())["results"]
     return {
@@ -211,9 +213,9 @@ def test_cli_bad_model_args_fail_naming_them(workspace: dict[str, Any], extra: s
 # ---------------------------------------------------------------------------------------------------------------
 # lmms-eval's own tasks on stand-in documents: the README's block, run as written
 # ---------------------------------------------------------------------------------------------------------------
-SHIPPED_TASKS = ("mme", "videomme", "seedbench_ppl")
+SHIPPED_TASKS = ("mme", "videomme", "seedbench_ppl", "ovo_forward")
 # documents per task for the README's --n 4 (MME: two questions a picture)
-STANDIN_DOCS = {"mme": 8, "videomme": 4, "seedbench_ppl": 4}
+STANDIN_DOCS = {"mme": 8, "videomme": 4, "seedbench_ppl": 4, "ovo_forward": 4}
 
 
 def _readme_block(marker: str) -> str:
@@ -300,19 +302,49 @@ def test_shipped_loglikelihood_task_scores_the_same_under_ar_and_sage(readme_run
         assert acc == expected_seedbench_ppl_acc(STANDIN_DOCS["seedbench_ppl"]), policy
 
 
+def _ovo_rounds(standins: Path) -> list[int]:
+    """Rounds per ``ovo_forward`` stand-in document: one per ``test_info`` entry."""
+    import pyarrow.parquet as pq
+    from vlmspec_eval.lmms.standins import CONFIGS, DATASETS
+
+    path = standins / DATASETS["ovo_forward"] / CONFIGS["ovo_forward"] / "test-00000-of-00001.parquet"
+    return [len(info) for info in pq.read_table(path).column("test_info").to_pylist()]
+
+
+def test_shipped_multi_round_task_answers_every_round_the_same_under_ar_and_sage(
+    readme_runs: dict[str, Any],
+) -> None:
+    """``ovo_forward`` (``generate_until_multi_round``) through the default chat path: a reply per round of every
+    document (2 or 3 rounds), the same under both policies, the task's own scoring run on them."""
+    out, rounds = readme_runs["out"], _ovo_rounds(readme_runs["standins"])
+    assert sorted(set(rounds)) == [2, 3]
+    ar, sage = (_samples(out / policy, "ovo_forward") for policy in ("ar", "sage"))
+    assert sage == ar, "SAGE's replies differ from AR's"
+    assert [len(ar[doc_id]) for doc_id in sorted(ar)] == rounds
+    assert all(isinstance(reply, str) and reply for replies in ar.values() for reply in replies)
+    scored = json.loads((next((out / "sage").glob("**/forward_acc_results.json"))).read_text())
+    assert [[step["response"] for step in doc["test_info"]] for doc in scored] == [ar[i] for i in sorted(ar)]
+    report = _speed(out / "sage", "ovo_forward")  # a record per round, each checked against AR's
+    assert report["reference"]["n_matched"] == report["reference"]["identical_outputs"] == sum(rounds)
+
+
 def test_loglikelihood_force_simple_scores_as_the_chat_path(readme_runs: dict[str, Any]) -> None:
-    """``--force_simple`` (the simple request path) gives the chat path's log-likelihoods."""
+    """``--force_simple`` (the simple request path) gives the chat path's log-likelihoods, and answers every
+    round of the multi-round task (its prompts are laid out as that path lays them out, so the replies may
+    differ from the chat path's)."""
     standins = readme_runs["standins"]
     assert (readme_runs["out"] / "sage").is_dir(), readme_runs["log"][-4000:]
     out = standins / "out" / "simple"
     cmd = [sys.executable, "-m", "lmms_eval", "--model", "vlmspec", "--force_simple", "--model_args",
-           "target=testbed-mini,policy=sage", "--tasks", "seedbench_ppl", "--output_path", str(out),
+           "target=testbed-mini,policy=sage", "--tasks", "seedbench_ppl,ovo_forward", "--output_path", str(out),
            "--log_samples"]  # fmt: skip
     env = {**_env(readme_runs["root"]), "HF_HOME": str(standins / "hf")}
     proc = subprocess.run(cmd, cwd=standins, env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT)
     log = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and set(_scores(out, log)) == {"seedbench_ppl"}, log[-4000:]
+    assert proc.returncode == 0 and set(_scores(out, log)) == {"seedbench_ppl", "ovo_forward"}, log[-4000:]
     assert _samples(out, "seedbench_ppl") == _samples(readme_runs["out"] / "sage", "seedbench_ppl")
+    replies = _samples(out, "ovo_forward")
+    assert [len(replies[doc_id]) for doc_id in sorted(replies)] == _ovo_rounds(standins)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -700,3 +732,90 @@ def test_batch_size_changes_no_reply(model: Any, workspace: dict[str, Any]) -> N
         model.options = one_at_a_time
     assert together == alone and all(alone)
     assert options.parse_model_args({"target": "tiny", "batch_size": "auto"}).batch_size is None
+
+
+def _round_task(rounds: dict[int, int], calls: list[tuple[int, int, list[str], Any]]):
+    """A multi-round task's ``doc_to_text`` (lmms-eval's protocol): ``rounds[doc_id]`` rounds about the picture,
+    each call recorded as ``(doc_id, round_idx, previous_output, previous_round_info)``."""
+
+    def doc_to_text(doc: dict[str, Any], previous_output=None, round_idx=None, previous_round_info=None):
+        calls.append((doc["doc_id"], round_idx, list(previous_output), previous_round_info))
+        if round_idx == rounds[doc["doc_id"]]:
+            return None, None, True, previous_output, None
+        return (
+            [doc["image"]],
+            f"<image>\nQuestion {round_idx}: what is at the top?",
+            False,
+            previous_output,
+            -round_idx,
+        )
+
+    return doc_to_text
+
+
+def test_multi_round_asks_the_task_for_each_round_with_the_replies_so_far(model: Any) -> None:
+    """``generate_until_multi_round`` on both request paths, two requests decoding together that leave after 3
+    and 2 rounds: round ``k``'s reply is the pipeline's own reply to the prompt the task built for round ``k``
+    (a fresh single-turn prompt), and the task saw the replies so far and its own round info."""
+    from vlmspec_eval.lmms.model import VLMSpecChat
+
+    calls: list[tuple[int, int, list[str], Any]] = []
+    doc_to_text = _round_task({0: 3, 1: 2}, calls)
+    kwargs = {"max_new_tokens": 8}
+    visual = lambda d: [d["image"]]  # noqa: E731
+    simple = [
+        _instance(
+            "generate_until_multi_round",
+            ("<image>\nQuestion 0: what is at the top?", kwargs, visual, doc_to_text, i, "image_qa", "test"),
+            "image_qa",
+            doc_id=i,
+        )  # fmt: skip
+        for i in (0, 1)
+    ]
+
+    def messages(doc: dict[str, Any], round_idx=None, previous_output=None, previous_round_info=None):
+        if round_idx is None:
+            turn = [
+                {"type": "image", "url": doc["image"]},
+                {"type": "text", "text": "Question 0: what is at the top?"},
+            ]
+            return [{"role": "user", "content": turn}]
+        visuals, text, terminal, prev, info = doc_to_text(
+            doc, previous_output, round_idx, previous_round_info
+        )
+        if terminal:
+            return None, True, prev, info
+        turn = [
+            {"type": "image", "url": visuals[0]},
+            {"type": "text", "text": text.removeprefix("<image>\n")},
+        ]
+        return [{"role": "user", "content": turn}], False, prev, info
+
+    chat_requests = [
+        _instance(
+            "generate_until_multi_round", ("", messages, kwargs, i, "image_qa", "test"), "image_qa", doc_id=i
+        )
+        for i in (0, 1)
+    ]
+    chat = VLMSpecChat.__new__(VLMSpecChat)
+    chat.__dict__.update(model.__dict__)
+    one_at_a_time = model.options
+    model.options = chat.options = dataclasses.replace(one_at_a_time, batch_size=2)
+    try:
+        replies = model.generate_until_multi_round(simple)
+        simple_calls, calls[:] = list(calls), []
+        chat_replies = chat.generate_until_multi_round(chat_requests)
+    finally:
+        model.options = one_at_a_time
+    docs = model.task_dict["image_qa"]["test"]
+    for doc_id, n in ((0, 3), (1, 2)):
+        own = [
+            model.pipe(
+                docs[doc_id]["image"], f"Question {k}: what is at the top?", max_new_tokens=8
+            ).text.strip()
+            for k in range(n)
+        ]
+        assert replies[doc_id] == chat_replies[doc_id] == own and all(own), doc_id
+        asked = [(k, prev, info) for d, k, prev, info in simple_calls if d == doc_id]
+        assert asked == [(k, own[:k], None if k == 1 else 1 - k) for k in range(1, n + 1)], doc_id
+    assert sorted(calls) == sorted(simple_calls)

@@ -9,7 +9,8 @@ Two classes share one implementation (lmms-eval 0.7.3 resolves a model id to its
 * :class:`VLMSpec` (``--force_simple``, ``is_simple = True``): requests ``(ctx, gen_kwargs, doc_to_visual,
   doc_id, task, split)``; media first, then the context (``<image>`` placeholders removed), the pipeline's layout.
 
-Both paths answer ``loglikelihood`` requests (tasks with ``output_type: loglikelihood`` or ``multiple_choice``),
+Both paths answer ``generate_until_multi_round`` requests (lmms-eval's multi-round protocol, e.g. ``ovo_forward``:
+see ``VLMSpec.generate_until_multi_round``) and ``loglikelihood`` requests (tasks with ``output_type: loglikelihood`` or ``multiple_choice``),
 thanks to two workarounds for lmms-eval 0.7.3. Its chat tasks build no such requests
 (``ConfigurableMessagesTask.construct_requests`` asserts "Currently messages is used for generation only"), so
 the chat model has them built as the simple path builds them and scores them the same way
@@ -192,11 +193,36 @@ class VLMSpec(lmms):
         self._generate_seconds += time.perf_counter() - start
         return results
 
-    def generate_until_multi_round(self, requests: list[Instance]) -> list[str]:
-        raise NotImplementedError(
-            "the vlmspec model does not implement multi-round generation (generate_until_multi_round); run "
-            "single-turn generate_until tasks"
-        )
+    def generate_until_multi_round(self, requests: list[Instance]) -> list[list[str]]:
+        """Each request's replies, one per round, for ``generate_until_multi_round`` tasks (e.g. ``ovo_forward``).
+
+        lmms-eval's multi-round protocol (its ``llava_onevision`` model on the simple path, its chat ``vllm``
+        model on the chat path): round 0 is the request's own prompt; before round ``k >= 1`` the task is asked
+        for that round's prompt with ``round_idx=k``, the replies so far (``previous_output``) and what it
+        returned last (``previous_round_info``), and says when to stop (:meth:`_next_round`). Each round is a
+        fresh single-turn prompt, as in those models: a round sees earlier replies only through the prompt the
+        task builds. Replies are stripped (as ``llava_onevision`` does; lmms-eval strips ``generate_until`` replies
+        itself). Rounds run in lock step over the requests, ``batch_size`` requests decoding together.
+        """
+        replies: list[list[str]] = [[] for _ in requests]  # lmms-eval's rank padding gets none
+        info: dict[int, Any] = {}
+        prompts = {i: self._prompt(r) for i, r in enumerate(requests) if not _is_padding(r)}
+        round_idx, start = 0, time.perf_counter()
+        while prompts:
+            live = list(prompts)
+            calls = (partial(self._call, requests[i], prompts[i]) for i in live)
+            for k, out in self._pipeline().batch_iter(calls, self.batch_size):
+                if isinstance(out, BaseException):
+                    raise out
+                replies[live[k]].append(self._result(requests[live[k]], out, round_idx).text.strip())
+            round_idx += 1
+            prompts = {}
+            for i in live:
+                payload = self._next_round(requests[i], round_idx, list(replies[i]), info.get(i))
+                if payload is not None:
+                    prompts[i], info[i] = payload
+        self._generate_seconds += time.perf_counter() - start
+        return replies
 
     def loglikelihood(self, requests: list[Instance]) -> list[GenerationResult]:
         """Score each request's continuation under the target: ``GenerationResult(text=(nll, is_greedy))``.
@@ -236,15 +262,34 @@ class VLMSpec(lmms):
 
     # ---- requests ---------------------------------------------------------------------------------------------
     def _prompt(self, request: Instance) -> tuple[str | list[dict[str, Any]], Media]:
-        """The prompt and media of a ``generate_until`` request (simple path: the context and ``doc_to_visual``)."""
-        context, _gen_kwargs, doc_to_visual, doc_id, task, split = request.args
-        media = split_visuals(doc_to_visual(self._doc(task, split, doc_id)) if doc_to_visual else None)
+        """The prompt and media of a request (simple path: the context and ``doc_to_visual``)."""
+        context, doc_to_visual = request.args[0], request.args[2]
+        media = split_visuals(doc_to_visual(self._doc(request)) if doc_to_visual else None)
         return strip_placeholders(context), media
 
-    def _call(self, request: Instance) -> dict[str, Any]:
-        """The pipeline call for a ``generate_until`` request (built when its turn in the batch comes)."""
-        prompt, media = self._prompt(request)
-        doc_id = request.args[3]
+    def _next_round(
+        self, request: Instance, round_idx: int, replies: list[str], info: Any
+    ) -> tuple[tuple[str | list[dict[str, Any]], Media], Any] | None:
+        """Round ``round_idx``'s prompt and media and the task's round info, or ``None`` when the task stops.
+
+        Simple path: the request's ``doc_to_text`` (its 4th argument) returns ``(visuals, context, terminal,
+        previous_output, previous_round_info)``.
+        """
+        doc_to_text = request.args[3]
+        visuals, context, terminal, _replies, info = doc_to_text(
+            self._doc(request), previous_output=replies, round_idx=round_idx, previous_round_info=info
+        )
+        if terminal:
+            return None
+        return (strip_placeholders(context), split_visuals(visuals)), info
+
+    def _call(
+        self, request: Instance, prompt_and_media: tuple[str | list[dict[str, Any]], Media] | None = None
+    ) -> dict[str, Any]:
+        """The pipeline call for a request (built when its turn in the batch comes), for its own prompt or the
+        given round's."""
+        prompt, media = prompt_and_media or self._prompt(request)
+        doc_id = request.args[-3]
         settings = generation_settings(request.args[self.gen_kwargs_at], cap=self.options.max_new_tokens)
         return {
             "image": media.image_arg,
@@ -260,11 +305,11 @@ class VLMSpec(lmms):
             "num_frames": self.options.num_frames,
         }
 
-    def _result(self, request: Instance, out: Any) -> GenerationResult:
-        """The reply of a ``generate_until`` request from its pipeline output; records its speed."""
-        doc_id, task, split = request.args[3:]
+    def _result(self, request: Instance, out: Any, round_idx: int = 0) -> GenerationResult:
+        """The reply of a request (of its round ``round_idx``) from its pipeline output; records its speed."""
+        doc_id, task, split = request.args[-3:]
         settings = generation_settings(request.args[self.gen_kwargs_at], cap=self.options.max_new_tokens)
-        self._samples.append(SampleSpeed.from_stats(task, split, doc_id, out.stats, out.token_ids))
+        self._samples.append(SampleSpeed.from_stats(task, split, doc_id, out.stats, out.token_ids, round_idx))
         text = truncate_at_stops(out.text, settings.stop_strings)
         return GenerationResult(text=text, token_counts=TokenCounts(output_tokens=len(out.token_ids)))
 
@@ -276,8 +321,8 @@ class VLMSpec(lmms):
                 "the vlmspec model scores (ctx, continuation, doc_to_visual, doc_id, task, split) loglikelihood "
                 f"requests; got {len(request.args)} arguments (acc_mutual_info is not supported)"
             )
-        context, continuation, doc_to_visual, doc_id, task, split = request.args
-        doc = self._doc(task, split, doc_id)
+        context, continuation, doc_to_visual = request.args[:3]
+        doc = self._doc(request)
         if callable(continuation):
             continuation = continuation(doc)
         if not isinstance(continuation, str):
@@ -290,7 +335,9 @@ class VLMSpec(lmms):
         logprob, greedy = score_continuation(pipe.target, pipe.tokenizer, inputs, continuation)
         return -logprob, greedy
 
-    def _doc(self, task: str, split: str, doc_id: int) -> Any:
+    def _doc(self, request: Instance) -> Any:
+        """The request's document (its last three arguments are ``doc_id, task, split`` in every request form)."""
+        doc_id, task, split = request.args[-3:]
         return self.task_dict[task][split][doc_id]
 
     def _pipeline(self) -> MessagesPipeline:
@@ -379,10 +426,25 @@ class VLMSpecChat(VLMSpec):
     def _prompt(self, request: Instance) -> tuple[str | list[dict[str, Any]], Media]:
         from lmms_eval.protocol import ChatMessages
 
-        _context, doc_to_messages, _gen_kwargs, doc_id, task, split = request.args
-        raw = doc_to_messages(self._doc(task, split, doc_id))
-        hf_messages, media = chat_to_pipeline(ChatMessages(messages=raw))
-        return hf_messages, media
+        doc_to_messages = request.args[1]
+        raw = doc_to_messages(self._doc(request))
+        return chat_to_pipeline(ChatMessages(messages=raw))
+
+    def _next_round(
+        self, request: Instance, round_idx: int, replies: list[str], info: Any
+    ) -> tuple[tuple[str | list[dict[str, Any]], Media], Any] | None:
+        """Chat path: the request's ``doc_to_messages`` returns ``(messages, terminal, previous_output,
+        previous_round_info)``; anything else ends the rounds (as lmms-eval's chat ``vllm`` model does)."""
+        from lmms_eval.protocol import ChatMessages
+
+        doc_to_messages = request.args[1]
+        payload = doc_to_messages(
+            self._doc(request), round_idx=round_idx, previous_output=replies, previous_round_info=info
+        )
+        if not (isinstance(payload, tuple) and len(payload) == 4) or payload[1]:
+            return None
+        raw, _terminal, _replies, info = payload
+        return chat_to_pipeline(ChatMessages(messages=raw)), info
 
 
 # ---------------------------------------------------------------------------------------------------------------

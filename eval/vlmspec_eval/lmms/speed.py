@@ -68,12 +68,20 @@ class SampleSpeed:
     draft_visual_tokens: int
     lossless: bool
     output_sha1: str
+    round: int = 0
+    """The round of a multi-round request (``generate_until_multi_round``); 0 for every other request."""
 
     @classmethod
     def from_stats(
-        cls, task: str, split: str | None, doc_id: int, stats: Any, token_ids: Sequence[int]
+        cls,
+        task: str,
+        split: str | None,
+        doc_id: int,
+        stats: Any,
+        token_ids: Sequence[int],
+        round_idx: int = 0,
     ) -> SampleSpeed:
-        """A record from a pipeline call's ``stats`` and generated ``token_ids``."""
+        """A record from a pipeline call's ``stats`` and generated ``token_ids`` (of round ``round_idx``)."""
         return cls(
             task=task,
             split=split,
@@ -93,25 +101,26 @@ class SampleSpeed:
             draft_visual_tokens=int(stats.draft_visual_tokens),
             lossless=bool(stats.lossless),
             output_sha1=hashlib.sha1(json.dumps([int(t) for t in token_ids]).encode()).hexdigest(),
+            round=int(round_idx),
         )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> SampleSpeed:
-        """Inverse of ``asdict`` (extra keys ignored, so newer files still load)."""
-        return cls(**{f.name: values[f.name] for f in fields(cls)})
+        """Inverse of ``asdict`` (extra keys ignored, so newer files still load; a missing ``round`` is 0)."""
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values or f.name != "round"})
 
     @property
-    def key(self) -> tuple[str | None, int]:
-        """Identifies the document within its task."""
-        return self.split, self.doc_id
+    def key(self) -> tuple[str | None, int, int]:
+        """Identifies the document (and the round of a multi-round request) within its task."""
+        return self.split, self.doc_id, self.round
 
 
 def dedupe(samples: Iterable[SampleSpeed]) -> list[SampleSpeed]:
-    """One record per (task, split, doc_id), the first one kept, sorted by document."""
-    seen: dict[tuple[str, str | None, int], SampleSpeed] = {}
+    """One record per (task, split, doc_id, round), the first one kept, sorted by document and round."""
+    seen: dict[tuple[str, str | None, int, int], SampleSpeed] = {}
     for sample in samples:
         seen.setdefault((sample.task, *sample.key), sample)
-    return sorted(seen.values(), key=lambda s: (s.task, str(s.split), s.doc_id))
+    return sorted(seen.values(), key=lambda s: (s.task, str(s.split), s.doc_id, s.round))
 
 
 def summarize(samples: Sequence[SampleSpeed]) -> dict[str, Any]:

@@ -1,15 +1,18 @@
-"""Local stand-in data for shipped lmms-eval tasks: ``--tasks mme,videomme,seedbench_ppl`` offline, unchanged.
+"""Local stand-in data for shipped lmms-eval tasks: ``--tasks mme,videomme,seedbench_ppl,ovo_forward`` offline.
 
     python -m vlmspec_eval.lmms.standins --out standins --n 4
     cd standins && export HF_HOME=$PWD/hf HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
-    lmms-eval --model vlmspec --model_args target=testbed-mini --tasks mme,videomme,seedbench_ppl --output_path out
+    lmms-eval --model vlmspec --model_args target=testbed-mini --tasks mme,videomme,seedbench_ppl,ovo_forward \
+        --output_path out
 
 How it works (lmms-eval 0.7.3, datasets 5.x): a task loads its data with ``datasets.load_dataset(dataset_path)``,
 and ``datasets`` loads a *local folder* of that name (relative to the working directory) before it asks the Hub.
 So ``lmms-lab-encoder/MME/data/test-00000-of-00001.parquet``, with the Hub dataset's columns, serves the shipped
 ``mme`` task as it is: its prompts, answer parsing, scoring and aggregation run unchanged, only the documents
 are stand-ins. Video-MME's task reads its videos from ``$HF_HOME/videomme/data/<videoID>.mp4`` (its ``utils``)
-and skips its download when ``$HF_HOME/videomme`` exists.
+and skips its download when ``$HF_HOME/videomme`` exists; OVO-Bench's reads its video chunks from
+``$HF_HOME/ovobench/chunked_videos/<id>_<round>.mp4`` and skips its download when that folder holds mp4 files.
+A dataset with a configuration name (OVO-Bench's ``forward``) gets a ``README.md`` declaring it, as on the Hub.
 
 What is written into ``out`` (``n`` documents per dataset, ``2n`` for MME, drawn from the testbed world,
 :mod:`vlmspec.testbed`, held-out seeds):
@@ -27,6 +30,12 @@ What is written into ``out`` (``n`` documents per dataset, ``2n`` for MME, drawn
   ...: A is the most likely choice under any model. The answer is A except for every fourth document (D), so a
   run's ``acc`` must be the share of documents answered A (:func:`expected_seedbench_ppl_acc`), a check that
   the model's scores point the way lmms-eval ranks them (lowest wins).
+* ``kcz358/OVOBench`` (configuration ``forward``) and ``hf/ovobench/chunked_videos/*.mp4``: ``id, task,
+  activity, question, test_info`` for ``ovo_forward``, lmms-eval's multi-round task
+  (``generate_until_multi_round``): a clip's forward active-responding questions, one round per ``test_info``
+  entry, each round on the video so far (chunk ``k``: the clip's first ``2 (k + 1)`` frames, at most all of
+  them); the tasks cycle through REC (count: the clip's shapes), SSR (was a step shown) and CRR (can the
+  question be answered yet), with 2 and 3 rounds alternating, so requests leave the rounds at different times;
 * ``manifest.json``: what was written and ``HF_HOME`` to use.
 """
 
@@ -44,8 +53,12 @@ DATASETS: dict[str, str] = {
     "mme": "lmms-lab-encoder/MME",
     "videomme": "lmms-eval/Video-MME",
     "seedbench_ppl": "lmms-lab-encoder/SEED-Bench",
+    "ovo_forward": "kcz358/OVOBench",
 }
 """Shipped task -> the ``dataset_path`` of its YAML (lmms-eval 0.7.3), i.e. the folder its stand-in goes in."""
+
+CONFIGS: dict[str, str] = {"ovo_forward": "forward"}
+"""Shipped task -> the ``dataset_name`` (configuration) of its YAML, where it has one."""
 
 HF_HOME = "hf"
 """``HF_HOME`` for the run, relative to ``out`` (Video-MME's videos are under ``$HF_HOME/videomme/data``)."""
@@ -54,6 +67,7 @@ PARQUET = "data/test-00000-of-00001.parquet"
 _MME_CATEGORIES = ("existence", "color", "count", "commonsense_reasoning")
 _SEED_EXTRA_WORDS = ("zebra", "violin", "teapot")
 _LETTERS = "ABCD"
+_OVO_TASKS = ("REC", "SSR", "CRR")
 
 
 def make_standins(out: str | Path, n: int = 4, seed: int = 0) -> dict[str, Any]:
@@ -75,10 +89,15 @@ def make_standins(out: str | Path, n: int = 4, seed: int = 0) -> dict[str, Any]:
     _write(folder / DATASETS["mme"], _mme_rows(n, seed), _mme_features())
     _write(folder / DATASETS["videomme"], _videomme_rows(n, seed, videos), _videomme_features())
     _write(folder / DATASETS["seedbench_ppl"], _seed_rows(n, seed), _seed_features())
+    chunks = folder / HF_HOME / "ovobench" / "chunked_videos"
+    chunks.mkdir(parents=True, exist_ok=True)
+    _write(
+        folder / DATASETS["ovo_forward"], _ovo_rows(n, seed, chunks), _ovo_features(), CONFIGS["ovo_forward"]
+    )
     manifest = {
         "n": n,
         "seeds": [seed, seed + n - 1],
-        "datasets": {task: f"{path}/{PARQUET}" for task, path in DATASETS.items()},
+        "datasets": {task: str(_parquet(Path(path), CONFIGS.get(task))) for task, path in DATASETS.items()},
         "hf_home": HF_HOME,
         "seedbench_ppl_acc": expected_seedbench_ppl_acc(n),
     }
@@ -226,13 +245,62 @@ def _seed_features() -> Any:
     )
 
 
-def _write(dataset_folder: Path, rows: list[dict[str, Any]], features: Any) -> None:
+# ---- OVO-Bench (forward active responding: multi-round) --------------------------------------------------------
+def _ovo_rows(n: int, seed: int, chunks: Path) -> list[dict[str, Any]]:
+    from vlmspec.testbed import sample, write_video
+
+    rows = []
+    for i in range(n):
+        clip = sample("video_caption", seed + i)
+        frames = list(clip.video)
+        task, rounds = _OVO_TASKS[i % len(_OVO_TASKS)], 2 + i % 2
+        first = clip.scene.tracks[0].shape
+        for k in range(rounds):
+            write_video(chunks / f"standin{i:03d}_{k}.mp4", frames[: min(2 * (k + 1), len(frames))])
+        rows.append(
+            {
+                "id": f"standin{i:03d}",
+                "task": task,
+                "activity": "show a new shape",
+                "question": f"Is the {first.colour} {first.kind} still there at the end?",
+                "test_info": [
+                    {
+                        "count": len(clip.scene.tracks),
+                        "step": f"a {first.colour} {first.kind}",
+                        "type": (i + k) % 2,
+                    }
+                    for k in range(rounds)
+                ],
+            }
+        )
+    return rows
+
+
+def _ovo_features() -> Any:
+    from datasets import Features, List, Value
+
+    step = {"count": Value("int64"), "step": Value("string"), "type": Value("int64")}
+    text = ("id", "task", "activity", "question")
+    return Features({**{name: Value("string") for name in text}, "test_info": List(step)})
+
+
+def _parquet(dataset_folder: Path, config: str | None) -> Path:
+    return dataset_folder / (f"{config}/test-00000-of-00001.parquet" if config else PARQUET)
+
+
+def _write(
+    dataset_folder: Path, rows: list[dict[str, Any]], features: Any, config: str | None = None
+) -> None:
+    """The rows as the dataset's test split (of configuration ``config``, declared in a ``README.md``)."""
     from datasets import Dataset
 
-    path = dataset_folder / PARQUET
+    path = _parquet(dataset_folder, config)
     path.parent.mkdir(parents=True, exist_ok=True)
     columns = {name: [row[name] for row in rows] for name in features}
     Dataset.from_dict(columns, features=features).to_parquet(str(path))
+    if config:
+        card = f"---\nconfigs:\n- config_name: {config}\n  data_files:\n  - split: test\n    path: {config}/*.parquet\n---\n"
+        (dataset_folder / "README.md").write_text(card)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
