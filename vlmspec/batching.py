@@ -49,7 +49,7 @@ class _Forward:
     rows: torch.Tensor  # [1, n, D]
     position_ids: torch.Tensor  # [1, n] or [3, 1, n]
     bias: torch.Tensor  # [1, 1, n, length + n]
-    hidden_layer: int | None
+    hidden_layer: int | None = None
     result: tuple[torch.Tensor, torch.Tensor | None] | None = None
     error: BaseException | None = None
 
@@ -278,12 +278,6 @@ class RowAdapter:
     def prefill_soft(self, *args: Any) -> DecodeState:
         return self.batcher.adopt(self.adapter, self.adapter.prefill_soft(*args))
 
-    def run(
-        self,
-        cache: RowCache,
-        rows: torch.Tensor,
-        position_ids: torch.Tensor,
-        bias: torch.Tensor,
-        hidden_layer: int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self.batcher.run(self.adapter, self.order, cache, rows, position_ids, bias, hidden_layer)
+    def run(self, cache: RowCache, *args: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`VLMAdapter.run` (same arguments after the cache), merged into the batch's forward."""
+        return self.batcher.run(self.adapter, self.order, cache, *args)

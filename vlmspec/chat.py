@@ -95,16 +95,12 @@ class TurnCache:
 
     # ---- the prefills the engine calls --------------------------------------------------------------------
     def prefill(
-        self,
-        inputs: dict[str, torch.Tensor],
-        keep: torch.Tensor | None = None,
-        score_visual: bool = False,
-        hidden_layer: int | None = None,
+        self, inputs: dict[str, torch.Tensor], keep: torch.Tensor | None = None, **options: Any
     ) -> Prefill:
-        """:meth:`VLMAdapter.prefill` of the turn's prompt, run from where the cache stops matching it."""
+        """:meth:`VLMAdapter.prefill` of the turn's prompt (same arguments), run from where the cache stops
+        matching it."""
         ids, media = self._current()
         start = self._resume(ids, len(ids) - 1)
-        options = {"score_visual": score_visual, "hidden_layer": hidden_layer}
         if start == 0:
             prefill = self.adapter.prefill(inputs, keep=keep, **options)
             self.state = prefill.state

@@ -487,14 +487,20 @@ class VLMAdapter:
             ``[B, n, V]`` logits and (when asked) ``[B, n, D]`` hidden states of ``hidden_layer``.
         """
         with self._layer_output(hidden_layer) as hidden:
-            out = self.model(
-                inputs_embeds=rows,
-                position_ids=position_ids,
-                attention_mask=bias,
-                **cache_kwarg(self.model, cache),
-                use_cache=True,
-            )
-        return out.logits, (hidden[0] if hidden else None)
+            logits = self._logits(cache, rows, position_ids, bias)
+        return logits, (hidden[0] if hidden else None)
+
+    def _logits(
+        self, cache: Cache, rows: torch.Tensor, position_ids: torch.Tensor, bias: torch.Tensor
+    ) -> torch.Tensor:
+        """The model call of :meth:`run`: ``[B, n, V]`` logits of ``rows`` on top of ``cache``."""
+        return self.model(
+            inputs_embeds=rows,
+            position_ids=position_ids,
+            attention_mask=bias,
+            **cache_kwarg(self.model, cache),
+            use_cache=True,
+        ).logits
 
     @torch.no_grad()
     def forward_hidden(

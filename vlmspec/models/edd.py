@@ -34,6 +34,8 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -324,20 +326,18 @@ class EDDAdapter(VLMAdapter):
         root_row = self.embed(root.reshape(1))  # [1, D]
         return torch.cat([pending.to(root_row.dtype), root_row])
 
-    @torch.no_grad()
-    def run(
-        self,
-        cache: Cache,
-        rows: torch.Tensor,
-        position_ids: torch.Tensor,
-        bias: torch.Tensor,
-        hidden_layer: int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if hidden_layer is not None:
+    def _logits(
+        self, cache: Cache, rows: torch.Tensor, position_ids: torch.Tensor, bias: torch.Tensor
+    ) -> torch.Tensor:
+        return self.model(rows, position_ids=position_ids, attention_mask=bias, cache=cache)
+
+    @contextmanager
+    def _layer_output(self, layer: int | None) -> Iterator[list[torch.Tensor]]:
+        if layer is not None:
             raise InvalidInputError(
                 "an EDD draft has no target layer to read: hidden_layer is for the target"
             )
-        return self.model(rows, position_ids=position_ids, attention_mask=bias, cache=cache), None
+        yield []
 
 
 def _one_layer(text_config: Any) -> Any:

@@ -346,11 +346,7 @@ def train_draft(
     """Distils the draft from ``teacher``: KL(teacher || draft) on the reply tokens of the same batches.
 
     Args:
-        family: ``"qwen2_vl"`` or ``"llava_onevision"``.
-        size: The size's config.
-        processor: The pair's processor.
-        teacher: The trained target.
-        on_step: Called with ``(step, loss)`` after every step.
+        teacher: The trained target; the other arguments are :func:`train_target`'s.
 
     Returns:
         ``(model, info)`` as :func:`train_target`.

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TASK_FILES", "main", "make_tasks"]
+__all__ = ["TASK_FILES", "main", "make_tasks", "write_parquet"]
 
 TASK_FILES: dict[str, str] = {
     "image_qa": "image_qa.parquet",
@@ -68,17 +68,17 @@ def make_tasks(out: str | Path, n: int = 20, seed: int = 0, source: str = "auto"
     (folder / "videos").mkdir(parents=True, exist_ok=True)
     inputs = load_inputs(list(TASK_FILES), n=n, seed=seed, source=source)
     by_task: dict[str, list[Any]] = {task: [i for i in inputs if i.task == task] for task in TASK_FILES}
-    _write_parquet(
+    write_parquet(
         folder / TASK_FILES["image_qa"],
         _qa_rows(by_task["image_qa"], seed),
         _image_features("question", "answer"),
     )
-    _write_parquet(
+    write_parquet(
         folder / TASK_FILES["image_caption"],
         _caption_rows(by_task["image_caption"], seed),
         _image_features("prompt", "caption"),
     )
-    _write_parquet(
+    write_parquet(
         folder / TASK_FILES["video_caption"],
         _video_rows(by_task["video_caption"], seed, folder),
         _video_features(),
@@ -164,7 +164,8 @@ def _video_features() -> Any:
     )
 
 
-def _write_parquet(path: Path, rows: list[dict[str, Any]], features: Any) -> None:
+def write_parquet(path: Path, rows: list[dict[str, Any]], features: Any) -> None:
+    """``rows`` (dicts holding every column of ``features``) as a parquet file with those features."""
     from datasets import Dataset
 
     columns = {name: [row[name] for row in rows] for name in features}

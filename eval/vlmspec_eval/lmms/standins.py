@@ -47,6 +47,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .make_tasks import write_parquet
+
 __all__ = ["DATASETS", "HF_HOME", "expected_seedbench_ppl_acc", "main", "make_standins"]
 
 DATASETS: dict[str, str] = {
@@ -292,12 +294,9 @@ def _write(
     dataset_folder: Path, rows: list[dict[str, Any]], features: Any, config: str | None = None
 ) -> None:
     """The rows as the dataset's test split (of configuration ``config``, declared in a ``README.md``)."""
-    from datasets import Dataset
-
     path = _parquet(dataset_folder, config)
     path.parent.mkdir(parents=True, exist_ok=True)
-    columns = {name: [row[name] for row in rows] for name in features}
-    Dataset.from_dict(columns, features=features).to_parquet(str(path))
+    write_parquet(path, rows, features)
     if config:
         card = f"---\nconfigs:\n- config_name: {config}\n  data_files:\n  - split: test\n    path: {config}/*.parquet\n---\n"
         (dataset_folder / "README.md").write_text(card)
