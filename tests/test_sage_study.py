@@ -10,7 +10,6 @@ from vlmspec_eval.analysis import lagged_autocorrelation
 from vlmspec_eval.sage_study import (
     ENDS,
     Study,
-    first_paths,
     policies,
     previous_alpha_pairs,
     ranks,
@@ -21,6 +20,7 @@ from vlmspec_eval.sage_study import (
 from vlmspec_eval.tasks import load_inputs
 
 from vlmspec import VLMSpecPipeline
+from vlmspec.policies.base import truncate_paths
 
 
 def test_statistics_on_known_series() -> None:
@@ -47,7 +47,7 @@ def test_policies_share_the_budget() -> None:
     assert max(map(len, chosen["static"].config.paths)) == 3
     assert (chosen["sage"].config.n_max, chosen["sage"].config.d_max) == (32, 10)
     assert (chosen["eagle2"].config.total_tokens, chosen["eagle2"].config.depth) == (32, 6)
-    paths = first_paths([(0,), (1, 0), (0, 0), (0, 0, 0)], 3)
+    paths = truncate_paths([(0,), (1, 0), (0, 0), (0, 0, 0)], 3)
     assert paths == ((0,), (0, 0), (0, 0, 0))  # (1, 0) has no parent in the tree
 
 

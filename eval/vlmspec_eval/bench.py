@@ -60,12 +60,8 @@ from .sampling import dsbd_policy, run_dsbd_section, run_sampling_section
 from .tasks import INPUT_SOURCES, TASKS, TaskInput, check_pair, check_tasks, load_inputs, resolve_pair
 
 DEFAULT_PRUNE_RATIOS: tuple[float, ...] = (0.0, 0.5, 0.8, 0.9)
-DTYPES: dict[str, Any] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "auto": "auto",
-}
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "auto")
+"""``--dtype`` choices: names ``from_pretrained`` takes as they are (``auto``: the checkpoint's dtype)."""
 
 
 @dataclass
@@ -181,17 +177,15 @@ def _run(config: BenchConfig, pipe: Any) -> dict[str, Any]:
     log = _logger(config.verbose)
     pair = None
     if pipe is None:
-        pair = resolve_pair(config.target, config.draft, config.family, config.size, config.calibration)
-        pipe = load_pipeline(pair, config.dtype)
+        pair, pipe = load_config_pair(config)
     items = load_inputs(config.tasks, config.n, config.seed, config.inputs)
     prepared = {(it.task, it.index): pipe.prepare_inputs(it.image, it.prompt, it.video) for it in items}
     log(
         f"pair {pair.source if pair else 'given'}; {len(items)} inputs ({items[0].source}); device {describe_device(pipe)}"
     )
 
-    probe = run_cost_probe(
-        pipe, prepared[items[0].task, 0], items[0].task, config.probe_sizes, config.probe_runs
-    )
+    probe_on = (prepared[items[0].task, 0], items[0].task, config.probe_sizes, config.probe_runs)
+    probe = run_cost_probe(pipe, *probe_on)
     pipe.costs, pipe.budget_factor = probe, config.auto_factor  # every policy is fitted to this probe
     budget, budget_note = choose_budget(config, probe)
     log(
@@ -204,9 +198,7 @@ def _run(config: BenchConfig, pipe: Any) -> dict[str, Any]:
     if edd_methods:
         edd_pipe, missing = load_edd_pipeline(pipe, pair, config)
         if edd_pipe is not None:
-            edd_probe = run_cost_probe(
-                edd_pipe, prepared[items[0].task, 0], items[0].task, config.probe_sizes, config.probe_runs
-            )
+            edd_probe = run_cost_probe(edd_pipe, *probe_on)
             # The same target costs as every other row (so the same node budget); the EDD draft's own costs.
             edd_probe = replace(edd_probe, target_s=probe.target_s, roofline=probe.roofline)
             edd_pipe.costs, edd_pipe.budget_factor = edd_probe, config.auto_factor
@@ -267,19 +259,24 @@ def load_edd_pipeline(pipe: Any, pair: ResolvedPair | None, config: BenchConfig)
 
     source = config.edd
     if source == "auto":
-        parts = pair.source.split("@")[0].split(":") if pair is not None else []
-        if len(parts) != 3 or parts[0] != "testbed":
+        testbed = testbed_size_family(pair)
+        if testbed is None:
             return None, "--edd auto finds EDD drafts for testbed pairs only; give --edd FOLDER"
         try:
-            source = str(edd_path(size=parts[1], family=parts[2]))
+            source = str(edd_path(*testbed))
         except ValueError as err:
             return None, str(err)
     if pair is None:
         return None, "the bench was given a pipeline, not a pair: no EDD draft can be loaded for it"
-    loaded = VLMSpecPipeline.from_pretrained(
-        pair.target, source, policy=AR, torch_dtype=DTYPES[config.dtype], calibration=pair.calibration
-    )
+    loaded = load_pipeline(replace(pair, draft=source), config.dtype)
     return VLMSpecPipeline(pipe.target, loaded.draft, pipe.processor, policy=AR), ""
+
+
+def testbed_size_family(pair: ResolvedPair | None) -> tuple[str, str] | None:
+    """``(size, family)`` of a testbed pair (``pair.source``: ``testbed:<size>:<family>[@<calibration>]``), else
+    ``None``."""
+    parts = pair.source.split("@")[0].split(":") if pair is not None else []
+    return (parts[1], parts[2]) if len(parts) == 3 and parts[0] == "testbed" else None
 
 
 def load_pipeline(pair: ResolvedPair, dtype: str) -> Any:
@@ -287,8 +284,23 @@ def load_pipeline(pair: ResolvedPair, dtype: str) -> Any:
     from vlmspec import VLMSpecPipeline
 
     return VLMSpecPipeline.from_pretrained(
-        pair.target, pair.draft, policy=AR, torch_dtype=DTYPES[dtype], calibration=pair.calibration
+        pair.target, pair.draft, policy=AR, torch_dtype=dtype, calibration=pair.calibration
     )
+
+
+def load_config_pair(config: BenchConfig) -> tuple[ResolvedPair, Any]:
+    """The pair ``config`` names (its default pair when it names none) and that pair's pipeline."""
+    pair = resolve_pair(config.target, config.draft, config.family, config.size, config.calibration)
+    return pair, load_pipeline(pair, config.dtype)
+
+
+def write_section(out: Path, name: str, text: str) -> int:
+    """Write a section's markdown ``text`` to ``<out>/<name>`` and say so on stderr; the exit status 0."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(text + "\n")
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
 
 
 def choose_budget(config: BenchConfig, probe: CostProbe) -> tuple[int | None, str]:
@@ -320,15 +332,12 @@ def measure(
     retried on that input's later repeats.
     """
     usable = {v.key: v for v in variants if v.error is None}
-    first = items[0]
-    for variant in usable.values():
-        run_variant(pipe, variant, first, prepared[first.task, first.index], config.max_new_tokens, repeat=-1)
 
     def run(key: str, item: TaskInput, repeat: int) -> RunRecord:
         inputs = prepared[item.task, item.index]
         return run_variant(pipe, usable[key], item, inputs, config.max_new_tokens, repeat)
 
-    return interleaved(items, config.repeats, list(usable), run, log)
+    return interleaved(items, config.repeats, list(usable), run, log, warm_up=True)
 
 
 def entropy_series(
@@ -431,12 +440,14 @@ def _logger(verbose: bool):
 
 
 # ---- command line ---------------------------------------------------------------------------------------------
-def _csv(kind: type):
+def comma_list(kind: type):
+    """An argparse ``type``: comma-separated ``kind`` values as a tuple (``""``/``none``: empty)."""
+
     def parse(text: str) -> tuple:
         if text.strip().lower() in ("", "none"):
             return ()
         try:
-            return tuple(kind(part) for part in text.split(",") if part.strip())
+            return tuple(kind(part.strip()) for part in text.split(",") if part.strip())
         except ValueError as err:
             raise argparse.ArgumentTypeError(
                 f"expected comma-separated {kind.__name__}s, got {text!r}"
@@ -491,7 +502,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="calibration of the default pair: cpu (default: the target inflated exactly to 15-25x the draft's cost), "
         "7b-2b, 7b-3b, 7b-0.5b (real checkpoints' shapes, for GPUs), or none (the pair as trained)",
     )
-    a("--tasks", type=_csv(str), default=TASKS, help=f"comma-separated tasks (default {','.join(TASKS)})")
+    a("--tasks", type=comma_list(str), default=TASKS,
+      help=f"comma-separated tasks (default {','.join(TASKS)})")  # fmt: skip
     a(
         "--methods",
         default=None,
@@ -507,9 +519,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
            "(each policy's config defaults)")  # fmt: skip
     a("--auto-factor", type=float, default=DEFAULT_BUDGET_FACTOR,
       help="--budget auto: largest tree whose verification costs <= this x one token (default 2)")  # fmt: skip
-    a("--prune-ratios", type=_csv(float), default=DEFAULT_PRUNE_RATIOS,
+    a("--prune-ratios", type=comma_list(float), default=DEFAULT_PRUNE_RATIOS,
       help="sage draft prune ratios for the ablation, '' or 'none' to skip (default 0,0.5,0.8,0.9)")  # fmt: skip
-    a("--probe-sizes", type=_csv(int), default=PROBE_SIZES, help="cost probe token counts (default 1..128)")
+    a("--probe-sizes", type=comma_list(int), default=PROBE_SIZES,
+      help="cost probe token counts (default 1..128)")  # fmt: skip
     a("--probe-runs", type=int, default=7, help="cost probe timed rounds, median taken (default 7)")
     a(
         "--inputs",
@@ -517,7 +530,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default="auto",
         help="input source (default auto: testbed if importable)",
     )
-    a("--dtype", choices=tuple(DTYPES), default="float32", help="model dtype (default float32)")
+    a("--dtype", choices=DTYPES, default="float32", help="model dtype (default float32)")
     a("--out", type=Path, default=Path("bench_out"), help="output folder (default bench_out/)")
     a("--json", type=Path, default=None, help="also write the JSON result here")
     a("--threads", type=int, default=None, help="torch CPU threads during the run (default: torch's)")
@@ -533,10 +546,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
       help="--dsbd: JSON of dsbd config options, e.g. '{\"threshold\": 0.7}' (default: the paper's)")  # fmt: skip
     a("--edd", default="auto",
       help="EDD draft for the edd+<policy> rows: a folder, or 'auto' (the one shipped for a testbed pair)")  # fmt: skip
-    a("--throughput", type=_csv(int), default=None, metavar="SIZES",
+    a("--throughput", type=comma_list(int), default=None, metavar="SIZES",
       help="instead of the bench: the throughput section at these batch sizes (e.g. 1,4,8,16), --n videos, "
       "vlmspec (--throughput-policies) against transformers' batched generate(); see vlmspec_eval.throughput")  # fmt: skip
-    a("--throughput-policies", type=_csv(str), default=("sage",),
+    a("--throughput-policies", type=comma_list(str), default=("sage",),
       help="policies of the throughput and conversation sections' vlmspec rows (default sage)")  # fmt: skip
     a("--conversation", action="store_true",
       help="instead of the bench: the multi-turn section, --n three-turn conversations per method (ar chat and "

@@ -21,14 +21,13 @@ Every method runs one warm-up conversation first; then the methods take turns, c
 from __future__ import annotations
 
 import random
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .bench import load_pipeline, torch_threads
-from .tasks import resolve_pair
+from .bench import load_config_pair, torch_threads, write_section
+from .report import table
 
 TURNS = 3
 SYSTEM = "You are a helpful assistant."
@@ -76,10 +75,7 @@ def run_generate(
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
     results = []
     for text, image in turns:
-        content = ([{"type": "image", "image": image}] if image is not None else []) + [
-            {"type": "text", "text": text}
-        ]
-        messages.append({"role": "user", "content": content})
+        messages.append(user_message(text, image))
         start = time.perf_counter()
         with pipe.kernels():
             inputs = pipe.prepare_messages(messages)
@@ -88,6 +84,12 @@ def run_generate(
         reply = pipe.tokenizer.decode(ids, skip_special_tokens=True)
         messages.append({"role": "assistant", "content": [{"type": "text", "text": reply}]})
     return results
+
+
+def user_message(text: str, image: Any) -> dict[str, Any]:
+    """A user turn in transformers' chat format: the image (if any), then the text."""
+    content = [{"type": "image", "image": image}] if image is not None else []
+    return {"role": "user", "content": [*content, {"type": "text", "text": text}]}
 
 
 def run_chat(pipe: Any, turns: list[tuple[str, Any]], max_new_tokens: int) -> list[tuple[float, Any]]:
@@ -106,10 +108,7 @@ def fresh_prefills(pipe: Any, turns: list[tuple[str, Any]], replies: list[Any]) 
     chat_messages = [{"role": "system", "content": SYSTEM}]
     seconds = []
     for (text, image), reply in zip(turns, replies, strict=True):
-        content = ([{"type": "image", "image": image}] if image is not None else []) + [
-            {"type": "text", "text": text}
-        ]
-        chat_messages.append({"role": "user", "content": content})
+        chat_messages.append(user_message(text, image))
         stats = pipe(messages=chat_messages, max_new_tokens=1).stats
         seconds.append(stats.prefill_seconds + stats.draft_prefill_seconds)
         chat_messages.append({"role": "assistant", "content": [{"type": "text", "text": reply.text}]})
@@ -184,28 +183,24 @@ def _add_stats(row: TurnRow, stats: Any) -> None:
 def markdown(rows: Sequence[TurnRow], fresh: Sequence[float], cached: Sequence[float], n: int) -> str:
     """Per turn: one line per method; speed-ups over ``generate()`` and over ``ar chat`` (same turn)."""
     by = {(r.method, r.turn): r for r in rows}
-    lines = [
-        "| turn | method | prompt tokens | cached | reply tokens | s/conversation | x generate() | x ar chat | tau "
-        "| identical |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    lines = []
     for r in sorted(rows, key=lambda r: r.turn):
         generate, ar = by[("generate()", r.turn)], by.get(("ar chat", r.turn))
         chat = r.method != "generate()"
         lines.append(
-            f"| {r.turn + 1} | {r.method} | {r.prompt_tokens / n:.0f} | {r.cached_tokens / n:.0f} | "
-            f"{r.new_tokens / n:.0f} | {r.seconds / n:.2f} | {generate.seconds / r.seconds:.2f}x | "
-            f"{f'{ar.seconds / r.seconds:.2f}x' if chat and ar else ''} | {f'{r.tau:.2f}' if chat else ''} | "
-            f"{r.identical}/{n} |"
-        )
-    lines += [
-        "",
-        "| turn | prefill, fresh call (s) | prefill, chat (s) | ratio |",
-        "| --- | --- | --- | --- |",
+            [str(r.turn + 1), r.method, f"{r.prompt_tokens / n:.0f}", f"{r.cached_tokens / n:.0f}",
+             f"{r.new_tokens / n:.0f}", f"{r.seconds / n:.2f}", f"{generate.seconds / r.seconds:.2f}x",
+             f"{ar.seconds / r.seconds:.2f}x" if chat and ar else "", f"{r.tau:.2f}" if chat else "",
+             f"{r.identical}/{n}"]
+        )  # fmt: skip
+    header = ["turn", "method", "prompt tokens", "cached", "reply tokens", "s/conversation", "x generate()",
+              "x ar chat", "tau", "identical"]  # fmt: skip
+    prefills = [
+        [str(turn + 1), f"{a / n:.3f}", f"{b / n:.3f}", f"{a / max(b, 1e-9):.1f}x"]
+        for turn, (a, b) in enumerate(zip(fresh, cached, strict=True))
     ]
-    for turn, (a, b) in enumerate(zip(fresh, cached, strict=True)):
-        lines.append(f"| {turn + 1} | {a / n:.3f} | {b / n:.3f} | {a / max(b, 1e-9):.1f}x |")
-    return "\n".join(lines)
+    prefill_header = ["turn", "prefill, fresh call (s)", "prefill, chat (s)", "ratio"]
+    return table(header, lines) + "\n\n" + table(prefill_header, prefills)
 
 
 def run_section(config: Any, policies: Sequence[str]) -> int:
@@ -213,16 +208,11 @@ def run_section(config: Any, policies: Sequence[str]) -> int:
     conversations; prints the tables and writes them to ``<out>/conversation.md``."""
     log = lambda line: print(line, flush=True)  # noqa: E731
     with torch_threads(config.threads):
-        pair = resolve_pair(config.target, config.draft, config.family, config.size, config.calibration)
-        pipe = load_pipeline(pair, config.dtype)
+        pair, pipe = load_config_pair(config)
         head = f"pair {pair.source}; {config.n} conversations of {TURNS} turns; up to {config.max_new_tokens} new "
         log(head + "tokens per reply")
         convos = conversations(config.n, config.seed)
         rows, fresh, cached = measure_conversations(pipe, convos, config.max_new_tokens, policies, log=log)
-    table = f"{head}tokens per reply\n\n{markdown(rows, fresh, cached, config.n)}"
-    print(table)
-    config.out.mkdir(parents=True, exist_ok=True)
-    path = config.out / "conversation.md"
-    path.write_text(table + "\n")
-    print(f"wrote {path}", file=sys.stderr)
-    return 0
+    text = f"{head}tokens per reply\n\n{markdown(rows, fresh, cached, config.n)}"
+    print(text)
+    return write_section(config.out, "conversation.md", text)

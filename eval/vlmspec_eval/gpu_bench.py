@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .bench import add_arguments, run_args
+from .bench import add_arguments, comma_list, run_args
 
 DEFAULT_PAIRS: tuple[str, ...] = ("testbed-base:qwen2_vl@7b-2b", "testbed-base:llava_onevision@7b-0.5b")
 """Qwen2-VL-7B/2B-shaped and LLaVA-OneVision-7B/0.5B-shaped calibrated testbed pairs."""
@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(parser)
     parser.add_argument(
         "--pairs",
-        default=",".join(DEFAULT_PAIRS),
+        type=comma_list(str),
+        default=DEFAULT_PAIRS,
         help=f"comma-separated pair names (default {','.join(DEFAULT_PAIRS)})",
     )
     parser.set_defaults(
@@ -50,9 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    pairs = [p.strip() for p in args.pairs.split(",") if p.strip()]
     root = args.out
-    for pair in pairs:
+    for pair in args.pairs:
         args.target, args.draft = pair, None
         args.out = root / re.sub(r"[^A-Za-z0-9._-]+", "_", pair)
         status = run_args(args)

@@ -240,9 +240,7 @@ class ForwardRecorder:
             if ids is None:
                 ids = kwargs.get("inputs_embeds")
             tokens = int(ids.shape[1]) if ids is not None else 0
-            cache = kwargs.get(
-                "cache", kwargs.get("past_key_values")
-            )  # transformers >= 5.24 renames it `cache`
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers >= 5.24: `cache`
             prefill = cache is None or cache.get_seq_length() == 0
             _sync(module)
             self._open[role] = (tokens, prefill, time.perf_counter())
@@ -355,15 +353,12 @@ def run_variant(
 def _run_engine(
     pipe: Any, variant: Variant, item: Any, max_new_tokens: int, record: RunRecord, recorder: ForwardRecorder
 ) -> None:
-    pipe.policy = variant.policy
-    try:
-        with recorder.recording():
-            out = pipe(item.image, item.prompt, video=item.video, max_new_tokens=max_new_tokens,
-                       prune_ratio=variant.prune_ratio)  # fmt: skip
-    except RECOVERABLE_POLICY_ERRORS as err:
-        if variant.method == AR:
-            raise
-        record.error = f"{type(err).__name__}: {err}"
+    with recorder.recording():
+        out, record.error = generate_with(
+            pipe, variant.policy, item, variant.method == AR, max_new_tokens=max_new_tokens,
+            prune_ratio=variant.prune_ratio,
+        )  # fmt: skip
+    if out is None:
         return
     stats = out.stats
     record.token_ids = list(out.token_ids)
@@ -379,6 +374,20 @@ def _run_engine(
     }
     record.draft_visual_tokens = stats.draft_visual_tokens if variant.policy.uses_draft else None
     record.target_visual_tokens = stats.target_visual_tokens
+
+
+def generate_with(
+    pipe: Any, policy: TreePolicy, item: Any, baseline: bool, **options: Any
+) -> tuple[Any, str | None]:
+    """``(pipe(item, **options) with policy, None)``, or ``(None, why)`` when the policy raised one of
+    :data:`RECOVERABLE_POLICY_ERRORS` (raised instead for the ``baseline``)."""
+    pipe.policy = policy
+    try:
+        return pipe(item.image, item.prompt, video=item.video, **options), None
+    except RECOVERABLE_POLICY_ERRORS as err:
+        if baseline:
+            raise
+        return None, f"{type(err).__name__}: {err}"
 
 
 def assisted_generate(pipe: Any, inputs: dict[str, torch.Tensor], max_new_tokens: int) -> list[int]:
@@ -425,10 +434,14 @@ def interleaved(
     run_one: Callable[[str, Any, int], Any],
     log: Any,
     label: str = "",
+    warm_up: bool = False,
 ) -> list[Any]:
     """``run_one(key, item, repeat)`` for every input, repeat and key, the keys in turn (their order rotated per
     repeat, so machine noise hits all alike); a key whose run failed on an input (``run.error``) is not retried on
-    that input's later repeats. One log line per input and repeat with each run's tokens/s."""
+    that input's later repeats. One log line per input and repeat with each run's tokens/s. With ``warm_up``, every
+    key first runs once untimed on the first input (``repeat=-1``, its result dropped)."""
+    for key in keys if warm_up else ():
+        run_one(key, items[0], -1)
     runs: list[Any] = []
     failed: set[tuple[str, str, int]] = set()
     for item in items:

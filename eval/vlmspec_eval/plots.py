@@ -68,8 +68,7 @@ def plot_speedup(plt: Any, result: dict[str, Any]) -> Any:
     ax.scatter([], [], marker="_", s=160, color="black", label="ideal (no overhead)")
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
     ax.set_xticks(range(len(methods)), methods)
-    ax.set_ylabel("speed-up over AR (tokens/s)")
-    ax.set_title("Speed-up per method")
+    ax.set(ylabel="speed-up over AR (tokens/s)", title="Speed-up per method")
     ax.legend(fontsize=8)
     return fig
 
@@ -81,8 +80,7 @@ def plot_tau_vs_length(plt: Any, result: dict[str, Any]) -> Any:
     fig, ax = plt.subplots(figsize=(5, 3.4))
     for method, curve in curves.items():
         ax.plot(curve["lengths"], curve["tau"], label=method)
-    ax.set_xlabel("generation length (tokens)")
-    ax.set_ylabel("tau (running mean)")
+    ax.set(xlabel="generation length (tokens)", ylabel="tau (running mean)")
     ax.set_title("Acceptance length vs generation length")
     ax.legend(fontsize=8)
     return fig
@@ -99,8 +97,7 @@ def plot_entropy_autocorr(plt: Any, result: dict[str, Any]) -> Any:
         if lags:
             ax.plot(lags, corr, marker="o", label=task, lw=2.0 if task == "all" else 1.0)
     ax.axhline(0.0, color="gray", lw=0.8)
-    ax.set_xlabel("lag (tokens)")
-    ax.set_ylabel("Pearson r of target entropy")
+    ax.set(xlabel="lag (tokens)", ylabel="Pearson r of target entropy")
     ax.set_title("Entropy autocorrelation along generations")
     ax.legend(fontsize=8)
     return fig
@@ -118,9 +115,7 @@ def plot_time_breakdown(plt: Any, result: dict[str, Any]) -> Any:
         values = [s[phase] for s in shares.values()]
         ax.barh(list(shares), values, left=left, label=phase)
         left = [a + b for a, b in zip(left, values, strict=False)]
-    ax.set_xlim(0, 1)
-    ax.set_xlabel("share of wall time")
-    ax.set_title("Time per phase")
+    ax.set(xlim=(0, 1), xlabel="share of wall time", title="Time per phase")
     ax.invert_yaxis()
     ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / len(shares)))
     return fig
@@ -136,10 +131,8 @@ def plot_prune_ablation(plt: Any, result: dict[str, Any]) -> Any:
         ratios = [r["prune_ratio"] for r in mine]
         ax_tau.plot(ratios, [r["tau"] for r in mine], marker="o", label=task)
         ax_tps.plot(ratios, [r["tokens_per_s"] for r in mine], marker="o", label=task)
-    ax_tau.set_xlabel("draft visual prune ratio")
-    ax_tau.set_ylabel("tau")
-    ax_tps.set_xlabel("draft visual prune ratio")
-    ax_tps.set_ylabel("tokens/s")
+    ax_tau.set(xlabel="draft visual prune ratio", ylabel="tau")
+    ax_tps.set(xlabel="draft visual prune ratio", ylabel="tokens/s")
     ax_tau.legend(fontsize=8)
     fig.suptitle("SAGE with draft visual-token pruning")
     fig.tight_layout()
@@ -161,8 +154,6 @@ def plot_cost_probe(plt: Any, result: dict[str, Any]) -> Any:
     if settings.get("budget_mode") == "auto":
         ax.axhline(settings["auto_factor"], color="red", ls=":", lw=0.8, label="auto factor")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("tokens per forward N")
-    ax.set_ylabel("cost(N) / cost(1)")
-    ax.set_title("Tree forward cost")
+    ax.set(xlabel="tokens per forward N", ylabel="cost(N) / cost(1)", title="Tree forward cost")
     ax.legend(fontsize=8)
     return fig

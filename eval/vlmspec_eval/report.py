@@ -327,25 +327,23 @@ def entropy_table(report: dict[str, Any]) -> str:
     return table(["task", "tokens", "mean entropy", *(f"lag {k}" for k in lags)], lines)
 
 
+def section(title: str, body: str, note: str = "") -> list[str]:
+    """Markdown lines of one report section: a blank line, the heading, the table, and the note under it if any."""
+    return ["", f"## {title}", "", body, *(["", note] if note else [])]
+
+
 def sampling_markdown(result: dict[str, Any]) -> list[str]:
     """Markdown lines of the sampling section (empty when it did not run)."""
     if "sampling_rows" not in result:
         return []
     s = result["sampling_settings"]
-    return [
-        "",
-        (
-            f"## Sampling (temperature {fmt(s['temperature'], 'g')}, top_k {fmt(s['top_k'])}, top_p "
-            f"{fmt(s['top_p'], 'g')}; medians over inputs x repeats)"
-        ),
-        "",
+    return section(
+        f"Sampling (temperature {fmt(s['temperature'], 'g')}, top_k {fmt(s['top_k'])}, top_p "
+        f"{fmt(s['top_p'], 'g')}; medians over inputs x repeats)",
         rows_table(result["sampling_rows"], SAMPLING_COLUMNS),
-        "",
-        (
-            f"Seeds: {s['seeds']}, the same for every method; speed-up: median of each run's tokens/s over ar's "
-            "in the same input and repeat; tau and tok/step over runs with at least one verification step."
-        ),
-    ]
+        f"Seeds: {s['seeds']}, the same for every method; speed-up: median of each run's tokens/s over ar's "
+        "in the same input and repeat; tau and tok/step over runs with at least one verification step.",
+    )
 
 
 def dsbd_markdown(result: dict[str, Any]) -> list[str]:
@@ -354,24 +352,17 @@ def dsbd_markdown(result: dict[str, Any]) -> list[str]:
         return []
     s = result["dsbd_settings"]
     c = s["dsbd_config"]
-    return [
-        "",
-        (
-            f"## DSBD vs beam sampling ({s['task']}, {s['inputs']} {s['inputs_source']} inputs x {s['repeats']} "
-            f"repeats; temperature {fmt(s['temperature'], 'g')}, top_k {s['top_k']}, top_p {fmt(s['top_p'], 'g')})"
-        ),
-        "",
+    return section(
+        f"DSBD vs beam sampling ({s['task']}, {s['inputs']} {s['inputs_source']} inputs x {s['repeats']} "
+        f"repeats; temperature {fmt(s['temperature'], 'g')}, top_k {s['top_k']}, top_p {fmt(s['top_p'], 'g')})",
         rows_table(result["dsbd_rows"], DSBD_COLUMNS),
-        "",
-        (
-            f"dsbd: gamma {c['gamma']}, draft width {c['draft_width']}, threshold {fmt(c['threshold'], 'g')}, "
-            f"w_min {c['w_min']} (width: mean output beams per drafted step); beam_sampling: the target's "
-            f"generate(num_beams=W, do_sample=True), W = {s['beam_width_note']}; multinomial: num_beams=1. "
-            "tok/s: median; speed-up: median ratio to beam_sampling in the same input and repeat; perplexity: "
-            f"under the target (raw distribution), mean; exact match: reply stripped == reference "
-            f"({s['references']} of {s['inputs']} inputs have one). Seeds: {s['seeds']}."
-        ),
-    ]
+        f"dsbd: gamma {c['gamma']}, draft width {c['draft_width']}, threshold {fmt(c['threshold'], 'g')}, "
+        f"w_min {c['w_min']} (width: mean output beams per drafted step); beam_sampling: the target's "
+        f"generate(num_beams=W, do_sample=True), W = {s['beam_width_note']}; multinomial: num_beams=1. "
+        "tok/s: median; speed-up: median ratio to beam_sampling in the same input and repeat; perplexity: "
+        f"under the target (raw distribution), mean; exact match: reply stripped == reference "
+        f"({s['references']} of {s['inputs']} inputs have one). Seeds: {s['seeds']}.",
+    )
 
 
 def _baseline_name(rows: Sequence[dict[str, Any]]) -> str:
@@ -393,62 +384,41 @@ def markdown(result: dict[str, Any]) -> str:
     parts = [
         "# vlmspec bench",
         "",
-        (
-            f"- pair: target `{pair['target']}`, draft `{pair['draft']}` ({pair['source']}, {pair['family']}, "
-            f"{pair['dtype']}; {fmt(pair.get('target_params_m'), '.1f')}M / "
-            f"{fmt(pair.get('draft_params_m'), '.1f')}M params)"
-        ),
+        f"- pair: target `{pair['target']}`, draft `{pair['draft']}` ({pair['source']}, {pair['family']}, "
+        f"{pair['dtype']}; {fmt(pair.get('target_params_m'), '.1f')}M / {fmt(pair.get('draft_params_m'), '.1f')}M "
+        "params)",
         f"- device: {result['device']}",
-        (
-            f"- inputs: {settings['inputs_source']}, {settings['n']} per task x {settings['repeats']} repeats "
-            f"(interleaved, medians), max_new_tokens {settings['max_new_tokens']}, seed {settings['seed']}"
-        ),
+        f"- inputs: {settings['inputs_source']}, {settings['n']} per task x {settings['repeats']} repeats "
+        f"(interleaved, medians), max_new_tokens {settings['max_new_tokens']}, seed {settings['seed']}",
         f"- node budget: {settings['budget_note']}",
-        "",
-        f"## Summary (speed-up over {_baseline_name(result['rows'])}, tau in brackets)",
-        "",
-        summary_table(result["rows"], settings["tasks"]),
-        "",
-        "## All metrics",
-        "",
-        rows_table(result["rows"], MAIN_COLUMNS),
-        "",
-        (
-            "tau: accepted draft tokens per step; ideal speed-up: with zero engine overhead (probe costs of the "
-            "forwards made, decode phase); overhead: share of wall time outside model forwards and prefills."
-        ),
-        "",
-        "## Time per phase (share of wall time, mean over tasks)",
-        "",
-        phase_table(result["rows"]),
     ]
+    parts += section(
+        f"Summary (speed-up over {_baseline_name(result['rows'])}, tau in brackets)",
+        summary_table(result["rows"], settings["tasks"]),
+    )
+    parts += section(
+        "All metrics",
+        rows_table(result["rows"], MAIN_COLUMNS),
+        "tau: accepted draft tokens per step; ideal speed-up: with zero engine overhead (probe costs of the "
+        "forwards made, decode phase); overhead: share of wall time outside model forwards and prefills.",
+    )
+    parts += section("Time per phase (share of wall time, mean over tasks)", phase_table(result["rows"]))
     if result.get("ablation"):
-        parts += [
-            "",
-            "## Draft visual-token pruning ablation (sage)",
-            "",
-            rows_table(result["ablation"], ABLATION_COLUMNS),
-        ]
+        parts += section(
+            "Draft visual-token pruning ablation (sage)", rows_table(result["ablation"], ABLATION_COLUMNS)
+        )
     if result.get("entropy_autocorr"):
-        parts += [
-            "",
-            "## Target entropy autocorrelation (AR outputs)",
-            "",
-            entropy_table(result["entropy_autocorr"]),
-        ]
+        parts += section(
+            "Target entropy autocorrelation (AR outputs)", entropy_table(result["entropy_autocorr"])
+        )
     if result.get("cost_probe"):
         probe = result["cost_probe"]
-        parts += [
-            "",
-            f"## Cost probe (after a {probe['prefix_tokens']}-token {probe['task']} prompt, median of {probe['runs']})",
-            "",
+        parts += section(
+            f"Cost probe (after a {probe['prefix_tokens']}-token {probe['task']} prompt, median of {probe['runs']})",
             probe_table(probe),
-            "",
-            (
-                "c(N)/c(1) uses the medians' non-decreasing envelope (noise spikes removed); it prices the ideal "
-                "speed-up and --budget auto. " + roofline_note(probe)
-            ),
-        ]
+            "c(N)/c(1) uses the medians' non-decreasing envelope (noise spikes removed); it prices the ideal "
+            "speed-up and --budget auto. " + roofline_note(probe),
+        )
     if result.get("edd_cost_probe"):
         edd = result["edd_cost_probe"]
         share = edd_share(edd["draft_s"][0], edd["target_s"][0])

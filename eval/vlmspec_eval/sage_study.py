@@ -37,6 +37,7 @@ from vlmspec import VLMSpecPipeline
 from vlmspec.draft import DraftTree
 from vlmspec.named_pairs import DEFAULT_PAIR
 from vlmspec.policies import MC_SIM_7B_63, EAGLE2Config, SAGEConfig, TreePolicy, confidence, get_policy
+from vlmspec.policies.base import truncate_paths
 from vlmspec.tree import TokenTree
 
 from .analysis import lagged_autocorrelation, pearson, token_entropies
@@ -56,15 +57,6 @@ CONFIDENCE_BUCKETS: tuple[float, ...] = (0.0, 0.5, 0.8, 0.95, 1.0 + 1e-9)
 """Edges of the root top-1 probability buckets."""
 
 
-def first_paths(paths: Sequence[tuple[int, ...]], budget: int) -> tuple[tuple[int, ...], ...]:
-    """The first ``budget`` rank paths whose prefixes were kept (a tree closed under prefixes)."""
-    kept: list[tuple[int, ...]] = []
-    for path in paths:
-        if len(kept) < budget and (len(path) == 1 or path[:-1] in kept):
-            kept.append(path)
-    return tuple(kept)
-
-
 def policies(budget: int = BUDGET) -> dict[str, TreePolicy]:
     """The compared policies at ``budget`` draft nodes: sage (``n_max``), static (the first ``budget`` paths of the
     Medusa/EAGLE tree, closed under prefixes) and eagle2 (``total_tokens``).
@@ -74,7 +66,7 @@ def policies(budget: int = BUDGET) -> dict[str, TreePolicy]:
     """
     return {
         "sage": get_policy("sage", n_max=budget, d_max=SAGEConfig().d_max),
-        "static": get_policy("static", paths=first_paths(MC_SIM_7B_63, budget)),
+        "static": get_policy("static", paths=truncate_paths(MC_SIM_7B_63, budget)),
         "eagle2": get_policy("eagle2", total_tokens=budget, depth=EAGLE2Config().depth),
     }
 

@@ -43,7 +43,7 @@ from vlmspec.policies.dsbd import PAPER_TOP_K, PAPER_TOP_P
 from vlmspec.sampling import SamplingParams
 
 from .dsbd_baseline import beam_sampling_baseline, perplexity
-from .methods import AR, RECOVERABLE_POLICY_ERRORS, TRANSFORMERS_METHODS, Variant, build_variants, interleaved
+from .methods import AR, TRANSFORMERS_METHODS, Variant, build_variants, generate_with, interleaved
 from .report import mean_or_none, median_or_none, ratio_median
 from .tasks import TaskInput, load_inputs
 
@@ -127,22 +127,14 @@ def _engine_run(
 ) -> SampleRun:
     """One sampled engine generation; a recoverable error is recorded in the run (raised for the ``baseline``)."""
     run = SampleRun(key=key, task=item.task, index=item.index, repeat=repeat, seed=seed)
-    pipe.policy = policy
-    try:
-        out = pipe(item.image, item.prompt, video=item.video, max_new_tokens=max_new_tokens, do_sample=True,
-                   seed=seed, **warping)  # fmt: skip
-    except RECOVERABLE_POLICY_ERRORS as err:
-        if baseline:
-            raise
-        run.error = f"{type(err).__name__}: {err}"
+    out, run.error = generate_with(
+        pipe, policy, item, baseline, max_new_tokens=max_new_tokens, do_sample=True, seed=seed, **warping
+    )
+    if out is None:
         return run
     stats = out.stats
-    run.token_ids, run.text, run.total_s, run.steps = (
-        list(out.token_ids),
-        out.text,
-        stats.total_seconds,
-        stats.steps,
-    )
+    run.token_ids, run.text = list(out.token_ids), out.text
+    run.total_s, run.steps = stats.total_seconds, stats.steps
     run.tau, run.tokens_per_step, run.lossless = stats.mean_accepted, stats.tokens_per_step, stats.lossless
     run.widths = [
         int(t["output_beams"]) for t in stats.trace if t.get("gamma", 0) > 0 and "output_beams" in t
@@ -165,13 +157,12 @@ def measure_sampling(
     retried on that input's later repeats.
     """
     usable = {v.key: v for v in variants if v.error is None}
-    for variant in usable.values():
-        run_sampled(pipe, variant, items[0], max_new_tokens, repeat=-1, seed=seed)
 
     def run(key: str, item: TaskInput, repeat: int) -> SampleRun:
-        return run_sampled(pipe, usable[key], item, max_new_tokens, repeat, seed + repeat)
+        # the warm-up (repeat -1) samples with ``seed``, the first repeat's seed
+        return run_sampled(pipe, usable[key], item, max_new_tokens, repeat, seed + max(repeat, 0))
 
-    return interleaved(items, repeats, list(usable), run, log, "sampling ")
+    return interleaved(items, repeats, list(usable), run, log, "sampling ", warm_up=True)
 
 
 def aggregate_sampling(

@@ -18,14 +18,23 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from vlmspec.stopping import eos_token_ids, until_eos
 
-from .bench import DTYPES, load_pipeline, torch_threads
+from .bench import (
+    DTYPES,
+    comma_list,
+    load_config_pair,
+    load_pipeline,
+    testbed_size_family,
+    torch_threads,
+    write_section,
+)
+from .report import table
 from .tasks import load_inputs, resolve_pair
 
 DEFAULT_SIZES = (1, 4, 8, 16)
@@ -136,19 +145,15 @@ def _line(row: ThroughputRow) -> str:
 def markdown(rows: Sequence[ThroughputRow]) -> str:
     """The throughput table; speed-ups are over ``hf_generate`` at the same batch size."""
     hf = {r.batch_size: r for r in rows if r.method == "hf_generate"}
-    lines = [
-        "| method | batch | videos/s | new tokens/s | x hf_generate (same batch) | tau | identical |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    lines = []
     for r in rows:
         base = hf.get(r.batch_size)
         ratio = f"{r.videos_per_s / base.videos_per_s:.2f}x" if base is not None else ""
         tau = "" if r.tau is None else f"{r.tau:.2f}"
-        lines.append(
-            f"| {r.method} | {r.batch_size} | {r.videos_per_s:.2f} | {r.tokens_per_s:.0f} | {ratio} | {tau} | "
-            f"{r.identical}/{r.videos} |"
-        )
-    return "\n".join(lines)
+        lines.append([r.method, str(r.batch_size), f"{r.videos_per_s:.2f}", f"{r.tokens_per_s:.0f}", ratio, tau,
+                      f"{r.identical}/{r.videos}"])  # fmt: skip
+    header = ["method", "batch", "videos/s", "new tokens/s", "x hf_generate (same batch)", "tau", "identical"]
+    return table(header, lines)
 
 
 def video_requests(n: int, seed: int, max_new_tokens: int) -> list[dict[str, Any]]:
@@ -161,18 +166,14 @@ def run_section(config: Any, sizes: Sequence[int], policies: Sequence[str]) -> i
     """``vlmspec bench --throughput SIZES``: the bench's pair (``config``: a ``BenchConfig``), ``config.n`` videos;
     prints the table and writes it to ``<out>/throughput.md``."""
     with torch_threads(config.threads):
-        pair = resolve_pair(config.target, config.draft, config.family, config.size, config.calibration)
-        pipe = load_pipeline(pair, config.dtype)
+        pair, pipe = load_config_pair(config)
         requests = video_requests(config.n, config.seed, config.max_new_tokens)
         print(f"pair {pair.source}; {config.n} videos; {config.max_new_tokens} tokens", flush=True)
         rows = measure_throughput(pipe, requests, sizes, policies, log=lambda line: print(line, flush=True))
-    table = markdown(rows)
-    print(table)
-    config.out.mkdir(parents=True, exist_ok=True)
-    path = config.out / "throughput.md"
-    path.write_text(f"pair {pair.source}; {config.n} videos; {config.max_new_tokens} new tokens\n\n{table}\n")
-    print(f"wrote {path}", file=sys.stderr)
-    return 0
+    text = markdown(rows)
+    print(text)
+    head = f"pair {pair.source}; {config.n} videos; {config.max_new_tokens} new tokens"
+    return write_section(config.out, "throughput.md", f"{head}\n\n{text}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,14 +184,19 @@ def build_parser() -> argparse.ArgumentParser:
     a("--target", default=None, help="pair name or target folder (default: the calibrated base pair)")
     a("--draft", default=None, help="draft folder (with a target folder)")
     a("--family", default="qwen2_vl", help="testbed family when no --target is given")
-    a("--policies", default="sage", help="vlmspec's policies, comma-separated (default sage)")
+    a(
+        "--policies",
+        type=comma_list(str),
+        default=("sage",),
+        help="vlmspec's policies, comma-separated (default sage)",
+    )
     a(
         "--edd",
         action="store_true",
         help="vlmspec rows with the pair's EDD draft (testbed pairs) instead of its own",
     )
     a("--dtype", default="float32", choices=sorted(DTYPES), help="model dtype")
-    a("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="batch sizes (default 1,4,8,16)")
+    a("--sizes", type=comma_list(int), default=DEFAULT_SIZES, help="batch sizes (default 1,4,8,16)")
     a("--n", type=int, default=24, help="videos (default 24)")
     a("--max-new-tokens", type=int, default=128)
     a("--seed", type=int, default=0)
@@ -198,31 +204,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from vlmspec import VLMSpecPipeline
     from vlmspec.testbed import edd_path
 
     args = build_parser().parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     pair = resolve_pair(args.target, args.draft, args.family)
     if args.edd:
-        parts = pair.source.split("@")[0].split(":")
-        if len(parts) != 3 or parts[0] != "testbed":
+        testbed = testbed_size_family(pair)
+        if testbed is None:
             raise SystemExit(
                 f"--edd needs a testbed pair (it uses the EDD draft shipped for it), got {pair.source}"
             )
-        edd = str(edd_path(size=parts[1], family=parts[2]))
-        pipe = VLMSpecPipeline.from_pretrained(
-            pair.target, edd, policy="ar", torch_dtype=DTYPES[args.dtype], calibration=pair.calibration
-        )
-    else:
-        pipe = load_pipeline(pair, args.dtype)
+        pair = replace(pair, draft=str(edd_path(*testbed)))
+    pipe = load_pipeline(pair, args.dtype)
     requests = video_requests(args.n, args.seed, args.max_new_tokens)
     print(
         f"pair {pair.source}; {args.n} videos; {args.max_new_tokens} tokens; device {pipe.target.device}",
         flush=True,
     )
-    rows = measure_throughput(pipe, requests, sizes, policies, log=lambda line: print(line, flush=True))
+    rows = measure_throughput(
+        pipe, requests, args.sizes, args.policies, log=lambda line: print(line, flush=True)
+    )
     print(markdown(rows))
     return 0
 
