@@ -198,9 +198,9 @@ def _run(config: BenchConfig, pipe: Any) -> dict[str, Any]:
     if edd_methods:
         edd_pipe, missing = load_edd_pipeline(pipe, pair, config)
         if edd_pipe is not None:
-            edd_probe = run_cost_probe(edd_pipe, *probe_on)
+            edd_probe = run_cost_probe(edd_pipe, *probe_on, roofline=probe.roofline)
             # The same target costs as every other row (so the same node budget); the EDD draft's own costs.
-            edd_probe = replace(edd_probe, target_s=probe.target_s, roofline=probe.roofline)
+            edd_probe = replace(edd_probe, target_s=probe.target_s)
             edd_pipe.costs, edd_pipe.budget_factor = edd_probe, config.auto_factor
             share = edd_share(edd_probe.draft_cost(1), edd_probe.target_cost(1))
             log(f"EDD draft: {edd_pipe.draft.edd_config.target_name or 'given'}; {share}")

@@ -1,9 +1,10 @@
 """Benchmark inputs and the default model pair: the trained testbed when it is importable, else a fallback.
 
-The testbed (``vlmspec.testbed``, built separately) offers ``sample(task, seed) -> Example`` with ``image`` or
-``video``, ``prompt``, ``reference`` and ``task``, and ``pair_paths(size, family) -> (target, draft)``. Until it
-exists (or when asked for), the inputs are the deterministic synthetic pictures and clips of
-:mod:`vlmspec.testing` with fixed prompts, and the default pair is the tiny random pair of that family.
+The testbed (``vlmspec.testbed``, shipped with the package) offers ``sample(task, seed) -> Example`` with
+``image`` or ``video``, ``prompt``, ``reference`` and ``task``, and ``pair_paths(size, family) -> (target,
+draft)``. When it cannot be imported (or when asked for: ``--inputs synthetic``), the inputs are the deterministic
+synthetic pictures and clips of :mod:`vlmspec.testing` with fixed prompts, and the default pair is the tiny random
+pair of that family.
 """
 
 from __future__ import annotations
