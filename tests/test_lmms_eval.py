@@ -819,3 +819,18 @@ def test_multi_round_asks_the_task_for_each_round_with_the_replies_so_far(model:
         asked = [(k, prev, info) for d, k, prev, info in simple_calls if d == doc_id]
         assert asked == [(k, own[:k], None if k == 1 else 1 - k) for k in range(1, n + 1)], doc_id
     assert sorted(calls) == sorted(simple_calls)
+
+
+def test_multi_round_task_breaking_the_protocol_fails_naming_it(model: Any) -> None:
+    """A multi-round ``doc_to_text`` that returns a bare string for a later round: an error naming the task, the
+    round and the tuple lmms-eval's protocol expects."""
+    doc_to_text = lambda doc, **round_kwargs: "What is at the top?"  # noqa: E731
+    request = _instance(
+        "generate_until_multi_round",
+        ("<image>\nWhat is at the top?", {"max_new_tokens": 4}, lambda d: [d["image"]], doc_to_text, 0, "image_qa",
+         "test"),
+        "image_qa",
+    )  # fmt: skip
+    with pytest.raises(InvalidInputError, match=r"task 'image_qa': its doc_to_text returned str for round 1; .*"
+                       r"\(visuals, context, terminal, previous_output, previous_round_info\)"):  # fmt: skip
+        model.generate_until_multi_round([request])

@@ -9,9 +9,9 @@ Two classes share one implementation (lmms-eval 0.7.3 resolves a model id to its
 * :class:`VLMSpec` (``--force_simple``, ``is_simple = True``): requests ``(ctx, gen_kwargs, doc_to_visual,
   doc_id, task, split)``; media first, then the context (``<image>`` placeholders removed), the pipeline's layout.
 
-Both paths answer ``generate_until_multi_round`` requests (lmms-eval's multi-round protocol, e.g. ``ovo_forward``:
-see ``VLMSpec.generate_until_multi_round``) and ``loglikelihood`` requests (tasks with ``output_type: loglikelihood`` or ``multiple_choice``),
-thanks to two workarounds for lmms-eval 0.7.3. Its chat tasks build no such requests
+Both paths answer ``generate_until_multi_round`` requests (lmms-eval's multi-round protocol, e.g.
+``ovo_forward``: see ``VLMSpec.generate_until_multi_round``) and ``loglikelihood`` requests (tasks with
+``output_type: loglikelihood`` or ``multiple_choice``), the latter thanks to two workarounds for lmms-eval 0.7.3. Its chat tasks build no such requests
 (``ConfigurableMessagesTask.construct_requests`` asserts "Currently messages is used for generation only"), so
 the chat model has them built as the simple path builds them and scores them the same way
 (:func:`refer_loglikelihood_to_simple_requests`). Its evaluator turns a model output that is neither a string nor
@@ -52,6 +52,7 @@ from loguru import logger
 from tqdm import tqdm
 
 from vlmspec import VLMSpecPipeline
+from vlmspec.errors import InvalidInputError
 from vlmspec.inputs import load_images, load_video
 from vlmspec.named_pairs import ResolvedPair
 from vlmspec.pruning import PruningConfig
@@ -276,9 +277,16 @@ class VLMSpec(lmms):
         previous_output, previous_round_info)``.
         """
         doc_to_text = request.args[3]
-        visuals, context, terminal, _replies, info = doc_to_text(
+        payload = doc_to_text(
             self._doc(request), previous_output=replies, round_idx=round_idx, previous_round_info=info
         )
+        if not (isinstance(payload, tuple) and len(payload) == 5):
+            raise InvalidInputError(
+                f"task {request.args[-2]!r}: its doc_to_text returned {type(payload).__name__} for round "
+                f"{round_idx}; a generate_until_multi_round task returns (visuals, context, terminal, "
+                "previous_output, previous_round_info) for round_idx >= 1 (lmms-eval's multi-round protocol)"
+            )
+        visuals, context, terminal, _replies, info = payload
         if terminal:
             return None
         return (strip_placeholders(context), split_visuals(visuals)), info

@@ -1,6 +1,7 @@
 """Speed metrics of an lmms-eval run: per-request stats, per-task aggregates, files and the printed summary.
 
-Every generation request records its :class:`~vlmspec.engine.SpecStats` as a :class:`SampleSpeed`. When lmms-eval
+Every generation request (every round of a multi-round request) records its :class:`~vlmspec.engine.SpecStats`
+as a :class:`SampleSpeed`. When lmms-eval
 has answered all requests it calls the model's ``clean()`` on every rank; the model then gathers the records of
 all ranks and rank 0 writes one ``vlmspec_speed_<task>.json`` per task (aggregate + per-sample records) into the
 output folder and prints the summary (see :mod:`vlmspec_eval.lmms.model`).
