@@ -329,9 +329,9 @@ def test_shipped_multi_round_task_answers_every_round_the_same_under_ar_and_sage
 
 
 def test_loglikelihood_force_simple_scores_as_the_chat_path(readme_runs: dict[str, Any]) -> None:
-    """``--force_simple`` (the simple request path) gives the chat path's log-likelihoods, and answers every
-    round of the multi-round task (its prompts are laid out as that path lays them out, so the replies may
-    differ from the chat path's)."""
+    """``--force_simple`` (the simple request path) gives the chat path's log-likelihoods, and the chat path's
+    replies to every round of the multi-round task (whose prompt starts and ends with a newline: kept on both
+    paths)."""
     standins = readme_runs["standins"]
     assert (readme_runs["out"] / "sage").is_dir(), readme_runs["log"][-4000:]
     out = standins / "out" / "simple"
@@ -345,6 +345,7 @@ def test_loglikelihood_force_simple_scores_as_the_chat_path(readme_runs: dict[st
     assert _samples(out, "seedbench_ppl") == _samples(readme_runs["out"] / "sage", "seedbench_ppl")
     replies = _samples(out, "ovo_forward")
     assert [len(replies[doc_id]) for doc_id in sorted(replies)] == _ovo_rounds(standins)
+    assert replies == _samples(readme_runs["out"] / "sage", "ovo_forward")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -645,6 +646,7 @@ def test_media_from_visuals_and_messages() -> None:
     with pytest.raises(TypeError, match="unsupported visual"):
         media.split_visuals([3])
     assert media.strip_placeholders("<image>\nWhat is it? <video>") == "What is it?"
+    assert media.strip_placeholders("\nWhat is it?\n") == "\nWhat is it?\n"  # as the chat path keeps it
     messages = ChatMessages(messages=[{"role": "user", "content": [
         {"type": "image", "url": image}, {"type": "text", "text": "Compare"}, {"type": "video", "url": frames}]}])  # fmt: skip
     hf, m = media.chat_to_pipeline(messages)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from vlmspec.models import adapter_for
+from vlmspec.testbed.evaluate import lag_autocorr
 from vlmspec.tree import tree_attention_bias
 
 LAGS: tuple[int, ...] = (1, 2, 3, 4, 5)
@@ -68,13 +70,15 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
 def lagged_autocorrelation(
     series: Sequence[Sequence[float]], lags: Sequence[int] = LAGS
 ) -> dict[int, float | None]:
-    """Pearson correlation of ``(s[t], s[t + k])`` pairs pooled over all ``series``, per lag ``k``."""
+    """Pearson correlation of ``(s[t], s[t + k])`` pairs pooled over all ``series``, per lag ``k``.
+
+    :func:`vlmspec.testbed.evaluate.lag_autocorr` per lag, ``None`` where it is undefined (fewer than 3 pairs or a
+    constant side).
+    """
     out: dict[int, float | None] = {}
     for lag in lags:
-        long_enough = [s for s in series if len(s) > lag]
-        x = [v for s in long_enough for v in s[: len(s) - lag]]
-        y = [v for s in long_enough for v in s[lag:]]
-        out[lag] = pearson(x, y)
+        value = lag_autocorr(series, lag)
+        out[lag] = None if math.isnan(value) else value
     return out
 
 

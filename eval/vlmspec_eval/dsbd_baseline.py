@@ -27,13 +27,11 @@ class BeamSamplingOutput:
         token_ids: generated tokens (EOS included when produced, as ``generate()`` and the pipeline count them).
         text: the decoded generation (special tokens skipped).
         seconds: wall time of ``generate()`` (device synchronised).
-        tokens_per_second: ``len(token_ids) / seconds``.
     """
 
     token_ids: list[int]
     text: str
     seconds: float
-    tokens_per_second: float
 
 
 @torch.no_grad()
@@ -89,7 +87,7 @@ def beam_sampling_baseline(
         seconds = time.perf_counter() - t0
     tokens = until_eos(out[0, prompt_len:].tolist(), eos_token_ids(pipe.target))
     text = pipe.tokenizer.decode(tokens, skip_special_tokens=True)
-    return BeamSamplingOutput(tokens, text, seconds, len(tokens) / max(seconds, 1e-9))
+    return BeamSamplingOutput(tokens, text, seconds)
 
 
 @torch.no_grad()

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -71,18 +70,37 @@ def greedy(
     return tokens, entropies
 
 
-def lag_autocorr(series: Sequence[torch.Tensor], lag: int = 1) -> float:
-    """Pearson correlation of ``(x[t], x[t + lag])`` pairs pooled over several sequences (``nan`` if undefined)."""
+def lag_autocorr(series: Sequence[Sequence[float] | torch.Tensor], lag: int = 1) -> float:
+    """Pearson correlation of ``(s[t], s[t + lag])`` pairs pooled over several sequences (``nan`` if undefined).
+
+    The one implementation of the pooled lag autocorrelation; :func:`vlmspec_eval.analysis.lagged_autocorrelation`
+    wraps it. Sequences no longer than ``lag`` add no pairs; ``lag = 0`` pairs each value with itself.
+
+    Args:
+        series: 1-D tensors or sequences of floats (e.g. per-caption entropies).
+        lag: the offset ``k >= 0``.
+
+    Returns:
+        The correlation, or ``nan`` with fewer than 3 pooled pairs or when either side is constant.
+
+    Raises:
+        ValueError: a negative ``lag``.
+    """
     import torch
 
-    xs = [s[:-lag] for s in series if len(s) > lag]
-    ys = [s[lag:] for s in series if len(s) > lag]
-    if not xs:
+    if lag < 0:
+        raise ValueError(f"lag={lag!r} is invalid: use an integer >= 0")
+    values = [torch.as_tensor(s, dtype=torch.float64).detach().cpu().reshape(-1) for s in series]
+    long_enough = [v for v in values if len(v) > lag]
+    if not long_enough:
         return float("nan")
-    x, y = torch.cat(xs).double(), torch.cat(ys).double()
+    x = torch.cat([v[: len(v) - lag] for v in long_enough])
+    y = torch.cat([v[lag:] for v in long_enough])
+    if len(x) < 3 or bool(x.min() == x.max()) or bool(y.min() == y.max()):
+        return float("nan")
     x, y = x - x.mean(), y - y.mean()
-    denom = math.sqrt(float((x * x).sum()) * float((y * y).sum()))
-    return float((x * y).sum()) / denom if denom > 0 else float("nan")
+    r = (x * y).sum() / ((x * x).sum() * (y * y).sum()).sqrt()
+    return float(r.clamp(-1.0, 1.0))  # rounding can step past +-1; nan (a nan input) stays nan
 
 
 def _agreement(

@@ -151,8 +151,10 @@ def split_visuals(visuals: Sequence[Any] | Any | None) -> Media:
 
 def strip_placeholders(context: str) -> str:
     """The prompt text without lmms-eval's ``<image>``/``<video>`` placeholders (media go first, as the pipeline
-    lays them out)."""
-    return _PLACEHOLDERS.sub("", context).strip()
+    lays them out) and the whitespace they leave at the ends; a text without placeholders stays as the task
+    wrote it, as on the chat path."""
+    stripped = _PLACEHOLDERS.sub("", context)
+    return stripped.strip() if stripped != context else context
 
 
 def chat_to_pipeline(messages: Any) -> tuple[list[dict[str, Any]], Media]:
