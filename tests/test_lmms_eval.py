@@ -33,6 +33,7 @@ pytest.importorskip("lmms_eval")
 from vlmspec_eval.lmms import generation, media, options, speed, text_metrics
 
 from vlmspec.errors import InvalidInputError
+from vlmspec.inputs import VideoClip
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = ("vlmspec_image_qa", "vlmspec_image_caption", "vlmspec_video_caption", "vlmspec_video_caption_frames")
@@ -657,6 +658,22 @@ def test_media_from_visuals_and_messages() -> None:
         }
     ]
     assert m.images == [image] and m.video == frames
+    # Clipped videos (egotempo's video_start/video_end dicts, chat parts' start_time/end_time) become VideoClips.
+    clip = {"type": "video", "path": "clip.mp4", "video_start": 1.5, "video_end": 4}
+    assert media.split_visuals([clip]).video == VideoClip("clip.mp4", 1.5, 4)
+    assert media.split_visuals({"type": "video", "frames": frames, "end_time": 1}).video == VideoClip(
+        frames, None, 1
+    )
+    with pytest.raises(ValueError, match="clips .* an image"):
+        media.split_visuals([{"type": "image", "url": image, "video_start": 1}])
+    with pytest.raises(ValueError, match="end=1 must come after start=2"):
+        media.split_visuals([{"type": "video", "path": "clip.mp4", "video_start": 2, "video_end": 1}])
+    parts = [
+        {"type": "video", "url": "clip.mp4", "start_time": 2.0, "end_time": 5.0},
+        {"type": "text", "text": "?"},
+    ]
+    _, m = media.chat_to_pipeline(ChatMessages(messages=[{"role": "user", "content": parts}]))
+    assert m.video == VideoClip("clip.mp4", 2.0, 5.0)
 
 
 def test_text_metrics() -> None:

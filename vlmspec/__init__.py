@@ -2,6 +2,7 @@
 
 from .engine import SpecStats, speculative_generate
 from .errors import InputNotFoundError, InputTypeError, InvalidInputError, VLMSpecError
+from .inputs import VideoClip
 from .pipeline import SpecOutput, VLMSpecPipeline
 from .policies import TreePolicy, available_policies, get_policy, register_policy
 from .streaming import StreamPiece
@@ -18,6 +19,7 @@ __all__ = [
     "StreamPiece",
     "TokenTree",
     "TreePolicy",
+    "VideoClip",
     "VLMSpecError",
     "VLMSpecPipeline",
     "__version__",

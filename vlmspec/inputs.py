@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,62 @@ from transformers.video_utils import VideoMetadata
 from .errors import InputNotFoundError, InputTypeError, InvalidInputError
 
 ImageInput = Image.Image | str | Path
-VideoInput = str | Path | Sequence[Image.Image | np.ndarray]
+
+
+@dataclass(frozen=True)
+class VideoClip:
+    """A time window of a video: frames are sampled from ``start`` to ``end`` seconds only.
+
+    The window is what ``qwen_vl_utils``' ``video_start``/``video_end`` and lmms-eval's ``start_time``/``end_time``
+    mean: seconds from the start of the file (or of a list of frames taken at ``fps``), both ends included.
+    ``None`` leaves that end open. The sampled frames keep their indices in the whole video, so time-aware
+    processors (Qwen3-VL's timestamps) see where in the video the clip lies.
+
+    Attributes:
+        source: a video file path or a list of frames (PIL images or ``HxWx3`` arrays).
+        start: first second of the window (``>= 0``; ``None``: the start of the video).
+        end: last second of the window (``> start``; ``None``: the end of the video).
+
+    Raises:
+        TypeError: a bound that is not a number.
+        ValueError: a negative or non-finite bound, or ``end <= start``.
+    """
+
+    source: str | Path | Sequence[Image.Image | np.ndarray]
+    start: float | None = None
+    end: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("start", "end"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InputTypeError(f"VideoClip {name}={value!r} must be a number of seconds or None")
+            if not math.isfinite(value) or value < 0:
+                raise InvalidInputError(f"VideoClip {name}={value!r} is invalid: use seconds >= 0")
+        if self.start is not None and self.end is not None and self.end <= self.start:
+            raise InvalidInputError(
+                f"VideoClip end={self.end!r} must come after start={self.start!r} (seconds from the video's start)"
+            )
+
+    def frame_window(self, total: int, fps: float, what: str) -> tuple[int, int]:
+        """The first and last frame index (inclusive) of the window in a video of ``total`` frames at ``fps``.
+
+        Raises:
+            ValueError: the window holds no frame of the video (``what`` names it in the message).
+        """
+        first = 0 if self.start is None else math.ceil(self.start * fps - 1e-6)
+        last = total - 1 if self.end is None else min(math.floor(self.end * fps + 1e-6), total - 1)
+        if first > last:
+            raise InvalidInputError(
+                f"{what}: the clip from {self.start}s to {self.end}s holds no frame of a video of {total} frames "
+                f"at {fps:g} fps ({total / fps:.2f}s); choose a window inside the video"
+            )
+        return first, last
+
+
+VideoInput = str | Path | Sequence[Image.Image | np.ndarray] | VideoClip
 
 
 def load_image(image: ImageInput) -> Image.Image:
@@ -65,14 +122,19 @@ def load_video(
 
     The metadata (source fps and the indices of the sampled frames) is what time-aware processors (Qwen3-VL's
     frame timestamps) need. A list of frames is taken as consecutive frames at ``fps`` frames per second
-    (default 2, the sampling rate Qwen2-VL's reference pipeline uses), since a list carries no timing.
+    (default 2, the sampling rate Qwen2-VL's reference pipeline uses), since a list carries no timing. A
+    :class:`VideoClip` samples ``num_frames`` evenly within its window of the file's frames (a list of frames:
+    every frame of the window).
 
     Raises:
         FileNotFoundError: the path does not exist.
-        ValueError: the file cannot be decoded, holds no frames, or ``num_frames`` < 1.
+        ValueError: the file cannot be decoded, holds no frames, ``num_frames`` < 1, or a clip's window holds no
+            frame.
     """
     if num_frames < 1:
         raise InvalidInputError(f"num_frames={num_frames} is invalid: sample at least 1 frame")
+    clip = video if isinstance(video, VideoClip) else VideoClip(video)
+    video = clip.source
     if isinstance(video, (str, Path)):
         path = Path(video)
         if not path.is_file():
@@ -88,9 +150,10 @@ def load_video(
             total = len(reader)
             if total == 0:
                 raise InvalidInputError(f"video file {str(path)!r} holds no frames")
-            index = np.linspace(0, total - 1, num=min(num_frames, total)).round().astype(int)
-            array = reader.get_batch(list(index)).asnumpy()  # [F, H, W, 3] uint8
             source_fps = float(reader.get_avg_fps())
+            first, last = clip.frame_window(total, source_fps, f"video file {str(path)!r}")
+            index = np.linspace(first, last, num=min(num_frames, last - first + 1)).round().astype(int)
+            array = reader.get_batch(list(index)).asnumpy()  # [F, H, W, 3] uint8
         except (DECORDError, RuntimeError) as err:  # decord raises RuntimeError for unreadable containers
             raise InvalidInputError(
                 f"video file {str(path)!r} could not be decoded ({err}); check that it is a valid video"
@@ -111,9 +174,9 @@ def load_video(
             f"video frame {odd} is {frames[odd].size[0]}x{frames[odd].size[1]} but frame 0 is "
             f"{frames[0].size[0]}x{frames[0].size[1]}; the frames of one video must share a size (resize them first)"
         )
-    return frames, VideoMetadata(
-        total_num_frames=len(frames), fps=fps, frames_indices=list(range(len(frames)))
-    )
+    first, last = clip.frame_window(len(frames), fps, f"video of {len(frames)} frames")
+    total, frames = len(frames), frames[first : last + 1]
+    return frames, VideoMetadata(total_num_frames=total, fps=fps, frames_indices=list(range(first, last + 1)))
 
 
 def frame_image(index: int, frame: Image.Image | np.ndarray) -> Image.Image:
@@ -166,6 +229,8 @@ def normalize_messages(
     Each message is ``{"role": "system" | "user" | "assistant", "content": str | [item, ...]}``; an item is
     ``{"type": "text", "text": ...}``, ``{"type": "image", "image": PIL image or path}`` or ``{"type": "video",
     "video": path or frames}`` (``"url"``/``"path"`` keys work too, for local files), in any turn and any number.
+    A video item may hold ``"video_start"``/``"video_end"`` (seconds, as ``qwen_vl_utils`` reads them): only that
+    window is sampled (:class:`VideoClip`).
 
     Returns:
         The messages with media items reduced to their placeholders (what the chat template needs), the images and
@@ -213,7 +278,20 @@ def normalize_messages(
             if kind == "image":
                 images.append(load_image(source))
             else:
-                videos.append(load_video(source, num_frames=num_frames))
+                videos.append(
+                    load_video(_video_item(item, source, f"{where}.content[{j}]"), num_frames=num_frames)
+                )
             items.append({"type": kind})
         chat.append({"role": message["role"], "content": items})
     return chat, images, videos
+
+
+def _video_item(item: dict, source: VideoInput, where: str) -> VideoInput:
+    """A messages video item's source, clipped to its ``video_start``/``video_end`` window when it has one."""
+    start, end = item.get("video_start"), item.get("video_end")
+    if start is None and end is None:
+        return source
+    try:
+        return VideoClip(source, start, end)
+    except (InvalidInputError, InputTypeError) as err:
+        raise type(err)(f"{where}: {err}") from err

@@ -294,7 +294,8 @@ class VLMSpecPipeline:
         Args:
             image: a PIL image, an image path, a list of them, or ``None`` (text only / video only).
             prompt: the user's text.
-            video: a video file path or a list of frames (PIL images or HxWx3 uint8 arrays).
+            video: a video file path or a list of frames (PIL images or HxWx3 uint8 arrays), or a
+                :class:`~vlmspec.VideoClip` of one (a time window: ``VideoClip("clip.mp4", start=2.0, end=6.5)``).
             max_new_tokens: the most tokens to generate.
             do_sample: sample from the target's distribution instead of greedy decoding. ``temperature``,
                 ``top_k``, ``top_p`` default to the target's ``generation_config`` as in ``generate()``; ``seed``

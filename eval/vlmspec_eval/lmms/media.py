@@ -9,7 +9,9 @@ Visuals understood (simple path, and the ``url`` of chat image/video parts):
 * a PIL image, or an ``HxWx3`` array: an image;
 * a path (``str``/``Path``): an image or a video by its extension (:data:`IMAGE_EXTS` / :data:`VIDEO_EXTS`);
 * a list/tuple of PIL images or ``HxWx3`` arrays, or an ``FxHxWx3`` array: a video given as frames;
-* a dict ``{"type": "image"|"video", "url"|"path"|"image"|"video"|"frames": ...}``.
+* a dict ``{"type": "image"|"video", "url"|"path"|"image"|"video"|"frames": ...}``; a video dict's
+  ``video_start``/``video_end`` (or ``start_time``/``end_time``) seconds clip it (:class:`vlmspec.VideoClip`),
+  as do a chat video part's ``start_time``/``end_time``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
+
+from vlmspec.inputs import VideoClip
 
 __all__ = ["IMAGE_EXTS", "VIDEO_EXTS", "Media", "chat_to_pipeline", "split_visuals", "strip_placeholders"]
 
@@ -105,13 +109,17 @@ def _classify_path(path: str | Path) -> tuple[str, Any]:
 
 
 def _classify_dict(visual: dict[str, Any]) -> tuple[str, Any]:
-    unsupported = sorted(
-        k for k in ("video_start", "video_end", "start_time", "end_time") if visual.get(k) is not None
-    )
-    if unsupported:
-        raise NotImplementedError(
-            f"video clipping ({', '.join(unsupported)}) is not supported by the vlmspec model"
-        )
+    kind, value = _dict_source(visual)
+    start = next((visual[k] for k in ("video_start", "start_time") if visual.get(k) is not None), None)
+    end = next((visual[k] for k in ("video_end", "end_time") if visual.get(k) is not None), None)
+    if start is None and end is None:
+        return kind, value
+    if kind != "video":
+        raise ValueError(f"visual dict clips ({start}s to {end}s) an image, not a video: {visual!r:.80}")
+    return "video", VideoClip(value, start, end)
+
+
+def _dict_source(visual: dict[str, Any]) -> tuple[str, Any]:
     for key in ("url", "path", "frames", "video", "image"):
         if visual.get(key) is not None:
             kind, value = classify(visual[key])
@@ -135,7 +143,7 @@ def split_visuals(visuals: Sequence[Any] | Any | None) -> Media:
     (``[frames]``); a flat list of PIL images is that many images.
 
     Raises:
-        ValueError, TypeError, NotImplementedError: a visual vlmspec cannot take (the message names it).
+        ValueError, TypeError: a visual vlmspec cannot take (the message names it).
     """
     media = Media()
     if visuals is None:
@@ -168,7 +176,7 @@ def chat_to_pipeline(messages: Any) -> tuple[list[dict[str, Any]], Media]:
         ``{"type": "text", "text": ...}`` parts, the form every family's chat template reads.
 
     Raises:
-        NotImplementedError: audio parts or clipped videos.
+        NotImplementedError: audio parts.
         ValueError: more than one video.
     """
     media = Media()
@@ -186,14 +194,11 @@ def _chat_part(part: Any, media: Media) -> dict[str, Any]:
         return {"type": "text", "text": part.text}
     if part.type == "audio":
         raise NotImplementedError("audio inputs are not supported by the vlmspec model")
-    if part.type == "video" and (
-        getattr(part, "start_time", None) is not None or getattr(part, "end_time", None) is not None
-    ):
-        raise NotImplementedError(
-            "video clipping (start_time/end_time) is not supported by the vlmspec model"
-        )
     kind, value = classify(part.url)
     if part.type == "video" and kind == "image" and isinstance(value, Image.Image):
         kind, value = "video", [value]  # a one-frame clip
+    start, end = getattr(part, "start_time", None), getattr(part, "end_time", None)
+    if part.type == "video" and (start is not None or end is not None):
+        value = VideoClip(value, start, end)
     media.add(kind, value)
     return {"type": kind}
