@@ -650,14 +650,16 @@ def test_media_from_visuals_and_messages() -> None:
     assert media.strip_placeholders("\nWhat is it?\n") == "\nWhat is it?\n"  # as the chat path keeps it
     messages = ChatMessages(messages=[{"role": "user", "content": [
         {"type": "image", "url": image}, {"type": "text", "text": "Compare"}, {"type": "video", "url": frames}]}])  # fmt: skip
-    hf, m = media.chat_to_pipeline(messages)
-    assert hf == [
+    assert media.chat_messages(messages) == [
         {
             "role": "user",
-            "content": [{"type": "image"}, {"type": "text", "text": "Compare"}, {"type": "video"}],
+            "content": [
+                {"type": "image", "image": image},
+                {"type": "text", "text": "Compare"},
+                {"type": "video", "video": frames},
+            ],
         }
     ]
-    assert m.images == [image] and m.video == frames
     # Clipped videos (egotempo's video_start/video_end dicts, chat parts' start_time/end_time) become VideoClips.
     clip = {"type": "video", "path": "clip.mp4", "video_start": 1.5, "video_end": 4}
     assert media.split_visuals([clip]).video == VideoClip("clip.mp4", 1.5, 4)
@@ -672,8 +674,8 @@ def test_media_from_visuals_and_messages() -> None:
         {"type": "video", "url": "clip.mp4", "start_time": 2.0, "end_time": 5.0},
         {"type": "text", "text": "?"},
     ]
-    _, m = media.chat_to_pipeline(ChatMessages(messages=[{"role": "user", "content": parts}]))
-    assert m.video == VideoClip("clip.mp4", 2.0, 5.0)
+    chat = media.chat_messages(ChatMessages(messages=[{"role": "user", "content": parts}]))
+    assert chat[0]["content"][0] == {"type": "video", "video": VideoClip("clip.mp4", 2.0, 5.0)}
 
 
 def test_text_metrics() -> None:

@@ -83,6 +83,49 @@ def test_video_file_input(pipe, tmp_path):
     assert out.stats.new_tokens == 16 and out.stats.target_visual_tokens > 0
 
 
+def _processor_inputs(pipe, images, prompt):
+    """Processor outputs built outside the pipeline, as a transformers user builds them."""
+    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": prompt}]
+    text = pipe.processor.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+    )
+    return pipe.processor(text=[text], images=[images], return_tensors="pt")
+
+
+def test_generate_is_a_drop_in_for_the_targets_generate(pipe):
+    pipe.policy = "sage"
+    inputs = _processor_inputs(pipe, [make_image(1), make_image(2)], PROMPTS[1])
+    ref = pipe.target.generate(**inputs, do_sample=False, max_new_tokens=20)
+    ids = pipe.generate(**inputs, max_new_tokens=20)
+    assert ids.shape == ref.shape and torch.equal(ids, ref)
+    sampled = [pipe.generate(**inputs, max_new_tokens=12, do_sample=True, seed=7) for _ in range(2)]
+    assert torch.equal(sampled[0], sampled[1]) and torch.equal(
+        sampled[0][:, : inputs["input_ids"].shape[1]], inputs["input_ids"]
+    )
+    # The same inputs as batch requests: each row is that prompt's own reply.
+    other = _processor_inputs(pipe, [make_image(3)], PROMPTS[2])
+    outs = pipe.batch([{"inputs": inputs, "max_new_tokens": 20}, {"inputs": other, "max_new_tokens": 20}], 2)
+    assert outs[0].token_ids == ids[0, inputs["input_ids"].shape[1] :].tolist()
+    assert outs[1].token_ids == pipe.reference_generate(dict(other), 20)
+
+
+def test_generate_refuses_what_it_cannot_do_naming_it(pipe):
+    inputs = _processor_inputs(pipe, [make_image(1)], PROMPTS[1])
+    with pytest.raises(TypeError, match=r"does not take assistant_model, num_beams"):
+        pipe.generate(**inputs, num_beams=4, assistant_model=pipe.draft)
+    two = {k: torch.cat([v, v]) if k in ("input_ids", "attention_mask") else v for k, v in inputs.items()}
+    with pytest.raises(ValueError, match=r"input_ids'\] has shape \(2, \d+\); give one prompt.*pipe\.batch"):
+        pipe.generate(**two)
+    padded = {**inputs, "attention_mask": inputs["attention_mask"].clone()}
+    padded["attention_mask"][0, 0] = 0
+    with pytest.raises(ValueError, match="masks some prompt tokens"):
+        pipe.generate(**padded)
+    with pytest.raises(ValueError, match="give either inputs or messages or image/prompt/video"):
+        pipe(make_image(1), "Hi", inputs=inputs)
+    with pytest.raises(TypeError, match="inputs must be a processor's outputs"):
+        pipe(inputs={"pixel_values": inputs["pixel_values"]})
+
+
 # ---- errors ---------------------------------------------------------------------------------------------------
 
 

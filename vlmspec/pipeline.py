@@ -12,7 +12,7 @@ import contextlib
 import copy
 import dataclasses
 import inspect
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -288,6 +288,7 @@ class VLMSpecPipeline:
         prune_ratio: float | None = None,
         streamer: Any = None,
         messages: Sequence[dict] | None = None,
+        inputs: Mapping[str, Any] | None = None,
     ) -> SpecOutput:
         """Generate a reply to ``prompt`` about ``image`` (and/or ``video``), or to a conversation (``messages``).
 
@@ -307,6 +308,8 @@ class VLMSpecPipeline:
             messages: instead of ``image``/``prompt``/``video``: a conversation in transformers' chat format
                 (``[{"role": "user", "content": [{"type": "image", "image": ...}, {"type": "text", "text": ...}]}]``),
                 system, user and assistant turns, images and videos in any turn (:meth:`prepare_messages`).
+            inputs: instead of the above: one prompt's processor outputs, as ``target.generate(**inputs)`` takes
+                them (``input_ids`` ``[1, L]``, ``pixel_values``, ...), for prompts built outside the pipeline.
             streamer: a transformers streamer (``TextStreamer``, ``TextIteratorStreamer``, anything with
                 ``put``/``end``), driven as ``generate(streamer=...)`` drives it: the prompt's ids first, then each
                 verification step's tokens together (see :mod:`vlmspec.streaming`).
@@ -416,7 +419,11 @@ class VLMSpecPipeline:
             tokenizer=self.tokenizer if stop_strings else None,
         )
         # 2. Build the multimodal prompt once; the draft sees the same inputs.
-        if a.messages is not None:
+        if a.inputs is not None:
+            if a.messages is not None or prompt is not None or image is not None or video is not None:
+                raise InvalidInputError("give either inputs or messages or image/prompt/video, not several")
+            inputs = self._given_inputs(a.inputs)
+        elif a.messages is not None:
             if prompt is not None or image is not None or video is not None:
                 raise InvalidInputError("give either messages or image/prompt/video, not both")
             inputs = self.prepare_messages(a.messages, num_frames=num_frames)
@@ -517,6 +524,61 @@ class VLMSpecPipeline:
             )
         return stream_call(lambda streamer: self(image, prompt, streamer=streamer, **kwargs), self.tokenizer)
 
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+        """``target.generate(**inputs, ...)`` with speculative decoding: a drop-in for code that already calls it.
+
+            inputs = processor(text=[text], images=[image], return_tensors="pt")
+            ids = pipe.generate(**inputs, max_new_tokens=128)   # was: target.generate(**inputs, ...)
+
+        Greedy output is the target's own ``generate()``'s, token for token; sampling follows its distribution.
+
+        Args:
+            input_ids: ``[1, L]`` prompt ids; one prompt per call (for many, :meth:`batch` with ``{"inputs": ...}``
+                requests decodes them together).
+            **kwargs: the other processor outputs (tensors: ``attention_mask``, ``pixel_values``,
+                ``image_grid_thw``, ...) and :meth:`__call__`'s generation options (``max_new_tokens``,
+                ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``stop_strings``, ``prune_ratio``,
+                ``streamer``).
+
+        Returns:
+            ``[1, L + T]`` the prompt and the ``T`` generated ids (EOS included when produced), as ``generate()``
+            returns them for a decoder-only model.
+
+        Raises:
+            TypeError: an option this method does not take (``num_beams``, ``assistant_model``, ...).
+        """
+        options = {k: kwargs.pop(k) for k in list(kwargs) if k in _GENERATE_OPTIONS}
+        unknown = sorted(k for k, v in kwargs.items() if not torch.is_tensor(v) and v is not None)
+        if unknown:
+            raise InputTypeError(
+                f"pipe.generate() does not take {', '.join(unknown)}: it takes processor outputs (tensors) and "
+                f"{', '.join(_GENERATE_OPTIONS)}"
+            )
+        out = self(inputs={"input_ids": input_ids, **kwargs}, **options)
+        new = torch.tensor([out.token_ids], dtype=input_ids.dtype, device=input_ids.device)
+        return torch.cat([input_ids, new], dim=1)
+
+    def _given_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """One prompt's processor outputs, checked, on the target's device."""
+        if not isinstance(inputs, Mapping) or not torch.is_tensor(inputs.get("input_ids")):
+            raise InputTypeError(
+                "inputs must be a processor's outputs for one prompt, with an input_ids tensor, e.g. "
+                "processor(text=[text], images=[image], return_tensors='pt')"
+            )
+        ids, mask = inputs["input_ids"], inputs.get("attention_mask")
+        if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] == 0:
+            raise InvalidInputError(
+                f"inputs['input_ids'] has shape {tuple(ids.shape)}; give one prompt, [1, L] with L >= 1 (for "
+                'several prompts, pipe.batch([{"inputs": ...}, ...]) with one request per prompt)'
+            )
+        if mask is not None and not bool(mask.bool().all()):
+            raise InvalidInputError(
+                "inputs['attention_mask'] masks some prompt tokens (padding); give one unpadded prompt per request"
+            )
+        device = self._target_adapter.device
+        return {k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items() if v is not None}
+
     def _check_length(self, prompt_len: int, max_new_tokens: int) -> None:
         limit = self._target_adapter.max_positions
         if limit is not None and prompt_len + max_new_tokens > limit:
@@ -528,6 +590,9 @@ class VLMSpecPipeline:
 
 
 _CALL_ARGUMENTS = tuple(inspect.signature(VLMSpecPipeline.__call__).parameters)[1:]
+_GENERATE_OPTIONS = tuple(
+    a for a in _CALL_ARGUMENTS if a not in ("image", "prompt", "video", "messages", "inputs", "num_frames")
+)
 
 
 def _request_kwargs(request: Any, index: int) -> dict[str, Any]:

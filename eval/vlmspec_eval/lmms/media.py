@@ -1,8 +1,8 @@
 """What lmms-eval requests carry, turned into what :class:`vlmspec.VLMSpecPipeline` takes.
 
-Simple requests carry ``doc_to_visual(doc)``: a list of visuals. Chat requests carry ``doc_to_messages(doc)``:
-lmms-eval ``ChatMessages`` with image/video/text parts. Both become :class:`Media` (images in order, at most one
-video) and, for chat, the HF-style messages list the processor's chat template reads.
+Simple requests carry ``doc_to_visual(doc)``: a list of visuals, which becomes :class:`Media` (images in order, at
+most one video) beside the context. Chat requests carry ``doc_to_messages(doc)``: lmms-eval ``ChatMessages`` with
+image/video/text parts, which become the pipeline's ``messages`` (:func:`chat_messages`).
 
 Visuals understood (simple path, and the ``url`` of chat image/video parts):
 
@@ -27,7 +27,7 @@ from PIL import Image
 
 from vlmspec.inputs import VideoClip
 
-__all__ = ["IMAGE_EXTS", "VIDEO_EXTS", "Media", "chat_to_pipeline", "split_visuals", "strip_placeholders"]
+__all__ = ["IMAGE_EXTS", "VIDEO_EXTS", "Media", "chat_messages", "split_visuals", "strip_placeholders"]
 
 IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tiff", ".tif", ".webp"})
 VIDEO_EXTS = frozenset({".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".flv", ".mpg", ".mpeg", ".wmv"})
@@ -165,31 +165,26 @@ def strip_placeholders(context: str) -> str:
     return stripped.strip() if stripped != context else context
 
 
-def chat_to_pipeline(messages: Any) -> tuple[list[dict[str, Any]], Media]:
-    """HF-style chat messages with media placeholders, and the media in order, from lmms-eval ``ChatMessages``.
+def chat_messages(messages: Any) -> list[dict[str, Any]]:
+    """The pipeline's ``messages`` (transformers' chat format, media inside) from lmms-eval ``ChatMessages``.
 
     Args:
         messages: a ``lmms_eval.protocol.ChatMessages`` (or anything with ``.messages`` of role/content parts).
 
     Returns:
-        ``(hf_messages, media)``: ``hf_messages`` holds ``{"type": "image"}``/``{"type": "video"}``/
-        ``{"type": "text", "text": ...}`` parts, the form every family's chat template reads.
+        ``[{"role": ..., "content": [...]}]`` with ``{"type": "text", "text": ...}``, ``{"type": "image", "image":
+        ...}`` and ``{"type": "video", "video": ...}`` items, in the task's order (any number of images and videos).
 
     Raises:
         NotImplementedError: audio parts.
-        ValueError: more than one video.
     """
-    media = Media()
-    hf_messages = []
-    for message in messages.messages:
-        content = []
-        for part in message.content:
-            content.append(_chat_part(part, media))
-        hf_messages.append({"role": message.role, "content": content})
-    return hf_messages, media
+    return [
+        {"role": message.role, "content": [_chat_part(part) for part in message.content]}
+        for message in messages.messages
+    ]
 
 
-def _chat_part(part: Any, media: Media) -> dict[str, Any]:
+def _chat_part(part: Any) -> dict[str, Any]:
     if part.type == "text":
         return {"type": "text", "text": part.text}
     if part.type == "audio":
@@ -200,5 +195,4 @@ def _chat_part(part: Any, media: Media) -> dict[str, Any]:
     start, end = getattr(part, "start_time", None), getattr(part, "end_time", None)
     if part.type == "video" and (start is not None or end is not None):
         value = VideoClip(value, start, end)
-    media.add(kind, value)
-    return {"type": kind}
+    return {"type": kind, kind: value}

@@ -53,12 +53,11 @@ from tqdm import tqdm
 
 from vlmspec import VLMSpecPipeline
 from vlmspec.errors import InvalidInputError
-from vlmspec.inputs import load_images, load_video
 from vlmspec.named_pairs import ResolvedPair
 from vlmspec.pruning import PruningConfig
 
 from .generation import generation_settings, truncate_at_stops
-from .media import Media, chat_to_pipeline, split_visuals, strip_placeholders
+from .media import chat_messages, split_visuals, strip_placeholders
 from .options import ModelOptions, parse_model_args, resolve_pair
 from .speed import (
     SampleSpeed,
@@ -71,7 +70,6 @@ from .speed import (
 )
 
 __all__ = [
-    "MessagesPipeline",
     "VLMSpec",
     "VLMSpecChat",
     "lmms_eval_output_path",
@@ -80,37 +78,6 @@ __all__ = [
     "score_continuation",
     "warm_up",
 ]
-
-
-class MessagesPipeline(VLMSpecPipeline):
-    """A :class:`VLMSpecPipeline` whose ``prompt`` may also be a list of chat messages.
-
-    The messages hold ``{"type": "image"}``/``{"type": "video"}`` placeholders for the images and the video
-    passed alongside, in order; the target's chat template renders them (system turns and interleaved text kept).
-    A string prompt takes the pipeline's own path (media first, then the text).
-    """
-
-    def prepare_inputs(
-        self,
-        image: Any,
-        prompt: str | list[dict[str, Any]],
-        video: Any = None,
-        num_frames: int = 8,
-    ) -> dict[str, torch.Tensor]:
-        """Processor inputs (batch 1) for a string prompt or a list of chat messages."""
-        if isinstance(prompt, str):
-            return super().prepare_inputs(image, prompt, video, num_frames=num_frames)
-        images = load_images(image)
-        frames, metadata = load_video(video, num_frames=num_frames) if video is not None else (None, None)
-        text = self.processor.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-        kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
-        if images:
-            kwargs["images"] = [images]
-        if frames is not None:
-            kwargs.update(videos=[frames], video_metadata=[metadata], do_sample_frames=False)
-        inputs = self.processor(**kwargs)
-        device = self.target.get_input_embeddings().weight.device
-        return {k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}
 
 
 class VLMSpec(lmms):
@@ -141,7 +108,7 @@ class VLMSpec(lmms):
             self._world_size = self.accelerator.num_processes
             with self.accelerator.main_process_first():
                 self.pair: ResolvedPair = resolve_pair(self.options)
-            self.pipe: MessagesPipeline | None = load_pipeline(self.options, self.pair, self._device_map())
+            self.pipe: VLMSpecPipeline | None = load_pipeline(self.options, self.pair, self._device_map())
         except (ValueError, FileNotFoundError) as err:
             # lmms-eval's CLI catches exceptions and exits 0, so a CI job would record a green run with no
             # results; a SystemExit passes through it: the run fails, with this one line.
@@ -262,16 +229,15 @@ class VLMSpec(lmms):
         super().clean()
 
     # ---- requests ---------------------------------------------------------------------------------------------
-    def _prompt(self, request: Instance) -> tuple[str | list[dict[str, Any]], Media]:
-        """The prompt and media of a request (simple path: the context and ``doc_to_visual``)."""
+    def _prompt(self, request: Instance) -> dict[str, Any]:
+        """The pipeline arguments of a request's prompt (simple path: the context and ``doc_to_visual``)."""
         context, doc_to_visual = request.args[0], request.args[2]
-        media = split_visuals(doc_to_visual(self._doc(request)) if doc_to_visual else None)
-        return strip_placeholders(context), media
+        return _simple_prompt(context, doc_to_visual(self._doc(request)) if doc_to_visual else None)
 
     def _next_round(
         self, request: Instance, round_idx: int, replies: list[str], info: Any
-    ) -> tuple[tuple[str | list[dict[str, Any]], Media], Any] | None:
-        """Round ``round_idx``'s prompt and media and the task's round info, or ``None`` when the task stops.
+    ) -> tuple[dict[str, Any], Any] | None:
+        """Round ``round_idx``'s prompt (as :meth:`_prompt`) and the task's round info, or ``None`` when it stops.
 
         Simple path: the request's ``doc_to_text`` (its 4th argument) returns ``(visuals, context, terminal,
         previous_output, previous_round_info)``.
@@ -289,20 +255,15 @@ class VLMSpec(lmms):
         visuals, context, terminal, _replies, info = payload
         if terminal:
             return None
-        return (strip_placeholders(context), split_visuals(visuals)), info
+        return _simple_prompt(context, visuals), info
 
-    def _call(
-        self, request: Instance, prompt_and_media: tuple[str | list[dict[str, Any]], Media] | None = None
-    ) -> dict[str, Any]:
+    def _call(self, request: Instance, prompt: dict[str, Any] | None = None) -> dict[str, Any]:
         """The pipeline call for a request (built when its turn in the batch comes), for its own prompt or the
-        given round's."""
-        prompt, media = prompt_and_media or self._prompt(request)
+        given round's (:meth:`_prompt`)."""
         doc_id = request.args[-3]
         settings = generation_settings(request.args[self.gen_kwargs_at], cap=self.options.max_new_tokens)
         return {
-            "image": media.image_arg,
-            "prompt": prompt,
-            "video": media.video,
+            **(prompt or self._prompt(request)),
             "max_new_tokens": settings.max_new_tokens,
             "do_sample": settings.do_sample,
             "temperature": settings.temperature,
@@ -348,7 +309,7 @@ class VLMSpec(lmms):
         doc_id, task, split = request.args[-3:]
         return self.task_dict[task][split][doc_id]
 
-    def _pipeline(self) -> MessagesPipeline:
+    def _pipeline(self) -> VLMSpecPipeline:
         if self.pipe is None:
             raise RuntimeError("the vlmspec model was cleaned up (lmms-eval's clean()); create a new one")
         return self.pipe
@@ -431,16 +392,15 @@ class VLMSpecChat(VLMSpec):
         refer_loglikelihood_to_simple_requests()
         super().__init__(**kwargs)
 
-    def _prompt(self, request: Instance) -> tuple[str | list[dict[str, Any]], Media]:
+    def _prompt(self, request: Instance) -> dict[str, Any]:
         from lmms_eval.protocol import ChatMessages
 
         doc_to_messages = request.args[1]
-        raw = doc_to_messages(self._doc(request))
-        return chat_to_pipeline(ChatMessages(messages=raw))
+        return {"messages": chat_messages(ChatMessages(messages=doc_to_messages(self._doc(request))))}
 
     def _next_round(
         self, request: Instance, round_idx: int, replies: list[str], info: Any
-    ) -> tuple[tuple[str | list[dict[str, Any]], Media], Any] | None:
+    ) -> tuple[dict[str, Any], Any] | None:
         """Chat path: the request's ``doc_to_messages`` returns ``(messages, terminal, previous_output,
         previous_round_info)``; anything else ends the rounds (as lmms-eval's chat ``vllm`` model does)."""
         from lmms_eval.protocol import ChatMessages
@@ -452,12 +412,18 @@ class VLMSpecChat(VLMSpec):
         if not (isinstance(payload, tuple) and len(payload) == 4) or payload[1]:
             return None
         raw, _terminal, _replies, info = payload
-        return chat_to_pipeline(ChatMessages(messages=raw)), info
+        return {"messages": chat_messages(ChatMessages(messages=raw))}, info
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------------------------
+def _simple_prompt(context: str, visuals: Any) -> dict[str, Any]:
+    """The pipeline arguments of a simple-path prompt: its visuals first, then the context without placeholders."""
+    media = split_visuals(visuals)
+    return {"image": media.image_arg, "prompt": strip_placeholders(context), "video": media.video}
+
+
 _LOGLIKELIHOOD_OUTPUT_TYPES = ("loglikelihood", "multiple_choice")
 
 
@@ -487,12 +453,12 @@ def refer_loglikelihood_to_simple_requests() -> None:
     ConfigurableMessagesTask.construct_requests = construct_requests  # type: ignore[method-assign]
 
 
-def load_pipeline(options: ModelOptions, pair: ResolvedPair, device_map: str | None) -> MessagesPipeline:
+def load_pipeline(options: ModelOptions, pair: ResolvedPair, device_map: str | None) -> VLMSpecPipeline:
     """The pipeline for ``pair`` with the options' policy, pruning, dtype and device."""
     pruning = PruningConfig(
         method=options.pruning, image_ratio=options.image_prune_ratio, video_ratio=options.video_prune_ratio
     )
-    return MessagesPipeline.from_pretrained(
+    return VLMSpecPipeline.from_pretrained(
         pair.target,
         pair.draft,
         policy=options.policy,
