@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers.video_utils import VideoMetadata
 
 from vlmspec import VLMSpecPipeline
 from vlmspec.testing import FAMILIES, make_image, make_video_frames
@@ -49,6 +50,36 @@ def test_a_video_message_is_the_short_forms_video(tiny_pairs):
         pipe(messages=messages, max_new_tokens=16).token_ids
         == pipe(None, "Go.", video=frames, max_new_tokens=16).token_ids
     )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_several_videos_in_one_prompt_equal_generate(tiny_pairs, family):
+    """Two clips (one a time window of a longer one) and an image in one turn: the target's generate() on the
+    processor's outputs for the same frames, token for token."""
+    pair = tiny_pairs[family]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
+    first, second = make_video_frames(0), make_video_frames(1, num_frames=8)
+    content = [
+        {"type": "video", "video": first},
+        {"type": "image", "image": make_image(2)},
+        {"type": "video", "video": second, "video_start": 1.0, "video_end": 2.5},
+        {"type": "text", "text": "What changed?"},
+    ]
+    out = pipe(messages=[{"role": "user", "content": content}], max_new_tokens=MAX_NEW)
+    placeholders = [{"type": item["type"]} if item["type"] != "text" else item for item in content]
+    text = pipe.processor.apply_chat_template(
+        [{"role": "user", "content": placeholders}], add_generation_prompt=True, tokenize=False
+    )
+    metadata = [  # the clip's frames keep their place in the video: Qwen3-VL's timestamps read it
+        VideoMetadata(total_num_frames=4, fps=2.0, frames_indices=[0, 1, 2, 3]),
+        VideoMetadata(total_num_frames=8, fps=2.0, frames_indices=[2, 3, 4, 5]),
+    ]
+    inputs = pipe.processor(
+        text=[text], images=[[make_image(2)]], videos=[first, second[2:6]], video_metadata=metadata,
+        do_sample_frames=False, return_tensors="pt",
+    )  # fmt: skip
+    assert out.token_ids == pipe.reference_generate(dict(inputs), MAX_NEW)
+    assert out.stats.target_visual_tokens > 0
 
 
 @pytest.mark.parametrize(

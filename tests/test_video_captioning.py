@@ -341,6 +341,45 @@ def test_manifests_with_prompts_and_ids(vc, tmp_path):
         vc.discover_inputs(table)
 
 
+def test_manifest_windows_caption_segments(vc, caption_pair, tmp_path, capsys):
+    """Rows with ``start``/``end`` caption a segment of a file: a window over the whole file gives the whole
+    file's caption, each half its own, a window past the end an error line (the job goes on)."""
+    write_video(tmp_path / "long.mp4", _clip(500) + _clip(501), fps=4)  # 8 frames, 2 s
+    rows = [
+        {"path": "long.mp4"},
+        {"path": "long.mp4", "start": 0, "end": 1.75},
+        {"path": "long.mp4", "end": 0.75},
+        {"path": "long.mp4", "start": 1.0, "id": "second half"},
+        {"path": "long.mp4", "start": 5},
+    ]
+    manifest = tmp_path / "segments.jsonl"
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "captions.jsonl"
+    args = [str(manifest), "--out", str(out), *_pair_args(caption_pair), *COMMON]
+    assert vc.main(args) == vc.EXIT_PARTIAL
+    records = {r["id"]: r for r in _records(out)}
+    assert list(records) == ["long.mp4", "long.mp4@0-1.75", "long.mp4@0-0.75", "second half", "long.mp4@5-"]
+    assert (records["long.mp4@0-1.75"]["start"], records["long.mp4@0-1.75"]["end"]) == (0, 1.75)
+    assert "start" not in records["long.mp4"] and records["second half"]["start"] == 1.0
+    assert records["long.mp4@0-1.75"]["caption"] == records["long.mp4"]["caption"]  # the same 4 frames
+    assert records["long.mp4@0-0.75"]["caption"] != records["second half"]["caption"]
+    assert "the clip from 5s to the end holds no frame" in records["long.mp4@5-"]["error"]
+    assert "4 succeeded, 1 failed" in capsys.readouterr().out
+
+
+def test_manifest_windows_are_checked_naming_the_row(vc, tmp_path):
+    table = tmp_path / "m.csv"
+    table.write_text("path,start,end\na.mp4,1,2.5\na.mp4,,1\n")
+    items = vc.discover_inputs(table)
+    assert [(i.id, i.start, i.end) for i in items] == [("a.mp4@1-2.5", 1.0, 2.5), ("a.mp4@0-1", None, 1.0)]
+    table.write_text("path,start,end\na.mp4,3,2\n")
+    with pytest.raises(vc.JobError, match=r"row 2: VideoClip end=2.0 must come after start=3.0"):
+        vc.discover_inputs(table)
+    table.write_text("path,start\na.mp4,soon\n")
+    with pytest.raises(vc.JobError, match=r"row 2: 'start' must be a number of seconds, got 'soon'"):
+        vc.discover_inputs(table)
+
+
 def test_config_file_defaults_and_flag_overrides(vc, tmp_path):
     assert vc.load_config(vc.DEFAULT_CONFIG_PATH) == vc.JobConfig()  # the YAML holds the defaults
     config = tmp_path / "job.yaml"

@@ -62,9 +62,11 @@ class VideoClip:
         first = 0 if self.start is None else math.ceil(self.start * fps - 1e-6)
         last = total - 1 if self.end is None else min(math.floor(self.end * fps + 1e-6), total - 1)
         if first > last:
+            start = "the start" if self.start is None else f"{self.start:g}s"
+            end = "the end" if self.end is None else f"{self.end:g}s"
             raise InvalidInputError(
-                f"{what}: the clip from {self.start}s to {self.end}s holds no frame of a video of {total} frames "
-                f"at {fps:g} fps ({total / fps:.2f}s); choose a window inside the video"
+                f"{what}: the clip from {start} to {end} holds no frame of a video of {total} frames at {fps:g} fps "
+                f"({total / fps:.2f}s); choose a window inside the video"
             )
         return first, last
 

@@ -14,8 +14,10 @@ Usage (``vlmspec caption`` and ``python -m vlmspec_caption`` take the same argum
 
 Inputs: a folder (its video files, by extension, recursively; id = path relative to the folder), a glob (every
 file matched; id = the path as matched), or a manifest: ``.jsonl`` (one object per line) or ``.csv`` (a header
-row) with ``path`` (or ``video``), optional ``prompt`` and optional ``id`` (default: the path as written; relative
-paths are relative to the manifest's folder). Ids must be unique: resuming keys on them.
+row) with ``path`` (or ``video``), optional ``prompt``, optional ``start``/``end`` (seconds: caption only that
+segment, so rows can caption one file segment by segment; the record carries them) and optional ``id`` (default:
+the path as written, ``path@start-end`` for a segment; relative paths are relative to the manifest's folder). Ids
+must be unique: resuming keys on them.
 
 Settings come from ``configs/jobs/video_captioning.yaml`` (or ``--config``; read with ``yaml.safe_load``; unknown
 keys are an error that lists the valid ones); command-line flags override the file.

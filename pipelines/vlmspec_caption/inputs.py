@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vlmspec import VideoClip, VLMSpecError
+
 from .config import VIDEO_EXTENSIONS, JobConfig, JobError
 
 
@@ -21,11 +23,20 @@ class VideoItem:
         id: unique, stable id (what resuming keys on).
         path: the video file.
         prompt: the item's own prompt (``None``: the job's).
+        start, end: the time window to caption, in seconds (``None``: from the start / to the end of the file);
+            a manifest's ``start``/``end`` columns, so one file can be captioned segment by segment.
     """
 
     id: str
     path: str
     prompt: str | None = None
+    start: float | None = None
+    end: float | None = None
+
+    @property
+    def window(self) -> dict[str, float]:
+        """``{"start": ..., "end": ...}`` for the bounds that are set (empty for a whole video)."""
+        return {k: v for k, v in (("start", self.start), ("end", self.end)) if v is not None}
 
 
 def discover_inputs(source: str | Path, extensions: Sequence[str] = VIDEO_EXTENSIONS) -> list[VideoItem]:
@@ -92,13 +103,36 @@ def _manifest_item(row: dict[str, Any], base: Path, where: str) -> VideoItem:
     if prompt is not None and not isinstance(prompt, str):
         raise JobError(f"{where}: 'prompt' must be a string, got {prompt!r}")
     item_id = row.get("id")
-    if item_id is None or item_id == "":
-        item_id = video
-    elif not isinstance(item_id, (str, int)) or isinstance(item_id, bool):
+    if item_id not in (None, "") and (not isinstance(item_id, (str, int)) or isinstance(item_id, bool)):
         raise JobError(f"{where}: 'id' must be a string or an integer, got {item_id!r}")
+    start, end = (_seconds(row.get(key), key, where) for key in ("start", "end"))
+    try:
+        VideoClip(video, start, end)  # the window's own checks, named for this row
+    except VLMSpecError as err:
+        raise JobError(f"{where}: {err}") from err
+    if item_id is None or item_id == "":
+        item_id = (
+            video
+            if start is None and end is None
+            else f"{video}@{start or 0:g}-{'' if end is None else f'{end:g}'}"
+        )
     file = Path(video)
     resolved = file if file.is_absolute() else base / file
-    return VideoItem(id=str(item_id), path=str(resolved), prompt=prompt or None)
+    return VideoItem(id=str(item_id), path=str(resolved), prompt=prompt or None, start=start, end=end)
+
+
+def _seconds(value: Any, key: str, where: str) -> float | None:
+    """A manifest's ``start``/``end``: a number of seconds (a CSV cell: its text), or ``None`` when absent."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            raise JobError(f"{where}: {key!r} must be a number of seconds, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise JobError(f"{where}: {key!r} must be a number of seconds, got {value!r}")
+    return float(value)
 
 
 def _jsonl_items(manifest: Path) -> list[VideoItem]:
@@ -172,6 +206,7 @@ def probe_video(path: str | Path) -> int:
 
 def qwen_frames(
     path: str | Path,
+    window: dict[str, float] | None = None,
     num_frames: int = 8,
     fps: float | None = None,
     max_frames: int | None = None,
@@ -183,6 +218,8 @@ def qwen_frames(
 
     Args:
         path: the video file.
+        window: ``{"start": s, "end": e}`` seconds (either may be left out): sample only that part of the video
+            (qwen-vl-utils' ``video_start``/``video_end``).
         num_frames: frames to sample when ``fps`` is ``None`` (at most the video's, rounded down to even).
         fps: sample at this rate instead (qwen-vl-utils bounds it by 4 and ``max_frames`` frames).
         max_frames: the most frames with ``fps``.
@@ -201,6 +238,7 @@ def qwen_frames(
 
     total = probe_video(path)
     element: dict[str, Any] = {"video": str(path)}
+    element.update({f"video_{k}": v for k, v in (window or {}).items()})
     if fps is None:
         count = min(num_frames, total)
         count -= count % 2
@@ -222,14 +260,15 @@ def qwen_frames(
     return [Image.fromarray(frame) for frame in array]
 
 
-def frame_source(config: JobConfig, pipe: Any) -> Callable[[str], Any]:
-    """Maps a video path to what the pipeline's ``video=`` gets: the path (decord) or qwen-vl-utils' frames.
+def frame_source(config: JobConfig, pipe: Any) -> Callable[[VideoItem], Any]:
+    """Maps an item to what the pipeline's ``video=`` gets: its path, or a :class:`~vlmspec.VideoClip` of it for a
+    window (decord), or qwen-vl-utils' frames of it (of its window).
 
     Raises:
         JobError: the qwen sampler with a non-Qwen model.
     """
     if config.sampler == "decord":
-        return lambda path: path
+        return lambda item: VideoClip(item.path, item.start, item.end) if item.window else item.path
     model_type = str(getattr(pipe.target.config, "model_type", ""))
     if not model_type.startswith("qwen"):
         raise JobError(
@@ -238,9 +277,10 @@ def frame_source(config: JobConfig, pipe: Any) -> Callable[[str], Any]:
         )
     patch_size = int(getattr(getattr(pipe.processor, "video_processor", None), "patch_size", 14) or 14)
 
-    def read(path: str) -> list[Any]:
+    def read(item: VideoItem) -> list[Any]:
         return qwen_frames(
-            path,
+            item.path,
+            window=item.window,
             num_frames=config.num_frames,
             fps=config.fps,
             max_frames=config.max_frames,

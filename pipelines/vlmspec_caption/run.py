@@ -42,17 +42,17 @@ def _error_message(err: BaseException) -> str:
     return text if len(text) <= 4000 else text[:4000] + " ..."
 
 
-def caption_request(item: VideoItem, config: JobConfig, frames: Callable[[str], Any]) -> dict[str, Any]:
+def caption_request(item: VideoItem, config: JobConfig, frames: Callable[[VideoItem], Any]) -> dict[str, Any]:
     """The pipeline call for one video (its frames are read here, when the video's turn in the batch comes).
 
     Args:
         item: the video.
         config: the job's config.
-        frames: what the pipeline's ``video=`` gets for a path (see :func:`frame_source`).
+        frames: what the pipeline's ``video=`` gets for an item (see :func:`frame_source`).
     """
     return {
         "prompt": item.prompt or config.prompt,
-        "video": frames(item.path),
+        "video": frames(item),
         "max_new_tokens": config.max_new_tokens,
         "num_frames": config.num_frames,
     }
@@ -78,7 +78,7 @@ def caption_record(item: VideoItem, config: JobConfig, meta: dict[str, Any], res
         meta: ``policy``/``settings``/``model`` fields shared by every record.
         result: a :class:`~vlmspec.pipeline.SpecOutput`, or the exception its request raised.
     """
-    base = {"id": item.id, "path": item.path, "prompt": item.prompt or config.prompt}
+    base = {"id": item.id, "path": item.path, **item.window, "prompt": item.prompt or config.prompt}
     if isinstance(result, ITEM_ERRORS):
         return {**base, "error": _error_message(result), "error_type": _error_type(result), **meta}
     if isinstance(result, BaseException):
