@@ -34,7 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the job's arguments to ``parser`` (for ``vlmspec caption``'s subparser and the script)."""
     keep = argparse.SUPPRESS  # flags not given leave the config's value
     a = parser.add_argument
-    a("input", help="a folder of videos, a glob (quote it) or a .jsonl/.csv manifest (path, prompt, id, start, end)")
+    a(
+        "input",
+        help="a folder of videos, a glob (quote it) or a .jsonl/.csv manifest (path, prompt, id, start, end)",
+    )
     a("--out", help="output JSONL file (one line per video; resumed when it exists)")
     a("--config", help="job config YAML (default: configs/jobs/video_captioning.yaml in a source checkout)")
     a(
