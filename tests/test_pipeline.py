@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from vlmspec import VLMSpecPipeline, get_policy
 from vlmspec.cli import main as cli_main
-from vlmspec.testing import make_image, make_video_frames, write_video
+from vlmspec.testing import FAMILIES, make_image, make_video_frames, write_video
 
 
 @pytest.fixture(scope="module")
@@ -109,17 +109,66 @@ def test_generate_is_a_drop_in_for_the_targets_generate(pipe):
     assert outs[1].token_ids == pipe.reference_generate(dict(other), 20)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generate_on_a_padded_batch_gives_each_prompt_its_own_generate(tiny_pairs, family):
+    """A batch of prompts as a processor pads them (an image, text only, two images, a video): each row's new
+    tokens are that prompt's own greedy generate() at batch 1; the output is laid out as generate()'s."""
+    pair = tiny_pairs[family]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
+    prompts = [
+        ([{"type": "image"}, {"type": "text", "text": PROMPTS[0]}], [make_image(0)], None),
+        ([{"type": "text", "text": "Hello"}], [], None),
+        ([{"type": "image"}, {"type": "image"}, {"type": "text", "text": PROMPTS[1]}], [make_image(1), make_image(2)], None),
+        ([{"type": "video"}, {"type": "text", "text": PROMPTS[2]}], [], make_video_frames(0)),
+    ]  # fmt: skip
+    template = pipe.processor.apply_chat_template
+    texts = [
+        template([{"role": "user", "content": c}], add_generation_prompt=True, tokenize=False)
+        for c, _, _ in prompts
+    ]
+    batch = pipe.processor(
+        text=texts, images=[images for _, images, _ in prompts], videos=[v for _, _, v in prompts if v is not None],
+        padding=True, return_tensors="pt",
+    )  # fmt: skip
+    ids = pipe.generate(**batch, max_new_tokens=12, batch_size=3)
+    length = batch["input_ids"].shape[1]
+    assert torch.equal(ids[:, :length], batch["input_ids"])
+    for b, (_content, images, video) in enumerate(prompts):
+        alone = pipe.processor(
+            text=[texts[b]], images=[images] if images else None, videos=[video] if video is not None else None,
+            return_tensors="pt",
+        )  # fmt: skip
+        row = pipe._target_adapter.split_rows(dict(batch))[b]
+        assert set(row) == set(alone) and all(_same_input(row[k], alone[k]) for k in alone), (family, b)
+        expected = pipe.reference_generate(dict(alone), 12)
+        assert ids[b, length : length + len(expected)].tolist() == expected, (family, b)
+        assert (ids[b, length + len(expected) :] == pipe._pad_token_id()).all()
+    assert ids.shape[1] == length + max(
+        len(pipe.reference_generate(dict(r), 12)) for r in pipe._target_adapter.split_rows(dict(batch))
+    )
+
+
+def _same_input(split: torch.Tensor, alone: torch.Tensor) -> bool:
+    """A row's input as split from a batch equals the prompt's own (LLaVA-OneVision pads every image's anyres
+    tiles to the batch's most: the extra tiles are zeros the model drops by ``image_sizes``)."""
+    if split.shape != alone.shape and split.dim() == 5:
+        return torch.equal(split[:, : alone.shape[1]], alone) and not split[:, alone.shape[1] :].any()
+    return torch.equal(split, alone)
+
+
 def test_generate_refuses_what_it_cannot_do_naming_it(pipe):
     inputs = _processor_inputs(pipe, [make_image(1)], PROMPTS[1])
     with pytest.raises(TypeError, match=r"does not take assistant_model, num_beams"):
         pipe.generate(**inputs, num_beams=4, assistant_model=pipe.draft)
     two = {k: torch.cat([v, v]) if k in ("input_ids", "attention_mask") else v for k, v in inputs.items()}
+    with pytest.raises(ValueError, match=r"image_grid_thw does not match row 1's placeholder tokens"):
+        pipe.generate(**two)  # two prompts, one image's pixels
     with pytest.raises(ValueError, match=r"input_ids'\] has shape \(2, \d+\); give one prompt.*pipe\.batch"):
-        pipe.generate(**two)
+        pipe(inputs=two)
     padded = {**inputs, "attention_mask": inputs["attention_mask"].clone()}
     padded["attention_mask"][0, 0] = 0
     with pytest.raises(ValueError, match="masks some prompt tokens"):
-        pipe.generate(**padded)
+        pipe(inputs=padded)
     with pytest.raises(ValueError, match="give either inputs or messages or image/prompt/video"):
         pipe(make_image(1), "Hi", inputs=inputs)
     with pytest.raises(TypeError, match="inputs must be a processor's outputs"):

@@ -528,36 +528,60 @@ class VLMSpecPipeline:
     def generate(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
         """``target.generate(**inputs, ...)`` with speculative decoding: a drop-in for code that already calls it.
 
-            inputs = processor(text=[text], images=[image], return_tensors="pt")
+            inputs = processor(text=texts, images=images, padding=True, return_tensors="pt")
             ids = pipe.generate(**inputs, max_new_tokens=128)   # was: target.generate(**inputs, ...)
 
-        Greedy output is the target's own ``generate()``'s, token for token; sampling follows its distribution.
+        Each row's new tokens are the target's own greedy ``generate()``'s for that prompt alone, token for token
+        (sampling: drawn from its distribution, each row with its own generator seeded with ``seed``). A batch of
+        prompts is split into its rows (:meth:`~vlmspec.models.VLMAdapter.split_rows`) and decoded together, each
+        with its own tree (:meth:`batch`).
 
         Args:
-            input_ids: ``[1, L]`` prompt ids; one prompt per call (for many, :meth:`batch` with ``{"inputs": ...}``
-                requests decodes them together).
+            input_ids: ``[B, L]`` prompt ids (padded as the processor pads them, ``attention_mask`` saying where).
             **kwargs: the other processor outputs (tensors: ``attention_mask``, ``pixel_values``,
                 ``image_grid_thw``, ...) and :meth:`__call__`'s generation options (``max_new_tokens``,
                 ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``stop_strings``, ``prune_ratio``,
-                ``streamer``).
+                ``streamer`` (one prompt only)), plus ``batch_size`` (rows decoding at once; default: all).
 
         Returns:
-            ``[1, L + T]`` the prompt and the ``T`` generated ids (EOS included when produced), as ``generate()``
-            returns them for a decoder-only model.
+            ``[B, L + T]``: the prompts as given, then each row's new ids (EOS included when produced), rows that
+            stopped early padded with the pad token, ``T`` the longest row's: what ``generate()`` returns for a
+            decoder-only model.
 
         Raises:
             TypeError: an option this method does not take (``num_beams``, ``assistant_model``, ...).
         """
+        batch_size = kwargs.pop("batch_size", None)
         options = {k: kwargs.pop(k) for k in list(kwargs) if k in _GENERATE_OPTIONS}
         unknown = sorted(k for k, v in kwargs.items() if not torch.is_tensor(v) and v is not None)
         if unknown:
             raise InputTypeError(
                 f"pipe.generate() does not take {', '.join(unknown)}: it takes processor outputs (tensors) and "
-                f"{', '.join(_GENERATE_OPTIONS)}"
+                f"{', '.join(_GENERATE_OPTIONS)}, batch_size"
             )
-        out = self(inputs={"input_ids": input_ids, **kwargs}, **options)
-        new = torch.tensor([out.token_ids], dtype=input_ids.dtype, device=input_ids.device)
+        if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
+            raise InputTypeError(
+                "pipe.generate() needs input_ids, a [B, L] tensor of prompt ids (processor outputs)"
+            )
+        inputs = {"input_ids": input_ids, **{k: v for k, v in kwargs.items() if v is not None}}
+        rows = self._target_adapter.split_rows(inputs) if input_ids.shape[0] > 1 else [inputs]
+        if len(rows) > 1 and options.get("streamer") is not None:
+            raise InvalidInputError(
+                "pipe.generate(streamer=...) streams one prompt; give one row of input_ids"
+            )
+        outs = self.batch([{"inputs": row, **options} for row in rows], batch_size=batch_size or len(rows))
+        width = max(len(out.token_ids) for out in outs)
+        new = torch.full(
+            (len(outs), width), self._pad_token_id(), dtype=input_ids.dtype, device=input_ids.device
+        )
+        for b, out in enumerate(outs):
+            new[b, : len(out.token_ids)] = torch.tensor(out.token_ids, dtype=input_ids.dtype)
         return torch.cat([input_ids, new], dim=1)
+
+    def _pad_token_id(self) -> int:
+        """What ``generate()`` pads finished rows with: the generation config's pad token, else its first EOS."""
+        pad = self.target.generation_config.pad_token_id
+        return int(pad) if pad is not None else next(iter(eos_token_ids(self.target)), 0)
 
     def _given_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """One prompt's processor outputs, checked, on the target's device."""

@@ -194,11 +194,41 @@ class VLMAdapter:
         """
         return {"inputs_embeds": prompt["inputs_embeds"][:, index]}
 
-    def media_after(self, inputs: dict[str, torch.Tensor], images: int, videos: int) -> dict[str, Any]:
-        """The visual inputs (pixels and their per-item metadata) of the prompt's images after the first ``images``
-        and videos after the first ``videos``: what :meth:`extend` sends through the vision tower. Modalities with
-        nothing left are left out."""
-        raise NotImplementedError(f"{type(self).__name__} cannot extend a cached prompt yet")
+    def media_items(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
+        """The visual inputs (pixels and their per-item metadata) of the prompt's images ``images`` and videos
+        ``videos`` (slices of their order in the inputs): the later media :meth:`extend` sends through the vision
+        tower, or one row's media in :meth:`split_rows`. Modalities with nothing selected are left out."""
+        raise NotImplementedError(f"{type(self).__name__} cannot select a prompt's media yet")
+
+    def media_counts(self, inputs: dict[str, Any], keep: torch.Tensor) -> list[tuple[int, int]]:
+        """``(images, videos)`` of each row of a batch of processor outputs (``keep``: ``[B, L]`` its real tokens)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot split a batch of prompts yet")
+
+    def row_media(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
+        """One row's visual inputs in :meth:`split_rows` (:meth:`media_items` unless a family adds per-row data)."""
+        return self.media_items(inputs, images, videos)
+
+    def split_rows(self, inputs: dict[str, Any]) -> list[dict[str, Any]]:
+        """One prompt's processor outputs per row of a (padded) batch of them: each row's real tokens and its own
+        images and videos, as the processor gives them for that prompt alone.
+
+        Args:
+            inputs: processor outputs for ``B`` prompts (``input_ids`` ``[B, L]``, ``attention_mask`` marking padding).
+
+        Returns:
+            ``B`` dicts of batch-1 inputs (per-token tensors ``[1, L_b]``).
+        """
+        ids = inputs["input_ids"]
+        mask = inputs.get("attention_mask")
+        keep = mask.bool() if mask is not None else torch.ones_like(ids, dtype=torch.bool)  # [B, L]
+        per_token = [k for k, v in inputs.items() if torch.is_tensor(v) and v.shape == ids.shape]
+        rows, image, video = [], 0, 0
+        for b, (images, videos) in enumerate(self.media_counts(inputs, keep)):
+            row = {k: inputs[k][b][keep[b]][None] for k in per_token}
+            row.update(self.row_media(inputs, slice(image, image + images), slice(video, video + videos)))
+            rows.append(row)
+            image, video = image + images, video + videos
+        return rows
 
     # ---- shared ---------------------------------------------------------------------------------------------
     def prompt_layout(self, inputs: dict[str, torch.Tensor]) -> PromptLayout:
@@ -323,7 +353,7 @@ class VLMAdapter:
             inputs: processor outputs for the whole prompt (batch 1), on the model's device.
             start: the first prompt position to run (at least one position must follow).
             media: ``(images, videos)``: how many of the prompt's images and videos lie before ``start``; only the
-                later ones go through the vision tower (:meth:`media_after`).
+                later ones go through the vision tower (:meth:`media_items`).
             keep: ``[K]`` ascending positions ``>= start`` to run (a pruned draft); ``None`` runs them all.
             score_visual: also return ``visual_scores`` over all the prompt's visual tokens, as :meth:`prefill`.
             hidden_layer: also return ``hidden`` (and ``position_ids``) of the positions run.
@@ -340,7 +370,11 @@ class VLMAdapter:
         if run.numel() == 0 or int(run[0]) < start:
             raise InvalidInputError(f"extend runs positions from start={start} on, got {run.tolist()[:8]}")
         run = _check_keep(run, length)
-        suffix = {**self.media_after(inputs, *media), "input_ids": ids[:, start:]}
+        images, videos = media
+        suffix = {
+            **self.media_items(inputs, slice(images, None), slice(videos, None)),
+            "input_ids": ids[:, start:],
+        }
         prompt = self.select_prompt(self.embed_prompt(suffix), run - start)
         with self._layer_output(hidden_layer) as hidden:
             last = self._run_language_model(prompt, position_ids[..., run], state.cache)

@@ -37,15 +37,44 @@ class LlavaOnevisionAdapter(VLMAdapter):
             found["video"] = VisualFeatures(embeds=out.pooler_output.flatten(0, 1))  # [n_video, D]
         return found
 
-    def media_after(self, inputs: dict[str, torch.Tensor], images: int, videos: int) -> dict[str, Any]:
+    def media_items(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
         """One pixel row per item. ``batch_num_images`` stays the whole prompt's: it decides how every image of the
         prompt was tiled (a prompt with several images tiles none), which the placeholders already reflect."""
         found: dict[str, Any] = {}
-        if inputs.get("pixel_values") is not None and inputs["pixel_values"].shape[0] > images:
-            found["pixel_values"] = inputs["pixel_values"][images:]
-            found["image_sizes"] = inputs["image_sizes"][images:]
+        if inputs.get("pixel_values") is not None and range(inputs["pixel_values"].shape[0])[images]:
+            found["pixel_values"] = inputs["pixel_values"][images]
+            found["image_sizes"] = inputs["image_sizes"][images]
             if inputs.get("batch_num_images") is not None:
                 found["batch_num_images"] = inputs["batch_num_images"]
-        if inputs.get("pixel_values_videos") is not None and inputs["pixel_values_videos"].shape[0] > videos:
-            found["pixel_values_videos"] = inputs["pixel_values_videos"][videos:]
+        if (
+            inputs.get("pixel_values_videos") is not None
+            and range(inputs["pixel_values_videos"].shape[0])[videos]
+        ):
+            found["pixel_values_videos"] = inputs["pixel_values_videos"][videos]
         return found
+
+    def row_media(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
+        """A row's own ``batch_num_images``: the number of its images (which decided how they were tiled)."""
+        found = self.media_items(inputs, images, videos)
+        if "batch_num_images" in found:
+            found["batch_num_images"] = found["batch_num_images"].new_tensor([images.stop - images.start])
+        return found
+
+    def media_counts(self, inputs: dict[str, Any], keep: torch.Tensor) -> list[tuple[int, int]]:
+        """Images: ``batch_num_images`` holds one count per row that has images, in order (one image per such row
+        without it). Videos: every video of a batch has the same frames and size, so the same placeholder count."""
+        image_id, video_id = self.visual_token_ids()
+        ids = inputs["input_ids"]
+        has_images = ((ids == image_id) & keep).any(-1).tolist()
+        per_row = iter(
+            inputs["batch_num_images"].tolist() if inputs.get("batch_num_images") is not None else []
+        )
+        images = [next(per_row, 1) if has else 0 for has in has_images]
+        video_tokens = ((ids == video_id) & keep).sum(-1)
+        total = inputs["pixel_values_videos"].shape[0] if inputs.get("pixel_values_videos") is not None else 0
+        videos = (
+            (video_tokens // max(int(video_tokens.sum()) // max(total, 1), 1)).tolist()
+            if total
+            else [0] * len(images)
+        )
+        return list(zip(images, videos, strict=True))

@@ -64,20 +64,45 @@ class QwenVLAdapter(VLMAdapter):
             found["video"] = _features(out)
         return found
 
-    def media_after(self, inputs: dict[str, torch.Tensor], images: int, videos: int) -> dict[str, Any]:
+    def media_items(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
         """Pixel rows are patches: each item has ``t * h * w`` of them (its ``*_grid_thw`` row)."""
         found: dict[str, Any] = {}
-        for pixels, grid, skip in (
+        for pixels, grid, items in (
             ("pixel_values", "image_grid_thw", images),
             ("pixel_values_videos", "video_grid_thw", videos),
         ):
-            if inputs.get(grid) is None or inputs[grid].shape[0] <= skip:
+            if inputs.get(grid) is None:
                 continue
-            rows = int(inputs[grid][:skip].prod(-1).sum())
-            found[pixels], found[grid] = inputs[pixels][rows:], inputs[grid][skip:]
-        if "pixel_values_videos" in found and inputs.get("second_per_grid_ts") is not None:
-            found["second_per_grid_ts"] = inputs["second_per_grid_ts"][videos:]
+            picked = range(inputs[grid].shape[0])[items]
+            if not picked:
+                continue
+            bounds = inputs[grid].prod(-1).cumsum(0).tolist()  # patch rows up to the end of each item
+            first, last = (bounds[picked.start - 1] if picked.start else 0), bounds[picked.stop - 1]
+            found[pixels], found[grid] = inputs[pixels][first:last], inputs[grid][items]
+            if grid == "video_grid_thw" and inputs.get("second_per_grid_ts") is not None:
+                found["second_per_grid_ts"] = inputs["second_per_grid_ts"][items]
         return found
+
+    def media_counts(self, inputs: dict[str, Any], keep: torch.Tensor) -> list[tuple[int, int]]:
+        """Each item has ``t * h * w / merge**2`` placeholder tokens: rows take the items in order until their
+        placeholders are covered."""
+        merge = self.config.vision_config.spatial_merge_size**2
+        counts: list[list[int]] = [[0, 0] for _ in range(keep.shape[0])]
+        for m, (token, grid) in enumerate(
+            zip(self.visual_token_ids(), ("image_grid_thw", "video_grid_thw"), strict=True)
+        ):
+            sizes = (inputs[grid].prod(-1) // merge).tolist() if inputs.get(grid) is not None else []
+            wanted = ((inputs["input_ids"] == token) & keep).sum(-1).tolist()
+            item = 0
+            for b, need in enumerate(wanted):
+                while need > 0 and item < len(sizes):
+                    need, item, counts[b][m] = need - sizes[item], item + 1, counts[b][m] + 1
+                if need != 0:
+                    raise InvalidInputError(
+                        f"the inputs' {grid} does not match row {b}'s placeholder tokens; build them with the model's "
+                        "processor"
+                    )
+        return [(images, videos) for images, videos in counts]
 
     def extra_prompt_inputs(
         self, masks: dict[str, torch.Tensor], features: dict[str, VisualFeatures]
