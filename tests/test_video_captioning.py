@@ -366,6 +366,24 @@ def test_manifest_windows_caption_segments(vc, caption_pair, tmp_path, capsys):
     assert "the clip from 5s to the end holds no frame" in records["long.mp4@5-"]["error"]
     assert "4 succeeded, 1 failed" in capsys.readouterr().out
 
+    # --segment 1 over a folder: [0, 1] and [1, the end] of the 2 s video (last frame at 1.75 s); an unreadable
+    # video stays whole and gets its error line.
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "long.mp4").write_bytes((tmp_path / "long.mp4").read_bytes())
+    (folder / "broken.mp4").write_bytes(os.urandom(2048))
+    out = tmp_path / "dense.jsonl"
+    args = [str(folder), "--out", str(out), "--segment", "1", *_pair_args(caption_pair), *COMMON]
+    assert vc.main(args) == vc.EXIT_PARTIAL
+    segments = {r["id"]: r for r in _records(out)}
+    assert list(segments) == ["broken.mp4", "long.mp4@0-1", "long.mp4@1-"]
+    assert (segments["long.mp4@0-1"]["start"], segments["long.mp4@0-1"]["end"]) == (0, 1)
+    assert "end" not in segments["long.mp4@1-"] and "could not be decoded" in segments["broken.mp4"]["error"]
+    assert segments["long.mp4@1-"]["caption"] == records["second half"]["caption"]  # the same window
+    assert (
+        vc.main(args) == vc.EXIT_PARTIAL and "2 already done" in capsys.readouterr().out
+    )  # resumes by segment
+
 
 def test_manifest_windows_are_checked_naming_the_row(vc, tmp_path):
     table = tmp_path / "m.csv"

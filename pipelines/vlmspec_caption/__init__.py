@@ -17,7 +17,8 @@ file matched; id = the path as matched), or a manifest: ``.jsonl`` (one object p
 row) with ``path`` (or ``video``), optional ``prompt``, optional ``start``/``end`` (seconds: caption only that
 segment, so rows can caption one file segment by segment; the record carries them) and optional ``id`` (default:
 the path as written, ``path@start-end`` for a segment; relative paths are relative to the manifest's folder). Ids
-must be unique: resuming keys on them.
+must be unique: resuming keys on them. ``--segment S`` captions every whole video in windows of ``S`` seconds
+(``[0, S]``, ``[S, 2S]``, ..., the last to the end; ids ``id@start-end``): dense captions of long videos.
 
 Settings come from ``configs/jobs/video_captioning.yaml`` (or ``--config``; read with ``yaml.safe_load``; unknown
 keys are an error that lists the valid ones); command-line flags override the file.

@@ -52,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a("--prompt", default=keep, help="prompt for videos without their own (manifest) prompt")
     a("--max-new-tokens", type=int, default=keep, help="most tokens per caption (default 256)")
     a("--num-frames", type=int, default=keep, help="frames sampled per video (default 8)")
+    a("--segment", type=float, default=keep,
+      help="caption each video in windows of this many seconds, one line each (default: whole videos)")  # fmt: skip
     a(
         "--prune-ratio",
         type=float,

@@ -52,6 +52,7 @@ class JobConfig:
     prompt: str = "Describe this video in detail."
     max_new_tokens: int = 256
     num_frames: int = 8
+    segment: float | None = None
     frame_sampler: FrameSampler = "auto"
     fps: float | None = None
     max_frames: int | None = None
@@ -88,7 +89,7 @@ class JobConfig:
         values = dict(values)
         if isinstance(values.get("extensions"), (str, list, tuple)):
             values["extensions"] = _extensions(values["extensions"], source)
-        for name in ("prune_ratio", "fps"):  # numbers: an integer is the same number
+        for name in ("prune_ratio", "fps", "segment"):  # numbers: an integer is the same number
             if isinstance(values.get(name), int) and not isinstance(values[name], bool):
                 values[name] = float(values[name])
         config = cls(**values)
@@ -111,7 +112,7 @@ class JobConfig:
             problems.append(f"num_frames must be >= 1, got {self.num_frames}")
         if self.prune_ratio is not None and not 0 <= self.prune_ratio < 1:
             problems.append(f"prune_ratio must be in [0, 1), got {self.prune_ratio}")
-        for name in ("fps", "max_frames", "min_pixels", "max_pixels", "threads", "batch_size"):
+        for name in ("fps", "max_frames", "min_pixels", "max_pixels", "threads", "batch_size", "segment"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 problems.append(f"{name} must be > 0, got {value}")

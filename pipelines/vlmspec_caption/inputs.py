@@ -39,12 +39,15 @@ class VideoItem:
         return {k: v for k, v in (("start", self.start), ("end", self.end)) if v is not None}
 
 
-def discover_inputs(source: str | Path, extensions: Sequence[str] = VIDEO_EXTENSIONS) -> list[VideoItem]:
+def discover_inputs(
+    source: str | Path, extensions: Sequence[str] = VIDEO_EXTENSIONS, segment: float | None = None
+) -> list[VideoItem]:
     """The videos named by ``source``: a folder, a glob, or a ``.jsonl`` / ``.csv`` manifest.
 
     Args:
         source: the job's input.
         extensions: video file extensions (folders only; lower case with the dot).
+        segment: seconds: split every whole video into windows this long (:func:`segment_items`).
 
     Returns:
         The items in a deterministic order (sorted paths; a manifest's own order).
@@ -74,6 +77,8 @@ def discover_inputs(source: str | Path, extensions: Sequence[str] = VIDEO_EXTENS
             f"input {text!r} holds no videos"
             + (f" (extensions {' '.join(extensions)})" if path.is_dir() else "")
         )
+    if segment is not None:
+        items = segment_items(items, segment)
     _check_unique(items, text)
     return items
 
@@ -179,6 +184,45 @@ def _check_unique(items: Sequence[VideoItem], source: str) -> None:
         raise JobError(f"input {source!r} has duplicate ids ({shown}); ids must be unique for resuming")
 
 
+def segment_items(items: Sequence[VideoItem], seconds: float) -> list[VideoItem]:
+    """Each whole-video item as windows of ``seconds``: ``[0, s]``, ``[s, 2s]``, ..., the last one to the end of
+    the video (ids ``path@start-end``, ``path@start-`` for the last). Items with a window of their own stay as they
+    are, and so does a video whose length cannot be read (its caption attempt records why).
+    """
+    out: list[VideoItem] = []
+    for item in items:
+        try:
+            last = None if item.window else video_span(item.path)
+        except (OSError, ValueError):
+            last = None
+        if last is None:
+            out.append(item)
+            continue
+        starts = [k * seconds for k in range(int(last // seconds) + 1)]
+        for start in starts:
+            end = start + seconds if start + seconds <= last else None
+            out.append(
+                VideoItem(
+                    id=f"{item.id}@{start:g}-{'' if end is None else f'{end:g}'}",
+                    path=item.path,
+                    prompt=item.prompt,
+                    start=start,
+                    end=end,
+                )
+            )
+    return out
+
+
+def video_span(path: str | Path) -> float:
+    """The time of a video file's last frame, in seconds (decord).
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`probe_video`.
+    """
+    reader = _open_video(path)
+    return (len(reader) - 1) / float(reader.get_avg_fps())
+
+
 def probe_video(path: str | Path) -> int:
     """The number of frames in a video file (decord), with errors that name the file.
 
@@ -186,6 +230,10 @@ def probe_video(path: str | Path) -> int:
         FileNotFoundError: no such file.
         ValueError: the file is empty, cannot be decoded, or holds no frames.
     """
+    return len(_open_video(path))
+
+
+def _open_video(path: str | Path) -> Any:
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"video file {str(file)!r} does not exist")
@@ -194,14 +242,14 @@ def probe_video(path: str | Path) -> int:
     from decord import DECORDError, VideoReader
 
     try:
-        total = len(VideoReader(str(file)))
+        reader = VideoReader(str(file))
     except (DECORDError, RuntimeError) as err:
         raise ValueError(
             f"video file {str(file)!r} could not be decoded ({err}); check that it is a valid video"
         ) from err
-    if total == 0:
+    if len(reader) == 0:
         raise ValueError(f"video file {str(file)!r} holds no frames")
-    return total
+    return reader
 
 
 def qwen_frames(

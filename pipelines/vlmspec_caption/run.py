@@ -316,7 +316,7 @@ def run_job(config: JobConfig, source: str | Path, out: str | Path, cpu: bool = 
     out = Path(out)
     if out.is_dir():
         raise JobError(f"--out {str(out)!r} is a folder; name the output .jsonl file")
-    items = discover_inputs(source, config.extensions)
+    items = discover_inputs(source, config.extensions, config.segment)
     cpu = cpu or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
     state = _state(cpu)
     rank, world = state.process_index, state.num_processes
