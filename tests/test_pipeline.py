@@ -102,6 +102,15 @@ def test_generate_is_a_drop_in_for_the_targets_generate(pipe):
     assert torch.equal(sampled[0], sampled[1]) and torch.equal(
         sampled[0][:, : inputs["input_ids"].shape[1]], inputs["input_ids"]
     )
+    config = pipe.target.generation_config  # generate()'s fallbacks are the target's generation config
+    saved = (config.do_sample, config.max_new_tokens)
+    try:
+        config.do_sample, config.max_new_tokens = True, 9
+        assert torch.equal(
+            pipe.generate(**inputs, seed=3), pipe.generate(**inputs, do_sample=True, seed=3, max_new_tokens=9)
+        )
+    finally:
+        config.do_sample, config.max_new_tokens = saved
     # The same inputs as batch requests: each row is that prompt's own reply.
     other = _processor_inputs(pipe, [make_image(3)], PROMPTS[2])
     outs = pipe.batch([{"inputs": inputs, "max_new_tokens": 20}, {"inputs": other, "max_new_tokens": 20}], 2)

@@ -542,6 +542,8 @@ class VLMSpecPipeline:
                 ``image_grid_thw``, ...) and :meth:`__call__`'s generation options (``max_new_tokens``,
                 ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``stop_strings``, ``prune_ratio``,
                 ``streamer`` (one prompt only)), plus ``batch_size`` (rows decoding at once; default: all).
+                As in ``generate()``, ``do_sample`` and ``max_new_tokens`` default to the target's
+                ``generation_config`` (``max_new_tokens``: 128 when it sets none, as :meth:`__call__`).
 
         Returns:
             ``[B, L + T]``: the prompts as given, then each row's new ids (EOS included when produced), rows that
@@ -553,6 +555,10 @@ class VLMSpecPipeline:
         """
         batch_size = kwargs.pop("batch_size", None)
         options = {k: kwargs.pop(k) for k in list(kwargs) if k in _GENERATE_OPTIONS}
+        config = self.target.generation_config  # what generate() falls back on
+        options.setdefault("do_sample", bool(config.do_sample))
+        if config.max_new_tokens is not None:
+            options.setdefault("max_new_tokens", int(config.max_new_tokens))
         unknown = sorted(k for k, v in kwargs.items() if not torch.is_tensor(v) and v is not None)
         if unknown:
             raise InputTypeError(
