@@ -635,19 +635,36 @@ def test_media_from_visuals_and_messages() -> None:
     from PIL import Image
 
     image, frames = Image.new("RGB", (8, 8)), [Image.new("RGB", (8, 8))] * 2
-    m = media.split_visuals([image, "clip.mp4"])
-    assert m.images == [image] and m.video == "clip.mp4"
-    assert media.split_visuals([frames]).video == frames
-    assert media.split_visuals([image, image]).images == [image, image]
-    assert media.split_visuals({"type": "video", "frames": frames}).video == frames
-    with pytest.raises(ValueError, match="more than one video"):
-        media.split_visuals(["a.mp4", "b.mp4"])
+
+    def content(visuals: Any, context: str = "<image>\nQ?") -> list[dict[str, Any]]:
+        (message,) = media.simple_messages(context, visuals)
+        assert message["role"] == "user" and message["content"][-1] == {"type": "text", "text": "Q?"}
+        return message["content"][:-1]
+
+    # The simple path: images in order, then videos (any number), then the text, as pipe(image, prompt, video).
+    assert content(["clip.mp4", image, image]) == [
+        {"type": "image", "image": image}, {"type": "image", "image": image}, {"type": "video", "video": "clip.mp4"},
+    ]  # fmt: skip
+    assert (
+        content([frames])
+        == content({"type": "video", "frames": frames})
+        == [{"type": "video", "video": frames}]
+    )
+    assert content(["a.mp4", "b.mp4"]) == [
+        {"type": "video", "video": "a.mp4"},
+        {"type": "video", "video": "b.mp4"},
+    ]
+    assert content(None) == []
     with pytest.raises(ValueError, match="extension"):
-        media.split_visuals(["sound.wav"])
+        media.simple_messages("Q?", ["sound.wav"])
     with pytest.raises(TypeError, match="unsupported visual"):
-        media.split_visuals([3])
+        media.simple_messages("Q?", [3])
     assert media.strip_placeholders("<image>\nWhat is it? <video>") == "What is it?"
     assert media.strip_placeholders("\nWhat is it?\n") == "\nWhat is it?\n"  # as the chat path keeps it
+    assert (
+        media.strip_placeholders("<image>\nQ?\n") == "Q?\n"
+        and media.strip_placeholders("A <image> B") == "A B"
+    )
     messages = ChatMessages(messages=[{"role": "user", "content": [
         {"type": "image", "url": image}, {"type": "text", "text": "Compare"}, {"type": "video", "url": frames}]}])  # fmt: skip
     assert media.chat_messages(messages) == [
@@ -662,14 +679,14 @@ def test_media_from_visuals_and_messages() -> None:
     ]
     # Clipped videos (egotempo's video_start/video_end dicts, chat parts' start_time/end_time) become VideoClips.
     clip = {"type": "video", "path": "clip.mp4", "video_start": 1.5, "video_end": 4}
-    assert media.split_visuals([clip]).video == VideoClip("clip.mp4", 1.5, 4)
-    assert media.split_visuals({"type": "video", "frames": frames, "end_time": 1}).video == VideoClip(
-        frames, None, 1
-    )
+    assert content([clip]) == [{"type": "video", "video": VideoClip("clip.mp4", 1.5, 4)}]
+    assert content({"type": "video", "frames": frames, "end_time": 1}) == [
+        {"type": "video", "video": VideoClip(frames, None, 1)}
+    ]
     with pytest.raises(ValueError, match="clips .* an image"):
-        media.split_visuals([{"type": "image", "url": image, "video_start": 1}])
+        content([{"type": "image", "url": image, "video_start": 1}])
     with pytest.raises(ValueError, match="end=1 must come after start=2"):
-        media.split_visuals([{"type": "video", "path": "clip.mp4", "video_start": 2, "video_end": 1}])
+        content([{"type": "video", "path": "clip.mp4", "video_start": 2, "video_end": 1}])
     parts = [
         {"type": "video", "url": "clip.mp4", "start_time": 2.0, "end_time": 5.0},
         {"type": "text", "text": "?"},

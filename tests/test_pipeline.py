@@ -157,6 +157,53 @@ def test_generate_on_a_padded_batch_gives_each_prompt_its_own_generate(tiny_pair
     )
 
 
+def test_generate_takes_either_padding_side_repeated_rows_and_refuses_flat_image_lists(tiny_pairs, pipe):
+    texts = [
+        pipe.processor.apply_chat_template(
+            [{"role": "user", "content": c}], add_generation_prompt=True, tokenize=False
+        )
+        for c in ([{"type": "image"}, {"type": "text", "text": PROMPTS[0]}], [{"type": "text", "text": "Hi"}])
+    ]
+    alone = [pipe.reference_generate(dict(_processor_inputs(pipe, [make_image(0)], PROMPTS[0])), 10)]
+    alone.append(pipe.reference_generate(dict(pipe.processor(text=[texts[1]], return_tensors="pt")), 10))
+    tokenizer = pipe.processor.tokenizer
+    side = tokenizer.padding_side
+    try:
+        tokenizer.padding_side = "right"
+        right = pipe.processor(text=texts, images=[[make_image(0)], []], padding=True, return_tensors="pt")
+    finally:
+        tokenizer.padding_side = side
+    ids = pipe.generate(**right, max_new_tokens=10)
+    length = right["input_ids"].shape[1]
+    assert [ids[b, length : length + len(alone[b])].tolist() for b in range(2)] == alone
+    # One prompt padded to a fixed length: its own generate() all the same.
+    one = pipe.processor(text=texts[1:], padding="max_length", max_length=length + 6, return_tensors="pt")
+    assert pipe.generate(**one, max_new_tokens=10)[0, length + 6 :].tolist() == alone[1]
+    # The same prompt three times, sampled: each row its own draw (seed + b), the same draws on a rerun.
+    three = {k: v.repeat(3, 1) for k, v in pipe.processor(text=texts[1:], return_tensors="pt").items()}
+    drawn = [pipe.generate(**three, do_sample=True, seed=11, max_new_tokens=8) for _ in range(2)]
+    assert torch.equal(drawn[0], drawn[1]) and len({tuple(row.tolist()) for row in drawn[0]}) == 3
+    # LLaVA-OneVision: a flat list of images cannot be told apart per prompt.
+    llava = VLMSpecPipeline.from_pretrained(
+        tiny_pairs["llava_onevision"].target, tiny_pairs["llava_onevision"].draft
+    )
+    content = [{"type": "image"}, {"type": "text", "text": "?"}]
+    text = llava.processor.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+    )
+    flat = llava.processor(
+        text=[text, text.replace("<image>", "<image><image>", 1)],
+        images=[make_image(0), make_image(1), make_image(2)],
+        padding=True,
+        return_tensors="pt",
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"batch_num_images has 3 entries for 2 prompts with images; .*images=\[\[a\], \[b, c\]\]",
+    ):
+        llava.generate(**flat, max_new_tokens=4)
+
+
 def _same_input(split: torch.Tensor, alone: torch.Tensor) -> bool:
     """A row's input as split from a batch equals the prompt's own (LLaVA-OneVision pads every image's anyres
     tiles to the batch's most: the extra tiles are zeros the model drops by ``image_sizes``)."""
@@ -170,7 +217,7 @@ def test_generate_refuses_what_it_cannot_do_naming_it(pipe):
     with pytest.raises(TypeError, match=r"does not take assistant_model, num_beams"):
         pipe.generate(**inputs, num_beams=4, assistant_model=pipe.draft)
     two = {k: torch.cat([v, v]) if k in ("input_ids", "attention_mask") else v for k, v in inputs.items()}
-    with pytest.raises(ValueError, match=r"image_grid_thw does not match row 1's placeholder tokens"):
+    with pytest.raises(ValueError, match=r"image_grid_thw does not match the placeholder tokens of row 1"):
         pipe.generate(**two)  # two prompts, one image's pixels
     with pytest.raises(ValueError, match=r"input_ids'\] has shape \(2, \d+\); give one prompt.*pipe\.batch"):
         pipe(inputs=two)

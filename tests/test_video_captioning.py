@@ -385,6 +385,43 @@ def test_manifest_windows_caption_segments(vc, caption_pair, tmp_path, capsys):
     )  # resumes by segment
 
 
+def test_segments_cover_the_video_and_the_qwen_sampler_takes_windows(vc, caption_pair, tmp_path):
+    """Windows of S seconds over a video whose last frame is at 1.75 s (the last window runs to the end, so none is
+    a lone frame), and the qwen-vl-utils sampler on them."""
+    write_video(tmp_path / "v.mp4", _clip(500) + _clip(501), fps=4)
+    whole = [vc.VideoItem(id="v.mp4", path=str(tmp_path / "v.mp4"))]
+    windows = {s: [(i.start, i.end) for i in vc.segment_items(whole, s)] for s in (0.5, 1, 1.75, 5)}
+    assert windows == {
+        0.5: [(0, 0.5), (0.5, 1.0), (1.0, 1.5), (1.5, None)],
+        1: [(0, 1), (1, None)],
+        1.75: [(0, None)],
+        5: [(0, None)],
+    }
+    out = tmp_path / "qwen.jsonl"
+    qwen = ["--fps", "4", "--max-frames", "4", "--min-pixels", "3136", "--max-pixels", "12544"]
+    args = [
+        str(tmp_path / "*.mp4"),
+        "--out",
+        str(out),
+        "--segment",
+        "0.5",
+        *_pair_args(caption_pair),
+        *COMMON,
+        *qwen,
+    ]
+    assert vc.main(args) == 0
+    records = _records(out)
+    assert [(r["start"], r.get("end")) for r in records] == windows[0.5] and all(
+        r["caption"] for r in records
+    )
+    with pytest.raises(ValueError, match=r"from 1.8s to 1.9 has 0 frame\(s\)|holds no frame"):
+        vc.qwen_frames(tmp_path / "v.mp4", {"start": 1.8, "end": 1.9})
+    with pytest.raises(
+        ValueError, match=r"from 1.75s to its end has 1 frame\(s\); qwen-vl-utils samples at least 2"
+    ):
+        vc.qwen_frames(tmp_path / "v.mp4", {"start": 1.75})
+
+
 def test_manifest_windows_are_checked_naming_the_row(vc, tmp_path):
     table = tmp_path / "m.csv"
     table.write_text("path,start,end\na.mp4,1,2.5\na.mp4,,1\n")

@@ -95,6 +95,12 @@ def test_bad_windows_are_refused_naming_the_window_and_the_video(pipe, clip_file
         load_video(VideoClip(clip_file, 10, 12))
     with pytest.raises(ValueError, match=r"video of 8 frames: the clip from 5s to the end"):
         load_video(VideoClip(make_video_frames(1, num_frames=8), start=5))
+    with pytest.raises(
+        ValueError, match=r"from 1\.1s to 1\.2s holds no frame .* at least one frame interval \(0\.25s\)"
+    ):
+        load_video(VideoClip(clip_file, 1.1, 1.2))  # inside the video, between two frames
+    with pytest.raises(ValueError, match=r"source is already a VideoClip .* give the window once"):
+        VideoClip(VideoClip(clip_file, 1, 2), start=1.5)
     bad = [
         {
             "role": "user",

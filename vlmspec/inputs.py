@@ -22,8 +22,10 @@ class VideoClip:
 
     The window is what ``qwen_vl_utils``' ``video_start``/``video_end`` and lmms-eval's ``start_time``/``end_time``
     mean: seconds from the start of the file (or of a list of frames taken at ``fps``), both ends included.
-    ``None`` leaves that end open. The sampled frames keep their indices in the whole video, so time-aware
-    processors (Qwen3-VL's timestamps) see where in the video the clip lies.
+    ``None`` leaves that end open. The window holds frames ``ceil(start * fps)`` to ``floor(end * fps)``, as
+    qwen-vl-utils computes them (with a tolerance of a millionth of a frame for float rounding, so at fractional
+    frame rates a bound can land one frame off qwen-vl-utils' own). The sampled frames keep their indices in the
+    whole video, so time-aware processors (Qwen3-VL's timestamps) see where in the video the clip lies.
 
     Attributes:
         source: a video file path or a list of frames (PIL images or ``HxWx3`` arrays).
@@ -40,6 +42,11 @@ class VideoClip:
     end: float | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.source, VideoClip):
+            raise InvalidInputError(
+                f"VideoClip source is already a VideoClip ({self.source.start}s to {self.source.end}s); give the "
+                "window once, on the video itself"
+            )
         for name in ("start", "end"):
             value = getattr(self, name)
             if value is None:
@@ -64,9 +71,12 @@ class VideoClip:
         if first > last:
             start = "the start" if self.start is None else f"{self.start:g}s"
             end = "the end" if self.end is None else f"{self.end:g}s"
+            where = (
+                "inside the video" if first >= total else f"at least one frame interval ({1 / fps:.3g}s) long"
+            )
             raise InvalidInputError(
                 f"{what}: the clip from {start} to {end} holds no frame of a video of {total} frames at {fps:g} fps "
-                f"({total / fps:.2f}s); choose a window inside the video"
+                f"({total / fps:.2f}s); choose a window {where}"
             )
         return first, last
 

@@ -532,7 +532,8 @@ class VLMSpecPipeline:
             ids = pipe.generate(**inputs, max_new_tokens=128)   # was: target.generate(**inputs, ...)
 
         Each row's new tokens are the target's own greedy ``generate()``'s for that prompt alone, token for token
-        (sampling: drawn from its distribution, each row with its own generator seeded with ``seed``). A batch of
+        (sampling: drawn from its distribution, row ``b`` with its own generator seeded with ``seed + b``, so
+        repeated rows give different draws and a rerun the same ones). A batch of
         prompts is split into its rows (:meth:`~vlmspec.models.VLMAdapter.split_rows`) and decoded together, each
         with its own tree (:meth:`batch`).
 
@@ -541,7 +542,8 @@ class VLMSpecPipeline:
             **kwargs: the other processor outputs (tensors: ``attention_mask``, ``pixel_values``,
                 ``image_grid_thw``, ...) and :meth:`__call__`'s generation options (``max_new_tokens``,
                 ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``stop_strings``, ``prune_ratio``,
-                ``streamer`` (one prompt only)), plus ``batch_size`` (rows decoding at once; default: all).
+                ``streamer`` (one prompt only)), plus ``batch_size`` (rows decoding at once; default: all) and
+                ``pad_token_id`` (what rows that stop early are padded with).
                 As in ``generate()``, ``do_sample`` and ``max_new_tokens`` default to the target's
                 ``generation_config`` (``max_new_tokens``: 128 when it sets none, as :meth:`__call__`).
 
@@ -553,7 +555,7 @@ class VLMSpecPipeline:
         Raises:
             TypeError: an option this method does not take (``num_beams``, ``assistant_model``, ...).
         """
-        batch_size = kwargs.pop("batch_size", None)
+        batch_size, pad_token_id = kwargs.pop("batch_size", None), kwargs.pop("pad_token_id", None)
         options = {k: kwargs.pop(k) for k in list(kwargs) if k in _GENERATE_OPTIONS}
         config = self.target.generation_config  # what generate() falls back on
         options.setdefault("do_sample", bool(config.do_sample))
@@ -563,23 +565,27 @@ class VLMSpecPipeline:
         if unknown:
             raise InputTypeError(
                 f"pipe.generate() does not take {', '.join(unknown)}: it takes processor outputs (tensors) and "
-                f"{', '.join(_GENERATE_OPTIONS)}, batch_size"
+                f"{', '.join(_GENERATE_OPTIONS)}, batch_size, pad_token_id"
             )
         if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
             raise InputTypeError(
                 "pipe.generate() needs input_ids, a [B, L] tensor of prompt ids (processor outputs)"
             )
         inputs = {"input_ids": input_ids, **{k: v for k, v in kwargs.items() if v is not None}}
-        rows = self._target_adapter.split_rows(inputs) if input_ids.shape[0] > 1 else [inputs]
+        rows = self._target_adapter.split_rows(inputs)  # each prompt alone, padding dropped
         if len(rows) > 1 and options.get("streamer") is not None:
             raise InvalidInputError(
                 "pipe.generate(streamer=...) streams one prompt; give one row of input_ids"
             )
-        outs = self.batch([{"inputs": row, **options} for row in rows], batch_size=batch_size or len(rows))
+        seed = options.pop("seed", None)
+        requests = [
+            {"inputs": row, "seed": None if seed is None else seed + b, **options}
+            for b, row in enumerate(rows)
+        ]
+        outs = self.batch(requests, batch_size=batch_size or len(rows))
         width = max(len(out.token_ids) for out in outs)
-        new = torch.full(
-            (len(outs), width), self._pad_token_id(), dtype=input_ids.dtype, device=input_ids.device
-        )
+        pad = self._pad_token_id() if pad_token_id is None else int(pad_token_id)
+        new = torch.full((len(outs), width), pad, dtype=input_ids.dtype, device=input_ids.device)
         for b, out in enumerate(outs):
             new[b, : len(out.token_ids)] = torch.tensor(out.token_ids, dtype=input_ids.dtype)
         return torch.cat([input_ids, new], dim=1)

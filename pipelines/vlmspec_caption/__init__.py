@@ -88,7 +88,7 @@ from .config import (
     load_config,
     read_config_file,
 )
-from .inputs import VideoItem, discover_inputs, frame_source
+from .inputs import VideoItem, discover_inputs, frame_source, qwen_frames, segment_items
 from .models import load_pipeline, resolve_pair
 from .run import JobSummary, run_job
 from .store import (
@@ -126,10 +126,12 @@ __all__ = [
     "overrides_from_args",
     "part_files",
     "part_path",
+    "qwen_frames",
     "read_config_file",
     "read_output",
     "resolve_pair",
     "run_args",
+    "segment_items",
     "run_job",
     "scan_output",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import glob
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,11 +117,7 @@ def _manifest_item(row: dict[str, Any], base: Path, where: str) -> VideoItem:
     except VLMSpecError as err:
         raise JobError(f"{where}: {err}") from err
     if item_id is None or item_id == "":
-        item_id = (
-            video
-            if start is None and end is None
-            else f"{video}@{start or 0:g}-{'' if end is None else f'{end:g}'}"
-        )
+        item_id = video if start is None and end is None else _window_id(video, start, end)
     file = Path(video)
     resolved = file if file.is_absolute() else base / file
     return VideoItem(id=str(item_id), path=str(resolved), prompt=prompt or None, start=start, end=end)
@@ -185,9 +182,10 @@ def _check_unique(items: Sequence[VideoItem], source: str) -> None:
 
 
 def segment_items(items: Sequence[VideoItem], seconds: float) -> list[VideoItem]:
-    """Each whole-video item as windows of ``seconds``: ``[0, s]``, ``[s, 2s]``, ..., the last one to the end of
-    the video (ids ``path@start-end``, ``path@start-`` for the last). Items with a window of their own stay as they
-    are, and so does a video whose length cannot be read (its caption attempt records why).
+    """Each whole-video item as windows of ``seconds``: ``[0, s]``, ``[s, 2s]``, ..., the last one from its start to
+    the end of the video (so it holds at least ``seconds`` of video, or the whole video; ids ``id@start-end``,
+    ``id@start-`` for the last). Items with a window of their own stay as they are, and so does a video whose length
+    cannot be read (its caption attempt records why).
     """
     out: list[VideoItem] = []
     for item in items:
@@ -198,12 +196,12 @@ def segment_items(items: Sequence[VideoItem], seconds: float) -> list[VideoItem]
         if last is None:
             out.append(item)
             continue
-        starts = [k * seconds for k in range(int(last // seconds) + 1)]
-        for start in starts:
-            end = start + seconds if start + seconds <= last else None
+        count = max(1, math.ceil(last / seconds - 1e-9))  # windows; the last one runs to the end
+        for k in range(count):
+            start, end = k * seconds, ((k + 1) * seconds if k + 1 < count else None)
             out.append(
                 VideoItem(
-                    id=f"{item.id}@{start:g}-{'' if end is None else f'{end:g}'}",
+                    id=_window_id(item.id, start, end),
                     path=item.path,
                     prompt=item.prompt,
                     start=start,
@@ -213,27 +211,28 @@ def segment_items(items: Sequence[VideoItem], seconds: float) -> list[VideoItem]
     return out
 
 
+def _window_id(name: str, start: float | None, end: float | None) -> str:
+    """``name@start-end`` (``name@start-`` when the window runs to the end of the video)."""
+    return f"{name}@{start or 0:g}-{'' if end is None else f'{end:g}'}"
+
+
 def video_span(path: str | Path) -> float:
     """The time of a video file's last frame, in seconds (decord).
 
     Raises:
-        FileNotFoundError, ValueError: as :func:`probe_video`.
+        FileNotFoundError, ValueError: as :func:`_open_video`.
     """
     reader = _open_video(path)
     return (len(reader) - 1) / float(reader.get_avg_fps())
 
 
-def probe_video(path: str | Path) -> int:
-    """The number of frames in a video file (decord), with errors that name the file.
+def _open_video(path: str | Path) -> Any:
+    """A decord ``VideoReader`` of a video file, with errors that name the file.
 
     Raises:
         FileNotFoundError: no such file.
         ValueError: the file is empty, cannot be decoded, or holds no frames.
     """
-    return len(_open_video(path))
-
-
-def _open_video(path: str | Path) -> Any:
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"video file {str(file)!r} does not exist")
@@ -284,17 +283,22 @@ def qwen_frames(
     from PIL import Image
     from qwen_vl_utils import fetch_video
 
-    total = probe_video(path)
+    reader = _open_video(path)
+    total, what = len(reader), f"video file {str(path)!r}"
+    if window:
+        first, last = VideoClip(path, **window).frame_window(total, float(reader.get_avg_fps()), what)
+        total, what = (
+            last - first + 1,
+            f"{what} from {window.get('start', 0):g}s to {window.get('end', 'its end')}",
+        )
+    if total < 2:
+        raise ValueError(f"{what} has {total} frame(s); qwen-vl-utils samples at least 2")
     element: dict[str, Any] = {"video": str(path)}
     element.update({f"video_{k}": v for k, v in (window or {}).items()})
     if fps is None:
-        count = min(num_frames, total)
-        count -= count % 2
-        if count < 2:
-            raise ValueError(
-                f"video file {str(path)!r} has {total} frame(s); qwen-vl-utils samples at least 2"
-            )
-        element["nframes"] = count
+        element["nframes"] = min(num_frames, total) // 2 * 2
+        if element["nframes"] < 2:
+            raise ValueError(f"{what}: qwen-vl-utils samples frames in pairs, so num_frames must be >= 2")
     else:
         element["fps"] = fps
         if max_frames is not None:

@@ -197,11 +197,21 @@ class VLMAdapter:
     def media_items(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
         """The visual inputs (pixels and their per-item metadata) of the prompt's images ``images`` and videos
         ``videos`` (slices of their order in the inputs): the later media :meth:`extend` sends through the vision
-        tower, or one row's media in :meth:`split_rows`. Modalities with nothing selected are left out."""
+        tower, or one row's media in :meth:`split_rows`. Modalities with nothing selected are left out.
+
+        The pixels are cut as the family's processor lays them out: Qwen ``pixel_values`` ``[patches, D]`` with
+        ``image_grid_thw`` ``[items, 3]`` (``t * h * w`` patches per item); LLaVA-OneVision ``pixel_values``
+        ``[items, tiles, C, H, W]`` with ``image_sizes`` ``[items, 2]``.
+        """
         raise NotImplementedError(f"{type(self).__name__} cannot select a prompt's media yet")
 
     def media_counts(self, inputs: dict[str, Any], keep: torch.Tensor) -> list[tuple[int, int]]:
-        """``(images, videos)`` of each row of a batch of processor outputs (``keep``: ``[B, L]`` its real tokens)."""
+        """``(images, videos)`` of each of the ``B`` rows of a batch of processor outputs, in order (``keep``:
+        ``[B, L]`` bool, the rows' real tokens; the rest is padding).
+
+        Raises:
+            ValueError: the media cannot be matched to the rows' placeholders (the message says what to do).
+        """
         raise NotImplementedError(f"{type(self).__name__} cannot split a batch of prompts yet")
 
     def row_media(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
@@ -228,6 +238,11 @@ class VLMAdapter:
             row.update(self.row_media(inputs, slice(image, image + images), slice(video, video + videos)))
             rows.append(row)
             image, video = image + images, video + videos
+        if self.media_items(inputs, slice(image, None), slice(video, None)):  # items no placeholder took
+            raise InvalidInputError(
+                f"the inputs hold more images or videos than the {len(rows)} prompts' placeholders take; build them "
+                "with the model's processor, each prompt's images and videos in its own list"
+            )
         return rows
 
     # ---- shared ---------------------------------------------------------------------------------------------

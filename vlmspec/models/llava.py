@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..errors import InvalidInputError
 from .base import VisualFeatures, VLMAdapter
 
 
@@ -61,20 +62,23 @@ class LlavaOnevisionAdapter(VLMAdapter):
         return found
 
     def media_counts(self, inputs: dict[str, Any], keep: torch.Tensor) -> list[tuple[int, int]]:
-        """Images: ``batch_num_images`` holds one count per row that has images, in order (one image per such row
-        without it). Videos: every video of a batch has the same frames and size, so the same placeholder count."""
+        """Images: ``batch_num_images`` holds one count per prompt that has images, in order (it is what the
+        processor makes of ``images=[[...], [...]]``, one list per prompt). Videos: the videos of a batch share
+        their frame count and size (``pixel_values_videos`` ``[N, F, C, H, W]``), so their placeholder counts."""
         image_id, video_id = self.visual_token_ids()
         ids = inputs["input_ids"]
-        has_images = ((ids == image_id) & keep).any(-1).tolist()
-        per_row = iter(
-            inputs["batch_num_images"].tolist() if inputs.get("batch_num_images") is not None else []
-        )
-        images = [next(per_row, 1) if has else 0 for has in has_images]
-        video_tokens = ((ids == video_id) & keep).sum(-1)
-        total = inputs["pixel_values_videos"].shape[0] if inputs.get("pixel_values_videos") is not None else 0
-        videos = (
-            (video_tokens // max(int(video_tokens.sum()) // max(total, 1), 1)).tolist()
-            if total
-            else [0] * len(images)
-        )
+        with_images = ((ids == image_id) & keep).any(-1).tolist()  # [B]
+        per_prompt = inputs["batch_num_images"].tolist() if inputs.get("batch_num_images") is not None else []
+        if inputs.get("pixel_values") is not None and len(per_prompt) != sum(with_images):
+            raise InvalidInputError(
+                f"batch_num_images has {len(per_prompt)} entries for {sum(with_images)} prompts with images; give "
+                "the processor each prompt's images in its own list (images=[[a], [b, c]]) so they can be told apart"
+            )
+        counts = iter(per_prompt)
+        images = [next(counts) if has else 0 for has in with_images]
+        videos = [0] * len(images)
+        if inputs.get("pixel_values_videos") is not None:
+            video_tokens = ((ids == video_id) & keep).sum(-1)  # [B]
+            per_video = int(video_tokens.sum()) // inputs["pixel_values_videos"].shape[0]
+            videos = (video_tokens // per_video).tolist()
         return list(zip(images, videos, strict=True))

@@ -84,25 +84,16 @@ class QwenVLAdapter(VLMAdapter):
         return found
 
     def media_counts(self, inputs: dict[str, Any], keep: torch.Tensor) -> list[tuple[int, int]]:
-        """Each item has ``t * h * w / merge**2`` placeholder tokens: rows take the items in order until their
-        placeholders are covered."""
+        """Item ``i`` of a modality has ``t * h * w / merge**2`` placeholder tokens (its ``*_grid_thw`` row): rows
+        take the items in order until their placeholders are covered."""
         merge = self.config.vision_config.spatial_merge_size**2
-        counts: list[list[int]] = [[0, 0] for _ in range(keep.shape[0])]
-        for m, (token, grid) in enumerate(
-            zip(self.visual_token_ids(), ("image_grid_thw", "video_grid_thw"), strict=True)
-        ):
-            sizes = (inputs[grid].prod(-1) // merge).tolist() if inputs.get(grid) is not None else []
-            wanted = ((inputs["input_ids"] == token) & keep).sum(-1).tolist()
-            item = 0
-            for b, need in enumerate(wanted):
-                while need > 0 and item < len(sizes):
-                    need, item, counts[b][m] = need - sizes[item], item + 1, counts[b][m] + 1
-                if need != 0:
-                    raise InvalidInputError(
-                        f"the inputs' {grid} does not match row {b}'s placeholder tokens; build them with the model's "
-                        "processor"
-                    )
-        return [(images, videos) for images, videos in counts]
+        image_id, video_id = self.visual_token_ids()
+        per_modality = []
+        for token, grid in ((image_id, "image_grid_thw"), (video_id, "video_grid_thw")):
+            tokens = (inputs[grid].prod(-1) // merge).tolist() if inputs.get(grid) is not None else []
+            wanted = ((inputs["input_ids"] == token) & keep).sum(-1).tolist()  # [B] placeholders per row
+            per_modality.append(_take_items(tokens, wanted, grid))
+        return list(zip(*per_modality, strict=True))
 
     def extra_prompt_inputs(
         self, masks: dict[str, torch.Tensor], features: dict[str, VisualFeatures]
@@ -145,3 +136,20 @@ def _features(out: Any) -> VisualFeatures:
         embeds=torch.cat(out.pooler_output, dim=0),
         deepstack=[torch.cat(layer, dim=0) for layer in deepstack] if deepstack is not None else None,
     )
+
+
+def _take_items(tokens: list[int], wanted: list[int], grid: str) -> list[int]:
+    """How many consecutive items (``tokens[i]`` placeholders each) cover each row's ``wanted[b]`` placeholders."""
+    counts, item = [], 0
+    for b, need in enumerate(wanted):
+        start = item
+        while need > 0 and item < len(tokens):
+            need -= tokens[item]
+            item += 1
+        if need != 0:
+            raise InvalidInputError(
+                f"the inputs' {grid} does not match the placeholder tokens of row {b}; build the inputs with the "
+                "model's processor, each prompt's images and videos in its own list"
+            )
+        counts.append(item - start)
+    return counts

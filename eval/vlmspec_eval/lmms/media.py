@@ -1,8 +1,9 @@
 """What lmms-eval requests carry, turned into what :class:`vlmspec.VLMSpecPipeline` takes.
 
-Simple requests carry ``doc_to_visual(doc)``: a list of visuals, which becomes :class:`Media` (images in order, at
-most one video) beside the context. Chat requests carry ``doc_to_messages(doc)``: lmms-eval ``ChatMessages`` with
-image/video/text parts, which become the pipeline's ``messages`` (:func:`chat_messages`).
+Both request forms become the pipeline's ``messages`` (media inside, any number of images and videos). Simple
+requests carry ``doc_to_visual(doc)``, a list of visuals, beside the context (:func:`simple_messages`); chat
+requests carry ``doc_to_messages(doc)``: lmms-eval ``ChatMessages`` with image/video/text parts
+(:func:`chat_messages`).
 
 Visuals understood (simple path, and the ``url`` of chat image/video parts):
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,36 +27,13 @@ from PIL import Image
 
 from vlmspec.inputs import VideoClip
 
-__all__ = ["IMAGE_EXTS", "VIDEO_EXTS", "Media", "chat_messages", "split_visuals", "strip_placeholders"]
+__all__ = ["IMAGE_EXTS", "VIDEO_EXTS", "chat_messages", "classify", "simple_messages", "strip_placeholders"]
 
 IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tiff", ".tif", ".webp"})
 VIDEO_EXTS = frozenset({".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".flv", ".mpg", ".mpeg", ".wmv"})
-_PLACEHOLDERS = re.compile(r"<image>|<video>|<image_\d+>")
-
-
-@dataclass
-class Media:
-    """Images (in prompt order) and at most one video of a request."""
-
-    images: list[Any] = field(default_factory=list)
-    video: Any = None
-
-    def add(self, kind: str, value: Any) -> None:
-        """Append an image, or set the video (a second video is an error)."""
-        if kind == "image":
-            self.images.append(value)
-            return
-        if self.video is not None:
-            raise ValueError(
-                "this request has more than one video; vlmspec's pipeline takes one video (plus any number of "
-                "images) per request"
-            )
-        self.video = value
-
-    @property
-    def image_arg(self) -> list[Any] | None:
-        """What the pipeline's ``image`` argument takes."""
-        return self.images or None
+_PLACEHOLDER = r"(?:<image>|<video>|<image_\d+>)"
+_PLACEHOLDER_AND_SPACE = re.compile(_PLACEHOLDER + r"\s*")
+_TRAILING_PLACEHOLDER = re.compile(_PLACEHOLDER + r"\s*$")
 
 
 def classify(visual: Any) -> tuple[str, Any]:
@@ -136,33 +113,33 @@ def _dict_source(visual: dict[str, Any]) -> tuple[str, Any]:
     raise TypeError(f"visual dict {sorted(visual)} has none of the keys url, path, frames, video, image")
 
 
-def split_visuals(visuals: Sequence[Any] | Any | None) -> Media:
-    """The :class:`Media` of a simple request's ``doc_to_visual(doc)`` output.
+def simple_messages(context: str, visuals: Sequence[Any] | Any | None) -> list[dict[str, Any]]:
+    """The pipeline's ``messages`` for a simple request: ``doc_to_visual(doc)``'s images in order, then its videos,
+    then the context without placeholders (media first, as lmms-eval's simple models lay a prompt out).
 
-    Each element of the list is one visual: a video given as frames is one element holding the list of frames
+    Each element of ``visuals`` is one visual: a video given as frames is one element holding the list of frames
     (``[frames]``); a flat list of PIL images is that many images.
 
     Raises:
         ValueError, TypeError: a visual vlmspec cannot take (the message names it).
     """
-    media = Media()
     if visuals is None:
-        return media
-    if not isinstance(visuals, (list, tuple)):
+        visuals = []
+    elif not isinstance(visuals, (list, tuple)):
         visuals = [visuals]
-    for visual in visuals:
-        if visual is None:
-            continue
-        media.add(*classify(visual))
-    return media
+    found = [classify(visual) for visual in visuals if visual is not None]
+    content = [{"type": kind, kind: value} for kind, value in found if kind == "image"]
+    content += [{"type": kind, kind: value} for kind, value in found if kind == "video"]
+    content.append({"type": "text", "text": strip_placeholders(context)})
+    return [{"role": "user", "content": content}]
 
 
 def strip_placeholders(context: str) -> str:
     """The prompt text without lmms-eval's ``<image>``/``<video>`` placeholders (media go first, as the pipeline
-    lays them out) and the whitespace they leave at the ends; a text without placeholders stays as the task
-    wrote it, as on the chat path."""
-    stripped = _PLACEHOLDERS.sub("", context)
-    return stripped.strip() if stripped != context else context
+    lays them out): each placeholder goes with the whitespace after it, and the text's end is trimmed where a
+    placeholder ended it; the rest stays as the task wrote it, as on the chat path."""
+    stripped = _PLACEHOLDER_AND_SPACE.sub("", context)
+    return stripped.rstrip() if _TRAILING_PLACEHOLDER.search(context) else stripped
 
 
 def chat_messages(messages: Any) -> list[dict[str, Any]]:

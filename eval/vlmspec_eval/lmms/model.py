@@ -57,7 +57,7 @@ from vlmspec.named_pairs import ResolvedPair
 from vlmspec.pruning import PruningConfig
 
 from .generation import generation_settings, truncate_at_stops
-from .media import chat_messages, split_visuals, strip_placeholders
+from .media import chat_messages, simple_messages
 from .options import ModelOptions, parse_model_args, resolve_pair
 from .speed import (
     SampleSpeed,
@@ -232,7 +232,9 @@ class VLMSpec(lmms):
     def _prompt(self, request: Instance) -> dict[str, Any]:
         """The pipeline arguments of a request's prompt (simple path: the context and ``doc_to_visual``)."""
         context, doc_to_visual = request.args[0], request.args[2]
-        return _simple_prompt(context, doc_to_visual(self._doc(request)) if doc_to_visual else None)
+        return {
+            "messages": simple_messages(context, doc_to_visual(self._doc(request)) if doc_to_visual else None)
+        }
 
     def _next_round(
         self, request: Instance, round_idx: int, replies: list[str], info: Any
@@ -255,7 +257,7 @@ class VLMSpec(lmms):
         visuals, context, terminal, _replies, info = payload
         if terminal:
             return None
-        return _simple_prompt(context, visuals), info
+        return {"messages": simple_messages(context, visuals)}, info
 
     def _call(self, request: Instance, prompt: dict[str, Any] | None = None) -> dict[str, Any]:
         """The pipeline call for a request (built when its turn in the batch comes), for its own prompt or the
@@ -296,11 +298,9 @@ class VLMSpec(lmms):
             continuation = continuation(doc)
         if not isinstance(continuation, str):
             raise TypeError(f"loglikelihood continuation must be a string, got {type(continuation).__name__}")
-        media = split_visuals(doc_to_visual(doc) if doc_to_visual else None)
+        messages = simple_messages(context, doc_to_visual(doc) if doc_to_visual else None)
         pipe = self._pipeline()
-        inputs = pipe.prepare_inputs(
-            media.image_arg, strip_placeholders(context), media.video, self.options.num_frames
-        )
+        inputs = pipe.prepare_messages(messages, self.options.num_frames)
         logprob, greedy = score_continuation(pipe.target, pipe.tokenizer, inputs, continuation)
         return -logprob, greedy
 
@@ -418,12 +418,6 @@ class VLMSpecChat(VLMSpec):
 # ---------------------------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------------------------
-def _simple_prompt(context: str, visuals: Any) -> dict[str, Any]:
-    """The pipeline arguments of a simple-path prompt: its visuals first, then the context without placeholders."""
-    media = split_visuals(visuals)
-    return {"image": media.image_arg, "prompt": strip_placeholders(context), "video": media.video}
-
-
 _LOGLIKELIHOOD_OUTPUT_TYPES = ("loglikelihood", "multiple_choice")
 
 
