@@ -32,6 +32,7 @@ def test_quickstart_notebook_executes(monkeypatch, tmp_path):
         o.get("text", "") for cell in outputs.values() for o in cell if o.get("output_type") == "stream"
     )
     assert "caption:" in text and "reference:" in text
+    assert "identical to target.generate(): True" in text and "second half of the clip:" in text
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["policy", "tok/step"])
     rows = [line.split() for line in lines[header + 1 : header + 6]]
