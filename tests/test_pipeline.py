@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import shutil
 
@@ -10,7 +11,7 @@ import torch
 from conftest import PROMPTS
 from transformers import AutoTokenizer
 
-from vlmspec import VLMSpecPipeline, get_policy
+from vlmspec import VLMSpecPipeline, get_policy, hf_compat
 from vlmspec.cli import main as cli_main
 from vlmspec.testing import FAMILIES, make_image, make_video_frames, write_video
 
@@ -151,7 +152,7 @@ def test_generate_on_a_padded_batch_gives_each_prompt_its_own_generate(tiny_pair
         assert set(row) == set(alone) and all(_same_input(row[k], alone[k]) for k in alone), (family, b)
         expected = pipe.reference_generate(dict(alone), 12)
         assert ids[b, length : length + len(expected)].tolist() == expected, (family, b)
-        assert (ids[b, length + len(expected) :] == pipe._pad_token_id()).all()
+        assert (ids[b, length + len(expected) :] == hf_compat.pad_token_id(pipe.target)).all()
     assert ids.shape[1] == length + max(
         len(pipe.reference_generate(dict(r), 12)) for r in pipe._target_adapter.split_rows(dict(batch))
     )
@@ -210,6 +211,12 @@ def _same_input(split: torch.Tensor, alone: torch.Tensor) -> bool:
     if split.shape != alone.shape and split.dim() == 5:
         return torch.equal(split[:, : alone.shape[1]], alone) and not split[:, alone.shape[1] :].any()
     return torch.equal(split, alone)
+
+
+def test_generate_options_are_the_calls_generation_options():
+    taken = set(inspect.signature(VLMSpecPipeline.__call__).parameters)
+    inputs = {"self", "image", "prompt", "video", "messages", "inputs", "num_frames"}
+    assert set(hf_compat.GENERATE_OPTIONS) == taken - inputs
 
 
 def test_generate_refuses_what_it_cannot_do_naming_it(pipe):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image, UnidentifiedImageError
 from transformers.video_utils import VideoMetadata
 
@@ -307,3 +309,30 @@ def _video_item(item: dict, source: VideoInput, where: str) -> VideoInput:
         return VideoClip(source, start, end)
     except (InvalidInputError, InputTypeError) as err:
         raise type(err)(f"{where}: {err}") from err
+
+
+def check_prompt_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """One prompt's processor outputs (``pipe(inputs=...)``), checked: an ``input_ids`` tensor ``[1, L]`` with no
+    padding; ``None`` values dropped.
+
+    Raises:
+        TypeError: not a mapping with an ``input_ids`` tensor.
+        ValueError: several prompts, an empty one, or padding.
+    """
+    if not isinstance(inputs, Mapping) or not torch.is_tensor(inputs.get("input_ids")):
+        raise InputTypeError(
+            "inputs must be a processor's outputs for one prompt, with an input_ids tensor, e.g. "
+            "processor(text=[text], images=[image], return_tensors='pt')"
+        )
+    ids, mask = inputs["input_ids"], inputs.get("attention_mask")
+    if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] == 0:
+        raise InvalidInputError(
+            f"inputs['input_ids'] has shape {tuple(ids.shape)}; give one prompt, [1, L] with L >= 1 (for several "
+            'prompts, pipe.generate(**inputs) or pipe.batch([{"inputs": ...}, ...]) with one request per prompt)'
+        )
+    if mask is not None and not bool(mask.bool().all()):
+        raise InvalidInputError(
+            "inputs['attention_mask'] masks some prompt tokens (padding); give one unpadded prompt per request, "
+            "or the padded batch to pipe.generate(**inputs)"
+        )
+    return {k: v for k, v in inputs.items() if v is not None}

@@ -21,19 +21,20 @@ from typing import Any
 
 import torch
 
+from . import hf_compat
 from .batching import DRAFT_FIRST, TARGET, Batcher, RowAdapter
 from .chat import Chat
 from .costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
 from .engine import DraftPrompt, SpecStats, speculative_generate
 from .errors import InputTypeError, InvalidInputError
-from .inputs import ImageInput, VideoInput, load_images, load_video, normalize_messages
+from .inputs import ImageInput, VideoInput, check_prompt_inputs, load_images, load_video, normalize_messages
 from .kernels import onednn_linears
 from .loading import check_compatible, load_pair
 from .models import EDDDraft, VLMAdapter, adapter_for
 from .models.edd import check_target
 from .policies import TreePolicy, available_policies, get_policy
 from .probe import cached_costs
-from .pruning import PruningConfig
+from .pruning import PruningConfig, pruning_config
 from .sampling import SamplingParams
 from .stopping import StopCriteria, eos_token_ids
 from .streaming import StreamPiece, stream_call
@@ -422,7 +423,10 @@ class VLMSpecPipeline:
         if a.inputs is not None:
             if a.messages is not None or prompt is not None or image is not None or video is not None:
                 raise InvalidInputError("give either inputs or messages or image/prompt/video, not several")
-            inputs = self._given_inputs(a.inputs)
+            device = self._target_adapter.device
+            inputs = {
+                k: v.to(device) if torch.is_tensor(v) else v for k, v in check_prompt_inputs(a.inputs).items()
+            }
         elif a.messages is not None:
             if prompt is not None or image is not None or video is not None:
                 raise InvalidInputError("give either messages or image/prompt/video, not both")
@@ -526,94 +530,10 @@ class VLMSpecPipeline:
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
-        """``target.generate(**inputs, ...)`` with speculative decoding: a drop-in for code that already calls it.
-
-            inputs = processor(text=texts, images=images, padding=True, return_tensors="pt")
-            ids = pipe.generate(**inputs, max_new_tokens=128)   # was: target.generate(**inputs, ...)
-
-        Each row's new tokens are the target's own greedy ``generate()``'s for that prompt alone, token for token
-        (sampling: drawn from its distribution, row ``b`` with its own generator seeded with ``seed + b``, so
-        repeated rows give different draws and a rerun the same ones). A batch of
-        prompts is split into its rows (:meth:`~vlmspec.models.VLMAdapter.split_rows`) and decoded together, each
-        with its own tree (:meth:`batch`).
-
-        Args:
-            input_ids: ``[B, L]`` prompt ids (padded as the processor pads them, ``attention_mask`` saying where).
-            **kwargs: the other processor outputs (tensors: ``attention_mask``, ``pixel_values``,
-                ``image_grid_thw``, ...) and :meth:`__call__`'s generation options (``max_new_tokens``,
-                ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``stop_strings``, ``prune_ratio``,
-                ``streamer`` (one prompt only)), plus ``batch_size`` (rows decoding at once; default: all) and
-                ``pad_token_id`` (what rows that stop early are padded with).
-                As in ``generate()``, ``do_sample`` and ``max_new_tokens`` default to the target's
-                ``generation_config`` (``max_new_tokens``: 128 when it sets none, as :meth:`__call__`).
-
-        Returns:
-            ``[B, L + T]``: the prompts as given, then each row's new ids (EOS included when produced), rows that
-            stopped early padded with the pad token, ``T`` the longest row's: what ``generate()`` returns for a
-            decoder-only model.
-
-        Raises:
-            TypeError: an option this method does not take (``num_beams``, ``assistant_model``, ...).
-        """
-        batch_size, pad_token_id = kwargs.pop("batch_size", None), kwargs.pop("pad_token_id", None)
-        options = {k: kwargs.pop(k) for k in list(kwargs) if k in _GENERATE_OPTIONS}
-        config = self.target.generation_config  # what generate() falls back on
-        options.setdefault("do_sample", bool(config.do_sample))
-        if config.max_new_tokens is not None:
-            options.setdefault("max_new_tokens", int(config.max_new_tokens))
-        unknown = sorted(k for k, v in kwargs.items() if not torch.is_tensor(v) and v is not None)
-        if unknown:
-            raise InputTypeError(
-                f"pipe.generate() does not take {', '.join(unknown)}: it takes processor outputs (tensors) and "
-                f"{', '.join(_GENERATE_OPTIONS)}, batch_size, pad_token_id"
-            )
-        if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
-            raise InputTypeError(
-                "pipe.generate() needs input_ids, a [B, L] tensor of prompt ids (processor outputs)"
-            )
-        inputs = {"input_ids": input_ids, **{k: v for k, v in kwargs.items() if v is not None}}
-        rows = self._target_adapter.split_rows(inputs)  # each prompt alone, padding dropped
-        if len(rows) > 1 and options.get("streamer") is not None:
-            raise InvalidInputError(
-                "pipe.generate(streamer=...) streams one prompt; give one row of input_ids"
-            )
-        seed = options.pop("seed", None)
-        requests = [
-            {"inputs": row, "seed": None if seed is None else seed + b, **options}
-            for b, row in enumerate(rows)
-        ]
-        outs = self.batch(requests, batch_size=batch_size or len(rows))
-        width = max(len(out.token_ids) for out in outs)
-        pad = self._pad_token_id() if pad_token_id is None else int(pad_token_id)
-        new = torch.full((len(outs), width), pad, dtype=input_ids.dtype, device=input_ids.device)
-        for b, out in enumerate(outs):
-            new[b, : len(out.token_ids)] = torch.tensor(out.token_ids, dtype=input_ids.dtype)
-        return torch.cat([input_ids, new], dim=1)
-
-    def _pad_token_id(self) -> int:
-        """What ``generate()`` pads finished rows with: the generation config's pad token, else its first EOS."""
-        pad = self.target.generation_config.pad_token_id
-        return int(pad) if pad is not None else next(iter(eos_token_ids(self.target)), 0)
-
-    def _given_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        """One prompt's processor outputs, checked, on the target's device."""
-        if not isinstance(inputs, Mapping) or not torch.is_tensor(inputs.get("input_ids")):
-            raise InputTypeError(
-                "inputs must be a processor's outputs for one prompt, with an input_ids tensor, e.g. "
-                "processor(text=[text], images=[image], return_tensors='pt')"
-            )
-        ids, mask = inputs["input_ids"], inputs.get("attention_mask")
-        if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] == 0:
-            raise InvalidInputError(
-                f"inputs['input_ids'] has shape {tuple(ids.shape)}; give one prompt, [1, L] with L >= 1 (for "
-                'several prompts, pipe.batch([{"inputs": ...}, ...]) with one request per prompt)'
-            )
-        if mask is not None and not bool(mask.bool().all()):
-            raise InvalidInputError(
-                "inputs['attention_mask'] masks some prompt tokens (padding); give one unpadded prompt per request"
-            )
-        device = self._target_adapter.device
-        return {k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items() if v is not None}
+        """``target.generate(**inputs, ...)`` with speculative decoding, a drop-in for code that already calls it:
+        the same ``[B, L + T]`` ids, each row the target's own greedy output for that prompt alone (see
+        :func:`vlmspec.hf_compat.generate`, which documents the arguments)."""
+        return hf_compat.generate(self, input_ids, **kwargs)
 
     def _check_length(self, prompt_len: int, max_new_tokens: int) -> None:
         limit = self._target_adapter.max_positions
@@ -626,9 +546,6 @@ class VLMSpecPipeline:
 
 
 _CALL_ARGUMENTS = tuple(inspect.signature(VLMSpecPipeline.__call__).parameters)[1:]
-_GENERATE_OPTIONS = tuple(
-    a for a in _CALL_ARGUMENTS if a not in ("image", "prompt", "video", "messages", "inputs", "num_frames")
-)
 
 
 def _request_kwargs(request: Any, index: int) -> dict[str, Any]:
@@ -638,26 +555,3 @@ def _request_kwargs(request: Any, index: int) -> dict[str, Any]:
             'arguments per request, e.g. {"image": img, "prompt": "Describe it."}'
         )
     return request
-
-
-def pruning_config(pruning: str | PruningConfig, prune_ratio: float | None) -> PruningConfig:
-    """A :class:`PruningConfig` from a method name or config and an optional ratio for images and videos."""
-    if isinstance(pruning, PruningConfig):
-        config = pruning
-    elif isinstance(pruning, str):
-        config = PruningConfig(method=pruning)
-    else:
-        raise InputTypeError(
-            f"pruning must be 'attention', 'uniform' or a PruningConfig, got {type(pruning).__name__}"
-        )
-    if prune_ratio is not None:
-        if prune_ratio == 0:
-            return PruningConfig.disabled()
-        config = PruningConfig(  # an explicit ratio is applied as given: no min_keep floor
-            method=config.method,
-            image_ratio=prune_ratio,
-            video_ratio=prune_ratio,
-            mass=config.mass,
-            min_keep=0,
-        )
-    return config

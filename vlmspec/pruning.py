@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from .errors import InvalidInputError
+from .errors import InputTypeError, InvalidInputError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from .models.base import PromptLayout
@@ -336,3 +336,26 @@ __all__ = [
     "select_prompt_positions",
     "uniform_keep",
 ]
+
+
+def pruning_config(pruning: str | PruningConfig, prune_ratio: float | None) -> PruningConfig:
+    """A :class:`PruningConfig` from a method name or config and an optional ratio for images and videos."""
+    if isinstance(pruning, PruningConfig):
+        config = pruning
+    elif isinstance(pruning, str):
+        config = PruningConfig(method=pruning)
+    else:
+        raise InputTypeError(
+            f"pruning must be 'attention', 'uniform' or a PruningConfig, got {type(pruning).__name__}"
+        )
+    if prune_ratio is not None:
+        if prune_ratio == 0:
+            return PruningConfig.disabled()
+        config = PruningConfig(  # an explicit ratio is applied as given: no min_keep floor
+            method=config.method,
+            image_ratio=prune_ratio,
+            video_ratio=prune_ratio,
+            mass=config.mass,
+            min_keep=0,
+        )
+    return config

@@ -1,0 +1,107 @@
+"""transformers' ``generate()`` conventions that :meth:`vlmspec.VLMSpecPipeline.generate` keeps: which keyword
+arguments are generation options and which are processor outputs, the defaults it takes from the model's
+``generation_config``, the pad token and the ``[B, L + T]`` output layout."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .errors import InputTypeError, InvalidInputError
+from .stopping import eos_token_ids
+
+GENERATE_OPTIONS: tuple[str, ...] = (
+    "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "seed", "stop_strings", "prune_ratio", "streamer",
+)  # fmt: skip
+"""The keyword arguments of :meth:`~vlmspec.VLMSpecPipeline.__call__` that ``generate()`` takes as options."""
+
+
+def generate(pipe: Any, input_ids: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+    """``target.generate(**inputs, ...)`` with speculative decoding: a drop-in for code that already calls it.
+
+        inputs = processor(text=texts, images=images, padding=True, return_tensors="pt")
+        ids = pipe.generate(**inputs, max_new_tokens=128)   # was: target.generate(**inputs, ...)
+
+    Each row's new tokens are the target's own greedy ``generate()``'s for that prompt alone, token for token
+    (sampling: drawn from its distribution, row ``b`` with its own generator seeded with ``seed + b``, so
+    repeated rows give different draws and a rerun the same ones). A batch of prompts is split into its rows
+    (:meth:`~vlmspec.models.VLMAdapter.split_rows`) and decoded together, each with its own tree
+    (:meth:`~vlmspec.VLMSpecPipeline.batch`).
+
+    Args:
+        input_ids: ``[B, L]`` prompt ids (padded as the processor pads them, ``attention_mask`` saying where).
+        **kwargs: the other processor outputs (tensors: ``attention_mask``, ``pixel_values``,
+            ``image_grid_thw``, ...); the generation options of :data:`GENERATE_OPTIONS`, as ``pipe(...)`` takes
+            them (``streamer``: one prompt only); ``batch_size`` (rows decoding at once; default: all) and
+            ``pad_token_id`` (what rows that stop early are padded with). As in ``generate()``, ``do_sample`` and
+            ``max_new_tokens`` default to the target's ``generation_config`` (``max_new_tokens``: 128 when it
+            sets none, as ``pipe(...)``).
+
+    Returns:
+        ``[B, L + T]``: the prompts as given, then each row's new ids (EOS included when produced), rows that
+        stopped early padded with the pad token, ``T`` the longest row's: what ``generate()`` returns for a
+        decoder-only model.
+
+    Raises:
+        TypeError: an option this method does not take (``num_beams``, ``assistant_model``, ...).
+    """
+    batch_size, pad = kwargs.pop("batch_size", None), kwargs.pop("pad_token_id", None)
+    options, tensors = split_generate_kwargs(kwargs, GENERATE_OPTIONS, pipe.target.generation_config)
+    if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
+        raise InputTypeError(
+            "pipe.generate() needs input_ids, a [B, L] tensor of prompt ids (processor outputs)"
+        )
+    rows = pipe._target_adapter.split_rows({"input_ids": input_ids, **tensors})  # each prompt alone, unpadded
+    if len(rows) > 1 and options.get("streamer") is not None:
+        raise InvalidInputError("pipe.generate(streamer=...) streams one prompt; give one row of input_ids")
+    seed = options.pop("seed", None)
+    requests = [
+        {"inputs": row, "seed": None if seed is None else seed + b, **options} for b, row in enumerate(rows)
+    ]
+    outs = pipe.batch(requests, batch_size=batch_size or len(rows))
+    pad = pad_token_id(pipe.target) if pad is None else int(pad)
+    return generate_layout(input_ids, [out.token_ids for out in outs], pad)
+
+
+def split_generate_kwargs(
+    kwargs: dict[str, Any], options: Sequence[str], generation_config: Any
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """``(generation options, processor outputs)`` of ``generate(**kwargs)``'s keyword arguments.
+
+    ``do_sample`` and ``max_new_tokens`` default to ``generation_config``'s, as in ``generate()`` (``max_new_tokens``
+    only where it sets one).
+
+    Raises:
+        TypeError: an argument that is neither one of ``options`` nor a tensor (``num_beams``, ``assistant_model``,
+            ...), named with what is taken.
+    """
+    chosen = {k: v for k, v in kwargs.items() if k in options}
+    tensors = {k: v for k, v in kwargs.items() if k not in options and v is not None}
+    unknown = sorted(k for k, v in tensors.items() if not torch.is_tensor(v))
+    if unknown:
+        raise InputTypeError(
+            f"pipe.generate() does not take {', '.join(unknown)}: it takes processor outputs (tensors) and "
+            f"{', '.join(options)}, batch_size, pad_token_id"
+        )
+    chosen.setdefault("do_sample", bool(generation_config.do_sample))
+    if generation_config.max_new_tokens is not None:
+        chosen.setdefault("max_new_tokens", int(generation_config.max_new_tokens))
+    return chosen, tensors
+
+
+def pad_token_id(model: Any) -> int:
+    """What ``generate()`` pads finished rows with: the generation config's pad token, else its first EOS."""
+    pad = model.generation_config.pad_token_id
+    return int(pad) if pad is not None else next(iter(eos_token_ids(model)), 0)
+
+
+def generate_layout(input_ids: torch.Tensor, rows: Sequence[Sequence[int]], pad: int) -> torch.Tensor:
+    """``[B, L + T]``: the prompts ``input_ids`` ``[B, L]`` as given, then each row's new ids, rows shorter than the
+    longest (``T``) padded with ``pad``, as ``generate()`` returns them for a decoder-only model."""
+    width = max((len(row) for row in rows), default=0)
+    new = torch.full((len(rows), width), pad, dtype=input_ids.dtype, device=input_ids.device)
+    for b, row in enumerate(rows):
+        new[b, : len(row)] = torch.tensor(list(row), dtype=input_ids.dtype)
+    return torch.cat([input_ids, new], dim=1)
