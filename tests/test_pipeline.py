@@ -8,11 +8,14 @@ import shutil
 
 import pytest
 import torch
+import yaml
 from conftest import PROMPTS
 from transformers import AutoTokenizer
 
 from vlmspec import VLMSpecPipeline, get_policy, hf_compat
 from vlmspec.cli import main as cli_main
+from vlmspec.named_pairs import resolve_pair
+from vlmspec.pruning import PruningConfig
 from vlmspec.testing import FAMILIES, make_image, make_video_frames, write_video
 
 
@@ -236,6 +239,51 @@ def test_generate_refuses_what_it_cannot_do_naming_it(pipe):
         pipe(make_image(1), "Hi", inputs=inputs)
     with pytest.raises(TypeError, match="inputs must be a processor's outputs"):
         pipe(inputs={"pixel_values": inputs["pixel_values"]})
+
+
+def test_save_pretrained_loads_back_with_the_settings_set_on_it(pipe, tmp_path, capsys):
+    """The pair, the policy with the options the user set (not the machine-fitted ones) and the pruning."""
+    pipe.policy = get_policy("sage", w_max=4)  # n_max and d_max left to the machine
+    pipe.pruning = PruningConfig(image_ratio=0.5, min_keep=0)
+    try:
+        folder = pipe.save_pretrained(tmp_path / "saved")
+        settings = yaml.safe_load((folder / "vlmspec_pipeline.yaml").read_text())
+        assert settings["policy"] == "sage" and settings["policy_options"] == {"w_max": 4}
+        loaded = VLMSpecPipeline.from_pretrained(folder)
+        assert loaded.policy.name == "sage" and loaded.policy.config.w_max == 4
+        assert (
+            loaded.policy.free_hardware_options() == pipe.policy.free_hardware_options() == ("n_max", "d_max")
+        )
+        assert loaded.pruning == pipe.pruning
+        image, prompt = make_image(4), PROMPTS[2]
+        assert (
+            loaded(image, prompt, max_new_tokens=16).token_ids
+            == pipe(image, prompt, max_new_tokens=16).token_ids
+        )
+        # Arguments given on loading win; options without a policy go on top of the saved ones.
+        assert VLMSpecPipeline.from_pretrained(folder, policy="chain").policy.name == "chain"
+        assert VLMSpecPipeline.from_pretrained(folder, w_min=3).policy.config.w_max == 4
+        assert (
+            cli_main(["demo", "--target", str(folder), "--max-new-tokens", "8"]) == 0
+        )  # the demo takes it all
+        assert "policy=sage" in capsys.readouterr().out
+        pipe.policy = "chain"
+        assert "policy=chain" in _demo_output(cli_main, pipe.save_pretrained(tmp_path / "chain"), capsys)
+        # Every entry point that names a target resolves the folder to its pair.
+        resolved = resolve_pair(str(folder))
+        assert (resolved.target, resolved.draft) == (str(folder / "target"), str(folder / "draft"))
+        (folder / "vlmspec_pipeline.yaml").write_text("policy: sage\nspeed: fast\n")
+        with pytest.raises(
+            ValueError, match=r"vlmspec_pipeline.yaml' must be a mapping with the keys policy"
+        ):
+            VLMSpecPipeline.from_pretrained(folder)
+    finally:
+        pipe.policy, pipe.pruning = "sage", PruningConfig()
+
+
+def _demo_output(main, folder, capsys) -> str:
+    assert main(["demo", "--target", str(folder), "--max-new-tokens", "8"]) == 0
+    return capsys.readouterr().out
 
 
 # ---- errors ---------------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ def trace_summary(trace: list[dict]) -> str:
 def demo(args: argparse.Namespace) -> int:
     import torch
 
-    from .named_pairs import is_pair_name, resolve_pair
+    from .named_pairs import is_pair_name, is_pipeline_folder, resolve_pair
     from .pipeline import VLMSpecPipeline
 
     if args.target is None and args.draft is not None:
@@ -56,9 +56,10 @@ def demo(args: argparse.Namespace) -> int:
     if args.target is None:
         print(f"No checkpoint named: using the embedded default pair ({pair.source}).", flush=True)
     options = json.loads(args.policy_options) if args.policy_options else {}
+    saved = is_pipeline_folder(args.target)  # a saved pipeline brings its own settings
     pipe = VLMSpecPipeline.from_pretrained(
-        pair.target, pair.draft, policy=args.policy, torch_dtype=torch.float32,
-        calibration=pair.calibration, **options,
+        args.target if saved else pair.target, args.draft if saved else pair.draft, policy=args.policy,
+        torch_dtype=torch.float32, calibration=pair.calibration, **options,
     )  # fmt: skip
     if pair.calibration:
         from .testbed.calibrate import get_calibration
@@ -133,7 +134,8 @@ def _check_before_loading(args: argparse.Namespace) -> None:
         raise InvalidInputError(
             f"--policy-options must be a JSON object of option: value, got {args.policy_options!r}"
         )
-    get_policy(args.policy, **options)  # an unknown policy or option fails here, naming it
+    if args.policy is not None or not options:
+        get_policy(args.policy or "sage", **options)  # an unknown policy or option fails here, naming it
 
 
 def _compare_with_generate(pipe: Any, out: Any, image: Any, prompt: str, args: argparse.Namespace) -> None:
@@ -189,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         "tiny; see vlmspec.named_pairs)",
     )
     d.add_argument("--family", default="qwen2_vl", help="family of the embedded pair (default qwen2_vl)")
-    d.add_argument("--policy", default="sage", help="tree policy (default sage)")
+    d.add_argument("--policy", help="tree policy (default: a saved pipeline's, else sage)")
     d.add_argument("--policy-options", help="JSON of policy options, e.g. '{\"n_max\": 32}'")
     d.add_argument("--image", help="image path (default: the bundled example)")
     d.add_argument("--video", help="video path (instead of an image)")

@@ -15,6 +15,9 @@ turns them into folders.
 The embedded default is ``testbed-base@cpu``: on the testbed's own shapes the target costs only twice its draft, so
 no speculative method could be faster than plain decoding.
 
+A folder written by ``pipe.save_pretrained`` (it holds :data:`PIPELINE_FILE`) names its own ``target/`` and
+``draft/`` (:mod:`vlmspec.saving`).
+
 No target at all means :data:`DEFAULT_PAIR`, or the name in the ``VLMSPEC_DEFAULT_PAIR`` environment variable (so a
 notebook or a CI job can run the whole demo on ``testbed-mini`` without editing code). An existing folder whose
 name looks like a pair name is taken as a folder.
@@ -37,6 +40,7 @@ __all__ = [
     "ResolvedPair",
     "check_model_source",
     "is_pair_name",
+    "is_pipeline_folder",
     "resolve_pair",
     "split_calibration",
 ]
@@ -47,6 +51,8 @@ DEFAULT_FAMILY = "qwen2_vl"
 ENV_DEFAULT_PAIR = "VLMSPEC_DEFAULT_PAIR"
 EDD_DRAFT = "edd"
 """``draft="edd"`` with a testbed target: the EDD draft trained for it that ships with the package."""
+PIPELINE_FILE = "vlmspec_pipeline.yaml"
+"""The settings file of a folder written by ``pipe.save_pretrained`` (:mod:`vlmspec.saving`)."""
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 """What the hub is asked for: ``owner/name`` (every vision-language checkpoint on the hub has an owner)."""
 
@@ -58,8 +64,8 @@ class ResolvedPair:
     Attributes:
         target: folder or hub id of the target.
         draft: folder or hub id of the draft (``None`` when none was named and the target is not a pair name).
-        source: ``"explicit"``, ``"testbed:<size>:<family>"`` or ``"tiny:<family>"`` (``"@<calibration>"``
-            appended for a calibrated pair).
+        source: ``"explicit"``, ``"testbed:<size>:<family>"``, ``"tiny:<family>"`` (``"@<calibration>"``
+            appended for a calibrated pair) or ``"pipeline:<folder>"`` (a saved pipeline).
         calibration: the calibration to inflate the pair to on load (``None``: load it as it is).
     """
 
@@ -87,6 +93,11 @@ def is_pair_name(target: str | Path | None) -> bool:
         return False
     text = str(target)
     return _split(text)[0] in PAIR_NAMES and not Path(text).exists()
+
+
+def is_pipeline_folder(target: str | Path | None) -> bool:
+    """Whether ``target`` is a folder written by ``pipe.save_pretrained`` (it holds :data:`PIPELINE_FILE`)."""
+    return target is not None and (Path(str(target)) / PIPELINE_FILE).is_file()
 
 
 def check_model_source(source: str | Path, role: str) -> None:
@@ -119,7 +130,7 @@ def resolve_pair(
 
     Args:
         target: a folder, a hub id, a pair name (``testbed-base[:family][@calibration]``,
-            ``testbed-mini[...]``, ``tiny[...]``) or ``None`` for the default pair.
+            ``testbed-mini[...]``, ``tiny[...]``), a saved pipeline's folder, or ``None`` for the default pair.
         draft: a folder or hub id; with a pair name it replaces the pair's own draft; ``"edd"`` with a testbed
             pair name: the EDD draft trained for that target (:mod:`vlmspec.models.edd`), shipped with the package.
         family: the family of a pair name that names none (``testbed-base@cpu``); default :data:`DEFAULT_FAMILY`.
@@ -146,6 +157,12 @@ def resolve_pair(
         raise InvalidInputError(
             f"draft={EDD_DRAFT!r} names the EDD draft shipped with a testbed target, but target {str(target)!r} is "
             "not one; train an EDD draft for it (`vlmspec edd train --target ... --out DIR`) and pass draft=DIR"
+        )
+    if is_pipeline_folder(target):  # written by pipe.save_pretrained: its target/ and draft/ folders
+        saved = Path(str(target))
+        draft = draft if draft is not None else (saved / "draft" if (saved / "draft").is_dir() else None)
+        return ResolvedPair(
+            str(saved / "target"), str(draft) if draft is not None else None, f"pipeline:{saved}"
         )
     if not is_pair_name(target):
         check_model_source(target, "target")

@@ -32,10 +32,12 @@ from .kernels import onednn_linears
 from .loading import check_compatible, load_pair
 from .models import EDDDraft, VLMAdapter, adapter_for
 from .models.edd import check_target
+from .named_pairs import is_pipeline_folder
 from .policies import TreePolicy, available_policies, get_policy
 from .probe import cached_costs
 from .pruning import PruningConfig, pruning_config
 from .sampling import SamplingParams
+from .saving import read_settings, save_pipeline
 from .stopping import StopCriteria, eos_token_ids
 from .streaming import StreamPiece, stream_call
 
@@ -166,11 +168,11 @@ class VLMSpecPipeline:
         cls,
         target: str | Path | None = None,
         draft: str | Path | None = None,
-        policy: str | TreePolicy = DEFAULT_POLICY,
+        policy: str | TreePolicy | None = None,
         torch_dtype: str | torch.dtype | None = "auto",
         device_map: str | dict[str, Any] | None = None,
         trust_remote_code: bool = False,
-        pruning: str | PruningConfig = "attention",
+        pruning: str | PruningConfig | None = None,
         prune_ratio: float | None = None,
         calibration: str | None = None,
         **policy_options: Any,
@@ -183,20 +185,29 @@ class VLMSpecPipeline:
         ``"testbed-base"`` and ``"tiny"`` (optionally ``":<family>"`` and ``"@<calibration>"``) name pairs; see
         :mod:`vlmspec.named_pairs`.
 
+        A folder written by :meth:`save_pretrained` loads back as it was saved: its pair, policy, the options set
+        on it and its pruning (arguments given here win; the machine-fitted options are fitted again here).
+
         Args:
             target: hub id, folder or pair name of the target model (its processor is loaded from the same
-                place); ``None``: the default pair.
-            draft: hub id or folder of the draft model (``None`` only with ``policy="ar"`` or a pair name).
-            policy: policy name or instance.
+                place), or a saved pipeline's folder; ``None``: the default pair.
+            draft: hub id or folder of the draft model (``None`` only with ``policy="ar"``, a pair name or a
+                saved pipeline).
+            policy: policy name or instance (``None``: a saved pipeline's, else ``"sage"``).
             torch_dtype: passed to ``from_pretrained`` (``"auto"``: the checkpoint's dtype).
             device_map: passed to accelerate (e.g. ``"auto"`` to spread a large target over several GPUs).
                 Without it, models go to the GPU when one is present, else stay on the CPU.
             trust_remote_code: only when you trust the checkpoints' code; off by default.
-            pruning, prune_ratio: the draft's visual-token pruning (see the class docstring).
+            pruning, prune_ratio: the draft's visual-token pruning (see the class docstring; ``None``: a saved
+                pipeline's, else ``"attention"``).
             calibration: inflate the loaded pair to this calibration's shapes (see
                 :mod:`vlmspec.testbed.calibrate`); a pair name's ``@<calibration>`` sets it too.
             **policy_options: the policy's config options.
         """
+        saved = read_settings(target) if is_pipeline_folder(target) else {}
+        if policy is None and saved:
+            policy, policy_options = saved["policy"], {**saved["policy_options"], **policy_options}
+        pruning = pruning if pruning is not None else saved.get("pruning", "attention")
         target_model, draft_model, processor = load_pair(
             target, draft, torch_dtype, device_map, trust_remote_code, calibration
         )
@@ -204,11 +215,16 @@ class VLMSpecPipeline:
             target_model,
             draft_model,
             processor,
-            policy=policy,
+            policy=policy if policy is not None else DEFAULT_POLICY,
             pruning=pruning,
             prune_ratio=prune_ratio,
             **policy_options,
         )
+
+    def save_pretrained(self, folder: str | Path) -> Path:
+        """Save the pair and this pipeline's policy, the options set on it and its pruning into ``folder``
+        (:mod:`vlmspec.saving`), for :meth:`from_pretrained` (or any entry point's ``--target``) to load back."""
+        return save_pipeline(self, folder)
 
     # ---- inputs -------------------------------------------------------------------------------------------------
     def prepare_inputs(

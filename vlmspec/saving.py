@@ -1,0 +1,91 @@
+"""A pipeline saved to a folder and loaded back: the pair, and the settings a user chose.
+
+``pipe.save_pretrained(folder)`` writes::
+
+    folder/
+      target/                  the target (save_pretrained) and its processor
+      draft/                   the draft (with the target's tokenizer; an EDD draft in its own format)
+      vlmspec_pipeline.yaml    the policy, the options the user set, the pruning
+
+``VLMSpecPipeline.from_pretrained(folder)`` (and every entry point that takes a target: ``vlmspec demo``,
+``bench``, ``caption``, lmms-eval's ``target=``) loads it back. Options the user left to the machine (node budget,
+depth, PCT's cost ratio) are not saved: they are fitted again, by the cost probe, on the machine that loads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import InvalidInputError
+from .models import EDDDraft
+from .named_pairs import PIPELINE_FILE
+from .pruning import PruningConfig
+
+SETTINGS = ("policy", "policy_options", "pruning")
+
+
+def save_pipeline(pipe: Any, folder: str | Path) -> Path:
+    """Write ``pipe``'s pair and settings into ``folder`` (see the module docstring); returns the folder."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    pipe.target.save_pretrained(folder / "target")
+    pipe.processor.save_pretrained(folder / "target")
+    if pipe.draft is not None:
+        pipe.draft.save_pretrained(folder / "draft")
+        if not isinstance(pipe.draft, EDDDraft):  # the pair passed the vocabulary check: the tokenizers agree
+            pipe.tokenizer.save_pretrained(folder / "draft")
+    settings = {
+        "policy": pipe.policy.name,
+        "policy_options": _plain(
+            {name: getattr(pipe.policy.config, name) for name in sorted(pipe.policy.fixed)}
+        ),
+        "pruning": dataclasses.asdict(pipe.pruning),
+    }
+    (folder / PIPELINE_FILE).write_text(yaml.safe_dump(settings, sort_keys=False))
+    return folder
+
+
+def read_settings(folder: str | Path) -> dict[str, Any]:
+    """The settings of a saved pipeline: ``policy`` (a name), ``policy_options`` (a dict), ``pruning`` (a
+    :class:`~vlmspec.pruning.PruningConfig`).
+
+    Raises:
+        ValueError: the file is not YAML, not a mapping, has unknown keys or values of the wrong kind (named).
+    """
+    file = Path(folder) / PIPELINE_FILE
+    where = f"saved pipeline settings {str(file)!r}"
+    try:
+        values = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise InvalidInputError(f"{where} could not be read as YAML: {err}") from err
+    if not isinstance(values, dict) or set(values) - set(SETTINGS):
+        raise InvalidInputError(
+            f"{where} must be a mapping with the keys {', '.join(SETTINGS)}, got {values!r:.120}"
+        )
+    policy, options, pruning = (values.get(key) for key in SETTINGS)
+    if (
+        not isinstance(policy, str)
+        or not isinstance(options or {}, dict)
+        or not isinstance(pruning or {}, dict)
+    ):
+        raise InvalidInputError(
+            f"{where}: policy must be a name, policy_options and pruning mappings; got {values!r:.120}"
+        )
+    try:
+        pruning_config = PruningConfig(**(pruning or {}))
+    except TypeError as err:
+        raise InvalidInputError(f"{where}: pruning: {err}") from None
+    return {"policy": policy, "policy_options": dict(options or {}), "pruning": pruning_config}
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists, recursively (what ``yaml.safe_dump`` writes and the configs read back)."""
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
