@@ -6,6 +6,7 @@ import inspect
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -243,12 +244,16 @@ def test_generate_refuses_what_it_cannot_do_naming_it(pipe):
 
 def test_save_pretrained_loads_back_with_the_settings_set_on_it(pipe, tmp_path, capsys):
     """The pair, the policy with the options the user set (not the machine-fitted ones) and the pruning."""
-    pipe.policy = get_policy("sage", w_max=4)  # n_max and d_max left to the machine
-    pipe.pruning = PruningConfig(image_ratio=0.5, min_keep=0)
+    pipe.policy = get_policy("sage", w_max=4, d_min=9)  # n_max and d_max left to the machine
+    pipe.pruning = PruningConfig(
+        image_ratio=np.float64(0.5), min_keep=0
+    )  # numpy numbers are saved as numbers
     try:
         folder = pipe.save_pretrained(tmp_path / "saved")
         settings = yaml.safe_load((folder / "vlmspec_pipeline.yaml").read_text())
-        assert settings["policy"] == "sage" and settings["policy_options"] == {"w_max": 4}
+        # As set, not as fitted (fitting the depth lowers d_min with d_max on a machine that affords less).
+        assert settings["policy"] == "sage" and settings["policy_options"] == {"d_min": 9, "w_max": 4}
+        assert settings["pruning"]["image_ratio"] == 0.5
         loaded = VLMSpecPipeline.from_pretrained(folder)
         assert loaded.policy.name == "sage" and loaded.policy.config.w_max == 4
         assert (
@@ -263,12 +268,22 @@ def test_save_pretrained_loads_back_with_the_settings_set_on_it(pipe, tmp_path, 
         # Arguments given on loading win; options without a policy go on top of the saved ones.
         assert VLMSpecPipeline.from_pretrained(folder, policy="chain").policy.name == "chain"
         assert VLMSpecPipeline.from_pretrained(folder, w_min=3).policy.config.w_max == 4
+        assert loaded.policy.requested == {"d_min": 9, "w_max": 4}
         assert "policy=sage" in _demo_output(cli_main, folder, capsys)  # the demo takes its settings too
         pipe.policy = "chain"
         assert "policy=chain" in _demo_output(cli_main, pipe.save_pretrained(tmp_path / "chain"), capsys)
         # Every entry point that names a target resolves the folder to its pair.
         resolved = resolve_pair(str(folder))
         assert (resolved.target, resolved.draft) == (str(folder / "target"), str(folder / "draft"))
+        (tmp_path / "foreign").mkdir()
+        (tmp_path / "foreign" / "notes.txt").write_text("mine")
+        with pytest.raises(ValueError, match="is not empty and holds no saved pipeline"):
+            pipe.save_pretrained(tmp_path / "foreign")
+        (folder / "draft" / "edd_config.json").write_text("{}")  # left by an earlier save: replaced, not kept
+        assert not (pipe.save_pretrained(folder) / "draft" / "edd_config.json").exists()
+        (folder / "vlmspec_pipeline.yaml").write_text("policy: sage\npolicy_options: {w_max: many}\n")
+        with pytest.raises(ValueError, match="w_max"):
+            VLMSpecPipeline.from_pretrained(folder)
         (folder / "vlmspec_pipeline.yaml").write_text("policy: sage\nspeed: fast\n")
         with pytest.raises(
             ValueError, match=r"vlmspec_pipeline.yaml' must be a mapping with the keys policy"

@@ -186,7 +186,8 @@ class VLMSpecPipeline:
         :mod:`vlmspec.named_pairs`.
 
         A folder written by :meth:`save_pretrained` loads back as it was saved: its pair, policy, the options set
-        on it and its pruning (arguments given here win; the machine-fitted options are fitted again here).
+        on it and its pruning (the machine-fitted options are fitted again here). Arguments given here win: a
+        ``policy`` replaces the saved one with its options; ``policy_options`` alone go on top of the saved ones.
 
         Args:
             target: hub id, folder or pair name of the target model (its processor is loaded from the same
@@ -207,6 +208,9 @@ class VLMSpecPipeline:
         saved = read_settings(target) if is_pipeline_folder(target) else {}
         if policy is None and saved:
             policy, policy_options = saved["policy"], {**saved["policy_options"], **policy_options}
+        policy = policy if policy is not None else DEFAULT_POLICY
+        if not isinstance(policy, TreePolicy):
+            policy = get_policy(policy, **policy_options)  # a bad name or option fails before any model loads
         pruning = pruning if pruning is not None else saved.get("pruning", "attention")
         target_model, draft_model, processor = load_pair(
             target, draft, torch_dtype, device_map, trust_remote_code, calibration
@@ -215,10 +219,9 @@ class VLMSpecPipeline:
             target_model,
             draft_model,
             processor,
-            policy=policy if policy is not None else DEFAULT_POLICY,
+            policy=policy,
             pruning=pruning,
             prune_ratio=prune_ratio,
-            **policy_options,
         )
 
     def save_pretrained(self, folder: str | Path) -> Path:

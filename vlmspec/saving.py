@@ -15,6 +15,8 @@ depth, PCT's cost ratio) are not saved: they are fitted again, by the cost probe
 from __future__ import annotations
 
 import dataclasses
+import numbers
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +24,38 @@ import yaml
 
 from .errors import InvalidInputError
 from .models import EDDDraft
-from .named_pairs import PIPELINE_FILE
+from .named_pairs import PIPELINE_FILE, is_pipeline_folder
 from .pruning import PruningConfig
 
 SETTINGS = ("policy", "policy_options", "pruning")
 
 
 def save_pipeline(pipe: Any, folder: str | Path) -> Path:
-    """Write ``pipe``'s pair and settings into ``folder`` (see the module docstring); returns the folder."""
+    """Write ``pipe``'s pair and settings into ``folder`` (see the module docstring); returns the folder.
+
+    A folder that holds an earlier save is replaced; any other non-empty folder is refused.
+
+    Raises:
+        ValueError: ``folder`` exists, is not empty and is not a saved pipeline.
+    """
     folder = Path(folder)
+    settings = yaml.safe_dump(
+        _plain(
+            {
+                "policy": pipe.policy.name,
+                "policy_options": pipe.policy.requested,
+                "pruning": dataclasses.asdict(pipe.pruning),
+            }
+        ),
+        sort_keys=False,
+    )  # first, so that a value YAML cannot hold fails before anything is written
+    if folder.exists() and any(folder.iterdir()) and not is_pipeline_folder(folder):
+        raise InvalidInputError(
+            f"{str(folder)!r} is not empty and holds no saved pipeline; save into a new or empty folder"
+        )
+    for part in ("target", "draft", PIPELINE_FILE):  # an earlier save's parts go first
+        path = folder / part
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     folder.mkdir(parents=True, exist_ok=True)
     pipe.target.save_pretrained(folder / "target")
     pipe.processor.save_pretrained(folder / "target")
@@ -38,14 +63,7 @@ def save_pipeline(pipe: Any, folder: str | Path) -> Path:
         pipe.draft.save_pretrained(folder / "draft")
         if not isinstance(pipe.draft, EDDDraft):  # the pair passed the vocabulary check: the tokenizers agree
             pipe.tokenizer.save_pretrained(folder / "draft")
-    settings = {
-        "policy": pipe.policy.name,
-        "policy_options": _plain(
-            {name: getattr(pipe.policy.config, name) for name in sorted(pipe.policy.fixed)}
-        ),
-        "pruning": dataclasses.asdict(pipe.pruning),
-    }
-    (folder / PIPELINE_FILE).write_text(yaml.safe_dump(settings, sort_keys=False))
+    (folder / PIPELINE_FILE).write_text(settings)
     return folder
 
 
@@ -83,9 +101,14 @@ def read_settings(folder: str | Path) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    """Tuples as lists, recursively (what ``yaml.safe_dump`` writes and the configs read back)."""
+    """Tuples as lists and numbers (numpy's too) as Python's, recursively: what ``yaml.safe_dump`` writes and the
+    configs read back."""
     if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
     return value

@@ -183,8 +183,8 @@ def _check_unique(items: Sequence[VideoItem], source: str) -> None:
 
 def segment_items(items: Sequence[VideoItem], seconds: float) -> list[VideoItem]:
     """Each whole-video item as windows of ``seconds``: ``[0, s]``, ``[s, 2s]``, ..., the last one from its start to
-    the end of the video (so it holds at least ``seconds`` of video, or the whole video; ids ``id@start-end``,
-    ``id@start-`` for the last). Items with a window of their own stay as they are, and so does a video whose length
+    the end of the video (so no window is a lone frame at the end; ids ``id@start-end``, ``id@start-`` for the
+    last). Items with a window of their own stay as they are, and so does a video whose length
     cannot be read (its caption attempt records why).
     """
     out: list[VideoItem] = []

@@ -216,6 +216,9 @@ class TreePolicy:
             )
         self.config = config
         self.fixed = frozenset(fixed)
+        self.requested = {name: getattr(config, name) for name in sorted(self.fixed)}
+        """The options the user set, as set (before :meth:`fit` adjusts a budget-linked one): what a saved
+        pipeline keeps."""
         self.reset()
 
     @classmethod
