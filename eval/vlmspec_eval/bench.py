@@ -26,7 +26,6 @@ API::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -44,6 +43,7 @@ from vlmspec.probe import check_sizes
 
 from .analysis import entropy_report, tau_vs_length, token_entropies
 from .cost import PROBE_SIZES, CostProbe, run_cost_probe
+from .flag_types import beam_width, budget, comma_list, json_options
 from .methods import (
     AR,
     EDD_PREFIX,
@@ -440,55 +440,6 @@ def _logger(verbose: bool):
 
 
 # ---- command line ---------------------------------------------------------------------------------------------
-def comma_list(kind: type):
-    """An argparse ``type``: comma-separated ``kind`` values as a tuple (``""``/``none``: empty)."""
-
-    def parse(text: str) -> tuple:
-        if text.strip().lower() in ("", "none"):
-            return ()
-        try:
-            return tuple(kind(part.strip()) for part in text.split(",") if part.strip())
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(
-                f"expected comma-separated {kind.__name__}s, got {text!r}"
-            ) from err
-
-    return parse
-
-
-def _positive_int(flag: str, text: str, words: str) -> int:
-    """``text`` as an integer >= 1, else an argparse error naming ``flag`` and what it takes (``words``)."""
-    try:
-        value = int(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"{flag} takes a positive integer{words}, got {text!r}") from err
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{flag} must be >= 1, got {value}")
-    return value
-
-
-def _budget(text: str) -> int | str | None:
-    if text in ("auto", "default"):
-        return None if text == "default" else text
-    return _positive_int("--budget", text, ", 'auto' or 'default'")
-
-
-def _beam_width(text: str) -> int | None:
-    return None if text == "auto" else _positive_int("--beam-width", text, " or 'auto'")
-
-
-def _json_options(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise argparse.ArgumentTypeError(
-            f"--dsbd-options takes a JSON object, e.g. '{{\"threshold\": 0.7}}', got {text!r} ({err.msg})"
-        ) from err
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"--dsbd-options takes a JSON object, got {text!r}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the bench's options to ``parser`` (for ``vlmspec bench``'s subparser)."""
     a = parser.add_argument
@@ -514,7 +465,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a("--repeats", type=int, default=3, help="timed repeats per input, interleaved; medians (default 3)")
     a("--seed", type=int, default=0, help="seed of the inputs (default 0)")
     a("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
-    a("--budget", type=_budget, default="auto",
+    a("--budget", type=budget, default="auto",
       help="tree node budget: 'auto' (default: fitted to the cost probe, as a pipeline does), N, or 'default' "
            "(each policy's config defaults)")  # fmt: skip
     a("--auto-factor", type=float, default=DEFAULT_BUDGET_FACTOR,
@@ -540,9 +491,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
       help="also bench sampling at temperature 1: tau and tokens/s of ar and the lossless --methods policies")  # fmt: skip
     a("--dsbd", action="store_true",
       help="also bench dsbd vs the target's beam and multinomial sampling on image_qa: tok/s, perplexity, exact match")  # fmt: skip
-    a("--beam-width", type=_beam_width, default=None,
+    a("--beam-width", type=beam_width, default=None,
       help="--dsbd: beam sampling's width, N or 'auto' (default: dsbd's mean output width)")  # fmt: skip
-    a("--dsbd-options", type=_json_options, default={},
+    a("--dsbd-options", type=json_options, default={},
       help="--dsbd: JSON of dsbd config options, e.g. '{\"threshold\": 0.7}' (default: the paper's)")  # fmt: skip
     a("--edd", default="auto",
       help="EDD draft for the edd+<policy> rows: a folder, or 'auto' (the one shipped for a testbed pair)")  # fmt: skip

@@ -23,7 +23,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .bench import add_arguments, comma_list, run_args
+from .bench import add_arguments, run_args
+from .flag_types import comma_list
 
 DEFAULT_PAIRS: tuple[str, ...] = ("testbed-base:qwen2_vl@7b-2b", "testbed-base:llava_onevision@7b-0.5b")
 """Qwen2-VL-7B/2B-shaped and LLaVA-OneVision-7B/0.5B-shaped calibrated testbed pairs."""

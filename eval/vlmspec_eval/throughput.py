@@ -27,13 +27,13 @@ from vlmspec.stopping import eos_token_ids, until_eos
 
 from .bench import (
     DTYPES,
-    comma_list,
     load_config_pair,
     load_pipeline,
     testbed_size_family,
     torch_threads,
     write_section,
 )
+from .flag_types import comma_list
 from .report import table
 from .tasks import load_inputs, resolve_pair
 

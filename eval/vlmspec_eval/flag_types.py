@@ -1,0 +1,57 @@
+"""The argparse types of the bench's flags: comma lists, positive integers, ``auto`` words, JSON objects; each error
+names the flag and what it takes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def comma_list(kind: type):
+    """An argparse ``type``: comma-separated ``kind`` values as a tuple (``""``/``none``: empty)."""
+
+    def parse(text: str) -> tuple:
+        if text.strip().lower() in ("", "none"):
+            return ()
+        try:
+            return tuple(kind(part.strip()) for part in text.split(",") if part.strip())
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {kind.__name__}s, got {text!r}"
+            ) from err
+
+    return parse
+
+
+def positive_int(flag: str, text: str, words: str) -> int:
+    """``text`` as an integer >= 1, else an argparse error naming ``flag`` and what it takes (``words``)."""
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{flag} takes a positive integer{words}, got {text!r}") from err
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{flag} must be >= 1, got {value}")
+    return value
+
+
+def budget(text: str) -> int | str | None:
+    if text in ("auto", "default"):
+        return None if text == "default" else text
+    return positive_int("--budget", text, ", 'auto' or 'default'")
+
+
+def beam_width(text: str) -> int | None:
+    return None if text == "auto" else positive_int("--beam-width", text, " or 'auto'")
+
+
+def json_options(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(
+            f"--dsbd-options takes a JSON object, e.g. '{{\"threshold\": 0.7}}', got {text!r} ({err.msg})"
+        ) from err
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"--dsbd-options takes a JSON object, got {text!r}")
+    return value
