@@ -167,6 +167,11 @@ def resolve_pair(
     if not is_pair_name(target):
         check_model_source(target, "target")
         return ResolvedPair(str(target), str(draft) if draft is not None else None, "explicit")
+    return _resolve_name(str(target), draft, family, named_edd)
+
+
+def _resolve_name(target: str, draft: str | Path | None, family: str | None, named_edd: bool) -> ResolvedPair:
+    """:func:`resolve_pair` for a pair name (``testbed-*`` or ``tiny``, with its family and calibration)."""
     name, named_family = _split(str(target))
     family = named_family if ":" in split_calibration(str(target))[0] or family is None else family
     calibration = split_calibration(str(target))[1]
