@@ -107,6 +107,11 @@ def test_generate_is_a_drop_in_for_the_targets_generate(pipe):
     assert torch.equal(sampled[0], sampled[1]) and torch.equal(
         sampled[0][:, : inputs["input_ids"].shape[1]], inputs["input_ids"]
     )
+    # What code written for generate() passes along: an EOS of its own, use_cache, one beam and one sequence.
+    stop_at = ref[0, inputs["input_ids"].shape[1] + 2].item()
+    early = pipe.target.generate(**inputs, do_sample=False, max_new_tokens=20, eos_token_id=stop_at)
+    kept = pipe.generate(**inputs, max_new_tokens=20, eos_token_id=stop_at, use_cache=True, num_beams=1)
+    assert torch.equal(kept, early) and kept.shape[1] <= inputs["input_ids"].shape[1] + 3
     config = pipe.target.generation_config  # generate()'s fallbacks are the target's generation config
     saved = (config.do_sample, config.max_new_tokens)
     try:
@@ -225,8 +230,12 @@ def test_generate_options_are_the_calls_generation_options():
 
 def test_generate_refuses_what_it_cannot_do_naming_it(pipe):
     inputs = _processor_inputs(pipe, [make_image(1)], PROMPTS[1])
-    with pytest.raises(TypeError, match=r"does not take assistant_model, num_beams"):
-        pipe.generate(**inputs, num_beams=4, assistant_model=pipe.draft)
+    with pytest.raises(TypeError, match=r"does not take assistant_model, output_scores: it takes processor"):
+        pipe.generate(**inputs, output_scores=True, assistant_model=pipe.draft)
+    with pytest.raises(TypeError, match=r"num_beams=4\): vlmspec decodes one sequence per prompt"):
+        pipe.generate(**inputs, num_beams=4)
+    with pytest.raises(TypeError, match=r"eos_token_id='x' must be a token id"):
+        pipe.generate(**inputs, eos_token_id="x")
     two = {k: torch.cat([v, v]) if k in ("input_ids", "attention_mask") else v for k, v in inputs.items()}
     with pytest.raises(ValueError, match=r"image_grid_thw does not match the placeholder tokens of row 1"):
         pipe.generate(**two)  # two prompts, one image's pixels

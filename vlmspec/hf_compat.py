@@ -14,6 +14,7 @@ from .stopping import eos_token_ids
 
 GENERATE_OPTIONS: tuple[str, ...] = (
     "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "seed", "stop_strings", "prune_ratio", "streamer",
+    "eos_token_id",
 )  # fmt: skip
 """The keyword arguments of :meth:`~vlmspec.VLMSpecPipeline.__call__` that ``generate()`` takes as options."""
 
@@ -34,7 +35,8 @@ def generate(pipe: Any, input_ids: torch.Tensor | None = None, **kwargs: Any) ->
         input_ids: ``[B, L]`` prompt ids (padded as the processor pads them, ``attention_mask`` saying where).
         **kwargs: the other processor outputs (tensors: ``attention_mask``, ``pixel_values``,
             ``image_grid_thw``, ...); the generation options of :data:`GENERATE_OPTIONS`, as ``pipe(...)`` takes
-            them (``streamer``: one prompt only); ``batch_size`` (rows decoding at once; default: all) and
+            them (``streamer``: one prompt only); ``use_cache`` (speed only: ignored), ``num_beams`` and
+            ``num_return_sequences`` (1 only); ``batch_size`` (rows decoding at once; default: all) and
             ``pad_token_id`` (what rows that stop early are padded with). As in ``generate()``, ``do_sample`` and
             ``max_new_tokens`` default to the target's ``generation_config`` (``max_new_tokens``: 128 when it
             sets none, as ``pipe(...)``).
@@ -77,8 +79,15 @@ def split_generate_kwargs(
         TypeError: an argument that is neither one of ``options`` nor a tensor (``num_beams``, ``assistant_model``,
             ...), named with what is taken.
     """
+    for name in ("num_beams", "num_return_sequences"):  # 1 is what vlmspec does; more is not
+        if kwargs.get(name, 1) not in (None, 1):
+            raise InputTypeError(
+                f"pipe.generate({name}={kwargs[name]!r}): vlmspec decodes one sequence per prompt, greedily or by "
+                f"sampling (repeat a prompt's rows for several samples); leave {name} at 1"
+            )
+    ignored = ("num_beams", "num_return_sequences", "use_cache")  # use_cache: the speed, never the tokens
     chosen = {k: v for k, v in kwargs.items() if k in options}
-    tensors = {k: v for k, v in kwargs.items() if k not in options and v is not None}
+    tensors = {k: v for k, v in kwargs.items() if k not in options and k not in ignored and v is not None}
     unknown = sorted(k for k, v in tensors.items() if not torch.is_tensor(v))
     if unknown:
         raise InputTypeError(

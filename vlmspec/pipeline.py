@@ -309,6 +309,7 @@ class VLMSpecPipeline:
         streamer: Any = None,
         messages: Sequence[dict] | None = None,
         inputs: Mapping[str, Any] | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
     ) -> SpecOutput:
         """Generate a reply to ``prompt`` about ``image`` (and/or ``video``), or to a conversation (``messages``).
 
@@ -333,6 +334,8 @@ class VLMSpecPipeline:
             streamer: a transformers streamer (``TextStreamer``, ``TextIteratorStreamer``, anything with
                 ``put``/``end``), driven as ``generate(streamer=...)`` drives it: the prompt's ids first, then each
                 verification step's tokens together (see :mod:`vlmspec.streaming`).
+            eos_token_id: the token id(s) that end generation, as ``generate(eos_token_id=...)`` (default: the
+                target's ``generation_config``'s).
 
         Returns:
             :class:`SpecOutput` with ``text``, ``token_ids`` and ``stats``.
@@ -434,7 +437,9 @@ class VLMSpecPipeline:
             stop_strings = (stop_strings,)
         stop = StopCriteria(
             max_new_tokens=a.max_new_tokens,
-            eos_token_ids=eos_token_ids(self.target),
+            eos_token_ids=eos_token_ids(self.target)
+            if a.eos_token_id is None
+            else _token_ids(a.eos_token_id),
             stop_strings=tuple(stop_strings or ()),
             tokenizer=self.tokenizer if stop_strings else None,
         )
@@ -565,6 +570,14 @@ class VLMSpecPipeline:
 
 
 _CALL_ARGUMENTS = tuple(inspect.signature(VLMSpecPipeline.__call__).parameters)[1:]
+
+
+def _token_ids(value: Any) -> tuple[int, ...]:
+    """``eos_token_id`` as a tuple of ids (one int or a sequence of them)."""
+    ids = (value,) if isinstance(value, int) else tuple(value) if isinstance(value, Sequence) else ()
+    if not ids or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        raise InputTypeError(f"eos_token_id={value!r} must be a token id or a list of them")
+    return ids
 
 
 def _request_kwargs(request: Any, index: int) -> dict[str, Any]:
