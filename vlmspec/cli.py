@@ -121,7 +121,6 @@ def _check_before_loading(args: argparse.Namespace) -> None:
     """The cheap checks, before any model loads: the files exist, the policy and its options are valid."""
     from .named_pairs import is_pipeline_folder
     from .policies import get_policy
-    from .saving import read_settings
 
     for flag, path in (("--image", args.image), ("--video", args.video)):
         if path is not None and not Path(path).is_file():
@@ -136,11 +135,9 @@ def _check_before_loading(args: argparse.Namespace) -> None:
         raise InvalidInputError(
             f"--policy-options must be a JSON object of option: value, got {args.policy_options!r}"
         )
-    policy = args.policy or "sage"
-    if args.policy is None and is_pipeline_folder(args.target):  # the saved policy, with the options on top
-        saved = read_settings(args.target)
-        policy, options = saved["policy"], {**saved["policy_options"], **options}
-    get_policy(policy, **options)  # an unknown policy or option fails here, naming it
+    if args.policy is None and is_pipeline_folder(args.target):
+        return  # the saved policy: from_pretrained checks it, with these options on top, before loading models
+    get_policy(args.policy or "sage", **options)  # an unknown policy or option fails here, naming it
 
 
 def _compare_with_generate(pipe: Any, out: Any, image: Any, prompt: str, args: argparse.Namespace) -> None:

@@ -38,7 +38,7 @@ from .probe import cached_costs
 from .pruning import PruningConfig, pruning_config
 from .sampling import SamplingParams
 from .saving import read_settings, save_pipeline
-from .stopping import StopCriteria, eos_token_ids
+from .stopping import StopCriteria, eos_token_ids, token_ids
 from .streaming import StreamPiece, stream_call
 
 DEFAULT_POLICY = "sage"
@@ -437,9 +437,7 @@ class VLMSpecPipeline:
             stop_strings = (stop_strings,)
         stop = StopCriteria(
             max_new_tokens=a.max_new_tokens,
-            eos_token_ids=eos_token_ids(self.target)
-            if a.eos_token_id is None
-            else _token_ids(a.eos_token_id),
+            eos_token_ids=eos_token_ids(self.target) if a.eos_token_id is None else token_ids(a.eos_token_id),
             stop_strings=tuple(stop_strings or ()),
             tokenizer=self.tokenizer if stop_strings else None,
         )
@@ -570,14 +568,6 @@ class VLMSpecPipeline:
 
 
 _CALL_ARGUMENTS = tuple(inspect.signature(VLMSpecPipeline.__call__).parameters)[1:]
-
-
-def _token_ids(value: Any) -> tuple[int, ...]:
-    """``eos_token_id`` as a tuple of ids (one int or a sequence of them)."""
-    ids = (value,) if isinstance(value, int) else tuple(value) if isinstance(value, Sequence) else ()
-    if not ids or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
-        raise InputTypeError(f"eos_token_id={value!r} must be a token id or a list of them")
-    return ids
 
 
 def _request_kwargs(request: Any, index: int) -> dict[str, Any]:

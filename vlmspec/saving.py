@@ -7,8 +7,8 @@
       draft/                   the draft (with the target's tokenizer; an EDD draft in its own format)
       vlmspec_pipeline.yaml    the policy, the options the user set, the pruning
 
-``VLMSpecPipeline.from_pretrained(folder)`` (and every entry point that takes a target: ``vlmspec demo``,
-``bench``, ``caption``, lmms-eval's ``target=``) loads it back. Options the user left to the machine (node budget,
+``VLMSpecPipeline.from_pretrained(folder)`` and ``vlmspec demo --target folder`` load it back; every other entry
+point that takes a target (``bench``, ``caption``, lmms-eval's ``target=``) takes its pair. Options the user left to the machine (node budget,
 depth, PCT's cost ratio) are not saved: they are fitted again, by the cost probe, on the machine that loads it.
 """
 

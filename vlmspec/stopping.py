@@ -8,10 +8,11 @@ the stop string must end inside the last token's text). The engine emits several
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidInputError
+from .errors import InputTypeError, InvalidInputError
 
 
 @dataclass
@@ -62,9 +63,19 @@ def eos_token_ids(model: Any) -> tuple[int, ...]:
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if eos is None:
         eos = getattr(model.config.get_text_config(), "eos_token_id", None)
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+    return () if eos is None else token_ids(eos)
+
+
+def token_ids(value: Any, name: str = "eos_token_id") -> tuple[int, ...]:
+    """One token id or a sequence of them (``generate()``'s ``eos_token_id``) as a tuple of ints.
+
+    Raises:
+        TypeError: anything else, named as ``name``.
+    """
+    ids = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    if not ids or any(isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in ids):
+        raise InputTypeError(f"{name}={value!r} must be a token id or a list of them")
+    return tuple(int(i) for i in ids)
 
 
 def until_eos(tokens: list[int], eos: tuple[int, ...]) -> list[int]:
