@@ -2,6 +2,7 @@
 
     vlmspec bench --conversation --n 6                       # the calibrated base pair, 6 conversations
     vlmspec bench --conversation --target testbed-base:qwen2_vl --throughput-policies sage,chain --n 6
+    vlmspec bench --conversation --throughput-policies chain,edd+chain --n 6   # the pair's EDD draft beside it
 
 Each conversation is three turns about one testbed scene: the picture and a caption prompt, a question about the
 scene that the picture answers (text only, short reply), then a second picture of the same scene (another
@@ -11,7 +12,8 @@ dominates; the later turns carry the earlier ones (and their picture) as history
 * ``generate()``: the target's greedy ``generate()`` on the whole history, prefilled afresh each turn (what a
   transformers user runs); every other method's replies are compared with it token for token;
 * ``ar chat``: ``pipe.chat`` without a draft (the caches kept: prefix reuse alone);
-* one ``<policy> chat`` per policy: ``pipe.chat`` with that policy;
+* one ``<policy> chat`` per policy: ``pipe.chat`` with that policy (``edd+<policy>``: with the EDD draft shipped
+  for a testbed pair, or ``--edd FOLDER``'s, in place of the pair's own draft);
 * the prefill of the same turn through a fresh ``pipe(messages=history)`` (all of the history prefilled) against
   the chat's (only what the earlier turns did not hold), target and draft prefills together.
 
@@ -26,7 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .bench import load_config_pair, torch_threads, write_section
+from .bench import load_config_pair, load_edd_pipeline, torch_threads, write_section
+from .methods import EDD_PREFIX
 from .report import table
 
 TURNS = 3
@@ -127,18 +130,24 @@ def measure_conversations(
     max_new_tokens: int,
     policies: Sequence[str],
     log: Any = print,
+    edd_pipe: Any = None,
 ) -> tuple[list[TurnRow], list[float], list[float]]:
     """Rows per method and turn, and per turn the fresh and chat prefill seconds of the first policy's chats.
 
-    Methods are interleaved conversation by conversation, so that machine noise falls on all of them alike.
+    ``edd+<policy>`` chats run on ``edd_pipe`` (the same target with an EDD draft). Methods are interleaved
+    conversation by conversation, so that machine noise falls on all of them alike.
     """
     from vlmspec import get_policy
+
+    def with_policy(method: str) -> Any:
+        chosen = edd_pipe if method.startswith(EDD_PREFIX) else pipe
+        chosen.policy = get_policy(method.removeprefix(EDD_PREFIX))
+        return chosen
 
     chats = ["ar", *policies]
     run_generate(pipe, convos[0], 4)  # warm-ups
     for policy in chats:
-        pipe.policy = get_policy(policy)
-        run_chat(pipe, convos[0], 4)
+        run_chat(with_policy(policy), convos[0], 4)
     rows: dict[tuple[str, int], TurnRow] = {}
     fresh, cached = [0.0] * TURNS, [0.0] * TURNS
     for number, convo in enumerate(convos):
@@ -146,15 +155,15 @@ def measure_conversations(
         for turn, (seconds, ids, prompt_tokens) in enumerate(reference):
             _add(rows, "generate()", turn, seconds, ids, ids, prompt_tokens)
         for policy in chats:
-            pipe.policy = get_policy(policy)
-            results = run_chat(pipe, convo, max_new_tokens)
+            chat_pipe = with_policy(policy)
+            results = run_chat(chat_pipe, convo, max_new_tokens)
             for turn, (seconds, out) in enumerate(results):
                 row = _add(rows, f"{policy} chat", turn, seconds, out.token_ids, reference[turn][1])
                 _add_stats(row, out.stats)
             if (
                 policy == chats[min(1, len(chats) - 1)]
             ):  # the prefills, with the first speculative policy's draft
-                for turn, seconds in enumerate(fresh_prefills(pipe, convo, [o for _, o in results])):
+                for turn, seconds in enumerate(fresh_prefills(chat_pipe, convo, [o for _, o in results])):
                     fresh[turn] += seconds
                     cached[turn] += results[turn][1].stats.prefill_seconds
                     cached[turn] += results[turn][1].stats.draft_prefill_seconds
@@ -217,8 +226,15 @@ def run_section(config: Any, policies: Sequence[str]) -> int:
         pair, pipe = load_config_pair(config)
         head = f"pair {pair.source}; {config.n} conversations of {TURNS} turns; up to {config.max_new_tokens} new "
         log(head + "tokens per reply")
+        edd_pipe = None
+        if any(policy.startswith(EDD_PREFIX) for policy in policies):
+            edd_pipe, missing = load_edd_pipeline(pipe, pair, config)
+            if edd_pipe is None:
+                raise SystemExit(f"no EDD chats: {missing}")
         convos = conversations(config.n, config.seed)
-        rows, fresh, cached = measure_conversations(pipe, convos, config.max_new_tokens, policies, log=log)
+        rows, fresh, cached = measure_conversations(
+            pipe, convos, config.max_new_tokens, policies, log=log, edd_pipe=edd_pipe
+        )
     text = f"{head}tokens per reply\n\n{markdown(rows, fresh, cached, config.n)}"
     print(text)
     return write_section(config.out, "conversation.md", text)
