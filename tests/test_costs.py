@@ -4,11 +4,12 @@ node-budget notion of every policy config and the pipeline fitting the options a
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
 
-from vlmspec import VLMSpecPipeline, get_policy
+from vlmspec import SlowSpeculationWarning, VLMSpecPipeline, get_policy
 from vlmspec.costs import BATCH_RATE_SHARE, BATCH_SIZES, MAX_NODE_BUDGET, ForwardCosts, monotone_envelope
 from vlmspec.policies import MC_SIM_7B_63, SAGEConfig, SAGEPolicy, available_policies, policy_class
 from vlmspec.policies.base import truncate_paths
@@ -81,6 +82,19 @@ def test_depth_budget_is_deep_for_a_cheap_draft_and_shallow_for_a_dear_one():
     assert CPU.depth_budget(1) == 1
     with pytest.raises(ValueError, match="acceptance=1"):
         CPU.depth_budget(8, acceptance=1)
+
+
+def test_expected_speedup_says_when_a_draft_costs_too_much_to_pay():
+    launch_bound = costs([1.0] * 7, draft=[0.95] * 7)  # a separate draft on a GPU in eager mode (docs/gpu.md)
+    assert CPU.expected_speedup(15, 10) > 1.5 and launch_bound.expected_speedup(63, 1) < 1
+    assert CPU.expected_speedup(15, 10) == CPU.step_rate(15, 10) / CPU.step_rate(0, 0)
+    for name in available_policies():
+        policy = get_policy(name)
+        if not policy.uses_draft:
+            continue
+        for machine, slow in ((CPU, False), (GPU, False), (launch_bound, True)):
+            policy.fit(machine)
+            assert (policy.expected_speedup(machine) < 1) == slow, (name, machine.draft_s[0])
 
 
 def test_costs_validate_and_round_trip():
@@ -172,3 +186,16 @@ def test_pipeline_fits_the_policy_to_its_costs(qwen_pipe):
     qwen_pipe.policy = get_policy("eagle2", total_tokens=40, depth=2)
     assert (qwen_pipe.policy.config.total_tokens, qwen_pipe.policy.config.depth) == (40, 2)
     qwen_pipe.policy, qwen_pipe.costs, qwen_pipe.budget_factor = "ar", None, 2.0
+
+
+def test_pipeline_warns_when_its_policy_is_expected_to_lose(qwen_pipe):
+    qwen_pipe.costs = costs([1.0] * 7, draft=[0.95] * 7)
+    with pytest.warns(
+        SlowSpeculationWarning, match=r"policy 'sage' is expected to run at 0\.\d\dx plain decoding"
+    ):
+        qwen_pipe.policy = "sage"
+    qwen_pipe.costs = CPU
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SlowSpeculationWarning)
+        qwen_pipe.policy = "sage"
+        qwen_pipe.policy = "ar"  # no draft, nothing to expect

@@ -1,7 +1,13 @@
 """vlmspec: lossless tree speculative decoding for vision-language models."""
 
 from .engine import SpecStats, speculative_generate
-from .errors import InputNotFoundError, InputTypeError, InvalidInputError, VLMSpecError
+from .errors import (
+    InputNotFoundError,
+    InputTypeError,
+    InvalidInputError,
+    SlowSpeculationWarning,
+    VLMSpecError,
+)
 from .inputs import VideoClip
 from .pipeline import SpecOutput, VLMSpecPipeline
 from .policies import TreePolicy, available_policies, get_policy, register_policy
@@ -14,6 +20,7 @@ __all__ = [
     "InputNotFoundError",
     "InputTypeError",
     "InvalidInputError",
+    "SlowSpeculationWarning",
     "SpecOutput",
     "SpecStats",
     "StreamPiece",

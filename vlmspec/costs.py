@@ -26,6 +26,11 @@ costs ``d * c_d(w) + c_t(B + 1)`` (``w = ceil(B / d)`` tokens per level). The de
 maximises tokens per second, ``E(d) / cost(d)``: about 10 when the draft costs 1/24 of the target (the calibrated
 pairs on a CPU), 2-3 when it costs half of it (the uncalibrated testbed pair), and deep trees on GPUs with small
 drafts.
+
+**Expected speed-up** (:meth:`ForwardCosts.expected_speedup`): the same expected tokens per second over plain
+decoding's. Below 1 the draft costs too much of the target for any acceptance near the default to repay it (a
+separate draft on a GPU in eager mode costs about one target forward); pipelines warn then
+(:meth:`vlmspec.policies.TreePolicy.warn_if_slow`).
 """
 
 from __future__ import annotations
@@ -154,6 +159,13 @@ class ForwardCosts:
         tokens = (1 - acceptance ** (depth + 1)) / (1 - acceptance)
         draft = depth * self.draft_cost(rows * math.ceil(nodes / depth))
         return rows * tokens / (draft + self.target_cost(rows * (nodes + 1)))
+
+    def expected_speedup(
+        self, nodes: int, depth: int, acceptance: float = DEFAULT_ACCEPTANCE, rows: int = 1
+    ) -> float:
+        """:meth:`step_rate` of a tree of ``nodes`` nodes ``depth`` deep over plain decoding's: below 1, speculation
+        is expected to be slower than plain decoding on this machine (the draft costs too much of the target)."""
+        return self.step_rate(nodes, depth, acceptance, rows) / self.step_rate(0, 0, acceptance, rows)
 
     def batch_size(
         self,

@@ -24,3 +24,8 @@ class InputTypeError(VLMSpecError, TypeError):
 
 class InputNotFoundError(VLMSpecError, FileNotFoundError):
     """A named file or folder does not exist."""
+
+
+class SlowSpeculationWarning(UserWarning):
+    """The pipeline's policy is expected to decode slower than plain decoding on this machine (its draft costs too
+    much of the target); see :meth:`vlmspec.policies.TreePolicy.warn_if_slow`."""

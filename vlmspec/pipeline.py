@@ -149,6 +149,7 @@ class VLMSpecPipeline:
             )
         if policy.uses_draft and policy.free_hardware_options():
             policy.fit(self.hardware_costs(), self.budget_factor)
+            policy.warn_if_slow(self.costs)
         self._policy = policy
 
     def hardware_costs(self) -> ForwardCosts:

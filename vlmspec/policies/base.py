@@ -16,6 +16,7 @@ outcome of the step. Per-request state (if any) is cleared by ``reset``. Policie
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +25,9 @@ from typing import Any, ClassVar, TypeVar
 import torch
 import yaml
 
-from ..costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
+from ..costs import DEFAULT_ACCEPTANCE, DEFAULT_BUDGET_FACTOR, ForwardCosts
 from ..draft import DraftTree
-from ..errors import InputNotFoundError, InputTypeError, InvalidInputError
+from ..errors import InputNotFoundError, InputTypeError, InvalidInputError, SlowSpeculationWarning
 from ..sampling import Sampler
 from ..tree import TokenTree
 from ..validation import check_field_types
@@ -258,6 +259,34 @@ class TreePolicy:
         depth = costs.depth_budget(tree_nodes, rows=rows) if c.depth_field in free else None
         self.config = c.with_budget(nodes, depth)
         self.reset()
+
+    def expected_speedup(self, costs: ForwardCosts, rows: int = 1) -> float:
+        """This policy's expected tokens per second over plain decoding's on hardware with ``costs``
+        (:meth:`ForwardCosts.expected_speedup` at the default per-token acceptance): its node budget and depth as
+        configured (or fitted), the machine's depth where it has none, and a chain as deep as its depth where it
+        has no node bound (the cheapest tree of that depth, so the estimate errs on the fast side)."""
+        c = self.config
+        depth = getattr(c, c.depth_field) if c.depth_field is not None else None
+        nodes = c.node_budget or depth or costs.node_budget(rows=rows)
+        depth = min(depth or costs.depth_budget(nodes, rows=rows), nodes)
+        return costs.expected_speedup(nodes, depth, rows=rows)
+
+    def warn_if_slow(self, costs: ForwardCosts) -> None:
+        """Warn (:class:`~vlmspec.errors.SlowSpeculationWarning`) when :meth:`expected_speedup` is below 1: the
+        draft costs so much of the target on this machine that speculation is expected to lose to plain decoding
+        (a separate draft on a GPU in eager mode: docs/gpu.md)."""
+        speedup = self.expected_speedup(costs)
+        if speedup < 1:
+            ratio = costs.draft_cost(1) / costs.target_cost(1)
+            warnings.warn(
+                f"policy {self.name!r} is expected to run at {speedup:.2f}x plain decoding on this machine: the "
+                f"draft's forward costs {ratio:.2f}x the target's, more than the accepted tokens repay at a "
+                f"per-token acceptance of {DEFAULT_ACCEPTANCE}. Speculation pays when the draft costs a small "
+                "fraction of the target: use a smaller draft or an EDD draft (docs/edd.md), or policy='ar'; "
+                "`vlmspec bench` measures it",
+                SlowSpeculationWarning,
+                stacklevel=3,
+            )
 
     def build_tree(self, draft: DraftTree) -> TokenTree:
         """Grow this step's tree with ``draft`` and return it."""
