@@ -20,6 +20,7 @@ from .models import DecodeState, VLMAdapter
 from .policies import StepFeedback, TreePolicy
 from .sampling import Sampler, SamplingParams
 from .stopping import StopCriteria
+from .timing import StageClock
 from .tree import TokenTree
 
 
@@ -39,7 +40,9 @@ class SpecStats:
         prefill_seconds: target prefill.
         draft_prefill_seconds: draft prefill (0 when the policy does not use the draft).
         draft_seconds: tree building (draft forwards and policy logic).
-        verify_seconds: target tree forwards, acceptance and cache updates.
+        verify_seconds: target tree forwards, acceptance and cache updates. The four stage times split the
+            device's timeline on a GPU (CUDA events, read once at the end) and the host's elsewhere
+            (:mod:`vlmspec.timing`).
         tree_sizes: draft nodes verified at each step.
         lossless: True unless an opt-in lossy acceptance rule was used.
         prompt_tokens: tokens in the prompt.
@@ -129,6 +132,7 @@ def speculative_generate(
     policy.reset()
     sampler = Sampler(sampling, sampling.generator(target.device)) if sampling is not None else None
     t_start = time.perf_counter()
+    clock = StageClock(target.device)  # per-stage seconds (device events on a GPU: no sync in the loop)
 
     # 1. Prefill the target on the full prompt; its argmax is the first new token (the first root). A draft that
     #    reads the target's hidden states (EDD) gets them from this forward and from each verification.
@@ -141,21 +145,20 @@ def speculative_generate(
     prompt_len = target_inputs["input_ids"].shape[1]
     stats.prompt_tokens, stats.cached_prompt_tokens = prompt_len, prefill.cached
     stats.target_visual_tokens = t_state.visual_tokens
-    stats.prefill_seconds = time.perf_counter() - t_start
+    clock.lap("prefill")
 
     # 2. Prefill the draft (its own, possibly pruned, view of the prompt).
     d_state: DecodeState | None = None
     if policy.uses_draft:
         if draft is None:
             raise InvalidInputError(f"policy {policy.name!r} needs a draft model, but the pipeline has none")
-        t0 = time.perf_counter()
         if read_layer is None:
             keep = draft.select(prefill.visual_scores) if draft.select is not None else None
             d_state = draft.adapter.prefill(draft.inputs, keep=keep).state
         else:  # the soft prompt: the target's hidden states of the whole prompt, at its rotary positions
             d_state = draft.adapter.prefill_soft(prefill.hidden, prefill.position_ids, t_state.rope_delta)
         stats.draft_visual_tokens = d_state.visual_tokens
-        stats.draft_prefill_seconds = time.perf_counter() - t0
+        clock.lap("draft_prefill")
     # Accepted tokens the draft has not consumed ([p]), or for EDD their target hidden states ([p, D]).
     pending = (
         root.new_zeros(0) if read_layer is None else prefill.hidden.new_zeros(0, prefill.hidden.shape[-1])
@@ -168,7 +171,7 @@ def speculative_generate(
     t_dtype = target.dtype
     position = prompt_len  # logical position of the root
     while not done:
-        t0 = time.perf_counter()
+        clock.lap("emit")  # the first token's (or nothing: the last step's emission closed it)
         remaining = stop.max_new_tokens - len(tokens)
         # 3. Draft a tree (the policy decides its shape); never deeper than the tokens still wanted.
         if d_state is not None:
@@ -176,7 +179,7 @@ def speculative_generate(
             tree = policy.build_tree(builder)
         else:
             builder, tree = None, TokenTree.root_only(root)
-        t1 = time.perf_counter()
+        clock.lap("draft")
 
         # 4. Verify every node in one target forward under the tree mask.
         past = t_state.length
@@ -223,11 +226,12 @@ def speculative_generate(
         stats.tree_sizes.append(tree.num_nodes)
         root = acc.next_token
         position += acc.path.shape[0]
-        t2 = time.perf_counter()
-        stats.draft_seconds += t1 - t0
-        stats.verify_seconds += t2 - t1
+        clock.lap("verify")
 
     stats.total_seconds = time.perf_counter() - t_start
+    seconds = clock.read()
+    stats.prefill_seconds, stats.draft_prefill_seconds = seconds["prefill"], seconds["draft_prefill"]
+    stats.draft_seconds, stats.verify_seconds = seconds["draft"], seconds["verify"]
     stats.new_tokens = len(tokens)
     stats.mean_accepted = stats.accepted_tokens / max(stats.steps, 1)
     stats.tokens_per_step = (len(tokens) - 1) / max(stats.steps, 1)
