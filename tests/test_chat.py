@@ -10,7 +10,7 @@ import torch
 
 from vlmspec import VLMSpecPipeline
 from vlmspec.testbed.world import sample
-from vlmspec.testing import FAMILIES, make_image, make_video_frames
+from vlmspec.testing import FAMILIES, make_image, make_video_frames, write_video
 
 MAX_NEW = 24
 
@@ -92,6 +92,35 @@ def test_an_edited_history_is_prefilled_afresh(tiny_pairs):
     out = chat.send("Really?")
     assert 0 < out.stats.cached_prompt_tokens < out.stats.prompt_tokens
     assert out.token_ids == _reference(pipe, chat.messages[:-1])
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava_onevision"])
+@pytest.mark.parametrize("edit", ["image pixels in place", "video window in place", "num_frames"])
+def test_media_sampled_otherwise_with_the_same_tokens_is_prefilled_afresh(tiny_pairs, family, edit, tmp_path):
+    """Edits the token ids cannot see: the same objects with other pixels, or other frames of the same video."""
+    pair = tiny_pairs[family]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
+    frames = make_video_frames(0, num_frames=4) + make_video_frames(5, num_frames=4)  # 8 frames, 4 s at 2 fps
+    video = frames if edit != "num_frames" else str(write_video(tmp_path / "clip.mp4", frames, fps=2))
+    image = make_image(0)
+    chat = pipe.chat(max_new_tokens=MAX_NEW)
+    chat.messages.append({"role": "user", "content": [
+        {"type": "image", "image": image}, {"type": "video", "video": video, "video_start": 0.0, "video_end": 1.5},
+        {"type": "text", "text": "Describe."}]})  # fmt: skip
+    chat.messages.append({"role": "assistant", "content": [{"type": "text", "text": "Shapes."}]})
+    turn_frames = {"num_frames": 4} if edit == "num_frames" else {}
+    chat.send("What is in them?", **turn_frames)
+    control = chat.send("Really?", **turn_frames)
+    if edit == "image pixels in place":
+        image.paste(make_image(3))
+    elif edit == "video window in place":
+        chat.messages[0]["content"][1].update(video_start=2.0, video_end=3.5)
+    else:
+        turn_frames = {"num_frames": 2}
+    out = chat.send("And now?", **turn_frames)
+    assert control.stats.cached_prompt_tokens > 0  # reuse before the edit
+    assert out.stats.cached_prompt_tokens == 0
+    assert out.token_ids == pipe(messages=chat.messages[:-1], max_new_tokens=MAX_NEW, **turn_frames).token_ids
 
 
 @pytest.mark.parametrize("policy", ["eagle2", "ar"])

@@ -17,8 +17,10 @@ each model's KV cache, as the prefix it is (prefix caching, as vLLM and SGLang d
 * Positions come from the whole new prompt each turn (M-RoPE ``rope_delta`` included), so the run positions sit
   where a fresh prefill puts them.
 * The cache is dropped and the prompt prefilled afresh when the history it holds was edited (``chat.messages``
-  changed before its end: texts compared by value, images and videos by identity, so replace a medium rather
-  than draw on it) or when the common prefix stops before one of its images or videos ends.
+  changed before its end: texts compared by their token ids, images and videos by what the processor made of
+  them, pixels, grids and frame timings, so an image edited in place, another window of a video or another
+  ``num_frames`` count as edits even where the placeholder tokens stay the same) or when the common prefix
+  stops before one of its images or videos ends.
 * The draft's cache follows the same rule on its own slots: a pruned draft keeps its earlier choices and prunes
   the new visual tokens with the target's scores of this turn; tokens the draft had not consumed when the last
   reply ended are run with the new turn. An EDD draft reads the target's hidden states of the positions the
@@ -197,7 +199,7 @@ class Chat:
         self._caches = {TARGET: TurnCache(pipe._target_adapter, placeholders)}
         if draft is not None:
             self._caches[DRAFT_FIRST] = TurnCache(draft, placeholders)
-        self._held_media: list[Any] = []  # the images and videos the caches hold, in order
+        self._held_media: dict[str, torch.Tensor] = {}  # the processed media the caches hold (_media_tensors)
 
     def send(
         self,
@@ -228,33 +230,30 @@ class Chat:
             self._drop()
             raise
         self.messages.append({"role": "assistant", "content": [{"type": "text", "text": out.text}]})
-        self._held_media = _media(self.messages)
         return out
 
     def _reply(self, options: dict[str, Any]) -> SpecOutput:
-        """Steps of one turn: check the held history, prepare the prompt, decode it with the turn caches."""
-        media = _media(self.messages)
-        held = self._held_media
-        if len(media) < len(held) or any(
-            a is not b for (_, a), (_, b) in zip(held, media, strict=False)
-        ):  # one was replaced
-            self._drop()
+        """Steps of one turn: prepare the prompt, check the media the caches hold, decode with the turn caches."""
         pipe = self.pipe
         call = pipe._prepare({**options, "messages": self.messages})
+        media = _media_tensors(call.inputs)
+        if not _extends(self._held_media, media):  # a medium edited, removed or sampled otherwise
+            self._drop()
         ids = call.inputs["input_ids"][0].tolist()
-        kinds = [kind for kind, _ in media]
+        kinds = [kind for kind, _ in _media(self.messages)]
         for cache in self._caches.values():
             cache.next_turn(ids, (kinds.count("image"), kinds.count("video")))
         with pipe.kernels():
             out = pipe._decode(call, pipe.batch_policy(1), 0, lambda adapter, order: self._caches[order])
         for cache in self._caches.values():
             cache.end_turn(out.token_ids)
+        self._held_media = media
         return out
 
     def _drop(self) -> None:
         for cache in self._caches.values():
             cache.drop()
-        self._held_media = []
+        self._held_media = {}
 
 
 def _check_options(options: dict[str, Any]) -> None:
@@ -264,6 +263,31 @@ def _check_options(options: dict[str, Any]) -> None:
             f"chat options {', '.join(wrong)} are not per-chat settings: give a turn's text, images and video to "
             "chat.send(text, images=..., video=...)"
         )
+
+
+def _media_tensors(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The processed media of a prompt's processor outputs: every tensor but the per-token ones (``input_ids``'
+    shape), i.e. pixels, grids, sizes, frame timings, one row (or patch) per medium along dim 0, in prompt order."""
+    shape = inputs["input_ids"].shape
+    return {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.shape != shape}
+
+
+def _extends(held: dict[str, torch.Tensor], media: dict[str, torch.Tensor]) -> bool:
+    """Whether ``media`` starts with ``held`` unchanged, value for value: a turn may only add media after the
+    ones the caches hold. A medium edited in place, replaced by other pixels, removed, or sampled otherwise (other
+    frames of the same video: a new window or ``num_frames``) breaks it, whatever the token ids say."""
+    for key, old in held.items():
+        new = media.get(key)
+        if new is None or new.dim() != old.dim():
+            return False
+        if old.dim() == 0:
+            if not torch.equal(new, old):
+                return False
+            continue
+        count = old.shape[0]
+        if new.shape[1:] != old.shape[1:] or new.shape[0] < count or not torch.equal(new[:count], old):
+            return False
+    return True
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
