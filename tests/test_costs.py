@@ -192,8 +192,9 @@ def test_pipeline_warns_when_its_policy_is_expected_to_lose(qwen_pipe):
     qwen_pipe.costs = costs([1.0] * 7, draft=[0.95] * 7)
     with pytest.warns(
         SlowSpeculationWarning, match=r"policy 'sage' is expected to run at 0\.\d\dx plain decoding"
-    ):
+    ) as caught:
         qwen_pipe.policy = "sage"
+    assert caught[0].filename == __file__  # it points at the user's line, not the library's
     qwen_pipe.costs = CPU
     with warnings.catch_warnings():
         warnings.simplefilter("error", SlowSpeculationWarning)

@@ -16,6 +16,7 @@ outcome of the step. Per-request state (if any) is cleared by ``reset``. Policie
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import warnings
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -126,6 +127,16 @@ class PolicyConfig:
     def with_budget(self, nodes: int | None = None, depth: int | None = None) -> PolicyConfig:
         """A copy with :meth:`budget_options` applied."""
         return dataclasses.replace(self, **self.budget_options(nodes, depth))
+
+
+def _user_stacklevel() -> int:
+    """The ``warnings.warn`` stacklevel, called from its caller, that names the first line outside vlmspec (the
+    user's ``pipe.policy = ...`` or ``from_pretrained(...)``), so the warning points at the user's code."""
+    package = Path(__file__).resolve().parents[1]
+    frame, level = inspect.currentframe().f_back, 1  # the frame calling warnings.warn
+    while frame.f_back is not None and Path(frame.f_code.co_filename).resolve().is_relative_to(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def truncate_paths(paths: Sequence[Sequence[int]], budget: int) -> Paths:
@@ -285,7 +296,7 @@ class TreePolicy:
                 "fraction of the target: use a smaller draft or an EDD draft (docs/edd.md), or policy='ar'; "
                 "`vlmspec bench` measures it",
                 SlowSpeculationWarning,
-                stacklevel=3,
+                stacklevel=_user_stacklevel(),
             )
 
     def build_tree(self, draft: DraftTree) -> TokenTree:
