@@ -54,7 +54,8 @@ def demo(args: argparse.Namespace) -> int:
         )
     pair = resolve_pair(args.target if args.target is not None else args.pair, args.draft, family=args.family)
     if args.target is None:
-        print(f"No checkpoint named: using the embedded default pair ({pair.source}).", flush=True)
+        which = "No checkpoint named: using the embedded default pair" if args.pair == DEFAULT_PAIR else "Using"
+        print(f"{which} ({pair.source}).", flush=True)
     options = json.loads(args.policy_options) if args.policy_options else {}
     saved = is_pipeline_folder(args.target)  # a saved pipeline brings its own settings
     pipe = VLMSpecPipeline.from_pretrained(
