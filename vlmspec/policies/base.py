@@ -83,14 +83,18 @@ class PolicyConfig:
     @classmethod
     def from_yaml(cls, path: str | Path) -> PolicyConfig:
         """Load from a YAML file (``yaml.safe_load``); a top-level ``policy:`` key, if present, is ignored."""
+        return cls.from_dict(cls.yaml_options(path))
+
+    @staticmethod
+    def yaml_options(path: str | Path) -> dict[str, Any]:
+        """The options a YAML file of ``option: value`` lines sets (``yaml.safe_load``; ``policy:`` left out)."""
         path = Path(path)
         if not path.is_file():
             raise InputNotFoundError(f"policy config {str(path)!r} does not exist")
         values = yaml.safe_load(path.read_text()) or {}
         if not isinstance(values, dict):
             raise InvalidInputError(f"policy config {str(path)!r} must hold a mapping of option: value")
-        values = {k: v for k, v in values.items() if k != "policy"}
-        return cls.from_dict(values)
+        return {k: v for k, v in values.items() if k != "policy"}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -366,14 +370,21 @@ def policy_class(name: str) -> type[TreePolicy]:
     return _REGISTRY[name]
 
 
-def get_policy(name: str, config: PolicyConfig | dict[str, Any] | None = None, **options: Any) -> TreePolicy:
+def get_policy(
+    name: str, config: PolicyConfig | dict[str, Any] | str | Path | None = None, **options: Any
+) -> TreePolicy:
     """Instantiate a registered policy by name.
 
     Args:
         name: registered policy name (see :func:`available_policies`).
-        config: a config object or mapping; ``options`` override its fields.
+        config: a config object, a mapping, or the path of a YAML file of options (``configs/policies/*.yaml``:
+            ``get_policy("sage", "configs/policies/sage_paper.yaml")``); ``options`` override its fields. A mapping's
+            or a file's options are the user's (kept as given), the rest are fitted to the machine in a pipeline.
 
     Raises:
         ValueError: unknown name, unknown option, or an invalid option value.
     """
-    return policy_class(name).from_config(config, **options)
+    cls = policy_class(name)
+    if isinstance(config, (str, Path)):
+        return cls.from_config({**cls.config_class.yaml_options(config), **options})
+    return cls.from_config(config, **options)
