@@ -172,6 +172,13 @@ def test_bad_config_values_are_named(option, value):
         get_policy("sage", **{option: value})
 
 
+def test_a_depth_below_the_default_range_lowers_the_range_s_floor_unless_set():
+    assert (get_policy("sage", d_max=4).config.d_min, get_policy("sage", d_max=4).config.d_max) == (4, 4)
+    assert get_policy("sage", d_max=8).config.d_min == SAGEConfig().d_min  # within the range: as it was
+    with pytest.raises(ValueError, match=r"d_max=4 is invalid: an integer >= d_min \(6\)"):
+        get_policy("sage", d_min=6, d_max=4)  # both set: the user's contradiction is named
+
+
 def test_yaml_configs_hold_the_defaults_and_the_papers_settings():
     assert SAGEConfig.from_yaml(ROOT / "configs" / "policies" / "sage.yaml") == SAGEConfig()
     paper = SAGEPaperConfig.from_yaml(ROOT / "configs" / "policies" / "sage_paper.yaml")

@@ -133,6 +133,19 @@ class PolicyConfig:
         return dataclasses.replace(self, **self.budget_options(nodes, depth))
 
 
+def _with_consistent_depth(config_class: type[PolicyConfig], values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` plus what a depth set by the user implies for the options the user left out, as a fitted depth
+    does (:meth:`PolicyConfig.budget_options`: SAGE's ``d_min`` lowered to a smaller ``d_max``), so that
+    ``get_policy("sage", d_max=4)`` is SAGE with depths up to 4, not a refusal of the default ``d_min``."""
+    field = config_class.depth_field
+    depth = values.get(field) if field is not None else None
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+        return values  # unset, or invalid: the config's own check names it
+    base = config_class.from_dict({k: v for k, v in values.items() if k != field})
+    implied = base.budget_options(depth=depth)
+    return {**{k: v for k, v in implied.items() if k not in values}, **values}
+
+
 def _user_stacklevel() -> int:
     """The ``warnings.warn`` stacklevel, called from its caller, that names the first line outside vlmspec (the
     user's ``pipe.policy = ...`` or ``from_pretrained(...)``), so the warning points at the user's code."""
@@ -244,7 +257,7 @@ class TreePolicy:
             config = {}
         if isinstance(config, dict):
             values = {**config, **overrides}
-            return cls(cls.config_class.from_dict(values), fixed=values)
+            return cls(cls.config_class.from_dict(_with_consistent_depth(cls.config_class, values)), fixed=values)
         if overrides:
             config = dataclasses.replace(config, **overrides)
         return cls(config)
