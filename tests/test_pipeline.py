@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,9 @@ from transformers import AutoTokenizer
 
 from vlmspec import VLMSpecPipeline, get_policy, hf_compat
 from vlmspec.cli import main as cli_main
+from vlmspec.errors import InvalidInputError
 from vlmspec.named_pairs import resolve_pair
+from vlmspec.policies import C2TClassifier
 from vlmspec.pruning import PruningConfig
 from vlmspec.testing import FAMILIES, make_image, make_video_frames, write_video
 
@@ -305,6 +308,67 @@ def test_save_pretrained_loads_back_with_the_settings_set_on_it(pipe, tmp_path, 
 def _demo_output(main, folder, capsys) -> str:
     assert main(["demo", "--target", str(folder), "--max-new-tokens", "8"]) == 0
     return capsys.readouterr().out
+
+
+def test_saved_pipeline_keeps_a_copy_of_its_policys_files_and_loads_anywhere(pipe, tmp_path, monkeypatch):
+    """C2T's own classifier, named relative to the working directory, is copied (with its JSON spec) into the
+    folder and read back against it: with the original deleted and the folder moved, the loaded pipeline builds
+    the same trees and samples the same tokens (sampled tokens depend on the tree, greedy ones would not)."""
+    monkeypatch.chdir(tmp_path)
+    _confident_classifier().save("my_c2t.safetensors")
+    pipe.policy = get_policy("c2t", classifier="my_c2t.safetensors", max_depth=3)
+    try:
+        before = _sampled(pipe)
+        folder = pipe.save_pretrained(tmp_path / "saved")
+        settings = yaml.safe_load((folder / "vlmspec_pipeline.yaml").read_text())
+        assert settings["policy_options"]["classifier"] == "policy_files/classifier/my_c2t.safetensors"
+        for original in ("my_c2t.safetensors", "my_c2t.json"):
+            Path(original).unlink()
+        with pytest.raises(
+            FileNotFoundError, match=r"classifier='my_c2t.safetensors' needs 'my_c2t.safetensors'"
+        ):
+            pipe.save_pretrained(tmp_path / "again")  # the policy's own file is gone: refused, naming it
+        moved = Path(shutil.move(folder, tmp_path / "elsewhere"))
+        monkeypatch.chdir(moved / "target")  # neither the saved folder nor the original's
+        loaded = VLMSpecPipeline.from_pretrained(moved)
+        assert (
+            Path(loaded.policy.config.classifier)
+            == moved / "policy_files" / "classifier" / "my_c2t.safetensors"
+        )
+        after = _sampled(loaded)
+        assert after.token_ids == before.token_ids and after.stats.tree_sizes == before.stats.tree_sizes
+        assert max(before.stats.tree_sizes) == 45  # the classifier passes every candidate: 3 layers of top-15
+        loaded.save_pretrained(moved)  # into the folder its files come from: they are kept
+        assert (moved / "policy_files" / "classifier" / "my_c2t.json").is_file()
+    finally:
+        pipe.policy = "sage"
+
+
+def _confident_classifier() -> C2TClassifier:
+    """A C2T classifier that trusts every candidate (the shipped default passes far fewer on the tiny pair)."""
+    classifier = C2TClassifier()
+    torch.nn.init.constant_(classifier.fc2.bias, 20.0)
+    return classifier
+
+
+def _sampled(pipe):
+    """A seeded sampled reply: its tokens depend on the trees the policy builds."""
+    return pipe(make_image(4), PROMPTS[0], max_new_tokens=16, do_sample=True, seed=7)
+
+
+def test_save_pretrained_into_a_file_is_refused_naming_it(pipe, tmp_path):
+    """A file where the folder (or one above it) should be: the library's error, naming it, and the file kept."""
+    file = tmp_path / "notes.txt"
+    file.write_text("mine")
+    with pytest.raises(
+        InvalidInputError, match=r"notes.txt': it is an existing file, not a folder; save into a new"
+    ):
+        pipe.save_pretrained(file)
+    with pytest.raises(
+        InvalidInputError, match=r"/saved': '.*notes.txt' on its path is a file, not a folder"
+    ):
+        pipe.save_pretrained(file / "saved")
+    assert file.read_text() == "mine"
 
 
 # ---- errors ---------------------------------------------------------------------------------------------------

@@ -6,6 +6,12 @@
       target/                  the target (save_pretrained) and its processor
       draft/                   the draft (with the target's tokenizer; an EDD draft in its own format)
       vlmspec_pipeline.yaml    the policy, the options the user set, the pruning
+      policy_files/            copies of the files the policy's options name (C2T's ``classifier``), if any
+
+Policy options that name a file (:attr:`~vlmspec.policies.PolicyConfig.file_fields`) are saved as copies of the
+file and its companions (C2T's JSON feature spec) under ``policy_files/<option>/``, recorded relative to the folder
+and read back against it, so the folder is self-contained: it loads from anywhere, moved or copied, without the
+original files.
 
 ``VLMSpecPipeline.from_pretrained(folder)`` and ``vlmspec demo --target folder`` load it back; every other entry
 point that takes a target (``bench``, ``caption``, lmms-eval's ``target=``) takes its pair. Options the user left to the machine (node budget,
@@ -17,17 +23,21 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import shutil
-from pathlib import Path
+import tempfile
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
 
-from .errors import InvalidInputError
+from .errors import InputNotFoundError, InvalidInputError
 from .models import EDDDraft
 from .named_pairs import PIPELINE_FILE, is_pipeline_folder
+from .policies import TreePolicy, policy_class
 from .pruning import PruningConfig
 
 SETTINGS = ("policy", "policy_options", "pruning")
+POLICY_FILES = "policy_files"
+"""The folder of a saved pipeline holding copies of the files its policy options name."""
 
 
 def save_pipeline(pipe: Any, folder: str | Path) -> Path:
@@ -36,27 +46,32 @@ def save_pipeline(pipe: Any, folder: str | Path) -> Path:
     A folder that holds an earlier save is replaced; any other non-empty folder is refused.
 
     Raises:
-        ValueError: ``folder`` exists, is not empty and is not a saved pipeline.
+        ValueError: ``folder`` is a file or lies under one, or exists, is not empty and is not a saved pipeline.
+        FileNotFoundError: a file a policy option names no longer exists.
     """
     folder = Path(folder)
+    options, copies = _policy_files(pipe.policy)
     settings = yaml.safe_dump(
         _plain(
             {
                 "policy": pipe.policy.name,
-                "policy_options": pipe.policy.requested,
+                "policy_options": options,
                 "pruning": dataclasses.asdict(pipe.pruning),
             }
         ),
         sort_keys=False,
     )  # first, so that a value YAML cannot hold fails before anything is written
-    if folder.exists() and any(folder.iterdir()) and not is_pipeline_folder(folder):
-        raise InvalidInputError(
-            f"{str(folder)!r} is not empty and holds no saved pipeline; save into a new or empty folder"
-        )
-    for part in ("target", "draft", PIPELINE_FILE):  # an earlier save's parts go first
-        path = folder / part
-        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-    folder.mkdir(parents=True, exist_ok=True)
+    _check_folder(folder)
+    with tempfile.TemporaryDirectory() as staging:
+        for source, saved in copies:  # copied before an earlier save's parts go: a file may come from one
+            (Path(staging) / saved).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, Path(staging) / saved)
+        for part in ("target", "draft", POLICY_FILES, PIPELINE_FILE):  # an earlier save's parts go first
+            path = folder / part
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        if copies:
+            shutil.move(Path(staging) / POLICY_FILES, folder / POLICY_FILES)
     pipe.target.save_pretrained(folder / "target")
     pipe.processor.save_pretrained(folder / "target")
     if pipe.draft is not None:
@@ -97,7 +112,67 @@ def read_settings(folder: str | Path) -> dict[str, Any]:
         pruning_config = PruningConfig(**(pruning or {}))
     except TypeError as err:
         raise InvalidInputError(f"{where}: pruning: {err}") from None
-    return {"policy": policy, "policy_options": dict(options or {}), "pruning": pruning_config}
+    options = _files_in_folder(Path(folder), policy, dict(options or {}))
+    return {"policy": policy, "policy_options": options, "pruning": pruning_config}
+
+
+def _check_folder(folder: Path) -> None:
+    """Refuse to save into ``folder`` when it is a file or lies under one, or holds other things than a saved
+    pipeline.
+
+    Raises:
+        ValueError: naming the folder, what is wrong and what to do.
+    """
+    existing = next(path for path in (folder, *folder.parents) if path.exists())
+    if not existing.is_dir():
+        what = "it is an existing file" if existing == folder else f"{str(existing)!r} on its path is a file"
+        raise InvalidInputError(
+            f"cannot save the pipeline into {str(folder)!r}: {what}, not a folder; save into a new or empty folder"
+        )
+    if existing == folder and any(folder.iterdir()) and not is_pipeline_folder(folder):
+        raise InvalidInputError(
+            f"{str(folder)!r} is not empty and holds no saved pipeline; save into a new or empty folder"
+        )
+
+
+def _policy_files(policy: TreePolicy) -> tuple[dict[str, Any], list[tuple[Path, PurePosixPath]]]:
+    """The options the user set on ``policy``, each file option as its copy's path in the saved folder
+    (``policy_files/<option>/<name>``), and the copies to make: (file, path in the folder), companions included.
+
+    Raises:
+        FileNotFoundError: a file an option names, or one of its companions, no longer exists.
+    """
+    config = type(policy.config)
+    options, copies = dict(policy.requested), []
+    for field in config.file_fields:
+        if options.get(field) is None:
+            continue
+        source = Path(options[field])
+        saved = PurePosixPath(POLICY_FILES, field, source.name)
+        options[field] = str(saved)
+        for file in (source, *config.companion_files(field, source)):
+            if not file.is_file():
+                raise InputNotFoundError(
+                    f"cannot save policy {policy.name!r}: its option {field}={str(source)!r} needs {str(file)!r}, "
+                    "which does not exist (a relative path is read from the working directory); put the file "
+                    "back, or set the option to an existing file, and save again"
+                )
+            copies.append((file, saved.parent / file.name))
+    return options, copies
+
+
+def _files_in_folder(folder: Path, policy: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with each file option of ``policy`` (:attr:`~vlmspec.policies.PolicyConfig.file_fields`) read
+    against ``folder``, where :func:`save_pipeline` copied its file (an absolute path stays as it is; an unknown
+    policy's options are left for ``get_policy`` to refuse by name)."""
+    try:
+        fields = policy_class(policy).config_class.file_fields
+    except InvalidInputError:
+        return options
+    return {
+        name: str(folder.absolute() / value) if name in fields and isinstance(value, str) else value
+        for name, value in options.items()
+    }
 
 
 def _plain(value: Any) -> Any:

@@ -53,6 +53,10 @@ class PolicyConfig:
     """The field bounding the tree's draft nodes (an int, or rank paths truncated to the budget), or ``None``."""
     depth_field: ClassVar[str | None] = None
     """The field bounding the tree's depth, or ``None``."""
+    file_fields: ClassVar[tuple[str, ...]] = ()
+    """The fields holding the path of a file the policy reads (C2T's ``classifier``): a saved pipeline copies the
+    file, with its :meth:`companion_files`, into its folder and records it relative to the folder
+    (:mod:`vlmspec.saving`)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Every config checks its fields' types (:mod:`vlmspec.validation`) before its own ``__post_init__``."""
@@ -98,6 +102,12 @@ class PolicyConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def companion_files(cls, field: str, path: Path) -> tuple[Path, ...]:
+        """The files, next to ``path`` (in the same folder), that the file of :attr:`file_fields` entry ``field``
+        needs in order to load; none by default."""
+        return ()
 
     @property
     def node_budget(self) -> int | None:
@@ -257,7 +267,9 @@ class TreePolicy:
             config = {}
         if isinstance(config, dict):
             values = {**config, **overrides}
-            return cls(cls.config_class.from_dict(_with_consistent_depth(cls.config_class, values)), fixed=values)
+            return cls(
+                cls.config_class.from_dict(_with_consistent_depth(cls.config_class, values)), fixed=values
+            )
         if overrides:
             config = dataclasses.replace(config, **overrides)
         return cls(config)

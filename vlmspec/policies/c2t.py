@@ -193,6 +193,7 @@ class C2TConfig(PolicyConfig):
     """
 
     depth_field = "max_depth"
+    file_fields = ("classifier",)
 
     beta: float = 0.5
     max_depth: int = 11
@@ -211,6 +212,11 @@ class C2TConfig(PolicyConfig):
             need = "the path of an existing classifier .safetensors file, or None for the default"
             check(exists, self, "classifier", self.classifier, need)
             object.__setattr__(self, "classifier", str(self.classifier))
+
+    @classmethod
+    def companion_files(cls, field: str, path: Path) -> tuple[Path, ...]:
+        """A classifier's JSON feature spec (:func:`spec_path`)."""
+        return (spec_path(path),)
 
 
 @register_policy("c2t")
