@@ -8,7 +8,11 @@ their rows. Sampling: the same seed gives the same reply at batch 1 and batch 3.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
+from functools import partial
 
 import pytest
 import torch
@@ -166,6 +170,25 @@ def test_a_batch_stopped_early_ends_every_request(tiny_pairs):
         thread.join(timeout=10)
     assert not [t.name for t in threads if t.is_alive()]
     assert pipe(**mixed_requests()[index]).token_ids == first.token_ids  # the pipeline is still usable
+
+
+def test_ctrl_c_while_a_request_computes_waits_for_its_thread():
+    """Ctrl-C lands in the main thread while a request's thread computes: the batch must not return (and the
+    interpreter exit) with that thread still inside torch, which aborts the process (SIGABRT, found by QA)."""
+    finished: list[int] = []
+
+    def job(index: int) -> int:
+        if index == 0:
+            os.kill(os.getpid(), signal.SIGINT)  # the main thread waits for this request's turn
+        time.sleep(0.2)  # still computing when the interrupt arrives
+        finished.append(index)
+        return index
+
+    batcher = Batcher(max_rows=3)
+    with pytest.raises(KeyboardInterrupt):
+        list(batcher.map([partial(job, i) for i in range(4)]))
+    assert finished == [0]  # it ran to its end; the requests never started did not run
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("vlmspec-request-")]
 
 
 def test_the_lossy_dsbd_works_per_row_at_batch_size_3(tiny_pairs):

@@ -64,6 +64,8 @@ class _Request:
     done: bool = False
     output: Any = None
     error: BaseException | None = None
+    thread: threading.Thread | None = None
+    stopped: bool = False  # abandoned before it ever ran: its thread ends without running the job
 
 
 class Batcher:
@@ -132,9 +134,10 @@ class Batcher:
                     index, job = queue.popleft()
                     request = _Request(index, job)
                     live.append(request)
-                    threading.Thread(
+                    request.thread = threading.Thread(
                         target=self._body, args=(request,), name=f"vlmspec-request-{index}", daemon=True
-                    ).start()
+                    )
+                    request.thread.start()
                     self._switch_to(request)
                 for request in [r for r in live if r.done]:
                     live.remove(request)
@@ -144,15 +147,31 @@ class Batcher:
                 if waiting and len(waiting) == len(live):
                     self._merged_forward(waiting)
         finally:
-            for request in live:  # abandoned (an error in the caller, Ctrl-C): end every request's thread
-                if not request.done and request.forward is not None:
+            self._stop(live)
+
+    def _stop(self, live: list[_Request]) -> None:
+        """End the threads of requests abandoned mid-decoding (an error in the caller, Ctrl-C): each one's next
+        forward raises, and none is left inside torch when the interpreter exits (that aborts the process)."""
+        running = self._running
+        if running is not None and not running.done and running.forward is None:
+            self._turn.acquire()  # Ctrl-C landed while it computed: wait for its next forward or its end
+            self._running = None
+        for request in live:
+            if not request.done:
+                if request.forward is not None:
                     request.forward.error = RuntimeError("the batch was stopped")
-                    self._switch_to(request)
-                self._release(request)
+                else:
+                    request.stopped = True
+                self._switch_to(request)
+            self._release(request)
+        for request in live:
+            request.thread.join()
 
     def _body(self, request: _Request) -> None:
         request.resume.acquire()
         try:
+            if request.stopped:
+                return
             with torch.no_grad():
                 request.output = request.job()
         except BaseException as error:
