@@ -151,6 +151,53 @@ def test_bad_videos_get_error_lines_and_exit_2(vc, caption_pair, tmp_path, capsy
     assert "0 captioned, 2 failed, 3 already done" in capsys.readouterr().out
 
 
+def test_resuming_with_other_settings_warns_and_the_summary_names_who_made_the_lines(
+    vc, caption_pair, tmp_path, capsys
+):
+    """Lines made with other settings are kept and skipped with a warning, also when nothing is left to do, and the
+    summary never claims this run's settings for lines it did not make."""
+    folder = tmp_path / "videos"
+    _write_clips(folder, 2)
+    out = tmp_path / "captions.jsonl"
+    base = [str(folder), "--out", str(out), *_pair_args(caption_pair), *COMMON]
+    sage = vc.run_meta(vc.load_config(None, vc.overrides_from_args(vc.build_parser().parse_args(base))))
+    assert sage["policy"] == "sage" and sage["settings"]["max_new_tokens"] == 16  # nothing loaded for this
+    out.write_bytes(vc.encode_record({"id": "clip0.mp4", "path": "p", "prompt": "q", "caption": "c", **sage}))
+    chain = [*base, "--max-new-tokens", "5", "--policy", "chain"]
+
+    assert vc.main(chain) == 0  # clip1 captioned with chain, clip0 kept
+    captured = capsys.readouterr()
+    assert "warning: 1 video(s) already captioned in the output used other models or settings" in captured.err
+    assert "(policy sage; differing: max_new_tokens, policy)" in captured.err
+    assert (
+        "| policy chain; 1 of 2 lines from an earlier run with other settings (policy sage;" in captured.out
+    )
+    records = _records(out)
+    assert [(r["id"], r["policy"]) for r in records] == [("clip0.mp4", "sage"), ("clip1.mp4", "chain")]
+
+    before = out.read_bytes()
+    assert vc.main(chain) == 0  # everything done: the same warning, the same summary
+    captured = capsys.readouterr()
+    assert "0 to caption" in captured.err and "warning: 1 video(s) already captioned" in captured.err
+    assert "1 of 2 lines from an earlier run with other settings" in captured.out
+    assert out.read_bytes() == before
+
+    out.write_bytes(before.splitlines(keepends=True)[0])  # only the sage line: every line from an earlier run
+    with open(out, "ab") as handle:
+        handle.write(vc.encode_record({**records[1], **sage}))
+    assert vc.main(chain) == 0
+    captured = capsys.readouterr()
+    assert "warning: 2 video(s) already captioned" in captured.err
+    assert "| policy chain |" not in captured.out
+    assert (
+        "every line from an earlier run with other settings (policy sage; differing: max_new_tokens, policy), "
+        "none with this run's (policy chain)" in captured.out
+    )
+    assert vc.main(base) == 0  # the settings that made the lines: no warning, the plain summary
+    captured = capsys.readouterr()
+    assert "warning" not in captured.err and "| policy sage |" in captured.out
+
+
 @pytest.mark.parametrize("batch_size", ["1", "8"])
 def test_killed_job_resumes_without_loss_or_duplicates(
     caption_pair, six_videos, reference, tmp_path, batch_size
@@ -262,6 +309,15 @@ def test_two_processes_match_one(caption_pair, six_videos, reference, tmp_path):
     assert {r["id"]: r["caption"] for r in records} == reference
 
 
+def test_the_summary_rate_counts_only_captioned_videos(vc):
+    failed_only = vc.JobSummary(2, 0, 2, 0, vc.run.RunTotals(processed=2, failed=2, seconds=0.5), "sage", "o")
+    assert failed_only.to_dict()["videos_per_second"] == 0.0
+    assert "0.00 captioned videos/s" in failed_only.line()
+    half = vc.run.RunTotals(processed=2, captioned=1, failed=1, new_tokens=8, seconds=2.0)
+    summary = vc.JobSummary(2, 1, 1, 0, half, "sage", "o")
+    assert summary.to_dict()["videos_per_second"] == 0.5 and "0.50 captioned videos/s" in summary.line()
+
+
 def test_job_errors_exit_1(vc, caption_pair, tmp_path, capsys):
     out = str(tmp_path / "captions.jsonl")
     missing = tmp_path / "no-such-folder"
@@ -297,6 +353,46 @@ def test_job_errors_exit_1(vc, caption_pair, tmp_path, capsys):
 def test_vlmspec_caption_entry_point(tmp_path, capsys):
     assert vlmspec_caption.main([str(tmp_path / "missing"), "--out", str(tmp_path / "o.jsonl")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_every_entry_point_takes_the_same_arguments_debug_included(vc, tmp_path, monkeypatch, capsys):
+    import argparse
+
+    from vlmspec.cli import build_parser as vlmspec_parser
+    from vlmspec.cli import main as vlmspec_main
+
+    def options(parser: argparse.ArgumentParser) -> list[str]:
+        return sorted(s for action in parser._actions for s in action.option_strings)
+
+    commands = next(a for a in vlmspec_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert options(commands.choices["caption"]) == options(vc.build_parser())
+    assert "--debug" in options(vc.build_parser())
+
+    missing = str(tmp_path / "missing")
+    for command in ([sys.executable, "-m", "vlmspec_caption"], [sys.executable, str(SCRIPT)]):
+        result = subprocess.run(
+            [*command, missing, "--out", str(tmp_path / "o.jsonl"), "--debug"],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+        assert result.returncode == 1 and "does not exist" in result.stderr, result.stderr[-2000:]
+        assert "unrecognized arguments" not in result.stderr
+    assert vlmspec_main(["caption", missing, "--out", str(tmp_path / "o.jsonl"), "--debug"]) == 1
+    assert "does not exist" in capsys.readouterr().err
+
+    # An unexpected bad-input error: one line without --debug (as `vlmspec caption`), its traceback with it.
+    def broken(*args, **kwargs):
+        raise ValueError("a library below said no")
+
+    monkeypatch.setattr(vc.cli, "run_job", broken)
+    monkeypatch.delenv("VLMSPEC_DEBUG", raising=False)
+    args = [missing, "--out", str(tmp_path / "o.jsonl")]
+    assert vc.main(args) == vc.EXIT_JOB_ERROR
+    assert "error: a library below said no (--debug shows the traceback)" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="a library below said no"):
+        vc.main([*args, "--debug"])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -339,6 +435,17 @@ def test_manifests_with_prompts_and_ids(vc, tmp_path):
     table.write_text("id,path\nx,a.mp4\nx,sub/b.MP4\n")
     with pytest.raises(vc.JobError, match="duplicate ids"):
         vc.discover_inputs(table)
+
+
+def test_manifests_with_a_utf8_bom(vc, tmp_path):
+    """Excel's "CSV UTF-8" starts the file with a byte order mark: it is not part of the first column's name."""
+    (tmp_path / "a.mp4").write_bytes(b"x")
+    table = tmp_path / "m.csv"
+    table.write_bytes("\ufeffpath,prompt\na.mp4,Qué pasa?\n".encode())
+    assert [(i.id, i.prompt) for i in vc.discover_inputs(table)] == [("a.mp4", "Qué pasa?")]
+    lines = tmp_path / "m.jsonl"
+    lines.write_bytes('\ufeff{"path": "a.mp4", "id": "first"}\n'.encode())
+    assert [(i.id, i.path) for i in vc.discover_inputs(lines)] == [("first", str(tmp_path / "a.mp4"))]
 
 
 def test_manifest_windows_caption_segments(vc, caption_pair, tmp_path, capsys):
@@ -422,6 +529,25 @@ def test_segments_cover_the_video_and_the_qwen_sampler_takes_windows(vc, caption
         vc.qwen_frames(tmp_path / "v.mp4", {"start": 1.75})
 
 
+def test_segment_bounds_read_cleanly_and_sample_the_same_frames(vc, tmp_path):
+    """``--segment 0.3``: bounds are 0.9, not binary floating point's 3 * 0.3 = 0.8999999999999999, and each window
+    holds the frames the binary products would give, at any frame rate."""
+    from vlmspec import VideoClip
+
+    write_video(tmp_path / "v.mp4", _clip(500) + _clip(501), fps=4)  # last frame at 1.75 s
+    items = vc.segment_items([vc.VideoItem(id="v.mp4", path=str(tmp_path / "v.mp4"))], 0.3)
+    assert [(i.start, i.end) for i in items] == [
+        (0.0, 0.3), (0.3, 0.6), (0.6, 0.9), (0.9, 1.2), (1.2, 1.5), (1.5, None),
+    ]  # fmt: skip
+    assert [i.id for i in items][3] == "v.mp4@0.9-1.2"
+    assert b'"start": 0.9, "end": 1.2}' in vc.encode_record({"id": items[3].id, **items[3].window})
+    for k, item in enumerate(items):
+        binary = VideoClip(item.path, k * 0.3, None if item.end is None else (k + 1) * 0.3)
+        for fps in (4.0, 10.0, 30.0, 1 / 0.3, 100.0):
+            clip = VideoClip(item.path, item.start, item.end)
+            assert clip.frame_window(1000, fps, "v") == binary.frame_window(1000, fps, "v")
+
+
 def test_manifest_windows_are_checked_naming_the_row(vc, tmp_path):
     table = tmp_path / "m.csv"
     table.write_text("path,start,end\na.mp4,1,2.5\na.mp4,,1\n")
@@ -450,6 +576,23 @@ def test_config_file_defaults_and_flag_overrides(vc, tmp_path):
     with pytest.raises(vc.JobError, match="max_new_tokens=.* is invalid: expected an integer"):
         vc.load_config(str(config))
     assert vc.JobConfig(fps=1.0).sampler == "qwen" and vc.JobConfig().sampler == "decord"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1"])
+def test_segment_must_be_a_finite_positive_number(vc, tmp_path, capsys, value):
+    """From the flag and from a config file, through the same check (nan and inf pass a plain ``<= 0``)."""
+    message = f"segment must be a finite number > 0, got {float(value)}"
+    args = [str(tmp_path), "--out", str(tmp_path / "o.jsonl"), f"--segment={value}"]
+    assert vc.main(args) == vc.EXIT_JOB_ERROR
+    assert message in capsys.readouterr().err
+    config = tmp_path / "job.yaml"
+    yaml_value = {"nan": ".nan", "inf": ".inf", "-inf": "-.inf"}.get(value, value)
+    config.write_text(f"segment: {yaml_value}\n")
+    with pytest.raises(vc.JobError, match=f"job.yaml': {message}"):
+        vc.load_config(str(config))
+    with pytest.raises(vc.JobError, match=message):
+        vc.segment_items([vc.VideoItem("a", "a.mp4")], float(value))
+    assert not (tmp_path / "o.jsonl").exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------------

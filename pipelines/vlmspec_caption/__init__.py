@@ -4,7 +4,8 @@ A package of one concern per module: :mod:`.config` (settings), :mod:`.inputs` (
 :mod:`.models` (the pair), :mod:`.store` (the output file), :mod:`.run` (the loop and scale-out), :mod:`.cli`.
 It is installed with vlmspec (``vlmspec caption`` finds it through the ``vlmspec.commands`` entry point).
 
-Usage (``vlmspec caption`` and ``python -m vlmspec_caption`` take the same arguments)::
+Usage (``vlmspec caption``, ``python -m vlmspec_caption`` and the script take the same arguments, ``--debug``
+included: the traceback of an unexpected error instead of one line)::
 
     python pipelines/video_captioning.py videos/ --out captions.jsonl --target testbed-base
     python pipelines/video_captioning.py "clips/**/*.mp4" --out captions.jsonl --target T --draft D --policy sage
@@ -16,9 +17,11 @@ Inputs: a folder (its video files, by extension, recursively; id = path relative
 file matched; id = the path as matched), or a manifest: ``.jsonl`` (one object per line) or ``.csv`` (a header
 row) with ``path`` (or ``video``), optional ``prompt``, optional ``start``/``end`` (seconds: caption only that
 segment, so rows can caption one file segment by segment; the record carries them) and optional ``id`` (default:
-the path as written, ``path@start-end`` for a segment; relative paths are relative to the manifest's folder). Ids
-must be unique: resuming keys on them. ``--segment S`` captions every whole video in windows of ``S`` seconds
-(``[0, S]``, ``[S, 2S]``, ..., the last to the end; ids ``id@start-end``): dense captions of long videos.
+the path as written, ``path@start-end`` for a segment; relative paths are relative to the manifest's folder).
+Manifests are UTF-8, with or without a byte order mark (Excel's "CSV UTF-8"). Ids must be unique: resuming keys on
+them. ``--segment S`` (a finite number > 0) captions every whole video in windows of ``S`` seconds (``[0, S]``,
+``[S, 2S]``, ..., the last to the end; bounds are multiples of ``S`` as written, ``0.9`` rather than
+``0.8999999999999999``; ids ``id@start-end``): dense captions of long videos.
 
 Settings come from ``configs/jobs/video_captioning.yaml`` (or ``--config``; read with ``yaml.safe_load``; unknown
 keys are an error that lists the valid ones); command-line flags override the file.
@@ -43,8 +46,10 @@ Output: one JSON object per line, one line per video, written whole (one ``write
 
 Success lines carry ``caption``, error lines ``error`` and ``error_type``; both carry ``id`` and ``path``. ``stats``
 is ``SpecStats.to_dict()`` without the per-step ``trace`` (kept with ``--trace``). After the last video a summary
-line goes to stdout: videos succeeded/failed, videos/s, tokens/s (this run's videos and tokens over its wall time
-after model loading) and mean tau (accepted draft tokens per verification step over this run). Exit status: 0
+line goes to stdout: videos succeeded/failed, captioned videos/s and tokens/s (this run's captioned videos and their
+tokens over its wall time after model loading; failed videos are not counted), mean tau (accepted draft tokens per
+verification step over this run) and the policy, or, for lines an earlier run wrote with other settings, that they
+did (how many, their policy and what differs). Exit status: 0
 when every input has a caption, 2 when some failed, 1 when the job itself could not run (bad config or flag,
 missing or unreadable input or manifest, unloadable model), with a message naming what is wrong.
 
@@ -52,7 +57,8 @@ Resume: rerun the same command. Videos whose id already has a caption line are s
 by default (the old error line is dropped first; ``--no-retry-errors`` keeps them and skips those videos). On
 start, a torn last line (no trailing newline, or not parsable) is truncated away; a damaged line elsewhere stops
 the job with a message (it was not written by this job). Resuming keys on ids only: use a new ``--out`` when you
-change the model or the generation settings (a warning counts lines written with other settings).
+change the model or the generation settings (on every start, also when nothing is left to do, a warning counts the
+captions written with other settings and names what differs).
 
 Scale-out: under ``accelerate launch --num_processes N`` (or ``torchrun --nproc_per_node N``) the input list is split with ``PartialState().split_between_processes`` (contiguous, deterministic shards of the full input
 list, so a rank owns the same videos on every restart); rank ``r`` appends to ``<out>.part<r>``. After
@@ -89,7 +95,7 @@ from .config import (
     read_config_file,
 )
 from .inputs import VideoItem, discover_inputs, frame_source, qwen_frames, segment_items
-from .models import load_pipeline, resolve_pair
+from .models import load_pipeline, resolve_pair, run_meta
 from .run import JobSummary, run_job
 from .store import (
     RECORD_START,
@@ -131,7 +137,8 @@ __all__ = [
     "read_output",
     "resolve_pair",
     "run_args",
-    "segment_items",
     "run_job",
+    "run_meta",
+    "segment_items",
     "scan_output",
 ]

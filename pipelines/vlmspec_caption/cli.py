@@ -1,12 +1,18 @@
-"""``vlmspec caption`` (and ``python -m vlmspec_caption``, ``python pipelines/video_captioning.py``): the command line."""
+"""``vlmspec caption`` (and ``python -m vlmspec_caption``, ``python pipelines/video_captioning.py``): the command line.
+
+All three take the same arguments (:func:`add_arguments`) and treat errors alike: a job error or a bad input prints
+one line and exits 1, ``--debug`` (or ``VLMSPEC_DEBUG=1``) shows an unexpected error's traceback instead."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from vlmspec.cli import DEBUG_ENV, USER_ERRORS  # the boundary for user errors that `vlmspec caption` has
 
 from .config import (
     DTYPES,
@@ -87,6 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a("--progress", action=argparse.BooleanOptionalAction, default=keep, help="progress bar (default yes)")
     a("--batch-size", type=int, default=keep,
       help="videos decoded together (default: chosen from the cost probe, see pipe.default_batch_size)")  # fmt: skip
+    # `vlmspec` takes --debug anywhere on its command line (and removes it before this parser sees it); the job's
+    # own entry points (`python -m vlmspec_caption`, the script) take it here, to the same effect (see `main`).
+    a("--debug", action="store_true", help=f"show the traceback of an unexpected error (also {DEBUG_ENV}=1)")
     return parser
 
 
@@ -149,5 +158,19 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python pipelines/video_captioning.py INPUT --out captions.jsonl [options]``; returns the exit status."""
-    return run_args(build_parser().parse_args(argv))
+    """``python pipelines/video_captioning.py INPUT --out captions.jsonl [options]`` (and ``python -m
+    vlmspec_caption``); returns the exit status.
+
+    The same boundary as ``vlmspec caption`` (:func:`vlmspec.cli.main`): an error from a bad input that is not the
+    job's own (:data:`vlmspec.cli.USER_ERRORS`) prints one line and exits 1, unless ``--debug`` or
+    ``VLMSPEC_DEBUG=1`` asks for its traceback.
+    """
+    args = build_parser().parse_args(argv)
+    debug = args.debug or bool(os.environ.get(DEBUG_ENV))
+    try:
+        return run_args(args)
+    except USER_ERRORS as err:
+        if debug:
+            raise
+        print(f"{PROG}: error: {err} (--debug shows the traceback)", file=sys.stderr)
+        return EXIT_JOB_ERROR

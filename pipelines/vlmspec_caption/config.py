@@ -3,6 +3,7 @@ type from its declarations (:mod:`vlmspec.validation`) and by range."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -112,7 +113,11 @@ class JobConfig:
             problems.append(f"num_frames must be >= 1, got {self.num_frames}")
         if self.prune_ratio is not None and not 0 <= self.prune_ratio < 1:
             problems.append(f"prune_ratio must be in [0, 1), got {self.prune_ratio}")
-        for name in ("fps", "max_frames", "min_pixels", "max_pixels", "threads", "batch_size", "segment"):
+        for name in ("fps", "segment"):  # seconds and rates: nan and inf pass a plain `<= 0` check
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                problems.append(f"{name} must be a finite number > 0, got {value}")
+        for name in ("max_frames", "min_pixels", "max_pixels", "threads", "batch_size"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 problems.append(f"{name} must be > 0, got {value}")

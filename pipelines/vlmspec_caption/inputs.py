@@ -8,6 +8,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +169,7 @@ def _csv_items(manifest: Path) -> list[VideoItem]:
 
 def _read_text(file: Path) -> str:
     try:
-        return file.read_text(encoding="utf-8")
+        return file.read_text(encoding="utf-8-sig")  # drops a leading BOM (Excel's "CSV UTF-8")
     except (OSError, UnicodeDecodeError) as err:
         raise JobError(f"manifest {str(file)!r} could not be read: {err}") from err
 
@@ -186,7 +187,12 @@ def segment_items(items: Sequence[VideoItem], seconds: float) -> list[VideoItem]
     the end of the video (so no window is a lone frame at the end; ids ``id@start-end``, ``id@start-`` for the
     last). Items with a window of their own stay as they are, and so does a video whose length
     cannot be read (its caption attempt records why).
+
+    Raises:
+        JobError: ``seconds`` is not a finite number > 0.
     """
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise JobError(f"segment must be a finite number > 0, got {seconds}")
     out: list[VideoItem] = []
     for item in items:
         try:
@@ -198,7 +204,7 @@ def segment_items(items: Sequence[VideoItem], seconds: float) -> list[VideoItem]
             continue
         count = max(1, math.ceil(last / seconds - 1e-9))  # windows; the last one runs to the end
         for k in range(count):
-            start, end = k * seconds, ((k + 1) * seconds if k + 1 < count else None)
+            start, end = _multiple(k, seconds), (_multiple(k + 1, seconds) if k + 1 < count else None)
             out.append(
                 VideoItem(
                     id=_window_id(item.id, start, end),
@@ -209,6 +215,14 @@ def segment_items(items: Sequence[VideoItem], seconds: float) -> list[VideoItem]
                 )
             )
     return out
+
+
+def _multiple(k: int, seconds: float) -> float:
+    """``k * seconds`` in decimal arithmetic on ``seconds`` as written (``3 * 0.3`` is ``0.9``, not binary floating
+    point's ``0.8999999999999999``), so window bounds read as the user would write them. It differs from the binary
+    product by a few units in the last place at most, far inside :meth:`vlmspec.VideoClip.frame_window`'s tolerance,
+    so the same frames are sampled."""
+    return float(Decimal(repr(float(seconds))) * k)
 
 
 def _window_id(name: str, start: float | None, end: float | None) -> str:

@@ -51,6 +51,34 @@ def _quiet_loading() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+def run_meta(config: JobConfig) -> dict[str, Any]:
+    """The ``policy``/``settings``/``model`` fields of every line ``config`` writes, without loading a model (names
+    are resolved: a named pair may be built and cached, as for any run).
+
+    Raises:
+        JobError: as :func:`load_pipeline` for an unknown policy, bad options, a missing draft or an unknown pair.
+    """
+    policy, models = _policy_and_models(config)
+    return {"policy": policy, "settings": config.settings(), "model": models}
+
+
+def _policy_and_models(config: JobConfig) -> tuple[str, dict[str, Any]]:
+    """The policy's name and ``{"target": ..., "draft": ..., "calibration": ...}`` (``draft`` ``None`` when the
+    policy uses none)."""
+    from vlmspec import get_policy
+
+    policy = config.policy
+    try:
+        chosen = get_policy(policy, **config.policy_options)
+    except (ValueError, TypeError) as err:
+        raise JobError(f"policy {policy!r} with options {config.policy_options}: {err}") from err
+    pair = resolve_pair(config.target, config.draft, config.family)
+    if pair.draft is None and chosen.uses_draft:
+        raise JobError(f"policy {policy!r} needs a draft model: pass --draft (or use --policy ar)")
+    draft = pair.draft if chosen.uses_draft else None
+    return chosen.name, {"target": pair.target, "draft": draft, "calibration": pair.calibration}
+
+
 def load_pipeline(
     config: JobConfig, device_map: str | dict[str, Any] | None = None
 ) -> tuple[Any, dict[str, Any]]:
@@ -61,31 +89,23 @@ def load_pipeline(
         device_map: passed to ``from_pretrained`` (``config.device_map`` when ``None``).
 
     Returns:
-        The pipeline and ``{"target": ..., "draft": ...}``, the resolved folders or hub ids (``draft`` is ``None``
-        when the policy does not use one).
+        The pipeline and ``{"target": ..., "draft": ..., "calibration": ...}``, the resolved folders or hub ids
+        (``draft`` is ``None`` when the policy does not use one; the ``model`` field of :func:`run_meta`).
 
     Raises:
         JobError: an unknown policy or bad policy options, a policy that needs a draft without one, or models
             that cannot be loaded (message names them).
     """
-    from vlmspec import VLMSpecPipeline, get_policy
+    from vlmspec import VLMSpecPipeline
 
-    policy = config.policy
-    try:
-        uses_draft = get_policy(policy, **config.policy_options).uses_draft
-    except (ValueError, TypeError) as err:
-        raise JobError(f"policy {policy!r} with options {config.policy_options}: {err}") from err
-    pair = resolve_pair(config.target, config.draft, config.family)
-    target, draft, calibration = pair.target, pair.draft, pair.calibration
-    if draft is None and uses_draft:
-        raise JobError(f"policy {policy!r} needs a draft model: pass --draft (or use --policy ar)")
-    draft = draft if uses_draft else None
+    _, models = _policy_and_models(config)
+    target, draft, calibration = models["target"], models["draft"], models["calibration"]
     try:
         with _quiet_loading():
             pipe = VLMSpecPipeline.from_pretrained(
                 target,
                 draft,
-                policy=policy,
+                policy=config.policy,
                 torch_dtype=_torch_dtype(config.dtype),
                 device_map=device_map if device_map is not None else config.device_map,
                 prune_ratio=config.prune_ratio,
@@ -96,4 +116,4 @@ def load_pipeline(
         raise JobError(
             f"could not load the models (target {target!r}, draft {draft!r}): {type(err).__name__}: {err}"
         ) from err
-    return pipe, {"target": target, "draft": draft, "calibration": calibration}
+    return pipe, models

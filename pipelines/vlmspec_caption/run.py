@@ -18,7 +18,7 @@ from vlmspec.errors import VLMSpecError
 
 from .config import EXIT_OK, EXIT_PARTIAL, PROG, JobConfig, JobError
 from .inputs import VideoItem, discover_inputs, frame_source
-from .models import load_pipeline
+from .models import load_pipeline, run_meta
 from .store import ResultWriter, is_success, merge_outputs, part_files, part_path, read_output, statuses
 
 BARRIER_TIMEOUT = timedelta(days=7)
@@ -138,8 +138,10 @@ class JobSummary:
         failed: inputs with only an error line.
         missing: inputs with no line (only if a process died without raising).
         run: this run's totals over all processes.
-        policy: the decoding policy.
+        policy: this run's decoding policy.
         out: the output file.
+        earlier: what the inputs' lines written with other settings (an earlier run's) hold; empty when every
+            line has this run's settings.
     """
 
     videos: int
@@ -149,6 +151,7 @@ class JobSummary:
     run: RunTotals
     policy: str
     out: str
+    earlier: OtherSettings | None = None
 
     @property
     def exit_code(self) -> int:
@@ -163,12 +166,14 @@ class JobSummary:
             "missing": self.missing,
             "processed": self.run.processed,
             "skipped": self.run.skipped,
-            "videos_per_second": self.run.processed / seconds if seconds > 0 else 0.0,
+            # captioned videos only: a failed one is not a video done
+            "videos_per_second": self.run.captioned / seconds if seconds > 0 else 0.0,
             "tokens_per_second": self.run.new_tokens / seconds if seconds > 0 else 0.0,
             "mean_tau": self.run.tau,
             "new_tokens": self.run.new_tokens,
             "seconds": seconds,
             "policy": self.policy,
+            "other_settings": self.earlier.lines if self.earlier else 0,
             "out": self.out,
         }
 
@@ -179,9 +184,21 @@ class JobSummary:
         return (
             f"summary: {self.videos} videos: {self.succeeded} succeeded, {self.failed} failed{missing} "
             f"(this run: {self.run.captioned} captioned, {self.run.failed} failed, {self.run.skipped} already done) | "
-            f"{d['videos_per_second']:.2f} videos/s, {d['tokens_per_second']:.1f} tokens/s, mean tau "
-            f"{d['mean_tau']:.2f} | policy {self.policy} | {self.out}"
+            f"{d['videos_per_second']:.2f} captioned videos/s, {d['tokens_per_second']:.1f} tokens/s, mean tau "
+            f"{d['mean_tau']:.2f} | {self._settings()} | {self.out}"
         )
+
+    def _settings(self) -> str:
+        """Which settings made the inputs' lines: this run's policy, unless lines came from an earlier run with
+        other settings (then says so, and never claims this run's settings for them)."""
+        earlier = self.earlier
+        if not earlier:
+            return f"policy {self.policy}"
+        lines = self.succeeded + self.failed
+        what = f"other settings ({earlier.describe()})"
+        if earlier.lines >= lines:
+            return f"every line from an earlier run with {what}, none with this run's (policy {self.policy})"
+        return f"policy {self.policy}; {earlier.lines} of {lines} lines from an earlier run with {what}"
 
 
 def _state(cpu: bool) -> Any:
@@ -233,13 +250,62 @@ def _todo(
     return todo, retried
 
 
+@dataclass(frozen=True)
+class OtherSettings:
+    """Lines written with settings other than this run's.
+
+    Attributes:
+        lines: how many.
+        fields: what differs: ``policy``, ``model``, or the ``settings`` keys, sorted.
+        policies: the policies they were written with, sorted.
+    """
+
+    lines: int
+    fields: tuple[str, ...]
+    policies: tuple[str, ...]
+
+    def __bool__(self) -> bool:
+        return self.lines > 0
+
+    def describe(self) -> str:
+        """E.g. ``policy sage; differing: max_new_tokens, policy``."""
+        return f"policy {', '.join(self.policies) or '?'}; differing: {', '.join(self.fields)}"
+
+    @classmethod
+    def of(cls, records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> OtherSettings:
+        """The records among ``records`` whose ``policy``, ``settings`` or ``model`` differ from ``meta``'s."""
+        lines, fields, policies = 0, set(), set()
+        for record in records:
+            differing = _differing(record, meta)
+            if differing:
+                lines += 1
+                fields.update(differing)
+                policies.add(str(record.get("policy")))
+        return cls(lines, tuple(sorted(fields)), tuple(sorted(policies)))
+
+
+def _differing(record: dict[str, Any], meta: dict[str, Any]) -> set[str]:
+    """The names of what ``record`` was written with that differs from ``meta``."""
+    out = {key for key in ("policy", "model") if record.get(key) != meta[key]}
+    settings = record.get("settings")
+    if settings != meta["settings"]:
+        if isinstance(settings, dict):
+            keys = set(settings) | set(meta["settings"])
+            out.update(k for k in keys if settings.get(k) != meta["settings"].get(k))
+        else:
+            out.add("settings")
+    return out
+
+
 def _warn_other_settings(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> None:
-    keys = ("policy", "settings", "model")
-    other = sum(1 for r in records if is_success(r) and any(r.get(k) != meta[k] for k in keys))
+    """Warns when captions in the output (its part files included) were made with other settings: they are kept
+    and skipped, whether or not anything is left to caption."""
+    other = OtherSettings.of([r for r in records if is_success(r)], meta)
     if other:
         print(
-            f"{PROG}: warning: {other} video(s) already captioned in the output used other models or settings; they "
-            "are kept and skipped (use a new --out to caption everything with the current settings)",
+            f"{PROG}: warning: {other.lines} video(s) already captioned in the output used other models or settings "
+            f"({other.describe()}); they are kept and skipped (use a new --out to caption everything with the "
+            "current settings)",
             file=sys.stderr,
         )
 
@@ -324,7 +390,8 @@ def run_job(config: JobConfig, source: str | Path, out: str | Path, cpu: bool = 
     with state.split_between_processes(items) as shard:
         shard = list(shard)
     totals = RunTotals()
-    policy = config.policy
+    with _torch_threads(config.threads):
+        meta = run_meta(config)  # what this run's lines carry; names resolved, nothing loaded
     with ResultWriter(own) as writer:  # locked before reading what is done: a second job on `own` stops here
         todo, records = _plan(writer, out, shard, config.retry_errors)
         totals.skipped = len(shard) - len(todo)
@@ -332,14 +399,12 @@ def run_job(config: JobConfig, source: str | Path, out: str | Path, cpu: bool = 
         print(
             f"{PROG}: {totals.skipped} already done, {len(todo)} to caption{where} -> {own}", file=sys.stderr
         )
+        _warn_other_settings(records, meta)
         if todo:
             with _torch_threads(config.threads):
-                pipe, models = load_pipeline(
+                pipe, _ = load_pipeline(
                     config, device_map=config.device_map or ({"": "cpu"} if cpu else None)
                 )
-                policy = pipe.policy.name
-                meta = {"policy": policy, "settings": config.settings(), "model": models}
-                _warn_other_settings(records, meta)
                 with _progress(len(todo), rank, world, config.progress) as bar:
                     totals = RunTotals.combine(
                         [totals, _caption_shard(pipe, todo, config, writer, meta, bar)]
@@ -351,7 +416,7 @@ def run_job(config: JobConfig, source: str | Path, out: str | Path, cpu: bool = 
         state.wait_for_everyone()
     if not state.is_main_process:
         return None
-    return _summarize(merge_outputs(out, items), items, totals, policy, out)
+    return _summarize(merge_outputs(out, items), items, totals, meta, out)
 
 
 def _plan(
@@ -377,9 +442,14 @@ def _plan(
 
 
 def _summarize(
-    merged: Sequence[dict[str, Any]], items: Sequence[VideoItem], totals: RunTotals, policy: str, out: Path
+    merged: Sequence[dict[str, Any]],
+    items: Sequence[VideoItem],
+    totals: RunTotals,
+    meta: dict[str, Any],
+    out: Path,
 ) -> JobSummary:
     final = statuses(merged)
+    ids = {i.id for i in items}
     succeeded = sum(1 for i in items if final.get(i.id) == "ok")
     failed = sum(1 for i in items if final.get(i.id) == "error")
     return JobSummary(
@@ -388,6 +458,7 @@ def _summarize(
         failed=failed,
         missing=len(items) - succeeded - failed,
         run=totals,
-        policy=policy,
+        policy=meta["policy"],
         out=str(out),
+        earlier=OtherSettings.of([r for r in merged if str(r["id"]) in ids], meta),
     )
