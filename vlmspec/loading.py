@@ -110,7 +110,14 @@ def check_compatible(
         )
 
 
-def _load_model(source: str | Path, role: str, load: dict[str, Any]) -> torch.nn.Module:
+def check_model_folder(source: str | Path, role: str) -> None:
+    """Refuse a local model path (a ``Path``, an existing path, or text starting with ``.`` or ``/``) that is not a
+    folder holding a ``config.json``; hub ids are left to the hub. Callers that check other things first (a policy
+    that needs a draft) call it before them, so a mistyped folder is named as what it is.
+
+    Raises:
+        FileNotFoundError: naming the folder, its role (``target``/``draft``) and what to do.
+    """
     path = Path(source)
     if isinstance(source, Path) or path.exists() or str(source).startswith((".", "/")):
         if not path.is_dir():
@@ -119,6 +126,10 @@ def _load_model(source: str | Path, role: str, load: dict[str, Any]) -> torch.nn
             raise InputNotFoundError(
                 f"{role} model folder {str(source)!r} has no config.json; point to a folder written by save_pretrained"
             )
+
+
+def _load_model(source: str | Path, role: str, load: dict[str, Any]) -> torch.nn.Module:
+    check_model_folder(source, role)
     return AutoModelForImageTextToText.from_pretrained(str(source), **load)
 
 

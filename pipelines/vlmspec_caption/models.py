@@ -66,6 +66,7 @@ def _policy_and_models(config: JobConfig) -> tuple[str, dict[str, Any]]:
     """The policy's name and ``{"target": ..., "draft": ..., "calibration": ...}`` (``draft`` ``None`` when the
     policy uses none)."""
     from vlmspec import get_policy
+    from vlmspec.loading import check_model_folder
 
     policy = config.policy
     try:
@@ -73,6 +74,10 @@ def _policy_and_models(config: JobConfig) -> tuple[str, dict[str, Any]]:
     except (ValueError, TypeError) as err:
         raise JobError(f"policy {policy!r} with options {config.policy_options}: {err}") from err
     pair = resolve_pair(config.target, config.draft, config.family)
+    try:
+        check_model_folder(pair.target, "target")  # a mistyped folder, before it reads as a missing draft
+    except FileNotFoundError as err:
+        raise JobError(str(err)) from err
     if pair.draft is None and chosen.uses_draft:
         raise JobError(f"policy {policy!r} needs a draft model: pass --draft (or use --policy ar)")
     draft = pair.draft if chosen.uses_draft else None
