@@ -6,6 +6,7 @@ import inspect
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ import yaml
 from conftest import PROMPTS
 from transformers import AutoTokenizer
 
-from vlmspec import VLMSpecPipeline, get_policy, hf_compat
+from vlmspec import SpecStats, VLMSpecPipeline, get_policy, hf_compat
 from vlmspec.cli import main as cli_main
 from vlmspec.errors import InvalidInputError
 from vlmspec.named_pairs import resolve_pair
@@ -464,6 +465,21 @@ def test_demo_command_on_the_tiny_pair(capsys, tiny_root, monkeypatch):
     out = capsys.readouterr().out
     assert "caption:" in out and "tau=" in out and "tokens/s=" in out and "SAGE trace" in out
     assert "output vs generate(): identical" in out and "transformers generate():" in out
+    assert "Using (testbed:tiny" in out  # a named pair is not "no checkpoint named"
+
+
+def test_demo_prompts_a_video_as_a_clip_and_takes_an_image_beside_it(capsys, tiny_root, monkeypatch, tmp_path):
+    monkeypatch.setenv("VLMSPEC_CACHE", str(tiny_root))
+    video = write_video(tmp_path / "clip.mp4", make_video_frames(0), fps=2)
+    make_image(1).save(tmp_path / "picture.png")
+    argv = ["demo", "--pair", "tiny", "--max-new-tokens", "4", "--video", str(video)]
+    assert cli_main(argv) == 0
+    assert "prompt:    Describe what happens in this clip." in capsys.readouterr().out
+    seen = []
+    monkeypatch.setattr(VLMSpecPipeline, "__call__", lambda self, image, prompt, **kw: seen.append(image) or
+                        SimpleNamespace(text="", token_ids=[], stats=SpecStats()))  # fmt: skip
+    assert cli_main([*argv, "--image", str(tmp_path / "picture.png")]) == 0
+    assert seen and all(image == str(tmp_path / "picture.png") for image in seen)  # kept beside the video
 
 
 def test_pct_cost_ratio_is_measured_on_the_pair_at_load_time(pipe):

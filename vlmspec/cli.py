@@ -54,7 +54,9 @@ def demo(args: argparse.Namespace) -> int:
         )
     pair = resolve_pair(args.target if args.target is not None else args.pair, args.draft, family=args.family)
     if args.target is None:
-        which = "No checkpoint named: using the embedded default pair" if args.pair == DEFAULT_PAIR else "Using"
+        which = (
+            "No checkpoint named: using the embedded default pair" if args.pair == DEFAULT_PAIR else "Using"
+        )
         print(f"{which} ({pair.source}).", flush=True)
     options = json.loads(args.policy_options) if args.policy_options else {}
     saved = is_pipeline_folder(args.target)  # a saved pipeline brings its own settings
@@ -67,8 +69,9 @@ def demo(args: argparse.Namespace) -> int:
 
         print(f"calibration: {pair.calibration}: {get_calibration(pair.calibration).why}.", flush=True)
     example = None if (args.image or args.video) else bundled_example()
-    image = None if args.video else (args.image or _example_image())
-    prompt = args.prompt or (example["prompt"] if example else "Describe this image.")
+    image = args.image or (None if args.video else _example_image())  # --image and --video: both
+    default = "Describe what happens in this clip." if args.video else "Describe this image."
+    prompt = args.prompt or (example["prompt"] if example else default)
     pipe(image, prompt, video=args.video, max_new_tokens=4)  # warm-up: torch's one-off first-call costs
     if args.chat:
         return _chat(pipe, image, prompt, args)
@@ -197,8 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--policy", help="tree policy (default: a saved pipeline's, else sage)")
     d.add_argument("--policy-options", help="JSON of policy options, e.g. '{\"n_max\": 32}'")
     d.add_argument("--image", help="image path (default: the bundled example)")
-    d.add_argument("--video", help="video path (instead of an image)")
-    d.add_argument("--prompt", help="prompt (default: the bundled example's, 'Describe this image.')")
+    d.add_argument("--video", help="video path (with --image: both, in that order)")
+    d.add_argument(
+        "--prompt",
+        help="prompt (default: the bundled example's; 'Describe this image.', or for a video 'Describe what happens in this clip.')",
+    )
     d.add_argument("--max-new-tokens", type=int, default=128)
     d.add_argument(
         "--compare",
