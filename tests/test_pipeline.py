@@ -465,7 +465,7 @@ def test_demo_command_on_the_tiny_pair(capsys, tiny_root, monkeypatch):
     out = capsys.readouterr().out
     assert "caption:" in out and "tau=" in out and "tokens/s=" in out and "SAGE trace" in out
     assert "output vs generate(): identical" in out and "transformers generate():" in out
-    assert "Using (testbed:tiny" in out  # a named pair is not "no checkpoint named"
+    assert "Using the named pair (tiny:qwen2_vl)." in out  # a named pair is not "no checkpoint named"
 
 
 def test_demo_prompts_a_video_as_a_clip_and_takes_an_image_beside_it(capsys, tiny_root, monkeypatch, tmp_path):

@@ -54,9 +54,8 @@ def demo(args: argparse.Namespace) -> int:
         )
     pair = resolve_pair(args.target if args.target is not None else args.pair, args.draft, family=args.family)
     if args.target is None:
-        which = (
-            "No checkpoint named: using the embedded default pair" if args.pair == DEFAULT_PAIR else "Using"
-        )
+        default = args.pair == DEFAULT_PAIR
+        which = "No checkpoint named: using the embedded default pair" if default else "Using the named pair"
         print(f"{which} ({pair.source}).", flush=True)
     options = json.loads(args.policy_options) if args.policy_options else {}
     saved = is_pipeline_folder(args.target)  # a saved pipeline brings its own settings
