@@ -185,6 +185,6 @@ def test_demo_on_a_calibrated_pair_says_what_the_calibration_is(capsys):
 
     assert cli_main(["demo", "--pair", "testbed-mini@cpu", "--max-new-tokens", "16"]) == 0
     out = capsys.readouterr().out
-    assert "embedded default pair (testbed:mini:qwen2_vl@cpu)" in out
+    assert "Using the named pair (testbed:mini:qwen2_vl@cpu)" in out
     assert "calibration: cpu: the trained target inflated exactly" in out
     assert "transformers generate():" in out and "output vs generate(): identical; speed-up" in out
