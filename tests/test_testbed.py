@@ -379,7 +379,7 @@ def test_demo_describes_the_bundled_scene(capsys: pytest.CaptureFixture) -> None
     assert cli_main(["demo", "--pair", "testbed-mini", "--max-new-tokens", "96"]) == 0
     out = capsys.readouterr().out
     print(out)
-    assert "embedded default pair (testbed:mini:qwen2_vl)" in out and "output vs generate(): identical" in out
+    assert "Using the named pair (testbed:mini:qwen2_vl)" in out and "output vs generate(): identical" in out
     facts = next(line for line in out.splitlines() if line.startswith("scene facts right:"))
     correct, total = map(int, facts.split()[3].split("/"))
     assert total == len(caption_facts(example["reference"])) and correct > 0
