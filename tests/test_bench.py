@@ -100,7 +100,8 @@ def test_bench_json_rows_are_complete_and_lossless(small_bench):
 
 
 def test_bad_method_lists_valid_methods(pair_args, capsys):
-    assert bench.main([*pair_args, *FAST, "--methods", "ar,bogus", "--no-plots"]) == 2
+    # a bad option exits 1, as in every vlmspec command
+    assert bench.main([*pair_args, *FAST, "--methods", "ar,bogus", "--no-plots"]) == 1
     err = capsys.readouterr().err
     assert "bogus" in err
     for name in valid_methods():
@@ -132,6 +133,42 @@ def test_hf_assisted_failure_is_reported_in_its_row(pair_args, tmp_path, monkeyp
     assert rows["hf_assisted"]["tokens_per_s"] is None
     assert rows["ar"]["error"] is None and rows["ar"]["identical"] is True
     assert not list(out.glob("*.png"))
+
+
+@pytest.fixture(scope="module")
+def saved_pipe(qwen_pair, tmp_path_factory):
+    """The tiny pair saved by ``pipe.save_pretrained`` with chain settings (the bench must not take them)."""
+    pipe = VLMSpecPipeline.from_pretrained(qwen_pair.target, qwen_pair.draft, policy="chain", gamma=3)
+    return pipe.save_pretrained(tmp_path_factory.mktemp("saved") / "my-pipe")
+
+
+def test_bench_takes_a_saved_pipelines_pair_with_its_own_settings(saved_pipe, tmp_path):
+    out = tmp_path / "run"
+    argv = ["--target", str(saved_pipe), *FAST, "--methods", "sage", "--tasks", "image_qa", "--prune-ratios", "none",
+            "--no-plots", "--out", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    result = json.loads((out / "bench.json").read_text())
+    assert result["pair"]["source"] == f"pipeline:{saved_pipe}"
+    assert (result["pair"]["target"], result["pair"]["draft"]) == (
+        str(saved_pipe / "target"),
+        str(saved_pipe / "draft"),
+    )
+    rows = {r["method"]: r for r in result["rows"]}
+    assert set(rows) == {"ar", "hf_generate", "sage"}  # the bench's methods, not the saved chain policy
+    assert rows["sage"]["error"] is None and rows["sage"]["identical"] is True
+
+
+def test_a_saved_pipeline_without_a_draft_needs_draft(saved_pipe, tmp_path):
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(saved_pipe, bare, ignore=shutil.ignore_patterns("draft"))
+    with pytest.raises(ValueError, match="holds no draft/: give --draft"):
+        bench.BenchConfig(target=str(bare)).validated()
+    with_draft = resolve_pair(str(bare), str(saved_pipe / "draft"), "qwen2_vl")
+    assert (with_draft.target, with_draft.draft) == (str(bare / "target"), str(saved_pipe / "draft"))
+    with pytest.raises(ValueError, match="give both --target and --draft, a pair name or a saved pipeline"):
+        bench.BenchConfig(target=str(saved_pipe / "target")).validated()
 
 
 def test_cost_probe_times_increasing_tree_sizes(qwen_pair):
@@ -236,11 +273,65 @@ def test_inputs_and_default_pair_come_from_the_testbed_when_importable(monkeypat
         "/t/base/qwen2_vl", "/d", "testbed:base:qwen2_vl@cpu", "cpu"
     )
     assert resolve_pair("testbed-base", None, "llava_onevision").source == "testbed:base:llava_onevision"
+    assert resolve_pair(None, None, "qwen2_vl", "mini", "none").source == "testbed:mini:qwen2_vl"
     assert resolve_pair("org/a", "org/b", "qwen2_vl").source == "explicit"
     synthetic = load_inputs(["video_caption"], 1, seed=0, source="synthetic")[0]
     assert synthetic.source == "synthetic" and synthetic.video is not None and synthetic.image is None
     with pytest.raises(ValueError, match="valid tasks"):
         load_inputs(["captioning"], 1, seed=0)
+
+
+def test_calibration_applies_to_a_pair_name_or_is_refused(monkeypatch):
+    monkeypatch.setattr(vlmspec_testbed, "pair_paths", lambda size, family: (f"/t/{size}/{family}", "/d"))
+    ci = resolve_pair("testbed-mini", None, "qwen2_vl", calibration="ci")
+    assert (ci.source, ci.calibration) == ("testbed:mini:qwen2_vl@ci", "ci")
+    assert resolve_pair("testbed-mini@ci", None, "qwen2_vl", calibration="ci") == ci
+    assert resolve_pair("testbed-mini", None, "qwen2_vl", calibration="none").calibration is None
+    assert resolve_pair("testbed-mini", None, "qwen2_vl").calibration is None  # a pair name keeps its own
+    refused = [
+        ({"target": "testbed-mini", "calibration": "nosuch"}, "unknown calibration 'nosuch'; valid: cpu, ci"),
+        ({"calibration": "nosuch"}, "unknown calibration 'nosuch'"),
+        ({"target": "testbed-mini@cpu", "calibration": "ci"}, "names calibration 'cpu' but --calibration says 'ci'"),
+        ({"target": "testbed-mini@cpu", "calibration": "none"}, "names calibration 'cpu' but --calibration says"),
+        ({"target": "org/t", "draft": "org/d", "calibration": "ci"}, "is a folder or hub id"),
+        ({"target": "testbed-mini", "size": "base"}, "--size base picks the default pair's size"),
+    ]  # fmt: skip
+    for kwargs, message in refused:
+        with pytest.raises(ValueError, match=None) as err:
+            bench.BenchConfig(**kwargs).validated()
+        assert message in str(err.value), kwargs
+    bench.BenchConfig(target="org/t", draft="org/d", calibration="none").validated()  # as they are: honoured
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--throughput", "0"], "--throughput must be >= 1, got 0"),
+        (["--throughput", "-1"], "--throughput must be >= 1, got -1"),
+        (["--throughput", "none"], "--throughput takes a positive integer batch size, got 'none'"),
+    ],
+)
+def test_throughput_batch_sizes_are_positive_integers(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench.main(argv)
+    assert stop.value.code == 1 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "refused"),
+    [
+        (
+            ["--throughput", "1", "--json", "x.json"],
+            "--throughput runs the throughput section instead of the bench",
+        ),
+        (["--throughput", "1", "--conversation"], "does not honour --conversation"),
+        (["--conversation", "--json", "x.json", "--sampling"], "does not honour --json, --sampling"),
+        (["--conversation", "--methods", "sage"], "does not honour --methods"),
+    ],
+)
+def test_sections_refuse_the_flags_they_do_not_honour(argv, refused, tmp_path, capsys):
+    assert bench.main([*argv, "--out", str(tmp_path / "out")]) == 1
+    assert refused in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
 def test_throughput_section_compares_batched_generate_and_vlmspec(pair_args, tmp_path):
@@ -260,14 +351,17 @@ def test_throughput_section_compares_batched_generate_and_vlmspec(pair_args, tmp
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "llava_onevision"])
-def test_conversation_section_reports_every_turn_with_cache_reuse(family, tiny_root, tmp_path):
+def test_conversation_section_reports_every_turn_with_cache_reuse(family, tiny_root, tmp_path, capsys):
     pair = build_tiny_pair(
         family, root=tiny_root
     )  # LLaVA-OV: a template that renders system parts its own way
     argv = ["--target", str(pair.target), "--draft", str(pair.draft), "--n", "2", "--max-new-tokens", "8", "--threads", "1", "--quiet", "--out", str(tmp_path),
             "--conversation", "--throughput-policies", "sage"]  # fmt: skip
     assert bench.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("conversations of 3 turns") == 1, printed  # the header, once
     text = (tmp_path / "conversation.md").read_text()
+    assert text.startswith("pair explicit; 2 conversations of 3 turns; up to 8 new tokens per reply\n\n")
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
             or line.startswith("| 3 |")]  # fmt: skip
     methods = [(row[0], row[1]) for row in rows if len(row) == 10]

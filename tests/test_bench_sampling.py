@@ -221,7 +221,7 @@ def test_cli_flags_parse(pair_args):
 def test_bad_flag_values_are_argparse_errors(pair_args, argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.build_parser().parse_args([*pair_args, "--dsbd", *argv])
-    assert exit_info.value.code == 2
+    assert exit_info.value.code == 1  # as every vlmspec command
     assert message in capsys.readouterr().err
 
 
@@ -234,7 +234,7 @@ def test_bad_flag_values_are_argparse_errors(pair_args, argv, message, capsys):
     ],
 )
 def test_bad_dsbd_options_stop_before_any_work(pair_args, options, message, capsys):
-    assert bench.main([*pair_args, *FAST, "--dsbd", "--dsbd-options", options]) == 2
+    assert bench.main([*pair_args, *FAST, "--dsbd", "--dsbd-options", options]) == 1
     err = capsys.readouterr().err
     assert err.startswith("vlmspec bench: error: dsbd options") and message in err
 

@@ -54,6 +54,11 @@ CASES = [
         "is not an EDD draft",
     ),
     (["demo", "--target", "testbed-mini", "--draft", "edd"], "no EDD draft ships"),
+    (["bench", "--throughput", "0"], "--throughput must be >= 1, got 0"),
+    (["bench", "--throughput", "1", "--json", "{notes}"], "does not honour --json"),
+    (["bench", "--conversation", "--throughput", "1"], "does not honour --conversation"),
+    (["bench", "--target", "testbed-mini", "--calibration", "nosuch"], "unknown calibration 'nosuch'"),
+    (["bench", "--target", "testbed-mini", "--size", "base"], "--size base picks the default pair's size"),
 ]
 
 
@@ -73,8 +78,14 @@ def test_debug_shows_the_traceback(capsys):
         main(["demo", "--policy", "nope", "--debug"])
 
 
+BENCH_BAD_VALUES = [["--n", "0"], ["--repeats", "0"], ["--tasks", "nosuch"], ["--methods", "nosuch"],
+                    ["--prune-ratios", "2"], ["--budget", "foo"], ["--throughput", "-1"]]  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "argv", [["caption", "{videos}", "--bogus"], ["demo", "--nope"], ["bench", "--n", "zero"]]
+    "argv",
+    [["caption", "{videos}", "--bogus"], ["demo", "--nope"], ["bench", "--n", "zero"]]
+    + [["bench", *values] for values in BENCH_BAD_VALUES],
 )
 def test_a_bad_flag_exits_1_not_the_jobs_partial_status_2(argv, user_files, capsys):
     code, err = run([a.format(**user_files) for a in argv], capsys)

@@ -582,6 +582,30 @@ EXPECTED_PAIRS = {
 }
 
 
+def test_a_saved_pipeline_gives_its_pair_with_the_model_args_settings(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    """``target=<folder written by pipe.save_pretrained>``: its target/ and draft/, run with the model's own policy."""
+    from vlmspec import VLMSpecPipeline
+    from vlmspec.testing import build_tiny_pair
+
+    pair = build_tiny_pair("qwen2_vl", root=tiny_root)
+    saved = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain", gamma=3).save_pretrained(
+        tmp_path / "my-pipe"
+    )
+    opts = options.parse_model_args({"target": str(saved)})
+    resolved = options.resolve_pair(opts)
+    assert opts.policy == "sage" and opts.policy_options == {}  # not the saved chain settings
+    assert (resolved.target, resolved.draft) == (str(saved / "target"), str(saved / "draft"))
+    assert resolved.source == f"pipeline:{saved}"
+    assert (
+        options.resolve_pair(options.parse_model_args({"target": str(saved), "policy": "ar"})).draft is None
+    )
+    shutil.rmtree(saved / "draft")
+    with pytest.raises(InvalidInputError, match="the saved pipeline .* holds no draft/: give draft="):
+        options.resolve_pair(opts)
+
+
 def test_pair_configs_load_and_validate() -> None:
     paths = sorted((REPO / "configs" / "models").glob("*.yaml"))
     pairs = set()

@@ -43,7 +43,7 @@ from vlmspec.probe import check_sizes
 
 from .analysis import entropy_report, tau_vs_length, token_entropies
 from .cost import PROBE_SIZES, CostProbe, run_cost_probe
-from .flag_types import beam_width, budget, comma_list, json_options
+from .flag_types import Parser, batch_sizes, beam_width, budget, comma_list, json_options
 from .methods import (
     AR,
     EDD_PREFIX,
@@ -69,7 +69,10 @@ class BenchConfig:
     """Everything a bench run needs: one field per ``vlmspec bench`` option (see :func:`add_arguments` for what
     each means), with ``json_path`` for ``--json``, ``plots`` for ``not --no-plots``, ``verbose`` for ``not --quiet``.
 
-    ``target``/``draft`` both ``None``: the default pair (the testbed ``size`` pair of ``family`` at ``calibration``);
+    ``target``/``draft`` both ``None``: the default pair (the testbed ``size`` pair of ``family``, default ``base``,
+    at ``calibration``, default ``cpu``); a target is a folder or hub id (with ``draft``), a pair name (``calibration``
+    inflates it when it names none) or a folder written by ``pipe.save_pretrained`` (its pair, the bench's settings);
+    ``calibration`` ``"none"``: as trained (see :func:`.tasks.check_pair` for what is refused);
     ``methods`` ``None``: all; ``budget``: ``"auto"``, an int or ``None`` (each policy's config defaults);
     ``beam_width`` ``None``: dsbd's mean output width; ``threads`` ``None``: torch's default.
     """
@@ -77,8 +80,8 @@ class BenchConfig:
     target: str | None = None
     draft: str | None = None
     family: str = "qwen2_vl"
-    size: str = "base"
-    calibration: str | None = "cpu"
+    size: str | None = None
+    calibration: str | None = None
     tasks: tuple[str, ...] = TASKS
     methods: str | Sequence[str] | None = None
     n: int = 3
@@ -128,7 +131,7 @@ class BenchConfig:
         for ratio in self.prune_ratios:
             if not 0.0 <= ratio < 1.0:
                 raise ValueError(f"prune ratio {ratio} is invalid: use numbers in [0, 1)")
-        check_pair(self.target, self.draft)
+        check_pair(self.target, self.draft, self.size, self.calibration)
         if self.beam_width is not None and not (isinstance(self.beam_width, int) and self.beam_width >= 1):
             raise ValueError(f"beam width={self.beam_width!r} is invalid: use an integer >= 1 or 'auto'")
         try:
@@ -443,15 +446,17 @@ def _logger(verbose: bool):
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the bench's options to ``parser`` (for ``vlmspec bench``'s subparser)."""
     a = parser.add_argument
-    a("--target", help="target model folder or hub id or pair name (default: the testbed base pair)")
+    a("--target", help="target model folder or hub id, pair name, or a folder written by pipe.save_pretrained (its "
+      "pair; the bench's own settings) (default: the testbed base pair)")  # fmt: skip
     a("--draft", help="draft model folder or hub id (with --target)")
-    a("--family", default="qwen2_vl", help="family of the default pair (default qwen2_vl)")
-    a("--size", default="base", help="testbed pair size of the default pair (default base)")
+    a("--family", default="qwen2_vl", help="family of the default pair or of a pair name (default qwen2_vl)")
+    a("--size", default=None, help="testbed pair size of the default pair (default base; not with --target)")
     a(
         "--calibration",
-        default="cpu",
-        help="calibration of the default pair: cpu (default: the target inflated exactly to 15-25x the draft's cost), "
-        "7b-2b, 7b-3b, 7b-0.5b (real checkpoints' shapes, for GPUs), or none (the pair as trained)",
+        default=None,
+        help="calibration of the default pair or of a --target pair name that names none: cpu (the default pair's "
+        "default: the target inflated exactly to 15-25x the draft's cost), 7b-2b, 7b-3b, 7b-0.5b (real checkpoints' "
+        "shapes, for GPUs), or none (the pair as trained)",
     )
     a("--tasks", type=comma_list(str), default=TASKS,
       help=f"comma-separated tasks (default {','.join(TASKS)})")  # fmt: skip
@@ -497,7 +502,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
       help="--dsbd: JSON of dsbd config options, e.g. '{\"threshold\": 0.7}' (default: the paper's)")  # fmt: skip
     a("--edd", default="auto",
       help="EDD draft for the edd+<policy> rows: a folder, or 'auto' (the one shipped for a testbed pair)")  # fmt: skip
-    a("--throughput", type=comma_list(int), default=None, metavar="SIZES",
+    a("--throughput", type=batch_sizes("--throughput"), default=None, metavar="SIZES",
       help="instead of the bench: the throughput section at these batch sizes (e.g. 1,4,8,16), --n videos, "
       "vlmspec (--throughput-policies) against transformers' batched generate(); see vlmspec_eval.throughput")  # fmt: skip
     a("--throughput-policies", type=comma_list(str), default=("sage",),
@@ -509,16 +514,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vlmspec bench", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="vlmspec bench", description=__doc__.split("\n\n")[0])
     return add_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The :class:`BenchConfig` of parsed :func:`add_arguments` options."""
-    names = {f.name for f in fields(BenchConfig)} & set(vars(args)) - {"calibration"}
+    names = {f.name for f in fields(BenchConfig)} & set(vars(args))
     return BenchConfig(
         **{name: getattr(args, name) for name in names},
-        calibration=None if args.calibration == "none" else args.calibration,
         json_path=args.json,
         plots=not args.no_plots,
         verbose=not args.quiet,
@@ -526,12 +530,14 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def run_args(args: argparse.Namespace) -> int:
-    """Run the bench from parsed arguments (for a CLI that parsed them with :func:`add_arguments`)."""
+    """Run the bench from parsed arguments (for a CLI that parsed them with :func:`add_arguments`); a bad option
+    prints one line and returns 1, as every ``vlmspec`` command does."""
     try:
         config = config_from_args(args).validated()
+        check_section_flags(args)
     except ValueError as err:
         print(f"vlmspec bench: error: {err}", file=sys.stderr)
-        return 2
+        return 1
     if args.throughput:
         from . import throughput
 
@@ -547,6 +553,32 @@ def run_args(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_section_flags(args: argparse.Namespace) -> None:
+    """Refuse, with ``--throughput`` or ``--conversation`` (each runs instead of the bench and writes its own
+    ``<out>/<section>.md``), the flags of the bench that section does not honour.
+
+    Raises:
+        ValueError: naming the section and the flags.
+    """
+    section = "--throughput" if args.throughput else "--conversation" if args.conversation else None
+    if section is None:
+        return
+    given = {
+        "--conversation": section == "--throughput" and args.conversation,
+        "--json": args.json is not None,
+        "--methods": args.methods is not None,
+        "--sampling": args.sampling,
+        "--dsbd": args.dsbd,
+    }
+    refused = [flag for flag, on in given.items() if on]
+    if refused:
+        name = section.removeprefix("--")
+        raise ValueError(
+            f"{section} runs the {name} section instead of the bench: it writes {name}.md only, for the methods "
+            f"of --throughput-policies, and does not honour {', '.join(refused)}; run those separately"
+        )
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     """Adds ``vlmspec bench`` to the ``vlmspec`` command line (the ``vlmspec.commands`` entry point)."""
     summary = "benchmark methods side by side (tau, tokens/s, speed-up, identical to AR)"
@@ -555,7 +587,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``vlmspec bench [options]``; returns the exit status (2 for a bad option)."""
+    """``vlmspec bench [options]``; returns the exit status (1 for a bad option or flag, as ``vlmspec bench``)."""
     return run_args(build_parser().parse_args(argv))
 
 

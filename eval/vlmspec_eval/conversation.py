@@ -224,8 +224,11 @@ def run_section(config: Any, policies: Sequence[str]) -> int:
     log = lambda line: print(line, flush=True)  # noqa: E731
     with torch_threads(config.threads):
         pair, pipe = load_config_pair(config)
-        head = f"pair {pair.source}; {config.n} conversations of {TURNS} turns; up to {config.max_new_tokens} new "
-        log(head + "tokens per reply")
+        head = (
+            f"pair {pair.source}; {config.n} conversations of {TURNS} turns; up to {config.max_new_tokens} new "
+            "tokens per reply"
+        )
+        log(head)
         edd_pipe = None
         if any(policy.startswith(EDD_PREFIX) for policy in policies):
             edd_pipe, missing = load_edd_pipeline(pipe, pair, config)
@@ -235,6 +238,6 @@ def run_section(config: Any, policies: Sequence[str]) -> int:
         rows, fresh, cached = measure_conversations(
             pipe, convos, config.max_new_tokens, policies, log=log, edd_pipe=edd_pipe
         )
-    text = f"{head}tokens per reply\n\n{markdown(rows, fresh, cached, config.n)}"
-    print(text)
-    return write_section(config.out, "conversation.md", text)
+    text = markdown(rows, fresh, cached, config.n)
+    print(text)  # the header went out first, as the section started
+    return write_section(config.out, "conversation.md", f"{head}\n\n{text}")

@@ -1,11 +1,20 @@
 """The argparse types of the bench's flags: comma lists, positive integers, ``auto`` words, JSON objects; each error
-names the flag and what it takes."""
+names the flag and what it takes. :class:`Parser` exits 1 on a bad flag, as every ``vlmspec`` command does."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
+
+
+class Parser(argparse.ArgumentParser):
+    """Exits with status 1 on a bad flag, like every other user error of ``vlmspec`` (argparse's own is 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(1, f"{self.prog}: error: {message}\n")
 
 
 def comma_list(kind: type):
@@ -33,6 +42,20 @@ def positive_int(flag: str, text: str, words: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{flag} must be >= 1, got {value}")
     return value
+
+
+def batch_sizes(flag: str):
+    """An argparse ``type``: comma-separated batch sizes (integers >= 1, at least one) as a tuple."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        sizes = tuple(
+            positive_int(flag, part.strip(), " batch size") for part in text.split(",") if part.strip()
+        )
+        if not sizes:
+            raise argparse.ArgumentTypeError(f"{flag} takes comma-separated batch sizes >= 1, e.g. 1,4,8")
+        return sizes
+
+    return parse
 
 
 def budget(text: str) -> int | str | None:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from vlmspec.named_pairs import ResolvedPair, is_pair_name
+from vlmspec.named_pairs import ResolvedPair, is_pair_name, is_pipeline_folder, split_calibration
 from vlmspec.named_pairs import resolve_pair as resolve_named_pair
 
 TASKS: tuple[str, ...] = ("image_caption", "image_qa", "video_caption")
@@ -136,24 +137,74 @@ def _synthetic_input(task: str, index: int, seed: int) -> TaskInput:
     return TaskInput(task=task, index=index, prompt=_SYNTHETIC_PROMPTS[task], image=make_image(seed))
 
 
+DEFAULT_SIZE = "base"
+DEFAULT_CALIBRATION = "cpu"
+"""The default pair's size and calibration (``testbed-base:<family>@cpu``) when ``--size``/``--calibration`` say none."""
+
+
 def resolve_pair(
-    target: str | None, draft: str | None, family: str, size: str = "base", calibration: str | None = "cpu"
+    target: str | None,
+    draft: str | None,
+    family: str,
+    size: str | None = None,
+    calibration: str | None = None,
 ) -> ResolvedPair:
-    """The pair to benchmark: the explicit folders (or a pair name, see :mod:`vlmspec.named_pairs`), else the
-    testbed's shipped ``size`` pair of ``family``, inflated to ``calibration`` (``None``: as trained).
+    """The pair to benchmark: the explicit folders, a pair name (see :mod:`vlmspec.named_pairs`) or a folder written
+    by ``pipe.save_pretrained`` (its pair; the bench keeps its own settings), else the testbed's shipped ``size``
+    pair of ``family`` (default ``base``).
+
+    ``calibration`` (``None``: not given) inflates the default pair (default ``cpu``) or a pair name that names
+    none; ``"none"``: as trained.
 
     Raises:
         ValueError: see :func:`check_pair`.
     """
-    check_pair(target, draft)
+    check_pair(target, draft, size, calibration)
     if target is None:
-        target = f"testbed-{size}:{family}" + (f"@{calibration}" if calibration else "")
+        target = f"testbed-{size or DEFAULT_SIZE}:{family}"
+        calibration = calibration or DEFAULT_CALIBRATION
+    if calibration not in (None, "none") and split_calibration(target)[1] is None:
+        target = f"{target}@{calibration}"
     return resolve_named_pair(target, draft, family=family)
 
 
-def check_pair(target: str | None, draft: str | None) -> None:
-    """Raises ``ValueError`` for a draft without a target, or a folder/hub-id target without a draft."""
+def check_pair(
+    target: str | None, draft: str | None, size: str | None = None, calibration: str | None = None
+) -> None:
+    """Refuse what names no pair, before anything loads.
+
+    Raises:
+        ValueError: a draft without a target; a folder/hub-id target without a draft (a saved pipeline brings its
+            own, when it has one); ``size`` with a target (it picks the default pair); ``calibration`` (but
+            ``"none"``) with a target that is not a pair name, or with a pair name of another calibration; an
+            unknown calibration.
+    """
     if (target is None) != (draft is None) and not is_pair_name(target):
+        if not is_pipeline_folder(target):
+            raise ValueError(
+                "give both --target and --draft, a pair name or a saved pipeline as --target, or neither (the "
+                "default pair)"
+            )
+        if not (Path(str(target)) / "draft").is_dir():
+            raise ValueError(f"the saved pipeline {target!r} holds no draft/: give --draft")
+    if target is not None and size is not None:
         raise ValueError(
-            "give both --target and --draft, a pair name as --target, or neither (the default pair)"
+            f"--size {size} picks the default pair's size, but --target {target!r} names the pair; name "
+            f"testbed-{size} as --target instead"
+        )
+    if calibration is None:
+        return
+    if calibration != "none":
+        from vlmspec.testbed.calibrate import get_calibration
+
+        get_calibration(calibration)  # an unknown name: the message lists the valid ones
+        if target is not None and not is_pair_name(target):
+            raise ValueError(
+                f"--calibration {calibration} inflates a pair name or the default pair, but --target {target!r} is "
+                "a folder or hub id, whose models load as they are"
+            )
+    named = split_calibration(str(target))[1] if is_pair_name(target) else None
+    if named is not None and named != calibration:
+        raise ValueError(
+            f"--target {target!r} names calibration {named!r} but --calibration says {calibration!r}: give one"
         )

@@ -33,7 +33,7 @@ from .bench import (
     torch_threads,
     write_section,
 )
-from .flag_types import comma_list
+from .flag_types import Parser, batch_sizes, comma_list
 from .report import table
 from .tasks import load_inputs, resolve_pair
 
@@ -177,9 +177,7 @@ def run_section(config: Any, sizes: Sequence[int], policies: Sequence[str]) -> i
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m vlmspec_eval.throughput", description=__doc__.split("\n\n")[0]
-    )
+    parser = Parser(prog="python -m vlmspec_eval.throughput", description=__doc__.split("\n\n")[0])
     a = parser.add_argument
     a("--target", default=None, help="pair name or target folder (default: the calibrated base pair)")
     a("--draft", default=None, help="draft folder (with a target folder)")
@@ -196,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="vlmspec rows with the pair's EDD draft (testbed pairs) instead of its own",
     )
     a("--dtype", default="float32", choices=sorted(DTYPES), help="model dtype")
-    a("--sizes", type=comma_list(int), default=DEFAULT_SIZES, help="batch sizes (default 1,4,8,16)")
+    a("--sizes", type=batch_sizes("--sizes"), default=DEFAULT_SIZES, help="batch sizes (default 1,4,8,16)")
     a("--n", type=int, default=24, help="videos (default 24)")
     a("--max-new-tokens", type=int, default=128)
     a("--seed", type=int, default=0)

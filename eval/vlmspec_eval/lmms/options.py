@@ -23,6 +23,9 @@ Special target names (no download, built locally on first use):
 * ``testbed-mini`` / ``testbed-base`` (optionally ``:<family>``, default ``qwen2_vl``): the trained testbed pair
   of :mod:`vlmspec.testbed` (``pair_paths(size, family)``); the draft comes with it.
 * ``tiny`` (optionally ``:<family>``): the tiny random pair of :mod:`vlmspec.testing` (machinery checks only).
+
+A folder written by ``pipe.save_pretrained`` gives its pair (its ``target/`` and ``draft/``); the model runs it with
+these options (policy, pruning, ...), not the settings saved with it.
 """
 
 from __future__ import annotations
@@ -37,7 +40,13 @@ from typing import Any, Literal
 import yaml
 
 from vlmspec.errors import InvalidInputError
-from vlmspec.named_pairs import DEFAULT_FAMILY, ResolvedPair, is_pair_name, split_calibration
+from vlmspec.named_pairs import (
+    DEFAULT_FAMILY,
+    ResolvedPair,
+    is_pair_name,
+    is_pipeline_folder,
+    split_calibration,
+)
 from vlmspec.named_pairs import resolve_pair as resolve_named_pair
 from vlmspec.policies import PolicyConfig, available_policies, policy_class
 from vlmspec.pruning import PruningMethod
@@ -57,7 +66,7 @@ __all__ = [
 
 MODEL_ARGS: dict[str, str] = {
     "target": "target model: hub id, local folder, testbed-mini / testbed-base / tiny (optionally ':<family>' and "
-    "'@<calibration>', e.g. testbed-base@cpu)",
+    "'@<calibration>', e.g. testbed-base@cpu), or a folder written by pipe.save_pretrained (its pair)",
     "draft": "draft model of the same family (hub id or folder); not needed for policy=ar or the special targets",
     "policy": "tree policy (default sage); see vlmspec.policies.available_policies()",
     "prune_ratio": "fraction of visual tokens the draft drops, images and videos alike, in [0, 1)",
@@ -312,16 +321,23 @@ def _special(target: str) -> tuple[str, str] | None:
 # Checkpoints
 # ---------------------------------------------------------------------------------------------------------------
 def resolve_pair(options: ModelOptions) -> ResolvedPair:
-    """The folders (or hub ids) to load, building the testbed/tiny pair first when the target names one.
+    """The folders (or hub ids) to load, building the testbed/tiny pair first when the target names one; a folder
+    written by ``pipe.save_pretrained`` gives its pair (run with these options, not its saved settings).
 
     Raises:
         InvalidInputError: a policy that needs a draft without one, or an unknown family for a special target.
     """
     uses_draft = policy_class(options.policy).uses_draft
-    if _special(options.target) is None and uses_draft and options.draft is None:
+    saved = is_pipeline_folder(options.target)
+    if _special(options.target) is None and not saved and uses_draft and options.draft is None:
         raise InvalidInputError(
             f"policy={options.policy!r} needs draft=... (a smaller checkpoint of the target's family); "
             "use policy=ar for the target alone"
         )
     pair = resolve_named_pair(options.target, options.draft)
+    if uses_draft and pair.draft is None:  # a saved pipeline without a draft
+        raise InvalidInputError(
+            f"policy={options.policy!r} needs a draft, but the saved pipeline {options.target!r} holds no draft/: "
+            "give draft=... or use policy=ar"
+        )
     return pair if uses_draft else dataclasses.replace(pair, draft=None)
