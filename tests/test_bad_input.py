@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import io
+import re
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 from synthetic import peaked, synthetic_tree
 
-from vlmspec import VLMSpecPipeline, get_policy
-from vlmspec.inputs import load_images, load_video
+from vlmspec import InputTypeError, InvalidInputError, VLMSpecError, VLMSpecPipeline, get_policy
+from vlmspec.inputs import load_image, load_images, load_video
+from vlmspec.loading import check_dtype
 from vlmspec.policies import EAGLE2Config, SAGEConfig, SAGEPolicy, available_policies, policy_class
-from vlmspec.pruning import PruningConfig
+from vlmspec.pruning import PruningConfig, pruning_config
 from vlmspec.testing import make_image
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_pairs):
+    pair = tiny_pairs["qwen2_vl"]
+    return VLMSpecPipeline.from_pretrained(
+        pair.target, pair.draft, policy="chain", gamma=2, torch_dtype=torch.float32
+    )
 
 
 # ---- options are checked by their declared types -------------------------------------------------------------
@@ -102,7 +114,10 @@ def test_frames_of_different_sizes_and_wrong_types_are_refused():
         load_video([np.zeros((4, 4), dtype=np.uint8)])
     with pytest.raises(TypeError, match="video must be a file path or a list of frames, got int"):
         load_video(42)
-    with pytest.raises(TypeError, match="image must be a PIL image, a file path or a list of them, got int"):
+    with pytest.raises(
+        TypeError,
+        match="image must be a PIL image, a file path, an image file's bytes or a list of them, got int",
+    ):
         load_images(42)
 
 
@@ -165,3 +180,174 @@ def test_user_errors_are_the_library_s_own_and_the_builtin_ones():
         with pytest.raises(own) as caught:
             call()
         assert isinstance(caught.value, vlmspec.VLMSpecError) and isinstance(caught.value, builtin)
+
+
+# ---- every argument is checked where it is owned, and refused as the library's own error ------------------------
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"do_sample": True, "top_p": "0.5"}, InvalidInputError, r"top_p='0.5' is invalid: use a number in"),
+        ({"do_sample": True, "seed": "abc"}, InvalidInputError, r"seed='abc' is invalid: use an integer"),
+        ({"do_sample": True, "seed": 1.5}, InvalidInputError, r"seed=1.5 is invalid: use an integer"),
+        ({"seed": "abc"}, InvalidInputError, r"seed='abc' is invalid"),  # greedy: still a mistake
+        (
+            {"stop_strings": 5},
+            InputTypeError,
+            r"stop_strings=5 is invalid: use a string or a list of strings",
+        ),
+        ({"stop_strings": [1]}, InputTypeError, r"stop_strings=\[1\] is invalid: use a string or a list"),
+        (
+            {"streamer": 5},
+            InputTypeError,
+            r"streamer=5 is not a streamer: it has no put\(\) or end\(\); pass",
+        ),
+        ({"max_new_tokens": True}, InvalidInputError, r"max_new_tokens=True is invalid: use an integer >= 1"),
+        ({"do_sample": "no"}, InvalidInputError, r"do_sample='no' is invalid: use True .* or False"),
+        (
+            {"max_tokens": 4},
+            InputTypeError,
+            r"pipe\(...\) does not take max_tokens: it takes image, prompt, video, max_new_tokens, .*eos_token_id; "
+            r"did you mean 'max_new_tokens'\?$",
+        ),
+    ],
+)
+def test_call_arguments_are_refused_naming_them(pipe, options, error, message):
+    with pytest.raises(error, match=message) as caught:
+        pipe(make_image(0), "Describe.", **{"max_new_tokens": 4, **options})
+    assert isinstance(caught.value, VLMSpecError)
+
+
+def test_batch_refuses_an_unknown_argument_with_the_calls_own_message(pipe):
+    requests = [{"prompt": "Hi", "max_new_tokens": 2}, {"prompt": "Hi", "max_tokens": 2}]
+    with pytest.raises(
+        InputTypeError,
+        match=r"^pipe.batch: request 1: pipe\(...\) does not take max_tokens: it takes image, .*did you",
+    ):
+        pipe.batch(requests)
+    with pytest.raises(InputTypeError, match=r"^pipe\(...\) does not take foo, bar: it takes image, prompt"):
+        pipe(None, "Hi", foo=1, bar=2)
+
+
+def test_batch_takes_a_list_of_requests_and_says_so(pipe):
+    with pytest.raises(
+        InputTypeError,
+        match=r"^pipe.batch takes a list of requests, but got one request as a dict \(keys 'image', 'prompt'\); "
+        r"pass a list of dicts",
+    ):
+        pipe.batch({"image": make_image(0), "prompt": "Hi"})
+    with pytest.raises(
+        InputTypeError, match=r"^pipe.batch_iter takes a list of requests, but got one request"
+    ):
+        next(pipe.batch_iter({"prompt": "Hi"}))
+    with pytest.raises(
+        InputTypeError, match=r"^pipe.batch: request 1: a str is not a request: give one dict"
+    ):
+        pipe.batch([{"prompt": "Hi", "max_new_tokens": 2}, "Hi"])
+
+
+def test_prompt_ids_must_be_the_models_token_ids(pipe):
+    inputs = pipe.prepare_inputs(None, "Describe.")
+    floats = {**inputs, "input_ids": inputs["input_ids"].float()}
+    with pytest.raises(
+        InvalidInputError, match=r"^inputs\['input_ids'\] is a float32 tensor; token ids are integers"
+    ):
+        pipe(inputs=floats, max_new_tokens=2)
+    with pytest.raises(InvalidInputError, match=r"^input_ids is a float32 tensor; token ids are integers"):
+        pipe.generate(**floats, max_new_tokens=2)
+    vocab = min(model.get_input_embeddings().weight.shape[0] for model in (pipe.target, pipe.draft))
+    outside = {**inputs, "input_ids": inputs["input_ids"].clone()}
+    outside["input_ids"][0, -1] = vocab
+    message = (
+        rf"holds ids in \[\d+, {vocab}\], outside the models' vocabulary \[0, {vocab}\); build the inputs"
+    )
+    with pytest.raises(InvalidInputError, match=rf"^inputs\['input_ids'\] {message}"):
+        pipe(inputs=outside, max_new_tokens=2)
+    with pytest.raises(InvalidInputError, match=rf"^input_ids {message}"):
+        pipe.generate(**outside, max_new_tokens=2)
+
+
+def test_generate_refuses_what_generate_would_not_use_and_takes_its_tokenizer(pipe):
+    inputs = pipe.prepare_inputs(make_image(0), "Describe.")
+    with pytest.raises(
+        InputTypeError, match=r"pipe.generate\(\) does not take foo: it takes processor outputs"
+    ):
+        pipe.generate(**inputs, foo=torch.ones(1), max_new_tokens=2)
+    with pytest.raises(
+        InputTypeError, match=r"does not take max_tokens: .*; did you mean 'max_new_tokens'\?$"
+    ):
+        pipe.generate(**inputs, max_tokens=2)
+    with pytest.raises(InvalidInputError, match=r"batch_size=0 is invalid: use an integer >= 1"):
+        pipe.generate(**inputs, batch_size=0, max_new_tokens=2)
+    with pytest.raises(InputTypeError, match=r"pad_token_id='x' is invalid: use one token id"):
+        pipe.generate(**inputs, pad_token_id="x", max_new_tokens=2)
+    with pytest.raises(InvalidInputError, match=r"seed='abc' is invalid: use an integer"):
+        pipe.generate(**inputs, do_sample=True, seed="abc", max_new_tokens=2)
+    # generate() needs a tokenizer with stop_strings: taken, and the pipeline's own used
+    full = pipe(make_image(0), "Describe.", max_new_tokens=16)
+    stop = full.text[len(full.text) // 2 :][:3]
+    with_tokenizer = pipe.generate(**inputs, max_new_tokens=16, stop_strings=stop, tokenizer=pipe.tokenizer)
+    assert torch.equal(with_tokenizer, pipe.generate(**inputs, max_new_tokens=16, stop_strings=stop))
+    new = with_tokenizer[0, inputs["input_ids"].shape[1] :].tolist()
+    assert new == pipe(make_image(0), "Describe.", max_new_tokens=16, stop_strings=stop).token_ids
+
+
+def test_an_unknown_dtype_is_refused_before_loading(tiny_pairs):
+    pair = tiny_pairs["qwen2_vl"]
+    with pytest.raises(
+        InvalidInputError, match=r"^torch_dtype='float99' is invalid: use 'auto' .*'bfloat16'"
+    ):
+        VLMSpecPipeline.from_pretrained(pair.target, pair.draft, torch_dtype="float99")
+    with pytest.raises(InvalidInputError, match=r"torch_dtype=5 is invalid"):
+        check_dtype(5)
+    for taken in (
+        "auto",
+        "bfloat16",
+        torch.float16,
+        None,
+        {"text_config": "float32", "vision_config": torch.float32},
+    ):
+        check_dtype(taken)
+
+
+def test_a_directory_is_named_as_one_not_as_missing(tmp_path):
+    where = re.escape(str(tmp_path))
+    with pytest.raises(InvalidInputError, match=rf"^image path '{where}' is a directory, not an image file"):
+        load_image(tmp_path)
+    with pytest.raises(InvalidInputError, match=rf"^video path '{where}' is a directory, not a video file"):
+        load_video(str(tmp_path))
+
+
+def test_image_bytes_are_read_as_an_image_file(pipe):
+    image = make_image(0)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    data = buffer.getvalue()
+    assert np.array_equal(np.asarray(load_image(data)), np.asarray(image.convert("RGB")))
+    assert len(load_images(data)) == 1  # one image, not a list of its bytes
+    assert (
+        pipe(data, "Describe.", max_new_tokens=6).token_ids
+        == pipe(image, "Describe.", max_new_tokens=6).token_ids
+    )
+    with pytest.raises(
+        InvalidInputError,
+        match=r"^image bytes \(4 bytes, starting b'\\x89PNG'\) are not a readable image file; pass",
+    ):
+        pipe(b"\x89PNG", "Describe.", max_new_tokens=2)
+
+
+def test_prune_ratio_zero_keeps_the_pruning_method(pipe):
+    for method in ("attention", "uniform"):
+        config = pruning_config(method, 0)
+        assert config.method == method and not config.enabled and not config.needs_scores
+    built = VLMSpecPipeline(
+        pipe.target,
+        pipe.draft,
+        pipe.processor,
+        policy=get_policy("chain", gamma=2),
+        pruning="attention",
+        prune_ratio=0,
+    )
+    assert built.pruning == PruningConfig(method="attention", image_ratio=0, video_ratio=0, min_keep=0)
+    # A later per-call ratio prunes the way that was asked: by the target's attention.
+    call = built._prepare({"image": make_image(0), "prompt": "Describe.", "prune_ratio": 0.5})
+    assert call.draft.needs_scores

@@ -119,7 +119,7 @@ def test_a_bad_request_fails_alone(tiny_pairs):
 
 
 def test_batch_size_is_checked():
-    with pytest.raises(ValueError, match="positive integer, got 0"):
+    with pytest.raises(ValueError, match=r"batch_size=0 is invalid: use an integer >= 1"):
         Batcher(0)
 
 

@@ -227,9 +227,34 @@ def _same_input(split: torch.Tensor, alone: torch.Tensor) -> bool:
 
 
 def test_generate_options_are_the_calls_generation_options():
-    taken = set(inspect.signature(VLMSpecPipeline.__call__).parameters)
+    parameters = inspect.signature(VLMSpecPipeline.__call__).parameters.values()
+    taken = {p.name for p in parameters if p.kind is not p.VAR_KEYWORD}  # **unknown: refused by name
     inputs = {"self", "image", "prompt", "video", "messages", "inputs", "num_frames"}
     assert set(hf_compat.GENERATE_OPTIONS) == taken - inputs
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generate_takes_every_processor_output_and_refuses_what_the_model_does_not_use(tiny_pairs, family):
+    """What generate() passes on to the model (transformers' own check of unused model_kwargs) covers every
+    processor output of each family, images and videos; another tensor is refused by name."""
+    pair = tiny_pairs[family]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain", gamma=2)
+    content = [{"type": "image"}, {"type": "video"}, {"type": "text", "text": PROMPTS[0]}]
+    text = pipe.processor.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+    )
+    outputs = pipe.processor(
+        text=[text], images=[make_image(0)], videos=[make_video_frames(0)], return_tensors="pt"
+    )
+    taken = hf_compat.model_inputs(pipe.target)
+    assert set(outputs) <= taken, (family, set(outputs) - taken)
+    config = pipe.target.generation_config
+    _, tensors = hf_compat.split_generate_kwargs(dict(outputs), hf_compat.GENERATE_OPTIONS, config, taken)
+    assert set(tensors) == set(outputs)
+    with pytest.raises(TypeError, match=r"does not take foo: it takes processor outputs"):
+        hf_compat.split_generate_kwargs(
+            {**outputs, "foo": torch.ones(1)}, hf_compat.GENERATE_OPTIONS, config, taken
+        )
 
 
 def test_generate_refuses_what_it_cannot_do_naming_it(pipe):
@@ -468,7 +493,9 @@ def test_demo_command_on_the_tiny_pair(capsys, tiny_root, monkeypatch):
     assert "Using the named pair (tiny:qwen2_vl)." in out  # a named pair is not "no checkpoint named"
 
 
-def test_demo_prompts_a_video_as_a_clip_and_takes_an_image_beside_it(capsys, tiny_root, monkeypatch, tmp_path):
+def test_demo_prompts_a_video_as_a_clip_and_takes_an_image_beside_it(
+    capsys, tiny_root, monkeypatch, tmp_path
+):
     monkeypatch.setenv("VLMSPEC_CACHE", str(tiny_root))
     video = write_video(tmp_path / "clip.mp4", make_video_frames(0), fps=2)
     make_image(1).save(tmp_path / "picture.png")

@@ -77,6 +77,22 @@ def test_pipe_stream_yields_pieces_that_join_to_the_reply(pipe, case):
     assert pieces[-1].stats.new_tokens == len(out.token_ids)
 
 
+def test_pipe_stream_takes_a_conversation_like_pipe(pipe):
+    pipe.policy = get_policy("chain", gamma=3)
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": make_image(3)}, {"type": "text", "text": "Hi"}],
+        }
+    ]
+    pieces = list(pipe.stream(messages=messages, max_new_tokens=12))
+    out = pipe(messages=messages, max_new_tokens=12)
+    assert (
+        "".join(p.text for p in pieces) == out.text
+        and sum((p.token_ids for p in pieces), []) == out.token_ids
+    )
+
+
 def test_pipe_stream_raises_what_the_call_raised(pipe):
     with pytest.raises(ValueError, match="max_new_tokens"):
         list(pipe.stream(make_image(0), "Describe this image.", max_new_tokens=0))

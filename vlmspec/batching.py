@@ -77,7 +77,9 @@ class Batcher:
 
     def __init__(self, max_rows: int) -> None:
         if not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1:
-            raise InvalidInputError(f"batch size must be a positive integer, got {max_rows!r}")
+            raise InvalidInputError(
+                f"batch_size={max_rows!r} is invalid: use an integer >= 1 (how many requests decode together)"
+            )
         self.max_rows = max_rows
         self.stores: dict[int, KVStore] = {}
         self._running: _Request | None = None

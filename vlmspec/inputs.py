@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from transformers.video_utils import VideoMetadata
 
 from .errors import InputNotFoundError, InputTypeError, InvalidInputError
 
-ImageInput = Image.Image | str | Path
+ImageInput = Image.Image | str | Path | bytes
 
 
 @dataclass(frozen=True)
@@ -87,17 +88,31 @@ VideoInput = str | Path | Sequence[Image.Image | np.ndarray] | VideoClip
 
 
 def load_image(image: ImageInput) -> Image.Image:
-    """A PIL RGB image from a PIL image or a file path.
+    """A PIL RGB image from a PIL image, a file path or the bytes of an image file (PNG, JPEG, ...).
 
     Raises:
         FileNotFoundError: the path does not exist.
-        ValueError: the file is not a readable image.
-        TypeError: neither a PIL image nor a path.
+        ValueError: the path is a directory; the file (or the bytes) is not a readable image.
+        TypeError: neither a PIL image, a path nor bytes.
     """
     if isinstance(image, Image.Image):
         return image.convert("RGB")
+    if isinstance(image, (bytes, bytearray)):  # a file's content, as read from disk or a request
+        try:
+            with Image.open(io.BytesIO(image)) as im:
+                return im.convert("RGB")
+        except (UnidentifiedImageError, OSError) as err:
+            raise InvalidInputError(
+                f"image bytes ({len(image)} bytes, starting {bytes(image[:8])!r}) are not a readable image file; "
+                "pass the whole content of a PNG/JPEG/... file, a file path or a PIL image"
+            ) from err
     if isinstance(image, (str, Path)):
         path = Path(image)
+        if path.is_dir():
+            raise InvalidInputError(
+                f"image path {str(path)!r} is a directory, not an image file; pass an image file's path (or a PIL "
+                "image)"
+            )
         if not path.is_file():
             raise InputNotFoundError(
                 f"image file {str(path)!r} does not exist; pass an existing image path or a PIL image"
@@ -110,18 +125,21 @@ def load_image(image: ImageInput) -> Image.Image:
                 f"image file {str(path)!r} could not be read as an image ({err}); check that it is a valid "
                 "PNG/JPEG/... file"
             ) from err
-    raise InputTypeError(f"image must be a PIL image or a file path, got {type(image).__name__}")
+    raise InputTypeError(
+        f"image must be a PIL image, a file path or an image file's bytes, got {type(image).__name__}"
+    )
 
 
 def load_images(images: ImageInput | Sequence[ImageInput] | None) -> list[Image.Image]:
     """Zero, one or several images as a list of PIL images."""
     if images is None:
         return []
-    if isinstance(images, (Image.Image, str, Path)):
+    if isinstance(images, (Image.Image, str, Path, bytes, bytearray)):
         return [load_image(images)]
     if not isinstance(images, Sequence):
         raise InputTypeError(
-            f"image must be a PIL image, a file path or a list of them, got {type(images).__name__}"
+            f"image must be a PIL image, a file path, an image file's bytes or a list of them, got "
+            f"{type(images).__name__}"
         )
     return [load_image(im) for im in images]
 
@@ -142,8 +160,8 @@ def load_video(
 
     Raises:
         FileNotFoundError: the path does not exist.
-        ValueError: the file cannot be decoded, holds no frames, ``num_frames`` < 1, or a clip's window holds no
-            frame.
+        ValueError: the path is a directory, the file cannot be decoded, holds no frames, ``num_frames`` < 1, or a
+            clip's window holds no frame.
     """
     if num_frames < 1:
         raise InvalidInputError(f"num_frames={num_frames} is invalid: sample at least 1 frame")
@@ -151,6 +169,11 @@ def load_video(
     video = clip.source
     if isinstance(video, (str, Path)):
         path = Path(video)
+        if path.is_dir():
+            raise InvalidInputError(
+                f"video path {str(path)!r} is a directory, not a video file; pass a video file's path (or a list "
+                "of frames)"
+            )
         if not path.is_file():
             raise InputNotFoundError(
                 f"video file {str(path)!r} does not exist; pass an existing video path or frames"
@@ -311,13 +334,13 @@ def _video_item(item: dict, source: VideoInput, where: str) -> VideoInput:
         raise type(err)(f"{where}: {err}") from err
 
 
-def check_prompt_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """One prompt's processor outputs (``pipe(inputs=...)``), checked: an ``input_ids`` tensor ``[1, L]`` with no
-    padding; ``None`` values dropped.
+def check_prompt_inputs(inputs: Mapping[str, Any], vocab_size: int | None = None) -> dict[str, Any]:
+    """One prompt's processor outputs (``pipe(inputs=...)``), checked: an ``input_ids`` tensor ``[1, L]`` of token
+    ids (below ``vocab_size`` when given) with no padding; ``None`` values dropped.
 
     Raises:
         TypeError: not a mapping with an ``input_ids`` tensor.
-        ValueError: several prompts, an empty one, or padding.
+        ValueError: several prompts, an empty one, ids that are not token ids, or padding.
     """
     if not isinstance(inputs, Mapping) or not torch.is_tensor(inputs.get("input_ids")):
         raise InputTypeError(
@@ -330,9 +353,32 @@ def check_prompt_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
             f"inputs['input_ids'] has shape {tuple(ids.shape)}; give one prompt, [1, L] with L >= 1 (for several "
             'prompts, pipe.generate(**inputs) or pipe.batch([{"inputs": ...}, ...]) with one request per prompt)'
         )
+    check_token_ids(ids, vocab_size, "inputs['input_ids']")
     if mask is not None and not bool(mask.bool().all()):
         raise InvalidInputError(
             "inputs['attention_mask'] masks some prompt tokens (padding); give one unpadded prompt per request, "
             "or the padded batch to pipe.generate(**inputs)"
         )
     return {k: v for k, v in inputs.items() if v is not None}
+
+
+def check_token_ids(ids: torch.Tensor, vocab_size: int | None, name: str = "input_ids") -> None:
+    """Refuse a tensor of prompt ids that are not token ids: not integers, or outside ``[0, vocab_size)`` (the
+    models' embedding rows; not checked when ``None``).
+
+    Raises:
+        ValueError: naming the tensor (``name``), its dtype or the ids out of range, and what to do.
+    """
+    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise InvalidInputError(
+            f"{name} is a {str(ids.dtype).removeprefix('torch.')} tensor; token ids are integers (torch.long), as "
+            "the processor returns them: build the inputs with the processor (or tokenizer), or convert with .long()"
+        )
+    if vocab_size is None or ids.numel() == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        raise InvalidInputError(
+            f"{name} holds ids in [{low}, {high}], outside the models' vocabulary [0, {vocab_size}); build the "
+            "inputs with this pipeline's processor (pipe.processor), whose tokenizer is the models'"
+        )

@@ -27,6 +27,7 @@ def load_pair(
     target, a calibrated pair inflated where it will run, the draft checked against the target, both moved to the
     GPU when one is present (without ``device_map``).
     """
+    check_dtype(torch_dtype)  # before anything loads or builds
     pair = resolve_pair(target, draft)
     target, draft = pair.target, pair.draft
     calibration = calibration or pair.calibration
@@ -62,6 +63,28 @@ def load_pair(
         if draft_model is not None:
             draft_model.to(device)
     return target_model, draft_model, processor
+
+
+def check_dtype(torch_dtype: Any) -> None:
+    """Refuse a ``torch_dtype`` that ``from_pretrained`` cannot take: it takes ``"auto"``, ``None`` (torch's
+    default), a ``torch.dtype``, a dtype's name (``"bfloat16"``) or a dict of them per sub-config.
+
+    Raises:
+        ValueError: naming the value and what is taken.
+    """
+    if torch_dtype is None or isinstance(torch_dtype, torch.dtype):
+        return
+    values = torch_dtype.values() if isinstance(torch_dtype, dict) else (torch_dtype,)
+    for value in values:
+        if isinstance(value, torch.dtype) or (
+            isinstance(value, str)
+            and (value == "auto" or isinstance(getattr(torch, value, None), torch.dtype))
+        ):
+            continue
+        raise InvalidInputError(
+            f"torch_dtype={torch_dtype!r} is invalid: use 'auto' (the checkpoint's dtype), a torch dtype "
+            "(torch.float32, torch.bfloat16) or its name ('float32', 'bfloat16', 'float16')"
+        )
 
 
 def check_compatible(

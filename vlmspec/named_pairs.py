@@ -25,13 +25,13 @@ name looks like a pair name is taken as a folder.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InvalidInputError
+from .validation import did_you_mean
 
 __all__ = [
     "DEFAULT_FAMILY",
@@ -115,8 +115,7 @@ def check_model_source(source: str | Path, role: str) -> None:
         return
     if os.sep in text or text.startswith((".", "~")):
         return
-    close = difflib.get_close_matches(_split(text)[0], PAIR_NAMES, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+    hint = did_you_mean(_split(text)[0], PAIR_NAMES)
     raise InvalidInputError(
         f"{role} {text!r} is not an existing folder, a pair name ({', '.join(PAIR_NAMES)}, optionally ':<family>' "
         f"and '@<calibration>') or a hub id ('owner/name'){hint}"

@@ -36,10 +36,11 @@ from .named_pairs import is_pipeline_folder
 from .policies import TreePolicy, available_policies, get_policy
 from .probe import cached_costs
 from .pruning import PruningConfig, pruning_config
+from .requests import call_arguments, check_requests, request_kwargs
 from .sampling import SamplingParams
 from .saving import read_settings, save_pipeline
 from .stopping import StopCriteria, eos_token_ids, token_ids
-from .streaming import StreamPiece, stream_call
+from .streaming import StreamPiece, check_streamer, stream_call
 
 DEFAULT_POLICY = "sage"
 
@@ -311,6 +312,7 @@ class VLMSpecPipeline:
         messages: Sequence[dict] | None = None,
         inputs: Mapping[str, Any] | None = None,
         eos_token_id: int | Sequence[int] | None = None,
+        **unknown: Any,
     ) -> SpecOutput:
         """Generate a reply to ``prompt`` about ``image`` (and/or ``video``), or to a conversation (``messages``).
 
@@ -337,12 +339,15 @@ class VLMSpecPipeline:
                 verification step's tokens together (see :mod:`vlmspec.streaming`).
             eos_token_id: the token id(s) that end generation, as ``generate(eos_token_id=...)`` (default: the
                 target's ``generation_config``'s).
+            **unknown: none is taken: a keyword argument not listed here is refused by name, with the nearest
+                valid name (``max_tokens``: did you mean ``max_new_tokens``?).
 
         Returns:
             :class:`SpecOutput` with ``text``, ``token_ids`` and ``stats``.
         """
         arguments = dict(locals())
         del arguments["self"]
+        arguments.update(arguments.pop("unknown"))  # refused by _prepare, as pipe.batch refuses them
         ((_, result),) = self.batch_iter([self._prepare(arguments)], batch_size=1)
         if isinstance(result, BaseException):
             raise result
@@ -354,13 +359,17 @@ class VLMSpecPipeline:
     ) -> list[SpecOutput | Exception]:
         """Generate replies to many requests, ``batch_size`` of them decoding together (:mod:`vlmspec.batching`).
 
-        Each request keeps its own tree, policy state, stop conditions and sampler: the output of each is what
-        ``pipe(**request)`` returns (greedy: the target's own ``generate()``, token for token; sampling: the same
-        seed gives the same reply at any batch size, up to floating-point differences of batched kernels). As a
-        request ends, the next one takes its place.
+        Each request keeps its own tree, policy state, stop conditions and sampler. Greedy: the output of each is
+        what ``pipe(**request)`` returns, the target's own ``generate()``, token for token, at any batch size (up to
+        floating-point differences of batched kernels). Sampling: each reply is drawn from the target's own
+        distribution, and a seeded request gives the same reply at the same batch size. At another batch size it
+        is the same reply only when the policy leaves nothing to the machine (every node budget and depth option
+        set: ``policy.free_hardware_options()`` is empty); otherwise :meth:`batch_policy` refits those options
+        for each batch size, the trees differ, and the reply is another draw from the same distribution, not the
+        same draw (see docs/batching.md). As a request ends, the next one takes its place.
 
         Args:
-            requests: one dict of :meth:`__call__` keyword arguments per request
+            requests: a list of requests, each one dict of :meth:`__call__` keyword arguments
                 (``{"image": ..., "prompt": ...}``, ``{"messages": [...]}``, ``{"video": ..., "prompt": ...,
                 "max_new_tokens": 64}``, ...).
             batch_size: how many requests decode at once.
@@ -370,10 +379,11 @@ class VLMSpecPipeline:
         Returns:
             One :class:`SpecOutput` (or exception) per request, in the order of ``requests``.
         """
+        check_requests(requests, "pipe.batch")
         calls: list[_Call | Exception] = []
         for i, request in enumerate(requests):
             try:
-                calls.append(self._prepare(_request_kwargs(request, i)))
+                calls.append(self._prepare(request_kwargs(request)))
             except (TypeError, ValueError, OSError) as error:
                 if not return_exceptions:
                     raise type(error)(f"pipe.batch: request {i}: {error}") from error
@@ -397,6 +407,7 @@ class VLMSpecPipeline:
         function that builds its keyword arguments only then (so that a job reads each video when its turn comes;
         a failure there is that request's result, like any other bad input).
         """
+        check_requests(requests, "pipe.batch_iter")
         batcher = Batcher(batch_size)
         policy = self.batch_policy(batch_size)
         row = lambda adapter, order: RowAdapter(adapter, batcher, order)  # noqa: E731
@@ -409,14 +420,9 @@ class VLMSpecPipeline:
         """Everything one request (:meth:`__call__`'s keyword arguments) needs before decoding: its steps 1 and 2.
 
         Raises:
-            TypeError: an argument :meth:`__call__` does not take.
+            TypeError: an argument :meth:`__call__` does not take, named with the nearest valid one.
         """
-        try:
-            bound = inspect.signature(type(self).__call__).bind(self, **request)
-        except TypeError as err:
-            raise InputTypeError(f"{err}; pipe(...) takes {', '.join(_CALL_ARGUMENTS)}") from err
-        bound.apply_defaults()
-        a = SimpleNamespace(**bound.arguments)
+        a = SimpleNamespace(**call_arguments(_CALL_SIGNATURE, request))
         image, prompt, video, num_frames, stop_strings = (
             a.image,
             a.prompt,
@@ -425,31 +431,28 @@ class VLMSpecPipeline:
             a.stop_strings,
         )
         # 1. Check the request before any model work.
-        sampling = None
-        if a.do_sample:
-            sampling = SamplingParams.resolve(
-                self.target.generation_config,
-                temperature=a.temperature,
-                top_k=a.top_k,
-                top_p=a.top_p,
-                seed=a.seed,
-            )
-        if isinstance(stop_strings, str):  # one string, as generate(stop_strings="...") takes it
-            stop_strings = (stop_strings,)
+        sampling = SamplingParams.for_call(
+            a.do_sample,
+            self.target.generation_config,
+            temperature=a.temperature,
+            top_k=a.top_k,
+            top_p=a.top_p,
+            seed=a.seed,
+        )
         stop = StopCriteria(
             max_new_tokens=a.max_new_tokens,
             eos_token_ids=eos_token_ids(self.target) if a.eos_token_id is None else token_ids(a.eos_token_id),
-            stop_strings=tuple(stop_strings or ()),
-            tokenizer=self.tokenizer if stop_strings else None,
+            stop_strings=stop_strings,
+            tokenizer=self.tokenizer,
         )
+        check_streamer(a.streamer)
         # 2. Build the multimodal prompt once; the draft sees the same inputs.
         if a.inputs is not None:
             if a.messages is not None or prompt is not None or image is not None or video is not None:
                 raise InvalidInputError("give either inputs or messages or image/prompt/video, not several")
             device = self._target_adapter.device
-            inputs = {
-                k: v.to(device) if torch.is_tensor(v) else v for k, v in check_prompt_inputs(a.inputs).items()
-            }
+            checked = check_prompt_inputs(a.inputs, self._vocab_size())
+            inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in checked.items()}
         elif a.messages is not None:
             if prompt is not None or image is not None or video is not None:
                 raise InvalidInputError("give either messages or image/prompt/video, not both")
@@ -463,9 +466,7 @@ class VLMSpecPipeline:
         if self.policy.uses_draft:
             adapter = self._draft_adapter
             draft_inputs = {k: v.to(adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
-            pruning = (
-                self.pruning if a.prune_ratio is None else pruning_config(self.pruning.method, a.prune_ratio)
-            )
+            pruning = self.pruning if a.prune_ratio is None else pruning_config(self.pruning, a.prune_ratio)
             draft = DraftPrompt(adapter=adapter, inputs=draft_inputs)
             # An EDD draft sees the prompt through the target's hidden states: nothing to prune.
             prunable = pruning.enabled and adapter.reads_target_layer is None
@@ -497,7 +498,7 @@ class VLMSpecPipeline:
         conversation's :class:`~vlmspec.chat.TurnCache`); ``order`` is :data:`DRAFT_FIRST` or :data:`TARGET`.
         """
         if not isinstance(call, _Call):
-            call = self._prepare(_request_kwargs(call() if callable(call) else call, index))
+            call = self._prepare(request_kwargs(call() if callable(call) else call, index))
         # 3. Decode: the target and the draft as this request sees them.
         draft = call.draft
         if draft is not None:
@@ -538,12 +539,16 @@ class VLMSpecPipeline:
         return Chat(self, system=system, **options)
 
     def stream(
-        self, image: ImageInput | Sequence[ImageInput] | None, prompt: str, **kwargs: Any
+        self,
+        image: ImageInput | Sequence[ImageInput] | None = None,
+        prompt: str | None = None,
+        **kwargs: Any,
     ) -> Iterator[StreamPiece]:
         """Like :meth:`__call__`, yielding :class:`~vlmspec.streaming.StreamPiece` objects as each verification
         step accepts tokens; the last one carries the statistics, and the pieces' texts join to the reply.
 
-        ``kwargs`` are :meth:`__call__`'s (``video``, ``max_new_tokens``, ``do_sample``, ...), ``streamer`` aside.
+        ``kwargs`` are :meth:`__call__`'s (``video``, ``max_new_tokens``, ``do_sample``, ``messages``, ``inputs``,
+        ...), ``streamer`` aside: ``pipe.stream(messages=[...])`` streams a conversation's reply.
         """
         if "streamer" in kwargs:
             raise InputTypeError(
@@ -555,8 +560,15 @@ class VLMSpecPipeline:
     def generate(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
         """``target.generate(**inputs, ...)`` with speculative decoding, a drop-in for code that already calls it:
         the same ``[B, L + T]`` ids, each row the target's own greedy output for that prompt alone (see
-        :func:`vlmspec.hf_compat.generate`, which documents the arguments)."""
+        :func:`vlmspec.hf_compat.generate`, which documents the arguments). ``tokenizer`` (which ``generate()``
+        needs with ``stop_strings``) is taken and ignored: the pipeline decodes with its own processor's tokenizer.
+        Keyword arguments that are neither generation options nor inputs the model takes are refused by name."""
         return hf_compat.generate(self, input_ids, **kwargs)
+
+    def _vocab_size(self) -> int:
+        """How many token ids both models embed: prompt ids must be below it."""
+        models = [self.target] if self.draft is None else [self.target, self.draft]
+        return min(model.get_input_embeddings().weight.shape[0] for model in models)
 
     def _check_length(self, prompt_len: int, max_new_tokens: int) -> None:
         limit = self._target_adapter.max_positions
@@ -568,13 +580,4 @@ class VLMSpecPipeline:
             )
 
 
-_CALL_ARGUMENTS = tuple(inspect.signature(VLMSpecPipeline.__call__).parameters)[1:]
-
-
-def _request_kwargs(request: Any, index: int) -> dict[str, Any]:
-    if not isinstance(request, dict):
-        raise InputTypeError(
-            f"pipe.batch: request {index} is a {type(request).__name__}; give one dict of pipe(...) keyword "
-            'arguments per request, e.g. {"image": img, "prompt": "Describe it."}'
-        )
-    return request
+_CALL_SIGNATURE = inspect.signature(VLMSpecPipeline.__call__)

@@ -339,7 +339,10 @@ __all__ = [
 
 
 def pruning_config(pruning: str | PruningConfig, prune_ratio: float | None) -> PruningConfig:
-    """A :class:`PruningConfig` from a method name or config and an optional ratio for images and videos."""
+    """A :class:`PruningConfig` from a method name or config and an optional ratio for images and videos.
+
+    A ratio is applied as given, with no ``min_keep`` floor; 0 disables pruning while keeping the method (and
+    mass), so that a later per-call ratio (or a saved pipeline) prunes the way that was asked."""
     if isinstance(pruning, PruningConfig):
         config = pruning
     elif isinstance(pruning, str):
@@ -349,8 +352,6 @@ def pruning_config(pruning: str | PruningConfig, prune_ratio: float | None) -> P
             f"pruning must be 'attention', 'uniform' or a PruningConfig, got {type(pruning).__name__}"
         )
     if prune_ratio is not None:
-        if prune_ratio == 0:
-            return PruningConfig.disabled()
         config = PruningConfig(  # an explicit ratio is applied as given: no min_keep floor
             method=config.method,
             image_ratio=prune_ratio,

@@ -12,6 +12,7 @@ distribution the target alone would sample from.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,30 @@ from transformers import (
 from .errors import InvalidInputError
 
 _GLOBAL_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
+_SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_seed(seed: Any) -> int | None:
+    """``seed`` (``None`` or an integer torch can seed a generator with) as an int.
+
+    Raises:
+        ValueError: anything else, named.
+    """
+    if seed is None:
+        return None
+    if not _is_integer(seed) or not _SEED_RANGE[0] <= seed <= _SEED_RANGE[1]:
+        raise InvalidInputError(
+            f"seed={seed!r} is invalid: use an integer (e.g. seed=0) or None (an unseeded draw each call)"
+        )
+    return int(seed)
 
 
 @dataclass(frozen=True)
@@ -46,16 +71,17 @@ class SamplingParams:
     suppress_tokens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
+        if not (_is_number(self.temperature) and self.temperature > 0):
             raise InvalidInputError(
                 f"temperature={self.temperature!r} is invalid: use a number > 0 (or do_sample=False)"
             )
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
+        if self.top_k is not None and (not _is_integer(self.top_k) or self.top_k < 0):
             raise InvalidInputError(
                 f"top_k={self.top_k!r} is invalid: use an integer >= 0 (0 disables top-k)"
             )
-        if self.top_p is not None and not (0 < self.top_p <= 1):
+        if self.top_p is not None and not (_is_number(self.top_p) and 0 < self.top_p <= 1):
             raise InvalidInputError(f"top_p={self.top_p!r} is invalid: use a number in (0, 1]")
+        check_seed(self.seed)
 
     @classmethod
     def resolve(cls, generation_config: Any = None, **overrides: Any) -> SamplingParams:
@@ -68,6 +94,25 @@ class SamplingParams:
             values[name] = default if value is None else value
         suppress = getattr(generation_config, "suppress_tokens", None) or ()
         return cls(seed=overrides.get("seed"), suppress_tokens=tuple(suppress), **values)
+
+    @classmethod
+    def for_call(
+        cls, do_sample: Any, generation_config: Any = None, **overrides: Any
+    ) -> SamplingParams | None:
+        """A call's sampling settings (:meth:`resolve`), or ``None`` for greedy decoding (``do_sample=False``).
+
+        Raises:
+            ValueError: ``do_sample`` is not ``True`` or ``False``, the seed is not an integer, or a setting of the
+                wrong type or out of range (the warpers' settings are checked when sampling only: greedy decoding
+                ignores them, as ``generate()`` does).
+        """
+        if not isinstance(do_sample, bool):
+            raise InvalidInputError(
+                f"do_sample={do_sample!r} is invalid: use True (sample from the target's distribution) or False "
+                "(greedy decoding)"
+            )
+        check_seed(overrides.get("seed"))
+        return cls.resolve(generation_config, **overrides) if do_sample else None
 
     def warpers(self) -> LogitsProcessorList:
         """transformers' processors and warpers in ``generate()``'s order and conditions."""

@@ -18,9 +18,10 @@ from .errors import InputTypeError, InvalidInputError
 @dataclass
 class StopCriteria:
     """Args:
-    max_new_tokens: the most tokens to generate (>= 1).
+    max_new_tokens: the most tokens to generate (an integer >= 1).
     eos_token_ids: tokens that end generation (kept in the output).
-    stop_strings: strings that end generation once generated.
+    stop_strings: strings that end generation once generated (one string or a list of them, as
+        ``generate(stop_strings=...)`` takes; kept as a tuple).
     tokenizer: needed only with ``stop_strings`` (to decode).
     """
 
@@ -30,8 +31,14 @@ class StopCriteria:
     tokenizer: Any = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+        if (
+            isinstance(self.max_new_tokens, bool)
+            or not isinstance(self.max_new_tokens, numbers.Integral)
+            or self.max_new_tokens < 1
+        ):
             raise InvalidInputError(f"max_new_tokens={self.max_new_tokens!r} is invalid: use an integer >= 1")
+        self.max_new_tokens = int(self.max_new_tokens)
+        self.stop_strings = stop_string_tuple(self.stop_strings)
         if self.stop_strings and self.tokenizer is None:
             raise InvalidInputError(
                 "stop_strings need a tokenizer to decode the output; pass the processor's tokenizer"
@@ -76,6 +83,23 @@ def token_ids(value: Any, name: str = "eos_token_id") -> tuple[int, ...]:
     if not ids or any(isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in ids):
         raise InputTypeError(f"{name}={value!r} must be a token id or a list of them")
     return tuple(int(i) for i in ids)
+
+
+def stop_string_tuple(value: Any) -> tuple[str, ...]:
+    """``generate()``'s ``stop_strings`` (``None``, one string or a list of strings) as a tuple of strings.
+
+    Raises:
+        TypeError: anything else, named.
+    """
+    if value is None:
+        return ()
+    if isinstance(value, str):  # one string, as generate(stop_strings="...") takes it
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value):
+        return tuple(value)
+    raise InputTypeError(
+        f"stop_strings={value!r:.80} is invalid: use a string or a list of strings (stop_strings=['.', '\\n'])"
+    )
 
 
 def until_eos(tokens: list[int], eos: tuple[int, ...]) -> list[int]:

@@ -22,6 +22,24 @@ from typing import Any
 import torch
 
 from .engine import SpecStats
+from .errors import InputTypeError
+
+
+def check_streamer(streamer: Any) -> None:
+    """Refuse a ``streamer`` that is not ``None`` and lacks transformers' streamer protocol (``put``, ``end``).
+
+    Raises:
+        TypeError: naming what it is and what a streamer is.
+    """
+    if streamer is None:
+        return
+    missing = [name for name in ("put", "end") if not callable(getattr(streamer, name, None))]
+    if missing:
+        raise InputTypeError(
+            f"streamer={streamer!r:.80} is not a streamer: it has no {' or '.join(f'{m}()' for m in missing)}; "
+            "pass a transformers streamer (TextStreamer(tokenizer), TextIteratorStreamer(tokenizer)) or any object "
+            "with put(ids) and end(), or use pipe.stream(...)"
+        )
 
 
 @dataclass

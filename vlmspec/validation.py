@@ -15,10 +15,11 @@ Values that arrive as text (lmms-eval's ``--model_args``) are first converted to
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -81,6 +82,13 @@ def _describe(declared: Any) -> str:
         return f"a {'mapping' if origin is dict else origin.__name__}"
     names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "None"}
     return names.get(declared, getattr(declared, "__name__", str(declared)))
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the choice closest to a mistyped ``name``, or ``""`` when none is close: the hint
+    every refusal of an unknown name ends with."""
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def coerce_fields(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:

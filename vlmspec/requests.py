@@ -1,0 +1,60 @@
+"""The shape of a pipeline request: ``pipe(...)``'s keyword arguments, and the list ``pipe.batch`` takes, checked
+before any model work, each refusal naming what was given and what to give."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .errors import InputTypeError
+from .validation import did_you_mean
+
+
+def call_arguments(signature: inspect.Signature, request: Mapping[str, Any]) -> dict[str, Any]:
+    """A request's keyword arguments for the method of ``signature`` (``VLMSpecPipeline.__call__``), defaults
+    filled in.
+
+    Raises:
+        TypeError: a name ``__call__`` does not take, with the nearest one and the list of those it takes.
+    """
+    names = [n for n, p in signature.parameters.items() if p.kind is not p.VAR_KEYWORD and n != "self"]
+    unknown = [name for name in request if name not in names]
+    if unknown:
+        hint = did_you_mean(unknown[0], names) if len(unknown) == 1 else ""
+        raise InputTypeError(
+            f"pipe(...) does not take {', '.join(unknown)}: it takes {', '.join(names)}{hint}"
+        )
+    bound = signature.bind(None, **request)
+    bound.apply_defaults()
+    return {name: value for name, value in bound.arguments.items() if name in names}
+
+
+def check_requests(requests: Any, where: str) -> None:
+    """Refuse what is not a list (or other iterable) of requests: one request's dict, a string.
+
+    Raises:
+        TypeError: naming what was given and what to give.
+    """
+    if isinstance(requests, Mapping):
+        keys = ", ".join(map(repr, list(requests)[:4]))
+        raise InputTypeError(
+            f"{where} takes a list of requests, but got one request as a dict (keys {keys}); pass a list of dicts, "
+            f"one per request ({where}([request, ...])), or call pipe(**request) for one"
+        )
+    if isinstance(requests, (str, bytes)) or not isinstance(requests, Iterable):
+        raise InputTypeError(
+            f"{where} takes a list of requests (dicts of pipe(...) keyword arguments), got {type(requests).__name__}"
+        )
+
+
+def request_kwargs(request: Any, index: int | None = None) -> dict[str, Any]:
+    """One request, checked to be a dict; its error names ``index`` when given (:meth:`VLMSpecPipeline.batch`
+    names it itself, with every error of a request)."""
+    if not isinstance(request, dict):
+        where = "" if index is None else f"request {index}: "
+        raise InputTypeError(
+            f"{where}a {type(request).__name__} is not a request: give one dict of pipe(...) keyword arguments per "
+            'request, e.g. {"image": img, "prompt": "Describe it."}'
+        )
+    return request
