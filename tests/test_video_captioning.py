@@ -344,7 +344,9 @@ def test_job_errors_exit_1(vc, caption_pair, tmp_path, capsys):
     )
     assert f"target model folder {str(nowhere)!r} does not exist" in capsys.readouterr().err
     assert vc.main([str(videos), "--out", out, "--target", str(nowhere), *COMMON]) == 1  # no draft either
-    assert f"target model folder {str(nowhere)!r} does not exist" in capsys.readouterr().err  # not "needs a draft"
+    assert (
+        f"target model folder {str(nowhere)!r} does not exist" in capsys.readouterr().err
+    )  # not "needs a draft"
 
     assert vc.main([str(videos), "--out", out, "--max-new-tokens", "0"]) == vc.EXIT_JOB_ERROR
     assert "max_new_tokens must be >= 1" in capsys.readouterr().err
