@@ -98,14 +98,11 @@ def load_image(image: ImageInput) -> Image.Image:
     if isinstance(image, Image.Image):
         return image.convert("RGB")
     if isinstance(image, (bytes, bytearray)):  # a file's content, as read from disk or a request
-        try:
-            with Image.open(io.BytesIO(image)) as im:
-                return im.convert("RGB")
-        except (UnidentifiedImageError, OSError) as err:
-            raise InvalidInputError(
-                f"image bytes ({len(image)} bytes, starting {bytes(image[:8])!r}) are not a readable image file; "
-                "pass the whole content of a PNG/JPEG/... file, a file path or a PIL image"
-            ) from err
+        return _open_image(
+            io.BytesIO(image),
+            f"image bytes ({len(image)} bytes, starting {bytes(image[:8])!r}) are not a readable image file; "
+            "pass the whole content of a PNG/JPEG/... file, a file path or a PIL image",
+        )
     if isinstance(image, (str, Path)):
         path = Path(image)
         if path.is_dir():
@@ -117,17 +114,22 @@ def load_image(image: ImageInput) -> Image.Image:
             raise InputNotFoundError(
                 f"image file {str(path)!r} does not exist; pass an existing image path or a PIL image"
             )
-        try:
-            with Image.open(path) as im:
-                return im.convert("RGB")
-        except (UnidentifiedImageError, OSError) as err:
-            raise InvalidInputError(
-                f"image file {str(path)!r} could not be read as an image ({err}); check that it is a valid "
-                "PNG/JPEG/... file"
-            ) from err
+        return _open_image(
+            path,
+            f"image file {str(path)!r} could not be read as an image; check that it is a valid PNG/JPEG/... file",
+        )
     raise InputTypeError(
         f"image must be a PIL image, a file path or an image file's bytes, got {type(image).__name__}"
     )
+
+
+def _open_image(source: Any, refusal: str) -> Image.Image:
+    """``source`` (a path or a file object) opened as an RGB image; ``refusal`` (and why) when it is not one."""
+    try:
+        with Image.open(source) as im:
+            return im.convert("RGB")
+    except (UnidentifiedImageError, OSError) as err:
+        raise InvalidInputError(f"{refusal} ({err})") from err
 
 
 def load_images(images: ImageInput | Sequence[ImageInput] | None) -> list[Image.Image]:
