@@ -193,7 +193,7 @@ class Chat:
         self.options = options
         self.messages: list[dict[str, Any]] = []
         if system is not None:
-            self.messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
+            self.messages.append(system_turn(system))
         draft = pipe._draft_adapter
         placeholders = pipe._target_adapter.visual_token_ids()  # the draft's too: one vocabulary
         self._caches = {TARGET: TurnCache(pipe._target_adapter, placeholders)}
@@ -254,6 +254,12 @@ class Chat:
         for cache in self._caches.values():
             cache.drop()
         self._held_media = {}
+
+
+def system_turn(text: str) -> dict[str, Any]:
+    """The system message a chat starts with, as a list of parts: templates render a plain string differently
+    (LLaVA-OneVision's puts no newline before it), so code comparing with a chat must write it this way too."""
+    return {"role": "system", "content": [{"type": "text", "text": text}]}
 
 
 def _check_options(options: dict[str, Any]) -> None:

@@ -170,8 +170,8 @@ def speculative_generate(
         on_tokens(tokens[:])
     t_dtype = target.dtype
     position = prompt_len  # logical position of the root
+    clock.lap("emit")  # the first token's (each step's own emission is in its verify lap)
     while not done:
-        clock.lap("emit")  # the first token's (or nothing: the last step's emission closed it)
         remaining = stop.max_new_tokens - len(tokens)
         # 3. Draft a tree (the policy decides its shape); never deeper than the tokens still wanted.
         if d_state is not None:

@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vlmspec.chat import system_turn
+
 from .bench import load_config_pair, load_edd_pipeline, torch_threads, write_section
 from .methods import EDD_PREFIX
 from .report import table
@@ -75,7 +77,7 @@ def run_generate(
     pipe: Any, turns: list[tuple[str, Any]], max_new_tokens: int
 ) -> list[tuple[float, list[int], int]]:
     """``generate()`` on the whole history each turn: (seconds, reply ids, prompt tokens) per turn."""
-    messages = [system_message(pipe)]
+    messages = [system_turn(SYSTEM)]
     results = []
     for text, image in turns:
         messages.append(user_message(text, image))
@@ -87,12 +89,6 @@ def run_generate(
         reply = pipe.tokenizer.decode(ids, skip_special_tokens=True)
         messages.append({"role": "assistant", "content": [{"type": "text", "text": reply}]})
     return results
-
-
-def system_message(pipe: Any) -> dict[str, Any]:
-    """The system turn exactly as ``pipe.chat(system=SYSTEM)`` writes it: templates render a string and a list of
-    parts differently (LLaVA-OneVision's puts a newline before a part), so the references must use the chat's."""
-    return pipe.chat(system=SYSTEM).messages[0]
 
 
 def user_message(text: str, image: Any) -> dict[str, Any]:
@@ -114,7 +110,7 @@ def run_chat(pipe: Any, turns: list[tuple[str, Any]], max_new_tokens: int) -> li
 
 def fresh_prefills(pipe: Any, turns: list[tuple[str, Any]], replies: list[Any]) -> list[float]:
     """Prefill seconds (target + draft) of each turn's whole history through a fresh ``pipe(messages=...)``."""
-    chat_messages = [system_message(pipe)]
+    chat_messages = [system_turn(SYSTEM)]
     seconds = []
     for (text, image), reply in zip(turns, replies, strict=True):
         chat_messages.append(user_message(text, image))
