@@ -327,6 +327,11 @@ def test_throughput_batch_sizes_are_positive_integers(argv, message, capsys):
         (["--throughput", "1", "--conversation"], "does not honour --conversation"),
         (["--conversation", "--json", "x.json", "--sampling"], "does not honour --json, --sampling"),
         (["--conversation", "--methods", "sage"], "does not honour --methods"),
+        (
+            ["--throughput", "1", "--throughput-policies", "sgae,chain"],
+            "unknown --throughput-policies ['sgae']",
+        ),
+        (["--conversation", "--throughput-policies", "edd+ar"], "unknown --throughput-policies ['edd+ar']"),
     ],
 )
 def test_sections_refuse_the_flags_they_do_not_honour(argv, refused, tmp_path, capsys):
@@ -348,6 +353,16 @@ def test_throughput_section_compares_batched_generate_and_vlmspec(pair_args, tmp
     assert all(
         row.endswith("| 3/3 |") for row in rows if "vlmspec" in row
     )  # every caption is generate()'s own
+
+
+def test_throughput_section_runs_edd_rows_beside_the_pair_s_own_draft(tmp_path):
+    argv = ["--target", "testbed-base", "--calibration", "none", "--n", "2", "--max-new-tokens", "6", "--threads", "1",
+            "--quiet", "--out", str(tmp_path), "--throughput", "2", "--throughput-policies", "chain,edd+chain"]  # fmt: skip
+    assert bench.main(argv) == 0
+    rows = [line.split(" | ") for line in (tmp_path / "throughput.md").read_text().splitlines()
+            if line.startswith("| hf_gen") or line.startswith("| vlmspec")]  # fmt: skip
+    assert [row[0] for row in rows] == ["| hf_generate", "| vlmspec chain", "| vlmspec edd+chain"]
+    assert all(row[-1] == "2/2 |" for row in rows)  # the EDD draft's captions are generate()'s own too
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "llava_onevision"])

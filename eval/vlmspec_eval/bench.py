@@ -50,6 +50,7 @@ from .methods import (
     RunRecord,
     Variant,
     build_variants,
+    check_section_policies,
     edd_variants,
     interleaved,
     resolve_methods,
@@ -273,6 +274,19 @@ def load_edd_pipeline(pipe: Any, pair: ResolvedPair | None, config: BenchConfig)
         return None, "the bench was given a pipeline, not a pair: no EDD draft can be loaded for it"
     loaded = load_pipeline(replace(pair, draft=source), config.dtype)
     return VLMSpecPipeline(pipe.target, loaded.draft, pipe.processor, policy=AR), ""
+
+
+def section_edd_pipeline(
+    pipe: Any, pair: ResolvedPair | None, config: BenchConfig, policies: Sequence[str]
+) -> Any:
+    """The EDD pipeline that a section's ``edd+<policy>`` rows run on (:func:`load_edd_pipeline`), ``None`` when
+    ``policies`` name none; exits with the reason when one is named and there is no EDD draft."""
+    if not any(policy.startswith(EDD_PREFIX) for policy in policies):
+        return None
+    edd_pipe, missing = load_edd_pipeline(pipe, pair, config)
+    if edd_pipe is None:
+        raise SystemExit(f"no edd+<policy> rows: {missing}")
+    return edd_pipe
 
 
 def testbed_size_family(pair: ResolvedPair | None) -> tuple[str, str] | None:
@@ -563,6 +577,7 @@ def check_section_flags(args: argparse.Namespace) -> None:
     section = "--throughput" if args.throughput else "--conversation" if args.conversation else None
     if section is None:
         return
+    check_section_policies(args.throughput_policies)
     given = {
         "--conversation": section == "--throughput" and args.conversation,
         "--json": args.json is not None,

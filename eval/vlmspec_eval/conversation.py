@@ -30,7 +30,7 @@ from typing import Any
 
 from vlmspec.chat import system_turn
 
-from .bench import load_config_pair, load_edd_pipeline, torch_threads, write_section
+from .bench import load_config_pair, section_edd_pipeline, torch_threads, write_section
 from .methods import EDD_PREFIX
 from .report import table
 
@@ -225,11 +225,7 @@ def run_section(config: Any, policies: Sequence[str]) -> int:
             "tokens per reply"
         )
         log(head)
-        edd_pipe = None
-        if any(policy.startswith(EDD_PREFIX) for policy in policies):
-            edd_pipe, missing = load_edd_pipeline(pipe, pair, config)
-            if edd_pipe is None:
-                raise SystemExit(f"no EDD chats: {missing}")
+        edd_pipe = section_edd_pipeline(pipe, pair, config, policies)
         convos = conversations(config.n, config.seed)
         rows, fresh, cached = measure_conversations(
             pipe, convos, config.max_new_tokens, policies, log=log, edd_pipe=edd_pipe

@@ -70,6 +70,20 @@ def resolve_methods(spec: str | Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys([AR, HF_GENERATE, *names]))
 
 
+def check_section_policies(names: Sequence[str]) -> None:
+    """``--throughput-policies``: registered policies or ``edd+<policy>``, checked before any model loads.
+
+    Raises:
+        ValueError: naming the unknown ones and the valid names.
+    """
+    bad = [n for n in names if n not in available_policies() and not _is_edd_method(n)]
+    if bad or not names:
+        valid = ", ".join(available_policies())
+        raise ValueError(
+            f"unknown --throughput-policies {bad or '(none given)'}; valid: {valid}, or edd+<policy> for the EDD draft"
+        )
+
+
 def _is_edd_method(name: str) -> bool:
     policy = name.removeprefix(EDD_PREFIX)
     return name.startswith(EDD_PREFIX) and policy in available_policies() and policy != AR

@@ -1,11 +1,13 @@
 """Throughput: captioning many videos at batch B, vlmspec against transformers' own batched ``generate()``.
 
     vlmspec bench --throughput 1,4,8,16 --n 24 --max-new-tokens 128   # the calibrated base pair, 24 videos
-    python -m vlmspec_eval.throughput --target testbed-base:qwen2_vl@7b-2b --dtype bfloat16 --sizes 1,8,16
+    vlmspec bench --throughput 8,32 --n 32 --throughput-policies sage,edd+chain   # the pair's EDD draft beside it
+    vlmspec bench --throughput 1,8,16 --target testbed-base:qwen2_vl@7b-2b --dtype bfloat16   # a GPU-shaped pair
 
 For each batch size ``B``: ``hf_generate`` runs the target's greedy ``generate()`` on left-padded batches of ``B``
 videos (what a user without vlmspec runs; a batch waits for its longest caption), and ``vlmspec`` runs
-``pipe.batch(requests, batch_size=B)`` with the pipeline's policy (default ``sage``), its node budget and depth
+``pipe.batch(requests, batch_size=B)`` with each ``--throughput-policies`` policy (``edd+<policy>``: with the EDD
+draft shipped for a testbed pair, or ``--edd FOLDER``'s, in place of the pair's own draft), its node budget and depth
 refitted for ``B`` requests per verification (continuous batching: a finished caption's row goes to the next
 video at once). ``vlmspec`` at batch 1 is the same call with ``B = 1``. Every run is warmed up on ``B`` videos
 first; captions are compared with batch-1 ``generate()``'s token for token. Printed: videos/s, new tokens/s,
@@ -14,30 +16,19 @@ speed-up over ``hf_generate`` at the same ``B``, tau and how many captions are i
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from vlmspec.stopping import eos_token_ids, until_eos
 
-from .bench import (
-    DTYPES,
-    load_config_pair,
-    load_pipeline,
-    testbed_size_family,
-    torch_threads,
-    write_section,
-)
-from .flag_types import Parser, batch_sizes, comma_list
+from .bench import load_config_pair, section_edd_pipeline, torch_threads, write_section
+from .methods import EDD_PREFIX
 from .report import table
-from .tasks import load_inputs, resolve_pair
-
-DEFAULT_SIZES = (1, 4, 8, 16)
+from .tasks import load_inputs
 
 
 @dataclass
@@ -95,8 +86,10 @@ def measure_throughput(
     sizes: Sequence[int],
     policies: Sequence[str] = ("sage",),
     log: Any = print,
+    edd_pipe: Any = None,
 ) -> list[ThroughputRow]:
-    """``hf_generate`` and one ``vlmspec`` row per policy for every batch size (see the module docstring)."""
+    """``hf_generate`` and one ``vlmspec`` row per policy for every batch size (see the module docstring);
+    ``edd+<policy>`` rows run on ``edd_pipe`` (the same target with an EDD draft)."""
     from vlmspec import get_policy
 
     max_new = requests[0]["max_new_tokens"]
@@ -117,14 +110,15 @@ def measure_throughput(
         rows.append(_row("hf_generate", size, seconds, ids, reference))
         log(_line(rows[-1]))
         for policy in policies:
-            pipe.policy = get_policy(policy)
-            pipe.batch(requests[:size], batch_size=size)  # warm-up
+            chosen = edd_pipe if policy.startswith(EDD_PREFIX) else pipe
+            chosen.policy = get_policy(policy.removeprefix(EDD_PREFIX))
+            chosen.batch(requests[:size], batch_size=size)  # warm-up
             start = time.perf_counter()
-            outs = pipe.batch(requests, batch_size=size)
+            outs = chosen.batch(requests, batch_size=size)
             seconds = time.perf_counter() - start
             tau = sum(o.stats.accepted_tokens for o in outs) / max(sum(o.stats.steps for o in outs), 1)
             ids = [o.token_ids for o in outs]
-            rows.append(_row(f"vlmspec {_draft_name(pipe)}{policy}", size, seconds, ids, reference, tau))
+            rows.append(_row(f"vlmspec {policy}", size, seconds, ids, reference, tau))
             log(_line(rows[-1]))
     return rows
 
@@ -132,10 +126,6 @@ def measure_throughput(
 def _row(method: str, size: int, seconds: float, ids: list[list[int]], reference: list[list[int]], tau=None):
     same = sum(a == b for a, b in zip(ids, reference, strict=True))
     return ThroughputRow(method, size, seconds, len(ids), sum(map(len, ids)), same, tau)
-
-
-def _draft_name(pipe: Any) -> str:
-    return "edd+" if getattr(pipe.draft, "edd_config", None) is not None else ""
 
 
 def _line(row: ThroughputRow) -> str:
@@ -167,64 +157,13 @@ def run_section(config: Any, sizes: Sequence[int], policies: Sequence[str]) -> i
     prints the table and writes it to ``<out>/throughput.md``."""
     with torch_threads(config.threads):
         pair, pipe = load_config_pair(config)
+        edd_pipe = section_edd_pipeline(pipe, pair, config, policies)
         requests = video_requests(config.n, config.seed, config.max_new_tokens)
         print(f"pair {pair.source}; {config.n} videos; {config.max_new_tokens} tokens", flush=True)
-        rows = measure_throughput(pipe, requests, sizes, policies, log=lambda line: print(line, flush=True))
+        rows = measure_throughput(
+            pipe, requests, sizes, policies, log=lambda line: print(line, flush=True), edd_pipe=edd_pipe
+        )
     text = markdown(rows)
     print(text)
     head = f"pair {pair.source}; {config.n} videos; {config.max_new_tokens} new tokens"
     return write_section(config.out, "throughput.md", f"{head}\n\n{text}")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="python -m vlmspec_eval.throughput", description=__doc__.split("\n\n")[0])
-    a = parser.add_argument
-    a("--target", default=None, help="pair name or target folder (default: the calibrated base pair)")
-    a("--draft", default=None, help="draft folder (with a target folder)")
-    a("--family", default="qwen2_vl", help="testbed family when no --target is given")
-    a(
-        "--policies",
-        type=comma_list(str),
-        default=("sage",),
-        help="vlmspec's policies, comma-separated (default sage)",
-    )
-    a(
-        "--edd",
-        action="store_true",
-        help="vlmspec rows with the pair's EDD draft (testbed pairs) instead of its own",
-    )
-    a("--dtype", default="float32", choices=sorted(DTYPES), help="model dtype")
-    a("--sizes", type=batch_sizes("--sizes"), default=DEFAULT_SIZES, help="batch sizes (default 1,4,8,16)")
-    a("--n", type=int, default=24, help="videos (default 24)")
-    a("--max-new-tokens", type=int, default=128)
-    a("--seed", type=int, default=0)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from vlmspec.testbed import edd_path
-
-    args = build_parser().parse_args(argv)
-    pair = resolve_pair(args.target, args.draft, args.family)
-    if args.edd:
-        testbed = testbed_size_family(pair)
-        if testbed is None:
-            raise SystemExit(
-                f"--edd needs a testbed pair (it uses the EDD draft shipped for it), got {pair.source}"
-            )
-        pair = replace(pair, draft=str(edd_path(*testbed)))
-    pipe = load_pipeline(pair, args.dtype)
-    requests = video_requests(args.n, args.seed, args.max_new_tokens)
-    print(
-        f"pair {pair.source}; {args.n} videos; {args.max_new_tokens} tokens; device {pipe.target.device}",
-        flush=True,
-    )
-    rows = measure_throughput(
-        pipe, requests, args.sizes, args.policies, log=lambda line: print(line, flush=True)
-    )
-    print(markdown(rows))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
