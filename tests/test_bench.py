@@ -392,3 +392,11 @@ def test_conversation_section_reports_every_turn_with_cache_reuse(family, tiny_r
     assert (
         len([row for row in rows if len(row) == 4]) == 3
     )  # the prefill table: fresh call against chat per turn
+
+
+def test_python_m_bench_reports_a_bad_pair_in_one_line(tmp_path, capsys):
+    (tmp_path / "t").mkdir(), (tmp_path / "d").mkdir()
+    assert bench.main(["--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"), "--n", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("vlmspec bench: error: target model folder") and "no config.json" in err
+    assert "Traceback" not in err

@@ -602,8 +602,11 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``vlmspec bench [options]``; returns the exit status (1 for a bad option or flag, as ``vlmspec bench``)."""
-    return run_args(build_parser().parse_args(argv))
+    """``python -m vlmspec_eval.bench [options]``: ``vlmspec bench``, through the command line's one boundary (a bad
+    option, flag or pair prints one line and returns 1; ``--debug`` shows the traceback)."""
+    from vlmspec.cli import main as vlmspec_main
+
+    return vlmspec_main(["bench", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
