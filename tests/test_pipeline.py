@@ -484,6 +484,16 @@ def test_bad_generation_arguments(pipe):
         pipe(None, 123)
 
 
+def test_greedy_calls_warn_that_they_ignore_sampling_settings(pipe):
+    greedy = pipe(None, PROMPTS[0], max_new_tokens=6)
+    with pytest.warns(
+        UserWarning, match=r"greedy decoding ignores temperature=0.7, top_k=5; pass do_sample=True"
+    ) as w:
+        out = pipe(None, PROMPTS[0], max_new_tokens=6, temperature=0.7, top_k=5)
+    assert out.token_ids == greedy.token_ids
+    assert [r.filename for r in w] == [__file__]  # points at the caller's line, not the library's
+
+
 def test_demo_command_on_the_tiny_pair(capsys, tiny_root, monkeypatch):
     monkeypatch.setenv("VLMSPEC_CACHE", str(tiny_root))
     assert cli_main(["demo", "--pair", "tiny", "--max-new-tokens", "12"]) == 0

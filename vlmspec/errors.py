@@ -9,6 +9,9 @@ command lines print those as one line (``vlmspec <command>: error: ...``) and ke
 
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
+
 
 class VLMSpecError(Exception):
     """Base of every error a user's input causes."""
@@ -29,3 +32,19 @@ class InputNotFoundError(VLMSpecError, FileNotFoundError):
 class SlowSpeculationWarning(UserWarning):
     """The pipeline's policy is expected to decode slower than plain decoding on this machine (its draft costs too
     much of the target); see :meth:`vlmspec.policies.TreePolicy.warn_if_slow`."""
+
+
+def user_stacklevel() -> int:
+    """The ``warnings.warn`` stacklevel, called from its caller, that names the first line outside vlmspec (the
+    user's ``pipe.policy = ...``, ``from_pretrained(...)`` or ``pipe(...)``), so a warning points at the user's
+    code."""
+    package = Path(__file__).resolve().parent
+    frame, level = inspect.currentframe().f_back, 1  # the frame calling warnings.warn
+    while frame.f_back is not None and _is_library_frame(Path(frame.f_code.co_filename), package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _is_library_frame(path: Path, package: Path) -> bool:
+    """A frame of vlmspec, or of the decorator wrappers around its methods (``torch.no_grad``, ``contextlib``)."""
+    return path.name.endswith("contextlib.py") or path.resolve().is_relative_to(package)

@@ -13,6 +13,7 @@ distribution the target alone would sample from.
 from __future__ import annotations
 
 import numbers
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from .errors import InvalidInputError
+from .errors import InvalidInputError, user_stacklevel
 
 _GLOBAL_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
 _SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
@@ -104,7 +105,7 @@ class SamplingParams:
         Raises:
             ValueError: ``do_sample`` is not ``True`` or ``False``, the seed is not an integer, or a setting of the
                 wrong type or out of range (the warpers' settings are checked when sampling only: greedy decoding
-                ignores them, as ``generate()`` does).
+                ignores them, as ``generate()`` does, with a ``UserWarning`` naming the ones given).
         """
         if not isinstance(do_sample, bool):
             raise InvalidInputError(
@@ -112,7 +113,19 @@ class SamplingParams:
                 "(greedy decoding)"
             )
         check_seed(overrides.get("seed"))
-        return cls.resolve(generation_config, **overrides) if do_sample else None
+        if do_sample:
+            return cls.resolve(generation_config, **overrides)
+        ignored = [
+            f"{name}={overrides[name]!r}" for name in _GLOBAL_DEFAULTS if overrides.get(name) is not None
+        ]
+        if ignored:
+            warnings.warn(
+                f"do_sample=False: greedy decoding ignores {', '.join(ignored)}; pass do_sample=True to sample "
+                "with them (as generate() does)",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
+        return None
 
     def warpers(self) -> LogitsProcessorList:
         """transformers' processors and warpers in ``generate()``'s order and conditions."""

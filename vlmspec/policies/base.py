@@ -16,7 +16,6 @@ outcome of the step. Per-request state (if any) is cleared by ``reset``. Policie
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import warnings
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -28,7 +27,13 @@ import yaml
 
 from ..costs import DEFAULT_ACCEPTANCE, DEFAULT_BUDGET_FACTOR, ForwardCosts
 from ..draft import DraftTree
-from ..errors import InputNotFoundError, InputTypeError, InvalidInputError, SlowSpeculationWarning
+from ..errors import (
+    InputNotFoundError,
+    InputTypeError,
+    InvalidInputError,
+    SlowSpeculationWarning,
+    user_stacklevel,
+)
 from ..sampling import Sampler
 from ..tree import TokenTree
 from ..validation import check_field_types
@@ -154,16 +159,6 @@ def _with_consistent_depth(config_class: type[PolicyConfig], values: dict[str, A
     base = config_class.from_dict({k: v for k, v in values.items() if k != field})
     implied = base.budget_options(depth=depth)
     return {**{k: v for k, v in implied.items() if k not in values}, **values}
-
-
-def _user_stacklevel() -> int:
-    """The ``warnings.warn`` stacklevel, called from its caller, that names the first line outside vlmspec (the
-    user's ``pipe.policy = ...`` or ``from_pretrained(...)``), so the warning points at the user's code."""
-    package = Path(__file__).resolve().parents[1]
-    frame, level = inspect.currentframe().f_back, 1  # the frame calling warnings.warn
-    while frame.f_back is not None and Path(frame.f_code.co_filename).resolve().is_relative_to(package):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def truncate_paths(paths: Sequence[Sequence[int]], budget: int) -> Paths:
@@ -325,7 +320,7 @@ class TreePolicy:
                 "fraction of the target: use a smaller draft or an EDD draft (docs/edd.md), or policy='ar'; "
                 "`vlmspec bench` measures it",
                 SlowSpeculationWarning,
-                stacklevel=_user_stacklevel(),
+                stacklevel=user_stacklevel(),
             )
 
     def build_tree(self, draft: DraftTree) -> TokenTree:
