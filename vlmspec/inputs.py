@@ -104,16 +104,7 @@ def load_image(image: ImageInput) -> Image.Image:
             "pass the whole content of a PNG/JPEG/... file, a file path or a PIL image",
         )
     if isinstance(image, (str, Path)):
-        path = Path(image)
-        if path.is_dir():
-            raise InvalidInputError(
-                f"image path {str(path)!r} is a directory, not an image file; pass an image file's path (or a PIL "
-                "image)"
-            )
-        if not path.is_file():
-            raise InputNotFoundError(
-                f"image file {str(path)!r} does not exist; pass an existing image path or a PIL image"
-            )
+        path = _media_file(image, "image", "a PIL image")
         return _open_image(
             path,
             f"image file {str(path)!r} could not be read as an image; check that it is a valid PNG/JPEG/... file",
@@ -121,6 +112,24 @@ def load_image(image: ImageInput) -> Image.Image:
     raise InputTypeError(
         f"image must be a PIL image, a file path or an image file's bytes, got {type(image).__name__}"
     )
+
+
+def _media_file(source: str | Path, kind: str, instead: str) -> Path:
+    """``source`` as the path of an existing ``kind`` (image/video) file.
+
+    Raises:
+        InvalidInputError: it is a directory. InputNotFoundError: it does not exist.
+    """
+    path, a = Path(source), "an" if kind[0] in "aeiou" else "a"
+    if path.is_dir():
+        raise InvalidInputError(
+            f"{kind} path {str(path)!r} is a directory, not {a} {kind} file; pass {a} {kind} file's path (or {instead})"
+        )
+    if not path.is_file():
+        raise InputNotFoundError(
+            f"{kind} file {str(path)!r} does not exist; pass an existing {kind} path or {instead}"
+        )
+    return path
 
 
 def _open_image(source: Any, refusal: str) -> Image.Image:
@@ -170,16 +179,7 @@ def load_video(
     clip = video if isinstance(video, VideoClip) else VideoClip(video)
     video = clip.source
     if isinstance(video, (str, Path)):
-        path = Path(video)
-        if path.is_dir():
-            raise InvalidInputError(
-                f"video path {str(path)!r} is a directory, not a video file; pass a video file's path (or a list "
-                "of frames)"
-            )
-        if not path.is_file():
-            raise InputNotFoundError(
-                f"video file {str(path)!r} does not exist; pass an existing video path or frames"
-            )
+        path = _media_file(video, "video", "a list of frames")
         if path.stat().st_size == 0:
             raise InvalidInputError(f"video file {str(path)!r} is empty (0 bytes)")
         from decord import DECORDError, VideoReader  # imported lazily: heavy native library
