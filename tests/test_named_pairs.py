@@ -79,3 +79,18 @@ def test_from_pretrained_resolves_a_named_pair(tiny_root, monkeypatch):
     pipe = VLMSpecPipeline.from_pretrained("tiny:llava_onevision", policy="chain")
     assert type(pipe.target).__name__ == "LlavaOnevisionForConditionalGeneration"
     assert pipe.draft is not None and pipe.policy.name == "chain"
+
+
+def test_the_demo_and_the_bench_honour_the_default_pair_variable(monkeypatch, capsys):
+    from vlmspec_eval.tasks import resolve_pair as bench_pair
+
+    from vlmspec.cli import main as cli_main
+
+    monkeypatch.setenv("VLMSPEC_DEFAULT_PAIR", "testbed-mini")
+    assert bench_pair(None, None, "qwen2_vl").source == "testbed:mini:qwen2_vl"
+    assert bench_pair(None, None, "qwen2_vl", size="base").source.startswith("testbed:base:")  # --size wins
+    monkeypatch.setenv("VLMSPEC_DEFAULT_PAIR", "bogus")
+    assert cli_main(["demo", "--max-new-tokens", "2", "--no-compare"]) == 1
+    assert "VLMSPEC_DEFAULT_PAIR='bogus' is not a pair name" in capsys.readouterr().err
+    assert cli_main(["demo", "--pair", "nope"]) == 1
+    assert "vlmspec demo: error: --pair 'nope' is not a pair name" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputNotFoundError, InvalidInputError, VLMSpecError
-from .named_pairs import DEFAULT_PAIR
+from .named_pairs import DEFAULT_PAIR, ENV_DEFAULT_PAIR
 
 EXAMPLE_IMAGE = "example.png"
 EXAMPLE_META = "example.json"  # the testbed example the picture was drawn from
@@ -46,15 +46,15 @@ def demo(args: argparse.Namespace) -> int:
     from .pipeline import VLMSpecPipeline
 
     if args.target is None and args.draft is not None:
-        raise SystemExit("vlmspec demo: --draft needs --target (or name neither for the default pair)")
+        raise InvalidInputError("--draft needs --target (or name neither for the default pair)")
     _check_before_loading(args)
-    if args.target is None and not is_pair_name(args.pair):
-        raise SystemExit(
-            f"vlmspec demo: --pair {args.pair!r} is not a pair name (e.g. testbed-base@cpu, testbed-mini)"
+    if args.target is None and args.pair is not None and not is_pair_name(args.pair):
+        raise InvalidInputError(
+            f"--pair {args.pair!r} is not a pair name (e.g. testbed-base@cpu, testbed-mini)"
         )
     pair = resolve_pair(args.target if args.target is not None else args.pair, args.draft, family=args.family)
     if args.target is None:
-        default = args.pair == DEFAULT_PAIR
+        default = args.pair is None
         which = "No checkpoint named: using the embedded default pair" if default else "Using the named pair"
         print(f"{which} ({pair.source}).", flush=True)
     options = json.loads(args.policy_options) if args.policy_options else {}
@@ -190,8 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--draft", help="draft model (hub id or folder)")
     d.add_argument(
         "--pair",
-        default=DEFAULT_PAIR,
-        help=f"the embedded pair used when no --target is named (default {DEFAULT_PAIR}: the trained testbed pair, "
+        default=None,
+        help=f"the embedded pair used when no --target is named (default ${ENV_DEFAULT_PAIR} or {DEFAULT_PAIR}: the "
+        "trained testbed pair, "
         "its target inflated exactly to a real target's cost; testbed-base for the uninflated pair, testbed-mini, "
         "tiny; see vlmspec.named_pairs)",
     )

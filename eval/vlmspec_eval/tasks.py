@@ -10,13 +10,20 @@ pair of that family.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from vlmspec.named_pairs import ResolvedPair, is_pair_name, is_pipeline_folder, split_calibration
+from vlmspec.named_pairs import (
+    ENV_DEFAULT_PAIR,
+    ResolvedPair,
+    is_pair_name,
+    is_pipeline_folder,
+    split_calibration,
+)
 from vlmspec.named_pairs import resolve_pair as resolve_named_pair
 
 TASKS: tuple[str, ...] = ("image_caption", "image_qa", "video_caption")
@@ -150,8 +157,9 @@ def resolve_pair(
     calibration: str | None = None,
 ) -> ResolvedPair:
     """The pair to benchmark: the explicit folders, a pair name (see :mod:`vlmspec.named_pairs`) or a folder written
-    by ``pipe.save_pretrained`` (its pair; the bench keeps its own settings), else the testbed's shipped ``size``
-    pair of ``family`` (default ``base``).
+    by ``pipe.save_pretrained`` (its pair; the bench keeps its own settings), else the pair named by
+    ``VLMSPEC_DEFAULT_PAIR`` (when no ``size`` is given), else the testbed's shipped ``size`` pair of ``family``
+    (default ``base``).
 
     ``calibration`` (``None``: not given) inflates the default pair (default ``cpu``) or a pair name that names
     none; ``"none"``: as trained.
@@ -160,6 +168,9 @@ def resolve_pair(
         ValueError: see :func:`check_pair`.
     """
     check_pair(target, draft, size, calibration)
+    if target is None and size is None and os.environ.get(ENV_DEFAULT_PAIR):
+        resolve_named_pair(None)  # refuses a bad name, naming the variable
+        target = os.environ[ENV_DEFAULT_PAIR]  # the user's default pair, as at every entry point
     if target is None:
         target = f"testbed-{size or DEFAULT_SIZE}:{family}"
         calibration = calibration or DEFAULT_CALIBRATION
