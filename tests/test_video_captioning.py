@@ -416,6 +416,18 @@ def test_qwen_frame_sampler(vc, caption_pair, tmp_path):
     assert "could not be decoded" in records["broken.mp4"]["error"]  # not qwen-vl-utils' AttributeError
 
 
+def test_a_max_pixels_below_qwen_vl_utils_frame_minimum_lowers_it(tmp_path):
+    from vlmspec_caption.inputs import qwen_frames
+
+    (clip,) = _write_clips(tmp_path, 1)
+    frames = qwen_frames(tmp_path / clip, fps=1.0, max_pixels=50176)  # the package docstring's example
+    assert frames and all(f.width * f.height <= 50176 for f in frames)
+    assert all(
+        f.width * f.height >= 3136
+        for f in qwen_frames(tmp_path / clip, fps=1.0, min_pixels=3136, max_pixels=50176)
+    )
+
+
 def test_manifests_with_prompts_and_ids(vc, tmp_path):
     (tmp_path / "sub").mkdir()
     for name in ("a.mp4", "sub/b.MP4", ".hidden.mp4", "c.txt"):

@@ -284,7 +284,8 @@ def qwen_frames(
         num_frames: frames to sample when ``fps`` is ``None`` (at most the video's, rounded down to even).
         fps: sample at this rate instead (qwen-vl-utils bounds it by 4 and ``max_frames`` frames).
         max_frames: the most frames with ``fps``.
-        min_pixels, max_pixels: frame area bounds (qwen-vl-utils' defaults when ``None``).
+        min_pixels, max_pixels: frame area bounds (qwen-vl-utils' defaults when ``None``; a ``max_pixels`` below
+            qwen-vl-utils' default minimum, 128 merged patches, lowers that minimum to it).
         patch_size: the vision tower's patch size (14 for Qwen2/2.5-VL, 16 for Qwen3-VL).
 
     Returns:
@@ -296,6 +297,7 @@ def qwen_frames(
     import torch
     from PIL import Image
     from qwen_vl_utils import fetch_video
+    from qwen_vl_utils.vision_process import SPATIAL_MERGE_SIZE, VIDEO_MIN_TOKEN_NUM
 
     reader = _open_video(path)
     total, what = len(reader), f"video file {str(path)!r}"
@@ -317,6 +319,8 @@ def qwen_frames(
         element["fps"] = fps
         if max_frames is not None:
             element["max_frames"] = max_frames
+    if max_pixels is not None and min_pixels is None:  # a cap below qwen-vl-utils' own frame minimum lowers it
+        min_pixels = min(max_pixels, VIDEO_MIN_TOKEN_NUM * (patch_size * SPATIAL_MERGE_SIZE) ** 2)
     if min_pixels is not None:
         element["min_pixels"] = min_pixels
     if max_pixels is not None:
