@@ -593,6 +593,21 @@ def test_config_file_defaults_and_flag_overrides(vc, tmp_path):
     assert vc.JobConfig(fps=1.0).sampler == "qwen" and vc.JobConfig().sampler == "decord"
 
 
+def test_segment_ids_keep_every_digit_of_long_videos_bounds(vc, monkeypatch):
+    monkeypatch.setattr(vc.inputs, "video_span", lambda path: (10010.0, 25.0))  # a 2 h 47 min video
+    items = vc.segment_items([vc.VideoItem(id="long.mp4", path="long.mp4")], 1.25)
+    assert len({i.id for i in items}) == len(items) == 8008
+    assert [i.id for i in items][8001] == "long.mp4@10001.25-10002.5" and items[0].id == "long.mp4@0-1.25"
+
+
+def test_a_segment_shorter_than_a_frame_is_refused_before_any_window_is_made(vc, tmp_path):
+    write_video(tmp_path / "v.mp4", _clip(500) + _clip(501), fps=4)
+    with pytest.raises(
+        vc.JobError, match=r"segment=1e-09 s is shorter than one frame of .*v.mp4' \(0.25 s at 4 fps\)"
+    ):
+        vc.segment_items([vc.VideoItem(id="v.mp4", path=str(tmp_path / "v.mp4"))], 1e-9)
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1"])
 def test_segment_must_be_a_finite_positive_number(vc, tmp_path, capsys, value):
     """From the flag and from a config file, through the same check (nan and inf pass a plain ``<= 0``)."""

@@ -189,19 +189,25 @@ def segment_items(items: Sequence[VideoItem], seconds: float) -> list[VideoItem]
     cannot be read (its caption attempt records why).
 
     Raises:
-        JobError: ``seconds`` is not a finite number > 0.
+        JobError: ``seconds`` is not a finite number > 0, or is shorter than a video's frame interval (its windows
+            would hold no frame).
     """
     if not (math.isfinite(seconds) and seconds > 0):
         raise JobError(f"segment must be a finite number > 0, got {seconds}")
     out: list[VideoItem] = []
     for item in items:
         try:
-            last = None if item.window else video_span(item.path)
+            last, fps = (None, None) if item.window else video_span(item.path)
         except (OSError, ValueError):
             last = None
         if last is None:
             out.append(item)
             continue
+        if seconds * fps < 1:
+            raise JobError(
+                f"segment={seconds:g} s is shorter than one frame of {item.path!r} ({1 / fps:.3g} s at {fps:g} fps): "
+                f"its windows would hold no frame; use a segment of at least {1 / fps:.3g} s"
+            )
         count = max(1, math.ceil(last / seconds - 1e-9))  # windows; the last one runs to the end
         for k in range(count):
             start, end = _multiple(k, seconds), (_multiple(k + 1, seconds) if k + 1 < count else None)
@@ -227,17 +233,23 @@ def _multiple(k: int, seconds: float) -> float:
 
 def _window_id(name: str, start: float | None, end: float | None) -> str:
     """``name@start-end`` (``name@start-`` when the window runs to the end of the video)."""
-    return f"{name}@{start or 0:g}-{'' if end is None else f'{end:g}'}"
+    return f"{name}@{_bound(start or 0)}-{'' if end is None else _bound(end)}"
 
 
-def video_span(path: str | Path) -> float:
-    """The time of a video file's last frame, in seconds (decord).
+def _bound(seconds: float) -> str:
+    """A window bound as written: every digit, no trailing ``.0`` (``10001.25``, ``3``)."""
+    return repr(float(seconds)).removesuffix(".0")
+
+
+def video_span(path: str | Path) -> tuple[float, float]:
+    """``(last, fps)``: the time of a video file's last frame, in seconds, and its frame rate (decord).
 
     Raises:
         FileNotFoundError, ValueError: as :func:`_open_video`.
     """
     reader = _open_video(path)
-    return (len(reader) - 1) / float(reader.get_avg_fps())
+    fps = float(reader.get_avg_fps())
+    return (len(reader) - 1) / fps, fps
 
 
 def _open_video(path: str | Path) -> Any:
@@ -319,7 +331,9 @@ def qwen_frames(
         element["fps"] = fps
         if max_frames is not None:
             element["max_frames"] = max_frames
-    if max_pixels is not None and min_pixels is None:  # a cap below qwen-vl-utils' own frame minimum lowers it
+    if (
+        max_pixels is not None and min_pixels is None
+    ):  # a cap below qwen-vl-utils' own frame minimum lowers it
         min_pixels = min(max_pixels, VIDEO_MIN_TOKEN_NUM * (patch_size * SPATIAL_MERGE_SIZE) ** 2)
     if min_pixels is not None:
         element["min_pixels"] = min_pixels
