@@ -896,3 +896,27 @@ def test_multi_round_task_breaking_the_protocol_fails_naming_it(model: Any) -> N
     with pytest.raises(InvalidInputError, match=r"task 'image_qa': its doc_to_text returned str for round 1; .*"
                        r"\(visuals, context, terminal, previous_output, previous_round_info\)"):  # fmt: skip
         model.generate_until_multi_round([request])
+
+
+def test_an_ar_reference_that_cannot_serve_is_refused_before_generation(tmp_path):
+    def speed_file(folder: Path, task: str, policy: str) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / speed.SPEED_FILE.format(task=task)
+        path.write_text(json.dumps({"task": task, "run": {"policy": policy}, "samples": []}))
+        return path
+
+    ar = tmp_path / "ar"
+    speed_file(ar, "qa", "ar")
+    speed.check_reference(ar)  # an AR run: serves
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        speed.check_reference(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no vlmspec_speed_<task>.json"):
+        speed.check_reference(tmp_path / "empty")
+    with pytest.raises(ValueError, match="is a policy='sage' run; the speed-up needs a policy=ar run"):
+        speed.check_reference(speed_file(tmp_path / "sage", "qa", "sage"))
+    (bad := tmp_path / "bad.json").write_text("{bad")
+    with pytest.raises(ValueError, match="bad.json is not a speed file"):
+        speed.check_reference(bad)
+    with pytest.warns(UserWarning, match=r"holds no AR run of \['caption'\]: no speed-up for them"):
+        assert list(speed.load_reference(ar, ["qa", "caption"])) == ["qa"]  # the run's results are kept

@@ -62,6 +62,7 @@ from .options import ModelOptions, parse_model_args, resolve_pair
 from .speed import (
     SampleSpeed,
     accuracy_by_task,
+    check_reference,
     find_results,
     format_summary,
     load_reference,
@@ -98,11 +99,8 @@ class VLMSpec(lmms):
         super().__init__()
         try:
             self.options: ModelOptions = parse_model_args(kwargs)
-            if (
-                self.options.ar_reference is not None
-                and not Path(self.options.ar_reference).expanduser().exists()
-            ):
-                raise ValueError(f"ar_reference={self.options.ar_reference!r} does not exist")
+            if self.options.ar_reference is not None:
+                check_reference(self.options.ar_reference)
             self.accelerator = Accelerator()
             self._rank = self.accelerator.process_index
             self._world_size = self.accelerator.num_processes

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -215,25 +216,55 @@ def write_reports(reports: Mapping[str, Mapping[str, Any]], folder: str | Path) 
     return paths
 
 
-def load_reference(location: str | Path, tasks: Iterable[str]) -> dict[str, list[SampleSpeed]]:
-    """The AR records per task from an earlier run's folder (or one ``vlmspec_speed_<task>.json`` file).
+def check_reference(location: str | Path) -> None:
+    """Refuse, when the model is built (before any generation), an ``ar_reference`` that cannot serve: a location
+    that does not exist, holds no speed file, holds one that is not JSON, or one of a run other than ``policy=ar``.
 
     Raises:
-        FileNotFoundError: the location does not exist or holds no speed file for any of ``tasks``.
+        FileNotFoundError: nothing there. ValueError: the rest, naming the file.
     """
     path = Path(location).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"ar_reference={str(location)!r} does not exist")
+    files = [path] if path.is_file() else _speed_files(path, "*")
+    if not files:
+        raise FileNotFoundError(
+            f"ar_reference={str(location)!r} holds no {SPEED_FILE.format(task='<task>')}: give the output folder "
+            "of an earlier policy=ar run"
+        )
+    for file in files:
+        policy = _read_report(file, location).get("run", {}).get("policy")
+        if policy != "ar":
+            raise ValueError(
+                f"ar_reference={str(location)!r}: {file.name} is a policy={policy!r} run; the speed-up needs a "
+                "policy=ar run on the same documents"
+            )
+
+
+def load_reference(location: str | Path, tasks: Iterable[str]) -> dict[str, list[SampleSpeed]]:
+    """The AR records per task from an earlier run's folder (or one ``vlmspec_speed_<task>.json`` file), checked
+    by :func:`check_reference`; a task without one gets no speed-up (a warning names it)."""
+    path = Path(location).expanduser()
     files = [path] if path.is_file() else [p for t in tasks for p in _speed_files(path, t)]
     found: dict[str, list[SampleSpeed]] = {}
     for file in files:
-        report = json.loads(file.read_text())
+        report = _read_report(file, location)
         found.setdefault(report["task"], [SampleSpeed.from_dict(s) for s in report["samples"]])
-    if not found:
-        raise FileNotFoundError(
-            f"ar_reference={str(location)!r} holds no {SPEED_FILE.format(task='<task>')} for tasks {sorted(tasks)}"
+    if missing := sorted(set(tasks) - set(found)):
+        warnings.warn(
+            f"ar_reference={str(location)!r} holds no AR run of {missing}: no speed-up for them", stacklevel=2
         )
     return found
+
+
+def _read_report(file: Path, location: str | Path) -> dict[str, Any]:
+    try:
+        report = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"ar_reference={str(location)!r}: {file.name} is not a speed file ({err})") from None
+    if not isinstance(report, dict) or "task" not in report or "samples" not in report:
+        raise ValueError(f"ar_reference={str(location)!r}: {file.name} is not a vlmspec speed file")
+    return report
 
 
 def _speed_files(folder: Path, task: str) -> list[Path]:
