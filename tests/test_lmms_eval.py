@@ -420,6 +420,31 @@ def test_simple_path_images_frames_and_files_give_the_same_replies(
     assert "\n" not in image_reply
 
 
+def test_bad_generation_kwargs_fail_before_any_request_runs(model: Any, workspace: dict[str, Any]) -> None:
+    data = workspace["tasks"] / "data"
+    good = _instance(
+        "generate_until",
+        (
+            "Describe this video.",
+            {"max_new_tokens": 4},
+            lambda d: [str(data / d["video"])],
+            0,
+            "video_caption",
+            "test",
+        ),
+        "video_caption",
+    )
+    bad = _instance(
+        "generate_until",
+        ("<image>\nWhat?", {"until": [5]}, lambda d: [d["image"]], 0, "image_qa", "test"),
+        "image_qa",
+    )
+    done = len(model._samples)
+    with pytest.raises(ValueError, match=r"task 'image_qa': generation kwarg until=\[5\] is invalid"):
+        model.generate_until([good, bad])
+    assert len(model._samples) == done  # the good request did not run first, only to be lost
+
+
 def test_chat_path_takes_messages_with_a_system_turn(model: Any) -> None:
     from vlmspec_eval.lmms.model import VLMSpecChat
 

@@ -146,6 +146,7 @@ class VLMSpec(lmms):
     def generate_until(self, requests: list[Instance]) -> list[GenerationResult]:
         """Generate a reply per request (greedy unless the request samples; see :mod:`.generation`), ``batch_size``
         requests decoding together (:meth:`VLMSpecPipeline.batch_iter`)."""
+        self._check_generation_kwargs(requests)
         results = [GenerationResult(text="")] * len(requests)  # lmms-eval's rank padding stays empty
         todo = [i for i, request in enumerate(requests) if not _is_padding(request)]
         calls = (partial(self._call, requests[i]) for i in todo)
@@ -170,6 +171,7 @@ class VLMSpec(lmms):
         task builds. Replies are stripped (as ``llava_onevision`` does; lmms-eval strips ``generate_until`` replies
         itself). Rounds run in lock step over the requests, ``batch_size`` requests decoding together.
         """
+        self._check_generation_kwargs(requests)
         replies: list[list[str]] = [[] for _ in requests]  # lmms-eval's rank padding gets none
         info: dict[int, Any] = {}
         prompts = {i: self._prompt(r) for i, r in enumerate(requests) if not _is_padding(r)}
@@ -256,6 +258,17 @@ class VLMSpec(lmms):
         if terminal:
             return None
         return {"messages": simple_messages(context, visuals)}, info
+
+    def _check_generation_kwargs(self, requests: list[Instance]) -> None:
+        """Every request's generation kwargs, before any generation: a bad task YAML fails at once, naming the
+        task, not after the requests before its first one have run (their replies would be lost)."""
+        for request in requests:
+            if _is_padding(request):
+                continue
+            try:
+                generation_settings(request.args[self.gen_kwargs_at], cap=self.options.max_new_tokens)
+            except ValueError as err:
+                raise ValueError(f"task {request.args[-2]!r}: {err}") from None
 
     def _call(self, request: Instance, prompt: dict[str, Any] | None = None) -> dict[str, Any]:
         """The pipeline call for a request (built when its turn in the batch comes), for its own prompt or the
