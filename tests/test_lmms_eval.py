@@ -631,6 +631,20 @@ def test_a_saved_pipeline_gives_its_pair_with_the_model_args_settings(
         options.resolve_pair(opts)
 
 
+def test_a_mistyped_target_is_named_before_the_missing_draft(tmp_path: Path) -> None:
+    with pytest.raises(
+        InvalidInputError, match=r"target 'testbd-mini' is not an existing folder.*testbed-mini"
+    ):
+        options.resolve_pair(options.parse_model_args({"target": "testbd-mini"}))
+    missing = tmp_path / "my-pipee"
+    with pytest.raises(FileNotFoundError, match=rf"target '{missing}' does not exist: give a model folder"):
+        options.resolve_pair(options.parse_model_args({"target": str(missing)}))
+    with pytest.raises(
+        InvalidInputError, match=r"policy='sage' needs draft=\.\.\."
+    ):  # a hub id: the draft is
+        options.resolve_pair(options.parse_model_args({"target": "Qwen/Qwen2-VL-7B-Instruct"}))
+
+
 def test_pair_configs_load_and_validate() -> None:
     paths = sorted((REPO / "configs" / "models").glob("*.yaml"))
     pairs = set()

@@ -39,10 +39,12 @@ from typing import Any, Literal
 
 import yaml
 
-from vlmspec.errors import InvalidInputError
+from vlmspec.errors import InputNotFoundError, InvalidInputError
 from vlmspec.named_pairs import (
     DEFAULT_FAMILY,
+    HUB_ID,
     ResolvedPair,
+    check_model_source,
     is_pair_name,
     is_pipeline_folder,
     split_calibration,
@@ -329,6 +331,8 @@ def resolve_pair(options: ModelOptions) -> ResolvedPair:
     """
     uses_draft = policy_class(options.policy).uses_draft
     saved = is_pipeline_folder(options.target)
+    if _special(options.target) is None and not saved:
+        _check_target(options.target)
     if _special(options.target) is None and not saved and uses_draft and options.draft is None:
         raise InvalidInputError(
             f"policy={options.policy!r} needs draft=... (a smaller checkpoint of the target's family); "
@@ -341,3 +345,13 @@ def resolve_pair(options: ModelOptions) -> ResolvedPair:
             "give draft=... or use policy=ar"
         )
     return pair if uses_draft else dataclasses.replace(pair, draft=None)
+
+
+def _check_target(target: str) -> None:
+    """A mistyped target is named before the draft's absence is: a bare word that is no pair name, or a path that
+    does not exist."""
+    check_model_source(target, "target")
+    if not HUB_ID.fullmatch(target) and not Path(target).expanduser().exists():
+        raise InputNotFoundError(
+            f"target {target!r} does not exist: give a model folder, a saved pipeline folder, a pair name or a hub id"
+        )
