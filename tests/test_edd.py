@@ -197,3 +197,27 @@ def test_training_runs_end_to_end_and_resumes_after_a_kill(tmp_path):
         pipe.prepare_inputs(make_image(5), "Describe this image."), 32
     )
     assert adapter_for(resumed).reads_target_layer == resumed.edd_config.hidden_layer
+
+
+def test_edd_eval_takes_the_shipped_draft_by_name(tmp_path, monkeypatch, capsys):
+    from vlmspec.edd_train import main as edd_main
+
+    monkeypatch.chdir(
+        tmp_path
+    )  # no folder named "edd" here: the name means the draft shipped with the target
+    argv = [
+        "eval",
+        "--target",
+        "testbed-base",
+        "--draft",
+        "edd",
+        "--data",
+        "testbed",
+        "--examples",
+        "1",
+        "--block",
+        "4",
+    ]
+    assert edd_main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["draft"] == "edd" and result["accepted"] > 0

@@ -433,6 +433,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, prog: str = "vlmspec edd") -> int:
     args = _parser(prog).parse_args(argv)
+    from .named_pairs import resolve_pair
     from .pipeline import VLMSpecPipeline
 
     if args.data == "testbed":
@@ -441,7 +442,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "vlmspec edd") -> int:
         examples = load_examples(args.data)[: args.examples]
     if args.command == "eval":
         pipe = VLMSpecPipeline.from_pretrained(args.target, policy="ar", torch_dtype=torch.float32)
-        draft = EDDDraft.from_pretrained(args.draft, pipe.target).float()
+        draft = EDDDraft.from_pretrained(resolve_pair(args.target, args.draft).draft, pipe.target).float()
         layer = draft.edd_config.hidden_layer
         samples = [distill_example(pipe, e, layer, args.max_new_tokens, 1024) for e in examples]
         use_hidden = draft.edd_config.training.get("use_hidden", True)
