@@ -84,9 +84,11 @@ BENCH_BAD_VALUES = [["--n", "0"], ["--repeats", "0"], ["--tasks", "nosuch"], ["-
 
 @pytest.mark.parametrize(
     "argv",
-    [["caption", "{videos}", "--bogus"], ["demo", "--nope"], ["bench", "--n", "zero"]]
+    [["caption", "{videos}", "--bogus"], ["demo", "--nope"], ["bench", "--n", "zero"], ["testbed", "build", "--size", "huge"],
+     ["c2t", "train", "--epochs", "x", "--data", "a", "--out", "b"], ["edd", "train"]]
     + [["bench", *values] for values in BENCH_BAD_VALUES],
-)
+)  # fmt: skip
 def test_a_bad_flag_exits_1_not_the_jobs_partial_status_2(argv, user_files, capsys):
     code, err = run([a.format(**user_files) for a in argv], capsys)
     assert code == 1 and "error:" in err and "Traceback" not in err, (code, err)
+    assert len(err.strip().splitlines()) == 1, err  # one line, no usage block

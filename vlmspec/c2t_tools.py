@@ -356,9 +356,9 @@ def train(
 
 # ---- command line ------------------------------------------------------------------------------------------------
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog, description="C2T: collect labelled token trees, train the classifier"
-    )
+    from .cli import ArgumentParser
+
+    parser = ArgumentParser(prog=prog, description="C2T: collect labelled token trees, train the classifier")
     sub = parser.add_subparsers(dest="command", required=True)
     col = sub.add_parser(
         "collect", help="decode prompts and record full token trees with accepted/rejected labels"

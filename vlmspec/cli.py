@@ -169,17 +169,17 @@ def _testbed_main(argv: list[str]) -> int:
     return testbed_main(argv, prog="vlmspec testbed")
 
 
-class _Parser(argparse.ArgumentParser):
-    """Exits with status 1 on a bad flag, like every other user error (argparse's 2 is the caption job's
-    "some videos failed"); subcommand parsers inherit it."""
+class ArgumentParser(argparse.ArgumentParser):
+    """The parser of every ``vlmspec`` command line: a bad flag is one line, ``<prog>: error: ... (see <prog>
+    --help)``, and exit status 1, like every other user error (argparse's 2 is the caption job's "some videos
+    failed"); subcommand parsers inherit it."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="vlmspec", description=__doc__)
+    parser = ArgumentParser(prog="vlmspec", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser(
         "demo", help="caption the bundled example image (or your image/video) with speed stats"

@@ -396,7 +396,9 @@ def examples_from_testbed(count: int, seed: int = 0) -> list[Example]:
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="EDD drafts (edd_pct.txt section 3.1)")
+    from .cli import ArgumentParser
+
+    parser = ArgumentParser(prog=prog, description="EDD drafts (edd_pct.txt section 3.1)")
     sub = parser.add_subparsers(dest="command", required=True)
     tr = sub.add_parser("train", help="train an EDD draft for a target by self-distillation")
     tr.add_argument("--target", required=True, help="target: hub id, folder or pair name (e.g. testbed-base)")

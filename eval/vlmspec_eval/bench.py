@@ -37,13 +37,14 @@ from typing import Any
 
 import torch
 
+from vlmspec.cli import ArgumentParser
 from vlmspec.costs import DEFAULT_BUDGET_FACTOR
 from vlmspec.named_pairs import ResolvedPair
 from vlmspec.probe import check_sizes
 
 from .analysis import entropy_report, tau_vs_length, token_entropies
 from .cost import PROBE_SIZES, CostProbe, run_cost_probe
-from .flag_types import Parser, batch_sizes, beam_width, budget, comma_list, json_options
+from .flag_types import batch_sizes, beam_width, budget, comma_list, json_options
 from .methods import (
     AR,
     EDD_PREFIX,
@@ -528,7 +529,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="vlmspec bench", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="vlmspec bench", description=__doc__.split("\n\n")[0])
     return add_arguments(parser)
 
 

@@ -1,20 +1,12 @@
 """The argparse types of the bench's flags: comma lists, positive integers, ``auto`` words, JSON objects; each error
-names the flag and what it takes. :class:`Parser` exits 1 on a bad flag, as every ``vlmspec`` command does."""
+names the flag and what it takes (the parser is :class:`vlmspec.cli.ArgumentParser`: a bad flag is one line, exit
+status 1)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
-
-
-class Parser(argparse.ArgumentParser):
-    """Exits with status 1 on a bad flag, like every other user error of ``vlmspec`` (argparse's own is 2)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.print_usage(sys.stderr)
-        self.exit(1, f"{self.prog}: error: {message}\n")
 
 
 def comma_list(kind: type):

@@ -23,15 +23,17 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from vlmspec.cli import ArgumentParser
+
 from .bench import add_arguments, run_args
-from .flag_types import Parser, comma_list
+from .flag_types import comma_list
 
 DEFAULT_PAIRS: tuple[str, ...] = ("testbed-base:qwen2_vl@7b-2b", "testbed-base:llava_onevision@7b-0.5b")
 """Qwen2-VL-7B/2B-shaped and LLaVA-OneVision-7B/0.5B-shaped calibrated testbed pairs."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="eval/gpu_bench.sh", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="eval/gpu_bench.sh", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     parser.add_argument(
         "--pairs",

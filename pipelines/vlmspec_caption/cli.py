@@ -12,7 +12,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from vlmspec.cli import DEBUG_ENV, USER_ERRORS  # the boundary for user errors that `vlmspec caption` has
+from vlmspec.cli import (  # the boundary for user errors that `vlmspec caption` has
+    DEBUG_ENV,
+    USER_ERRORS,
+    ArgumentParser,
+)
 
 from .config import (
     DTYPES,
@@ -26,14 +30,6 @@ from .config import (
     load_config,
 )
 from .run import run_job
-
-
-class _Parser(argparse.ArgumentParser):
-    """Exits with status 1 (the job could not run) on a bad flag, not argparse's 2 (which means "partial")."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_JOB_ERROR, f"{self.prog}: error: {message}\n")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -145,7 +141,7 @@ def run_args(args: argparse.Namespace) -> int:
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The job's argument parser (bad flags exit with status 1)."""
     description = (__doc__ or "").split("\n\n")[0]
-    return add_arguments(_Parser(prog=prog, description=description))
+    return add_arguments(ArgumentParser(prog=prog, description=description))
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -16,10 +16,10 @@ from .train import SIZES
 
 
 def build_parser(prog: str = "python -m vlmspec.testbed") -> argparse.ArgumentParser:
+    from ..cli import ArgumentParser
+
     """The ``testbed`` argument parser (sub-commands ``build`` and ``prune``)."""
-    parser = argparse.ArgumentParser(
-        prog=prog, description="Build (train) the vlmspec testbed target/draft pairs."
-    )
+    parser = ArgumentParser(prog=prog, description="Build (train) the vlmspec testbed target/draft pairs.")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser(
         "build",
