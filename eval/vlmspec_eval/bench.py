@@ -59,7 +59,16 @@ from .methods import (
 )
 from .report import aggregate, edd_share, markdown, write_files
 from .sampling import dsbd_policy, run_dsbd_section, run_sampling_section
-from .tasks import INPUT_SOURCES, TASKS, TaskInput, check_pair, check_tasks, load_inputs, resolve_pair
+from .tasks import (
+    INPUT_SOURCES,
+    TASKS,
+    TaskInput,
+    check_pair,
+    check_tasks,
+    load_config_pair,
+    load_edd_pipeline,
+    load_inputs,
+)
 
 DEFAULT_PRUNE_RATIOS: tuple[float, ...] = (0.0, 0.5, 0.8, 0.9)
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "auto")
@@ -254,62 +263,6 @@ def sampling_sections(
         )  # fmt: skip
         out.update(dsbd_settings=section["settings"], dsbd_rows=section["rows"])
     return out
-
-
-def load_edd_pipeline(pipe: Any, pair: ResolvedPair | None, config: BenchConfig) -> tuple[Any, str]:
-    """``(pipeline, "")``: the bench's target with an EDD draft (``--edd``: a folder, or ``auto``: the one shipped
-    for a testbed pair), inflated like the target; ``(None, why)`` when there is none."""
-    from vlmspec import VLMSpecPipeline
-    from vlmspec.testbed import edd_path
-
-    source = config.edd
-    if source == "auto":
-        testbed = testbed_size_family(pair)
-        if testbed is None:
-            return None, "--edd auto finds EDD drafts for testbed pairs only; give --edd FOLDER"
-        try:
-            source = str(edd_path(*testbed))
-        except ValueError as err:
-            return None, str(err)
-    if pair is None:
-        return None, "the bench was given a pipeline, not a pair: no EDD draft can be loaded for it"
-    loaded = load_pipeline(replace(pair, draft=source), config.dtype)
-    return VLMSpecPipeline(pipe.target, loaded.draft, pipe.processor, policy=AR), ""
-
-
-def section_edd_pipeline(
-    pipe: Any, pair: ResolvedPair | None, config: BenchConfig, policies: Sequence[str]
-) -> Any:
-    """The EDD pipeline that a section's ``edd+<policy>`` rows run on (:func:`load_edd_pipeline`), ``None`` when
-    ``policies`` name none; exits with the reason when one is named and there is no EDD draft."""
-    if not any(policy.startswith(EDD_PREFIX) for policy in policies):
-        return None
-    edd_pipe, missing = load_edd_pipeline(pipe, pair, config)
-    if edd_pipe is None:
-        raise SystemExit(f"no edd+<policy> rows: {missing}")
-    return edd_pipe
-
-
-def testbed_size_family(pair: ResolvedPair | None) -> tuple[str, str] | None:
-    """``(size, family)`` of a testbed pair (``pair.source``: ``testbed:<size>:<family>[@<calibration>]``), else
-    ``None``."""
-    parts = pair.source.split("@")[0].split(":") if pair is not None else []
-    return (parts[1], parts[2]) if len(parts) == 3 and parts[0] == "testbed" else None
-
-
-def load_pipeline(pair: ResolvedPair, dtype: str) -> Any:
-    """The pipeline of ``pair`` in ``dtype`` (policy ``ar``; the bench swaps policies per run)."""
-    from vlmspec import VLMSpecPipeline
-
-    return VLMSpecPipeline.from_pretrained(
-        pair.target, pair.draft, policy=AR, torch_dtype=dtype, calibration=pair.calibration
-    )
-
-
-def load_config_pair(config: BenchConfig) -> tuple[ResolvedPair, Any]:
-    """The pair ``config`` names (its default pair when it names none) and that pair's pipeline."""
-    pair = resolve_pair(config.target, config.draft, config.family, config.size, config.calibration)
-    return pair, load_pipeline(pair, config.dtype)
 
 
 def write_section(out: Path, name: str, text: str) -> int:

@@ -30,9 +30,10 @@ from typing import Any
 
 from vlmspec.chat import system_turn
 
-from .bench import load_config_pair, section_edd_pipeline, torch_threads, write_section
+from .bench import torch_threads, write_section
 from .methods import EDD_PREFIX
 from .report import table
+from .tasks import load_config_pair, section_edd_pipeline
 
 TURNS = 3
 SYSTEM = "You are a helpful assistant."

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,6 +25,8 @@ from vlmspec.named_pairs import (
     split_calibration,
 )
 from vlmspec.named_pairs import resolve_pair as resolve_named_pair
+
+from .methods import AR, EDD_PREFIX
 
 TASKS: tuple[str, ...] = ("image_caption", "image_qa", "video_caption")
 """The task mix of the bench (SAGE Table 1's image captioning, image QA and video captioning)."""
@@ -219,3 +221,57 @@ def check_pair(
         raise ValueError(
             f"--target {target!r} names calibration {named!r} but --calibration says {calibration!r}: give one"
         )
+
+
+def load_edd_pipeline(pipe: Any, pair: ResolvedPair | None, config: Any) -> tuple[Any, str]:
+    """``(pipeline, "")``: the bench's target with an EDD draft (``--edd``: a folder, or ``auto``: the one shipped
+    for a testbed pair), inflated like the target; ``(None, why)`` when there is none."""
+    from vlmspec import VLMSpecPipeline
+    from vlmspec.testbed import edd_path
+
+    source = config.edd
+    if source == "auto":
+        testbed = testbed_size_family(pair)
+        if testbed is None:
+            return None, "--edd auto finds EDD drafts for testbed pairs only; give --edd FOLDER"
+        try:
+            source = str(edd_path(*testbed))
+        except ValueError as err:
+            return None, str(err)
+    if pair is None:
+        return None, "the bench was given a pipeline, not a pair: no EDD draft can be loaded for it"
+    loaded = load_pipeline(replace(pair, draft=source), config.dtype)
+    return VLMSpecPipeline(pipe.target, loaded.draft, pipe.processor, policy=AR), ""
+
+
+def section_edd_pipeline(pipe: Any, pair: ResolvedPair | None, config: Any, policies: Sequence[str]) -> Any:
+    """The EDD pipeline that a section's ``edd+<policy>`` rows run on (:func:`load_edd_pipeline`), ``None`` when
+    ``policies`` name none; exits with the reason when one is named and there is no EDD draft."""
+    if not any(policy.startswith(EDD_PREFIX) for policy in policies):
+        return None
+    edd_pipe, missing = load_edd_pipeline(pipe, pair, config)
+    if edd_pipe is None:
+        raise SystemExit(f"no edd+<policy> rows: {missing}")
+    return edd_pipe
+
+
+def testbed_size_family(pair: ResolvedPair | None) -> tuple[str, str] | None:
+    """``(size, family)`` of a testbed pair (``pair.source``: ``testbed:<size>:<family>[@<calibration>]``), else
+    ``None``."""
+    parts = pair.source.split("@")[0].split(":") if pair is not None else []
+    return (parts[1], parts[2]) if len(parts) == 3 and parts[0] == "testbed" else None
+
+
+def load_pipeline(pair: ResolvedPair, dtype: str) -> Any:
+    """The pipeline of ``pair`` in ``dtype`` (policy ``ar``; the bench swaps policies per run)."""
+    from vlmspec import VLMSpecPipeline
+
+    return VLMSpecPipeline.from_pretrained(
+        pair.target, pair.draft, policy=AR, torch_dtype=dtype, calibration=pair.calibration
+    )
+
+
+def load_config_pair(config: Any) -> tuple[ResolvedPair, Any]:
+    """The pair ``config`` names (its default pair when it names none) and that pair's pipeline."""
+    pair = resolve_pair(config.target, config.draft, config.family, config.size, config.calibration)
+    return pair, load_pipeline(pair, config.dtype)

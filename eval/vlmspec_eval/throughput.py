@@ -25,10 +25,10 @@ import torch
 
 from vlmspec.stopping import eos_token_ids, until_eos
 
-from .bench import load_config_pair, section_edd_pipeline, torch_threads, write_section
+from .bench import torch_threads, write_section
 from .methods import EDD_PREFIX
 from .report import table
-from .tasks import load_inputs
+from .tasks import load_config_pair, load_inputs, section_edd_pipeline
 
 
 @dataclass
