@@ -714,3 +714,13 @@ def test_resolve_pair(vc, monkeypatch, tmp_path):
     assert vc.resolve_pair("testbed-base", "some/draft").draft == "some/draft"  # as everywhere: it replaces
     with pytest.raises(vc.JobError, match="no 'qwen9' pair"):
         vc.resolve_pair("testbed-mini", None, family="qwen9")
+
+
+def test_an_out_under_a_file_is_a_job_error_naming_it(tmp_path):
+    from vlmspec_caption.store import ResultWriter
+
+    (tmp_path / "out1.jsonl").write_text("")
+    with pytest.raises(
+        vlmspec_caption.JobError, match=r"its folder '.*out1.jsonl' cannot be made .*choose another --out"
+    ):
+        ResultWriter(tmp_path / "out1.jsonl" / "x.jsonl")

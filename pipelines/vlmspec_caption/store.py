@@ -172,7 +172,13 @@ class ResultWriter:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # a file where a folder should be, or a folder that cannot be made
+            raise JobError(
+                f"output file {str(self.path)!r} cannot be created: its folder {str(self.path.parent)!r} cannot be "
+                f"made ({err.strerror}: {err.filename!r}); choose another --out"
+            ) from err
         existed = self.path.exists()
         try:
             self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
