@@ -331,10 +331,9 @@ def qwen_frames(
         element["fps"] = fps
         if max_frames is not None:
             element["max_frames"] = max_frames
-    if (
-        max_pixels is not None and min_pixels is None
-    ):  # a cap below qwen-vl-utils' own frame minimum lowers it
-        min_pixels = min(max_pixels, VIDEO_MIN_TOKEN_NUM * (patch_size * SPATIAL_MERGE_SIZE) ** 2)
+    if max_pixels is not None and min_pixels is None:
+        frame_minimum = VIDEO_MIN_TOKEN_NUM * (patch_size * SPATIAL_MERGE_SIZE) ** 2  # qwen-vl-utils' own
+        min_pixels = min(max_pixels, frame_minimum)  # a cap below it lowers it
     if min_pixels is not None:
         element["min_pixels"] = min_pixels
     if max_pixels is not None:
