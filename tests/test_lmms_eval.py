@@ -523,7 +523,7 @@ def test_registered_through_the_entry_point_manifest() -> None:
         ({"target": "tiny", "num_frames": "many"}, "num_frames='many' is invalid: expected an integer"),
         ({"target": "tiny", "warmup": "yes"}, "warmup='yes' is invalid: expected true or false"),
         ({"target": "tiny", "prune_ratio": "most"}, "prune_ratio='most' is invalid: expected a number"),
-        ({"target": "tiny", "batch_size": 0}, "batch_size=0 is invalid: expected an integer >= 1"),
+        ({"target": "tiny", "batch_size": 0}, "lmms-eval's --batch_size 0 is invalid: give an integer >= 1"),
         ({"target": "tiny", "policy": "chain", "gamma": "two"}, "ChainConfig.gamma='two' is invalid"),
         ({"target": "tiny", "max_new_tokens": 0}, "max_new_tokens=0 is invalid"),
         ({"target": "tiny", "pruning": "random"}, "pruning='random' is invalid"),
@@ -591,6 +591,34 @@ def test_model_args_policy_options_and_overrides() -> None:
         {"target": "tiny", "prune_ratio": 0.5, "video_prune_ratio": 0.95, "batch_size": "1"}
     )
     assert (opts.image_prune_ratio, opts.video_prune_ratio, opts.dtype) == (0.5, 0.95, "auto")
+
+
+def test_a_pair_config_s_bad_value_names_the_file(tmp_path: Path) -> None:
+    """A mistake in a pair config is reported with the file's path, not as a command-line one."""
+    config = tmp_path / "my-pair.yaml"
+    config.write_text("target: tiny\npolicy: chain\ngamma: 5\nvideo_prune_ratio: 2\n")
+    with pytest.raises(InvalidInputError) as err:
+        options.parse_model_args({"config": str(config)})
+    assert str(err.value).startswith(f"pair config {str(config)!r}: video_prune_ratio=2.0 is invalid")
+    config.write_text("target: tiny\ncolour: red\n")
+    with pytest.raises(
+        InvalidInputError, match=r"pair config .*my-pair.yaml.*unknown --model_args key.*colour"
+    ):
+        options.parse_model_args({"config": str(config), "policy": "chain"})
+    config.write_text("target: tiny\n")
+    with pytest.raises(InvalidInputError) as err:  # the command line's own mistake stays the command line's
+        options.parse_model_args({"config": str(config), "prune_ratio": 3})
+    assert str(err.value).startswith("prune_ratio=3.0 is invalid")
+
+
+def test_a_policy_given_over_a_config_drops_the_config_s_own_policy_options(tmp_path: Path) -> None:
+    config = tmp_path / "chain-pair.yaml"
+    config.write_text("target: tiny\npolicy: chain\ngamma: 5\n")
+    assert options.parse_model_args({"config": str(config)}).policy_options == {"gamma": 5}
+    opts = options.parse_model_args({"config": str(config), "policy": "sage"})
+    assert (opts.policy, opts.policy_options) == ("sage", {})
+    opts = options.parse_model_args({"config": str(config), "policy": "chain", "gamma": 2})
+    assert opts.policy_options == {"gamma": 2}
 
 
 EXPECTED_PAIRS = {

@@ -110,7 +110,7 @@ class VLMSpec(lmms):
         except (ValueError, FileNotFoundError) as err:
             # lmms-eval's CLI catches exceptions and exits 0, so a CI job would record a green run with no
             # results; a SystemExit passes through it: the run fails, with this one line.
-            raise SystemExit(f"vlmspec: bad --model_args: {err}") from err
+            raise SystemExit(f"vlmspec model: {err}") from err
         self._device = self.pipe.target.get_input_embeddings().weight.device
         if self.options.warmup:
             warm_up(self.pipe)

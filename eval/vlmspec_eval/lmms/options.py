@@ -7,7 +7,8 @@ any model is loaded, so a typo fails in a second with a message naming it::
     --model_args target=Qwen/Qwen2.5-VL-7B-Instruct,draft=Qwen/Qwen2.5-VL-3B-Instruct,policy=sage
     --model_args config=qwen2_5_vl-7b-3b            # configs/models/qwen2_5_vl-7b-3b.yaml, same keys
     --model_args config=qwen2_5_vl-7b-3b,policy=ar  # keys given on the command line win over the config's
-                                                    # (a given prune_ratio replaces the config's per-modality ones)
+                                                    # (a given prune_ratio replaces the config's per-modality ones,
+                                                    # a given policy the config's options of its own policy)
 
 Options are checked like the policies' configs: each value is converted to its field's declared type where its
 text allows (``"8"`` -> ``8``, ``"true"`` -> ``True``, ``"none"`` -> ``None``), then
@@ -16,7 +17,7 @@ policy's options (e.g. ``gamma`` for ``chain``) are valid keys too, converted fr
 
 Pair configs (``configs/models/*.yaml``) hold the same keys as ``--model_args`` (flat mapping, loaded with
 ``yaml.safe_load``). Per-modality pruning is written ``image_prune_ratio``/``video_prune_ratio``;
-``prune_ratio`` sets both.
+``prune_ratio`` sets both. A mistake in a config is reported with the config's path.
 
 Special target names (no download, built locally on first use):
 
@@ -146,9 +147,14 @@ class ModelOptions:
         for name in ("prune_ratio", "image_prune_ratio", "video_prune_ratio"):
             value = getattr(self, name)
             _check(value is None or 0.0 <= value < 1.0, name, value, _RATIO_NEED)
-        for name in ("max_new_tokens", "num_frames", "batch_size"):
+        for name in ("max_new_tokens", "num_frames"):
             value = getattr(self, name)
             _check(value is None or value >= 1, name, value, "expected an integer >= 1")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise InvalidInputError(
+                f"lmms-eval's --batch_size {self.batch_size} is invalid: give an integer >= 1, or auto for the "
+                "pipeline's choice"
+            )
         try:
             config_class.from_dict(self.policy_options)
         except (TypeError, ValueError) as err:
@@ -182,17 +188,53 @@ def parse_model_args(kwargs: Mapping[str, Any]) -> ModelOptions:
         InvalidInputError: an unknown key (the message lists the valid ones), a bad value (the message names the
             key, the value and what is expected), a missing ``target``, or a config that cannot be used.
     """
-    values = dict(kwargs)
+    values = _coerced(kwargs)
+    if values.get("config") is None:
+        return _options(values)
+    path = resolve_config_path(values["config"])
+    config = _coerced(load_pair_config(path))
+    merged = _merge_pair_config(config, values)
+    try:
+        return _options(merged)
+    except InvalidInputError as err:
+        _blame_pair_config(path, config, merged)
+        raise err
+
+
+def _coerced(values: Mapping[str, Any]) -> dict[str, Any]:
+    values = dict(values)
     # lmms-eval's --batch_size auto[:N]: the pipeline's choice (its cost probe)
     if isinstance(values.get("batch_size"), str) and values["batch_size"].startswith("auto"):
         values["batch_size"] = None
-    values = coerce_fields(ModelOptions, values)
-    # a pair config's keys go under the given ones; a given prune_ratio also wins over its per-modality ratios
-    if values.get("config") is not None:
-        config = coerce_fields(ModelOptions, load_pair_config(values["config"]))
-        if values.get("prune_ratio") is not None:
-            config = {k: v for k, v in config.items() if k not in ("image_prune_ratio", "video_prune_ratio")}
-        values = {**config, **values}
+    return coerce_fields(ModelOptions, values)
+
+
+def _merge_pair_config(config: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """A pair config's keys under the given ones. A given ``prune_ratio`` also replaces the config's per-modality
+    ratios, and a given ``policy`` drops the config's options of its own policy that the given one does not take
+    (``gamma`` of a ``chain`` config under ``policy=sage``)."""
+    if given.get("prune_ratio") is not None:
+        config = {k: v for k, v in config.items() if k not in ("image_prune_ratio", "video_prune_ratio")}
+    own_policy, policy = config.get("policy", "sage"), given.get("policy")
+    if policy is not None and policy != own_policy and own_policy in available_policies():
+        dropped = _policy_fields(own_policy) - _policy_fields(policy)
+        config = {k: v for k, v in config.items() if k not in dropped}
+    return {**config, **given}
+
+
+def _blame_pair_config(path: Path, config: dict[str, Any], merged: dict[str, Any]) -> None:
+    """Raise naming the pair config file when the config, with the run's target and draft, is invalid on its own:
+    the fault is then the file's, not the command line's."""
+    alone = {**config, "target": config.get("target", merged.get("target")), "config": None}
+    alone.setdefault("draft", merged.get("draft"))
+    try:
+        _options(alone)
+    except InvalidInputError as err:
+        raise InvalidInputError(f"pair config {str(path)!r}: {err}") from err
+
+
+def _options(values: dict[str, Any]) -> ModelOptions:
+    values = dict(values)
     policy = values.get("policy", "sage")
     config_class = _policy_config_class(policy)
     policy_fields = [f.name for f in dataclasses.fields(config_class)]
@@ -207,6 +249,10 @@ def parse_model_args(kwargs: Mapping[str, Any]) -> ModelOptions:
     if isinstance(values.get("dtype"), str):
         values["dtype"] = DTYPE_ALIASES.get(values["dtype"].lower(), values["dtype"])
     return ModelOptions(**{**values, "policy_options": policy_options})
+
+
+def _policy_fields(policy: Any) -> set[str]:
+    return {f.name for f in dataclasses.fields(_policy_config_class(policy))}
 
 
 def _policy_config_class(policy: Any) -> type[PolicyConfig]:
