@@ -452,6 +452,19 @@ def test_manifests_with_prompts_and_ids(vc, tmp_path):
         vc.discover_inputs(table)
 
 
+def test_a_folder_input_follows_symlinked_subfolders_once(vc, tmp_path):
+    """A dataset linked into the input folder is captioned like a copied one; a link back up ends (no loop)."""
+    data, job = tmp_path / "data", tmp_path / "job"
+    (data / ".cache").mkdir(parents=True)
+    job.mkdir()
+    for name in ("clip.mp4", ".cache/partial.mp4"):
+        (data / name).write_bytes(b"x")
+    (job / "own.mp4").write_bytes(b"x")
+    (job / "linked").symlink_to(data, target_is_directory=True)
+    (data / "up").symlink_to(job, target_is_directory=True)
+    assert [i.id for i in vc.discover_inputs(job)] == ["linked/clip.mp4", "own.mp4"]
+
+
 def test_manifests_with_a_utf8_bom(vc, tmp_path):
     """Excel's "CSV UTF-8" starts the file with a byte order mark: it is not part of the first column's name."""
     (tmp_path / "a.mp4").write_bytes(b"x")

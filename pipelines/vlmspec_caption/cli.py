@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a = parser.add_argument
     a(
         "input",
-        help="a folder of videos, a glob (quote it) or a .jsonl/.csv manifest (path, prompt, id, start, end)",
+        help="a folder of videos (subfolders and symlinked ones included, hidden ones skipped), a glob (quote it) "
+        "or a .jsonl/.csv manifest (path, prompt, id, start, end)",
     )
     a("--out", help="output JSONL file (one line per video; resumed when it exists)")
     a("--config", help="job config YAML (default: configs/jobs/video_captioning.yaml in a source checkout)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import os
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -86,14 +87,21 @@ def discover_inputs(
 
 
 def _folder_items(folder: Path, extensions: Sequence[str]) -> list[VideoItem]:
+    """The videos under ``folder``, its subfolders included; symlinked subfolders are followed (once each, so a
+    link loop ends), and hidden files and folders (``.DS_Store``, partial downloads) are skipped."""
     wanted = {e.lower() for e in extensions}
-    items = []
-    for file in folder.rglob("*"):
-        rel = file.relative_to(folder)
-        if any(part.startswith(".") for part in rel.parts) or not file.is_file():
-            continue  # hidden files and folders (.DS_Store, partial downloads)
-        if file.suffix.lower() in wanted:
-            items.append(VideoItem(id=rel.as_posix(), path=str(file)))
+    items, seen = [], set()
+    for root, dirs, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            file = Path(root, name)
+            if not name.startswith(".") and file.suffix.lower() in wanted and file.is_file():
+                items.append(VideoItem(id=file.relative_to(folder).as_posix(), path=str(file)))
     return sorted(items, key=lambda item: item.id)
 
 
