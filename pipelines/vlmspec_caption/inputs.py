@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import csv
 import glob
-import os
 import json
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
