@@ -328,6 +328,14 @@ def test_throughput_batch_sizes_are_positive_integers(argv, message, capsys):
         (["--conversation", "--json", "x.json", "--sampling"], "does not honour --json, --sampling"),
         (["--conversation", "--methods", "sage"], "does not honour --methods"),
         (
+            ["--throughput", "1", "--tasks", "image_caption", "--repeats", "5"],
+            "does not honour --tasks, --repeats",
+        ),
+        (
+            ["--conversation", "--budget", "16", "--prune-ratios", "0", "--no-plots"],
+            "--budget, --prune-ratios, --no-plots",
+        ),
+        (
             ["--throughput", "1", "--throughput-policies", "sgae,chain"],
             "unknown --throughput-policies ['sgae']",
         ),

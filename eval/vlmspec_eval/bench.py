@@ -188,7 +188,7 @@ def torch_threads(threads: int | None) -> Iterator[None]:
 
 
 def _run(config: BenchConfig, pipe: Any) -> dict[str, Any]:
-    log = _logger(config.verbose)
+    log = progress_log(config.verbose)
     pair = None
     if pipe is None:
         pair, pipe = load_config_pair(config)
@@ -402,7 +402,9 @@ def write_report(
     return paths
 
 
-def _logger(verbose: bool):
+def progress_log(verbose: bool):
+    """A printer of progress lines (``[bench] ...`` on stderr) that ``--quiet`` silences."""
+
     def log(message: str) -> None:
         if verbose:
             print(f"[bench] {message}", file=sys.stderr, flush=True)
@@ -521,6 +523,19 @@ def run_args(args: argparse.Namespace) -> int:
     return 0
 
 
+_BENCH_ONLY_FLAGS = (
+    "--json", "--methods", "--sampling", "--dsbd", "--tasks", "--repeats", "--budget", "--auto-factor",
+    "--prune-ratios", "--probe-sizes", "--probe-runs", "--no-plots", "--beam-width", "--dsbd-options",
+)  # fmt: skip
+"""The bench's flags that the ``--throughput`` and ``--conversation`` sections do not honour (they decode each
+input once with the pipeline's own budget and pruning, and write no JSON, plots or probe)."""
+
+
+def _given(args: argparse.Namespace, defaults: argparse.Namespace, flag: str) -> bool:
+    name = flag.removeprefix("--").replace("-", "_")
+    return getattr(args, name) != getattr(defaults, name)
+
+
 def check_section_flags(args: argparse.Namespace) -> None:
     """Refuse, with ``--throughput`` or ``--conversation`` (each runs instead of the bench and writes its own
     ``<out>/<section>.md``), the flags of the bench that section does not honour.
@@ -532,14 +547,10 @@ def check_section_flags(args: argparse.Namespace) -> None:
     if section is None:
         return
     check_section_policies(args.throughput_policies)
-    given = {
-        "--conversation": section == "--throughput" and args.conversation,
-        "--json": args.json is not None,
-        "--methods": args.methods is not None,
-        "--sampling": args.sampling,
-        "--dsbd": args.dsbd,
-    }
-    refused = [flag for flag, on in given.items() if on]
+    defaults = add_arguments(argparse.ArgumentParser()).parse_args([])
+    refused = [flag for flag in _BENCH_ONLY_FLAGS if _given(args, defaults, flag)]
+    if section == "--throughput" and args.conversation:
+        refused.insert(0, "--conversation")
     if refused:
         name = section.removeprefix("--")
         raise ValueError(

@@ -30,7 +30,7 @@ from typing import Any
 
 from vlmspec.chat import system_turn
 
-from .bench import torch_threads, write_section
+from .bench import progress_log, torch_threads, write_section
 from .methods import EDD_PREFIX
 from .report import table
 from .tasks import load_config_pair, section_edd_pipeline
@@ -218,18 +218,17 @@ def markdown(rows: Sequence[TurnRow], fresh: Sequence[float], cached: Sequence[f
 def run_section(config: Any, policies: Sequence[str]) -> int:
     """``vlmspec bench --conversation``: the bench's pair (``config``: a ``BenchConfig``), ``config.n``
     conversations; prints the tables and writes them to ``<out>/conversation.md``."""
-    log = lambda line: print(line, flush=True)  # noqa: E731
     with torch_threads(config.threads):
         pair, pipe = load_config_pair(config)
         head = (
             f"pair {pair.source}; {config.n} conversations of {TURNS} turns; up to {config.max_new_tokens} new "
             "tokens per reply"
         )
-        log(head)
+        print(head, flush=True)
         edd_pipe = section_edd_pipeline(pipe, pair, config, policies)
         convos = conversations(config.n, config.seed)
         rows, fresh, cached = measure_conversations(
-            pipe, convos, config.max_new_tokens, policies, log=log, edd_pipe=edd_pipe
+            pipe, convos, config.max_new_tokens, policies, log=progress_log(config.verbose), edd_pipe=edd_pipe
         )
     text = markdown(rows, fresh, cached, config.n)
     print(text)  # the header went out first, as the section started

@@ -25,7 +25,7 @@ import torch
 
 from vlmspec.stopping import eos_token_ids, until_eos
 
-from .bench import torch_threads, write_section
+from .bench import progress_log, torch_threads, write_section
 from .methods import EDD_PREFIX
 from .report import table
 from .tasks import load_config_pair, load_inputs, section_edd_pipeline
@@ -161,7 +161,7 @@ def run_section(config: Any, sizes: Sequence[int], policies: Sequence[str]) -> i
         requests = video_requests(config.n, config.seed, config.max_new_tokens)
         print(f"pair {pair.source}; {config.n} videos; {config.max_new_tokens} tokens", flush=True)
         rows = measure_throughput(
-            pipe, requests, sizes, policies, log=lambda line: print(line, flush=True), edd_pipe=edd_pipe
+            pipe, requests, sizes, policies, log=progress_log(config.verbose), edd_pipe=edd_pipe
         )
     text = markdown(rows)
     print(text)
