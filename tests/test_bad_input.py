@@ -11,7 +11,13 @@ import torch
 from PIL import Image
 from synthetic import peaked, synthetic_tree
 
-from vlmspec import InputTypeError, InvalidInputError, VLMSpecError, VLMSpecPipeline, get_policy
+from vlmspec import (
+    InputTypeError,
+    InvalidInputError,
+    VLMSpecError,
+    VLMSpecPipeline,
+    get_policy,
+)
 from vlmspec.inputs import load_image, load_images, load_video
 from vlmspec.loading import check_dtype
 from vlmspec.policies import EAGLE2Config, SAGEConfig, SAGEPolicy, available_policies, policy_class
@@ -203,6 +209,19 @@ def test_user_errors_are_the_library_s_own_and_the_builtin_ones():
         ),
         ({"max_new_tokens": True}, InvalidInputError, r"max_new_tokens=True is invalid: use an integer >= 1"),
         ({"do_sample": "no"}, InvalidInputError, r"do_sample='no' is invalid: use True .* or False"),
+        ({"num_frames": "8"}, InvalidInputError, r"num_frames='8' is invalid: use an integer >= 1"),
+        ({"num_frames": True}, InvalidInputError, r"num_frames=True is invalid"),
+        ({"eos_token_id": -1}, InvalidInputError, r"eos_token_id=-1 is invalid: token ids are integers >= 0"),
+        (
+            {"eos_token_id": [2, 10**9]},
+            InvalidInputError,
+            r"eos_token_id=\[2, 1000000000\] is invalid: the vocab",
+        ),
+        (
+            {"repetition_penalty": "high"},
+            InvalidInputError,
+            r"repetition_penalty='high' is invalid: use a number",
+        ),
         (
             {"max_tokens": 4},
             InputTypeError,
@@ -351,3 +370,49 @@ def test_prune_ratio_zero_keeps_the_pruning_method(pipe):
     # A later per-call ratio prunes the way that was asked: by the target's attention.
     call = built._prepare({"image": make_image(0), "prompt": "Describe.", "prune_ratio": 0.5})
     assert call.draft.needs_scores
+
+
+def test_media_the_processor_cannot_take_are_refused_naming_what_to_change(pipe):
+    with pytest.raises(
+        InvalidInputError, match=r"image 'https://example.com/a.png' is a URL: vlmspec reads local"
+    ):
+        pipe("https://example.com/a.png", "Describe.", max_new_tokens=2)
+    with pytest.raises(InvalidInputError, match=r"processor refused .*aspect ratio must be smaller than 200"):
+        pipe(Image.new("RGB", (5, 3000)), "Describe.", max_new_tokens=2)
+    with pytest.raises(
+        InvalidInputError, match=r"holds the model's image placeholder '<\|image_pad\|>' \(1 more"
+    ):
+        pipe(None, "What is <|image_pad|>?", max_new_tokens=2)
+
+
+def test_llava_s_image_placeholder_in_the_prompt_text_is_refused(tiny_pairs):
+    pair = tiny_pairs["llava_onevision"]
+    llava = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
+    with pytest.raises(
+        InvalidInputError, match=r"placeholder '<image>' \(1 more than the 1 image\(s\) given\)"
+    ):
+        llava(make_image(0), "<image>\nDescribe this.", max_new_tokens=2)
+    assert len(llava(make_image(0), "Describe this.", max_new_tokens=2).token_ids) == 2
+
+
+def test_policy_options_beside_a_policy_object_are_refused_not_dropped(pipe):
+    with pytest.raises(
+        InvalidInputError, match=r"policy options gamma were given with a policy object \('chain'\)"
+    ):
+        VLMSpecPipeline(pipe.target, pipe.draft, pipe.processor, policy=get_policy("chain"), gamma=7)
+    built = VLMSpecPipeline(pipe.target, pipe.draft, pipe.processor, policy="chain", gamma=7)
+    assert built.policy.config.gamma == 7
+
+
+def test_chat_options_and_system_prompt_are_checked_when_the_chat_starts(pipe):
+    with pytest.raises(InputTypeError, match=r"does not take max_tokens.*did you mean 'max_new_tokens'"):
+        pipe.chat(max_tokens=3)
+    with pytest.raises(
+        InputTypeError, match=r"pipe.chat\(system=...\) must be a string \(the system prompt\), got 5"
+    ):
+        pipe.chat(system=5)
+
+
+def test_a_testbed_pair_without_a_shipped_edd_draft_is_the_library_s_error():
+    with pytest.raises(InvalidInputError, match="no EDD draft ships for the testbed mini qwen2_vl target"):
+        VLMSpecPipeline.from_pretrained("testbed-mini", draft="edd")

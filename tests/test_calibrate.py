@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from vlmspec import named_pairs, testbed
+from vlmspec.processors import LogitsProcessing
 from vlmspec.sampling import SamplingParams
 from vlmspec.testbed import calibrate
 from vlmspec.testbed.calibrate import (
@@ -134,9 +135,11 @@ def test_padded_vocabulary_rows_can_never_win(family):
     ties = logits[:, never] == logits.max(-1).values
     assert ties.sum() > 100  # ... and where it is the maximum, argmax takes the first (real) index
     assert (logits.argmax(-1) < old_vocab).all() and (logits.argmax(-1)[ties] == never).all()
+    processing = LogitsProcessing.for_call(inflated.generation_config, (), do_sample=True)
+    assert processing.suppress_tokens == tuple(range(old_vocab, old_vocab + 300))
+    processed = processing.start(torch.tensor([0]), logits.shape[-1])
     params = SamplingParams.resolve(inflated.generation_config, top_k=0)
-    assert params.suppress_tokens == tuple(range(old_vocab, old_vocab + 300))
-    assert params.probs(logits[:50])[:, old_vocab:].sum() == 0
+    assert params.probs(torch.stack([processed.first(row) for row in logits[:50]]))[:, old_vocab:].sum() == 0
 
 
 def test_inflate_refuses_a_smaller_shape_with_the_reason():

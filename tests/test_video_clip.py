@@ -9,7 +9,7 @@ import torch
 
 from vlmspec import VideoClip, VLMSpecPipeline
 from vlmspec.inputs import load_video
-from vlmspec.testing import make_video_frames, write_video
+from vlmspec.testing import make_image, make_video_frames, write_video
 
 FPS = 4
 FRAMES = 12  # 3 seconds at FPS
@@ -111,3 +111,17 @@ def test_bad_windows_are_refused_naming_the_window_and_the_video(pipe, clip_file
         ValueError, match=r"messages\[0\]\.content\[0\]: VideoClip end=2 must come after start=3"
     ):
         pipe(messages=bad, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen2_5_vl"])
+def test_a_one_frame_video_is_answered_in_every_family(tiny_pairs, family):
+    """Qwen3-VL's video processor refuses fewer frames than its temporal patch (2): the pipeline repeats the last
+    frame as Qwen2-VL's processor does itself."""
+    pair = tiny_pairs[family]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain", torch_dtype=torch.float32)
+    frame = make_image(0)
+    inputs = pipe.prepare_inputs(None, "What moves?", [frame])
+    assert int(inputs["video_grid_thw"][0, 0]) == 1
+    assert pipe(None, "What moves?", video=[frame], max_new_tokens=8).token_ids == pipe.reference_generate(
+        inputs, 8
+    )

@@ -33,6 +33,7 @@ the caches.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,7 @@ from .batching import DRAFT_FIRST, TARGET
 from .cache import truncate
 from .errors import InputTypeError
 from .models import DecodeState, Prefill, VLMAdapter
+from .requests import call_arguments
 
 if TYPE_CHECKING:
     from .pipeline import SpecOutput, VLMSpecPipeline
@@ -189,6 +191,11 @@ class Chat:
 
     def __init__(self, pipe: VLMSpecPipeline, system: str | None = None, **options: Any) -> None:
         _check_options(options)
+        call_arguments(inspect.signature(type(pipe).__call__), options)  # a mistyped option fails here, named
+        if system is not None and not isinstance(system, str):
+            raise InputTypeError(
+                f"pipe.chat(system=...) must be a string (the system prompt), got {system!r}"
+            )
         self.pipe = pipe
         self.options = options
         self.messages: list[dict[str, Any]] = []

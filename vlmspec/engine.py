@@ -18,6 +18,7 @@ from .draft import DraftTree
 from .errors import InvalidInputError
 from .models import DecodeState, VLMAdapter
 from .policies import StepFeedback, TreePolicy
+from .processors import LogitsProcessing
 from .sampling import Sampler, SamplingParams
 from .stopping import StopCriteria
 from .timing import StageClock
@@ -112,6 +113,7 @@ def speculative_generate(
     draft: DraftPrompt | None = None,
     sampling: SamplingParams | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
+    processing: LogitsProcessing | None = None,
 ) -> tuple[list[int], SpecStats]:
     """Generate with tree speculative decoding: greedy, or sampling from the target's own distribution.
 
@@ -124,6 +126,8 @@ def speculative_generate(
         sampling: ``None`` for greedy decoding, else the sampling settings (``generate(do_sample=True)``'s).
         on_tokens: called with the tokens each step emits (the prefill's first token, then each step's accepted
             tokens and bonus token together), once they are final: never a token that is later taken back.
+        processing: ``generate()``'s sequence-dependent logits processors (repetition penalty, minimum length,
+            suppressed tokens), applied to the target's logits of every node before any token is chosen.
 
     Returns:
         The generated token ids (EOS included when produced, like ``generate()``) and the statistics.
@@ -141,7 +145,11 @@ def speculative_generate(
     read_layer = draft.adapter.reads_target_layer if uses_draft else None
     prefill = target.prefill(target_inputs, score_visual=scores_needed, hidden_layer=read_layer)
     t_state = prefill.state
-    root = prefill.logits.argmax() if sampler is None else sampler.sample(prefill.logits)  # []
+    logits, processed = prefill.logits, None  # [V]
+    if processing is not None:
+        processed = processing.start(target_inputs["input_ids"][0], logits.shape[-1])
+        logits = processed.first(logits)
+    root = logits.argmax() if sampler is None else sampler.sample(logits)  # []
     prompt_len = target_inputs["input_ids"].shape[1]
     stats.prompt_tokens, stats.cached_prompt_tokens = prompt_len, prefill.cached
     stats.target_visual_tokens = t_state.visual_tokens
@@ -165,6 +173,8 @@ def speculative_generate(
     )
 
     tokens = [int(root)]
+    if processed is not None:
+        processed.commit(root.reshape(1))
     done = stop.update(tokens)
     if on_tokens is not None:
         on_tokens(tokens[:])
@@ -188,6 +198,9 @@ def speculative_generate(
             logits = target.forward(t_state, *verify)  # [N+1, V]
         else:
             logits, hidden = target.forward_hidden(t_state, *verify, read_layer)  # [N+1, V], [N+1, D]
+        # generate()'s processors on each node's logits, with the sequence that node ends
+        if processed is not None:
+            logits = processed.tree(logits, tree, len(tokens))
 
         # 5. Accept a path and the target's next token (greedy: the longest path matching the target's argmax;
         #    sampling: the same walk following one draw from the target's warped distribution per node).
@@ -205,6 +218,9 @@ def speculative_generate(
         if builder is not None:
             soft_prompt = hidden[acc.path] if read_layer is not None else None
             pending = builder.commit(tree.source_ids[acc.path], soft_prompt)
+
+        if processed is not None:
+            processed.commit(torch.cat([tree.tokens[acc.path[1:]], acc.next_token.reshape(1)]))
 
         # 7. Feed the statistics back to the policy.
         policy.feedback(StepFeedback(step=stats.steps, accepted=acc.num_accepted, tree_size=tree.num_nodes))

@@ -20,7 +20,7 @@ from .validation import did_you_mean
 
 GENERATE_OPTIONS: tuple[str, ...] = (
     "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "seed", "stop_strings", "prune_ratio", "streamer",
-    "eos_token_id",
+    "eos_token_id", "repetition_penalty", "min_new_tokens",
 )  # fmt: skip
 """The keyword arguments of :meth:`~vlmspec.VLMSpecPipeline.__call__` that ``generate()`` takes as options."""
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import io
 import math
+import numbers
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +116,9 @@ def load_image(image: ImageInput) -> Image.Image:
     )
 
 
+_URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+
 def _media_file(source: str | Path, kind: str, instead: str) -> Path:
     """``source`` as the path of an existing ``kind`` (image/video) file.
 
@@ -121,6 +126,11 @@ def _media_file(source: str | Path, kind: str, instead: str) -> Path:
         InvalidInputError: it is a directory. InputNotFoundError: it does not exist.
     """
     path, a = Path(source), "an" if kind[0] in "aeiou" else "a"
+    if isinstance(source, str) and _URL.match(source):
+        raise InvalidInputError(
+            f"{kind} {source!r} is a URL: vlmspec reads local files only (no downloads); fetch it first and pass "
+            f"the file's path (or {instead})"
+        )
     if path.is_dir():
         raise InvalidInputError(
             f"{kind} path {str(path)!r} is a directory, not {a} {kind} file; pass {a} {kind} file's path (or {instead})"
@@ -158,6 +168,31 @@ def load_images(images: ImageInput | Sequence[ImageInput] | None) -> list[Image.
 DEFAULT_FRAME_FPS = 2.0
 
 
+def check_num_frames(num_frames: Any) -> int:
+    """``num_frames`` if it is an integer >= 1.
+
+    Raises:
+        InvalidInputError: anything else, named.
+    """
+    if not isinstance(num_frames, numbers.Integral) or isinstance(num_frames, bool) or num_frames < 1:
+        raise InvalidInputError(
+            f"num_frames={num_frames!r} is invalid: use an integer >= 1 (the frames sampled evenly from a video file)"
+        )
+    return int(num_frames)
+
+
+def pad_frames(frames: list[Any], metadata: VideoMetadata, least: int) -> tuple[list[Any], VideoMetadata]:
+    """A video of fewer than ``least`` frames (the family's minimum) with its last frame repeated up to it, as
+    Qwen2-VL's video processor pads a short video itself (Qwen3-VL's refuses one); the repeats keep the last
+    frame's index, so time-aware processors give them its timestamp."""
+    missing = least - len(frames)
+    if missing <= 0:
+        return frames, metadata
+    indices = list(metadata.frames_indices or range(len(frames)))
+    padded = replace(metadata, frames_indices=indices + [indices[-1]] * missing)
+    return list(frames) + [frames[-1]] * missing, padded
+
+
 def load_video(
     video: VideoInput, num_frames: int = 8, fps: float = DEFAULT_FRAME_FPS
 ) -> tuple[list[Image.Image], VideoMetadata]:
@@ -174,8 +209,7 @@ def load_video(
         ValueError: the path is a directory, the file cannot be decoded, holds no frames, ``num_frames`` < 1, or a
             clip's window holds no frame.
     """
-    if num_frames < 1:
-        raise InvalidInputError(f"num_frames={num_frames} is invalid: sample at least 1 frame")
+    check_num_frames(num_frames)
     clip = video if isinstance(video, VideoClip) else VideoClip(video)
     video = clip.source
     if isinstance(video, (str, Path)):

@@ -27,7 +27,16 @@ from .chat import Chat
 from .costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
 from .engine import DraftPrompt, SpecStats, speculative_generate
 from .errors import InputTypeError, InvalidInputError
-from .inputs import ImageInput, VideoInput, check_prompt_inputs, load_images, load_video, normalize_messages
+from .inputs import (
+    ImageInput,
+    VideoInput,
+    check_num_frames,
+    check_prompt_inputs,
+    load_images,
+    load_video,
+    normalize_messages,
+    pad_frames,
+)
 from .kernels import onednn_linears
 from .loading import check_compatible, load_pair
 from .models import EDDDraft, VLMAdapter, adapter_for
@@ -35,6 +44,7 @@ from .models.edd import check_target
 from .named_pairs import is_pipeline_folder
 from .policies import TreePolicy, available_policies, get_policy
 from .probe import cached_costs
+from .processors import LogitsProcessing
 from .pruning import PruningConfig, pruning_config
 from .requests import call_arguments, check_requests, request_kwargs
 from .sampling import SamplingParams
@@ -69,6 +79,7 @@ class _Call:
     sampling: SamplingParams | None
     draft: DraftPrompt | None
     streamer: Any = None
+    processing: LogitsProcessing | None = None
 
 
 class VLMSpecPipeline:
@@ -127,7 +138,7 @@ class VLMSpecPipeline:
         self.onednn_linears = True
         self.costs: ForwardCosts | None = None
         self.budget_factor = DEFAULT_BUDGET_FACTOR
-        self.policy = policy if isinstance(policy, TreePolicy) else get_policy(policy, **policy_options)
+        self.policy = _policy_with(policy, policy_options)
         self.pruning = pruning_config(pruning, prune_ratio)
 
     # ---- components ----------------------------------------------------------------------------------------------
@@ -211,8 +222,7 @@ class VLMSpecPipeline:
         if policy is None and saved:
             policy, policy_options = saved["policy"], {**saved["policy_options"], **policy_options}
         policy = policy if policy is not None else DEFAULT_POLICY
-        if not isinstance(policy, TreePolicy):
-            policy = get_policy(policy, **policy_options)  # a bad name or option fails before any model loads
+        policy = _policy_with(policy, policy_options)  # a bad name or option fails before any model loads
         pruning = pruning if pruning is not None else saved.get("pruning", "attention")
         target_model, draft_model, processor = load_pair(
             target, draft, torch_dtype, device_map, trust_remote_code, calibration
@@ -264,14 +274,23 @@ class VLMSpecPipeline:
         self, chat: list[dict], images: list[Any], videos: list[tuple[Any, Any]]
     ) -> dict[str, torch.Tensor]:
         text = self.processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        _check_placeholders(self.processor, text, len(images), len(videos))
         kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
         if images:
             kwargs["images"] = [images]  # nested per prompt: several images belong to one prompt
         if videos:
+            least = self._target_adapter.min_video_frames
+            videos = [pad_frames(frames, metadata, least) for frames, metadata in videos]
             kwargs["videos"] = [frames for frames, _ in videos]
             kwargs["video_metadata"] = [metadata for _, metadata in videos]
             kwargs["do_sample_frames"] = False  # frames are already sampled
-        inputs = self.processor(**kwargs)
+        try:
+            inputs = self.processor(**kwargs)
+        except ValueError as err:  # e.g. an image's aspect ratio beyond what the image processor takes
+            raise InvalidInputError(
+                f"the target's processor refused this request's images or videos: {err}; check their sizes, aspect "
+                "ratios and frame counts"
+            ) from err
         return {k: v.to(self._target_adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
 
     def default_batch_size(self) -> int:
@@ -305,6 +324,8 @@ class VLMSpecPipeline:
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int | None = None,
+        repetition_penalty: float | None = None,
+        min_new_tokens: int | None = None,
         stop_strings: str | Sequence[str] | None = None,
         num_frames: int = 8,
         prune_ratio: float | None = None,
@@ -325,6 +346,9 @@ class VLMSpecPipeline:
             do_sample: sample from the target's distribution instead of greedy decoding. ``temperature``,
                 ``top_k``, ``top_p`` default to the target's ``generation_config`` as in ``generate()``; ``seed``
                 makes a run repeatable. The output follows the target's own sampling distribution whatever the tree.
+            repetition_penalty: as ``generate(repetition_penalty=...)`` (default: the target's ``generation_config``'s;
+                1.0 is none), greedy and sampled alike, so the output stays ``generate()``'s (:mod:`vlmspec.processors`).
+            min_new_tokens: EOS cannot end the reply before this many new tokens, as in ``generate()``.
             stop_strings: a string or strings that end generation (as ``generate(stop_strings=...)``).
             num_frames: frames sampled evenly from a video file.
             prune_ratio: overrides ``pipe.pruning``'s ratios for this call, applied as given (no ``min_keep``
@@ -439,13 +463,25 @@ class VLMSpecPipeline:
             top_p=a.top_p,
             seed=a.seed,
         )
+        if a.eos_token_id is not None and max(token_ids(a.eos_token_id)) >= self._vocab_size():
+            raise InvalidInputError(
+                f"eos_token_id={a.eos_token_id!r} is invalid: the vocabulary's ids are 0 to {self._vocab_size() - 1}"
+            )
         stop = StopCriteria(
             max_new_tokens=a.max_new_tokens,
             eos_token_ids=eos_token_ids(self.target) if a.eos_token_id is None else token_ids(a.eos_token_id),
             stop_strings=stop_strings,
             tokenizer=self.tokenizer,
         )
+        processing = LogitsProcessing.for_call(
+            self.target.generation_config,
+            stop.eos_token_ids,
+            sampling is not None,
+            repetition_penalty=a.repetition_penalty,
+            min_new_tokens=a.min_new_tokens,
+        )
         check_streamer(a.streamer)
+        check_num_frames(num_frames)
         # 2. Build the multimodal prompt once; the draft sees the same inputs.
         if a.inputs is not None:
             if a.messages is not None or prompt is not None or image is not None or video is not None:
@@ -474,7 +510,7 @@ class VLMSpecPipeline:
             if layout is not None and pruning.prunes(layout):  # no scoring pass when nothing would be pruned
                 draft.select = lambda scores: pruning.select(layout, scores)
                 draft.needs_scores = pruning.needs_scores
-        return _Call(inputs=inputs, stop=stop, sampling=sampling, draft=draft, streamer=a.streamer)
+        return _Call(inputs, stop, sampling, draft, streamer=a.streamer, processing=processing)
 
     def batch_policy(self, batch_size: int) -> TreePolicy:
         """:attr:`policy` as requests decoding ``batch_size`` at a time use it: the node budget and depth it left
@@ -515,6 +551,7 @@ class VLMSpecPipeline:
             draft=draft,
             sampling=call.sampling,
             on_tokens=on_tokens,
+            processing=call.processing,
         )
         if streamer is not None:
             streamer.end()
@@ -581,3 +618,30 @@ class VLMSpecPipeline:
 
 
 _CALL_SIGNATURE = inspect.signature(VLMSpecPipeline.__call__)
+
+
+def _check_placeholders(processor: Any, text: str, images: int, videos: int) -> None:
+    """The chat template writes one placeholder per image and video; more in the prompt came from its text (a
+    habit from LLaVA's ``"<image>\\n..."`` prompts), which the processor would pair with media that do not exist."""
+    for kind, count in (("image", images), ("video", videos)):
+        token = getattr(processor, f"{kind}_token", None)
+        found = text.count(token) if isinstance(token, str) and token else count
+        if found > count:
+            raise InvalidInputError(
+                f"the prompt's text holds the model's {kind} placeholder {token!r} ({found - count} more than the "
+                f"{count} {kind}(s) given): the pipeline places one per {kind} itself; remove it from the text"
+            )
+
+
+def _policy_with(policy: str | TreePolicy, options: dict[str, Any]) -> TreePolicy:
+    """The policy a pipeline is built with: a name and its options, or a policy object alone (options beside an
+    object would be silently ignored, so they are refused)."""
+    if not isinstance(policy, TreePolicy):
+        return get_policy(policy, **options)
+    if options:
+        raise InvalidInputError(
+            f"policy options {', '.join(sorted(options))} were given with a policy object ({policy.name!r}), "
+            f"which has its own config: pass policy={policy.name!r} with them, or build the object with them "
+            f"(get_policy({policy.name!r}, ...))"
+        )
+    return policy

@@ -4,10 +4,10 @@
 order and under these conditions (transformers 5.x ``GenerationMixin._get_logits_processor``): temperature
 (when != 1), top-k (when set and != 0), top-p (when < 1), each keeping at least one token. Unset values come
 from the model's ``generation_config`` and then transformers' global defaults (temperature 1.0, top_k 50,
-top_p 1.0). Before them, the config's ``suppress_tokens`` (when set) get probability 0, as ``generate()``'s
-``SuppressTokensLogitsProcessor`` does (a calibrated pair's padded vocabulary rows). :class:`SamplingParams`
-reproduces that resolution and applies the same public classes, so speculative sampling targets exactly the
-distribution the target alone would sample from.
+top_p 1.0). The processors ``generate()`` runs before them, greedy or sampled (repetition penalty, minimum
+length, ``suppress_tokens``: a calibrated pair's padded vocabulary rows), are applied to the target's logits by
+:mod:`vlmspec.processors`. :class:`SamplingParams` reproduces that resolution and applies the same public classes,
+so speculative sampling targets exactly the distribution the target alone would sample from.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from transformers import (
     LogitsProcessorList,
-    SuppressTokensLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -62,14 +61,12 @@ class SamplingParams:
     top_k: keep the k most likely tokens (0 or None: no top-k).
     top_p: nucleus mass in (0, 1] (1 or None: no top-p).
     seed: seeds the sampling generator; the same seed gives the same output.
-    suppress_tokens: token ids that are never sampled (the generation config's ``suppress_tokens``).
     """
 
     temperature: float = 1.0
     top_k: int | None = 50
     top_p: float | None = 1.0
     seed: int | None = None
-    suppress_tokens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not (_is_number(self.temperature) and self.temperature > 0):
@@ -93,8 +90,7 @@ class SamplingParams:
             if value is None and generation_config is not None:
                 value = getattr(generation_config, name, None)
             values[name] = default if value is None else value
-        suppress = getattr(generation_config, "suppress_tokens", None) or ()
-        return cls(seed=overrides.get("seed"), suppress_tokens=tuple(suppress), **values)
+        return cls(seed=overrides.get("seed"), **values)
 
     @classmethod
     def for_call(
@@ -128,10 +124,8 @@ class SamplingParams:
         return None
 
     def warpers(self) -> LogitsProcessorList:
-        """transformers' processors and warpers in ``generate()``'s order and conditions."""
+        """transformers' warpers in ``generate()``'s order and conditions."""
         out = LogitsProcessorList()
-        if self.suppress_tokens:
-            out.append(SuppressTokensLogitsProcessor(list(self.suppress_tokens)))
         if self.temperature != 1.0:
             out.append(TemperatureLogitsWarper(self.temperature))
         if self.top_k:

@@ -82,6 +82,8 @@ def token_ids(value: Any, name: str = "eos_token_id") -> tuple[int, ...]:
     ids = tuple(value) if isinstance(value, (list, tuple)) else (value,)
     if not ids or any(isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in ids):
         raise InputTypeError(f"{name}={value!r} must be a token id or a list of them")
+    if any(i < 0 for i in ids):
+        raise InvalidInputError(f"{name}={value!r} is invalid: token ids are integers >= 0")
     return tuple(int(i) for i in ids)
 
 

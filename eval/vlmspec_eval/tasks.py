@@ -227,6 +227,7 @@ def load_edd_pipeline(pipe: Any, pair: ResolvedPair | None, config: Any) -> tupl
     """``(pipeline, "")``: the bench's target with an EDD draft (``--edd``: a folder, or ``auto``: the one shipped
     for a testbed pair), inflated like the target; ``(None, why)`` when there is none."""
     from vlmspec import VLMSpecPipeline
+    from vlmspec.errors import InvalidInputError
     from vlmspec.testbed import edd_path
 
     source = config.edd
@@ -236,7 +237,7 @@ def load_edd_pipeline(pipe: Any, pair: ResolvedPair | None, config: Any) -> tupl
             return None, "--edd auto finds EDD drafts for testbed pairs only; give --edd FOLDER"
         try:
             source = str(edd_path(*testbed))
-        except ValueError as err:
+        except InvalidInputError as err:
             return None, str(err)
     if pair is None:
         return None, "the bench was given a pipeline, not a pair: no EDD draft can be loaded for it"

@@ -72,6 +72,11 @@ class VLMAdapter:
         """For a draft that reads the target's hidden states (EDD), the target layer it reads; else ``None``."""
         return None
 
+    @property
+    def min_video_frames(self) -> int:
+        """The fewest frames the family's video processor takes (a shorter video is padded with its last frame)."""
+        return 1
+
     # ---- family hooks -------------------------------------------------------------------------------------
     def visual_token_ids(self) -> tuple[int, int]:
         """(image placeholder id, video placeholder id)."""

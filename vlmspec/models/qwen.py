@@ -26,6 +26,12 @@ _ROPE_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts", "attenti
 class QwenVLAdapter(VLMAdapter):
     model_types = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
+    @property
+    def min_video_frames(self) -> int:
+        """Qwen3-VL's video processor refuses a video shorter than its temporal patch (2 frames); Qwen2-VL's and
+        Qwen2.5-VL's pad one themselves (padding it here would change Qwen2.5-VL's ``second_per_grid_ts``)."""
+        return 2 if self.config.model_type == "qwen3_vl" else 1
+
     def visual_token_ids(self) -> tuple[int, int]:
         return self.config.image_token_id, self.config.video_token_id
 

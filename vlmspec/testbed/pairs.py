@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import InvalidInputError
 from .tokenizer import FAMILIES, build_processor, check_family
 from .train import (
     SIZES,
@@ -342,14 +343,14 @@ def edd_path(size: str = "base", family: str = "qwen2_vl") -> Path:
     """The EDD draft (:mod:`vlmspec.models.edd`) trained for the shipped ``size`` target of ``family``.
 
     Raises:
-        ValueError: none ships for that pair. The shipped ones were trained with ``vlmspec edd train --target
+        InvalidInputError: none ships for that pair. The shipped ones were trained with ``vlmspec edd train --target
             testbed-base:<family> --data testbed --examples 2000 --max-new-tokens 128 --lr 1e-3 --epochs 8 --out
             vlmspec/testbed/weights/<family>-base-v7/edd`` (settings in their ``edd_config.json``).
     """
     folder = SHIPPED_ROOT / _folder_name(family, size) / "edd"
     if not folder.is_dir():
         shipped = sorted(p.parent.name for p in SHIPPED_ROOT.glob("*/edd"))
-        raise ValueError(
+        raise InvalidInputError(
             f"no EDD draft ships for the testbed {size} {family} target (shipped: {', '.join(shipped) or 'none'}); "
             f"train one with `vlmspec edd train --target testbed-{size}:{family} --data testbed --out DIR` and "
             "pass draft=DIR"

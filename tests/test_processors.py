@@ -1,0 +1,122 @@
+"""generate()'s sequence-dependent logits processors (repetition penalty, minimum length, suppressed tokens) keep
+speculative output the target's own: per tree node against transformers' processors, and end to end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    LogitsProcessorList,
+    MinNewTokensLengthLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
+
+from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
+from vlmspec.processors import LogitsProcessing
+from vlmspec.testbed import sample
+from vlmspec.testing import build_tiny_pair, make_image
+from vlmspec.tree import TokenTree
+
+POLICIES = ("ar", "chain", "sage", "static")
+
+
+def test_every_tree_node_gets_generate_s_processing_of_the_sequence_it_ends():
+    """Each node's row equals transformers' processors run on prompt + generated tokens + the node's path."""
+    torch.manual_seed(0)
+    vocab, prompt, generated = 40, torch.randint(0, 40, (12,)), [7, 3]
+    parents = torch.tensor([-1, 0, 0, 1, 1, 3, 2])
+    tree = TokenTree(tokens=torch.tensor([3, 5, 9, 5, 30, 12, 7]), parents=parents, draft_probs=torch.ones(7))
+    logits = torch.randn(7, vocab) * 3
+    processing = LogitsProcessing(
+        repetition_penalty=1.7, min_new_tokens=4, suppress_tokens=(2, 11), eos_token_ids=(30, 12)
+    )
+    processed = processing.start(prompt, vocab)
+    processed.commit(torch.tensor(generated))  # the root (3) is the last generated token
+    out = processed.tree(logits, tree, len(generated))
+
+    hf = LogitsProcessorList([
+        RepetitionPenaltyLogitsProcessor(1.7),
+        MinNewTokensLengthLogitsProcessor(prompt.shape[0], 4, torch.tensor([30, 12])),
+        SuppressTokensLogitsProcessor([2, 11]),
+    ])  # fmt: skip
+    for node in range(7):
+        path = tree.tokens[tree.ancestors[node]][1:].tolist()  # below the root, root first
+        sequence = torch.tensor([[*prompt.tolist(), *generated, *path]])
+        assert torch.equal(out[node], hf(sequence, logits[node : node + 1].clone())[0]), f"node {node}"
+    assert out[1, 30] == float("-inf") and out[3, 30] > float("-inf")  # depth 1: 3 new tokens < 4; depth 2: 4
+
+
+@pytest.fixture(scope="module")
+def mini():
+    return VLMSpecPipeline.from_pretrained("testbed-mini", policy="ar")
+
+
+def test_a_checkpoint_s_repetition_penalty_keeps_every_policy_identical_to_generate(mini):
+    """Qwen2-VL/Qwen2.5-VL Instruct ship repetition_penalty=1.05: generate() applies it, so vlmspec must too."""
+    config = mini.target.generation_config
+    for task in ("image_caption", "video_caption"):
+        example = sample(task, 1)
+        inputs = mini.prepare_inputs(example.image, example.prompt, example.video)
+        length = inputs["input_ids"].shape[1]
+        plain = mini.target.generate(**inputs, do_sample=False, max_new_tokens=64)[0, length:].tolist()
+        config.repetition_penalty = 1.05
+        try:
+            expected = mini.target.generate(**inputs, do_sample=False, max_new_tokens=64)[0, length:].tolist()
+            assert expected != plain  # the penalty changes these captions
+            for policy in POLICIES:
+                mini.policy = get_policy(policy)
+                out = mini(example.image, example.prompt, video=example.video, max_new_tokens=64)
+                assert out.token_ids == expected, f"{task}/{policy}"
+        finally:
+            config.repetition_penalty = 1.0
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_root):
+    pair = build_tiny_pair("qwen2_vl", root=tiny_root)
+    return VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
+
+
+def test_penalty_and_minimum_length_as_call_arguments_equal_generate_s(tiny):
+    """A penalty below 1 (repeats favoured: it changes a random model's output) and an EOS that min_new_tokens
+    keeps from ending the reply, greedy, sampled with top_k=1, through pipe(), pipe.generate() and pipe.batch()."""
+    image, prompt = make_image(0), "Describe this image."
+    inputs = tiny.prepare_inputs(image, prompt)
+    length = inputs["input_ids"].shape[1]
+    plain = tiny.target.generate(**inputs, do_sample=False, max_new_tokens=24)[0, length:].tolist()
+    options = {"repetition_penalty": 0.5, "min_new_tokens": 6, "eos_token_id": plain[2], "max_new_tokens": 24}
+    expected = tiny.target.generate(**inputs, do_sample=False, **options)[0, length:].tolist()
+    assert expected[:6] != plain[:6] and len(expected) > 3
+    sampled = tiny.target.generate(**inputs, do_sample=True, top_k=1, **options)[0, length:].tolist()
+    for policy in POLICIES:
+        tiny.policy = get_policy(policy)
+        assert tiny(image, prompt, **options).token_ids == expected, policy
+        assert tiny(image, prompt, do_sample=True, top_k=1, seed=0, **options).token_ids == sampled, policy
+        assert tiny.generate(**inputs, **options)[0, length:].tolist() == expected, policy
+    rows = tiny.batch(
+        [{"image": image, "prompt": prompt, **options}] * 2
+        + [{"image": image, "prompt": prompt, "max_new_tokens": 24}]
+    )
+    assert [row.token_ids for row in rows] == [expected, expected, plain]
+
+
+def test_generate_settings_vlmspec_does_not_apply_are_refused_by_name(tiny):
+    config = tiny.target.generation_config
+    config.no_repeat_ngram_size = 3
+    try:
+        with pytest.raises(InvalidInputError, match=r"generation_config sets no_repeat_ngram_size=3.*= None"):
+            tiny(make_image(0), "Hi", max_new_tokens=2)
+    finally:
+        config.no_repeat_ngram_size = None
+    config.min_p = 0.1
+    try:
+        assert tiny(make_image(0), "Hi", max_new_tokens=2).token_ids  # a warper: greedy does not use it
+        with pytest.raises(InvalidInputError, match="generation_config sets min_p=0.1"):
+            tiny(make_image(0), "Hi", max_new_tokens=2, do_sample=True)
+    finally:
+        config.min_p = None
+    with pytest.raises(InvalidInputError, match="repetition_penalty=0 is invalid: use a number > 0"):
+        tiny(make_image(0), "Hi", repetition_penalty=0)
+    with pytest.raises(InvalidInputError, match="min_new_tokens=-1 is invalid"):
+        tiny(make_image(0), "Hi", min_new_tokens=-1)

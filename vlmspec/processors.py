@@ -1,0 +1,196 @@
+"""``generate()``'s logits processors that depend on the sequence, applied to every node of a token tree.
+
+``generate()`` runs the target's logits through processors before it picks a token, greedy or sampled
+(transformers 5.x ``GenerationMixin._get_logits_processor``), and several real checkpoints turn some on in their
+``generation_config`` (Qwen2-VL and Qwen2.5-VL Instruct ship ``repetition_penalty=1.05``). Speculative output is
+the target's own only if every verified node sees the same processed logits ``generate()`` would have computed at
+that point of the sequence. For a tree node the sequence is the prompt, the tokens generated so far and the node's
+path from the root, so the processors here take the path into account:
+
+* **repetition penalty** (``RepetitionPenaltyLogitsProcessor``): the logit of every token already in the node's
+  sequence, prompt included, is divided by the penalty (multiplied when negative);
+* **minimum length** (``MinLengthLogitsProcessor``, ``MinNewTokensLengthLogitsProcessor``): EOS ids get ``-inf``
+  while the node's sequence is shorter than ``min_length`` / holds fewer than ``min_new_tokens`` new tokens;
+* **suppressed tokens** (``SuppressTokensLogitsProcessor``, ``SuppressTokensAtBeginLogitsProcessor``): ``-inf``
+  everywhere, or at the first new token only.
+
+Logits are turned to float32 first, as ``generate()`` does; the sampling warpers (:mod:`vlmspec.sampling`) come
+after. The rest of ``generate()``'s processors (n-gram bans, bad words, sequence bias, forced EOS, ...) and warpers
+vlmspec does not implement are refused by name when the configuration turns them on, rather than silently
+decoding something ``generate()`` would not; ``forced_bos_token_id`` only acts on a one-token prompt, which no
+VLM prompt is, and ``renormalize_logits`` changes neither an argmax nor a softmax, so both are let through.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import InvalidInputError
+from .tree import TokenTree
+
+_REFUSED: dict[str, Callable[[Any], bool]] = {
+    "guidance_scale": lambda v: v is not None and v != 1,
+    "sequence_bias": lambda v: bool(v),
+    "no_repeat_ngram_size": lambda v: bool(v) and v > 0,
+    "bad_words_ids": lambda v: bool(v),
+    "forced_eos_token_id": lambda v: v is not None,
+    "remove_invalid_values": lambda v: v is True,
+    "exponential_decay_length_penalty": lambda v: v is not None,
+    "watermarking_config": lambda v: v is not None,
+}
+"""Processors ``generate()`` applies when these settings are on, which vlmspec does not implement."""
+
+_REFUSED_WARPERS: dict[str, Callable[[Any], bool]] = {
+    "min_p": lambda v: v is not None,
+    "typical_p": lambda v: v is not None and v < 1.0,
+    "epsilon_cutoff": lambda v: v is not None and 0.0 < v < 1.0,
+    "eta_cutoff": lambda v: v is not None and 0.0 < v < 1.0,
+    "top_h": lambda v: v is not None,
+}
+"""Warpers ``generate(do_sample=True)`` applies when these settings are on, which vlmspec does not implement."""
+
+
+@dataclass(frozen=True)
+class LogitsProcessing:
+    """The sequence-dependent processors of one call, resolved as ``generate()`` resolves them.
+
+    Attributes:
+        repetition_penalty: > 0; 1.0 is off.
+        min_length: EOS is banned while prompt + new tokens are fewer (0: off).
+        min_new_tokens: EOS is banned while the new tokens are fewer (0: off).
+        suppress_tokens: ids that never win.
+        begin_suppress_tokens: ids that cannot be the first new token.
+        eos_token_ids: the ids the minimum lengths ban.
+    """
+
+    repetition_penalty: float = 1.0
+    min_length: int = 0
+    min_new_tokens: int = 0
+    suppress_tokens: tuple[int, ...] = ()
+    begin_suppress_tokens: tuple[int, ...] = ()
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        penalty = self.repetition_penalty
+        if not (isinstance(penalty, numbers.Real) and not isinstance(penalty, bool) and penalty > 0):
+            raise InvalidInputError(
+                f"repetition_penalty={penalty!r} is invalid: use a number > 0 (1.0 is no penalty; above 1 "
+                "discourages repeats)"
+            )
+        object.__setattr__(self, "repetition_penalty", float(penalty))
+        for name in ("min_length", "min_new_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+                raise InvalidInputError(f"{name}={value!r} is invalid: use an integer >= 0 (0 is no minimum)")
+
+    @classmethod
+    def for_call(
+        cls,
+        generation_config: Any,
+        eos_token_ids: Sequence[int],
+        do_sample: bool,
+        repetition_penalty: float | None = None,
+        min_new_tokens: int | None = None,
+    ) -> LogitsProcessing | None:
+        """A call's processors: its arguments over the target's ``generation_config``; ``None`` when none is on.
+
+        Raises:
+            InvalidInputError: a value out of range, or a setting that turns on a processor (or, sampling, a
+                warper) of ``generate()`` that vlmspec does not implement, named with how to turn it off.
+        """
+        refused = {**_REFUSED, **(_REFUSED_WARPERS if do_sample else {})}
+        for name, is_on in refused.items():
+            value = getattr(generation_config, name, None)
+            if is_on(value):
+                raise InvalidInputError(
+                    f"the target's generation_config sets {name}={value!r}, a generate() setting vlmspec does not "
+                    f"apply, so its output would not be generate()'s; set pipe.target.generation_config.{name} = "
+                    "None to decode without it"
+                )
+
+        def setting(name: str, given: Any, default: Any) -> Any:
+            value = given if given is not None else getattr(generation_config, name, None)
+            return default if value is None else value
+
+        processing = cls(
+            repetition_penalty=setting("repetition_penalty", repetition_penalty, 1.0),
+            min_length=setting("min_length", None, 0),
+            min_new_tokens=setting("min_new_tokens", min_new_tokens, 0),
+            suppress_tokens=tuple(setting("suppress_tokens", None, ())),
+            begin_suppress_tokens=tuple(setting("begin_suppress_tokens", None, ())),
+            eos_token_ids=tuple(eos_token_ids),
+        )
+        return processing if processing.is_on else None
+
+    @property
+    def is_on(self) -> bool:
+        """Whether any processor changes logits."""
+        bans_eos = (self.min_length > 0 or self.min_new_tokens > 0) and bool(self.eos_token_ids)
+        return (
+            self.repetition_penalty != 1.0
+            or bans_eos
+            or bool(self.suppress_tokens or self.begin_suppress_tokens)
+        )
+
+    def start(self, prompt_ids: torch.Tensor, vocab_size: int) -> SequenceLogits:
+        """The processors of one request whose prompt is ``prompt_ids`` ``[L]``, over ``vocab_size`` logits."""
+        return SequenceLogits(self, prompt_ids, vocab_size)
+
+
+class SequenceLogits:
+    """:class:`LogitsProcessing` over one request's growing sequence: which tokens it holds (for the penalty) and
+    how many are new (for the minimum lengths). :meth:`commit` adds each step's emitted tokens."""
+
+    def __init__(self, processing: LogitsProcessing, prompt_ids: torch.Tensor, vocab_size: int) -> None:
+        device = prompt_ids.device
+        self.processing = processing
+        self.vocab_size = vocab_size
+        # ids at or above the LM head's size cannot be generated: they map to one extra column, dropped after use
+        self.seen = torch.zeros(vocab_size + 1, dtype=torch.bool, device=device)  # [V+1]
+        self.seen[prompt_ids.clamp(max=vocab_size)] = True
+        self.eos_until = max(processing.min_new_tokens, processing.min_length - prompt_ids.shape[0])
+        self.eos = torch.tensor(processing.eos_token_ids, dtype=torch.long, device=device)
+        self.suppress = torch.tensor(processing.suppress_tokens, dtype=torch.long, device=device)
+        self.begin = torch.tensor(processing.begin_suppress_tokens, dtype=torch.long, device=device)
+
+    def first(self, logits: torch.Tensor) -> torch.Tensor:
+        """The prefill's processed logits ``[V]`` (of ``[V]``): the first new token's."""
+        out = self._apply(
+            logits[None].float(), self.seen[None, : self.vocab_size], torch.zeros(1, dtype=torch.long)
+        )
+        if self.begin.numel():
+            out[:, self.begin] = float("-inf")
+        return out[0]
+
+    def tree(self, logits: torch.Tensor, tree: TokenTree, generated: int) -> torch.Tensor:
+        """Processed logits ``[N+1, V]`` of a verification's ``[N+1, V]``: each node's with the sequence it ends
+        (the ``generated`` new tokens so far, the root the last of them, then the node's path below the root)."""
+        held = self.seen[None]  # [1, V+1]
+        if self.processing.repetition_penalty != 1.0:
+            n = tree.tokens.shape[0]
+            path_ids = torch.where(tree.ancestors, tree.tokens[None], self.vocab_size)  # [N+1, N+1]
+            held = held.expand(n, -1).clone().scatter_(1, path_ids.clamp(max=self.vocab_size), True)
+        return self._apply(logits.float(), held[:, : self.vocab_size], generated + tree.depths)
+
+    def commit(self, tokens: torch.Tensor) -> None:
+        """Add emitted tokens ``[k]`` to the sequence."""
+        self.seen[tokens.clamp(max=self.vocab_size)] = True
+
+    def _apply(self, logits: torch.Tensor, held: torch.Tensor, new_tokens: torch.Tensor) -> torch.Tensor:
+        """``logits`` ``[n, V]`` float32, ``held`` ``[n or 1, V]`` bool, ``new_tokens`` ``[n]`` long: the new tokens
+        each row's sequence holds."""
+        penalty = self.processing.repetition_penalty
+        if penalty != 1.0:
+            penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
+            logits = torch.where(held, penalized, logits)
+        if self.eos.numel() and self.eos_until > 0:
+            short = (new_tokens.to(logits.device) < self.eos_until)[:, None]  # [n, 1]
+            logits[:, self.eos] = torch.where(short, float("-inf"), logits[:, self.eos])
+        if self.suppress.numel():
+            logits[:, self.suppress] = float("-inf")
+        return logits
