@@ -718,6 +718,9 @@ def test_generation_settings() -> None:
         generation.generation_settings({"num_beams": 4})
     with pytest.raises(ValueError, match="until="):
         generation.generation_settings({"until": 3})
+    assert generation.generation_settings({"repetition_penalty": 1.05}).repetition_penalty == 1.05
+    with pytest.raises(ValueError, match="repetition_penalty=0 is invalid: expected a number > 0"):
+        generation.generation_settings({"repetition_penalty": 0})
     assert generation.truncate_at_stops("a b\n\nc.", ("\n\n", ".")) == "a b"
 
 

@@ -4,6 +4,8 @@
 * ``max_new_tokens`` (or lm-eval's ``max_gen_toks``): default 128; capped by the model's ``max_new_tokens``.
 * ``temperature`` 0 / unset, or ``do_sample`` false: greedy decoding (lossless: token-for-token the target's own
   greedy output). ``temperature`` > 0 with ``do_sample`` unset or true: sampling, with ``top_p``/``top_k``.
+* ``repetition_penalty``: as ``generate()`` applies it, greedy or sampled (default: the target's
+  ``generation_config``'s).
 * ``num_beams`` > 1 is refused (speculative decoding reproduces greedy or sampled decoding, not beam search).
 
 Other keys lmms-eval tasks carry (``image_aspect_ratio``, ``use_cache``, ...) do not apply and are ignored.
@@ -30,6 +32,7 @@ class GenerationSettings:
     top_p: float | None = None
     top_k: int | None = None
     stop_strings: tuple[str, ...] = ()
+    repetition_penalty: float | None = None
 
 
 def generation_settings(gen_kwargs: Mapping[str, Any] | None, cap: int | None = None) -> GenerationSettings:
@@ -61,7 +64,14 @@ def generation_settings(gen_kwargs: Mapping[str, Any] | None, cap: int | None = 
         top_p=kwargs.get("top_p") if do_sample else None,
         top_k=kwargs.get("top_k") if do_sample else None,
         stop_strings=_stop_strings(kwargs.get("until")),
+        repetition_penalty=_repetition_penalty(kwargs.get("repetition_penalty")),
     )
+
+
+def _repetition_penalty(value: Any) -> float | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+        raise ValueError(f"generation kwarg repetition_penalty={value!r} is invalid: expected a number > 0")
+    return value
 
 
 def _max_new_tokens(kwargs: Mapping[str, Any]) -> int:

@@ -282,6 +282,7 @@ class VLMSpec(lmms):
             "temperature": settings.temperature,
             "top_k": settings.top_k,
             "top_p": settings.top_p,
+            "repetition_penalty": settings.repetition_penalty,
             "seed": self.options.seed + int(doc_id) if settings.do_sample else None,
             "stop_strings": settings.stop_strings or None,
             "num_frames": self.options.num_frames,
