@@ -410,7 +410,7 @@ class VLMSpecPipeline:
                 calls.append(self._prepare(request_kwargs(request)))
             except (TypeError, ValueError, OSError) as error:
                 if not return_exceptions:
-                    raise type(error)(f"pipe.batch: request {i}: {error}") from error
+                    raise _naming_request(error, i) from error
                 calls.append(error)
         todo = [c for c in calls if not isinstance(c, Exception)]
         done = dict(self.batch_iter(todo, batch_size))
@@ -618,6 +618,16 @@ class VLMSpecPipeline:
 
 
 _CALL_SIGNATURE = inspect.signature(VLMSpecPipeline.__call__)
+
+
+def _naming_request(error: Exception, index: int) -> Exception:
+    """``error`` of the same type with the request's index in front (an ``InvalidInputError`` where that type is not
+    built from one message, such as ``UnicodeDecodeError``)."""
+    message = f"pipe.batch: request {index}: {error}"
+    try:
+        return type(error)(message)
+    except TypeError:
+        return InvalidInputError(message)
 
 
 def _check_placeholders(processor: Any, text: str, images: int, videos: int) -> None:

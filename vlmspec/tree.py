@@ -87,7 +87,9 @@ class TokenTree:
         device = token.device
         return cls(
             tokens=token.reshape(1).long(),
-            parents=torch.tensor([-1], device=device),
+            parents=torch.full(
+                (1,), -1, dtype=torch.long, device=device
+            ),  # a factory: no host-to-device copy
             draft_probs=torch.ones(1, device=device),
         )
 

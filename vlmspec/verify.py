@@ -10,6 +10,7 @@ by induction, the target's own greedy continuation.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -143,14 +144,12 @@ def beam_accept(tree: TokenTree, target_logits: torch.Tensor, tau: float) -> Acc
     cum_ratio = anc @ log_ratio  # [N+1] log prod over the beam
     cum_draft = anc @ log_draft  # [N+1] log cumulative draft probability
     depth = tree.depths
-    accepted = cum_ratio >= torch.log(torch.tensor(float(tau), dtype=torch.float64, device=cum_ratio.device))
+    accepted = cum_ratio >= math.log(tau)
     accepted[0] = False
-    if not bool(accepted.any()):
-        best = torch.zeros((), dtype=torch.long, device=depth.device)
-    else:
-        deepest = depth.masked_fill(~accepted, -1).max()  # the deepest layer with an acceptance
-        candidates = accepted & (depth == deepest)
-        best = cum_draft.masked_fill(~candidates, float("-inf")).argmax()  # first max: lowest index on ties
+    deepest = depth.masked_fill(~accepted, -1).max()  # the deepest layer with an acceptance (-1: none)
+    candidates = accepted & (depth == deepest)
+    # first max: lowest index on ties; with no acceptance every entry is -inf and the root (0) is chosen
+    best = cum_draft.masked_fill(~candidates, float("-inf")).argmax()
     return Acceptance(path=tree.path_to(best), next_token=choice[best])
 
 

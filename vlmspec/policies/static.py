@@ -55,6 +55,11 @@ class _Level:
     expand: torch.Tensor  # [e] indices (within this level) of the nodes that have children
     top: int  # candidates per parent to rank (the largest rank + 1), known on the host
 
+    def to(self, device: torch.device) -> _Level:
+        """The level with its index tensors on ``device``."""
+        moved = {name: getattr(self, name).to(device) for name in ("parent_pos", "rows", "ranks", "expand")}
+        return _Level(**moved, top=self.top)
+
 
 def plan_levels(paths: tuple[tuple[int, ...], ...]) -> list[_Level]:
     """Turn rank paths into a level-by-level plan with tensor indices (computed once per policy)."""
@@ -99,6 +104,11 @@ class StaticTreePolicy(TreePolicy):
         self._plan = plan_levels(self.config.paths)  # the paths change when fit() sets the node budget
 
     def build_tree(self, draft: DraftTree) -> TokenTree:
-        root = torch.zeros(1, dtype=torch.long, device=draft.tokens.device)
+        device = draft.tokens.device
+        if (
+            self._plan[0].rows.device != device
+        ):  # once per request, not a host-to-device copy per level and step
+            self._plan = [level.to(device) for level in self._plan]
+        root = torch.zeros(1, dtype=torch.long, device=device)
         grow_planned(draft, self._plan, draft.next_probs(root))
         return draft.tree()
