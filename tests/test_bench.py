@@ -340,6 +340,11 @@ def test_throughput_batch_sizes_are_positive_integers(argv, message, capsys):
             "unknown --throughput-policies ['sgae']",
         ),
         (["--conversation", "--throughput-policies", "edd+ar"], "unknown --throughput-policies ['edd+ar']"),
+        (
+            ["--throughput", "1", "--throughput-policies", "sage,dsbd"],
+            "['dsbd']: the sections decode greedily",
+        ),
+        (["--throughput", "1", "--inputs", "synthetic"], "does not honour --inputs"),
     ],
 )
 def test_sections_refuse_the_flags_they_do_not_honour(argv, refused, tmp_path, capsys):

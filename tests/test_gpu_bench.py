@@ -32,3 +32,26 @@ def test_gpu_bench_script_prints_the_table_and_the_cost_curve(tmp_path):
     assert "target roofline ms" in out and "GB/s" in out
     assert (tmp_path / "testbed-mini_ci" / "bench.md").is_file()
     assert (tmp_path / "testbed-mini_llava_onevision_ci" / "bench.json").is_file()
+
+
+def test_gpu_bench_sections_run_with_the_script_s_own_defaults(tmp_path):
+    """The script's defaults (bf16, two tasks, no plots, no pruning ablation) are not flags the sections refuse;
+    a flag the user gives still is."""
+    from vlmspec_eval import gpu_bench
+
+    common = [
+        "--pairs",
+        "testbed-mini",
+        "--n",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--dtype",
+        "float32",
+        "--threads",
+        "1",
+    ]
+    argv = [*common, "--throughput", "1", "--throughput-policies", "chain", "--quiet", "--out", str(tmp_path)]
+    assert gpu_bench.main(argv) == 0
+    assert (tmp_path / "testbed-mini" / "throughput.md").is_file()
+    assert gpu_bench.main([*common, "--conversation", "--repeats", "2", "--out", str(tmp_path / "x")]) == 1

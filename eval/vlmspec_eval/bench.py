@@ -499,12 +499,13 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     )
 
 
-def run_args(args: argparse.Namespace) -> int:
-    """Run the bench from parsed arguments (for a CLI that parsed them with :func:`add_arguments`); a bad option
-    prints one line and returns 1, as every ``vlmspec`` command does."""
+def run_args(args: argparse.Namespace, defaults: argparse.Namespace | None = None) -> int:
+    """Run the bench from parsed arguments (for a CLI that parsed them with :func:`add_arguments`; ``defaults``: what
+    that CLI's parser gives when no flag is given, where it sets its own); a bad option prints one line and returns 1,
+    as every ``vlmspec`` command does."""
     try:
         config = config_from_args(args).validated()
-        check_section_flags(args)
+        check_section_flags(args, defaults)
     except ValueError as err:
         print(f"vlmspec bench: error: {err}", file=sys.stderr)
         return 1
@@ -525,7 +526,7 @@ def run_args(args: argparse.Namespace) -> int:
 
 _BENCH_ONLY_FLAGS = (
     "--json", "--methods", "--sampling", "--dsbd", "--tasks", "--repeats", "--budget", "--auto-factor",
-    "--prune-ratios", "--probe-sizes", "--probe-runs", "--no-plots", "--beam-width", "--dsbd-options",
+    "--prune-ratios", "--probe-sizes", "--probe-runs", "--no-plots", "--beam-width", "--dsbd-options", "--inputs",
 )  # fmt: skip
 """The bench's flags that the ``--throughput`` and ``--conversation`` sections do not honour (they decode each
 input once with the pipeline's own budget and pruning, and write no JSON, plots or probe)."""
@@ -536,9 +537,10 @@ def _given(args: argparse.Namespace, defaults: argparse.Namespace, flag: str) ->
     return getattr(args, name) != getattr(defaults, name)
 
 
-def check_section_flags(args: argparse.Namespace) -> None:
+def check_section_flags(args: argparse.Namespace, defaults: argparse.Namespace | None = None) -> None:
     """Refuse, with ``--throughput`` or ``--conversation`` (each runs instead of the bench and writes its own
-    ``<out>/<section>.md``), the flags of the bench that section does not honour.
+    ``<out>/<section>.md``), the flags of the bench that section does not honour: those whose value is not the
+    parser's default (``defaults``; ``None``: the bench's own).
 
     Raises:
         ValueError: naming the section and the flags.
@@ -547,7 +549,7 @@ def check_section_flags(args: argparse.Namespace) -> None:
     if section is None:
         return
     check_section_policies(args.throughput_policies)
-    defaults = add_arguments(argparse.ArgumentParser()).parse_args([])
+    defaults = defaults or add_arguments(argparse.ArgumentParser()).parse_args([])
     refused = [flag for flag in _BENCH_ONLY_FLAGS if _given(args, defaults, flag)]
     if section == "--throughput" and args.conversation:
         refused.insert(0, "--conversation")

@@ -53,12 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, defaults = parser.parse_args(argv), parser.parse_args([])
     root = args.out
     for pair in args.pairs:
         args.target, args.draft = pair, None
         args.out = root / re.sub(r"[^A-Za-z0-9._-]+", "_", pair)
-        status = run_args(args)
+        status = run_args(args, defaults)
         if status:
             return status
     return 0

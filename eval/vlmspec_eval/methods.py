@@ -82,6 +82,12 @@ def check_section_policies(names: Sequence[str]) -> None:
         raise ValueError(
             f"unknown --throughput-policies {bad or '(none given)'}; valid: {valid}, or edd+<policy> for the EDD draft"
         )
+    lossy = [n for n in names if not get_policy(n.removeprefix(EDD_PREFIX)).lossless]
+    if lossy:
+        raise ValueError(
+            f"--throughput-policies {lossy}: the sections decode greedily and check every caption against "
+            "generate()'s, so they take lossless policies only"
+        )
 
 
 def _is_edd_method(name: str) -> bool:
