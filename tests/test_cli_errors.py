@@ -55,6 +55,23 @@ CASES = [
     ),
     (["demo", "--target", "testbed-mini", "--draft", "edd"], "no EDD draft ships"),
     (["bench", "--throughput", "0"], "--throughput must be >= 1, got 0"),
+    (["bench", "--out", "{notes}"], "notes.txt' is a file: give a folder"),
+    (["bench", "--json", "{notes}/r.json"], "notes.txt', a file: give a path in a folder"),
+    (
+        ["c2t", "train", "--data", "{notes}", "--out", "{notes}/c.safetensors"],
+        "notes.txt', a file: give a path in a folder",
+    ),
+    (["c2t", "train", "--data", "{notes}", "--out", "{missing}", "--val-fraction", "5"], "got 5.0"),
+    (
+        ["c2t", "collect", "--tiny", "qwen2_vl", "--out", "{missing}", "--dtype", "bogus"],
+        "torch_dtype='bogus'",
+    ),
+    (["edd", "train", "--target", "testbed-mini", "--data", "testbed", "--out", "{notes}"], "is a file"),
+    (
+        ["edd", "eval", "--target", "testbed-mini", "--draft", "edd", "--data", "testbed", "--block", "0"],
+        "got 0",
+    ),
+    (["testbed", "build", "--root", "{notes}"], "notes.txt' is a file: give a folder"),
     (["bench", "--throughput", "1", "--json", "{notes}"], "does not honour --json"),
     (["bench", "--conversation", "--throughput", "1"], "does not honour --conversation"),
     (["bench", "--target", "testbed-mini", "--calibration", "nosuch"], "unknown calibration 'nosuch'"),

@@ -356,7 +356,7 @@ def train(
 
 # ---- command line ------------------------------------------------------------------------------------------------
 def _parser(prog: str) -> argparse.ArgumentParser:
-    from .cli import ArgumentParser
+    from .cli import ArgumentParser, fraction, positive_int
 
     parser = ArgumentParser(prog=prog, description="C2T: collect labelled token trees, train the classifier")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -377,9 +377,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--prompts-per-kind", type=int, default=5, help="default examples: prompts per input kind"
     )
     col.add_argument("--out", required=True, help="output .safetensors file")
-    col.add_argument("--depth", type=int, default=11)
-    col.add_argument("--top-k", type=int, default=10)
-    col.add_argument("--max-new-tokens", type=int, default=64)
+    col.add_argument("--depth", type=positive_int, default=11)
+    col.add_argument("--top-k", type=positive_int, default=10)
+    col.add_argument("--max-new-tokens", type=positive_int, default=64)
     col.add_argument("--dtype", default="float32", help="torch dtype of the models (default float32)")
     col.add_argument(
         "--prune-ratio", type=float, default=None, help="draft visual-token pruning (default: pipeline's)"
@@ -387,12 +387,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="fit the classifier on collected trees")
     tr.add_argument("--data", nargs="+", required=True, help="files written by `collect`")
     tr.add_argument("--out", required=True, help="output classifier .safetensors (spec: same name .json)")
-    tr.add_argument("--hidden", type=int, default=48)
-    tr.add_argument("--epochs", type=int, default=10)
-    tr.add_argument("--batch-size", type=int, default=1024)
+    tr.add_argument("--hidden", type=positive_int, default=48)
+    tr.add_argument("--epochs", type=positive_int, default=10)
+    tr.add_argument("--batch-size", type=positive_int, default=1024)
     tr.add_argument("--lr", type=float, default=1e-3)
     tr.add_argument("--neg-ratio", type=float, default=1.0)
-    tr.add_argument("--val-fraction", type=float, default=0.05)
+    tr.add_argument("--val-fraction", type=fraction, default=0.05)
     tr.add_argument("--beta", type=float, default=0.5)
     tr.add_argument("--seed", type=int, default=0)
     return parser
@@ -400,6 +400,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, prog: str = "vlmspec c2t") -> int:
     """``collect`` / ``train`` subcommands; returns the exit status."""
+    from .cli import check_output_path
+
     args = _parser(prog).parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.command == "collect":
         from .pipeline import VLMSpecPipeline
@@ -413,14 +415,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "vlmspec c2t") -> int:
             if not args.draft:
                 raise SystemExit(f"{prog} collect: --target needs --draft")
             target, draft = args.target, args.draft
-        dtype = getattr(torch, args.dtype) if args.dtype != "auto" else "auto"
-        pipe = VLMSpecPipeline.from_pretrained(target, draft, policy="chain", torch_dtype=dtype,
+        check_output_path(args.out, "--out", folder=False)
+        pipe = VLMSpecPipeline.from_pretrained(target, draft, policy="chain", torch_dtype=args.dtype,
                                                prune_ratio=args.prune_ratio)  # fmt: skip
         examples = load_examples(args.examples) if args.examples else default_examples(args.prompts_per_kind)
         summary = collect(pipe, examples, args.out, depth=args.depth, top_k=args.top_k,
                           max_new_tokens=args.max_new_tokens, verbose=True)  # fmt: skip
         print(json.dumps(summary))
     else:
+        check_output_path(args.out, "--out", folder=False)
         metrics = train(args.data, args.out, hidden=args.hidden, epochs=args.epochs, batch_size=args.batch_size,
                         lr=args.lr, neg_ratio=args.neg_ratio, val_fraction=args.val_fraction, beta=args.beta,
                         seed=args.seed, verbose=True)  # fmt: skip

@@ -178,6 +178,46 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from err
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """An argparse ``type``: a number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from err
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {value}")
+    return value
+
+
+def check_output_path(path: str | Path, flag: str, folder: bool = True) -> None:
+    """Refuse, before any work, an output path no result could be written to: a file where a folder is wanted (or a
+    folder where a file is), or a path under a file.
+
+    Raises:
+        InvalidInputError: naming the flag and the path.
+    """
+    path = Path(path)
+    if path.exists() and path.is_dir() != folder:
+        want, found = ("a folder", "a file") if folder else ("a file path", "a folder")
+        raise InvalidInputError(f"{flag} {str(path)!r} is {found}: give {want}")
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise InvalidInputError(
+            f"{flag} {str(path)!r} is under {str(parent)!r}, a file: give a path in a folder"
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="vlmspec", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -396,7 +396,7 @@ def examples_from_testbed(count: int, seed: int = 0) -> list[Example]:
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    from .cli import ArgumentParser
+    from .cli import ArgumentParser, positive_int
 
     parser = ArgumentParser(prog=prog, description="EDD drafts (edd_pct.txt section 3.1)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -405,7 +405,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     tr.add_argument(
         "--data", required=True, help="examples .jsonl ({prompt, image, video} per line) or 'testbed'"
     )
-    tr.add_argument("--examples", type=int, default=None, help="use the first N examples (testbed: draw N)")
+    tr.add_argument(
+        "--examples", type=positive_int, default=None, help="use the first N examples (testbed: draw N)"
+    )
     tr.add_argument("--out", required=True, help="output folder (resumes when it holds a checkpoint)")
     defaults = EDDTrainConfig()
     for name in ("epochs", "batch_size", "block_min", "block_max", "max_new_tokens", "teacher_top_k", "seed",
@@ -426,8 +428,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     ev.add_argument(
         "--data", required=True, help="examples .jsonl or 'testbed' (held-out seeds with --seed 1)"
     )
-    ev.add_argument("--examples", type=int, default=None)
-    ev.add_argument("--block", type=int, default=6, help="block length = chain length evaluated (default 6)")
+    ev.add_argument("--examples", type=positive_int, default=None)
+    ev.add_argument(
+        "--block", type=positive_int, default=6, help="block length = chain length evaluated (default 6)"
+    )
     ev.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
     ev.add_argument("--seed", type=int, default=1)
     return parser
@@ -435,11 +439,14 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, prog: str = "vlmspec edd") -> int:
     args = _parser(prog).parse_args(argv)
+    from .cli import check_output_path
     from .named_pairs import resolve_pair
     from .pipeline import VLMSpecPipeline
 
+    if args.command == "train":
+        check_output_path(args.out, "--out")
     if args.data == "testbed":
-        examples = examples_from_testbed(args.examples or 200, args.seed)
+        examples = examples_from_testbed(200 if args.examples is None else args.examples, args.seed)
     else:
         examples = load_examples(args.data)[: args.examples]
     if args.command == "eval":
@@ -457,7 +464,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "vlmspec edd") -> int:
         teacher_top_k=args.teacher_top_k, hidden_layer=args.hidden_layer, use_hidden=not args.no_hidden,
         checkpoint_every=args.checkpoint_every, seed=args.seed,
     )  # fmt: skip
-    pipe = VLMSpecPipeline.from_pretrained(args.target, policy="ar", torch_dtype=getattr(torch, args.dtype))
+    pipe = VLMSpecPipeline.from_pretrained(args.target, policy="ar", torch_dtype=args.dtype)
     draft = train(pipe, examples, args.out, config, target_name=args.target, progress=not args.quiet)
     print(f"wrote {args.out}: EDD draft reading target layer {draft.edd_config.hidden_layer} "
           f"({draft.edd_config.training.get('steps')} steps, final KL {draft.edd_config.training.get('final_kl')})")  # fmt: skip

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from vlmspec.cli import ArgumentParser
+from vlmspec.cli import ArgumentParser, check_output_path
 from vlmspec.costs import DEFAULT_BUDGET_FACTOR
 from vlmspec.named_pairs import ResolvedPair
 from vlmspec.probe import check_sizes
@@ -143,6 +143,9 @@ class BenchConfig:
             if not 0.0 <= ratio < 1.0:
                 raise ValueError(f"prune ratio {ratio} is invalid: use numbers in [0, 1)")
         check_pair(self.target, self.draft, self.size, self.calibration)
+        check_output_path(self.out, "--out")
+        if self.json_path is not None:
+            check_output_path(self.json_path, "--json", folder=False)
         if self.beam_width is not None and not (isinstance(self.beam_width, int) and self.beam_width >= 1):
             raise ValueError(f"beam width={self.beam_width!r} is invalid: use an integer >= 1 or 'auto'")
         try:

@@ -45,6 +45,10 @@ def build_parser(prog: str = "python -m vlmspec.testbed") -> argparse.ArgumentPa
 def main(argv: Sequence[str] | None = None, prog: str = "python -m vlmspec.testbed") -> int:
     """Runs the ``testbed`` command; ``build`` returns 0 when every built pair passes its quality gates, else 1."""
     args = build_parser(prog).parse_args(argv)
+    if args.root is not None:
+        from ..cli import check_output_path
+
+        check_output_path(args.root, "--root")
     if args.command == "prune":
         old = prune(args.root, dry_run=args.dry_run)
         for folder in old:
