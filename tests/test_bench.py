@@ -309,6 +309,7 @@ def test_calibration_applies_to_a_pair_name_or_is_refused(monkeypatch):
         (["--throughput", "0"], "--throughput must be >= 1, got 0"),
         (["--throughput", "-1"], "--throughput must be >= 1, got -1"),
         (["--throughput", "none"], "--throughput takes a positive integer batch size, got 'none'"),
+        (["--throughput", "2,1,1"], "--throughput gives batch size(s) [1] more than once in '2,1,1'"),
     ],
 )
 def test_throughput_batch_sizes_are_positive_integers(argv, message, capsys):

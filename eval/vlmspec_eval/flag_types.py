@@ -37,7 +37,7 @@ def positive_int(flag: str, text: str, words: str) -> int:
 
 
 def batch_sizes(flag: str):
-    """An argparse ``type``: comma-separated batch sizes (integers >= 1, at least one) as a tuple."""
+    """An argparse ``type``: comma-separated batch sizes (integers >= 1, at least one, each once) as a tuple."""
 
     def parse(text: str) -> tuple[int, ...]:
         sizes = tuple(
@@ -45,6 +45,9 @@ def batch_sizes(flag: str):
         )
         if not sizes:
             raise argparse.ArgumentTypeError(f"{flag} takes comma-separated batch sizes >= 1, e.g. 1,4,8")
+        twice = sorted({size for size in sizes if sizes.count(size) > 1})
+        if twice:
+            raise argparse.ArgumentTypeError(f"{flag} gives batch size(s) {twice} more than once in {text!r}")
         return sizes
 
     return parse

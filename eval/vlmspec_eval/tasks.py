@@ -238,7 +238,7 @@ def load_edd_pipeline(pipe: Any, pair: ResolvedPair | None, config: Any) -> tupl
         try:
             source = str(edd_path(*testbed))
         except InvalidInputError as err:
-            return None, str(err)
+            return None, f"{err} (the bench: --edd DIR)"
     if pair is None:
         return None, "the bench was given a pipeline, not a pair: no EDD draft can be loaded for it"
     loaded = load_pipeline(replace(pair, draft=source), config.dtype)
@@ -252,7 +252,7 @@ def section_edd_pipeline(pipe: Any, pair: ResolvedPair | None, config: Any, poli
         return None
     edd_pipe, missing = load_edd_pipeline(pipe, pair, config)
     if edd_pipe is None:
-        raise SystemExit(f"no edd+<policy> rows: {missing}")
+        raise SystemExit(f"vlmspec bench: error: no edd+<policy> rows: {missing}")
     return edd_pipe
 
 
