@@ -110,3 +110,19 @@ def test_draft_tree_rules_hold_without_host_syncs():
     child = draft.add(ids[:1], torch.tensor([5]), torch.tensor([0.5]))
     with pytest.raises(RuntimeError, match="every ancestor"):
         draft.tree(torch.tensor([0, int(child)]))
+
+
+@pytest.mark.parametrize("name", ["ar", "chain"])
+def test_generate_s_logits_processors_add_no_host_sync(tiny_pairs, name):
+    """The repetition penalty and the minimum length work on device tensors: a step keeps its budget."""
+    pair = tiny_pairs["qwen2_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy=name, torch_dtype=torch.float32)
+    pipe.costs = CPU_LIKE
+    options = {"repetition_penalty": 1.2, "min_new_tokens": 5}
+    image = make_image(0)
+    with HostSyncCounter() as prefill:
+        pipe(image, "Describe.", max_new_tokens=1, **options)
+    with HostSyncCounter() as run:
+        out = pipe(image, "Describe.", max_new_tokens=40, **options)
+    decode = run.total - prefill.total
+    assert out.stats.steps > 0 and decode <= PER_STEP[name] * out.stats.steps + END_OF_GENERATION, run.counts
