@@ -416,3 +416,15 @@ def test_chat_options_and_system_prompt_are_checked_when_the_chat_starts(pipe):
 def test_a_testbed_pair_without_a_shipped_edd_draft_is_the_library_s_error():
     with pytest.raises(InvalidInputError, match="no EDD draft ships for the testbed mini qwen2_vl target"):
         VLMSpecPipeline.from_pretrained("testbed-mini", draft="edd")
+
+
+def test_a_model_whose_attention_cannot_take_a_tree_mask_is_refused(pipe):
+    text = pipe.target.config.get_text_config()
+    previous, text._attn_implementation = text._attn_implementation, "flash_attention_2"
+    try:
+        with pytest.raises(
+            InvalidInputError, match=r"target model uses attn_implementation='flash_attention_2'.*sdpa"
+        ):
+            VLMSpecPipeline(pipe.target, pipe.draft, pipe.processor, policy="chain")
+    finally:
+        text._attn_implementation = previous

@@ -128,6 +128,8 @@ def _check_before_loading(args: argparse.Namespace) -> None:
     for flag, path in (("--image", args.image), ("--video", args.video)):
         if path is not None and not Path(path).is_file():
             raise InputNotFoundError(f"{flag} {path!r} does not exist; pass an existing file")
+    if args.max_new_tokens < 1:
+        raise InvalidInputError(f"--max-new-tokens {args.max_new_tokens} is invalid: use an integer >= 1")
     try:
         options = json.loads(args.policy_options) if args.policy_options else {}
     except json.JSONDecodeError as err:

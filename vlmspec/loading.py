@@ -87,6 +87,23 @@ def check_dtype(torch_dtype: Any) -> None:
         )
 
 
+def check_attention(model: torch.nn.Module, role: str) -> None:
+    """Refuse a model whose attention cannot take a tree mask: verification attends through a 4-D additive mask
+    (each node sees its ancestors), which FlashAttention's kernels do not take (they take causal or padding masks).
+
+    Raises:
+        InvalidInputError: naming the model, its attention implementation and what to load instead.
+    """
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if config is not None else None
+    implementation = str(getattr(text, "_attn_implementation", None) or "")
+    if "flash" in implementation:
+        raise InvalidInputError(
+            f"the {role} model uses attn_implementation={implementation!r}, which cannot take the tree attention "
+            "mask speculative verification needs; load it with attn_implementation='sdpa' (or 'eager')"
+        )
+
+
 def check_compatible(
     target: torch.nn.Module,
     draft: torch.nn.Module,

@@ -38,7 +38,7 @@ from .inputs import (
     pad_frames,
 )
 from .kernels import onednn_linears
-from .loading import check_compatible, load_pair
+from .loading import check_attention, check_compatible, load_pair
 from .models import EDDDraft, VLMAdapter, adapter_for
 from .models.edd import check_target
 from .named_pairs import is_pipeline_folder
@@ -131,9 +131,11 @@ class VLMSpecPipeline:
         self.processor = processor
         self._target_adapter = adapter_for(target)
         self._draft_adapter = adapter_for(draft) if draft is not None else None
+        check_attention(target, "target")
         if isinstance(draft, EDDDraft):
             check_target(draft.edd_config, target)
         elif draft is not None:
+            check_attention(draft, "draft")
             check_compatible(target, draft, target_tokenizer=getattr(processor, "tokenizer", None))
         self.onednn_linears = True
         self.costs: ForwardCosts | None = None
