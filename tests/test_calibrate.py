@@ -135,7 +135,7 @@ def test_padded_vocabulary_rows_can_never_win(family):
     ties = logits[:, never] == logits.max(-1).values
     assert ties.sum() > 100  # ... and where it is the maximum, argmax takes the first (real) index
     assert (logits.argmax(-1) < old_vocab).all() and (logits.argmax(-1)[ties] == never).all()
-    processing = LogitsProcessing.for_call(inflated.generation_config, (), do_sample=True)
+    processing = LogitsProcessing.for_call(inflated.generation_config, ())
     assert processing.suppress_tokens == tuple(range(old_vocab, old_vocab + 300))
     processed = processing.start(torch.tensor([0]), logits.shape[-1])
     params = SamplingParams.resolve(inflated.generation_config, top_k=0)

@@ -109,14 +109,42 @@ def test_generate_settings_vlmspec_does_not_apply_are_refused_by_name(tiny):
             tiny(make_image(0), "Hi", max_new_tokens=2)
     finally:
         config.no_repeat_ngram_size = None
-    config.min_p = 0.1
-    try:
-        assert tiny(make_image(0), "Hi", max_new_tokens=2).token_ids  # a warper: greedy does not use it
-        with pytest.raises(InvalidInputError, match="generation_config sets min_p=0.1"):
-            tiny(make_image(0), "Hi", max_new_tokens=2, do_sample=True)
-    finally:
-        config.min_p = None
     with pytest.raises(InvalidInputError, match="repetition_penalty=0 is invalid: use a number > 0"):
         tiny(make_image(0), "Hi", repetition_penalty=0)
     with pytest.raises(InvalidInputError, match="min_new_tokens=-1 is invalid"):
         tiny(make_image(0), "Hi", min_new_tokens=-1)
+
+
+def test_every_sampling_warper_of_the_generation_config_is_generate_s():
+    """temperature, top-k, top-p, min-p, typical-p, epsilon and eta from a generation_config give the distribution
+    transformers' own warpers give."""
+    from transformers import GenerationConfig, GenerationMixin
+
+    from vlmspec.sampling import SamplingParams
+
+    config = GenerationConfig(
+        do_sample=True, temperature=0.8, top_k=40, top_p=0.95, min_p=0.02, typical_p=0.97, epsilon_cutoff=3e-4,
+        eta_cutoff=1e-3,
+    )  # fmt: skip
+    owner = type("Model", (GenerationMixin,), {"config": type("C", (), {"is_encoder_decoder": False})()})()
+    hf = owner._get_logits_processor(config, input_ids_seq_length=4, device="cpu")
+    assert len(hf) == 7
+    torch.manual_seed(0)
+    logits = torch.randn(5, 300) * 4
+    expected = torch.softmax(hf(torch.zeros(5, 4, dtype=torch.long), logits.clone()), dim=-1)
+    assert torch.allclose(SamplingParams.resolve(config).probs(logits), expected)
+
+
+def test_sampling_applies_the_configs_min_p(tiny):
+    """min_p=1 keeps only the most likely token: sampled output is then the greedy one, as in generate()."""
+    image, prompt = make_image(0), "Describe this image."
+    inputs = tiny.prepare_inputs(image, prompt)
+    length = inputs["input_ids"].shape[1]
+    greedy = tiny.target.generate(**inputs, do_sample=False, max_new_tokens=16)[0, length:].tolist()
+    config = tiny.target.generation_config
+    config.min_p = 1.0
+    try:
+        tiny.policy = get_policy("chain")
+        assert tiny(image, prompt, do_sample=True, top_k=0, seed=3, max_new_tokens=16).token_ids == greedy
+    finally:
+        config.min_p = None

@@ -478,7 +478,6 @@ class VLMSpecPipeline:
         processing = LogitsProcessing.for_call(
             self.target.generation_config,
             stop.eos_token_ids,
-            sampling is not None,
             repetition_penalty=a.repetition_penalty,
             min_new_tokens=a.min_new_tokens,
         )

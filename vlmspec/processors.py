@@ -14,11 +14,11 @@ path from the root, so the processors here take the path into account:
 * **suppressed tokens** (``SuppressTokensLogitsProcessor``, ``SuppressTokensAtBeginLogitsProcessor``): ``-inf``
   everywhere, or at the first new token only.
 
-Logits are turned to float32 first, as ``generate()`` does; the sampling warpers (:mod:`vlmspec.sampling`) come
-after. The rest of ``generate()``'s processors (n-gram bans, bad words, sequence bias, forced EOS, ...) and warpers
-vlmspec does not implement are refused by name when the configuration turns them on, rather than silently
-decoding something ``generate()`` would not; ``forced_bos_token_id`` only acts on a one-token prompt, which no
-VLM prompt is, and ``renormalize_logits`` changes neither an argmax nor a softmax, so both are let through.
+Logits are turned to float32 first, as ``generate()`` does; the sampling warpers (:mod:`vlmspec.sampling`, all of
+``generate()``'s) come after. The rest of ``generate()``'s processors (n-gram bans, bad words, sequence bias,
+forced EOS, ...) are refused by name when the configuration turns them on, rather than silently decoding something
+``generate()`` would not; ``forced_bos_token_id`` only acts on a one-token prompt, which no VLM prompt is, and
+``renormalize_logits`` changes neither an argmax nor a softmax, so both are let through.
 """
 
 from __future__ import annotations
@@ -44,15 +44,6 @@ _REFUSED: dict[str, Callable[[Any], bool]] = {
     "watermarking_config": lambda v: v is not None,
 }
 """Processors ``generate()`` applies when these settings are on, which vlmspec does not implement."""
-
-_REFUSED_WARPERS: dict[str, Callable[[Any], bool]] = {
-    "min_p": lambda v: v is not None,
-    "typical_p": lambda v: v is not None and v < 1.0,
-    "epsilon_cutoff": lambda v: v is not None and 0.0 < v < 1.0,
-    "eta_cutoff": lambda v: v is not None and 0.0 < v < 1.0,
-    "top_h": lambda v: v is not None,
-}
-"""Warpers ``generate(do_sample=True)`` applies when these settings are on, which vlmspec does not implement."""
 
 
 @dataclass(frozen=True)
@@ -93,18 +84,16 @@ class LogitsProcessing:
         cls,
         generation_config: Any,
         eos_token_ids: Sequence[int],
-        do_sample: bool,
         repetition_penalty: float | None = None,
         min_new_tokens: int | None = None,
     ) -> LogitsProcessing | None:
         """A call's processors: its arguments over the target's ``generation_config``; ``None`` when none is on.
 
         Raises:
-            InvalidInputError: a value out of range, or a setting that turns on a processor (or, sampling, a
-                warper) of ``generate()`` that vlmspec does not implement, named with how to turn it off.
+            InvalidInputError: a value out of range, or a setting that turns on a processor of ``generate()`` that
+                vlmspec does not implement, named with how to turn it off.
         """
-        refused = {**_REFUSED, **(_REFUSED_WARPERS if do_sample else {})}
-        for name, is_on in refused.items():
+        for name, is_on in _REFUSED.items():
             value = getattr(generation_config, name, None)
             if is_on(value):
                 raise InvalidInputError(

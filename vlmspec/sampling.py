@@ -2,9 +2,11 @@
 
 ``generate(do_sample=True)`` turns logits into a distribution with transformers' logits warpers, in this
 order and under these conditions (transformers 5.x ``GenerationMixin._get_logits_processor``): temperature
-(when != 1), top-k (when set and != 0), top-p (when < 1), each keeping at least one token. Unset values come
-from the model's ``generation_config`` and then transformers' global defaults (temperature 1.0, top_k 50,
-top_p 1.0). The processors ``generate()`` runs before them, greedy or sampled (repetition penalty, minimum
+(when != 1), top-h (when set), top-k (when set and != 0), top-p (when < 1), min-p (when set), typical-p (when
+< 1), epsilon and eta cutoffs (when in (0, 1)), each keeping at least one token. Unset values come from the
+model's ``generation_config`` and then transformers' global defaults (temperature 1.0, top_k 50, top_p 1.0; the
+others off). Every warper acts on each row alone, so a tree node's distribution is the one ``generate()`` would
+sample from at that point. The processors ``generate()`` runs before them, greedy or sampled (repetition penalty, minimum
 length, ``suppress_tokens``: a calibrated pair's padded vocabulary rows), are applied to the target's logits by
 :mod:`vlmspec.processors`. :class:`SamplingParams` reproduces that resolution and applies the same public classes,
 so speculative sampling targets exactly the distribution the target alone would sample from.
@@ -18,16 +20,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import transformers
 from transformers import (
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
     LogitsProcessorList,
+    MinPLogitsWarper,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
+    TypicalLogitsWarper,
 )
 
 from .errors import InvalidInputError, user_stacklevel
 
 _GLOBAL_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
+_CONFIG_WARPERS = ("top_h", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
+"""Warpers set in the ``generation_config`` only (off when unset)."""
 _SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 
 
@@ -61,12 +70,18 @@ class SamplingParams:
     top_k: keep the k most likely tokens (0 or None: no top-k).
     top_p: nucleus mass in (0, 1] (1 or None: no top-p).
     seed: seeds the sampling generator; the same seed gives the same output.
+    top_h, min_p, typical_p, epsilon_cutoff, eta_cutoff: the ``generation_config``'s other warpers (``None``: off).
     """
 
     temperature: float = 1.0
     top_k: int | None = 50
     top_p: float | None = 1.0
     seed: int | None = None
+    top_h: float | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    epsilon_cutoff: float | None = None
+    eta_cutoff: float | None = None
 
     def __post_init__(self) -> None:
         if not (_is_number(self.temperature) and self.temperature > 0):
@@ -80,6 +95,10 @@ class SamplingParams:
         if self.top_p is not None and not (_is_number(self.top_p) and 0 < self.top_p <= 1):
             raise InvalidInputError(f"top_p={self.top_p!r} is invalid: use a number in (0, 1]")
         check_seed(self.seed)
+        for name in _CONFIG_WARPERS:
+            value = getattr(self, name)
+            if value is not None and not (_is_number(value) and 0 <= value <= 1):
+                raise InvalidInputError(f"{name}={value!r} is invalid: use a number in [0, 1] or None (off)")
 
     @classmethod
     def resolve(cls, generation_config: Any = None, **overrides: Any) -> SamplingParams:
@@ -90,7 +109,8 @@ class SamplingParams:
             if value is None and generation_config is not None:
                 value = getattr(generation_config, name, None)
             values[name] = default if value is None else value
-        return cls(seed=overrides.get("seed"), **values)
+        others = {name: getattr(generation_config, name, None) for name in _CONFIG_WARPERS}
+        return cls(seed=overrides.get("seed"), **values, **others)
 
     @classmethod
     def for_call(
@@ -128,10 +148,20 @@ class SamplingParams:
         out = LogitsProcessorList()
         if self.temperature != 1.0:
             out.append(TemperatureLogitsWarper(self.temperature))
+        if self.top_h is not None:
+            out.append(transformers.TopHLogitsWarper(top_h=self.top_h))  # newer transformers only
         if self.top_k:
             out.append(TopKLogitsWarper(top_k=self.top_k, min_tokens_to_keep=1))
         if self.top_p is not None and self.top_p < 1.0:
             out.append(TopPLogitsWarper(top_p=self.top_p, min_tokens_to_keep=1))
+        if self.min_p is not None:
+            out.append(MinPLogitsWarper(min_p=self.min_p, min_tokens_to_keep=1))
+        if self.typical_p is not None and self.typical_p < 1.0:
+            out.append(TypicalLogitsWarper(mass=self.typical_p, min_tokens_to_keep=1))
+        if self.epsilon_cutoff is not None and 0.0 < self.epsilon_cutoff < 1.0:
+            out.append(EpsilonLogitsWarper(epsilon=self.epsilon_cutoff, min_tokens_to_keep=1))
+        if self.eta_cutoff is not None and 0.0 < self.eta_cutoff < 1.0:
+            out.append(EtaLogitsWarper(epsilon=self.eta_cutoff, min_tokens_to_keep=1))
         return out
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
