@@ -180,14 +180,18 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def positive_int(text: str) -> int:
-    """An argparse ``type``: an integer >= 1."""
+def positive_int(text: str, flag: str | None = None, words: str = "") -> int:
+    """An argparse ``type``: ``text`` as an integer >= 1, else an error naming ``flag`` (when given) and what it
+    takes (``words``)."""
     try:
         value = int(text)
     except ValueError as err:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from err
+        need = f"{flag} takes a positive integer{words}" if flag else "expected an integer >= 1"
+        raise argparse.ArgumentTypeError(f"{need}, got {text!r}") from err
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+        raise argparse.ArgumentTypeError(
+            f"{flag} must be >= 1, got {value}" if flag else f"expected an integer >= 1, got {value}"
+        )
     return value
 
 

@@ -8,6 +8,8 @@ import argparse
 import json
 from typing import Any
 
+from vlmspec.cli import positive_int
+
 
 def comma_list(kind: type):
     """An argparse ``type``: comma-separated ``kind`` values as a tuple (``""``/``none``: empty)."""
@@ -25,23 +27,12 @@ def comma_list(kind: type):
     return parse
 
 
-def positive_int(flag: str, text: str, words: str) -> int:
-    """``text`` as an integer >= 1, else an argparse error naming ``flag`` and what it takes (``words``)."""
-    try:
-        value = int(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"{flag} takes a positive integer{words}, got {text!r}") from err
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{flag} must be >= 1, got {value}")
-    return value
-
-
 def batch_sizes(flag: str):
     """An argparse ``type``: comma-separated batch sizes (integers >= 1, at least one, each once) as a tuple."""
 
     def parse(text: str) -> tuple[int, ...]:
         sizes = tuple(
-            positive_int(flag, part.strip(), " batch size") for part in text.split(",") if part.strip()
+            positive_int(part.strip(), flag, " batch size") for part in text.split(",") if part.strip()
         )
         if not sizes:
             raise argparse.ArgumentTypeError(f"{flag} takes comma-separated batch sizes >= 1, e.g. 1,4,8")
@@ -56,11 +47,11 @@ def batch_sizes(flag: str):
 def budget(text: str) -> int | str | None:
     if text in ("auto", "default"):
         return None if text == "default" else text
-    return positive_int("--budget", text, ", 'auto' or 'default'")
+    return positive_int(text, "--budget", ", 'auto' or 'default'")
 
 
 def beam_width(text: str) -> int | None:
-    return None if text == "auto" else positive_int("--beam-width", text, " or 'auto'")
+    return None if text == "auto" else positive_int(text, "--beam-width", " or 'auto'")
 
 
 def json_options(text: str) -> dict[str, Any]:
