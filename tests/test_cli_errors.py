@@ -56,6 +56,11 @@ CASES = [
     (["demo", "--target", "testbed-mini", "--draft", "edd"], "no EDD draft ships"),
     (["bench", "--throughput", "0"], "--throughput must be >= 1, got 0"),
     (["bench", "--out", "{notes}"], "notes.txt' is a file: give a folder"),
+    (["bench", "--beam-width", "4"], "--beam-width (needs --dsbd): a flag that acts only beside another one"),
+    (
+        ["bench", "--throughput-policies", "chain"],
+        "--throughput-policies (needs --throughput or --conversation)",
+    ),
     (["bench", "--json", "{notes}/r.json"], "notes.txt', a file: give a path in a folder"),
     (
         ["c2t", "train", "--data", "{notes}", "--out", "{notes}/c.safetensors"],

@@ -535,24 +535,40 @@ _BENCH_ONLY_FLAGS = (
 input once with the pipeline's own budget and pruning, and write no JSON, plots or probe)."""
 
 
+_COMPANIONS = {
+    "--beam-width": "--dsbd",
+    "--dsbd-options": "--dsbd",
+    "--throughput-policies": "--throughput or --conversation",
+}
+"""Flags that act only beside another one."""
+
+
 def _given(args: argparse.Namespace, defaults: argparse.Namespace, flag: str) -> bool:
     name = flag.removeprefix("--").replace("-", "_")
     return getattr(args, name) != getattr(defaults, name)
 
 
 def check_section_flags(args: argparse.Namespace, defaults: argparse.Namespace | None = None) -> None:
-    """Refuse, with ``--throughput`` or ``--conversation`` (each runs instead of the bench and writes its own
-    ``<out>/<section>.md``), the flags of the bench that section does not honour: those whose value is not the
-    parser's default (``defaults``; ``None``: the bench's own).
+    """Refuse a flag given without the one it acts beside (:data:`_COMPANIONS`), and with ``--throughput`` or
+    ``--conversation`` (each runs instead of the bench and writes its own ``<out>/<section>.md``) the flags of the
+    bench that section does not honour. A flag counts as given when its value is not the parser's default
+    (``defaults``; ``None``: the bench's own).
 
     Raises:
         ValueError: naming the section and the flags.
     """
     section = "--throughput" if args.throughput else "--conversation" if args.conversation else None
+    defaults = defaults or add_arguments(argparse.ArgumentParser()).parse_args([])
+    given = {"--dsbd": args.dsbd, "--throughput or --conversation": section is not None}
+    lonely = [f"{flag} (needs {need})" for flag, need in _COMPANIONS.items() if _given(args, defaults, flag)
+              and not given[need]]  # fmt: skip
+    if lonely:
+        raise ValueError(
+            f"{', '.join(lonely)}: a flag that acts only beside another one, which was not given"
+        )
     if section is None:
         return
     check_section_policies(args.throughput_policies)
-    defaults = defaults or add_arguments(argparse.ArgumentParser()).parse_args([])
     refused = [flag for flag in _BENCH_ONLY_FLAGS if _given(args, defaults, flag)]
     if section == "--throughput" and args.conversation:
         refused.insert(0, "--conversation")

@@ -33,7 +33,13 @@ DEFAULT_PAIRS: tuple[str, ...] = ("testbed-base:qwen2_vl@7b-2b", "testbed-base:l
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="eval/gpu_bench.sh", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(
+        prog="eval/gpu_bench.sh",
+        description=__doc__.split("\n\n")[0],
+        epilog="Its defaults differ from vlmspec bench's (shown above): --dtype bfloat16, --tasks "
+        "image_caption,video_caption, --max-new-tokens 128, --out gpu_bench_out, no --prune-ratios ablation, "
+        "--no-plots; --pairs replaces --target/--draft.",
+    )
     add_arguments(parser)
     parser.add_argument(
         "--pairs",
