@@ -144,7 +144,13 @@ class SequenceLogits:
         self.seen[prompt_ids.clamp(max=vocab_size)] = True
         self.eos_until = max(processing.min_new_tokens, processing.min_length - prompt_ids.shape[0])
         self.eos = torch.tensor(processing.eos_token_ids, dtype=torch.long, device=device)
-        self.suppress = torch.tensor(processing.suppress_tokens, dtype=torch.long, device=device)
+        # [V] bool, applied as one masked fill (a calibrated pair suppresses ~150k padded ids)
+        self.suppress: torch.Tensor | None = None
+        if processing.suppress_tokens:
+            ids = torch.tensor(processing.suppress_tokens, dtype=torch.long, device=device)
+            suppress = torch.zeros(vocab_size + 1, dtype=torch.bool, device=device)
+            suppress[ids.clamp(max=vocab_size)] = True
+            self.suppress = suppress[:vocab_size]
         self.begin = torch.tensor(processing.begin_suppress_tokens, dtype=torch.long, device=device)
 
     def first(self, logits: torch.Tensor) -> torch.Tensor:
@@ -180,6 +186,6 @@ class SequenceLogits:
         if self.eos.numel() and self.eos_until > 0:
             short = (new_tokens.to(logits.device) < self.eos_until)[:, None]  # [n, 1]
             logits[:, self.eos] = torch.where(short, float("-inf"), logits[:, self.eos])
-        if self.suppress.numel():
-            logits[:, self.suppress] = float("-inf")
+        if self.suppress is not None:
+            logits = logits.masked_fill(self.suppress, float("-inf"))
         return logits
