@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from vlmspec.costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
+from vlmspec.models import EDDDraft
 from vlmspec.policies import TreePolicy, available_policies, get_policy, policy_class
 from vlmspec.probe import sync
 
@@ -411,7 +412,16 @@ def generate_with(
 
 
 def assisted_generate(pipe: Any, inputs: dict[str, torch.Tensor], max_new_tokens: int) -> list[int]:
-    """transformers' assisted generation with the pipeline's draft; the new token ids."""
+    """transformers' assisted generation with the pipeline's draft; the new token ids.
+
+    Raises:
+        TypeError: the draft is an EDD draft (a layer reading the target's hidden states), which transformers'
+            assisted generation cannot run: it takes a whole model as the assistant.
+    """
+    if isinstance(pipe.draft, EDDDraft):
+        raise TypeError(
+            "hf_assisted needs a separate draft model; an EDD draft reads the target's hidden states"
+        )
     out = pipe.target.generate(
         **inputs, assistant_model=pipe.draft, do_sample=False, max_new_tokens=max_new_tokens
     )
