@@ -223,7 +223,8 @@ class VLMAdapter:
                 the full prompt's logical length.
             score_visual: also return ``visual_scores`` (attention-guided pruning of the draft), only with
                 ``keep=None``. The prefill itself is the model's own full forward, exactly what ``generate()`` runs
-                (so the target's cache and first token are bit-identical to ``generate()``'s, in every dtype); the
+                (so the target's cache and first token are bit-identical to ``generate()``'s, in every dtype, up to
+                the last bits :func:`vlmspec.kernels.onednn_linears` changes on the CPU, which it documents); the
                 scores come from a side pass, as SpecVLM's split prefill does, so memory stays bounded over long
                 visual prefixes: the text after the last visual token is run again, under eager attention, on top
                 of the cache cut back to the visual prefix, and the cache is restored afterwards. Scores are what
