@@ -414,3 +414,15 @@ def test_python_m_bench_reports_a_bad_pair_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("vlmspec bench: error: target model folder") and "no config.json" in err
     assert "Traceback" not in err
+
+
+def test_an_edd_row_asked_for_without_an_edd_draft_is_an_error_row(tmp_path):
+    """``--methods edd+chain`` on a pair with no EDD draft: the row is there, saying why, not silently dropped."""
+    argv = ["--target", "testbed-mini", "--methods", "edd+chain", "--n", "1", "--repeats", "1", "--max-new-tokens",
+            "4", "--tasks", "image_caption", "--probe-sizes", "1,2", "--probe-runs", "1", "--prune-ratios", "none",
+            "--no-plots", "--quiet", "--out", str(tmp_path)]  # fmt: skip
+    assert bench.main(argv) == 0
+    rows = [
+        line for line in (tmp_path / "bench.md").read_text().splitlines() if line.startswith("| edd+chain |")
+    ]
+    assert rows and "no EDD draft ships for the testbed mini qwen2_vl target" in rows[-1]

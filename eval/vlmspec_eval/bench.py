@@ -221,7 +221,8 @@ def _run(config: BenchConfig, pipe: Any) -> dict[str, Any]:
             edd_pipe.costs, edd_pipe.budget_factor = edd_probe, config.auto_factor
             share = edd_share(edd_probe.draft_cost(1), edd_probe.target_cost(1))
             log(f"EDD draft: {edd_pipe.draft.edd_config.target_name or 'given'}; {share}")
-        if edd_pipe is not None or config.edd != "auto":
+        asked = config.edd != "auto" or list(config.methods) != resolve_methods(None)  # not the default rows
+        if edd_pipe is not None or asked:
             variants += edd_variants(
                 edd_methods, config.budget, edd_probe, config.auto_factor, edd_pipe, missing
             )
