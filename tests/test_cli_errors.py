@@ -56,6 +56,7 @@ CASES = [
     (["demo", "--target", "testbed-mini", "--draft", "edd"], "no EDD draft ships"),
     (["bench", "--throughput", "0"], "--throughput must be >= 1, got 0"),
     (["bench", "--out", "{notes}"], "notes.txt' is a file: give a folder"),
+    (["demo", "--dtype", "float8"], "argument --dtype: invalid choice: 'float8'"),
     (["bench", "--beam-width", "4"], "--beam-width (needs --dsbd): a flag that acts only beside another one"),
     (
         ["bench", "--throughput-policies", "chain"],

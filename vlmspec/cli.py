@@ -40,8 +40,6 @@ def trace_summary(trace: list[dict]) -> str:
 
 
 def demo(args: argparse.Namespace) -> int:
-    import torch
-
     from .named_pairs import is_pair_name, is_pipeline_folder, resolve_pair
     from .pipeline import VLMSpecPipeline
 
@@ -61,7 +59,7 @@ def demo(args: argparse.Namespace) -> int:
     saved = is_pipeline_folder(args.target)  # a saved pipeline brings its own settings
     pipe = VLMSpecPipeline.from_pretrained(
         args.target if saved else pair.target, args.draft if saved else pair.draft, policy=args.policy,
-        torch_dtype=torch.float32, calibration=pair.calibration, **options,
+        torch_dtype=args.dtype, calibration=pair.calibration, **options,
     )  # fmt: skip
     if pair.calibration:
         from .testbed.calibrate import get_calibration
@@ -252,6 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="prompt (default: the bundled example's; 'Describe this image.', or for a video 'Describe what happens in this clip.')",
     )
     d.add_argument("--max-new-tokens", type=int, default=128)
+    d.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16", "auto"),
+        default="float32",
+        help="the models' dtype (default float32, the dtype the CPU lossless tests use; bfloat16 halves the "
+        "models' memory)",
+    )
     d.add_argument(
         "--compare",
         action=argparse.BooleanOptionalAction,
