@@ -57,6 +57,11 @@ CASES = [
     (["bench", "--throughput", "0"], "--throughput must be >= 1, got 0"),
     (["bench", "--out", "{notes}"], "notes.txt' is a file: give a folder"),
     (["demo", "--dtype", "float8"], "argument --dtype: invalid choice: 'float8'"),
+    (
+        ["bench", "--methods", "chain", "--edd", "{videos}"],
+        "is for the edd+<policy> rows, and --methods names none",
+    ),
+    (["bench", "--methods", "chain", "--prune-ratios", "0.5"], "which runs sage, and --methods has no sage"),
     (["bench", "--beam-width", "4"], "--beam-width (needs --dsbd): a flag that acts only beside another one"),
     (
         ["bench", "--throughput-policies", "chain"],

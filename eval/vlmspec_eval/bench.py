@@ -152,9 +152,16 @@ class BenchConfig:
             dsbd_policy(self.dsbd_options)
         except (ValueError, TypeError) as err:
             raise ValueError(f"dsbd options {self.dsbd_options!r} are invalid: {err}") from err
+        methods = resolve_methods(self.methods)
+        if self.edd != "auto" and not any(m.startswith(EDD_PREFIX) for m in methods):
+            raise ValueError(f"--edd {self.edd!r} is for the edd+<policy> rows, and --methods names none")
+        if self.prune_ratios and tuple(self.prune_ratios) != DEFAULT_PRUNE_RATIOS and "sage" not in methods:
+            raise ValueError(
+                "--prune-ratios sets the pruning ablation, which runs sage, and --methods has no sage"
+            )
         return replace(
             self,
-            methods=tuple(resolve_methods(self.methods)),
+            methods=tuple(methods),
             tasks=tuple(check_tasks(self.tasks)),
             probe_sizes=tuple(check_sizes(self.probe_sizes)),
         )
