@@ -418,3 +418,16 @@ def check_token_ids(ids: torch.Tensor, vocab_size: int | None, name: str = "inpu
             f"{name} holds ids in [{low}, {high}], outside the models' vocabulary [0, {vocab_size}); build the "
             "inputs with this pipeline's processor (pipe.processor), whose tokenizer is the models'"
         )
+
+
+def check_placeholders(processor: Any, text: str, images: int, videos: int) -> None:
+    """The chat template writes one placeholder per image and video; more in the prompt came from its text (a
+    habit from LLaVA's ``"<image>\\n..."`` prompts), which the processor would pair with media that do not exist."""
+    for kind, count in (("image", images), ("video", videos)):
+        token = getattr(processor, f"{kind}_token", None)
+        found = text.count(token) if isinstance(token, str) and token else count
+        if found > count:
+            raise InvalidInputError(
+                f"the prompt's text holds the model's {kind} placeholder {token!r} ({found - count} more than the "
+                f"{count} {kind}(s) given): the pipeline places one per {kind} itself; remove it from the text"
+            )

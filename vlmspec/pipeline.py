@@ -31,6 +31,7 @@ from .inputs import (
     ImageInput,
     VideoInput,
     check_num_frames,
+    check_placeholders,
     check_prompt_inputs,
     load_images,
     load_video,
@@ -42,14 +43,14 @@ from .loading import check_attention, check_compatible, load_pair
 from .models import EDDDraft, VLMAdapter, adapter_for
 from .models.edd import check_target
 from .named_pairs import is_pipeline_folder
-from .policies import TreePolicy, available_policies, get_policy
+from .policies import TreePolicy, available_policies, get_policy, policy_with
 from .probe import cached_costs
 from .processors import LogitsProcessing
 from .pruning import PruningConfig, pruning_config
-from .requests import call_arguments, check_requests, request_kwargs
+from .requests import call_arguments, check_requests, decoding_settings, naming_request, request_kwargs
 from .sampling import SamplingParams
 from .saving import read_settings, save_pipeline
-from .stopping import StopCriteria, eos_token_ids, token_ids
+from .stopping import StopCriteria
 from .streaming import StreamPiece, check_streamer, stream_call
 
 DEFAULT_POLICY = "sage"
@@ -140,7 +141,7 @@ class VLMSpecPipeline:
         self.onednn_linears = True
         self.costs: ForwardCosts | None = None
         self.budget_factor = DEFAULT_BUDGET_FACTOR
-        self.policy = _policy_with(policy, policy_options)
+        self.policy = policy_with(policy, policy_options)
         self.pruning = pruning_config(pruning, prune_ratio)
 
     # ---- components ----------------------------------------------------------------------------------------------
@@ -224,7 +225,7 @@ class VLMSpecPipeline:
         if policy is None and saved:
             policy, policy_options = saved["policy"], {**saved["policy_options"], **policy_options}
         policy = policy if policy is not None else DEFAULT_POLICY
-        policy = _policy_with(policy, policy_options)  # a bad name or option fails before any model loads
+        policy = policy_with(policy, policy_options)  # a bad name or option fails before any model loads
         pruning = pruning if pruning is not None else saved.get("pruning", "attention")
         target_model, draft_model, processor = load_pair(
             target, draft, torch_dtype, device_map, trust_remote_code, calibration
@@ -276,7 +277,7 @@ class VLMSpecPipeline:
         self, chat: list[dict], images: list[Any], videos: list[tuple[Any, Any]]
     ) -> dict[str, torch.Tensor]:
         text = self.processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-        _check_placeholders(self.processor, text, len(images), len(videos))
+        check_placeholders(self.processor, text, len(images), len(videos))
         kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
         if images:
             kwargs["images"] = [images]  # nested per prompt: several images belong to one prompt
@@ -412,7 +413,7 @@ class VLMSpecPipeline:
                 calls.append(self._prepare(request_kwargs(request)))
             except (TypeError, ValueError, OSError) as error:
                 if not return_exceptions:
-                    raise _naming_request(error, i) from error
+                    raise naming_request(error, i) from error
                 calls.append(error)
         todo = [c for c in calls if not isinstance(c, Exception)]
         done = dict(self.batch_iter(todo, batch_size))
@@ -449,38 +450,9 @@ class VLMSpecPipeline:
             TypeError: an argument :meth:`__call__` does not take, named with the nearest valid one.
         """
         a = SimpleNamespace(**call_arguments(_CALL_SIGNATURE, request))
-        image, prompt, video, num_frames, stop_strings = (
-            a.image,
-            a.prompt,
-            a.video,
-            a.num_frames,
-            a.stop_strings,
-        )
+        image, prompt, video, num_frames = a.image, a.prompt, a.video, a.num_frames
         # 1. Check the request before any model work.
-        sampling = SamplingParams.for_call(
-            a.do_sample,
-            self.target.generation_config,
-            temperature=a.temperature,
-            top_k=a.top_k,
-            top_p=a.top_p,
-            seed=a.seed,
-        )
-        if a.eos_token_id is not None and max(token_ids(a.eos_token_id)) >= self._vocab_size():
-            raise InvalidInputError(
-                f"eos_token_id={a.eos_token_id!r} is invalid: the vocabulary's ids are 0 to {self._vocab_size() - 1}"
-            )
-        stop = StopCriteria(
-            max_new_tokens=a.max_new_tokens,
-            eos_token_ids=eos_token_ids(self.target) if a.eos_token_id is None else token_ids(a.eos_token_id),
-            stop_strings=stop_strings,
-            tokenizer=self.tokenizer,
-        )
-        processing = LogitsProcessing.for_call(
-            self.target.generation_config,
-            stop.eos_token_ids,
-            repetition_penalty=a.repetition_penalty,
-            min_new_tokens=a.min_new_tokens,
-        )
+        settings = decoding_settings(a, self.target, self.tokenizer, self._vocab_size())
         check_streamer(a.streamer)
         check_num_frames(num_frames)
         # 2. Build the multimodal prompt once; the draft sees the same inputs.
@@ -511,7 +483,14 @@ class VLMSpecPipeline:
             if layout is not None and pruning.prunes(layout):  # no scoring pass when nothing would be pruned
                 draft.select = lambda scores: pruning.select(layout, scores)
                 draft.needs_scores = pruning.needs_scores
-        return _Call(inputs, stop, sampling, draft, streamer=a.streamer, processing=processing)
+        return _Call(
+            inputs,
+            settings.stop,
+            settings.sampling,
+            draft,
+            streamer=a.streamer,
+            processing=settings.processing,
+        )
 
     def batch_policy(self, batch_size: int) -> TreePolicy:
         """:attr:`policy` as requests decoding ``batch_size`` at a time use it: the node budget and depth it left
@@ -619,40 +598,3 @@ class VLMSpecPipeline:
 
 
 _CALL_SIGNATURE = inspect.signature(VLMSpecPipeline.__call__)
-
-
-def _naming_request(error: Exception, index: int) -> Exception:
-    """``error`` of the same type with the request's index in front (an ``InvalidInputError`` where that type is not
-    built from one message, such as ``UnicodeDecodeError``)."""
-    message = f"pipe.batch: request {index}: {error}"
-    try:
-        return type(error)(message)
-    except TypeError:
-        return InvalidInputError(message)
-
-
-def _check_placeholders(processor: Any, text: str, images: int, videos: int) -> None:
-    """The chat template writes one placeholder per image and video; more in the prompt came from its text (a
-    habit from LLaVA's ``"<image>\\n..."`` prompts), which the processor would pair with media that do not exist."""
-    for kind, count in (("image", images), ("video", videos)):
-        token = getattr(processor, f"{kind}_token", None)
-        found = text.count(token) if isinstance(token, str) and token else count
-        if found > count:
-            raise InvalidInputError(
-                f"the prompt's text holds the model's {kind} placeholder {token!r} ({found - count} more than the "
-                f"{count} {kind}(s) given): the pipeline places one per {kind} itself; remove it from the text"
-            )
-
-
-def _policy_with(policy: str | TreePolicy, options: dict[str, Any]) -> TreePolicy:
-    """The policy a pipeline is built with: a name and its options, or a policy object alone (options beside an
-    object would be silently ignored, so they are refused)."""
-    if not isinstance(policy, TreePolicy):
-        return get_policy(policy, **options)
-    if options:
-        raise InvalidInputError(
-            f"policy options {', '.join(sorted(options))} were given with a policy object ({policy.name!r}), "
-            f"which has its own config: pass policy={policy.name!r} with them, or build the object with them "
-            f"(get_policy({policy.name!r}, ...))"
-        )
-    return policy

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from .errors import InputTypeError
+from .errors import InputTypeError, InvalidInputError
+from .processors import LogitsProcessing
+from .sampling import SamplingParams
+from .stopping import StopCriteria, eos_token_ids, token_ids
 from .validation import did_you_mean
 
 
@@ -58,3 +62,59 @@ def request_kwargs(request: Any, index: int | None = None) -> dict[str, Any]:
             'request, e.g. {"image": img, "prompt": "Describe it."}'
         )
     return request
+
+
+def naming_request(error: Exception, index: int) -> Exception:
+    """``error`` of the same type with the request's index in front (an ``InvalidInputError`` where that type is not
+    built from one message, such as ``UnicodeDecodeError``)."""
+    message = f"pipe.batch: request {index}: {error}"
+    try:
+        return type(error)(message)
+    except TypeError:
+        return InvalidInputError(message)
+
+
+@dataclass(frozen=True)
+class DecodingSettings:
+    """How one request decodes: its sampling settings (``None``: greedy), its stop conditions and ``generate()``'s
+    logits processors its target's ``generation_config`` and arguments turn on (``None``: none)."""
+
+    sampling: SamplingParams | None
+    stop: StopCriteria
+    processing: LogitsProcessing | None
+
+
+def decoding_settings(arguments: Any, target: Any, tokenizer: Any, vocab_size: int) -> DecodingSettings:
+    """A request's decoding settings from ``pipe(...)``'s arguments (``arguments``: a namespace of them) and the
+    target's ``generation_config``, checked before any model work.
+
+    Raises:
+        InvalidInputError: a setting out of range (an ``eos_token_id`` outside the ``vocab_size`` ids, ...), or a
+            ``generate()`` setting vlmspec does not apply.
+    """
+    a = arguments
+    sampling = SamplingParams.for_call(
+        a.do_sample,
+        target.generation_config,
+        temperature=a.temperature,
+        top_k=a.top_k,
+        top_p=a.top_p,
+        seed=a.seed,
+    )
+    if a.eos_token_id is not None and max(token_ids(a.eos_token_id)) >= vocab_size:
+        raise InvalidInputError(
+            f"eos_token_id={a.eos_token_id!r} is invalid: the vocabulary's ids are 0 to {vocab_size - 1}"
+        )
+    stop = StopCriteria(
+        max_new_tokens=a.max_new_tokens,
+        eos_token_ids=eos_token_ids(target) if a.eos_token_id is None else token_ids(a.eos_token_id),
+        stop_strings=a.stop_strings,
+        tokenizer=tokenizer,
+    )
+    processing = LogitsProcessing.for_call(
+        target.generation_config,
+        stop.eos_token_ids,
+        repetition_penalty=a.repetition_penalty,
+        min_new_tokens=a.min_new_tokens,
+    )
+    return DecodingSettings(sampling, stop, processing)

@@ -276,15 +276,6 @@ def sampling_sections(
     return out
 
 
-def write_section(out: Path, name: str, text: str) -> int:
-    """Write a section's markdown ``text`` to ``<out>/<name>`` and say so on stderr; the exit status 0."""
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / name
-    path.write_text(text + "\n")
-    print(f"wrote {path}", file=sys.stderr)
-    return 0
-
-
 def choose_budget(config: BenchConfig, probe: CostProbe) -> tuple[int | None, str]:
     """The node budget the tree policies run with and a sentence saying where it came from."""
     if config.budget == "auto":

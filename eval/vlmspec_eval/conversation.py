@@ -30,9 +30,9 @@ from typing import Any
 
 from vlmspec.chat import system_turn
 
-from .bench import progress_log, torch_threads, write_section
+from .bench import progress_log, torch_threads
 from .methods import EDD_PREFIX
-from .report import table
+from .report import table, write_section
 from .tasks import load_config_pair, section_edd_pipeline
 
 TURNS = 3

@@ -23,6 +23,7 @@ import csv
 import json
 import math
 import statistics
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -471,3 +472,12 @@ def write_files(result: dict[str, Any], out_dir: Path, json_path: Path | None = 
         json_path.write_text(text)
         paths["json_extra"] = json_path
     return paths
+
+
+def write_section(out: Path, name: str, text: str) -> int:
+    """Write a section's markdown ``text`` to ``<out>/<name>`` and say so on stderr; the exit status 0."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(text + "\n")
+    print(f"wrote {path}", file=sys.stderr)
+    return 0

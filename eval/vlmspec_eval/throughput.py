@@ -25,9 +25,9 @@ import torch
 
 from vlmspec.stopping import eos_token_ids, until_eos
 
-from .bench import progress_log, torch_threads, write_section
+from .bench import progress_log, torch_threads
 from .methods import EDD_PREFIX
-from .report import table
+from .report import table, write_section
 from .tasks import load_config_pair, load_inputs, section_edd_pipeline
 
 

@@ -8,6 +8,7 @@ from .base import (
     available_policies,
     get_policy,
     policy_class,
+    policy_with,
     register_policy,
 )
 from .c2t import C2TClassifier, C2TConfig, C2TPolicy, distribution_entropy
@@ -46,6 +47,7 @@ __all__ = [
     "confidence",
     "distribution_entropy",
     "get_policy",
+    "policy_with",
     "policy_class",
     "register_policy",
     "wetap_prune",

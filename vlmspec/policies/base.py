@@ -408,3 +408,21 @@ def get_policy(
     if isinstance(config, (str, Path)):
         return cls.from_config({**cls.config_class.yaml_options(config), **options})
     return cls.from_config(config, **options)
+
+
+def policy_with(policy: str | TreePolicy, options: dict[str, Any]) -> TreePolicy:
+    """The policy a pipeline is built with: a registered name with its options (:func:`get_policy`), or a policy
+    object alone.
+
+    Raises:
+        InvalidInputError: options beside a policy object (which has its own config: they would be ignored).
+    """
+    if not isinstance(policy, TreePolicy):
+        return get_policy(policy, **options)
+    if options:
+        raise InvalidInputError(
+            f"policy options {', '.join(sorted(options))} were given with a policy object ({policy.name!r}), "
+            f"which has its own config: pass policy={policy.name!r} with them, or build the object with them "
+            f"(get_policy({policy.name!r}, ...))"
+        )
+    return policy
