@@ -148,3 +148,24 @@ def test_sampling_applies_the_configs_min_p(tiny):
         assert tiny(image, prompt, do_sample=True, top_k=0, seed=3, max_new_tokens=16).token_ids == greedy
     finally:
         config.min_p = None
+
+
+def test_min_new_tokens_takes_precedence_over_the_config_s_min_length_and_odd_ids_are_ignored(tiny):
+    """generate() turns a given min_new_tokens into min_length = prompt + min_new_tokens, so a call's smaller one
+    lowers the config's; EOS and begin-suppress ids beyond the vocabulary are ignored, as transformers does."""
+    image, prompt = make_image(0), "Describe this image."
+    inputs = tiny.prepare_inputs(image, prompt)
+    length = inputs["input_ids"].shape[1]
+    plain = tiny.target.generate(**inputs, do_sample=False, max_new_tokens=16)[0, length:].tolist()
+    vocab = tiny.target.get_input_embeddings().weight.shape[0]
+    config = tiny.target.generation_config
+    config.min_length, config.begin_suppress_tokens = length + 12, [vocab + 3]
+    tiny.policy = get_policy("chain")
+    try:
+        for options in ({"min_new_tokens": 2}, {"min_new_tokens": 0}, {}):
+            call = {"eos_token_id": plain[3], "max_new_tokens": 16, **options}
+            expected = tiny.target.generate(**inputs, do_sample=False, **call)[0, length:].tolist()
+            assert tiny(image, prompt, **call).token_ids == expected, options
+        assert len(tiny(image, prompt, eos_token_id=plain[3], min_new_tokens=2).token_ids) == 4
+    finally:
+        config.min_length, config.begin_suppress_tokens = 0, None

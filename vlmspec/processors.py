@@ -53,7 +53,8 @@ class LogitsProcessing:
     Attributes:
         repetition_penalty: > 0; 1.0 is off.
         min_length: EOS is banned while prompt + new tokens are fewer (0: off).
-        min_new_tokens: EOS is banned while the new tokens are fewer (0: off).
+        min_new_tokens: EOS is banned while the new tokens are fewer; when set (0 included) it takes precedence
+            over ``min_length``, as in ``generate()`` (``None``: unset).
         suppress_tokens: ids that never win.
         begin_suppress_tokens: ids that cannot be the first new token.
         eos_token_ids: the ids the minimum lengths ban.
@@ -61,7 +62,7 @@ class LogitsProcessing:
 
     repetition_penalty: float = 1.0
     min_length: int = 0
-    min_new_tokens: int = 0
+    min_new_tokens: int | None = None
     suppress_tokens: tuple[int, ...] = ()
     begin_suppress_tokens: tuple[int, ...] = ()
     eos_token_ids: tuple[int, ...] = ()
@@ -76,6 +77,8 @@ class LogitsProcessing:
         object.__setattr__(self, "repetition_penalty", float(penalty))
         for name in ("min_length", "min_new_tokens"):
             value = getattr(self, name)
+            if name == "min_new_tokens" and value is None:
+                continue
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
                 raise InvalidInputError(f"{name}={value!r} is invalid: use an integer >= 0 (0 is no minimum)")
 
@@ -109,7 +112,7 @@ class LogitsProcessing:
         processing = cls(
             repetition_penalty=setting("repetition_penalty", repetition_penalty, 1.0),
             min_length=setting("min_length", None, 0),
-            min_new_tokens=setting("min_new_tokens", min_new_tokens, 0),
+            min_new_tokens=setting("min_new_tokens", min_new_tokens, None),
             suppress_tokens=tuple(setting("suppress_tokens", None, ())),
             begin_suppress_tokens=tuple(setting("begin_suppress_tokens", None, ())),
             eos_token_ids=tuple(eos_token_ids),
@@ -119,7 +122,8 @@ class LogitsProcessing:
     @property
     def is_on(self) -> bool:
         """Whether any processor changes logits."""
-        bans_eos = (self.min_length > 0 or self.min_new_tokens > 0) and bool(self.eos_token_ids)
+        least = self.min_length if self.min_new_tokens is None else self.min_new_tokens
+        bans_eos = least > 0 and bool(self.eos_token_ids)
         return (
             self.repetition_penalty != 1.0
             or bans_eos
@@ -142,24 +146,22 @@ class SequenceLogits:
         # ids at or above the LM head's size cannot be generated: they map to one extra column, dropped after use
         self.seen = torch.zeros(vocab_size + 1, dtype=torch.bool, device=device)  # [V+1]
         self.seen[prompt_ids.clamp(max=vocab_size)] = True
-        self.eos_until = max(processing.min_new_tokens, processing.min_length - prompt_ids.shape[0])
-        self.eos = torch.tensor(processing.eos_token_ids, dtype=torch.long, device=device)
-        # [V] bool, applied as one masked fill (a calibrated pair suppresses ~150k padded ids)
-        self.suppress: torch.Tensor | None = None
-        if processing.suppress_tokens:
-            ids = torch.tensor(processing.suppress_tokens, dtype=torch.long, device=device)
-            suppress = torch.zeros(vocab_size + 1, dtype=torch.bool, device=device)
-            suppress[ids.clamp(max=vocab_size)] = True
-            self.suppress = suppress[:vocab_size]
-        self.begin = torch.tensor(processing.begin_suppress_tokens, dtype=torch.long, device=device)
+        # new tokens before EOS may end the reply: a given min_new_tokens takes precedence over min_length, as
+        # generate() makes it (min_length = prompt + min_new_tokens)
+        least, prompt_len = processing.min_new_tokens, prompt_ids.shape[0]
+        self.eos_until = processing.min_length - prompt_len if least is None else least
+        # [V] bool masks, each applied as one masked fill (a calibrated pair suppresses ~150k padded ids)
+        self.eos = _mask(processing.eos_token_ids, vocab_size, device)
+        self.suppress = _mask(processing.suppress_tokens, vocab_size, device)
+        self.begin = _mask(processing.begin_suppress_tokens, vocab_size, device)
 
     def first(self, logits: torch.Tensor) -> torch.Tensor:
         """The prefill's processed logits ``[V]`` (of ``[V]``): the first new token's."""
         out = self._apply(
             logits[None].float(), self.seen[None, : self.vocab_size], torch.zeros(1, dtype=torch.long)
         )
-        if self.begin.numel():
-            out[:, self.begin] = float("-inf")
+        if self.begin is not None:
+            out = out.masked_fill(self.begin, float("-inf"))
         return out[0]
 
     def tree(self, logits: torch.Tensor, tree: TokenTree, generated: int) -> torch.Tensor:
@@ -183,9 +185,19 @@ class SequenceLogits:
         if penalty != 1.0:
             penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
             logits = torch.where(held, penalized, logits)
-        if self.eos.numel() and self.eos_until > 0:
+        if self.eos is not None and self.eos_until > 0:
             short = (new_tokens.to(logits.device) < self.eos_until)[:, None]  # [n, 1]
-            logits[:, self.eos] = torch.where(short, float("-inf"), logits[:, self.eos])
+            logits = logits.masked_fill(short & self.eos, float("-inf"))
         if self.suppress is not None:
             logits = logits.masked_fill(self.suppress, float("-inf"))
         return logits
+
+
+def _mask(ids: tuple[int, ...], vocab_size: int, device: torch.device) -> torch.Tensor | None:
+    """``[V]`` bool, true at ``ids`` (ids at or above ``vocab_size`` cannot be generated: ignored, as
+    transformers' processors ignore them); ``None`` for no ids."""
+    if not ids:
+        return None
+    mask = torch.zeros(vocab_size + 1, dtype=torch.bool, device=device)
+    mask[torch.tensor(ids, dtype=torch.long, device=device).clamp(max=vocab_size)] = True
+    return mask[:vocab_size]
