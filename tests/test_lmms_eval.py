@@ -384,18 +384,7 @@ def test_simple_path_images_frames_and_files_give_the_same_replies(
 ) -> None:
     data = workspace["tasks"] / "data"
     kwargs = {"max_new_tokens": 12}
-    as_file = _instance(
-        "generate_until",
-        (
-            "<video>" + "Describe this video.",
-            kwargs,
-            lambda d: [str(data / d["video"])],
-            0,
-            "video_caption",
-            "test",
-        ),
-        "video_caption",
-    )
+    as_file = _video_file_instance(data, "<video>" + "Describe this video.", kwargs)
     as_frames = _instance(
         "generate_until",
         ("Describe this video.", kwargs, lambda d: [list(d["frames"])], 0, "video_caption", "test"),
@@ -420,20 +409,17 @@ def test_simple_path_images_frames_and_files_give_the_same_replies(
     assert "\n" not in image_reply
 
 
+def _video_file_instance(data: Path, context: str, kwargs: dict[str, Any]) -> Any:
+    """A ``generate_until`` request of the local video caption task, its video given as a file path."""
+    visuals = lambda d: [str(data / d["video"])]  # noqa: E731
+    return _instance(
+        "generate_until", (context, kwargs, visuals, 0, "video_caption", "test"), "video_caption"
+    )
+
+
 def test_bad_generation_kwargs_fail_before_any_request_runs(model: Any, workspace: dict[str, Any]) -> None:
     data = workspace["tasks"] / "data"
-    good = _instance(
-        "generate_until",
-        (
-            "Describe this video.",
-            {"max_new_tokens": 4},
-            lambda d: [str(data / d["video"])],
-            0,
-            "video_caption",
-            "test",
-        ),
-        "video_caption",
-    )
+    good = _video_file_instance(data, "Describe this video.", {"max_new_tokens": 4})
     bad = _instance(
         "generate_until",
         ("<image>\nWhat?", {"until": [5]}, lambda d: [d["image"]], 0, "image_qa", "test"),

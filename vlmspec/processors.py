@@ -144,8 +144,7 @@ class SequenceLogits:
         self.processing = processing
         self.vocab_size = vocab_size
         # ids at or above the LM head's size cannot be generated: they map to one extra column, dropped after use
-        self.seen = torch.zeros(vocab_size + 1, dtype=torch.bool, device=device)  # [V+1]
-        self.seen[prompt_ids.clamp(max=vocab_size)] = True
+        self.seen = _columns(prompt_ids, vocab_size)  # [V+1]
         # new tokens before EOS may end the reply: a given min_new_tokens takes precedence over min_length, as
         # generate() makes it (min_length = prompt + min_new_tokens)
         least, prompt_len = processing.min_new_tokens, prompt_ids.shape[0]
@@ -158,7 +157,7 @@ class SequenceLogits:
     def first(self, logits: torch.Tensor) -> torch.Tensor:
         """The prefill's processed logits ``[V]`` (of ``[V]``): the first new token's."""
         out = self._apply(
-            logits[None].float(), self.seen[None, : self.vocab_size], torch.zeros(1, dtype=torch.long)
+            logits[None].float(), self.seen[None, : self.vocab_size], logits.new_zeros(1, dtype=torch.long)
         )
         if self.begin is not None:
             out = out.masked_fill(self.begin, float("-inf"))
@@ -186,7 +185,7 @@ class SequenceLogits:
             penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
             logits = torch.where(held, penalized, logits)
         if self.eos is not None and self.eos_until > 0:
-            short = (new_tokens.to(logits.device) < self.eos_until)[:, None]  # [n, 1]
+            short = (new_tokens < self.eos_until)[:, None]  # [n, 1]
             logits = logits.masked_fill(short & self.eos, float("-inf"))
         if self.suppress is not None:
             logits = logits.masked_fill(self.suppress, float("-inf"))
@@ -198,6 +197,11 @@ def _mask(ids: tuple[int, ...], vocab_size: int, device: torch.device) -> torch.
     transformers' processors ignore them); ``None`` for no ids."""
     if not ids:
         return None
-    mask = torch.zeros(vocab_size + 1, dtype=torch.bool, device=device)
-    mask[torch.tensor(ids, dtype=torch.long, device=device).clamp(max=vocab_size)] = True
-    return mask[:vocab_size]
+    return _columns(torch.tensor(ids, dtype=torch.long, device=device), vocab_size)[:vocab_size]
+
+
+def _columns(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[V+1]`` bool, true at ``ids`` ``[k]``, every id at or above ``vocab_size`` in the one extra column."""
+    mask = torch.zeros(vocab_size + 1, dtype=torch.bool, device=ids.device)
+    mask[ids.clamp(max=vocab_size)] = True
+    return mask
