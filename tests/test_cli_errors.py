@@ -67,6 +67,7 @@ CASES = [
         ["bench", "--throughput-policies", "chain"],
         "--throughput-policies (needs --throughput or --conversation)",
     ),
+    (["bench", "--budget", "8", "--auto-factor", "3"], "--auto-factor (needs --budget auto)"),
     (["bench", "--json", "{notes}/r.json"], "notes.txt', a file: give a path in a folder"),
     (
         ["c2t", "train", "--data", "{notes}", "--out", "{notes}/c.safetensors"],

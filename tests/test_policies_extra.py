@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import PROMPTS, input_kinds
+from safetensors.torch import load_file
 from synthetic import geometric, peaked, synthetic_tree
 
 from vlmspec import VLMSpecPipeline, get_policy
@@ -520,6 +521,11 @@ def test_c2t_collect_train_and_load(tiny_pairs, tmp_path):
         == 0
     )
     assert (tmp_path / "cli.json").is_file()
+    named = ["--target", "testbed-mini", "--prompts-per-kind", "1", "--max-new-tokens", "4", "--depth", "2"]
+    assert (
+        c2t_main(["collect", *named, "--out", str(tmp_path / "named.safetensors")]) == 0
+    )  # no --draft needed
+    assert load_file(tmp_path / "named.safetensors")["labels"].numel() > 0
     policy = get_policy("c2t", classifier=str(out), beta=0.3)
     assert policy.classifier.spec["training"]["epochs"] == 3
     pipe.policy = policy

@@ -367,14 +367,17 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     src.add_argument(
         "--tiny", metavar="FAMILY", help="use the tiny fixture pair of a family (vlmspec.testing)"
     )
-    src.add_argument("--target", help="target checkpoint (hub id or folder); needs --draft")
-    col.add_argument("--draft", help="draft checkpoint (hub id or folder)")
+    src.add_argument(
+        "--target",
+        help="target: a pair name (e.g. testbed-mini), or a checkpoint (hub id or folder) with --draft",
+    )
+    col.add_argument("--draft", help="draft checkpoint (hub id or folder); default: a named pair's own draft")
     col.add_argument("--tiny-root", help="where the tiny pairs are cached (default: vlmspec.testing's)")
     col.add_argument(
         "--examples", help="JSON lines of {prompt, image, video}; default: the tiny fixture inputs"
     )
     col.add_argument(
-        "--prompts-per-kind", type=int, default=5, help="default examples: prompts per input kind"
+        "--prompts-per-kind", type=positive_int, default=5, help="default examples: prompts per input kind"
     )
     col.add_argument("--out", required=True, help="output .safetensors file")
     col.add_argument("--depth", type=positive_int, default=11)
@@ -382,7 +385,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     col.add_argument("--max-new-tokens", type=positive_int, default=64)
     col.add_argument("--dtype", default="float32", help="torch dtype of the models (default float32)")
     col.add_argument(
-        "--prune-ratio", type=float, default=None, help="draft visual-token pruning (default: pipeline's)"
+        "--prune-ratio", type=fraction, default=None, help="draft visual-token pruning (default: pipeline's)"
     )
     tr = sub.add_parser("train", help="fit the classifier on collected trees")
     tr.add_argument("--data", nargs="+", required=True, help="files written by `collect`")
@@ -401,6 +404,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, prog: str = "vlmspec c2t") -> int:
     """``collect`` / ``train`` subcommands; returns the exit status."""
     from .cli import check_output_path
+    from .named_pairs import is_pair_name, is_pipeline_folder
 
     args = _parser(prog).parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.command == "collect":
@@ -412,8 +416,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "vlmspec c2t") -> int:
             pair = build_tiny_pair(args.tiny, root=args.tiny_root)
             target, draft = pair.target, pair.draft
         else:
-            if not args.draft:
-                raise SystemExit(f"{prog} collect: --target needs --draft")
+            if not args.draft and not (is_pair_name(args.target) or is_pipeline_folder(args.target)):
+                raise SystemExit(
+                    f"{prog} collect: --target {args.target!r} is a checkpoint, not a pair name: give its --draft"
+                )
             target, draft = args.target, args.draft
         check_output_path(args.out, "--out", folder=False)
         pipe = VLMSpecPipeline.from_pretrained(target, draft, policy="chain", torch_dtype=args.dtype,

@@ -538,6 +538,7 @@ _COMPANIONS = {
     "--beam-width": "--dsbd",
     "--dsbd-options": "--dsbd",
     "--throughput-policies": "--throughput or --conversation",
+    "--auto-factor": "--budget auto",
 }
 """Flags that act only beside another one."""
 
@@ -558,7 +559,8 @@ def check_section_flags(args: argparse.Namespace, defaults: argparse.Namespace |
     """
     section = "--throughput" if args.throughput else "--conversation" if args.conversation else None
     defaults = defaults or add_arguments(argparse.ArgumentParser()).parse_args([])
-    given = {"--dsbd": args.dsbd, "--throughput or --conversation": section is not None}
+    given = {"--dsbd": args.dsbd, "--throughput or --conversation": section is not None,
+             "--budget auto": args.budget == "auto"}  # fmt: skip
     lonely = [f"{flag} (needs {need})" for flag, need in _COMPANIONS.items() if _given(args, defaults, flag)
               and not given[need]]  # fmt: skip
     if lonely:
