@@ -133,8 +133,8 @@ def speculative_generate(
         The generated token ids (EOS included when produced, like ``generate()``) and the statistics.
     """
     stats = SpecStats(policy=policy.name, lossless=policy.lossless)
-    policy.reset()
     sampler = Sampler(sampling, sampling.generator(target.device)) if sampling is not None else None
+    policy.begin(sampler)
     t_start = time.perf_counter()
     clock = StageClock(target.device)  # per-stage seconds (device events on a GPU: no sync in the loop)
 

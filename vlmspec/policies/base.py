@@ -270,7 +270,16 @@ class TreePolicy:
         return cls(config)
 
     def reset(self) -> None:
-        """Clear per-request state (called by the engine before each generation)."""
+        """Clear per-request state."""
+
+    def begin(self, sampler: Sampler | None) -> None:
+        """Start a request (the engine calls it before the prefill): clear per-request state.
+
+        Args:
+            sampler: the request's sampling settings and seeded generator, ``None`` for greedy decoding; a policy
+                that draws while drafting (DSBD) keeps it. The rest receive it again in :meth:`accept`.
+        """
+        self.reset()
 
     # ---- hardware ---------------------------------------------------------------------------------------------
     def free_hardware_options(self) -> tuple[str, ...]:

@@ -62,9 +62,8 @@ Choices where the paper is open (and why):
 * Perplexity for the memory-mode choice is the target's *raw* (unwarped) likelihood, as the paper measures PPL;
   ties go to the first output beam (accepted draft beams come first).
 * Randomness: the draft's beam draws and the verification use the request's seeded generator (one stream), so a
-  seed fixes the run and different seeds give independent drafts. The engine passes the sampler only to
-  ``accept``, so a request's first step verifies the root alone (one target forward, one token ~ ``p~``: a
-  width-1 beam-sampling layer, like the engine's prefill token); drafting starts at the second step.
+  seed fixes the run and different seeds give independent drafts. The engine hands the policy the request's
+  sampler before the prefill (``begin``), so drafting starts at the first step.
 * Warping: the request's temperature/top-k/top-p (``sampler.params``) for both models, so the engine's first
   token and every ``p_beam`` use one ``T``. The config's ``top_k``/``top_p`` (paper section 4: 10, 0.8) must
   equal the request's; ``None`` follows the request. A mismatch is an error naming both.
@@ -164,8 +163,13 @@ class DSBDPolicy(TreePolicy):
 
     config_class = DSBDConfig
 
+    def begin(self, sampler: Sampler | None) -> None:
+        self._check_sampler(sampler)
+        self.reset()
+        self._sampler = sampler
+
     def reset(self) -> None:
-        self._sampler: Sampler | None = None  # the request's sampler, known from the first accept()
+        self._sampler: Sampler | None = None  # the request's sampler (begin())
         self._drafted: _Drafted | None = None  # this step's draft, from build_tree() for accept()
         self._last: dict[str, Any] = {}
 
@@ -179,7 +183,7 @@ class DSBDPolicy(TreePolicy):
         c = self.config
         self._drafted = None
         gamma = min(c.gamma, draft.depth_limit)
-        if self._sampler is None or gamma < 1:  # first step of a request (no sampler yet) or no room left
+        if self._sampler is None or gamma < 1:  # no request begun (no sampler to draw with) or no room left
             self._last = {"gamma": 0}
             return draft.tree()
         params, gen = self._sampler.params, self._sampler.generator
@@ -229,13 +233,7 @@ class DSBDPolicy(TreePolicy):
         self, tree: TokenTree, target_logits: torch.Tensor, sampler: Sampler | None = None
     ) -> Acceptance:
         c = self.config
-        if sampler is None:
-            raise InvalidInputError(
-                "policy 'dsbd' is speculative beam *sampling* and has no greedy form: call the pipeline with "
-                "do_sample=True (e.g. pipe(image, prompt, do_sample=True, top_k=10, top_p=0.8, seed=0)), or use a "
-                "lossless policy such as 'sage' for greedy decoding"
-            )
-        self._check_warping(sampler.params)
+        self._check_sampler(sampler)
         self._sampler = sampler
         drafted, self._drafted = self._drafted, None
         if drafted is None:
@@ -300,8 +298,15 @@ class DSBDPolicy(TreePolicy):
         )
         return Acceptance(path=tree.path_to(out_parents[best]), next_token=out_tokens[best])
 
-    def _check_warping(self, params: SamplingParams) -> None:
-        c = self.config
+    def _check_sampler(self, sampler: Sampler | None) -> None:
+        """Refuse greedy decoding and a request warped otherwise than the config says."""
+        if sampler is None:
+            raise InvalidInputError(
+                "policy 'dsbd' is speculative beam *sampling* and has no greedy form: call the pipeline with "
+                "do_sample=True (e.g. pipe(image, prompt, do_sample=True, top_k=10, top_p=0.8, seed=0)), or use a "
+                "lossless policy such as 'sage' for greedy decoding"
+            )
+        c, params = self.config, sampler.params
         want_k = None if c.top_k is None else (c.top_k or 0)
         want_p = None if c.top_p is None else float(c.top_p)
         got_k, got_p = params.top_k or 0, 1.0 if params.top_p is None else float(params.top_p)
