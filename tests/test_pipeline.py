@@ -75,6 +75,16 @@ def test_stop_strings_and_eos_match_generate(pipe):
     out = pipe(make_image(0), PROMPTS[3], max_new_tokens=40, stop_strings=[stop])
     assert out.token_ids == ref and len(ref) < 40
     assert out.stats.mean_accepted <= out.stats.tokens_per_step  # tokens cut by the stop are not counted
+    # A stop string that begins in the prompt and ends in the first reply token: generate() decodes the whole
+    # sequence, so it stops there.
+    prompt_tail = pipe.tokenizer.decode(inputs["input_ids"][0, -1:])
+    first_text = pipe.tokenizer.decode(free.token_ids[:1])
+    across = prompt_tail[-2:] + first_text[:1]
+    ref = pipe.target.generate(
+        **inputs, do_sample=False, max_new_tokens=40, stop_strings=across, tokenizer=pipe.tokenizer
+    )[0, inputs["input_ids"].shape[1] :].tolist()
+    assert ref == free.token_ids[:1], (across, ref)
+    assert pipe(make_image(0), PROMPTS[3], max_new_tokens=40, stop_strings=across).token_ids == ref
     # EOS: make the first generated token an EOS id; generation stops right after it, EOS included.
     first = free.token_ids[0]
     eos_before = pipe.target.generation_config.eos_token_id

@@ -133,6 +133,7 @@ def speculative_generate(
         The generated token ids (EOS included when produced, like ``generate()``) and the statistics.
     """
     stats = SpecStats(policy=policy.name, lossless=policy.lossless)
+    stop = stop.after_prompt(target_inputs["input_ids"][0])  # a stop string may begin in the prompt
     sampler = Sampler(sampling, sampling.generator(target.device)) if sampling is not None else None
     policy.begin(sampler)
     t_start = time.perf_counter()

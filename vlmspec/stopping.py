@@ -2,15 +2,19 @@
 
 ``generate()`` checks its criteria after each new token: it stops after ``max_new_tokens`` tokens, after an EOS
 token (which is kept in the output), or once the decoded text ends with a stop string (``StopStringCriteria``:
-the stop string must end inside the last token's text). The engine emits several tokens per step and calls
-:meth:`StopCriteria.update` after each of them, so it cuts the output at exactly the same token.
+the stop string must end inside the last token's text, and may begin in the prompt, since ``generate()`` decodes the whole sequence). The engine emits several
+tokens per step and calls :meth:`StopCriteria.update` after each of them, so it cuts the output at exactly the same
+token.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from .errors import InputTypeError, InvalidInputError
 
@@ -23,12 +27,14 @@ class StopCriteria:
     stop_strings: strings that end generation once generated (one string or a list of them, as
         ``generate(stop_strings=...)`` takes; kept as a tuple).
     tokenizer: needed only with ``stop_strings`` (to decode).
+    prompt_ids: the prompt's tokens, where a stop string may begin (:meth:`after_prompt` sets them).
     """
 
     max_new_tokens: int
     eos_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     tokenizer: Any = None
+    prompt_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if (
@@ -45,6 +51,13 @@ class StopCriteria:
             )
         self._eos = frozenset(self.eos_token_ids)
 
+    def after_prompt(self, prompt_ids: torch.Tensor) -> StopCriteria:
+        """These criteria for a request whose prompt is ``prompt_ids`` (``[L]``; read on the host only when there
+        are stop strings)."""
+        if not self.stop_strings:
+            return self
+        return dataclasses.replace(self, prompt_ids=tuple(prompt_ids.tolist()))
+
     def update(self, tokens: list[int]) -> bool:
         """True when generation must stop after the last token of ``tokens``."""
         if len(tokens) >= self.max_new_tokens or tokens[-1] in self._eos:
@@ -53,11 +66,12 @@ class StopCriteria:
             return False
         last = self.tokenizer.decode(tokens[-1:])
         longest = max(map(len, self.stop_strings))
-        # Decode enough trailing tokens to cover the longest stop string plus the last token.
-        tail, count = last, 1
-        while len(tail) < longest + len(last) and count < len(tokens):
-            count = min(2 * count, len(tokens))
-            tail = self.tokenizer.decode(tokens[-count:])
+        # Decode enough trailing tokens (of the prompt too) to cover the longest stop string plus the last token.
+        tail, count, available = last, 1, len(tokens) + len(self.prompt_ids)
+        while len(tail) < longest + len(last) and count < available:
+            count = min(2 * count, available)
+            before = count - len(tokens)
+            tail = self.tokenizer.decode([*self.prompt_ids[-before:], *tokens] if before > 0 else tokens[-count:])
         for stop in self.stop_strings:
             end = tail.rfind(stop)
             if end >= 0 and end + len(stop) > len(tail) - len(last):
