@@ -96,3 +96,20 @@ def test_pipe_stream_takes_a_conversation_like_pipe(pipe):
 def test_pipe_stream_raises_what_the_call_raised(pipe):
     with pytest.raises(ValueError, match="max_new_tokens"):
         list(pipe.stream(make_image(0), "Describe this image.", max_new_tokens=0))
+
+
+def test_stopping_a_stream_early_ends_its_generation(pipe):
+    forwards = []
+    hook = pipe.target.register_forward_hook(lambda *args: forwards.append(1))
+    try:
+        full = list(pipe.stream(make_image(0), "Describe this image.", max_new_tokens=40))
+        steps = len(forwards)
+        forwards.clear()
+        stream = pipe.stream(make_image(0), "Describe this image.", max_new_tokens=40)
+        next(stream)
+        stream.close()  # as a `break` out of the loop does
+        stopped = len(forwards)
+    finally:
+        hook.remove()
+    assert full[-1].stats.steps >= 4 and stopped <= 3 < steps
+    assert not [t for t in threading.enumerate() if t.name == "vlmspec-stream"]

@@ -8,7 +8,8 @@ token), never a token that is later taken back; ``end()`` comes last. ``TextStre
 
 ``pipe.stream(...)`` yields :class:`StreamPiece` objects as the steps are verified: the text each step adds (a
 piece is held back while it would end inside a multi-byte character) and its token ids; the last piece carries the
-statistics. The pieces' texts join to exactly the final text.
+statistics. The pieces' texts join to exactly the final text. Stopping early (``break``, ``close()``, an error in
+the loop) ends the generation at its next verification step and waits for it, so the models are free again.
 """
 
 from __future__ import annotations
@@ -81,15 +82,23 @@ class TextPieces:
         return piece
 
 
+class _Cancelled(Exception):
+    """Raised in the generating thread once the consumer of ``pipe.stream()`` stopped reading."""
+
+
 class _QueueStreamer:
-    """A streamer (``put``/``end``) that queues each step's tokens with their text, skipping the prompt."""
+    """A streamer (``put``/``end``) that queues each step's tokens with their text, skipping the prompt; once
+    ``cancelled`` is set, its next ``put`` ends the generation."""
 
     def __init__(self, tokenizer: Any, out: queue.Queue) -> None:
         self.pieces = TextPieces(tokenizer)
         self.out = out
         self.prompt_seen = False
+        self.cancelled = threading.Event()
 
     def put(self, value: torch.Tensor) -> None:
+        if self.cancelled.is_set():
+            raise _Cancelled
         if not self.prompt_seen:
             self.prompt_seen = True
             return
@@ -127,9 +136,12 @@ def stream_call(call: Callable[[Any], Any], tokenizer: Any) -> Iterator[StreamPi
 
     worker = threading.Thread(target=run, name="vlmspec-stream", daemon=True)
     worker.start()
-    while (piece := pieces.get()) is not _DONE:
-        yield piece
-    worker.join()
+    try:
+        while (piece := pieces.get()) is not _DONE:
+            yield piece
+    finally:  # also when the consumer stops early: end the generation at its next step, and wait for it
+        streamer.cancelled.set()
+        worker.join()
     if "error" in result:
         raise result["error"]
     output = result["output"]
