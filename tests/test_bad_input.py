@@ -285,6 +285,18 @@ def test_prompt_ids_must_be_the_models_token_ids(pipe):
         pipe.generate(**outside, max_new_tokens=2)
 
 
+def test_prompt_inputs_with_a_key_the_model_does_not_take_are_refused(pipe):
+    inputs = pipe.prepare_inputs(make_image(0), "Describe.")
+    typo = {("pixel_value" if k == "pixel_values" else k): v for k, v in inputs.items()}
+    with pytest.raises(
+        InvalidInputError, match=r"^inputs has 'pixel_value', which the target model does not take"
+    ):
+        pipe(inputs=typo, max_new_tokens=2)  # before: decoded without the image
+    with pytest.raises(InvalidInputError, match=r"request 0: inputs has 'foo'"):
+        pipe.batch([{"inputs": {**inputs, "foo": torch.ones(1)}, "max_new_tokens": 2}])
+    assert len(pipe(inputs=inputs, max_new_tokens=2).token_ids) == 2
+
+
 def test_generate_refuses_what_generate_would_not_use_and_takes_its_tokenizer(pipe):
     inputs = pipe.prepare_inputs(make_image(0), "Describe.")
     with pytest.raises(

@@ -6,7 +6,7 @@ import io
 import math
 import numbers
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from PIL import Image, UnidentifiedImageError
 from transformers.video_utils import VideoMetadata
 
 from .errors import InputNotFoundError, InputTypeError, InvalidInputError
+from .validation import did_you_mean
 
 ImageInput = Image.Image | str | Path | bytes
 
@@ -370,13 +371,16 @@ def _video_item(item: dict, source: VideoInput, where: str) -> VideoInput:
         raise type(err)(f"{where}: {err}") from err
 
 
-def check_prompt_inputs(inputs: Mapping[str, Any], vocab_size: int | None = None) -> dict[str, Any]:
+def check_prompt_inputs(
+    inputs: Mapping[str, Any], vocab_size: int | None = None, taken: Collection[str] | None = None
+) -> dict[str, Any]:
     """One prompt's processor outputs (``pipe(inputs=...)``), checked: an ``input_ids`` tensor ``[1, L]`` of token
-    ids (below ``vocab_size`` when given) with no padding; ``None`` values dropped.
+    ids (below ``vocab_size`` when given) with no padding, and no key the model does not take (``taken``, as
+    ``generate()`` refuses unused ``model_kwargs``; not checked when ``None``); ``None`` values dropped.
 
     Raises:
         TypeError: not a mapping with an ``input_ids`` tensor.
-        ValueError: several prompts, an empty one, ids that are not token ids, or padding.
+        ValueError: several prompts, an empty one, ids that are not token ids, padding, or a key not taken.
     """
     if not isinstance(inputs, Mapping) or not torch.is_tensor(inputs.get("input_ids")):
         raise InputTypeError(
@@ -395,7 +399,15 @@ def check_prompt_inputs(inputs: Mapping[str, Any], vocab_size: int | None = None
             "inputs['attention_mask'] masks some prompt tokens (padding); give one unpadded prompt per request, "
             "or the padded batch to pipe.generate(**inputs)"
         )
-    return {k: v for k, v in inputs.items() if v is not None}
+    given = {k: v for k, v in inputs.items() if v is not None}
+    unknown = sorted(set(given) - set(taken)) if taken is not None else []
+    if unknown:
+        hint = did_you_mean(unknown[0], sorted(taken)) if len(unknown) == 1 else ""
+        raise InvalidInputError(
+            f"inputs has {', '.join(map(repr, unknown))}, which the target model does not take{hint}; give the "
+            "processor's outputs as it returns them (input_ids, attention_mask, pixel_values, image_grid_thw, ...)"
+        )
+    return given
 
 
 def check_token_ids(ids: torch.Tensor, vocab_size: int | None, name: str = "input_ids") -> None:

@@ -460,7 +460,7 @@ class VLMSpecPipeline:
             if a.messages is not None or prompt is not None or image is not None or video is not None:
                 raise InvalidInputError("give either inputs or messages or image/prompt/video, not several")
             device = self._target_adapter.device
-            checked = check_prompt_inputs(a.inputs, self._vocab_size())
+            checked = check_prompt_inputs(a.inputs, self._vocab_size(), hf_compat.model_inputs(self.target))
             inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in checked.items()}
         elif a.messages is not None:
             if prompt is not None or image is not None or video is not None:

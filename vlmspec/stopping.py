@@ -71,7 +71,9 @@ class StopCriteria:
         while len(tail) < longest + len(last) and count < available:
             count = min(2 * count, available)
             before = count - len(tokens)
-            tail = self.tokenizer.decode([*self.prompt_ids[-before:], *tokens] if before > 0 else tokens[-count:])
+            tail = self.tokenizer.decode(
+                [*self.prompt_ids[-before:], *tokens] if before > 0 else tokens[-count:]
+            )
         for stop in self.stop_strings:
             end = tail.rfind(stop)
             if end >= 0 and end + len(stop) > len(tail) - len(last):
