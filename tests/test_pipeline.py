@@ -42,6 +42,12 @@ def test_policy_is_a_swappable_component(pipe):
     assert out.stats.policy == "chain" and max(out.stats.tree_sizes) <= 4
     with pytest.raises(TypeError, match="TreePolicy"):
         pipe.policy = 42
+    # A policy whose budget the machine decides is fitted as a copy: the user's object (which may serve another
+    # pipeline) keeps its configuration.
+    sage = get_policy("sage")
+    pipe.policy = sage
+    fitted = pipe.hardware_costs().node_budget(pipe.budget_factor)
+    assert pipe.policy.config.n_max == fitted and sage.config == get_policy("sage").config
     pipe.policy = "sage"
 
 
