@@ -23,6 +23,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ import pytest
 
 pytest.importorskip("lmms_eval")
 
+from loguru import logger
 from vlmspec_eval.lmms import generation, media, options, speed, text_metrics
 
 from vlmspec.errors import InvalidInputError
@@ -814,6 +816,26 @@ def test_speed_reports_summaries_and_reference(tmp_path: Path) -> None:
     assert "3.00x vs AR (1/2 identical)" in table and "exact_match 0.5" in table
 
 
+def test_requests_that_ran_side_by_side_share_the_wall_time() -> None:
+    # A alone for 1 s, then A and B together for 2 s, then B alone for 1 s; C alone later.
+    shares = speed.shared_wall_seconds([(0.0, 3.0), (1.0, 4.0), (5.0, 6.0)])
+    assert shares == pytest.approx([2.0, 2.0, 1.0])
+    # Four requests over the same 1 s (batch 4): 0.25 s each, so tokens/s is the batch's, not one request's.
+    shared = [
+        _sample(d, 1.0, wall_seconds=w) for d, w in enumerate(speed.shared_wall_seconds([(0.0, 1.0)] * 4))
+    ]
+    metrics = speed.summarize(shared)
+    assert metrics["wall_seconds"] == pytest.approx(1.0) and metrics["tokens_per_second"] == pytest.approx(
+        44.0
+    )
+    assert metrics["total_seconds"] == pytest.approx(4.0)
+    assert metrics["speedup_est"] == pytest.approx(speed.summarize(shared[:1])["speedup_est"])
+    old_file = {k: v for k, v in dataclasses.asdict(shared[0]).items() if k != "wall_seconds"}
+    assert (
+        speed.SampleSpeed.from_dict(old_file).seconds == 1.0
+    )  # files without the field: the request's own time
+
+
 def test_output_path_from_the_command_line(tmp_path: Path) -> None:
     from vlmspec_eval.lmms.model import lmms_eval_output_path
 
@@ -845,10 +867,15 @@ def test_batch_size_changes_no_reply(model: Any, workspace: dict[str, Any]) -> N
     model.options = dataclasses.replace(one_at_a_time, batch_size=3)
     try:
         assert model.batch_size == 3
+        first, start = len(model._samples), time.perf_counter()
         together = [r.text for r in model.generate_until(requests)]
+        wall = time.perf_counter() - start
     finally:
         model.options = one_at_a_time
     assert together == alone and all(alone)
+    # The requests overlapped: their own times add up to more than the run took, their shares of it do not.
+    records = model._samples[first:]
+    assert sum(r.wall_seconds for r in records) <= wall < sum(r.total_seconds for r in records)
     assert options.parse_model_args({"target": "tiny", "batch_size": "auto"}).batch_size is None
 
 
@@ -974,5 +1001,10 @@ def test_an_ar_reference_that_cannot_serve_is_refused_before_generation(tmp_path
     (bad := tmp_path / "bad.json").write_text("{bad")
     with pytest.raises(ValueError, match="bad.json is not a speed file"):
         speed.check_reference(bad)
-    with pytest.warns(UserWarning, match=r"holds no AR run of \['caption'\]: no speed-up for them"):
+    logged: list[str] = []
+    sink = logger.add(logged.append, level="WARNING", format="{message}")
+    try:
         assert list(speed.load_reference(ar, ["qa", "caption"])) == ["qa"]  # the run's results are kept
+    finally:
+        logger.remove(sink)
+    assert any("holds no AR run of ['caption']: no speed-up for them" in line for line in logged)

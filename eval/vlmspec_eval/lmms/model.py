@@ -37,7 +37,8 @@ import atexit
 import gc
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,7 @@ from .speed import (
     find_results,
     format_summary,
     load_reference,
+    shared_wall_seconds,
     task_reports,
     write_reports,
 )
@@ -152,9 +154,7 @@ class VLMSpec(lmms):
         calls = (partial(self._call, requests[i]) for i in todo)
         start = time.perf_counter()
         with tqdm(total=len(todo), disable=self.rank != 0, desc="vlmspec generate") as bar:
-            for k, out in self._pipeline().batch_iter(calls, self.batch_size):
-                if isinstance(out, BaseException):
-                    raise out
+            for k, out in self._decode(calls):
                 results[todo[k]] = self._result(requests[todo[k]], out)
                 bar.update(1)
         self._generate_seconds += time.perf_counter() - start
@@ -179,9 +179,7 @@ class VLMSpec(lmms):
         while prompts:
             live = list(prompts)
             calls = (partial(self._call, requests[i], prompts[i]) for i in live)
-            for k, out in self._pipeline().batch_iter(calls, self.batch_size):
-                if isinstance(out, BaseException):
-                    raise out
+            for k, out in self._decode(calls):
                 replies[live[k]].append(self._result(requests[live[k]], out, round_idx).text.strip())
             round_idx += 1
             prompts = {}
@@ -287,6 +285,20 @@ class VLMSpec(lmms):
             "stop_strings": settings.stop_strings or None,
             "num_frames": self.options.num_frames,
         }
+
+    def _decode(self, calls: Iterable[Callable[[], Any]]) -> Iterator[tuple[int, Any]]:
+        """``batch_iter`` over ``calls`` (each output recorded by :meth:`_result` before the next is drawn), raising
+        a failed request's error; then the requests' speed records get their share of the wall time, since at
+        ``batch_size`` > 1 they ran side by side (:func:`~vlmspec_eval.lmms.speed.shared_wall_seconds`)."""
+        first, spans = len(self._samples), []
+        for k, out in self._pipeline().batch_iter(calls, self.batch_size):
+            if isinstance(out, BaseException):
+                raise out
+            end = time.perf_counter()
+            spans.append((end - out.stats.total_seconds, end))
+            yield k, out
+        records = zip(self._samples[first:], shared_wall_seconds(spans), strict=True)
+        self._samples[first:] = [replace(sample, wall_seconds=share) for sample, share in records]
 
     def _result(self, request: Instance, out: Any, round_idx: int = 0) -> GenerationResult:
         """The reply of a request (of its round ``round_idx``) from its pipeline output; records its speed."""

@@ -10,10 +10,13 @@ Per task:
 
 * ``tau``: accepted draft tokens per verification step (bonus token excluded), pooled over the task's requests;
 * ``tokens_per_step``: tokens emitted per target forward (tau + 1 unless a stop condition cut the step);
-* ``tokens_per_second``: generated tokens / generation wall time, pooled;
+* ``tokens_per_second``: generated tokens / the task's share of the generation wall time, pooled. At
+  ``batch_size`` > 1 requests decode side by side, so each request's own time (``total_seconds``) overlaps the
+  others'; its share (``wall_seconds``, :func:`shared_wall_seconds`) splits every moment evenly among the
+  requests running then, so the shares add up to the wall time;
 * ``speedup``: with ``ar_reference`` (the output folder of an earlier ``policy=ar`` run on the same documents),
-  the AR run's total generation time over this run's, on the documents both ran, measured; also how many
-  outputs are identical to the AR run's (lossless check);
+  the AR run's wall-time shares over this run's, on the documents both ran, measured; also how many outputs are
+  identical to the AR run's (lossless check);
 * ``speedup_est`` (always): an estimate from this run alone, ``(prefill + (new_tokens - 1) x mean verify step) /
   total time``, i.e. AR decoding priced at one verification forward per token. It ignores that a tree forward
   costs more than a one-token forward, so it overstates the speed-up where that difference matters (CPU, tiny
@@ -24,12 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from loguru import logger
 
 __all__ = [
     "SPEED_FILE",
@@ -72,6 +76,14 @@ class SampleSpeed:
     output_sha1: str
     round: int = 0
     """The round of a multi-round request (``generate_until_multi_round``); 0 for every other request."""
+    wall_seconds: float | None = None
+    """The request's share of the wall time (:func:`shared_wall_seconds`); ``None``: its own time (batch size 1,
+    or a file written before the field existed)."""
+
+    @property
+    def seconds(self) -> float:
+        """What the request cost the run: its share of the wall time."""
+        return self.total_seconds if self.wall_seconds is None else self.wall_seconds
 
     @classmethod
     def from_stats(
@@ -108,8 +120,12 @@ class SampleSpeed:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> SampleSpeed:
-        """Inverse of ``asdict`` (extra keys ignored, so newer files still load; a missing ``round`` is 0)."""
-        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values or f.name != "round"})
+        """Inverse of ``asdict`` (extra keys ignored, so newer files still load; missing ``round`` and
+        ``wall_seconds`` take their defaults)."""
+        optional = {"round", "wall_seconds"}
+        return cls(
+            **{f.name: values[f.name] for f in fields(cls) if f.name in values or f.name not in optional}
+        )
 
     @property
     def key(self) -> tuple[str | None, int, int]:
@@ -125,12 +141,31 @@ def dedupe(samples: Iterable[SampleSpeed]) -> list[SampleSpeed]:
     return sorted(seen.values(), key=lambda s: (s.task, str(s.split), s.doc_id, s.round))
 
 
+def shared_wall_seconds(spans: Sequence[tuple[float, float]]) -> list[float]:
+    """Each request's share of the wall time, from the ``(start, end)`` times of requests that ran side by side:
+    every moment is split evenly among the requests running then, so the shares add up to the time any of them
+    ran, and a request that ran alone gets its own time."""
+    times = sorted({t for span in spans for t in span})
+    index = {t: i for i, t in enumerate(times)}
+    running = [0] * (len(times) + 1)  # difference array: requests running from times[i] to times[i + 1]
+    for start, end in spans:
+        running[index[start]] += 1
+        running[index[end]] -= 1
+    cumulative, live = [0.0], 0  # cumulative[i]: one request's share from times[0] to times[i]
+    for i in range(len(times) - 1):
+        live += running[i]
+        cumulative.append(cumulative[-1] + ((times[i + 1] - times[i]) / live if live else 0.0))
+    return [cumulative[index[end]] - cumulative[index[start]] for start, end in spans]
+
+
 def summarize(samples: Sequence[SampleSpeed]) -> dict[str, Any]:
     """Pooled speed metrics of one task's requests (see the module docstring)."""
     steps = sum(s.steps for s in samples)
-    seconds = sum(s.total_seconds for s in samples)
+    seconds = sum(s.seconds for s in samples)
     new_tokens = sum(s.new_tokens for s in samples)
-    estimated_ar = sum(_estimated_ar_seconds(s) for s in samples)
+    estimated_ar = sum(
+        _estimated_ar_seconds(s) * s.seconds / s.total_seconds for s in samples if s.total_seconds
+    )
     return {
         "n_samples": len(samples),
         "new_tokens": new_tokens,
@@ -139,7 +174,8 @@ def summarize(samples: Sequence[SampleSpeed]) -> dict[str, Any]:
         "tokens_per_step": sum(s.tokens_per_step * s.steps for s in samples) / steps if steps else 0.0,
         "tokens_per_second": new_tokens / seconds if seconds > 0 else 0.0,
         "mean_tree_size": sum(s.tree_nodes for s in samples) / steps if steps else 0.0,
-        "total_seconds": seconds,
+        "total_seconds": sum(s.total_seconds for s in samples),
+        "wall_seconds": seconds,
         "prefill_seconds": sum(s.prefill_seconds for s in samples),
         "draft_prefill_seconds": sum(s.draft_prefill_seconds for s in samples),
         "draft_seconds": sum(s.draft_seconds for s in samples),
@@ -163,8 +199,8 @@ def compare_with_reference(
     """Measured speed-up over an AR run on the documents both runs answered, and the lossless check."""
     by_key = {r.key: r for r in reference}
     pairs = [(s, by_key[s.key]) for s in samples if s.key in by_key]
-    own = sum(s.total_seconds for s, _ in pairs)
-    ref = sum(r.total_seconds for _, r in pairs)
+    own = sum(s.seconds for s, _ in pairs)
+    ref = sum(r.seconds for _, r in pairs)
     ref_tokens = sum(r.new_tokens for _, r in pairs)
     return {
         "n_matched": len(pairs),
@@ -243,17 +279,15 @@ def check_reference(location: str | Path) -> None:
 
 def load_reference(location: str | Path, tasks: Iterable[str]) -> dict[str, list[SampleSpeed]]:
     """The AR records per task from an earlier run's folder (or one ``vlmspec_speed_<task>.json`` file), checked
-    by :func:`check_reference`; a task without one gets no speed-up (a warning names it)."""
+    by :func:`check_reference`; a task without one gets no speed-up (a logged warning names it)."""
     path = Path(location).expanduser()
     files = [path] if path.is_file() else [p for t in tasks for p in _speed_files(path, t)]
     found: dict[str, list[SampleSpeed]] = {}
     for file in files:
         report = _read_report(file, location)
         found.setdefault(report["task"], [SampleSpeed.from_dict(s) for s in report["samples"]])
-    if missing := sorted(set(tasks) - set(found)):
-        warnings.warn(
-            f"ar_reference={str(location)!r} holds no AR run of {missing}: no speed-up for them", stacklevel=2
-        )
+    if missing := sorted(set(tasks) - set(found)):  # logged: lmms-eval turns Python's warnings off
+        logger.warning(f"ar_reference={str(location)!r} holds no AR run of {missing}: no speed-up for them")
     return found
 
 
