@@ -32,9 +32,9 @@ import pytest
 pytest.importorskip("lmms_eval")
 
 from loguru import logger
-from vlmspec_eval.lmms import generation, media, options, speed, text_metrics
+from vlmspec_eval.lmms import generation, media, options, runtime, speed, text_metrics
 
-from vlmspec.errors import InvalidInputError
+from vlmspec.errors import InputNotFoundError, InvalidInputError
 from vlmspec.inputs import VideoClip
 
 REPO = Path(__file__).resolve().parents[1]
@@ -431,6 +431,30 @@ def test_bad_generation_kwargs_fail_before_any_request_runs(model: Any, workspac
     with pytest.raises(ValueError, match=r"task 'image_qa': generation kwarg until=\[5\] is invalid"):
         model.generate_until([good, bad])
     assert len(model._samples) == done  # the good request did not run first, only to be lost
+    missing = _instance(
+        "generate_until",
+        ("Describe.", {"max_new_tokens": 4}, lambda d: [str(data / "gone.mp4")], 1, "video_caption", "test"),
+        "video_caption",
+    )
+    with pytest.raises(InputNotFoundError, match=r"^task 'video_caption', document 1: video file .*gone.mp4"):
+        model.generate_until([missing])  # from Python: the error itself, which a caller can catch
+
+
+def cli_evaluate_stand_in(error: Exception) -> BaseException:
+    """Named as lmms-eval's command line (and in a file whose path holds lmms_eval), to be seen as it."""
+    return runtime.user_error(error)
+
+
+def test_a_user_mistake_fails_lmms_eval_s_command_line_and_raises_in_python(tmp_path: Path) -> None:
+    error = InvalidInputError("task 'x': generation kwarg temperature=-1.0 is invalid")
+    assert runtime.user_error(error) is error and not runtime.running_lmms_eval_cli()
+    as_cli = cli_evaluate_stand_in(error)
+    assert isinstance(as_cli, SystemExit) and str(as_cli) == f"vlmspec model: {error}"
+    (blocker := tmp_path / "file").write_text("")
+    with pytest.raises(InvalidInputError, match=r"speed_dir='.*file/out' cannot be created .*give a folder"):
+        speed.check_speed_dir(blocker / "out")
+    speed.check_speed_dir(tmp_path / "new" / "out")
+    assert (tmp_path / "new" / "out").is_dir()
 
 
 def test_chat_path_takes_messages_with_a_system_turn(model: Any) -> None:
@@ -707,6 +731,19 @@ def test_generation_settings() -> None:
     with pytest.raises(ValueError, match="until="):
         generation.generation_settings({"until": 3})
     assert generation.generation_settings({"repetition_penalty": 1.05}).repetition_penalty == 1.05
+    assert generation.generation_settings({"min_new_tokens": 3}).min_new_tokens == 3
+    with pytest.raises(ValueError, match="min_new_tokens=-1 is invalid"):
+        generation.generation_settings({"min_new_tokens": -1})
+    # A policy with no greedy form: refused for a greedy task with the kwargs to pass; its warm-up samples.
+    from vlmspec import get_policy
+
+    dsbd, greedy = get_policy("dsbd"), generation.generation_settings({})
+    assert generation.sampling_only(dsbd) == {"do_sample": True, "top_k": 10, "top_p": 0.8}
+    with pytest.raises(
+        ValueError, match="run it with --gen_kwargs temperature=1,do_sample=true,top_k=10,top_p=0.8"
+    ):
+        generation.check_policy_decoding(dsbd, greedy)
+    generation.check_policy_decoding(get_policy("sage"), greedy)
     with pytest.raises(ValueError, match="repetition_penalty=0 is invalid: expected a number > 0"):
         generation.generation_settings({"repetition_penalty": 0})
     assert generation.truncate_at_stops("a b\n\nc.", ("\n\n", ".")) == "a b"
@@ -837,10 +874,13 @@ def test_requests_that_ran_side_by_side_share_the_wall_time() -> None:
 
 
 def test_output_path_from_the_command_line(tmp_path: Path) -> None:
-    from vlmspec_eval.lmms.model import lmms_eval_output_path
+    from vlmspec_eval.lmms.runtime import lmms_eval_output_path
 
     assert lmms_eval_output_path(["--model", "vlmspec", "--output_path", "out/x"]) == "out/x"
     assert lmms_eval_output_path(["--model", "vlmspec"]) is None
+    assert (
+        lmms_eval_output_path(["--model", "vlmspec", "--output", "out/y"]) == "out/y"
+    )  # as lmms-eval reads it
     config = tmp_path / "run.yaml"
     config.write_text("- model: vlmspec\n  output_path: from_yaml\n")
     assert lmms_eval_output_path(["--config", str(config)]) == "from_yaml"

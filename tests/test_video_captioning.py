@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 import vlmspec_caption
 
-from vlmspec import testbed
+from vlmspec import InvalidInputError, testbed
 from vlmspec.testing import write_video
 
 REPO = Path(__file__).resolve().parents[1]
@@ -463,6 +464,13 @@ def test_a_folder_input_follows_symlinked_subfolders_once(vc, tmp_path):
     (job / "linked").symlink_to(data, target_is_directory=True)
     (data / "up").symlink_to(job, target_is_directory=True)
     assert [i.id for i in vc.discover_inputs(job)] == ["linked/clip.mp4", "own.mp4"]
+    # A link to a folder that is also there for real: its videos keep their real ids, whichever name sorts first.
+    (job / "real").mkdir()
+    (job / "real" / "a.mp4").write_bytes(b"x")
+    for alias in ("alias", "zz_alias"):
+        (job / alias).symlink_to(job / "real", target_is_directory=True)
+        assert [i.id for i in vc.discover_inputs(job)] == ["linked/clip.mp4", "own.mp4", "real/a.mp4"]
+        (job / alias).unlink()
 
 
 def test_manifests_with_a_utf8_bom(vc, tmp_path):
@@ -613,12 +621,18 @@ def test_segment_ids_keep_every_digit_of_long_videos_bounds(vc, monkeypatch):
     assert [i.id for i in items][8001] == "long.mp4@10001.25-10002.5" and items[0].id == "long.mp4@0-1.25"
 
 
-def test_a_segment_shorter_than_a_frame_is_refused_before_any_window_is_made(vc, tmp_path):
+def test_a_segment_shorter_than_a_frame_fails_that_video_alone(vc, tmp_path):
     write_video(tmp_path / "v.mp4", _clip(500) + _clip(501), fps=4)
+    write_video(tmp_path / "slow.mp4", _clip(500) + _clip(501), fps=1)
+    items = vc.segment_items([vc.VideoItem(id=n, path=str(tmp_path / n)) for n in ("slow.mp4", "v.mp4")], 0.5)
+    assert [i.id for i in items][:2] == ["slow.mp4", "v.mp4@0-0.5"] and items[1].problem is None
+    assert re.search(
+        r"segment=0.5 s is shorter than one frame of .*slow.mp4' \(1 s at 1 fps\)", items[0].problem
+    )
     with pytest.raises(
-        vc.JobError, match=r"segment=1e-09 s is shorter than one frame of .*v.mp4' \(0.25 s at 4 fps\)"
-    ):
-        vc.segment_items([vc.VideoItem(id="v.mp4", path=str(tmp_path / "v.mp4"))], 1e-9)
+        InvalidInputError, match="shorter than one frame"
+    ):  # its caption attempt: an error line
+        vc.run.caption_request(items[0], vc.JobConfig(), frames=lambda item: [])
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1"])
@@ -652,9 +666,19 @@ def test_torn_last_line_is_truncated_and_damage_elsewhere_stops(vc, tmp_path):
     out.write_bytes(good + b'{"id": "c", "capt\n')  # a whole but unparsable last line
     vc.read_output(out, repair=True)
     assert out.read_bytes() == good
+    for tail in (b"{", b'{"i', b"\0\0\0", b'{"id": "c"\0\0'):  # a write cut within its first bytes, or zeros
+        out.write_bytes(good + tail)
+        assert [r["id"] for r in vc.read_output(out, repair=True)] == ["a", "b"] and out.read_bytes() == good
     out.write_bytes(b"garbage\n" + good)
     with pytest.raises(vc.JobError, match="line 1"):
         vc.read_output(out, repair=True)
+
+
+def test_a_name_that_is_not_utf8_is_written_and_read_back(vc, tmp_path):
+    name = os.fsdecode(b"caf\xe9.mp4")  # as a folder listing gives a Latin-1 file name: a lone surrogate
+    out = tmp_path / "o.jsonl"
+    out.write_bytes(vc.encode_record({"id": name, "caption": "c"}))
+    assert [r["id"] for r in vc.read_output(out, repair=True)] == [name]
 
 
 @pytest.mark.parametrize("text", [b"my own notes", b"my own notes\n", b"", b"\n\n"])

@@ -28,6 +28,7 @@ def load_pair(
     GPU when one is present (without ``device_map``).
     """
     check_dtype(torch_dtype)  # before anything loads or builds
+    check_device_map(device_map)
     pair = resolve_pair(target, draft)
     target, draft = pair.target, pair.draft
     calibration = calibration or pair.calibration
@@ -84,6 +85,25 @@ def check_dtype(torch_dtype: Any) -> None:
         raise InvalidInputError(
             f"torch_dtype={torch_dtype!r} is invalid: use 'auto' (the checkpoint's dtype), a torch dtype "
             "(torch.float32, torch.bfloat16) or its name ('float32', 'bfloat16', 'float16')"
+        )
+
+
+def check_device_map(device_map: Any) -> None:
+    """Refuse a ``device_map`` that names a CUDA device on a machine without one (transformers would fail deep in
+    the load with "Found no NVIDIA driver").
+
+    Raises:
+        ValueError: naming the value and what to do.
+    """
+    values = device_map.values() if isinstance(device_map, dict) else (device_map,)
+    wants_cuda = any(
+        isinstance(v, int) or (isinstance(v, (str, torch.device)) and str(v).startswith("cuda"))
+        for v in values
+    )
+    if wants_cuda and not torch.cuda.is_available():
+        raise InvalidInputError(
+            f"device_map={device_map!r} names a CUDA device, but torch sees no GPU here; leave device_map out (the "
+            "GPU when there is one, else the CPU) or use 'cpu'"
         )
 
 

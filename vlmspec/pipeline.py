@@ -162,7 +162,9 @@ class VLMSpecPipeline:
             raise InvalidInputError(
                 f"policy {policy.name!r} needs a draft model; this pipeline was built without one"
             )
-        if policy.uses_draft and policy.free_hardware_options():  # fitted as a copy: one object may serve two pipes
+        if (
+            policy.uses_draft and policy.free_hardware_options()
+        ):  # fitted as a copy: one object may serve two pipes
             policy = copy.copy(policy)
             policy.fit(self.hardware_costs(), self.budget_factor)
             policy.warn_if_slow(self.costs)

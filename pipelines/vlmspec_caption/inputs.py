@@ -8,7 +8,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,8 @@ class VideoItem:
         prompt: the item's own prompt (``None``: the job's).
         start, end: the time window to caption, in seconds (``None``: from the start / to the end of the file);
             a manifest's ``start``/``end`` columns, so one file can be captioned segment by segment.
+        problem: why the item cannot be captioned, found before its turn (its caption attempt fails with it, so
+            it gets an error line and the job goes on).
     """
 
     id: str
@@ -35,6 +37,7 @@ class VideoItem:
     prompt: str | None = None
     start: float | None = None
     end: float | None = None
+    problem: str | None = None
 
     @property
     def window(self) -> dict[str, float]:
@@ -88,7 +91,9 @@ def discover_inputs(
 
 def _folder_items(folder: Path, extensions: Sequence[str]) -> list[VideoItem]:
     """The videos under ``folder``, its subfolders included; symlinked subfolders are followed (once each, so a
-    link loop ends), and hidden files and folders (``.DS_Store``, partial downloads) are skipped."""
+    link loop ends), and hidden files and folders (``.DS_Store``, partial downloads) are skipped. A folder reached
+    both directly and through a symlink is read at its own path: real folders are walked before links, so ids do
+    not depend on the order of the listing, and a link added later does not rename what was captioned."""
     wanted = {e.lower() for e in extensions}
     items, seen = [], set()
     for root, dirs, files in os.walk(folder, followlinks=True):
@@ -97,7 +102,9 @@ def _folder_items(folder: Path, extensions: Sequence[str]) -> list[VideoItem]:
             dirs[:] = []
             continue
         seen.add(real)
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        dirs[:] = sorted(
+            (d for d in dirs if not d.startswith(".")), key=lambda d: (os.path.islink(Path(root, d)), d)
+        )
         for name in files:
             file = Path(root, name)
             if not name.startswith(".") and file.suffix.lower() in wanted and file.is_file():
@@ -194,11 +201,11 @@ def segment_items(items: Sequence[VideoItem], seconds: float) -> list[VideoItem]
     """Each whole-video item as windows of ``seconds``: ``[0, s]``, ``[s, 2s]``, ..., the last one from its start to
     the end of the video (so no window is a lone frame at the end; ids ``id@start-end``, ``id@start-`` for the
     last). Items with a window of their own stay as they are, and so does a video whose length
-    cannot be read (its caption attempt records why).
+    cannot be read (its caption attempt records why). A video whose frames are further apart than ``seconds``
+    (its windows would hold no frame) stays whole, with that :attr:`~VideoItem.problem` (an error line).
 
     Raises:
-        JobError: ``seconds`` is not a finite number > 0, or is shorter than a video's frame interval (its windows
-            would hold no frame).
+        JobError: ``seconds`` is not a finite number > 0.
     """
     if not (math.isfinite(seconds) and seconds > 0):
         raise JobError(f"segment must be a finite number > 0, got {seconds}")
@@ -212,10 +219,12 @@ def segment_items(items: Sequence[VideoItem], seconds: float) -> list[VideoItem]
             out.append(item)
             continue
         if seconds * fps < 1:
-            raise JobError(
+            problem = (
                 f"segment={seconds:g} s is shorter than one frame of {item.path!r} ({1 / fps:.3g} s at {fps:g} fps): "
                 f"its windows would hold no frame; use a segment of at least {1 / fps:.3g} s"
             )
+            out.append(replace(item, problem=problem))
+            continue
         count = max(1, math.ceil(last / seconds - 1e-9))  # windows; the last one runs to the end
         for k in range(count):
             start, end = _multiple(k, seconds), (_multiple(k + 1, seconds) if k + 1 < count else None)

@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from vlmspec.errors import VLMSpecError
+from vlmspec.errors import InvalidInputError, VLMSpecError
 
 from .config import EXIT_OK, EXIT_PARTIAL, PROG, JobConfig, JobError
 from .inputs import VideoItem, discover_inputs, frame_source
@@ -49,7 +49,12 @@ def caption_request(item: VideoItem, config: JobConfig, frames: Callable[[VideoI
         item: the video.
         config: the job's config.
         frames: what the pipeline's ``video=`` gets for an item (see :func:`frame_source`).
+
+    Raises:
+        InvalidInputError: the item's :attr:`~VideoItem.problem`, found before its turn.
     """
+    if item.problem is not None:
+        raise InvalidInputError(item.problem)
     return {
         "prompt": item.prompt or config.prompt,
         "video": frames(item),

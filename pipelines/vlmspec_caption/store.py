@@ -18,9 +18,14 @@ from .inputs import VideoItem
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
-    """One output line: compact JSON (non-finite floats as ``null``) and a newline, UTF-8."""
-    ordered = {"id": record["id"], **record}  # the id first: how the job recognises its own lines
-    return (json.dumps(_finite(ordered), ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+    """One output line: compact JSON (non-finite floats as ``null``) and a newline, UTF-8. A text that UTF-8
+    cannot hold (a file name that is not UTF-8 reaches Python with lone surrogates) is written as JSON escapes,
+    which read back to the same string."""
+    ordered = _finite({"id": record["id"], **record})  # the id first: how the job recognises its own lines
+    try:
+        return (json.dumps(ordered, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        return (json.dumps(ordered, allow_nan=False) + "\n").encode("ascii")
 
 
 def _finite(value: Any) -> Any:
@@ -67,6 +72,13 @@ RECORD_START = b'{"id": '
 """How every line this job writes begins (:func:`encode_record`: the record's first key is its id)."""
 
 
+def _torn_record(piece: bytes) -> bool:
+    """Whether ``piece`` (what follows the last newline) can be a line of this job cut short: the start of a
+    record, however few of its bytes reached the disk, or zero bytes a crash left in its place."""
+    piece = piece.rstrip(b"\0")
+    return piece.startswith(RECORD_START) or RECORD_START.startswith(piece)
+
+
 def _not_ours(file: Path, line: int) -> JobError:
     return JobError(
         f"output file {str(file)!r} was not written by this job (line {line} is not a caption record); it is left "
@@ -96,7 +108,7 @@ def scan_output(path: str | Path) -> ScannedFile:
     except OSError as err:
         raise JobError(f"output file {str(file)!r} could not be read: {err}") from err
     lines = data.split(b"\n")
-    if lines[-1] and not lines[-1].startswith(RECORD_START):
+    if not _torn_record(lines[-1]):
         raise _not_ours(file, len(lines))
     complete = lines[:-1]  # the last piece follows the last newline: empty, or a line torn before its newline
     records: list[dict[str, Any]] = []

@@ -356,6 +356,9 @@ class TreePolicy:
         """False only for policies configured with a lossy acceptance rule (reported in ``stats.lossless``)."""
         return True
 
+    sampling_only: bool = False
+    """True for a policy with no greedy form (DSBD, beam *sampling*): it decodes only with ``do_sample=True``."""
+
     def feedback(self, step: StepFeedback) -> None:
         """Optional hook: the outcome of the step just verified."""
 

@@ -162,6 +162,7 @@ class DSBDPolicy(TreePolicy):
     """Speculative beam sampling, memory mode (module docstring: algorithm, output law, choices)."""
 
     config_class = DSBDConfig
+    sampling_only = True
 
     def begin(self, sampler: Sampler | None) -> None:
         self._check_sampler(sampler)

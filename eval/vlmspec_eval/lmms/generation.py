@@ -6,7 +6,9 @@
   greedy output). ``temperature`` > 0 with ``do_sample`` unset or true: sampling, with ``top_p``/``top_k``.
 * ``repetition_penalty``: as ``generate()`` applies it, greedy or sampled (default: the target's
   ``generation_config``'s).
+* ``min_new_tokens``: as ``generate()`` applies it (EOS banned before it).
 * ``num_beams`` > 1 is refused (speculative decoding reproduces greedy or sampled decoding, not beam search).
+* A policy with no greedy form (``dsbd``) needs sampling kwargs; a greedy task is refused with the ones to pass.
 
 Other keys lmms-eval tasks carry (``image_aspect_ratio``, ``use_cache``, ...) do not apply and are ignored.
 """
@@ -17,7 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DEFAULT_MAX_NEW_TOKENS", "GenerationSettings", "generation_settings", "truncate_at_stops"]
+__all__ = [
+    "DEFAULT_MAX_NEW_TOKENS",
+    "GenerationSettings",
+    "check_policy_decoding",
+    "generation_settings",
+    "sampling_only",
+    "truncate_at_stops",
+]
 
 DEFAULT_MAX_NEW_TOKENS = 128
 
@@ -33,6 +42,7 @@ class GenerationSettings:
     top_k: int | None = None
     stop_strings: tuple[str, ...] = ()
     repetition_penalty: float | None = None
+    min_new_tokens: int | None = None
 
 
 def generation_settings(gen_kwargs: Mapping[str, Any] | None, cap: int | None = None) -> GenerationSettings:
@@ -65,7 +75,45 @@ def generation_settings(gen_kwargs: Mapping[str, Any] | None, cap: int | None = 
         top_k=kwargs.get("top_k") if do_sample else None,
         stop_strings=_stop_strings(kwargs.get("until")),
         repetition_penalty=_repetition_penalty(kwargs.get("repetition_penalty")),
+        min_new_tokens=_min_new_tokens(kwargs.get("min_new_tokens")),
     )
+
+
+def sampling_only(policy: Any) -> dict[str, Any] | None:
+    """For a policy with no greedy form (``policy.sampling_only``), the sampling arguments that suit it (its own
+    ``top_k``/``top_p`` where its config sets them); ``None`` for every other policy."""
+    if not policy.sampling_only:
+        return None
+    config = policy.config
+    return {
+        "do_sample": True,
+        "top_k": getattr(config, "top_k", None),
+        "top_p": getattr(config, "top_p", None),
+    }
+
+
+def check_policy_decoding(policy: Any, settings: GenerationSettings) -> None:
+    """Refuse greedy settings for a policy with no greedy form, saying which ``--gen_kwargs`` to pass.
+
+    Raises:
+        ValueError: naming the policy and the kwargs.
+    """
+    wanted = sampling_only(policy)
+    if wanted is None or settings.do_sample:
+        return
+    kwargs = ",".join(
+        f"{k}={str(v).lower()}" for k, v in {"temperature": 1, **wanted}.items() if v is not None
+    )
+    raise ValueError(
+        f"policy={policy.name} samples and has no greedy form, but this task decodes greedily; run it with "
+        f"--gen_kwargs {kwargs}, or pick a lossless policy such as sage"
+    )
+
+
+def _min_new_tokens(value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"generation kwarg min_new_tokens={value!r} is invalid: expected an integer >= 0")
+    return value
 
 
 def _repetition_penalty(value: Any) -> float | None:

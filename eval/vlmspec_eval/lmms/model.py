@@ -32,19 +32,15 @@ scores (accuracy and speed side by side); without an output folder it prints the
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import gc
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 from lmms_eval.api.instance import GenerationResult, Instance, TokenCounts
@@ -53,17 +49,19 @@ from loguru import logger
 from tqdm import tqdm
 
 from vlmspec import VLMSpecPipeline
-from vlmspec.errors import InvalidInputError
+from vlmspec.errors import InvalidInputError, VLMSpecError
 from vlmspec.named_pairs import ResolvedPair
 from vlmspec.pruning import PruningConfig
 
-from .generation import generation_settings, truncate_at_stops
+from .generation import check_policy_decoding, generation_settings, sampling_only, truncate_at_stops
 from .media import chat_messages, simple_messages
 from .options import ModelOptions, parse_model_args, resolve_pair
+from .runtime import lmms_eval_output_path, user_error
 from .speed import (
     SampleSpeed,
     accuracy_by_task,
     check_reference,
+    check_speed_dir,
     find_results,
     format_summary,
     load_reference,
@@ -75,7 +73,6 @@ from .speed import (
 __all__ = [
     "VLMSpec",
     "VLMSpecChat",
-    "lmms_eval_output_path",
     "load_pipeline",
     "refer_loglikelihood_to_simple_requests",
     "score_continuation",
@@ -91,8 +88,8 @@ class VLMSpec(lmms):
             ``batch_size``/``max_batch_size``/``device``.
 
     Raises:
-        SystemExit: an unknown ``--model_args`` key, a bad value or a missing model, with the message (lmms-eval
-            turns other exceptions into a zero exit code).
+        SystemExit: under lmms-eval's command line, an unknown ``--model_args`` key, a bad value, a missing model or
+            an unwritable ``speed_dir``, with the message (:mod:`.runtime`); called from Python, the error itself.
     """
 
     is_simple = True
@@ -109,10 +106,14 @@ class VLMSpec(lmms):
             with self.accelerator.main_process_first():
                 self.pair: ResolvedPair = resolve_pair(self.options)
             self.pipe: VLMSpecPipeline | None = load_pipeline(self.options, self.pair, self._device_map())
-        except (ValueError, FileNotFoundError) as err:
-            # lmms-eval's CLI catches exceptions and exits 0, so a CI job would record a green run with no
-            # results; a SystemExit passes through it: the run fails, with this one line.
-            raise SystemExit(f"vlmspec model: {err}") from err
+            self._speed_dir = self.options.speed_dir or lmms_eval_output_path()
+            if self._speed_dir is not None and self._rank == 0:
+                check_speed_dir(self._speed_dir)
+        except (
+            ValueError,
+            OSError,
+        ) as err:  # OSError: a folder or hub id that cannot be read, an unwritable folder
+            raise user_error(err) from err
         self._device = self.pipe.target.get_input_embeddings().weight.device
         if self.options.warmup:
             warm_up(self.pipe)
@@ -120,7 +121,6 @@ class VLMSpec(lmms):
         self._generate_seconds = 0.0  # wall time in generate_until (requests overlap at batch_size > 1)
         self._reports: dict[str, dict[str, Any]] = {}
         self._started = time.time()
-        self._speed_dir = self.options.speed_dir or lmms_eval_output_path()
         self._cleaned = False
         if self.rank == 0:
             self._announce()
@@ -154,7 +154,7 @@ class VLMSpec(lmms):
         calls = (partial(self._call, requests[i]) for i in todo)
         start = time.perf_counter()
         with tqdm(total=len(todo), disable=self.rank != 0, desc="vlmspec generate") as bar:
-            for k, out in self._decode(calls):
+            for k, out in self._decode(calls, [requests[i] for i in todo]):
                 results[todo[k]] = self._result(requests[todo[k]], out)
                 bar.update(1)
         self._generate_seconds += time.perf_counter() - start
@@ -179,7 +179,7 @@ class VLMSpec(lmms):
         while prompts:
             live = list(prompts)
             calls = (partial(self._call, requests[i], prompts[i]) for i in live)
-            for k, out in self._decode(calls):
+            for k, out in self._decode(calls, [requests[i] for i in live]):
                 replies[live[k]].append(self._result(requests[live[k]], out, round_idx).text.strip())
             round_idx += 1
             prompts = {}
@@ -211,10 +211,13 @@ class VLMSpec(lmms):
           neither a string nor a ``GenerationResult`` by ``str(output)``, so a plain pair reaches the task as a
           string; inside a ``GenerationResult``'s ``text`` it reaches the task as the pair.
         """
-        return [
-            GenerationResult(text=self._score(r))  # type: ignore[arg-type]  # the pair, see above
-            for r in tqdm(requests, disable=self.rank != 0, desc="vlmspec loglikelihood")
-        ]
+        try:
+            return [
+                GenerationResult(text=self._score(r))  # type: ignore[arg-type]  # the pair, see above
+                for r in tqdm(requests, disable=self.rank != 0, desc="vlmspec loglikelihood")
+            ]
+        except (VLMSpecError, NotImplementedError) as err:
+            raise user_error(err) from err
 
     def clean(self) -> None:
         """End of generation (lmms-eval calls it on every rank): gather and write speed metrics, free the models."""
@@ -264,9 +267,12 @@ class VLMSpec(lmms):
             if _is_padding(request):
                 continue
             try:
-                generation_settings(request.args[self.gen_kwargs_at], cap=self.options.max_new_tokens)
-            except ValueError as err:
-                raise ValueError(f"task {request.args[-2]!r}: {err}") from None
+                settings = generation_settings(
+                    request.args[self.gen_kwargs_at], cap=self.options.max_new_tokens
+                )
+                check_policy_decoding(self._pipeline().policy, settings)
+            except (ValueError, NotImplementedError) as err:
+                raise user_error(InvalidInputError(f"task {request.args[-2]!r}: {err}")) from None
 
     def _call(self, request: Instance, prompt: dict[str, Any] | None = None) -> dict[str, Any]:
         """The pipeline call for a request (built when its turn in the batch comes), for its own prompt or the
@@ -281,17 +287,24 @@ class VLMSpec(lmms):
             "top_k": settings.top_k,
             "top_p": settings.top_p,
             "repetition_penalty": settings.repetition_penalty,
+            "min_new_tokens": settings.min_new_tokens,
             "seed": self.options.seed + int(doc_id) if settings.do_sample else None,
             "stop_strings": settings.stop_strings or None,
             "num_frames": self.options.num_frames,
         }
 
-    def _decode(self, calls: Iterable[Callable[[], Any]]) -> Iterator[tuple[int, Any]]:
-        """``batch_iter`` over ``calls`` (each output recorded by :meth:`_result` before the next is drawn), raising
-        a failed request's error; then the requests' speed records get their share of the wall time, since at
-        ``batch_size`` > 1 they ran side by side (:func:`~vlmspec_eval.lmms.speed.shared_wall_seconds`)."""
+    def _decode(
+        self, calls: Iterable[Callable[[], Any]], requests: list[Instance]
+    ) -> Iterator[tuple[int, Any]]:
+        """``batch_iter`` over ``calls`` (of ``requests``; each output recorded by :meth:`_result` before the next is
+        drawn), raising a failed request's error (a user mistake naming the task and document); then the requests'
+        speed records get their share of the wall time, since at ``batch_size`` > 1 they ran side by side
+        (:func:`~vlmspec_eval.lmms.speed.shared_wall_seconds`)."""
         first, spans = len(self._samples), []
         for k, out in self._pipeline().batch_iter(calls, self.batch_size):
+            if isinstance(out, VLMSpecError):
+                doc_id, task, _split = requests[k].args[-3:]
+                raise user_error(type(out)(f"task {task!r}, document {doc_id}: {out}")) from out
             if isinstance(out, BaseException):
                 raise out
             end = time.perf_counter()
@@ -490,10 +503,17 @@ def load_pipeline(options: ModelOptions, pair: ResolvedPair, device_map: str | N
 
 
 def warm_up(pipe: VLMSpecPipeline) -> None:
-    """One short generation on a blank picture (first-call costs stay out of the first request's timing)."""
+    """One short generation on a blank picture (first-call costs stay out of the first request's timing), greedy
+    unless the policy only samples (DSBD: then with its own warping)."""
     from PIL import Image
 
-    pipe(Image.new("RGB", (56, 56), (128, 128, 128)), "Describe this image.", max_new_tokens=8)
+    sampling = sampling_only(pipe.policy)
+    pipe(
+        Image.new("RGB", (56, 56), (128, 128, 128)),
+        "Describe this image.",
+        max_new_tokens=8,
+        **(sampling or {}),
+    )
 
 
 @torch.no_grad()
@@ -524,26 +544,6 @@ def score_continuation(
     target = cont[0].to(logprobs.device)
     total = logprobs.gather(-1, target[:, None]).sum().item()
     return float(total), bool((logits.argmax(-1) == target).all().item())
-
-
-def lmms_eval_output_path(argv: Sequence[str] | None = None) -> str | None:
-    """The ``--output_path`` of the lmms-eval command line (or of its ``--config`` YAML), if any.
-
-    lmms-eval does not hand its output folder to models; the speed files go next to its results, so the model
-    reads the option from the command line (``speed_dir=`` overrides it, e.g. for programmatic use).
-    """
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--output_path", default=None)
-    parser.add_argument("--config", default=None)
-    known, _ = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
-    if known.output_path:
-        return known.output_path
-    if known.config and Path(known.config).is_file():
-        loaded = yaml.safe_load(Path(known.config).read_text())
-        first = loaded[0] if isinstance(loaded, list) and loaded else loaded
-        if isinstance(first, dict) and first.get("output_path"):
-            return str(first["output_path"])
-    return None
 
 
 def _is_padding(request: Instance) -> bool:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -34,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from loguru import logger
+
+from vlmspec.errors import InvalidInputError
 
 __all__ = [
     "SPEED_FILE",
@@ -250,6 +253,24 @@ def write_reports(reports: Mapping[str, Mapping[str, Any]], folder: str | Path) 
         path.write_text(json.dumps(report, indent=2) + "\n")
         paths.append(path)
     return paths
+
+
+def check_speed_dir(folder: str | Path) -> None:
+    """Create ``folder`` (``speed_dir``; lmms-eval writes its results there too) when the model is built, so that
+    one that cannot be written fails before any generation rather than after all of it.
+
+    Raises:
+        InvalidInputError: naming the folder and why.
+    """
+    path = Path(folder).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InvalidInputError(
+            f"speed_dir={str(folder)!r} cannot be created ({err.strerror or err}); give a folder you can write to"
+        ) from None
+    if not os.access(path, os.W_OK):
+        raise InvalidInputError(f"speed_dir={str(folder)!r} is not writable; give a folder you can write to")
 
 
 def check_reference(location: str | Path) -> None:
