@@ -285,6 +285,12 @@ def test_prompt_ids_must_be_the_models_token_ids(pipe):
         pipe.generate(**outside, max_new_tokens=2)
 
 
+def test_a_batch_size_beyond_the_requests_allocates_rows_for_them_only(pipe):
+    requests = [{"prompt": "Hi", "max_new_tokens": 3}, {"prompt": "Describe.", "max_new_tokens": 4}]
+    huge = pipe.batch(requests, batch_size=10**9)  # before: a KV cache of 10**9 rows was allocated
+    assert [o.token_ids for o in huge] == [o.token_ids for o in pipe.batch(requests, batch_size=1)]
+
+
 def test_prompt_inputs_with_a_key_the_model_does_not_take_are_refused(pipe):
     inputs = pipe.prepare_inputs(make_image(0), "Describe.")
     typo = {("pixel_value" if k == "pixel_values" else k): v for k, v in inputs.items()}

@@ -88,6 +88,21 @@ class SpecStats:
 
 
 @dataclass
+class SpecOutput:
+    """Result of one pipeline call.
+
+    Attributes:
+        text: the decoded generation (special tokens skipped).
+        token_ids: generated token ids (EOS included when produced, as ``generate()`` returns them).
+        stats: speed and acceptance statistics.
+    """
+
+    text: str
+    token_ids: list[int]
+    stats: SpecStats
+
+
+@dataclass
 class DraftPrompt:
     """How the draft sees the prompt.
 

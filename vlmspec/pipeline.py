@@ -25,7 +25,7 @@ from . import hf_compat
 from .batching import DRAFT_FIRST, TARGET, Batcher, RowAdapter
 from .chat import Chat
 from .costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
-from .engine import DraftPrompt, SpecStats, speculative_generate
+from .engine import DraftPrompt, SpecOutput, speculative_generate
 from .errors import InputTypeError, InvalidInputError
 from .inputs import (
     ImageInput,
@@ -47,28 +47,20 @@ from .policies import TreePolicy, available_policies, get_policy, policy_with
 from .probe import cached_costs
 from .processors import LogitsProcessing
 from .pruning import PruningConfig, pruning_config
-from .requests import call_arguments, check_requests, decoding_settings, naming_request, request_kwargs
+from .requests import (
+    batch_rows,
+    call_arguments,
+    check_requests,
+    decoding_settings,
+    naming_request,
+    request_kwargs,
+)
 from .sampling import SamplingParams
 from .saving import read_settings, save_pipeline
 from .stopping import StopCriteria
 from .streaming import StreamPiece, check_streamer, stream_call
 
 DEFAULT_POLICY = "sage"
-
-
-@dataclass
-class SpecOutput:
-    """Result of one pipeline call.
-
-    Attributes:
-        text: the decoded generation (special tokens skipped).
-        token_ids: generated token ids (EOS included when produced, as ``generate()`` returns them).
-        stats: speed and acceptance statistics.
-    """
-
-    text: str
-    token_ids: list[int]
-    stats: SpecStats
 
 
 @dataclass
@@ -438,7 +430,7 @@ class VLMSpecPipeline:
         a failure there is that request's result, like any other bad input).
         """
         check_requests(requests, "pipe.batch_iter")
-        batcher = Batcher(batch_size)
+        batcher = Batcher(batch_size := batch_rows(requests, batch_size))
         policy = self.batch_policy(batch_size)
         row = lambda adapter, order: RowAdapter(adapter, batcher, order)  # noqa: E731
         jobs = (partial(self._decode, request, policy, i, row) for i, request in enumerate(requests))

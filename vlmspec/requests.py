@@ -4,7 +4,7 @@ before any model work, each refusal naming what was given and what to give."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +62,14 @@ def request_kwargs(request: Any, index: int | None = None) -> dict[str, Any]:
             'request, e.g. {"image": img, "prompt": "Describe it."}'
         )
     return request
+
+
+def batch_rows(requests: Any, batch_size: Any) -> Any:
+    """``batch_size``, or the number of ``requests`` where that is smaller and known (a list): rows beyond the
+    requests would hold nothing but their memory (each row's KV cache is allocated up front)."""
+    if isinstance(batch_size, int) and isinstance(requests, Sized) and 0 < len(requests) < batch_size:
+        return len(requests)
+    return batch_size
 
 
 def naming_request(error: Exception, index: int) -> Exception:

@@ -342,7 +342,7 @@ def _caption_shard(
     from tqdm.auto import tqdm
 
     frames = frame_source(config, pipe)
-    batch_size = config.batch_size or pipe.default_batch_size()
+    batch_size = min(config.batch_size or pipe.default_batch_size(), max(len(todo), 1))  # no rows left empty
     totals = RunTotals()
     start = time.perf_counter()
     requests = (partial(caption_request, item, config, frames) for item in todo)
