@@ -350,7 +350,16 @@ def test_job_errors_exit_1(vc, caption_pair, tmp_path, capsys):
     )  # not "needs a draft"
 
     assert vc.main([str(videos), "--out", out, "--max-new-tokens", "0"]) == vc.EXIT_JOB_ERROR
-    assert "max_new_tokens must be >= 1" in capsys.readouterr().err
+    assert "command line: --max-new-tokens must be >= 1, got 0" in capsys.readouterr().err  # the flag's name
+    bad_flags = {
+        ("--max-pixels", "10"): "--max-pixels must be at least 1024 (one merged 32 x 32 patch), got 10",
+        ("--frame-sampler", "qwen", "--num-frames", "1"): "--num-frames must be >= 2 with the qwen frame sampler",
+        ("--frame-sampler", "decord", "--fps", "2"): "--fps is the qwen frame sampler's",
+        ("--config", str(videos)): "is a folder: give the YAML file itself",
+    }
+    for flags, message in bad_flags.items():  # refused before any video, not once per video
+        assert vc.main([str(videos), "--out", out, *flags]) == vc.EXIT_JOB_ERROR
+        assert message in capsys.readouterr().err
     assert not Path(out).exists() or Path(out).read_bytes() == b""
 
 

@@ -20,6 +20,9 @@ DEFAULT_CONFIG_PATH = REPO_ROOT / "configs" / "jobs" / "video_captioning.yaml"
 (the same values: a test keeps them equal)."""
 PROG = "vlmspec caption"
 
+MIN_FRAME_PIXELS = 32 * 32
+"""The fewest pixels a frame may be resized to (``max_pixels``): one merged patch of the largest family (Qwen3-VL:
+32 x 32); below it the qwen sampler resizes frames to nothing."""
 EXIT_OK = 0
 EXIT_JOB_ERROR = 1
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
@@ -72,12 +75,13 @@ class JobConfig:
         return tuple(f.name for f in fields(cls))
 
     @classmethod
-    def from_mapping(cls, values: dict[str, Any], source: str) -> JobConfig:
+    def from_mapping(cls, values: dict[str, Any], source: str, flags: bool = False) -> JobConfig:
         """A checked config from a mapping of keys to values.
 
         Args:
             values: config keys and values (YAML or command line).
             source: where they come from, for messages.
+            flags: name the settings as the command line's flags (:meth:`validated`).
 
         Raises:
             JobError: an unknown key, a value of the wrong type or out of range.
@@ -98,37 +102,51 @@ class JobConfig:
             check_field_types(config)
         except ValueError as err:
             raise JobError(f"{source}: {err}") from None
-        return config.validated(source)
+        return config.validated(source, flags)
 
-    def validated(self, source: str = "config") -> JobConfig:
+    def validated(self, source: str = "config", flags: bool = False) -> JobConfig:
         """Checks ranges and choices; returns ``self``.
 
+        Args:
+            source: where the values come from, for messages.
+            flags: name the settings as the command line's flags (``--batch-size``), not as config keys.
+
         Raises:
-            JobError: naming the key and what is allowed.
+            JobError: naming the key (or flag) and what is allowed.
         """
+        key = (lambda name: "--" + name.replace("_", "-")) if flags else (lambda name: name)
         problems = []
-        if self.max_new_tokens < 1:
-            problems.append(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.num_frames < 1:
-            problems.append(f"num_frames must be >= 1, got {self.num_frames}")
+        for name in ("max_new_tokens", "num_frames"):
+            if getattr(self, name) < 1:
+                problems.append(f"{key(name)} must be >= 1, got {getattr(self, name)}")
         if self.prune_ratio is not None and not 0 <= self.prune_ratio < 1:
-            problems.append(f"prune_ratio must be in [0, 1), got {self.prune_ratio}")
+            problems.append(f"{key('prune_ratio')} must be in [0, 1), got {self.prune_ratio}")
         for name in ("fps", "segment"):  # seconds and rates: nan and inf pass a plain `<= 0` check
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
-                problems.append(f"{name} must be a finite number > 0, got {value}")
+                problems.append(f"{key(name)} must be a finite number > 0, got {value}")
         for name in ("max_frames", "min_pixels", "max_pixels", "threads", "batch_size"):
             value = getattr(self, name)
             if value is not None and value <= 0:
-                problems.append(f"{name} must be > 0, got {value}")
+                problems.append(f"{key(name)} must be > 0, got {value}")
         if self.max_frames is not None and self.max_frames < 2:
             problems.append(
-                f"max_frames must be >= 2 (qwen-vl-utils samples frames in pairs), got {self.max_frames}"
+                f"{key('max_frames')} must be >= 2 (qwen-vl-utils samples frames in pairs), got {self.max_frames}"
             )
+        if self.sampler == "qwen" and self.num_frames < 2 and self.fps is None:
+            problems.append(
+                f"{key('num_frames')} must be >= 2 with the qwen frame sampler (it samples pairs)"
+            )
+        if self.max_pixels is not None and 0 < self.max_pixels < MIN_FRAME_PIXELS:
+            problems.append(
+                f"{key('max_pixels')} must be at least {MIN_FRAME_PIXELS} (one merged 32 x 32 patch), got {self.max_pixels}"
+            )
+        if self.fps is not None and self.frame_sampler == "decord":
+            problems.append(f"{key('fps')} is the qwen frame sampler's; decord samples num_frames evenly")
         if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
             problems.append(f"min_pixels ({self.min_pixels}) must not exceed max_pixels ({self.max_pixels})")
         if not self.extensions:
-            problems.append("extensions must name at least one file extension")
+            problems.append(f"{key('extensions')} must name at least one file extension")
         if problems:
             raise JobError(f"{source}: " + "; ".join(problems))
         return self
@@ -180,6 +198,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         JobError: the file is missing, not YAML, or not a mapping.
     """
     file = Path(path)
+    if file.is_dir():
+        raise JobError(f"config file {str(file)!r} is a folder: give the YAML file itself")
     if not file.is_file():
         raise JobError(f"config file {str(file)!r} does not exist")
     try:
@@ -213,5 +233,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         values.update(read_config_file(path))
         source = f"config file {str(path)!r}"
         JobConfig.from_mapping(values, source)  # report the file's own mistakes as the file's
-    values.update(overrides or {})
-    return JobConfig.from_mapping(values, source if not overrides else f"{source} with command-line flags")
+    if not overrides:
+        return JobConfig.from_mapping(values, source)
+    values.update(overrides)  # the file is sound on its own (checked above): a mistake here is a flag's
+    return JobConfig.from_mapping(values, "command line", flags=True)
