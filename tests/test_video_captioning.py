@@ -353,7 +353,12 @@ def test_job_errors_exit_1(vc, caption_pair, tmp_path, capsys):
     assert "command line: --max-new-tokens must be >= 1, got 0" in capsys.readouterr().err  # the flag's name
     bad_flags = {
         ("--max-pixels", "10"): "--max-pixels must be at least 1024 (one merged 32 x 32 patch), got 10",
-        ("--frame-sampler", "qwen", "--num-frames", "1"): "--num-frames must be >= 2 with the qwen frame sampler",
+        (
+            "--frame-sampler",
+            "qwen",
+            "--num-frames",
+            "1",
+        ): "--num-frames must be >= 2 with the qwen frame sampler",
         ("--frame-sampler", "decord", "--fps", "2"): "--fps is the qwen frame sampler's",
         ("--config", str(videos)): "is a folder: give the YAML file itself",
     }
@@ -702,7 +707,14 @@ def test_a_file_the_job_did_not_write_is_never_changed(vc, tmp_path, text):
         assert vc.read_output(out, repair=True) == []
 
 
-def test_the_output_must_be_a_regular_file(vc, tmp_path):
+def test_the_output_must_be_a_regular_file(vc, tmp_path, capsys):
+    os.mkfifo(fifo := tmp_path / "pipe")
+    with pytest.raises(vc.JobError, match="is not a regular file"):  # before: the open waited for a reader
+        vc.ResultWriter(fifo)
+    assert vc.main([str(tmp_path), "--out", f"{tmp_path}/new/"]) == vc.EXIT_JOB_ERROR
+    assert (
+        "names a folder: give the output file" in capsys.readouterr().err and not (tmp_path / "new").exists()
+    )
     for path in (tmp_path, Path("/dev/null")):
         with pytest.raises(vc.JobError, match="is not a regular file"):
             vc.read_output(path, repair=False)

@@ -126,6 +126,10 @@ def run_args(args: argparse.Namespace) -> int:
         config = load_config(args.config, overrides_from_args(args))
         if not args.out:
             raise JobError("--out is required: the output JSONL file")
+        if args.out.endswith(("/", os.sep)):
+            raise JobError(
+                f"--out {args.out!r} names a folder: give the output file, e.g. {args.out}captions.jsonl"
+            )
         summary = run_job(config, args.input, args.out, cpu=args.cpu)
     except JobError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)

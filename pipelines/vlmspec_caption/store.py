@@ -192,6 +192,10 @@ class ResultWriter:
                 f"made ({err.strerror}: {err.filename!r}); choose another --out"
             ) from err
         existed = self.path.exists()
+        if existed and not self.path.is_file():  # a pipe would block the open until a reader comes
+            raise JobError(
+                f"output {str(self.path)!r} is not a regular file; pass a .jsonl file path to --out"
+            )
         try:
             self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as err:
