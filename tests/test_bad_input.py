@@ -446,3 +446,15 @@ def test_a_model_whose_attention_cannot_take_a_tree_mask_is_refused(pipe):
             VLMSpecPipeline(pipe.target, pipe.draft, pipe.processor, policy="chain")
     finally:
         text._attn_implementation = previous
+
+
+def test_an_undecodable_video_s_error_keeps_decord_s_reason_not_its_log_prefix(tmp_path):
+    from vlmspec.inputs import load_video, undecodable_video
+
+    logged = "[01:37:03] /github/workspace/src/video/video_reader.cc:270: [a.mp4] Failed to measure duration."
+    assert str(undecodable_video("a.mp4", RuntimeError(logged))) == (
+        "video file 'a.mp4' could not be decoded (Failed to measure duration.); check that it is a valid video"
+    )
+    (bad := tmp_path / "bad.mp4").write_bytes(b"not a video")
+    with pytest.raises(InvalidInputError, match=r"bad.mp4' could not be decoded \((?!\[\d)"):
+        load_video(bad)

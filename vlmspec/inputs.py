@@ -229,9 +229,7 @@ def load_video(
             index = np.linspace(first, last, num=min(num_frames, last - first + 1)).round().astype(int)
             array = reader.get_batch(list(index)).asnumpy()  # [F, H, W, 3] uint8
         except (DECORDError, RuntimeError) as err:  # decord raises RuntimeError for unreadable containers
-            raise InvalidInputError(
-                f"video file {str(path)!r} could not be decoded ({err}); check that it is a valid video"
-            ) from err
+            raise undecodable_video(path, err) from err
         metadata = VideoMetadata(
             total_num_frames=total, fps=source_fps, frames_indices=[int(i) for i in index]
         )
@@ -369,6 +367,18 @@ def _video_item(item: dict, source: VideoInput, where: str) -> VideoInput:
         return VideoClip(source, start, end)
     except (InvalidInputError, InputTypeError) as err:
         raise type(err)(f"{where}: {err}") from err
+
+
+_DECORD_LOG_PREFIX = re.compile(r"\[\d\d:\d\d:\d\d\] \S+:\d+: (\[[^\]]*\] )?")
+
+
+def undecodable_video(path: str | Path, error: Exception) -> InvalidInputError:
+    """The error for a video file decord cannot read: its reason, without decord's log prefix (a time of day and
+    a source path of decord's build, which would make two runs' error lines differ)."""
+    reason = _DECORD_LOG_PREFIX.sub("", str(error)).strip()
+    return InvalidInputError(
+        f"video file {str(path)!r} could not be decoded ({reason}); check that it is a valid video"
+    )
 
 
 def check_prompt_inputs(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vlmspec import VideoClip, VLMSpecError
+from vlmspec.inputs import undecodable_video
 
 from .config import VIDEO_EXTENSIONS, JobConfig, JobError
 
@@ -286,9 +287,7 @@ def _open_video(path: str | Path) -> Any:
     try:
         reader = VideoReader(str(file))
     except (DECORDError, RuntimeError) as err:
-        raise ValueError(
-            f"video file {str(file)!r} could not be decoded ({err}); check that it is a valid video"
-        ) from err
+        raise undecodable_video(file, err) from err
     if len(reader) == 0:
         raise ValueError(f"video file {str(file)!r} holds no frames")
     return reader
