@@ -202,7 +202,7 @@ def test_cli_two_processes_give_the_same_scores(cli_runs: dict[str, Any]) -> Non
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ("colour=red", "unknown --model_args key(s) for the vlmspec model: colour"),
+        ("colour=red", "unknown --model_args key(s) for the vlmspec model: 'colour'"),
         ("prune_ratio=1.5", "prune_ratio=1.5 is invalid"),
     ],
 )
@@ -523,7 +523,11 @@ def test_registered_through_the_entry_point_manifest() -> None:
     [
         (
             {"target": "tiny", "colour": "red"},
-            "unknown --model_args key(s) for the vlmspec model: colour; valid keys: target",
+            "unknown --model_args key(s) for the vlmspec model: 'colour'; valid keys: target",
+        ),
+        (
+            {"target ": "tiny"},
+            "vlmspec model: 'target ' ('target ': remove the spaces around '=' and ',')",
         ),
         ({"target": "tiny", "prune_ratio": 1.5}, "prune_ratio=1.5 is invalid"),
         ({"target": "tiny", "video_prune_ratio": -0.1}, "video_prune_ratio=-0.1 is invalid"),
@@ -540,9 +544,10 @@ def test_registered_through_the_entry_point_manifest() -> None:
         ({"target": "tiny", "max_new_tokens": 0}, "max_new_tokens=0 is invalid"),
         ({"target": "tiny", "pruning": "random"}, "pruning='random' is invalid"),
         ({"target": "tiny", "policy": "chain", "gamma": 0}, "ChainConfig.gamma=0 is invalid"),
+        ({"target": "tiny", "policy": "static", "paths": "[[0]"}, "give a list option in a config= YAML"),
         (
             {"target": "tiny", "policy": "ar", "gamma": 2},
-            "unknown --model_args key(s) for the vlmspec model: gamma",
+            "unknown --model_args key(s) for the vlmspec model: 'gamma'",
         ),
         ({"policy": "sage"}, "needs target=..."),
         (

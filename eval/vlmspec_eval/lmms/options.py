@@ -158,7 +158,14 @@ class ModelOptions:
         try:
             config_class.from_dict(self.policy_options)
         except (TypeError, ValueError) as err:
-            raise InvalidInputError(f"bad option for policy {self.policy!r} in --model_args: {err}") from err
+            lists = (
+                " (--model_args splits at commas: give a list option in a config= YAML)"
+                if "a list" in str(err)
+                else ""
+            )
+            raise InvalidInputError(
+                f"bad option for policy {self.policy!r} in --model_args: {err}{lists}"
+            ) from err
         check_pair_families(self.target, self.draft)
 
     def to_dict(self) -> dict[str, Any]:
@@ -268,8 +275,10 @@ def _check_keys(values: Mapping[str, Any], policy: str, policy_fields: list[str]
     unknown = sorted(k for k in values if k not in {*MODEL_ARGS, *LMMS_EVAL_ARGS, *policy_fields})
     if unknown:
         extra = f"; options of policy {policy!r}: {', '.join(sorted(policy_fields))}" if policy_fields else ""
+        spaced = [k for k in unknown if k != k.strip()]
+        hint = f" ({', '.join(map(repr, spaced))}: remove the spaces around '=' and ',')" if spaced else ""
         raise InvalidInputError(
-            f"unknown --model_args key(s) for the vlmspec model: {', '.join(unknown)}; valid keys: "
+            f"unknown --model_args key(s) for the vlmspec model: {', '.join(map(repr, unknown))}{hint}; valid keys: "
             f"{', '.join(MODEL_ARGS)}{extra}"
         )
 
