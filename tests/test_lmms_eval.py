@@ -856,6 +856,13 @@ def test_speed_reports_summaries_and_reference(tmp_path: Path) -> None:
     assert [s.doc_id for s in loaded["t"]] == [0, 1]
     table = speed.format_summary(reports, {"t": "exact_match 0.5"})
     assert "3.00x vs AR (1/2 identical)" in table and "exact_match 0.5" in table
+    # A reference decoded with other generation settings (max_new_tokens, ...) is flagged, not silently compared.
+    short, longer = (generation.generation_settings({"max_new_tokens": n}) for n in (16, 48))
+    ar_short = [dataclasses.replace(r, settings_sha1=speed._digest(repr(short))) for r in ar]
+    spec_long = [dataclasses.replace(r, settings_sha1=speed._digest(repr(longer))) for r in spec[:2]]
+    flagged = speed.task_reports(spec_long, {"policy": "sage"}, {"t": ar_short})
+    assert flagged["t"]["reference"]["other_settings"] == 2
+    assert "2 decoded with other settings: not comparable" in speed.format_summary(flagged)
 
 
 def test_requests_that_ran_side_by_side_share_the_wall_time() -> None:

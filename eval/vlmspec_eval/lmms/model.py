@@ -317,7 +317,9 @@ class VLMSpec(lmms):
         """The reply of a request (of its round ``round_idx``) from its pipeline output; records its speed."""
         doc_id, task, split = request.args[-3:]
         settings = generation_settings(request.args[self.gen_kwargs_at], cap=self.options.max_new_tokens)
-        self._samples.append(SampleSpeed.from_stats(task, split, doc_id, out.stats, out.token_ids, round_idx))
+        self._samples.append(
+            SampleSpeed.from_stats(task, split, doc_id, out.stats, out.token_ids, round_idx, settings)
+        )
         text = truncate_at_stops(out.text, settings.stop_strings)
         return GenerationResult(text=text, token_counts=TokenCounts(output_tokens=len(out.token_ids)))
 

@@ -79,6 +79,9 @@ class SampleSpeed:
     output_sha1: str
     round: int = 0
     """The round of a multi-round request (``generate_until_multi_round``); 0 for every other request."""
+    settings_sha1: str | None = None
+    """A digest of the request's generation settings (``max_new_tokens``, sampling, stop strings, ...), so that a
+    comparison with a reference run can tell runs of other settings; ``None`` in files written before it."""
     wall_seconds: float | None = None
     """The request's share of the wall time (:func:`shared_wall_seconds`); ``None``: its own time (batch size 1,
     or a file written before the field existed)."""
@@ -97,6 +100,7 @@ class SampleSpeed:
         stats: Any,
         token_ids: Sequence[int],
         round_idx: int = 0,
+        settings: Any = None,
     ) -> SampleSpeed:
         """A record from a pipeline call's ``stats`` and generated ``token_ids`` (of round ``round_idx``)."""
         return cls(
@@ -117,15 +121,16 @@ class SampleSpeed:
             target_visual_tokens=int(stats.target_visual_tokens),
             draft_visual_tokens=int(stats.draft_visual_tokens),
             lossless=bool(stats.lossless),
-            output_sha1=hashlib.sha1(json.dumps([int(t) for t in token_ids]).encode()).hexdigest(),
+            output_sha1=_digest(json.dumps([int(t) for t in token_ids])),
             round=int(round_idx),
+            settings_sha1=_digest(repr(settings)) if settings is not None else None,
         )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> SampleSpeed:
         """Inverse of ``asdict`` (extra keys ignored, so newer files still load; missing ``round`` and
         ``wall_seconds`` take their defaults)."""
-        optional = {"round", "wall_seconds"}
+        optional = {"round", "wall_seconds", "settings_sha1"}
         return cls(
             **{f.name: values[f.name] for f in fields(cls) if f.name in values or f.name not in optional}
         )
@@ -134,6 +139,10 @@ class SampleSpeed:
     def key(self) -> tuple[str | None, int, int]:
         """Identifies the document (and the round of a multi-round request) within its task."""
         return self.split, self.doc_id, self.round
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
 
 
 def dedupe(samples: Iterable[SampleSpeed]) -> list[SampleSpeed]:
@@ -211,6 +220,10 @@ def compare_with_reference(
         "reference_tokens_per_second": ref_tokens / ref if ref > 0 else 0.0,
         "speedup": ref / own if own > 0 else 0.0,
         "identical_outputs": sum(s.output_sha1 == r.output_sha1 for s, r in pairs),
+        "other_settings": sum(
+            None not in (s.settings_sha1, r.settings_sha1) and s.settings_sha1 != r.settings_sha1
+            for s, r in pairs
+        ),
     }
 
 
@@ -371,7 +384,12 @@ def format_summary(
     for task, report in reports.items():
         m, ref = report["metrics"], report.get("reference")
         speedup = (
-            f"{ref['speedup']:.2f}x vs AR ({ref['identical_outputs']}/{ref['n_matched']} identical)"
+            f"{ref['speedup']:.2f}x vs AR ({ref['identical_outputs']}/{ref['n_matched']} identical"
+            + (
+                f"; {ref['other_settings']} decoded with other settings: not comparable)"
+                if ref.get("other_settings")
+                else ")"
+            )
             if ref
             else f"~{m['speedup_est']:.2f}x (est.)"
         )
