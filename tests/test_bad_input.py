@@ -458,3 +458,6 @@ def test_an_undecodable_video_s_error_keeps_decord_s_reason_not_its_log_prefix(t
     (bad := tmp_path / "bad.mp4").write_bytes(b"not a video")
     with pytest.raises(InvalidInputError, match=r"bad.mp4' could not be decoded \((?!\[\d)"):
         load_video(bad)
+    make_image(0).save(picture := tmp_path / "shot.png")
+    with pytest.raises(InvalidInputError, match=r"shot.png' is a picture: pass it as an image"):
+        load_video(picture)

@@ -375,10 +375,15 @@ _DECORD_LOG_PREFIX = re.compile(r"\[\d\d:\d\d:\d\d\] \S+:\d+: (\[[^\]]*\] )?")
 def undecodable_video(path: str | Path, error: Exception) -> InvalidInputError:
     """The error for a video file decord cannot read: its reason, without decord's log prefix (a time of day and
     a source path of decord's build, which would make two runs' error lines differ)."""
+    if Path(path).suffix.lower() in _PICTURE_SUFFIXES:
+        return InvalidInputError(f"video file {str(path)!r} is a picture: pass it as an image (image=...)")
     reason = _DECORD_LOG_PREFIX.sub("", str(error)).strip()
     return InvalidInputError(
         f"video file {str(path)!r} could not be decoded ({reason}); check that it is a valid video"
     )
+
+
+_PICTURE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
 
 def check_prompt_inputs(
