@@ -184,7 +184,8 @@ class Chat:
 
     Attributes:
         messages: the history in transformers' chat format (system, user and assistant turns). You may edit it;
-            the next turn then prefills afresh from the first change.
+            the next turn then prefills afresh from the first change (from the start when the change comes
+            before an image or video the caches hold).
         options: default keyword arguments of every turn (:meth:`VLMSpecPipeline.__call__`'s, such as
             ``max_new_tokens``, ``do_sample``, ``stop_strings``); :meth:`send` may override them.
     """
