@@ -313,6 +313,8 @@ def test_generate_refuses_what_generate_would_not_use_and_takes_its_tokenizer(pi
         InputTypeError, match=r"does not take max_tokens: .*; did you mean 'max_new_tokens'\?$"
     ):
         pipe.generate(**inputs, max_tokens=2)
+    with pytest.raises(InvalidInputError, match=r"^pipe.generate: row 0: temperature=-1.0 is invalid"):
+        pipe.generate(**inputs, do_sample=True, temperature=-1.0, max_new_tokens=2)
     with pytest.raises(InvalidInputError, match=r"batch_size=0 is invalid: use an integer >= 1"):
         pipe.generate(**inputs, batch_size=0, max_new_tokens=2)
     with pytest.raises(InputTypeError, match=r"pad_token_id='x' is invalid: use one token id"):

@@ -14,6 +14,7 @@ from transformers.utils.generic import TransformersKwargs
 
 from .errors import InputTypeError, InvalidInputError
 from .inputs import check_token_ids
+from .requests import naming_request
 from .sampling import check_seed
 from .stopping import eos_token_ids
 from .validation import did_you_mean
@@ -81,7 +82,12 @@ def generate(pipe: Any, input_ids: torch.Tensor | None = None, **kwargs: Any) ->
     requests = [
         {"inputs": row, "seed": None if seed is None else seed + b, **options} for b, row in enumerate(rows)
     ]
-    outs = pipe.batch(requests, batch_size=len(rows) if batch_size is None else batch_size)
+    outs = pipe.batch(
+        requests, batch_size=len(rows) if batch_size is None else batch_size, return_exceptions=True
+    )
+    for b, out in enumerate(outs):
+        if isinstance(out, Exception):
+            raise naming_request(out, b, "pipe.generate: row") from out
     pad = pad_token_id(pipe.target) if pad is None else int(pad)
     return generate_layout(input_ids, [out.token_ids for out in outs], pad)
 

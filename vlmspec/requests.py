@@ -72,10 +72,10 @@ def batch_rows(requests: Any, batch_size: Any) -> Any:
     return batch_size
 
 
-def naming_request(error: Exception, index: int) -> Exception:
+def naming_request(error: Exception, index: int, where: str = "pipe.batch: request") -> Exception:
     """``error`` of the same type with the request's index in front (an ``InvalidInputError`` where that type is not
-    built from one message, such as ``UnicodeDecodeError``)."""
-    message = f"pipe.batch: request {index}: {error}"
+    built from one message, such as ``UnicodeDecodeError``); ``where`` names the request's kind."""
+    message = f"{where} {index}: {error}"
     try:
         return type(error)(message)
     except TypeError:
