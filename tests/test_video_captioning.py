@@ -487,6 +487,18 @@ def test_a_folder_input_follows_symlinked_subfolders_once(vc, tmp_path):
         (job / alias).unlink()
 
 
+def test_a_glob_through_a_folder_with_brackets_says_how_to_write_them(vc, tmp_path):
+    (tmp_path / "clips [2023]").mkdir()
+    (tmp_path / "clips [2023]" / "a.mp4").write_bytes(b"x")
+    with pytest.raises(
+        vc.JobError, match=r"holds no videos; '\[' starts a glob character class: write it as '\[\[\]'"
+    ):
+        vc.discover_inputs(f"{tmp_path}/clips [2023]/*.mp4")
+    assert [i.path for i in vc.discover_inputs(f"{tmp_path}/clips [[]2023]/*.mp4")] == [
+        f"{tmp_path}/clips [2023]/a.mp4"
+    ]
+
+
 def test_manifests_with_a_utf8_bom(vc, tmp_path):
     """Excel's "CSV UTF-8" starts the file with a byte order mark: it is not part of the first column's name."""
     (tmp_path / "a.mp4").write_bytes(b"x")

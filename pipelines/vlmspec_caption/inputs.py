@@ -80,9 +80,16 @@ def discover_inputs(
     else:
         raise JobError(f"input {text!r} does not exist (expected a folder, a glob or a .jsonl/.csv manifest)")
     if not items:
+        literal = text.replace("[", "[[]")  # a folder named "clips [2023]": its "[" read as a character
+        hint = (
+            f"; '[' starts a glob character class: write it as '[[]' ({literal!r})"
+            if glob.glob(literal)
+            else ""
+        )
         raise JobError(
             f"input {text!r} holds no videos"
             + (f" (extensions {' '.join(extensions)})" if path.is_dir() else "")
+            + (hint if "[" in text else "")
         )
     if segment is not None:
         items = segment_items(items, segment)
