@@ -783,6 +783,8 @@ def test_media_from_visuals_and_messages() -> None:
         media.simple_messages("Q?", ["sound.wav"])
     with pytest.raises(TypeError, match="unsupported visual"):
         media.simple_messages("Q?", [3])
+    with pytest.raises(NotImplementedError, match="audio inputs are not supported"):
+        media.simple_messages("Q?", [{"array": [0.0, 0.1], "sampling_rate": 16000}])
     assert media.strip_placeholders("<image>\nWhat is it? <video>") == "What is it?"
     assert media.strip_placeholders("\nWhat is it?\n") == "\nWhat is it?\n"  # as the chat path keeps it
     assert (

@@ -110,6 +110,10 @@ def _dict_source(visual: dict[str, Any]) -> tuple[str, Any]:
                     f"visual dict says type={declared!r} but holds a {kind}: {visual[key]!r:.80}"
                 )
             return kind, value
+    if "array" in visual and "sampling_rate" in visual:  # lmms-eval's audio (datasets' Audio feature)
+        raise NotImplementedError(
+            "audio inputs are not supported by the vlmspec model (a vision-language model)"
+        )
     raise TypeError(f"visual dict {sorted(visual)} has none of the keys url, path, frames, video, image")
 
 

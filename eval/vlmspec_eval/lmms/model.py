@@ -52,6 +52,7 @@ from vlmspec import VLMSpecPipeline
 from vlmspec.errors import InvalidInputError, VLMSpecError
 from vlmspec.named_pairs import ResolvedPair
 from vlmspec.pruning import PruningConfig
+from vlmspec.requests import naming_request
 
 from .generation import check_policy_decoding, generation_settings, sampling_only, truncate_at_stops
 from .media import chat_messages, simple_messages
@@ -302,9 +303,11 @@ class VLMSpec(lmms):
         (:func:`~vlmspec_eval.lmms.speed.shared_wall_seconds`)."""
         first, spans = len(self._samples), []
         for k, out in self._pipeline().batch_iter(calls, self.batch_size):
-            if isinstance(out, VLMSpecError):
+            if isinstance(
+                out, (VLMSpecError, ValueError, TypeError, NotImplementedError, OSError)
+            ):  # the inputs'
                 doc_id, task, _split = requests[k].args[-3:]
-                raise user_error(type(out)(f"task {task!r}, document {doc_id}: {out}")) from out
+                raise user_error(naming_request(out, doc_id, f"task {task!r}, document")) from out
             if isinstance(out, BaseException):
                 raise out
             end = time.perf_counter()
