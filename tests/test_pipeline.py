@@ -102,6 +102,31 @@ def test_stop_strings_and_eos_match_generate(pipe):
         pipe.target.generation_config.eos_token_id = eos_before
 
 
+def test_a_stop_string_split_over_byte_tokens_stops_where_generate_stops(pipe):
+    from transformers.generation.stopping_criteria import StopStringCriteria
+
+    from vlmspec.stopping import StopCriteria
+
+    ids = pipe.tokenizer("test \U0001f600 done", add_special_tokens=False)[
+        "input_ids"
+    ]  # the emoji: byte tokens
+    assert any("\ufffd" in pipe.tokenizer.decode([i]) for i in ids)
+    stops = []
+    for cut in range(1, len(ids)):  # every split between prompt and reply
+        prompt, reply = ids[:cut], ids[cut:]
+        ours = StopCriteria(100, stop_strings="\U0001f600", tokenizer=pipe.tokenizer).after_prompt(
+            torch.tensor(prompt)
+        )
+        theirs = StopStringCriteria(pipe.tokenizer, ["\U0001f600"])
+        at_ours = next((i for i in range(1, len(reply) + 1) if ours.update(reply[:i])), None)
+        at_theirs = next(
+            (i for i in range(1, len(reply) + 1) if theirs(torch.tensor([prompt + reply[:i]]), None)[0]), None
+        )
+        assert at_ours == at_theirs, (cut, at_ours, at_theirs)
+        stops.append(at_ours)
+    assert any(stops)
+
+
 def test_video_file_input(pipe, tmp_path):
     path = write_video(tmp_path / "clip.mp4", make_video_frames(0, num_frames=4))
     out = pipe(None, "Describe this video.", video=path, max_new_tokens=16, num_frames=4)

@@ -481,7 +481,8 @@ def test_a_folder_input_follows_symlinked_subfolders_once(vc, tmp_path):
     # A link to a folder that is also there for real: its videos keep their real ids, whichever name sorts first.
     (job / "real").mkdir()
     (job / "real" / "a.mp4").write_bytes(b"x")
-    for alias in ("alias", "zz_alias"):
+    for alias in ("alias", "zz_alias", "a_dir/deeper"):  # a link in an earlier sibling's subtree too
+        (job / alias).parent.mkdir(exist_ok=True)
         (job / alias).symlink_to(job / "real", target_is_directory=True)
         assert [i.id for i in vc.discover_inputs(job)] == ["linked/clip.mp4", "own.mp4", "real/a.mp4"]
         (job / alias).unlink()
@@ -634,6 +635,9 @@ def test_config_file_defaults_and_flag_overrides(vc, tmp_path):
     assert (loaded.max_new_tokens, loaded.policy, loaded.policy_options) == (9, "chain", {"gamma": 3})
     assert loaded.extensions == (".mp4", ".webm")
     assert vc.load_config(str(config)).max_new_tokens == 7
+    config.write_text("num_frames: 1\n")  # fine alone (decord); the flag makes it the qwen sampler's
+    with pytest.raises(vc.JobError, match=r"job.yaml' with command-line flags: num_frames must be >= 2 with"):
+        vc.load_config(str(config), {"max_pixels": 200000})
     config.write_text("max_new_tokens: many\n")
     with pytest.raises(vc.JobError, match="max_new_tokens=.* is invalid: expected an integer"):
         vc.load_config(str(config))
@@ -695,6 +699,11 @@ def test_torn_last_line_is_truncated_and_damage_elsewhere_stops(vc, tmp_path):
     for tail in (b"{", b'{"i', b"\0\0\0", b'{"id": "c"\0\0'):  # a write cut within its first bytes, or zeros
         out.write_bytes(good + tail)
         assert [r["id"] for r in vc.read_output(out, repair=True)] == ["a", "b"] and out.read_bytes() == good
+    for alone in (b"{", b"\0" * 4096):  # such bytes alone are not taken for the job's
+        out.write_bytes(alone)
+        with pytest.raises(vc.JobError, match="was not written by this job"):
+            vc.read_output(out, repair=True)
+        assert out.read_bytes() == alone
     out.write_bytes(b"garbage\n" + good)
     with pytest.raises(vc.JobError, match="line 1"):
         vc.read_output(out, repair=True)

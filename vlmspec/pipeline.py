@@ -430,7 +430,7 @@ class VLMSpecPipeline:
         a failure there is that request's result, like any other bad input).
         """
         check_requests(requests, "pipe.batch_iter")
-        batcher = Batcher(batch_size := batch_rows(requests, batch_size))
+        batcher = Batcher(batch_rows(requests, batch_size))  # trees fitted to batch_size all the same
         policy = self.batch_policy(batch_size)
         row = lambda adapter, order: RowAdapter(adapter, batcher, order)  # noqa: E731
         jobs = (partial(self._decode, request, policy, i, row) for i, request in enumerate(requests))

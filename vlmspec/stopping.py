@@ -68,7 +68,8 @@ class StopCriteria:
         longest = max(map(len, self.stop_strings))
         # Decode enough trailing tokens (of the prompt too) to cover the longest stop string plus the last token.
         tail, count, available = last, 1, len(tokens) + len(self.prompt_ids)
-        while len(tail) < longest + len(last) and count < available:
+        # (a tail that starts inside a character decodes to U+FFFD: it grows until that character is whole)
+        while (len(tail) < longest + len(last) or tail.startswith("\ufffd")) and count < available:
             count = min(2 * count, available)
             before = count - len(tokens)
             tail = self.tokenizer.decode(

@@ -235,5 +235,6 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         JobConfig.from_mapping(values, source)  # report the file's own mistakes as the file's
     if not overrides:
         return JobConfig.from_mapping(values, source)
-    values.update(overrides)  # the file is sound on its own (checked above): a mistake here is a flag's
-    return JobConfig.from_mapping(values, "command line", flags=True)
+    JobConfig.from_mapping(overrides, "command line", flags=True)  # the flags' own mistakes, named as flags
+    values.update(overrides)
+    return JobConfig.from_mapping(values, f"{source} with command-line flags")

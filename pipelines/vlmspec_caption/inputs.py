@@ -100,23 +100,24 @@ def discover_inputs(
 def _folder_items(folder: Path, extensions: Sequence[str]) -> list[VideoItem]:
     """The videos under ``folder``, its subfolders included; symlinked subfolders are followed (once each, so a
     link loop ends), and hidden files and folders (``.DS_Store``, partial downloads) are skipped. A folder reached
-    both directly and through a symlink is read at its own path: real folders are walked before links, so ids do
-    not depend on the order of the listing, and a link added later does not rename what was captioned."""
+    both directly and through a symlink is read at its own path: the real folders are walked first and links after
+    them, so ids do not depend on the order of the listing, and a link added later does not rename what was
+    captioned."""
     wanted = {e.lower() for e in extensions}
-    items, seen = [], set()
-    for root, dirs, files in os.walk(folder, followlinks=True):
-        real = os.path.realpath(root)
-        if real in seen:
-            dirs[:] = []
-            continue
-        seen.add(real)
-        dirs[:] = sorted(
-            (d for d in dirs if not d.startswith(".")), key=lambda d: (os.path.islink(Path(root, d)), d)
-        )
-        for name in files:
-            file = Path(root, name)
-            if not name.startswith(".") and file.suffix.lower() in wanted and file.is_file():
-                items.append(VideoItem(id=file.relative_to(folder).as_posix(), path=str(file)))
+    items, seen, links = [], set(), [folder]
+    while links:  # the input folder, then each linked folder met on the way (in the order met)
+        for root, dirs, files in os.walk(links.pop(0)):  # not into links: they wait their turn
+            real = os.path.realpath(root)
+            if real in seen:
+                dirs[:] = []
+                continue
+            seen.add(real)
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            links += [Path(root, d) for d in dirs if os.path.islink(Path(root, d))]
+            for name in files:
+                file = Path(root, name)
+                if not name.startswith(".") and file.suffix.lower() in wanted and file.is_file():
+                    items.append(VideoItem(id=file.relative_to(folder).as_posix(), path=str(file)))
     return sorted(items, key=lambda item: item.id)
 
 

@@ -342,10 +342,10 @@ def _caption_shard(
     from tqdm.auto import tqdm
 
     frames = frame_source(config, pipe)
-    batch_size = min(config.batch_size or pipe.default_batch_size(), max(len(todo), 1))  # no rows left empty
+    batch_size = config.batch_size or pipe.default_batch_size()
     totals = RunTotals()
     start = time.perf_counter()
-    requests = (partial(caption_request, item, config, frames) for item in todo)
+    requests = [partial(caption_request, item, config, frames) for item in todo]  # a list: no rows beyond it
     for index, result in pipe.batch_iter(requests, batch_size):
         item = todo[index]
         record = caption_record(item, config, meta, result)

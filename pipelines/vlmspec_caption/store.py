@@ -72,11 +72,15 @@ RECORD_START = b'{"id": '
 """How every line this job writes begins (:func:`encode_record`: the record's first key is its id)."""
 
 
-def _torn_record(piece: bytes) -> bool:
+def _torn_record(piece: bytes, after_lines: bool) -> bool:
     """Whether ``piece`` (what follows the last newline) can be a line of this job cut short: the start of a
-    record, however few of its bytes reached the disk, or zero bytes a crash left in its place."""
+    record; or, after complete lines (which must then be the job's records), however few of a record's bytes
+    reached the disk, or zero bytes a crash left in their place. (A file of zero bytes alone, or of ``{``, is not
+    taken for the job's.)"""
+    if not piece or piece.startswith(RECORD_START):
+        return True
     piece = piece.rstrip(b"\0")
-    return piece.startswith(RECORD_START) or RECORD_START.startswith(piece)
+    return after_lines and (piece.startswith(RECORD_START) or RECORD_START.startswith(piece))
 
 
 def _not_ours(file: Path, line: int) -> JobError:
@@ -108,7 +112,7 @@ def scan_output(path: str | Path) -> ScannedFile:
     except OSError as err:
         raise JobError(f"output file {str(file)!r} could not be read: {err}") from err
     lines = data.split(b"\n")
-    if not _torn_record(lines[-1]):
+    if not _torn_record(lines[-1], any(line.strip() for line in lines[:-1])):
         raise _not_ours(file, len(lines))
     complete = lines[:-1]  # the last piece follows the last newline: empty, or a line torn before its newline
     records: list[dict[str, Any]] = []

@@ -108,7 +108,9 @@ class VLMSpec(lmms):
                 self.pair: ResolvedPair = resolve_pair(self.options)
             self.pipe: VLMSpecPipeline | None = load_pipeline(self.options, self.pair, self._device_map())
             self._speed_dir = self.options.speed_dir or lmms_eval_output_path()
-            if self._speed_dir is not None and self._rank == 0:
+            if (
+                self._speed_dir is not None
+            ):  # on every rank: one that stopped alone would leave the others waiting
                 check_speed_dir(self._speed_dir)
         except (
             ValueError,
@@ -152,7 +154,7 @@ class VLMSpec(lmms):
         self._check_generation_kwargs(requests)
         results = [GenerationResult(text="")] * len(requests)  # lmms-eval's rank padding stays empty
         todo = [i for i, request in enumerate(requests) if not _is_padding(request)]
-        calls = (partial(self._call, requests[i]) for i in todo)
+        calls = [partial(self._call, requests[i]) for i in todo]  # a list: no batch rows beyond them
         start = time.perf_counter()
         with tqdm(total=len(todo), disable=self.rank != 0, desc="vlmspec generate") as bar:
             for k, out in self._decode(calls, [requests[i] for i in todo]):
@@ -179,7 +181,7 @@ class VLMSpec(lmms):
         round_idx, start = 0, time.perf_counter()
         while prompts:
             live = list(prompts)
-            calls = (partial(self._call, requests[i], prompts[i]) for i in live)
+            calls = [partial(self._call, requests[i], prompts[i]) for i in live]
             for k, out in self._decode(calls, [requests[i] for i in live]):
                 replies[live[k]].append(self._result(requests[live[k]], out, round_idx).text.strip())
             round_idx += 1
