@@ -369,21 +369,20 @@ def _video_item(item: dict, source: VideoInput, where: str) -> VideoInput:
         raise type(err)(f"{where}: {err}") from err
 
 
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tiff", ".tif", ".webp"})
+"""File extensions of pictures (a video file named so is one given in the wrong place)."""
 _DECORD_LOG_PREFIX = re.compile(r"\[\d\d:\d\d:\d\d\] \S+:\d+: (\[[^\]]*\] )?")
 
 
 def undecodable_video(path: str | Path, error: Exception) -> InvalidInputError:
     """The error for a video file decord cannot read: its reason, without decord's log prefix (a time of day and
     a source path of decord's build, which would make two runs' error lines differ)."""
-    if Path(path).suffix.lower() in _PICTURE_SUFFIXES:
+    if Path(path).suffix.lower() in IMAGE_SUFFIXES:
         return InvalidInputError(f"video file {str(path)!r} is a picture: pass it as an image (image=...)")
     reason = _DECORD_LOG_PREFIX.sub("", str(error)).strip()
     return InvalidInputError(
         f"video file {str(path)!r} could not be decoded ({reason}); check that it is a valid video"
     )
-
-
-_PICTURE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
 
 def check_prompt_inputs(

@@ -2,9 +2,9 @@
 
 ``generate()`` checks its criteria after each new token: it stops after ``max_new_tokens`` tokens, after an EOS
 token (which is kept in the output), or once the decoded text ends with a stop string (``StopStringCriteria``:
-the stop string must end inside the last token's text, and may begin in the prompt, since ``generate()`` decodes the whole sequence). The engine emits several
-tokens per step and calls :meth:`StopCriteria.update` after each of them, so it cuts the output at exactly the same
-token.
+the stop string must end inside the last token's text, and may begin in the prompt, since ``generate()`` decodes
+the whole sequence). The engine emits several tokens per step and calls :meth:`StopCriteria.update` after each of
+them, so it cuts the output at exactly the same token.
 """
 
 from __future__ import annotations

@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from vlmspec.inputs import VideoClip
+from vlmspec.inputs import IMAGE_SUFFIXES, VideoClip
 
 __all__ = ["IMAGE_EXTS", "VIDEO_EXTS", "chat_messages", "classify", "simple_messages", "strip_placeholders"]
 
-IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tiff", ".tif", ".webp"})
+IMAGE_EXTS = IMAGE_SUFFIXES
 VIDEO_EXTS = frozenset({".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".flv", ".mpg", ".mpeg", ".wmv"})
 _PLACEHOLDER = r"(?:<image>|<video>|<image_\d+>)"
 _PLACEHOLDER_AND_SPACE = re.compile(_PLACEHOLDER + r"\s*")
