@@ -194,11 +194,19 @@ class DraftTree:
         )
 
     # ---- after verification ------------------------------------------------------------------------------------
-    def commit(self, path: torch.Tensor, soft_prompt: torch.Tensor | None = None) -> torch.Tensor:
+    def cache_slots(self, nodes: torch.Tensor) -> torch.Tensor:
+        """``[k]`` long, the draft-cache index of each of ``nodes`` (``-1``: not forwarded this step)."""
+        return self._slots[nodes]
+
+    def commit(
+        self, path: torch.Tensor, slots: list[int], soft_prompt: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Keep the accepted path in the draft cache.
 
         Args:
             path: ``[a+1]`` long node ids of this builder (root first) that were accepted.
+            slots: ``a+1`` host ints, :meth:`cache_slots` of ``path`` (read with the step's other host values, so
+                the commit needs no host sync of its own).
             soft_prompt: for a draft that reads the target's hidden states (EDD): ``[a+1, D]`` the target's
                 hidden states at the path. They replace the draft's own entries for those tokens: the cache is cut
                 back to just before the root and they become the pending rows of the next root forward.
@@ -208,30 +216,26 @@ class DraftTree:
             ``soft_prompt``, ``[p', D]`` hidden states). The bonus token is not among them: it is the next step's
             root, which the next builder feeds after them.
         """
-        accepted = self._tokens[path] if soft_prompt is None else soft_prompt
         if self._root_slot is None:  # the draft never ran this step: everything stays pending
+            accepted = self._tokens[path] if soft_prompt is None else soft_prompt
             return torch.cat([self.pending, accepted])
         if (
             soft_prompt is not None
         ):  # keep the soft prompt up to the root (the pending rows fed this step too)
             truncate(self.state.cache, self._root_slot)
             return soft_prompt
-        nodes = path[1:]
-        slots = self._slots[nodes]
+        # The forwarded nodes are a prefix of the path (a node is expanded only after its parent was); when they
+        # already sit right after the root (a chain), a crop keeps them.
+        node_slots = slots[1:]
+        forwarded = sum(slot >= 0 for slot in node_slots)
+        if min(node_slots[:forwarded], default=0) < 0:
+            raise RuntimeError("DraftTree.commit: an unexpanded node has children")
         start = self._root_slot + 1
-        # The forwarded nodes are a prefix of the path (a node is expanded only after its parent was). One sync
-        # reads how many there are and whether they already sit right after the root (a chain): then a crop does.
-        is_forwarded = slots >= 0
-        in_place = (slots == start + torch.arange(slots.shape[0], device=slots.device)) | ~is_forwarded
-        forwarded, contiguous = torch.stack([is_forwarded.sum(), in_place.all().long()]).tolist()
-        torch._assert_async(
-            (slots[:forwarded] >= 0).all(), "DraftTree.commit: an unexpanded node has children"
-        )
-        if contiguous:
+        if node_slots[:forwarded] == list(range(start, start + forwarded)):
             truncate(self.state.cache, start + forwarded)
         else:
-            keep_tail(self.state.cache, start, slots[:forwarded])
-        return self._tokens[nodes[forwarded:]]
+            keep_tail(self.state.cache, start, self._slots[path[1 : 1 + forwarded]])
+        return self._tokens[path[1 + forwarded :]]
 
     # ---- internals ---------------------------------------------------------------------------------------------
     def _forward_root(self) -> torch.Tensor:

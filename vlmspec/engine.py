@@ -23,6 +23,7 @@ from .sampling import Sampler, SamplingParams
 from .stopping import StopCriteria
 from .timing import StageClock
 from .tree import TokenTree
+from .verify import Acceptance
 
 
 @dataclass
@@ -221,25 +222,24 @@ def speculative_generate(
         # 5. Accept a path and the target's next token (greedy: the longest path matching the target's argmax;
         #    sampling: the same walk following one draw from the target's warped distribution per node).
         acc = policy.accept(tree, logits, sampler)
-        # One host sync (needed): where the accepted nodes sit in the cache, and the tokens to emit.
-        a = acc.path.shape[0]  # root + accepted nodes
-        host = torch.cat([acc.path, tree.tokens[acc.path[1:]], acc.next_token.reshape(1)]).tolist()
-        path, new = host[:a], host[a:]
+        path, new, draft_slots = read_step(acc, tree, builder)  # the step's one host sync
+        a = len(path)  # root + accepted nodes
+        on_path = acc.order[:a]  # [a] the path on the device
 
         # 6. Keep the accepted path in both caches, drop the rest of the tree.
         if path == list(range(a)):  # the first `a` verified tokens (always for ar and chains): crop the rest
             truncate(t_state.cache, past + a)
         else:
-            keep_tail(t_state.cache, past, past + acc.path)  # cache slots of the root and the accepted nodes
+            keep_tail(t_state.cache, past, past + on_path)  # cache slots of the root and the accepted nodes
         if builder is not None:
-            soft_prompt = hidden[acc.path] if read_layer is not None else None
-            pending = builder.commit(tree.source_ids[acc.path], soft_prompt)
+            soft_prompt = hidden[on_path] if read_layer is not None else None
+            pending = builder.commit(tree.source_ids[on_path], draft_slots, soft_prompt)
 
         if processed is not None:
-            processed.commit(torch.cat([tree.tokens[acc.path[1:]], acc.next_token.reshape(1)]))
+            processed.commit(torch.cat([tree.tokens[on_path[1:]], acc.next_token.reshape(1)]))
 
         # 7. Feed the statistics back to the policy.
-        policy.feedback(StepFeedback(step=stats.steps, accepted=acc.num_accepted, tree_size=tree.num_nodes))
+        policy.feedback(StepFeedback(step=stats.steps, accepted=a - 1, tree_size=tree.num_nodes))
         # 8. Emit the tokens, applying the stop conditions after each one as generate() does.
         emitted = 0
         for token in new:
@@ -251,13 +251,13 @@ def speculative_generate(
         if on_tokens is not None:
             on_tokens(tokens[-emitted:])
         # Statistics count only accepted tokens that were emitted (a stop condition may cut the step short).
-        accepted = min(acc.num_accepted, emitted)
+        accepted = min(a - 1, emitted)
         stats.trace.append({**policy.trace(), "tree_size": tree.num_nodes, "accepted": accepted})
         stats.steps += 1
         stats.accepted_tokens += accepted
         stats.tree_sizes.append(tree.num_nodes)
         root = acc.next_token
-        position += acc.path.shape[0]
+        position += a
         clock.lap("verify")
 
     stats.total_seconds = time.perf_counter() - t_start
@@ -269,3 +269,24 @@ def speculative_generate(
     stats.tokens_per_step = (len(tokens) - 1) / max(stats.steps, 1)
     stats.tokens_per_second = len(tokens) / max(stats.total_seconds, 1e-9)
     return tokens, stats
+
+
+def read_step(
+    acc: Acceptance, tree: TokenTree, builder: DraftTree | None
+) -> tuple[list[int], list[int], list[int]]:
+    """The one host sync a step needs: what the target accepted decides the tokens to emit and what the caches keep.
+
+    Returns:
+        ``path``: the accepted path's tree indices (root first); ``new``: the tokens to emit (the path's tokens
+        after the root, then the bonus token); ``draft_slots``: where the path's nodes sit in the draft cache
+        (``-1``: not forwarded; empty without a draft).
+    """
+    order = acc.order  # [N+1], the path first
+    parts = [acc.length.reshape(1), order, tree.tokens[order], acc.next_token.reshape(1)]
+    if builder is not None:
+        parts.append(builder.cache_slots(tree.source_ids[order]))
+    host = torch.cat(parts).tolist()
+    a, width = host[0], order.shape[0]
+    path, tokens = host[1 : 1 + a], host[1 + width : 1 + width + a]
+    draft_slots = host[2 + 2 * width : 2 + 2 * width + a]
+    return path, tokens[1:] + [host[1 + 2 * width]], draft_slots

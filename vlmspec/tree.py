@@ -114,6 +114,12 @@ class TokenTree:
         """Indices from the root to ``node`` inclusive, ``[depth+1]`` long (ascending = root first)."""
         return self.ancestors[node].nonzero().flatten()
 
+    def path_first(self, node: torch.Tensor) -> torch.Tensor:
+        """``[N+1]`` long: :meth:`path_to` ``(node)`` (its first ``depths[node] + 1`` entries), then every other
+        node. A fixed shape, so no host sync: the caller reads the length with whatever else it reads."""
+        on_path = self.ancestors[node].to(torch.uint8)  # [N+1]; ancestors precede descendants (topological)
+        return on_path.argsort(descending=True, stable=True)
+
     def retrieve_paths(self) -> torch.Tensor:
         """``[L, D+1]`` root-to-leaf index paths (one per leaf), right-padded with ``-1``."""
         is_parent = torch.zeros_like(self.tokens, dtype=torch.bool)

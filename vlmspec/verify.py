@@ -20,20 +20,37 @@ from .tree import TokenTree
 
 @dataclass
 class Acceptance:
-    """Outcome of verifying one tree.
+    """Outcome of verifying one tree, in fixed-shape device tensors (no host sync until the engine reads it).
 
     Attributes:
-        path: ``[a+1]`` long, tree indices from the root to the last accepted node.
+        last: ``[]`` long, tree index of the last accepted node (the root when no draft node was accepted).
+        order: ``[N+1]`` long, the accepted path's tree indices from the root (its first ``length`` entries),
+            then the other nodes (see :meth:`~vlmspec.tree.TokenTree.path_first`).
+        length: ``[]`` long, nodes on the accepted path, root included (``a + 1``).
         next_token: ``[]`` long, the target's token after the path (the bonus token).
     """
 
-    path: torch.Tensor
+    last: torch.Tensor
+    order: torch.Tensor
+    length: torch.Tensor
     next_token: torch.Tensor
+
+    @classmethod
+    def at(cls, tree: TokenTree, node: torch.Tensor, next_token: torch.Tensor) -> Acceptance:
+        """The path from the root to ``node`` ``[]``, followed by ``next_token``."""
+        return cls(
+            last=node, order=tree.path_first(node), length=tree.depths[node] + 1, next_token=next_token
+        )
+
+    @property
+    def path(self) -> torch.Tensor:
+        """``[a+1]`` long, tree indices from the root to the last accepted node (reads ``length``: a host sync)."""
+        return self.order[: int(self.length)]
 
     @property
     def num_accepted(self) -> int:
-        """Accepted draft tokens (root excluded): tau for this step."""
-        return self.path.shape[0] - 1
+        """Accepted draft tokens (root excluded): tau for this step (a host sync)."""
+        return int(self.length) - 1
 
 
 def greedy_accept(tree: TokenTree, target_logits: torch.Tensor) -> Acceptance:
@@ -98,7 +115,7 @@ def accept_choices(tree: TokenTree, choice: torch.Tensor) -> Acceptance:
     depth = tree.depths
     score = torch.where(accepted, depth, torch.full_like(depth, -1))
     best = score.argmax()  # deepest accepted node (the root always qualifies)
-    return Acceptance(path=tree.path_to(best), next_token=choice[best])
+    return Acceptance.at(tree, best, choice[best])
 
 
 def beam_accept(tree: TokenTree, target_logits: torch.Tensor, tau: float) -> Acceptance:
@@ -132,8 +149,8 @@ def beam_accept(tree: TokenTree, target_logits: torch.Tensor, tau: float) -> Acc
     """
     choice = target_logits.argmax(dim=-1)  # [N+1]
     if tree.num_nodes == 0:
-        root = torch.zeros(1, dtype=torch.long, device=tree.tokens.device)
-        return Acceptance(path=root, next_token=choice[0])
+        root = torch.zeros((), dtype=torch.long, device=tree.tokens.device)
+        return Acceptance.at(tree, root, choice[0])
     log_target = torch.log_softmax(target_logits.double(), dim=-1)  # [N+1, V]
     parents, tokens = tree.parents[1:], tree.tokens[1:]
     log_ratio = torch.zeros(tree.tokens.shape[0], dtype=torch.float64, device=tree.tokens.device)
@@ -150,7 +167,7 @@ def beam_accept(tree: TokenTree, target_logits: torch.Tensor, tau: float) -> Acc
     candidates = accepted & (depth == deepest)
     # first max: lowest index on ties; with no acceptance every entry is -inf and the root (0) is chosen
     best = cum_draft.masked_fill(~candidates, float("-inf")).argmax()
-    return Acceptance(path=tree.path_to(best), next_token=choice[best])
+    return Acceptance.at(tree, best, choice[best])
 
 
 # ---- DSBD: speculative beam sampling (shared/papers/dsbd.txt, sections 3.1-3.2, Algorithm 1) ------------------

@@ -297,7 +297,7 @@ class DSBDPolicy(TreePolicy):
                 "output_beams": int(outputs.shape[0]),
             }
         )
-        return Acceptance(path=tree.path_to(out_parents[best]), next_token=out_tokens[best])
+        return Acceptance.at(tree, out_parents[best], out_tokens[best])
 
     def _check_sampler(self, sampler: Sampler | None) -> None:
         """Refuse greedy decoding and a request warped otherwise than the config says."""

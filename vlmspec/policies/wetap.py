@@ -64,7 +64,7 @@ import heapq
 import math
 import warnings
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -277,7 +277,7 @@ class WETAPPolicy(TreePolicy):
             return super().accept(tree, target_logits, sampler)
         acc = beam_accept(tree, target_logits, self.config.tau)
         if sampler is not None:
-            acc = Acceptance(path=acc.path, next_token=sampler.sample(target_logits[acc.path[-1]]))
+            acc = replace(acc, next_token=sampler.sample(target_logits[acc.last]))
         return acc
 
     def build_tree(self, draft: DraftTree) -> TokenTree:
