@@ -289,13 +289,10 @@ def test_generate_takes_every_processor_output_and_refuses_what_the_model_does_n
     )
     taken = hf_compat.model_inputs(pipe.target)
     assert set(outputs) <= taken, (family, set(outputs) - taken)
-    config = pipe.target.generation_config
-    _, tensors = hf_compat.split_generate_kwargs(dict(outputs), hf_compat.GENERATE_OPTIONS, config, taken)
+    _, tensors = hf_compat.split_generate_kwargs(dict(outputs), hf_compat.GENERATE_OPTIONS, taken)
     assert set(tensors) == set(outputs)
     with pytest.raises(TypeError, match=r"does not take foo: it takes processor outputs"):
-        hf_compat.split_generate_kwargs(
-            {**outputs, "foo": torch.ones(1)}, hf_compat.GENERATE_OPTIONS, config, taken
-        )
+        hf_compat.split_generate_kwargs({**outputs, "foo": torch.ones(1)}, hf_compat.GENERATE_OPTIONS, taken)
 
 
 def test_generate_refuses_what_it_cannot_do_naming_it(pipe):

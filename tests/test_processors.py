@@ -3,6 +3,8 @@ speculative output the target's own: per tree node against transformers' process
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import (
@@ -12,7 +14,7 @@ from transformers import (
     SuppressTokensLogitsProcessor,
 )
 
-from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
+from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy, hf_compat
 from vlmspec.processors import LogitsProcessing
 from vlmspec.testbed import sample
 from vlmspec.testing import build_tiny_pair, make_image
@@ -169,3 +171,113 @@ def test_min_new_tokens_takes_precedence_over_the_config_s_min_length_and_odd_id
         assert len(tiny(image, prompt, eos_token_id=plain[3], min_new_tokens=2).token_ids) == 4
     finally:
         config.min_length, config.begin_suppress_tokens = 0, None
+
+
+@pytest.fixture
+def config_of(tiny):
+    """The tiny target's generation_config, restored after the test."""
+    saved = copy.deepcopy(tiny.target.generation_config)
+    yield tiny.target.generation_config
+    tiny.target.generation_config = saved
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"num_beams": 3},
+        {"num_return_sequences": 2},
+        {"encoder_repetition_penalty": 3.0},
+        {"encoder_no_repeat_ngram_size": 1},
+        {"max_time": 5.0},
+        {"dola_layers": "high"},
+    ],
+)
+def test_a_config_that_makes_generate_decode_otherwise_is_refused(tiny, config_of, setting):
+    """Beam search, several sequences, the prompt-side processors of a decoder-only model, DoLa, a time limit: a
+    generation_config turning one on is refused, not decoded greedily."""
+    (name, value), image = next(iter(setting.items())), make_image(0)
+    setattr(config_of, name, value)
+    inputs = tiny.prepare_inputs(image, "Hi")
+    for call in (
+        lambda: tiny(image, "Hi", max_new_tokens=2),
+        lambda: tiny.generate(**inputs, max_new_tokens=2),
+    ):
+        with pytest.raises(InvalidInputError, match=rf"generation_config sets {name}={value!r}"):
+            call()
+
+
+def test_the_config_s_stop_strings_end_generation_as_in_generate(tiny, config_of):
+    image, prompt = make_image(0), "Describe this image."
+    inputs = tiny.prepare_inputs(image, prompt)
+    length = inputs["input_ids"].shape[1]
+    tokenizer = tiny.processor.tokenizer
+    plain = tiny.target.generate(**inputs, do_sample=False, max_new_tokens=16)[0, length:].tolist()
+    config_of.stop_strings = [tokenizer.decode(plain[3:5])]
+    expected = tiny.target.generate(**inputs, do_sample=False, max_new_tokens=16, tokenizer=tokenizer)
+    expected = expected[0, length:].tolist()
+    assert len(expected) < len(plain)
+    tiny.policy = get_policy("chain")
+    assert tiny(image, prompt, max_new_tokens=16).token_ids == expected
+    assert tiny.generate(**inputs, max_new_tokens=16)[0, length:].tolist() == expected
+
+
+def test_generate_resolves_options_over_the_config_as_generate_does(tiny, config_of):
+    """An option passed as None turns the config's setting off; the length falls back to the config's max_length,
+    then to 20 new tokens; return_dict_in_generate gives .sequences; finished rows pad with the call's EOS."""
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    image, prompt = make_image(0), "Describe this image."
+    inputs = tiny.prepare_inputs(image, prompt)
+    length = inputs["input_ids"].shape[1]
+    tiny.policy = get_policy("chain")
+
+    def both(**options):
+        ours = tiny.generate(**inputs, **options)[0, length:].tolist()
+        theirs = tiny.target.generate(**inputs, do_sample=False, **options)[0, length:].tolist()
+        return ours, theirs
+
+    plain = both(max_new_tokens=16)[1]
+    config_of.repetition_penalty, config_of.eos_token_id = 0.5, plain[2]
+    ours, theirs = both(max_new_tokens=16, repetition_penalty=None, eos_token_id=None)
+    assert ours == theirs == plain  # neither the config's penalty nor its EOS
+    config_of.repetition_penalty, config_of.eos_token_id = 1.0, None
+    config_of.max_new_tokens, config_of.max_length = None, length + 7
+    ours, theirs = both()
+    assert ours == theirs and len(ours) == 7
+    config_of.max_length = None
+    ours, theirs = both()
+    assert ours == theirs and len(ours) == 20
+    out = tiny.generate(**inputs, max_new_tokens=4, return_dict_in_generate=True)
+    assert isinstance(out, GenerateDecoderOnlyOutput)
+    assert torch.equal(out.sequences, tiny.generate(**inputs, max_new_tokens=4))
+    config_of.pad_token_id = None
+    assert hf_compat.pad_token_id(tiny.target, [plain[1], 5]) == plain[1]
+
+
+def test_a_sampling_setting_passed_as_none_is_off_as_in_generate(tiny, config_of):
+    """The config samples with top_k=1 (greedy in effect); top_k=None in the call turns top-k off, so seeds draw
+    different replies, as generate(top_k=None) does."""
+    image, prompt = make_image(0), "Describe this image."
+    inputs = tiny.prepare_inputs(image, prompt)
+    config_of.do_sample, config_of.top_k = True, 1
+    assert hf_compat.resolve_options({"top_k": None}, config_of, 10)["top_k"] == 0
+    tiny.policy = get_policy("chain")
+    kept = {tuple(tiny.generate(**inputs, seed=s, max_new_tokens=8)[0].tolist()) for s in range(4)}
+    off = {tuple(tiny.generate(**inputs, seed=s, max_new_tokens=8, top_k=None)[0].tolist()) for s in range(4)}
+    assert len(kept) == 1 and len(off) > 1
+    config_of.typical_p = 1.5
+    with pytest.raises(
+        InvalidInputError, match=r"typical_p=1.5 is invalid.*the target's generation_config sets it"
+    ):
+        tiny(image, prompt, do_sample=True, max_new_tokens=2)
+
+
+def test_no_eos_decodes_to_max_new_tokens(tiny):
+    image, prompt = make_image(0), "Describe this image."
+    inputs = tiny.prepare_inputs(image, prompt)
+    length = inputs["input_ids"].shape[1]
+    plain = tiny.target.generate(**inputs, do_sample=False, max_new_tokens=16)[0, length:].tolist()
+    tiny.policy = get_policy("chain")
+    stops = tiny(image, prompt, max_new_tokens=16, eos_token_id=plain[2]).token_ids
+    assert len(stops) == plain.index(plain[2]) + 1 < len(plain) == 16
+    assert tiny(image, prompt, max_new_tokens=16, eos_token_id=[]).token_ids == plain

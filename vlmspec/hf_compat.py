@@ -10,13 +10,14 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils.generic import TransformersKwargs
 
 from .errors import InputTypeError, InvalidInputError
 from .inputs import check_token_ids
 from .requests import naming_request
 from .sampling import check_seed
-from .stopping import eos_token_ids
+from .stopping import eos_token_ids, token_ids
 from .validation import did_you_mean
 
 GENERATE_OPTIONS: tuple[str, ...] = (
@@ -26,7 +27,9 @@ GENERATE_OPTIONS: tuple[str, ...] = (
 """The keyword arguments of :meth:`~vlmspec.VLMSpecPipeline.__call__` that ``generate()`` takes as options."""
 
 
-def generate(pipe: Any, input_ids: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+def generate(
+    pipe: Any, input_ids: torch.Tensor | None = None, **kwargs: Any
+) -> torch.Tensor | GenerateDecoderOnlyOutput:
     """``target.generate(**inputs, ...)`` with speculative decoding: a drop-in for code that already calls it.
 
         inputs = processor(text=texts, images=images, padding=True, return_tensors="pt")
@@ -45,14 +48,16 @@ def generate(pipe: Any, input_ids: torch.Tensor | None = None, **kwargs: Any) ->
             ``pipe(...)`` takes them (``streamer``: one prompt only); ``use_cache`` (speed only: ignored),
             ``num_beams`` and ``num_return_sequences`` (1 only); ``tokenizer`` (which ``generate()`` needs with
             ``stop_strings``: ignored, the pipeline decodes with its own processor's tokenizer); ``batch_size``
-            (rows decoding at once; default: all) and ``pad_token_id`` (what rows that stop early are padded with).
-            As in ``generate()``, ``do_sample`` and ``max_new_tokens`` default to the target's
-            ``generation_config`` (``max_new_tokens``: 128 when it sets none, as ``pipe(...)``).
+            (rows decoding at once; default: all), ``pad_token_id`` (what rows that stop early are padded with)
+            and ``return_dict_in_generate``. Options are resolved over the target's ``generation_config`` as
+            ``generate()`` resolves them (:func:`resolve_options`): an option given as ``None`` turns the config's
+            setting off, and with no ``max_new_tokens`` the config's ``max_length`` (or 20 new tokens) applies.
 
     Returns:
         ``[B, L + T]``: the prompts as given, then each row's new ids (EOS included when produced), rows that
         stopped early padded with the pad token, ``T`` the longest row's: what ``generate()`` returns for a
-        decoder-only model.
+        decoder-only model; in a ``GenerateDecoderOnlyOutput`` (``.sequences``) with ``return_dict_in_generate``
+        (the call's, else the config's).
 
     Raises:
         TypeError: an argument this method does not take (``num_beams``, ``assistant_model``, a tensor the model
@@ -62,14 +67,15 @@ def generate(pipe: Any, input_ids: torch.Tensor | None = None, **kwargs: Any) ->
     """
     batch_size, pad = kwargs.pop("batch_size", None), kwargs.pop("pad_token_id", None)
     kwargs.pop("tokenizer", None)  # generate() needs one to read stop_strings; the pipeline has its own
-    options, tensors = split_generate_kwargs(
-        kwargs, GENERATE_OPTIONS, pipe.target.generation_config, model_inputs(pipe.target)
-    )
+    config = pipe.target.generation_config
+    as_dict = returns_dict(kwargs.pop("return_dict_in_generate", None), config)
+    given, tensors = split_generate_kwargs(kwargs, GENERATE_OPTIONS, model_inputs(pipe.target))
     if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
         raise InputTypeError(
             "pipe.generate() needs input_ids, a [B, L] tensor of prompt ids (processor outputs)"
         )
     check_token_ids(input_ids, pipe._vocab_size())
+    options = resolve_options(given, config, input_ids.shape[1])
     if pad is not None and (isinstance(pad, bool) or not isinstance(pad, numbers.Integral)):
         raise InputTypeError(
             f"pad_token_id={pad!r:.80} is invalid: use one token id (an integer), what rows that stop early are "
@@ -88,8 +94,9 @@ def generate(pipe: Any, input_ids: torch.Tensor | None = None, **kwargs: Any) ->
     for b, out in enumerate(outs):
         if isinstance(out, Exception):
             raise naming_request(out, b, "pipe.generate: row") from out
-    pad = pad_token_id(pipe.target) if pad is None else int(pad)
-    return generate_layout(input_ids, [out.token_ids for out in outs], pad)
+    pad = pad_token_id(pipe.target, options.get("eos_token_id")) if pad is None else int(pad)
+    ids = generate_layout(input_ids, [out.token_ids for out in outs], pad)
+    return GenerateDecoderOnlyOutput(sequences=ids) if as_dict else ids
 
 
 def model_inputs(model: Any) -> frozenset[str]:
@@ -103,20 +110,14 @@ def model_inputs(model: Any) -> frozenset[str]:
 
 
 def split_generate_kwargs(
-    kwargs: dict[str, Any],
-    options: Sequence[str],
-    generation_config: Any,
-    inputs: Collection[str] | None = None,
+    kwargs: dict[str, Any], options: Sequence[str], inputs: Collection[str] | None = None
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """``(generation options, processor outputs)`` of ``generate(**kwargs)``'s keyword arguments.
-
-    ``do_sample`` and ``max_new_tokens`` default to ``generation_config``'s, as in ``generate()`` (``max_new_tokens``
-    only where it sets one).
+    """``(generation options, processor outputs)`` of ``generate(**kwargs)``'s keyword arguments (options given as
+    ``None`` kept: :func:`resolve_options` reads them as ``generate()`` does).
 
     Args:
         kwargs: the keyword arguments.
         options: the generation options taken.
-        generation_config: the model's, for the defaults.
         inputs: the model inputs taken (:func:`model_inputs`); ``None``: any tensor.
 
     Raises:
@@ -136,22 +137,94 @@ def split_generate_kwargs(
         k for k, v in tensors.items() if not torch.is_tensor(v) or (inputs is not None and k not in inputs)
     )
     if unknown:
-        taken = [*options, "batch_size", "pad_token_id", "tokenizer"]
+        taken = [*options, "batch_size", "pad_token_id", "tokenizer", "return_dict_in_generate"]
         hint = did_you_mean(unknown[0], taken) if len(unknown) == 1 else ""
         raise InputTypeError(
             f"pipe.generate() does not take {', '.join(unknown)}: it takes processor outputs (tensors the "
             f"target's forward() takes: attention_mask, pixel_values, ...) and {', '.join(taken)}{hint}"
         )
-    chosen.setdefault("do_sample", bool(generation_config.do_sample))
-    if generation_config.max_new_tokens is not None:
-        chosen.setdefault("max_new_tokens", int(generation_config.max_new_tokens))
     return chosen, tensors
 
 
-def pad_token_id(model: Any) -> int:
-    """What ``generate()`` pads finished rows with: the generation config's pad token, else its first EOS."""
+_OFF = {"do_sample": False, "repetition_penalty": 1.0, "stop_strings": (), "eos_token_id": ()}
+"""What a ``generate()`` option given as ``None`` turns the ``generation_config``'s setting into."""
+_OFF_WHEN_SAMPLING = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+"""The same for the sampling warpers (greedy decoding ignores them)."""
+_DEFAULT_NEW_TOKENS = 20
+"""``generate()``'s length when neither ``max_new_tokens`` nor ``max_length`` is set anywhere."""
+
+
+def resolve_options(given: dict[str, Any], generation_config: Any, prompt_length: int) -> dict[str, Any]:
+    """``pipe(...)``'s options for a ``generate()`` call's ``given`` options, resolved as ``generate()`` resolves them.
+
+    ``generate()`` applies its keyword arguments over the model's ``generation_config``, ``None`` included: an
+    option given as ``None`` turns the config's setting off (``top_k=None``: no top-k; ``eos_token_id=None``: no
+    EOS), where ``pipe(...)`` reads ``None`` as "the config's". The length is ``max_new_tokens`` (the call's, else
+    the config's), else the config's ``max_length`` less the ``prompt_length`` (padded, as ``generate()`` counts),
+    else 20 new tokens.
+
+    Raises:
+        InvalidInputError: a ``max_length`` that leaves no room for a new token after the prompt.
+    """
+    config = generation_config
+    options = {name: value for name, value in given.items() if value is not None}
+    off = {name for name, value in given.items() if value is None}
+    sampling = options.setdefault("do_sample", False if "do_sample" in off else bool(config.do_sample))
+    for name in off:
+        if name in _OFF or (sampling and name in _OFF_WHEN_SAMPLING):
+            options[name] = {**_OFF, **_OFF_WHEN_SAMPLING}[name]
+    if (
+        "min_new_tokens" in off and config.min_new_tokens is not None
+    ):  # generate() keeps the config's min_length
+        options["min_new_tokens"] = max(0, (config.min_length or 0) - prompt_length)
+    if "max_new_tokens" not in options:
+        options["max_new_tokens"] = _new_tokens(config, prompt_length, "max_new_tokens" not in off)
+    return options
+
+
+def _new_tokens(config: Any, prompt_length: int, config_new_tokens: bool) -> int:
+    if config_new_tokens and config.max_new_tokens is not None:
+        return int(config.max_new_tokens)
+    if config.max_length is None:
+        return _DEFAULT_NEW_TOKENS
+    if config.max_length <= prompt_length:
+        raise InvalidInputError(
+            f"the target's generation_config sets max_length={config.max_length}, which leaves no new token after "
+            f"the {prompt_length}-token prompt (generate() refuses it too); pass max_new_tokens"
+        )
+    return int(config.max_length) - prompt_length
+
+
+def returns_dict(given: Any, generation_config: Any) -> bool:
+    """Whether ``generate()`` would return a ``GenerateDecoderOnlyOutput`` (``return_dict_in_generate``, the
+    call's over the config's), holding ``sequences`` only: the scores, logits, attentions and hidden states a
+    speculative run never computes for the output are refused.
+
+    Raises:
+        InvalidInputError: ``return_dict_in_generate`` with one of the config's ``output_*`` settings on.
+    """
+    as_dict = bool(generation_config.return_dict_in_generate if given is None else given)
+    wanted = [
+        name
+        for name in ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+        if getattr(generation_config, name, False)
+    ]
+    if as_dict and wanted:
+        raise InvalidInputError(
+            f"the target's generation_config sets {', '.join(wanted)}: vlmspec returns sequences only (the target "
+            "never scores the output token by token); set them to False, or return_dict_in_generate=False"
+        )
+    return as_dict
+
+
+def pad_token_id(model: Any, eos_token_id: Any = None) -> int:
+    """What ``generate()`` pads finished rows with: the generation config's pad token, else the first EOS (the
+    call's ``eos_token_id`` where given, else the model's)."""
     pad = model.generation_config.pad_token_id
-    return int(pad) if pad is not None else next(iter(eos_token_ids(model)), 0)
+    if pad is not None:
+        return int(pad)
+    eos = eos_token_ids(model) if eos_token_id is None else token_ids(eos_token_id, empty_ok=True)
+    return next(iter(eos), 0)
 
 
 def generate_layout(input_ids: torch.Tensor, rows: Sequence[Sequence[int]], pad: int) -> torch.Tensor:

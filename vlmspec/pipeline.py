@@ -307,7 +307,10 @@ class VLMSpecPipeline:
 
         This is what users run without vlmspec, and what greedy speculative output must equal token for token.
         """
-        out = self.target.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
+        tokenizer = getattr(self.processor, "tokenizer", self.processor)  # for a stop_strings default
+        out = self.target.generate(
+            **inputs, do_sample=False, max_new_tokens=max_new_tokens, tokenizer=tokenizer
+        )
         return out[0, inputs["input_ids"].shape[1] :].tolist()
 
     @torch.no_grad()
@@ -347,7 +350,7 @@ class VLMSpecPipeline:
             repetition_penalty: as ``generate(repetition_penalty=...)`` (default: the target's ``generation_config``'s;
                 1.0 is none), greedy and sampled alike, so the output stays ``generate()``'s (:mod:`vlmspec.processors`).
             min_new_tokens: EOS cannot end the reply before this many new tokens, as in ``generate()``.
-            stop_strings: a string or strings that end generation (as ``generate(stop_strings=...)``).
+            stop_strings: a string or strings that end generation (as ``generate()``; default: the config's).
             num_frames: frames sampled evenly from a video file.
             prune_ratio: overrides ``pipe.pruning``'s ratios for this call, applied as given (no ``min_keep``
                 floor; 0 disables pruning).
@@ -360,7 +363,7 @@ class VLMSpecPipeline:
                 ``put``/``end``), driven as ``generate(streamer=...)`` drives it: the prompt's ids first, then each
                 verification step's tokens together (see :mod:`vlmspec.streaming`).
             eos_token_id: the token id(s) that end generation, as ``generate(eos_token_id=...)`` (default: the
-                target's ``generation_config``'s).
+                target's ``generation_config``'s; ``[]``: none, decode to ``max_new_tokens`` or a stop string).
             **unknown: none is taken: a keyword argument not listed here is refused by name, with the nearest
                 valid name (``max_tokens``: did you mean ``max_new_tokens``?).
 
@@ -569,9 +572,9 @@ class VLMSpecPipeline:
         return stream_call(lambda streamer: self(image, prompt, streamer=streamer, **kwargs), self.tokenizer)
 
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+    def generate(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> Any:
         """``target.generate(**inputs, ...)`` with speculative decoding, a drop-in for code that already calls it:
-        the same ``[B, L + T]`` ids, each row the target's own greedy output for that prompt alone (see
+        the same ``[B, L + T]`` ids (or output object), each row the target's own greedy output alone (see
         :func:`vlmspec.hf_compat.generate`, which documents the arguments). ``tokenizer`` (which ``generate()``
         needs with ``stop_strings``) is taken and ignored: the pipeline decodes with its own processor's tokenizer.
         Keyword arguments that are neither generation options nor inputs the model takes are refused by name."""

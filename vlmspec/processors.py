@@ -42,8 +42,18 @@ _REFUSED: dict[str, Callable[[Any], bool]] = {
     "remove_invalid_values": lambda v: v is True,
     "exponential_decay_length_penalty": lambda v: v is not None,
     "watermarking_config": lambda v: v is not None,
+    "encoder_repetition_penalty": lambda v: v is not None and v != 1,
+    "encoder_no_repeat_ngram_size": lambda v: bool(v) and v > 0,
+    "num_beams": lambda v: v is not None and v > 1,
+    "num_return_sequences": lambda v: v is not None and v > 1,
+    "penalty_alpha": lambda v: v is not None and v > 0,
+    "dola_layers": lambda v: v is not None,
+    "token_healing": lambda v: v is True,
+    "max_time": lambda v: v is not None,
 }
-"""Processors ``generate()`` applies when these settings are on, which vlmspec does not implement."""
+"""Settings with which ``generate()`` decodes otherwise, which vlmspec does not implement: processors (for a
+decoder-only model the ``encoder_*`` ones act on the prompt), beam search, several sequences per prompt,
+contrastive search, DoLa, token healing (it rewrites the prompt) and a wall-clock limit."""
 
 
 @dataclass(frozen=True)

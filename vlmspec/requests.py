@@ -109,14 +109,15 @@ def decoding_settings(arguments: Any, target: Any, tokenizer: Any, vocab_size: i
         top_p=a.top_p,
         seed=a.seed,
     )
-    if a.eos_token_id is not None and max(token_ids(a.eos_token_id)) >= vocab_size:
+    eos = eos_token_ids(target) if a.eos_token_id is None else token_ids(a.eos_token_id, empty_ok=True)
+    if a.eos_token_id is not None and max(eos, default=0) >= vocab_size:
         raise InvalidInputError(
             f"eos_token_id={a.eos_token_id!r} is invalid: the vocabulary's ids are 0 to {vocab_size - 1}"
         )
     stop = StopCriteria(
         max_new_tokens=a.max_new_tokens,
-        eos_token_ids=eos_token_ids(target) if a.eos_token_id is None else token_ids(a.eos_token_id),
-        stop_strings=a.stop_strings,
+        eos_token_ids=eos,
+        stop_strings=a.stop_strings if a.stop_strings is not None else target.generation_config.stop_strings,
         tokenizer=tokenizer,
     )
     processing = LogitsProcessing.for_call(

@@ -110,7 +110,16 @@ class SamplingParams:
                 value = getattr(generation_config, name, None)
             values[name] = default if value is None else value
         others = {name: getattr(generation_config, name, None) for name in _CONFIG_WARPERS}
-        return cls(seed=overrides.get("seed"), **values, **others)
+        try:
+            return cls(seed=overrides.get("seed"), **values, **others)
+        except InvalidInputError as err:  # a value from the config: say where it comes from
+            culprit = str(err).split("=", 1)[0]
+            if overrides.get(culprit) is None and getattr(generation_config, culprit, None) is not None:
+                raise InvalidInputError(
+                    f"{err} (the target's generation_config sets it: change "
+                    f"pipe.target.generation_config.{culprit}, or pass {culprit}=... with the call)"
+                ) from err
+            raise
 
     @classmethod
     def for_call(

@@ -90,14 +90,17 @@ def eos_token_ids(model: Any) -> tuple[int, ...]:
     return () if eos is None else token_ids(eos)
 
 
-def token_ids(value: Any, name: str = "eos_token_id") -> tuple[int, ...]:
-    """One token id or a sequence of them (``generate()``'s ``eos_token_id``) as a tuple of ints.
+def token_ids(value: Any, name: str = "eos_token_id", empty_ok: bool = False) -> tuple[int, ...]:
+    """One token id or a sequence of them (``generate()``'s ``eos_token_id``) as a tuple of ints; an empty
+    sequence only with ``empty_ok``.
 
     Raises:
         TypeError: anything else, named as ``name``.
     """
     ids = tuple(value) if isinstance(value, (list, tuple)) else (value,)
-    if not ids or any(isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in ids):
+    if (not ids and not empty_ok) or any(
+        isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in ids
+    ):
         raise InputTypeError(f"{name}={value!r} must be a token id or a list of them")
     if any(i < 0 for i in ids):
         raise InvalidInputError(f"{name}={value!r} is invalid: token ids are integers >= 0")
