@@ -426,3 +426,33 @@ def test_an_edd_row_asked_for_without_an_edd_draft_is_an_error_row(tmp_path):
         line for line in (tmp_path / "bench.md").read_text().splitlines() if line.startswith("| edd+chain |")
     ]
     assert rows and "no EDD draft ships for the testbed mini qwen2_vl target" in rows[-1]
+
+
+def test_a_row_s_speedups_and_identical_column_come_from_its_runs():
+    """The figures the bench prints: tokens/s over the baseline's on the same input and repeat (not inverted), and
+    `identical` false as soon as one run's ids differ from the reference (AR: target.generate()'s; others: AR's)."""
+    from vlmspec_eval.report import cell_row
+
+    def run(key: str, method: str, ids: list[int], seconds: float, repeat: int = 0) -> methods.RunRecord:
+        return methods.RunRecord(
+            key, method, "image_caption", 0, repeat, token_ids=ids, total_s=seconds, steps=1
+        )
+
+    ar_runs = {(0, r): run("ar", methods.AR, [1, 2, 3, 4], 0.4, r) for r in range(2)}
+    hf_runs = {(0, r): run("hf", methods.HF_GENERATE, [1, 2, 3, 4], 0.8, r) for r in range(2)}
+    sage = methods.Variant("sage", "sage", None, 8)
+    runs = [run("sage", "sage", [1, 2, 3, 4], 0.2, r) for r in range(2)]
+    row = cell_row(sage, "image_caption", runs, ar_runs, {}, None, hf_runs)
+    assert row["speedup"] == pytest.approx(4.0) and row["speedup_ar"] == pytest.approx(2.0)
+    assert row["tokens_per_s"] == pytest.approx(20.0) and row["identical"] is True
+    runs[1].token_ids = [1, 2, 3, 5]
+    assert cell_row(sage, "image_caption", runs, ar_runs, {}, None)["identical"] is False
+    ar = methods.Variant("ar", methods.AR, None, None)
+    references = {("image_caption", 0): [1, 2, 3, 4]}
+    assert (
+        cell_row(ar, "image_caption", list(ar_runs.values()), ar_runs, references, None)["identical"] is True
+    )
+    references = {("image_caption", 0): [9]}
+    assert (
+        cell_row(ar, "image_caption", list(ar_runs.values()), ar_runs, references, None)["identical"] is False
+    )

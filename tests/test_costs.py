@@ -200,3 +200,13 @@ def test_pipeline_warns_when_its_policy_is_expected_to_lose(qwen_pipe):
         warnings.simplefilter("error", SlowSpeculationWarning)
         qwen_pipe.policy = "sage"
         qwen_pipe.policy = "ar"  # no draft, nothing to expect
+
+
+def test_pct_s_cost_ratio_is_fitted_at_the_batch_s_rows():
+    """Batched, one forward of each model serves every row: PCT's s_d / s_t is the ratio at that many tokens."""
+    costs = ForwardCosts(sizes=(1, 4), target_s=(0.04, 0.05), draft_s=(0.002, 0.01), prefix_tokens=8, runs=1)
+    policy = get_policy("pct")
+    policy.fit(costs, rows=4)
+    assert policy.cost_ratio == pytest.approx(0.2)
+    policy.fit(costs)
+    assert policy.cost_ratio == pytest.approx(0.05)

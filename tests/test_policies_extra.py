@@ -30,6 +30,8 @@ from vlmspec.policies import (
     EAGLE2Policy,
     PCTConfig,
     PCTPolicy,
+    SAGEConfig,
+    SAGEPolicy,
     WETAPConfig,
     WETAPPolicy,
     distribution_entropy,
@@ -534,3 +536,44 @@ def test_c2t_collect_train_and_load(tiny_pairs, tmp_path):
         0, inputs["input_ids"].shape[1] :
     ]
     assert pipe(None, PROMPTS[2], max_new_tokens=16).token_ids == expected.tolist()
+
+
+def _table(rows: dict[int, dict[int, float]], vocab: int = 12):
+    """A synthetic draft whose next-token distribution after token ``t`` is ``rows[t]`` (uniform otherwise)."""
+
+    def fn(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        probs = torch.full((tokens.shape[0], vocab), 1e-6)
+        for i, t in enumerate(tokens.tolist()):
+            for token, p in rows.get(t, {v: 1 / vocab for v in range(vocab)}).items():
+                probs[i, token] = p
+        return probs / probs.sum(-1, keepdim=True)
+
+    return fn
+
+
+def test_eagle2_expands_the_nodes_of_highest_cumulative_probability():
+    """Token 2 (0.9) has flat children, token 3 (0.1) one sure child: by their own probability 3's child (0.95)
+    would be expanded first, by the path's (EAGLE-2) 2's two children are (0.27 and 0.225 against 0.095)."""
+    from vlmspec.policies.eagle2 import eagle2_expand
+
+    rows = {1: {2: 0.9, 3: 0.1}, 2: {4: 0.3, 5: 0.25, 6: 0.2, 7: 0.15, 8: 0.1}, 3: {9: 0.95, 0: 0.05}}
+    draft, _ = synthetic_tree(_table(rows))
+    expanded = _recording(draft)
+    eagle2_expand(draft, depth=3, top_k=2)
+    assert draft.tokens[expanded].tolist() == [1, 2, 3, 4, 5]  # root, level 1, then level 2's best two
+
+
+def test_sage_gives_each_parent_a_width_from_its_own_probability():
+    """Eq. 12: W_l(parent) = ceil(W / l * (0.5 + P(parent))), P the parent's own draft probability: at level 3 a
+    parent with P = 0.9 on a path of 0.45 gets ceil(2 * 1.4) = 3 children (its path's would give 2)."""
+    rows = {1: {2: 0.5, 3: 0.5}, 2: {4: 0.9, 5: 0.1}, 3: {4: 0.9, 5: 0.1}}
+    draft, _ = synthetic_tree(_table(rows))
+    policy = SAGEPolicy(SAGEConfig(theta_scale=1e-4, n_max=200, top_k=12))
+    width, depth = 6, 3
+    policy._grow_adaptive(draft, draft.next_probs(torch.zeros(1, dtype=torch.long)), depth, width)
+    children = torch.bincount(draft.parents[1:], minlength=draft.num_nodes + 1)
+    parents = (draft.depths == 2).nonzero().flatten().tolist()
+    assert len(parents) == 4
+    for node in parents:
+        assert int(children[node]) == math.ceil(width / 3 * (0.5 + float(draft.probs[node]))), node
+    assert sorted(int(children[n]) for n in parents) == [2, 2, 3, 3]

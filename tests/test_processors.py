@@ -281,3 +281,31 @@ def test_no_eos_decodes_to_max_new_tokens(tiny):
     stops = tiny(image, prompt, max_new_tokens=16, eos_token_id=plain[2]).token_ids
     assert len(stops) == plain.index(plain[2]) + 1 < len(plain) == 16
     assert tiny(image, prompt, max_new_tokens=16, eos_token_id=[]).token_ids == plain
+
+
+def test_the_config_s_min_length_counts_the_prompt(tiny, config_of):
+    """min_length counts prompt + new tokens: with the prompt's length + 2, EOS may end the reply from its third
+    token on, as in generate()."""
+    image, prompt = make_image(0), "Describe this image."
+    inputs = tiny.prepare_inputs(image, prompt)
+    length = inputs["input_ids"].shape[1]
+    plain = tiny.target.generate(**inputs, do_sample=False, max_new_tokens=16)[0, length:].tolist()
+    eos = next(t for i, t in enumerate(plain) if i >= 2 and t not in plain[:i])  # first seen from token 3 on
+    config_of.min_length = length + 2
+    call = {"eos_token_id": eos, "max_new_tokens": 16}
+    expected = tiny.target.generate(**inputs, do_sample=False, **call)[0, length:].tolist()
+    tiny.policy = get_policy("chain")
+    assert tiny(image, prompt, **call).token_ids == expected == plain[: plain.index(eos) + 1]
+
+
+def test_tau_counts_only_the_accepted_tokens_emitted_before_a_stop(mini):
+    """A stop condition that ends a step inside its accepted path: the tokens after it are not emitted, so they do
+    not count as accepted either."""
+    example = sample("image_caption", 1)
+    mini.policy = get_policy("chain")
+    free = mini(example.image, example.prompt, max_new_tokens=40)
+    assert free.stats.accepted_tokens > free.stats.steps  # several tokens accepted per step
+    stop = free.token_ids[1]
+    cut = mini(example.image, example.prompt, max_new_tokens=40, eos_token_id=stop)
+    assert cut.token_ids == free.token_ids[: free.token_ids.index(stop) + 1]
+    assert cut.stats.accepted_tokens <= cut.stats.new_tokens - 1
