@@ -85,17 +85,25 @@ def generate(
     rows = pipe._target_adapter.split_rows({"input_ids": input_ids, **tensors})  # each prompt alone, unpadded
     if len(rows) > 1 and options.get("streamer") is not None:
         raise InvalidInputError("pipe.generate(streamer=...) streams one prompt; give one row of input_ids")
-    requests = [
-        {"inputs": row, "seed": None if seed is None else seed + b, **options} for b, row in enumerate(rows)
-    ]
-    outs = pipe.batch(
-        requests, batch_size=len(rows) if batch_size is None else batch_size, return_exceptions=True
-    )
-    for b, out in enumerate(outs):
-        if isinstance(out, Exception):
-            raise naming_request(out, b, "pipe.generate: row") from out
+    calls = []
+    for b, row in enumerate(rows):  # every row checked before any decodes
+        try:
+            calls.append(
+                pipe._prepare({"inputs": row, "seed": None if seed is None else seed + b, **options})
+            )
+        except (TypeError, ValueError, OSError) as err:
+            raise naming_request(err, b, "pipe.generate: row") from err
+    outs: dict[int, Any] = {}
+    results = pipe.batch_iter(calls, len(rows) if batch_size is None else batch_size)
+    try:
+        for b, out in results:
+            if isinstance(out, Exception):  # the rows still decoding stop here
+                raise naming_request(out, b, "pipe.generate: row") from out
+            outs[b] = out
+    finally:
+        results.close()
     pad = pad_token_id(pipe.target, options.get("eos_token_id")) if pad is None else int(pad)
-    ids = generate_layout(input_ids, [out.token_ids for out in outs], pad)
+    ids = generate_layout(input_ids, [outs[b].token_ids for b in range(len(rows))], pad)
     return GenerateDecoderOnlyOutput(sequences=ids) if as_dict else ids
 
 
