@@ -68,23 +68,22 @@ def load_pair(
 
 def check_dtype(torch_dtype: Any) -> None:
     """Refuse a ``torch_dtype`` that ``from_pretrained`` cannot take: it takes ``"auto"``, ``None`` (torch's
-    default), a ``torch.dtype``, a dtype's name (``"bfloat16"``) or a dict of them per sub-config.
+    default), a floating-point ``torch.dtype``, its name (``"bfloat16"``) or a dict of them per sub-config. An
+    integer or bool dtype (``"int8"``) is refused here: transformers would fail in the middle of the load, and
+    quantized weights are not a dtype (load such a model yourself and pass it to ``VLMSpecPipeline``).
 
     Raises:
         ValueError: naming the value and what is taken.
     """
-    if torch_dtype is None or isinstance(torch_dtype, torch.dtype):
-        return
     values = torch_dtype.values() if isinstance(torch_dtype, dict) else (torch_dtype,)
     for value in values:
-        if isinstance(value, torch.dtype) or (
-            isinstance(value, str)
-            and (value == "auto" or isinstance(getattr(torch, value, None), torch.dtype))
-        ):
+        dtype = getattr(torch, value, None) if isinstance(value, str) and value != "auto" else value
+        if value is None or value == "auto" or (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             continue
+        why = f"{dtype} is not a floating-point dtype; " if isinstance(dtype, torch.dtype) else ""
         raise InvalidInputError(
-            f"torch_dtype={torch_dtype!r} is invalid: use 'auto' (the checkpoint's dtype), a torch dtype "
-            "(torch.float32, torch.bfloat16) or its name ('float32', 'bfloat16', 'float16')"
+            f"torch_dtype={torch_dtype!r} is invalid: {why}use 'auto' (the checkpoint's dtype), a floating-point "
+            "torch dtype (torch.float32, torch.bfloat16) or its name ('float32', 'bfloat16', 'float16')"
         )
 
 
