@@ -192,8 +192,27 @@ def _load_model(source: str | Path, role: str, load: dict[str, Any]) -> torch.nn
     return AutoModelForImageTextToText.from_pretrained(str(source), **load)
 
 
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+)
+"""A local folder holding none of these ships no tokenizer (``model.save_pretrained(folder)`` writes none)."""
+
+
 def _load_tokenizer(source: str | Path, trust_remote_code: bool) -> Any:
-    """The tokenizer saved with a checkpoint, or ``None`` when the checkpoint ships none."""
+    """The tokenizer saved with a checkpoint, or ``None`` when the checkpoint ships none.
+
+    A local folder is judged by its files: ``AutoTokenizer`` does not fail on a folder without tokenizer files
+    (it builds a one-token tokenizer from the config), which the vocabulary check would take for another
+    vocabulary. Without one the draft uses the target's tokenizer. A hub id is asked for one.
+    """
+    path = Path(source)
+    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        return None
     try:
         return AutoTokenizer.from_pretrained(str(source), trust_remote_code=trust_remote_code)
     except (OSError, ValueError):
