@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
-from transformers import AutoModelForImageTextToText
+from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
 from vlmspec import InvalidInputError, VLMSpecPipeline
 from vlmspec.loading import _load_tokenizer, check_dtype
+from vlmspec.testing import make_image
 
 
 @pytest.mark.parametrize("dtype", ["int8", "bool", torch.int64, {"text_config": "float32", "": "uint8"}])
@@ -29,3 +32,59 @@ def test_a_draft_saved_without_tokenizer_files_uses_the_target_s(tiny_pairs, tmp
     assert _load_tokenizer(tmp_path / "draft", False) is None
     pipe = VLMSpecPipeline.from_pretrained(pair.target, tmp_path / "draft", policy="chain", gamma=2)
     assert pipe(None, "Hello", max_new_tokens=4).stats.new_tokens == 4
+
+
+def _draft_variant(source, out, edit):
+    """The draft at ``source`` with its config edited by ``edit``, saved with its tokenizer into ``out``: weights
+    whose shape the edit changes are freshly drawn, the others copied."""
+    config = AutoConfig.from_pretrained(source)
+    edit(config)
+    base = AutoModelForImageTextToText.from_pretrained(source, dtype=torch.float32)
+    torch.manual_seed(0)
+    model = type(base)(config).eval()
+    weights = base.state_dict()
+    model.load_state_dict(
+        {
+            k: weights[k] if k in weights and weights[k].shape == v.shape else v
+            for k, v in model.state_dict().items()
+        }
+    )
+    model.save_pretrained(out)
+    AutoProcessor.from_pretrained(source).save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("family", "field", "value"),
+    [
+        ("qwen2_vl", "vision_config.spatial_merge_size", 1),
+        ("qwen2_5_vl", "vision_config.patch_size", 16),
+        ("qwen3_vl", "vision_config.temporal_patch_size", 1),
+        ("llava_onevision", "vision_config.patch_size", 7),
+        ("llava_onevision", "vision_feature_select_strategy", "default"),
+    ],
+)
+def test_a_draft_that_lays_out_visual_tokens_otherwise_is_refused_at_load(
+    tiny_pairs, tmp_path, family, field, value
+):
+    pair = tiny_pairs[family]
+    *parents, name = field.split(".")
+    draft = _draft_variant(
+        pair.draft,
+        tmp_path / "draft",
+        lambda c: setattr(getattr(c, parents[0]) if parents else c, name, value),
+    )
+    with pytest.raises(
+        InvalidInputError, match=rf"^the draft's {re.escape(field)} is {value!r} but the target's is"
+    ):
+        VLMSpecPipeline.from_pretrained(pair.target, draft, policy="chain", gamma=2)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava_onevision"])
+def test_a_draft_with_a_smaller_vision_tower_is_accepted(tiny_pairs, tmp_path, family):
+    """Depth and width of the tower do not change the visual tokens (the testbed drafts' towers are smaller)."""
+    pair = tiny_pairs[family]
+    depth = "depth" if family == "qwen2_vl" else "num_hidden_layers"
+    draft = _draft_variant(pair.draft, tmp_path / "draft", lambda c: setattr(c.vision_config, depth, 1))
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, draft, policy="chain", gamma=2)
+    assert pipe(make_image(0), "Describe.", max_new_tokens=4).stats.new_tokens == 4

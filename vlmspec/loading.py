@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from .errors import InputNotFoundError, InvalidInputError
-from .models import EDDDraft
+from .models import EDDDraft, adapter_for
 from .models.edd import is_edd_folder
 from .named_pairs import resolve_pair
 
@@ -158,6 +158,7 @@ def check_compatible(
             raise InvalidInputError(
                 f"the draft's {key} is {d_id} but the target's is {t_id}; they must share a tokenizer"
             )
+    check_visual_layout(target, draft)
     if (
         target_tokenizer is not None
         and draft_tokenizer is not None
@@ -167,6 +168,38 @@ def check_compatible(
             "the draft's tokenizer differs from the target's (different vocabulary); use a draft that shares "
             "the target's tokenizer"
         )
+
+
+def check_visual_layout(target: torch.nn.Module, draft: torch.nn.Module) -> None:
+    """Refuse a draft whose vision settings turn a picture into other visual tokens than the target's: the draft
+    reads the target's processor outputs (pixels, grids, placeholders), so its tower would fail mid-decode. Only
+    the fields that decide the layout (the family adapter's ``layout_fields``) are compared: a smaller vision tower
+    (depth, width) is a legitimate draft.
+
+    Raises:
+        InvalidInputError: naming the field, both values and what to do.
+    """
+    for field in type(adapter_for(target)).layout_fields:
+        t_value, d_value = _config_value(target.config, field), _config_value(draft.config, field)
+        if t_value != d_value:
+            raise InvalidInputError(
+                f"the draft's {field} is {d_value!r} but the target's is {t_value!r}: the draft reads the target's "
+                "processor outputs, so it must turn a picture or video into the same visual tokens (its vision "
+                "tower may be smaller, but this setting must match); use a draft of the target's series, or train "
+                f"one with the target's {field}"
+            )
+
+
+def _config_value(config: Any, field: str) -> Any:
+    """``config``'s value at a dotted path (``vision_config.patch_size``), tuples as lists (a config built in
+    code and one read from JSON compare equal); ``None`` where it has none."""
+    for name in field.split("."):
+        config = getattr(config, name, None)
+    return _listed(config)
+
+
+def _listed(value: Any) -> Any:
+    return [_listed(item) for item in value] if isinstance(value, (list, tuple)) else value
 
 
 def check_model_folder(source: str | Path, role: str) -> None:

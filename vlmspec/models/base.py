@@ -46,6 +46,10 @@ class VLMAdapter:
     """Base adapter; subclasses set ``model_types`` and override the position/embedding hooks."""
 
     model_types: ClassVar[tuple[str, ...]] = ()
+    layout_fields: ClassVar[tuple[str, ...]] = ()
+    """Config fields (dotted paths) that decide how many visual tokens a picture or video becomes and how its
+    pixels are laid out: the draft reads the target's processor outputs, so a draft must agree on each (its
+    vision tower may be smaller). :func:`vlmspec.loading.check_compatible` compares them."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model

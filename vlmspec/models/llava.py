@@ -18,6 +18,14 @@ from .base import VisualFeatures, VLMAdapter
 
 class LlavaOnevisionAdapter(VLMAdapter):
     model_types = ("llava_onevision",)
+    layout_fields = (  # crops of image_size pixels, patch_size patches each; anyres tiling and its cap
+        "vision_config.image_size",
+        "vision_config.patch_size",
+        "vision_config.num_channels",
+        "vision_feature_select_strategy",
+        "image_grid_pinpoints",
+        "vision_aspect_ratio",
+    )
 
     def visual_token_ids(self) -> tuple[int, int]:
         return self.config.image_token_id, self.config.video_token_id

@@ -25,6 +25,12 @@ _ROPE_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts", "attenti
 
 class QwenVLAdapter(VLMAdapter):
     model_types = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+    layout_fields = (  # pixel rows are (channels x temporal x patch x patch); merge x merge patches make a token
+        "vision_config.patch_size",
+        "vision_config.temporal_patch_size",
+        "vision_config.spatial_merge_size",
+        "vision_config.in_channels",
+    )
 
     @property
     def min_video_frames(self) -> int:
