@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
-from vlmspec import InvalidInputError, VLMSpecPipeline
+from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
 from vlmspec.loading import _load_tokenizer, check_dtype
 from vlmspec.testing import make_image
 
@@ -88,3 +88,45 @@ def test_a_draft_with_a_smaller_vision_tower_is_accepted(tiny_pairs, tmp_path, f
     draft = _draft_variant(pair.draft, tmp_path / "draft", lambda c: setattr(c.vision_config, depth, 1))
     pipe = VLMSpecPipeline.from_pretrained(pair.target, draft, policy="chain", gamma=2)
     assert pipe(make_image(0), "Describe.", max_new_tokens=4).stats.new_tokens == 4
+
+
+def _padded(source, out, rows):
+    """The model at ``source`` with its vocabulary padded to ``rows`` (as checkpoints of one series pad theirs
+    differently), the padded ids given head rows that often win, saved with its processor into ``out``."""
+    model = AutoModelForImageTextToText.from_pretrained(source, dtype=torch.float32)
+    old = model.get_input_embeddings().weight.shape[0]
+    model.resize_token_embeddings(rows, mean_resizing=False)
+    draw = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+        embed[old:] = 0.01 * torch.randn(embed[old:].shape, generator=draw)
+        head[old:] = 30 * head[:old].std() * torch.randn(head[old:].shape, generator=draw)
+    model.save_pretrained(out)
+    AutoProcessor.from_pretrained(source).save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("padded", ["target", "draft"])
+def test_pairs_whose_tables_differ_in_size_decode_the_target_s_output(tiny_pairs, tmp_path, padded):
+    """A padded target emits ids the draft's table lacks (fed to the draft as a stand-in); a padded draft would
+    propose ids the target cannot embed (masked). Either way the output is the target's own."""
+    pair = tiny_pairs["qwen2_vl"]
+    rows = AutoConfig.from_pretrained(pair.target).text_config.vocab_size
+    target = _padded(pair.target, tmp_path / "target", rows + 50) if padded == "target" else pair.target
+    draft = _padded(pair.draft, tmp_path / "draft", rows + 50) if padded == "draft" else pair.draft
+    pipe = VLMSpecPipeline.from_pretrained(target, draft, policy="chain", gamma=3, torch_dtype=torch.float32)
+    for image in (None, make_image(0)):
+        inputs = pipe.prepare_inputs(image, "Describe this image.")
+        ref = pipe.target.generate(**inputs, do_sample=False, max_new_tokens=24)[
+            0, inputs["input_ids"].shape[1] :
+        ]
+        if padded == "target":
+            assert (ref >= rows).any(), "the target should emit an id the draft's table lacks"
+        for policy in (get_policy("chain", gamma=3), get_policy("sage", n_max=16, d_max=6)):
+            pipe.policy = policy
+            assert pipe(image, "Describe this image.", max_new_tokens=24).token_ids == ref.tolist()
+    pipe.policy = get_policy(
+        "dsbd", top_k=None, top_p=None
+    )  # draft and target distributions over the same ids
+    out = pipe(None, "Describe this image.", max_new_tokens=12, do_sample=True, seed=0)
+    assert max(out.token_ids) < pipe.target.get_input_embeddings().weight.shape[0]

@@ -15,6 +15,9 @@ verification, :meth:`DraftTree.commit` keeps the accepted path's entries and dro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from .cache import keep_tail, truncate
@@ -22,6 +25,63 @@ from .models import DecodeState, VLMAdapter
 from .tree import TokenTree, tree_attention_bias
 
 _GROW = 64
+
+
+@dataclass(frozen=True)
+class DraftVocab:
+    """How the draft's token ids meet the target's when their embedding tables differ in size: checkpoints of one
+    series pad their vocabularies differently (Qwen2-VL-7B has 152064 rows, Qwen2-VL-2B 151936, one tokenizer).
+
+    The draft only proposes and the target decides, so both fixes below leave the output the target's: a token the
+    draft cannot embed is fed to it as a stand-in (its proposals after it are merely worse), and the draft never
+    proposes a token the target could not verify. Both are tensor ops on the device (no host sync).
+
+    Attributes:
+        width: the target's logits width; the draft's distributions are given over it (DSBD compares the two).
+        proposable: the draft proposes ids below this only: ids both tables and the target's tokenizer hold. Its
+            probabilities at and beyond it are 0 (the rest renormalised), so sampling stays lossless too.
+        embeddable: rows of the draft's input table; a token at or beyond it (one the target emitted) is fed to
+            the draft as the last row.
+    """
+
+    width: int
+    proposable: int
+    embeddable: int
+
+    def fit(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[n, V_draft]`` draft logits as ``[n, width]`` with ``-inf`` at every id the draft may not propose."""
+        if logits.shape[-1] == self.width == self.proposable:
+            return logits
+        kept = logits[..., : self.proposable]
+        banned = kept.new_full((*kept.shape[:-1], self.width - self.proposable), float("-inf"))
+        return torch.cat([kept, banned], dim=-1)
+
+    def feed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens`` as the draft can embed them: an id beyond its table becomes its last row."""
+        return tokens.clamp(max=self.embeddable - 1)
+
+
+def draft_vocab(
+    target: torch.nn.Module, draft: torch.nn.Module | None, processor: Any = None
+) -> DraftVocab | None:
+    """The :class:`DraftVocab` of a pair (``processor``: the target's, whose tokenizer bounds the ids too, when it
+    has one); ``None`` without a draft."""
+    if draft is None:
+        return None
+    tokenizer = getattr(processor, "tokenizer", None)
+    t_rows, t_width = _rows(target)
+    d_rows, d_width = _rows(draft)
+    known = [len(tokenizer)] if tokenizer is not None else []
+    return DraftVocab(
+        width=t_width, proposable=min(t_rows, t_width, d_rows, d_width, *known), embeddable=d_rows
+    )
+
+
+def _rows(model: torch.nn.Module) -> tuple[int, int]:
+    """Rows of ``model``'s input embedding table and of its output head (the table's, when it has no head)."""
+    rows = model.get_input_embeddings().weight.shape[0]
+    head = model.get_output_embeddings()
+    return rows, head.weight.shape[0] if head is not None else rows
 
 
 class DraftTree:
@@ -40,6 +100,7 @@ class DraftTree:
             that reads the target's hidden states: ``[p, D]``, the target's hidden states of those tokens).
         depth_limit: children deeper than this are silently not added (the engine lowers it near
             ``max_new_tokens`` so no verification work is wasted).
+        vocab: the pair's :class:`DraftVocab` (``None``: the draft's ids are the target's, as they are).
     """
 
     def __init__(
@@ -50,8 +111,10 @@ class DraftTree:
         root_position: int,
         pending: torch.Tensor,
         depth_limit: int,
+        vocab: DraftVocab | None = None,
     ) -> None:
         self.adapter = adapter
+        self.vocab = vocab
         self.dtype = adapter.dtype
         self.state = state
         self.root_position = root_position
@@ -244,13 +307,15 @@ class DraftTree:
         positions = torch.arange(self.root_position - k + 1, self.root_position + 1, device=device)
         causal = torch.ones(k, k, dtype=torch.bool, device=device).tril()
         bias = tree_attention_bias(causal, self.state.length, self.dtype)
-        logits = self.adapter.forward_root(
-            self.state, self.pending, self._tokens[0], positions, bias
-        )  # [k, V]
+        pending, root = self.pending, self._tokens[0]
+        if self.vocab is not None:  # the target's tokens, which the draft's table may lack
+            root = self.vocab.feed(root)
+            pending = pending if pending.is_floating_point() else self.vocab.feed(pending)
+        logits = self.adapter.forward_root(self.state, pending, root, positions, bias)  # [k, V]
         self._root_slot = self._start + k - 1
         self._slots[0] = self._root_slot
         self._tree_start = self._start + k
-        return torch.softmax(logits[-1:].float(), dim=-1)
+        return self._probs_of(logits[-1:])
 
     def _forward_nodes(self, nodes: torch.Tensor) -> torch.Tensor:
         past = self.state.length
@@ -263,7 +328,12 @@ class DraftTree:
         positions = self.root_position + self._depths[nodes]
         logits = self.adapter.forward(self.state, self._tokens[nodes], positions, bias)  # [n, V]
         self._slots[nodes] = torch.arange(past, past + n, device=nodes.device)
-        return torch.softmax(logits.float(), dim=-1)
+        return self._probs_of(logits)
+
+    def _probs_of(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[n, V]`` float32 draft probabilities, over the target's ids only with a :class:`DraftVocab`."""
+        logits = logits.float()
+        return torch.softmax(logits if self.vocab is None else self.vocab.fit(logits), dim=-1)
 
     def _reserve(self, size: int) -> None:
         cap = self._tokens.shape[0]

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .cache import keep_tail, truncate
-from .draft import DraftTree
+from .draft import DraftTree, DraftVocab
 from .errors import InvalidInputError
 from .models import DecodeState, VLMAdapter
 from .policies import StepFeedback, TreePolicy
@@ -113,12 +113,14 @@ class DraftPrompt:
         select: maps the target prefill's ``visual_scores`` (or ``None``) to the prompt positions the draft keeps
             (``None``: all); ``None`` disables pruning.
         needs_scores: whether ``select`` needs the target's attention scores over the visual tokens.
+        vocab: the ids the draft may propose and embed (:class:`~vlmspec.draft.DraftVocab`); ``None``: all.
     """
 
     adapter: VLMAdapter
     inputs: dict[str, torch.Tensor]
     select: Callable[[torch.Tensor | None], torch.Tensor | None] | None = None
     needs_scores: bool = False
+    vocab: DraftVocab | None = None
 
 
 def speculative_generate(
@@ -202,7 +204,8 @@ def speculative_generate(
         remaining = stop.max_new_tokens - len(tokens)
         # 3. Draft a tree (the policy decides its shape); never deeper than the tokens still wanted.
         if d_state is not None:
-            builder = DraftTree(draft.adapter, d_state, root, position, pending, depth_limit=remaining - 1)
+            limit = remaining - 1
+            builder = DraftTree(draft.adapter, d_state, root, position, pending, limit, vocab=draft.vocab)
             tree = policy.build_tree(builder)
         else:
             builder, tree = None, TokenTree.root_only(root)

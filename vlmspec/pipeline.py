@@ -25,6 +25,7 @@ from . import hf_compat
 from .batching import DRAFT_FIRST, TARGET, Batcher, RowAdapter
 from .chat import Chat
 from .costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
+from .draft import draft_vocab
 from .engine import DraftPrompt, SpecOutput, speculative_generate
 from .errors import InputTypeError, InvalidInputError
 from .inputs import (
@@ -130,6 +131,7 @@ class VLMSpecPipeline:
         elif draft is not None:
             check_attention(draft, "draft")
             check_compatible(target, draft, target_tokenizer=getattr(processor, "tokenizer", None))
+        self._draft_vocab = draft_vocab(target, draft, processor)
         self.onednn_linears = True
         self.costs: ForwardCosts | None = None
         self.budget_factor = DEFAULT_BUDGET_FACTOR
@@ -474,7 +476,7 @@ class VLMSpecPipeline:
             adapter = self._draft_adapter
             draft_inputs = {k: v.to(adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
             pruning = self.pruning if a.prune_ratio is None else pruning_config(self.pruning, a.prune_ratio)
-            draft = DraftPrompt(adapter=adapter, inputs=draft_inputs)
+            draft = DraftPrompt(adapter=adapter, inputs=draft_inputs, vocab=self._draft_vocab)
             # An EDD draft sees the prompt through the target's hidden states: nothing to prune.
             prunable = pruning.enabled and adapter.reads_target_layer is None
             layout = adapter.prompt_layout(draft_inputs) if prunable else None
