@@ -130,3 +130,28 @@ def test_pairs_whose_tables_differ_in_size_decode_the_target_s_output(tiny_pairs
     )  # draft and target distributions over the same ids
     out = pipe(None, "Describe this image.", max_new_tokens=12, do_sample=True, seed=0)
     assert max(out.token_ids) < pipe.target.get_input_embeddings().weight.shape[0]
+
+
+def test_a_save_that_fails_midway_leaves_the_earlier_save_as_it_was(tiny_pairs, tmp_path, monkeypatch):
+    pair = tiny_pairs["qwen2_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain", gamma=3)
+    folder = tmp_path / "saved"
+    pipe.save_pretrained(folder)
+    (folder / "NOTES.md").write_text("mine")
+    before = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pipe.draft, "save_pretrained", full_disk)
+    pipe.policy = get_policy("chain", gamma=2)
+    with pytest.raises(OSError, match="No space left"):
+        pipe.save_pretrained(folder)
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["saved"]  # no staging folder left behind
+    assert VLMSpecPipeline.from_pretrained(folder).policy.config.gamma == 3
+    monkeypatch.undo()
+    pipe.save_pretrained(folder)  # a retry replaces it, the user's file kept
+    assert VLMSpecPipeline.from_pretrained(folder).policy.config.gamma == 2
+    assert (folder / "NOTES.md").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["saved"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import shutil
-import tempfile
+import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -38,18 +38,22 @@ from .pruning import PruningConfig
 SETTINGS = ("policy", "policy_options", "pruning")
 POLICY_FILES = "policy_files"
 """The folder of a saved pipeline holding copies of the files its policy options name."""
+_PARTS = ("target", "draft", POLICY_FILES, PIPELINE_FILE)
+"""What a save writes into its folder (anything else there is the user's, kept when the save is replaced)."""
 
 
 def save_pipeline(pipe: Any, folder: str | Path) -> Path:
     """Write ``pipe``'s pair and settings into ``folder`` (see the module docstring); returns the folder.
 
-    A folder that holds an earlier save is replaced; any other non-empty folder is refused.
+    A folder that holds an earlier save is replaced (files of the user's own there are kept); any other non-empty
+    folder is refused. Everything is written into a staging folder beside ``folder`` first and swapped in at the
+    end, so a failure while writing (a full disk, a bad file) leaves an earlier save as it was.
 
     Raises:
         ValueError: ``folder`` is a file or lies under one, or exists, is not empty and is not a saved pipeline.
         FileNotFoundError: a file a policy option names no longer exists.
     """
-    folder = Path(folder)
+    folder = Path(folder).expanduser()
     options, copies = _policy_files(pipe.policy)
     settings = yaml.safe_dump(
         _plain(
@@ -62,24 +66,46 @@ def save_pipeline(pipe: Any, folder: str | Path) -> Path:
         sort_keys=False,
     )  # first, so that a value YAML cannot hold fails before anything is written
     _check_folder(folder)
-    with tempfile.TemporaryDirectory() as staging:
-        for source, saved in copies:  # copied before an earlier save's parts go: a file may come from one
-            (Path(staging) / saved).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, Path(staging) / saved)
-        for part in ("target", "draft", POLICY_FILES, PIPELINE_FILE):  # an earlier save's parts go first
-            path = folder / part
-            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-        folder.mkdir(parents=True, exist_ok=True)
-        if copies:
-            shutil.move(Path(staging) / POLICY_FILES, folder / POLICY_FILES)
-    pipe.target.save_pretrained(folder / "target")
-    pipe.processor.save_pretrained(folder / "target")
-    if pipe.draft is not None:
-        pipe.draft.save_pretrained(folder / "draft")
-        if not isinstance(pipe.draft, EDDDraft):  # the pair passed the vocabulary check: the tokenizers agree
-            pipe.tokenizer.save_pretrained(folder / "draft")
-    (folder / PIPELINE_FILE).write_text(settings)
+    real = folder.resolve()  # a linked folder is written where it points
+    real.parent.mkdir(parents=True, exist_ok=True)
+    staging = real.with_name(f".{real.name}.saving-{uuid.uuid4().hex[:8]}")
+    staging.mkdir()
+    try:
+        for source, saved in copies:  # from the earlier save itself, maybe: it stays until the swap
+            (staging / saved).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, staging / saved)
+        pipe.target.save_pretrained(staging / "target")
+        pipe.processor.save_pretrained(staging / "target")
+        if pipe.draft is not None:
+            pipe.draft.save_pretrained(staging / "draft")
+            if not isinstance(
+                pipe.draft, EDDDraft
+            ):  # the pair passed the vocabulary check: the tokenizers agree
+                pipe.tokenizer.save_pretrained(staging / "draft")
+        (staging / PIPELINE_FILE).write_text(settings)
+        _swap_in(staging, real)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def _swap_in(staging: Path, folder: Path) -> None:
+    """Put the finished save ``staging`` in ``folder``'s place: two renames in one parent folder, then the files
+    of the user's own that an earlier save's folder held are moved over and the earlier save is deleted."""
+    if not folder.exists():
+        staging.rename(folder)
+        return
+    earlier = folder.with_name(f".{folder.name}.replaced-{uuid.uuid4().hex[:8]}")
+    folder.rename(earlier)
+    try:
+        staging.rename(folder)
+    except OSError:
+        earlier.rename(folder)
+        raise
+    for path in earlier.iterdir():
+        if path.name not in _PARTS:
+            path.rename(folder / path.name)
+    shutil.rmtree(earlier, ignore_errors=True)
 
 
 def read_settings(folder: str | Path) -> dict[str, Any]:
