@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
-from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
+from vlmspec import InputNotFoundError, InvalidInputError, VLMSpecPipeline, get_policy
 from vlmspec.loading import _load_tokenizer, check_dtype
 from vlmspec.testing import make_image
 
@@ -155,3 +158,137 @@ def test_a_save_that_fails_midway_leaves_the_earlier_save_as_it_was(tiny_pairs, 
     assert VLMSpecPipeline.from_pretrained(folder).policy.config.gamma == 2
     assert (folder / "NOTES.md").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["saved"]
+
+
+# ---- model-loading keywords ---------------------------------------------------------------------------------------
+def test_attn_implementation_and_dtype_reach_both_models(tiny_pairs):
+    pair = tiny_pairs["qwen2_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(
+        pair.target, pair.draft, policy="chain", gamma=2, attn_implementation="eager", dtype=torch.bfloat16
+    )
+    for model in (pipe.target, pipe.draft):
+        assert model.config.get_text_config()._attn_implementation == "eager"
+        assert model.dtype == torch.bfloat16
+    assert pipe.policy.config.gamma == 2
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"device": "cpu"},
+            r"^'device' is an argument of the models' from_pretrained, not a policy option.*device_map=",
+        ),
+        ({"low_cpu_mem_usage": True}, r"^'low_cpu_mem_usage' is an argument of the models' from_pretrained"),
+        (
+            {"torch_dtype": "float32", "dtype": "bfloat16"},
+            r"torch_dtype='float32' and dtype='bfloat16' were both",
+        ),
+        ({"attn_implementation": "flash_attention_2"}, r"FlashAttention cannot take; use 'sdpa'"),
+    ],
+)
+def test_model_loading_keywords_that_are_not_taken_are_named_as_such(
+    tiny_pairs, monkeypatch, options, message
+):
+    monkeypatch.setattr(AutoModelForImageTextToText, "from_pretrained", _no_weights)
+    pair = tiny_pairs["qwen2_vl"]
+    with pytest.raises(InvalidInputError, match=message):
+        VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain", **options)
+
+
+def _no_weights(*args, **kwargs):
+    raise AssertionError("weights were loaded before the inputs were checked")
+
+
+# ---- checked before any weights load -------------------------------------------------------------------------------
+def test_a_mistyped_draft_or_a_target_without_processor_is_reported_before_any_weights_load(
+    tiny_pairs, tmp_path, monkeypatch
+):
+    pair = tiny_pairs["qwen2_vl"]
+    target = shutil.copytree(pair.target, tmp_path / "target")
+    monkeypatch.setattr(AutoModelForImageTextToText, "from_pretrained", _no_weights)
+    with pytest.raises(InputNotFoundError, match=r"^draft model folder '\./missing-draft' does not exist"):
+        VLMSpecPipeline.from_pretrained(target, "./missing-draft")
+    for name in ("processor_config.json", "tokenizer.json", "tokenizer_config.json"):
+        (target / name).unlink()
+    with pytest.raises(
+        InputNotFoundError, match=rf"^target model folder '{re.escape(str(target))}' holds no processor"
+    ):
+        VLMSpecPipeline.from_pretrained(target, pair.draft)
+
+
+def test_a_chat_template_kept_only_by_the_tokenizer_is_used_and_none_is_refused_at_load(tiny_pairs, tmp_path):
+    pair = tiny_pairs["qwen2_vl"]
+    target = shutil.copytree(pair.target, tmp_path / "target")
+    template = (target / "chat_template.jinja").read_text()
+    (target / "chat_template.jinja").unlink()
+    with pytest.raises(
+        InvalidInputError, match=rf"^the target's processor \(from '{re.escape(str(target))}'\) has no"
+    ):
+        VLMSpecPipeline.from_pretrained(target, pair.draft, policy="chain")
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    (target / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    pipe = VLMSpecPipeline.from_pretrained(target, pair.draft, policy="chain", gamma=2)
+    assert pipe(make_image(0), "Describe.", max_new_tokens=4).stats.new_tokens == 4
+
+
+# ---- what the messages say ----------------------------------------------------------------------------------------
+def test_a_file_a_saved_pipeline_and_pickle_weights_are_named_for_what_they_are(tiny_pairs, tmp_path):
+    pair = tiny_pairs["qwen2_vl"]
+    config = re.escape(str(pair.target / "config.json"))
+    with pytest.raises(
+        InvalidInputError, match=rf"^target model folder '{config}' is a file, not a folder; give"
+    ):
+        VLMSpecPipeline.from_pretrained(pair.target / "config.json", pair.draft)
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain", gamma=2)
+    pipe.save_pretrained(tmp_path / "saved")
+    with pytest.raises(InvalidInputError, match=r"is a saved pipeline folder .*pass it as the target"):
+        VLMSpecPipeline.from_pretrained(pair.target, tmp_path / "saved")
+    draft = shutil.copytree(pair.draft, tmp_path / "draft")
+    torch.save(load_file(draft / "model.safetensors"), draft / "pytorch_model.bin")
+    (draft / "model.safetensors").unlink()
+    with pytest.raises(
+        InvalidInputError, match=r"^draft model folder .* holds its weights only as pickle files"
+    ):
+        VLMSpecPipeline.from_pretrained(pair.target, draft)
+
+
+def test_a_home_relative_path_is_expanded(tiny_pairs, tmp_path, monkeypatch):
+    pair = tiny_pairs["qwen2_vl"]
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copytree(pair.target, tmp_path / "models" / "target")
+    shutil.copytree(pair.draft, tmp_path / "models" / "draft")
+    pipe = VLMSpecPipeline.from_pretrained("~/models/target", "~/models/draft", policy="chain", gamma=2)
+    pipe.save_pretrained(tmp_path / "saved")
+    assert VLMSpecPipeline.from_pretrained("~/saved").policy.config.gamma == 2
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_a_hub_id_that_cannot_be_fetched_is_named_with_its_role(tiny_pairs, monkeypatch, role):
+    def offline(*args, **kwargs):
+        raise OSError(
+            "We couldn't connect to 'https://huggingface.co' to load the files. Check your connection."
+        )
+
+    monkeypatch.setattr(AutoConfig, "from_pretrained", offline)
+    pair = tiny_pairs["qwen2_vl"]
+    names = {"target": pair.target, "draft": pair.draft, role: "owner/no-such-model"}
+    with pytest.raises(
+        InputNotFoundError, match=rf"^{role} 'owner/no-such-model' is no local folder.*couldn't connect"
+    ) as err:
+        VLMSpecPipeline.from_pretrained(names["target"], names["draft"])
+    assert isinstance(err.value.__cause__, OSError)
+
+
+def test_weights_load_from_safetensors_only(tiny_pairs, monkeypatch):
+    seen = []
+    load = AutoModelForImageTextToText.from_pretrained
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("use_safetensors"))
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForImageTextToText, "from_pretrained", spy)
+    pair = tiny_pairs["llava_onevision"]
+    VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain")
+    assert seen == [True, True]

@@ -6,12 +6,61 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from .errors import InputNotFoundError, InvalidInputError
 from .models import EDDDraft, adapter_for
 from .models.edd import is_edd_folder
-from .named_pairs import resolve_pair
+from .named_pairs import is_pipeline_folder, resolve_pair
+
+MODEL_OPTIONS = ("attn_implementation", "dtype")
+"""Model-loading keywords :meth:`vlmspec.VLMSpecPipeline.from_pretrained` takes among its ``**policy_options``:
+passed to both models' ``from_pretrained`` (``dtype`` is transformers 5's name for ``torch_dtype``)."""
+LOADING_KEYWORDS = (
+    "device",
+    "low_cpu_mem_usage",
+    "quantization_config",
+    "load_in_8bit",
+    "load_in_4bit",
+    "max_memory",
+    "offload_folder",
+    "revision",
+    "cache_dir",
+    "token",
+    "local_files_only",
+    "force_download",
+    "variant",
+    "subfolder",
+    "use_safetensors",
+    "config",
+    "tp_plan",
+)
+"""Other ``from_pretrained`` keywords: refused by name (as policy options they would be refused as unknown ones)."""
+
+
+def model_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``from_pretrained``'s ``**policy_options`` split into the model-loading keywords it takes
+    (:data:`MODEL_OPTIONS`, for :func:`load_pair`) and the policy's options.
+
+    Raises:
+        InvalidInputError: another model-loading keyword (:data:`LOADING_KEYWORDS`), named with what to use.
+    """
+    for name in options:
+        if name in LOADING_KEYWORDS:
+            place = (
+                ": place them with device_map (device_map='cpu', device_map={'': 'cuda:1'}; without it they go to "
+                "the GPU when there is one)"
+                if name == "device"
+                else ""
+            )
+            raise InvalidInputError(
+                f"{name!r} is an argument of the models' from_pretrained, not a policy option; "
+                "VLMSpecPipeline.from_pretrained passes torch_dtype (or dtype), device_map, attn_implementation and "
+                f"trust_remote_code to the models{place}; for other loading settings, load the models yourself with "
+                "transformers and build VLMSpecPipeline(target, draft, processor)"
+            )
+    loading = {name: options[name] for name in MODEL_OPTIONS if name in options}
+    return loading, {name: value for name, value in options.items() if name not in MODEL_OPTIONS}
 
 
 def load_pair(
@@ -21,20 +70,36 @@ def load_pair(
     device_map: str | dict[str, Any] | None = None,
     trust_remote_code: bool = False,
     calibration: str | None = None,
+    attn_implementation: str | None = None,
+    dtype: str | torch.dtype | None = None,
 ) -> tuple[torch.nn.Module, torch.nn.Module | None, Any]:
     """The target, the draft (``None`` when none is named) and the target's processor, loaded as
     :meth:`vlmspec.VLMSpecPipeline.from_pretrained` documents: named pairs resolved, an EDD draft read on top of its
     target, a calibrated pair inflated where it will run, the draft checked against the target, both moved to the
     GPU when one is present (without ``device_map``).
+
+    Both folders (or hub ids) and the target's processor are checked before any weights load, so that a mistyped
+    draft is reported before a large target has loaded. Weights load from safetensors only (no pickle).
     """
+    torch_dtype = _dtype_alias(torch_dtype, dtype)
     check_dtype(torch_dtype)  # before anything loads or builds
     check_device_map(device_map)
+    check_attn_implementation(attn_implementation)
     pair = resolve_pair(target, draft)
     target, draft = pair.target, pair.draft
     calibration = calibration or pair.calibration
-    load = dict(dtype=torch_dtype, device_map=device_map, trust_remote_code=trust_remote_code)
-    target_model = _load_model(target, "target", load)
     edd = draft is not None and is_edd_folder(draft)
+    check_source(target, "target", trust_remote_code)
+    if draft is not None and not edd:
+        check_source(draft, "draft", trust_remote_code)
+    processor = load_processor(target, trust_remote_code)
+    draft_tokenizer = _load_tokenizer(draft, trust_remote_code) if draft is not None and not edd else None
+    load = dict(
+        dtype=torch_dtype, device_map=device_map, trust_remote_code=trust_remote_code, use_safetensors=True
+    )
+    if attn_implementation is not None:
+        load["attn_implementation"] = attn_implementation
+    target_model = _load_model(target, "target", load)
     if edd:  # an EDD draft: trained for this target, read on top of it
         draft_model = EDDDraft.from_pretrained(draft, target_model)
     else:
@@ -51,19 +116,46 @@ def load_pair(
         )
         if edd:
             draft_model = inflate_edd(base_draft, base_target, target_model)
-    processor = AutoProcessor.from_pretrained(str(target), trust_remote_code=trust_remote_code)
     if draft_model is not None and not edd:
-        check_compatible(
-            target_model,
-            draft_model,
-            target_tokenizer=getattr(processor, "tokenizer", None),
-            draft_tokenizer=_load_tokenizer(draft, trust_remote_code),
-        )
+        target_tokenizer = getattr(processor, "tokenizer", None)
+        check_compatible(target_model, draft_model, target_tokenizer, draft_tokenizer)
     if device_map is None:
         target_model.to(device)
         if draft_model is not None:
             draft_model.to(device)
     return target_model, draft_model, processor
+
+
+def _dtype_alias(torch_dtype: Any, dtype: Any) -> Any:
+    """``torch_dtype``, or ``dtype`` (transformers 5's name for it) when that is given instead.
+
+    Raises:
+        InvalidInputError: both are given (``torch_dtype`` other than its default ``"auto"``).
+    """
+    if dtype is None:
+        return torch_dtype
+    if torch_dtype != "auto":
+        raise InvalidInputError(
+            f"torch_dtype={torch_dtype!r} and dtype={dtype!r} were both given; dtype is transformers 5's name for "
+            "torch_dtype: give one of them"
+        )
+    return dtype
+
+
+def check_attn_implementation(attn_implementation: Any) -> None:
+    """Refuse an ``attn_implementation`` that cannot take a tree mask before the load (as :func:`check_attention`
+    refuses a loaded model's), so that FlashAttention is named as the problem, not a missing package.
+
+    Raises:
+        InvalidInputError: naming the value and what to use.
+    """
+    if attn_implementation is None:
+        return
+    if not isinstance(attn_implementation, str) or "flash" in attn_implementation:
+        raise InvalidInputError(
+            f"attn_implementation={attn_implementation!r} is invalid: speculative verification attends through a "
+            "tree attention mask, which FlashAttention cannot take; use 'sdpa' (transformers' default) or 'eager'"
+        )
 
 
 def check_dtype(torch_dtype: Any) -> None:
@@ -202,27 +294,120 @@ def _listed(value: Any) -> Any:
     return [_listed(item) for item in value] if isinstance(value, (list, tuple)) else value
 
 
-def check_model_folder(source: str | Path, role: str) -> None:
-    """Refuse a local model path (a ``Path``, an existing path, or text starting with ``.`` or ``/``) that is not a
-    folder holding a ``config.json``; hub ids are left to the hub. Callers that check other things first (a policy
-    that needs a draft) call it before them, so a mistyped folder is named as what it is.
+def check_source(source: str | Path, role: str, trust_remote_code: bool = False) -> None:
+    """Check where a model comes from before any weights load: a local folder (:func:`check_model_folder`), or a
+    hub id whose config is fetched (a missing id or no network is reported now, naming the role and the id).
 
     Raises:
-        FileNotFoundError: naming the folder, its role (``target``/``draft``) and what to do.
+        FileNotFoundError, ValueError: as :func:`check_model_folder`; the hub's failure, wrapped.
     """
-    path = Path(source)
-    if isinstance(source, Path) or path.exists() or str(source).startswith((".", "/")):
-        if not path.is_dir():
-            raise InputNotFoundError(f"{role} model folder {str(source)!r} does not exist")
-        if not (path / "config.json").is_file():
-            raise InputNotFoundError(
-                f"{role} model folder {str(source)!r} has no config.json; point to a folder written by save_pretrained"
+    if is_local(source):
+        check_model_folder(source, role)
+        return
+    try:
+        AutoConfig.from_pretrained(str(source), trust_remote_code=trust_remote_code)
+    except OSError as err:
+        raise _hub_error(source, role, err) from err
+
+
+def is_local(source: str | Path) -> bool:
+    """Whether ``source`` names a local path (a ``Path``, an existing path, or text starting with ``.``, ``/`` or
+    ``~``); anything else is a hub id."""
+    text = str(source)
+    return isinstance(source, Path) or Path(text).expanduser().exists() or text.startswith((".", "/", "~"))
+
+
+def check_model_folder(source: str | Path, role: str) -> None:
+    """Refuse a local model path (:func:`is_local`) that is not a folder holding a ``config.json`` and safetensors
+    weights; hub ids are left to the hub. Callers that check other things first (a policy that needs a draft)
+    call it before them, so a mistyped folder is named as what it is.
+
+    Raises:
+        FileNotFoundError: the folder does not exist or holds no config.json (naming it, its role and what to do).
+        ValueError: it is a file, a saved pipeline given as the draft, or holds pickle weights only.
+    """
+    if not is_local(source):
+        return
+    path, name = Path(source).expanduser(), str(source)
+    if path.is_file():
+        raise InvalidInputError(
+            f"{role} model folder {name!r} is a file, not a folder; give the folder that holds the checkpoint "
+            f"(config.json, model.safetensors, ...), here {str(path.absolute().parent)!r}"
+        )
+    if not path.is_dir():
+        raise InputNotFoundError(f"{role} model folder {name!r} does not exist")
+    if role == "draft" and is_pipeline_folder(path):
+        raise InvalidInputError(
+            f"draft model folder {name!r} is a saved pipeline folder (written by pipe.save_pretrained), not a model "
+            "folder; pass it as the target (VLMSpecPipeline.from_pretrained(folder)) to load its pair, or give its "
+            "draft/ subfolder as the draft"
+        )
+    if not (path / "config.json").is_file():
+        raise InputNotFoundError(
+            f"{role} model folder {name!r} has no config.json; point to a folder written by save_pretrained"
+        )
+    if not any(path.glob("*.safetensors")) and any(path.glob("*.bin")):
+        raise InvalidInputError(
+            f"{role} model folder {name!r} holds its weights only as pickle files (pytorch_model.bin), which vlmspec "
+            "does not load (unpickling a file can run code); if you trust it, convert it once: load it with "
+            "AutoModelForImageTextToText.from_pretrained(folder) and save it with .save_pretrained(folder), which "
+            "writes model.safetensors"
+        )
+
+
+def load_processor(source: str | Path, trust_remote_code: bool = False) -> Any:
+    """The target's processor, with the chat template every prompt is built with: the processor's own, else its
+    tokenizer's (a template kept only in ``tokenizer_config.json``, as a processor's own fallback would use).
+
+    Raises:
+        FileNotFoundError: the folder holds no processor transformers can load; the hub's failure, wrapped.
+        InvalidInputError: neither has a chat template (naming the folder and what to add).
+    """
+    try:
+        processor = AutoProcessor.from_pretrained(str(source), trust_remote_code=trust_remote_code)
+    except OSError as err:
+        if not is_local(source):
+            raise _hub_error(source, "target", err) from err
+        raise InputNotFoundError(
+            f"target model folder {str(source)!r} holds no processor transformers can load ({_reason(err)}); copy "
+            "the checkpoint's processor files into it (processor_config.json or preprocessor_config.json, the "
+            "tokenizer files, chat_template.jinja), e.g. with AutoProcessor.from_pretrained(original).save_pretrained"
+        ) from err
+    if not getattr(processor, "chat_template", None):
+        template = getattr(getattr(processor, "tokenizer", None), "chat_template", None)
+        if not template:
+            raise InvalidInputError(
+                f"the target's processor (from {str(source)!r}) has no chat template, with which vlmspec builds "
+                "every prompt; add the checkpoint's chat template to that folder (chat_template.jinja, as "
+                "save_pretrained writes it), e.g. from the original checkpoint's files"
             )
+        processor.chat_template = template
+    return processor
 
 
 def _load_model(source: str | Path, role: str, load: dict[str, Any]) -> torch.nn.Module:
-    check_model_folder(source, role)
-    return AutoModelForImageTextToText.from_pretrained(str(source), **load)
+    try:
+        return AutoModelForImageTextToText.from_pretrained(str(source), **load)
+    except OSError as err:
+        if is_local(source):
+            raise
+        raise _hub_error(source, role, err) from err
+
+
+def _hub_error(source: str | Path, role: str, err: OSError) -> InputNotFoundError:
+    """The hub's failure for a model id, naming the role and the id (transformers' names neither)."""
+    return InputNotFoundError(
+        f"{role} {str(source)!r} is no local folder, so it was fetched from the Hugging Face hub, which failed "
+        f"({_reason(err)}); check the id, and without network or hub access give a local folder holding the "
+        "checkpoint instead"
+    )
+
+
+def _reason(err: BaseException) -> str:
+    """The first sentence of an error's message (transformers' go on with advice about the hub that misleads
+    here), at most 300 characters."""
+    lines = str(err).strip().splitlines()
+    return (lines[0].split(". ")[0].rstrip(".") if lines else type(err).__name__)[:300]
 
 
 TOKENIZER_FILES = (

@@ -39,6 +39,7 @@ __all__ = [
     "PAIR_NAMES",
     "ResolvedPair",
     "check_model_source",
+    "expand_user",
     "is_pair_name",
     "is_pipeline_folder",
     "resolve_pair",
@@ -97,7 +98,15 @@ def is_pair_name(target: str | Path | None) -> bool:
 
 def is_pipeline_folder(target: str | Path | None) -> bool:
     """Whether ``target`` is a folder written by ``pipe.save_pretrained`` (it holds :data:`PIPELINE_FILE`)."""
-    return target is not None and (Path(str(target)) / PIPELINE_FILE).is_file()
+    return target is not None and (Path(str(target)).expanduser() / PIPELINE_FILE).is_file()
+
+
+def expand_user(source: str | Path | None) -> str | Path | None:
+    """``source`` with a leading ``~`` expanded to the user's home folder (transformers would take ``~/models/x``
+    for a malformed hub id); anything else as it is."""
+    if isinstance(source, Path) or (isinstance(source, str) and source.startswith("~")):
+        return type(source)(os.path.expanduser(source))
+    return source
 
 
 def check_model_source(source: str | Path, role: str) -> None:
@@ -142,6 +151,7 @@ def resolve_pair(
         ValueError: an unknown name (:func:`check_model_source`), an unknown family or calibration in a pair
             name, or a bad ``VLMSPEC_DEFAULT_PAIR``.
     """
+    target, draft = expand_user(target), expand_user(draft)
     if target is None:
         target = os.environ.get(ENV_DEFAULT_PAIR) or DEFAULT_PAIR
         if not is_pair_name(target):
@@ -158,7 +168,7 @@ def resolve_pair(
             "not one; train an EDD draft for it (`vlmspec edd train --target ... --out DIR`) and pass draft=DIR"
         )
     if is_pipeline_folder(target):  # written by pipe.save_pretrained: its target/ and draft/ folders
-        saved = Path(str(target))
+        saved = Path(str(target)).expanduser()
         draft = draft if draft is not None else (saved / "draft" if (saved / "draft").is_dir() else None)
         return ResolvedPair(
             str(saved / "target"), str(draft) if draft is not None else None, f"pipeline:{saved}"

@@ -40,7 +40,7 @@ from .inputs import (
     pad_frames,
 )
 from .kernels import onednn_linears
-from .loading import check_attention, check_compatible, load_pair
+from .loading import check_attention, check_compatible, load_pair, model_options
 from .models import EDDDraft, VLMAdapter, adapter_for
 from .models.edd import check_target
 from .named_pairs import is_pipeline_folder
@@ -216,8 +216,10 @@ class VLMSpecPipeline:
                 pipeline's, else ``"attention"``).
             calibration: inflate the loaded pair to this calibration's shapes (see
                 :mod:`vlmspec.testbed.calibrate`); a pair name's ``@<calibration>`` sets it too.
-            **policy_options: the policy's config options.
+            **policy_options: the policy's config options; also ``attn_implementation`` ('sdpa', 'eager') and
+                ``dtype`` (transformers 5's name for ``torch_dtype``), passed to both models' ``from_pretrained``.
         """
+        loading, policy_options = model_options(policy_options)  # attn_implementation, dtype
         saved = read_settings(target) if is_pipeline_folder(target) else {}
         if policy is None and saved:
             policy, policy_options = saved["policy"], {**saved["policy_options"], **policy_options}
@@ -225,7 +227,7 @@ class VLMSpecPipeline:
         policy = policy_with(policy, policy_options)  # a bad name or option fails before any model loads
         pruning = pruning if pruning is not None else saved.get("pruning", "attention")
         target_model, draft_model, processor = load_pair(
-            target, draft, torch_dtype, device_map, trust_remote_code, calibration
+            target, draft, torch_dtype, device_map, trust_remote_code, calibration, **loading
         )
         return cls(
             target_model,

@@ -115,7 +115,8 @@ def read_settings(folder: str | Path) -> dict[str, Any]:
     Raises:
         ValueError: the file is not YAML, not a mapping, has unknown keys or values of the wrong kind (named).
     """
-    file = Path(folder) / PIPELINE_FILE
+    folder = Path(folder).expanduser()
+    file = folder / PIPELINE_FILE
     where = f"saved pipeline settings {str(file)!r}"
     try:
         values = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
@@ -138,7 +139,7 @@ def read_settings(folder: str | Path) -> dict[str, Any]:
         pruning_config = PruningConfig(**(pruning or {}))
     except TypeError as err:
         raise InvalidInputError(f"{where}: pruning: {err}") from None
-    options = _files_in_folder(Path(folder), policy, dict(options or {}))
+    options = _files_in_folder(folder, policy, dict(options or {}))
     return {"policy": policy, "policy_options": options, "pruning": pruning_config}
 
 
