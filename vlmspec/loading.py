@@ -1,4 +1,5 @@
-"""Loading a target/draft pair: named pairs resolved, EDD drafts, calibration, and the compatibility check."""
+"""Loading a target/draft pair: named pairs resolved, every folder and the target's processor checked before any
+weights load, EDD drafts, calibration, and the compatibility check."""
 
 from __future__ import annotations
 
@@ -221,11 +222,13 @@ def check_compatible(
     target_tokenizer: Any = None,
     draft_tokenizer: Any = None,
 ) -> None:
-    """Refuse a draft that cannot draft for ``target``: another family or another vocabulary.
+    """Refuse a draft that cannot draft for ``target``: another family, another vocabulary or another visual-token
+    layout (:func:`check_visual_layout`).
 
     Embedding tables may differ in size: checkpoints of one series pad their vocabularies differently (Qwen2-VL-7B
     has 152064 rows, Qwen2-VL-2B 151936, with the same tokenizer). What must hold is that both share the tokenizer
-    (compared when both are known) and that both tables cover every token of the target's tokenizer.
+    (compared when both are known) and that both tables cover every token of the target's tokenizer; the ids only
+    one table holds are handled while decoding (:class:`vlmspec.draft.DraftVocab`).
 
     Raises:
         ValueError: naming what differs and what to do.
