@@ -309,12 +309,11 @@ class VLMSpecPipeline:
     def reference_generate(self, inputs: dict[str, torch.Tensor], max_new_tokens: int) -> list[int]:
         """The target's own greedy ``generate()`` on ``inputs`` (from :meth:`prepare_inputs`): the new token ids.
 
-        This is what users run without vlmspec, and what greedy speculative output must equal token for token.
+        This is what users run without vlmspec, and what greedy speculative output must equal token for token
+        (the tokenizer: for the config's ``stop_strings``).
         """
-        tokenizer = getattr(self.processor, "tokenizer", self.processor)  # for a stop_strings default
-        out = self.target.generate(
-            **inputs, do_sample=False, max_new_tokens=max_new_tokens, tokenizer=tokenizer
-        )
+        options = dict(do_sample=False, max_new_tokens=max_new_tokens, tokenizer=self.tokenizer)
+        out = self.target.generate(**inputs, **options)
         return out[0, inputs["input_ids"].shape[1] :].tolist()
 
     @torch.no_grad()
@@ -579,9 +578,8 @@ class VLMSpecPipeline:
     def generate(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> Any:
         """``target.generate(**inputs, ...)`` with speculative decoding, a drop-in for code that already calls it:
         the same ``[B, L + T]`` ids (or output object), each row the target's own greedy output alone (see
-        :func:`vlmspec.hf_compat.generate`, which documents the arguments). ``tokenizer`` (which ``generate()``
-        needs with ``stop_strings``) is taken and ignored: the pipeline decodes with its own processor's tokenizer.
-        Keyword arguments that are neither generation options nor inputs the model takes are refused by name."""
+        :func:`vlmspec.hf_compat.generate`, which documents the arguments). Keyword arguments that are neither
+        generation options nor inputs the model takes are refused by name."""
         return hf_compat.generate(self, input_ids, **kwargs)
 
     def _vocab_size(self) -> int:
