@@ -396,3 +396,46 @@ def test_attention_pruning_keeps_a_strongly_attended_visual_token(tiny_root_dir)
     keep = PruningConfig(method="attention", min_keep=0).select(layout, scores)
     assert planted_pos in _ids(keep)
     assert int(layout.visual[keep].sum()) == keep_count(16, 0.8)
+
+
+def test_a_forward_in_another_thread_waits_for_the_pruning_probe(tiny_pairs):
+    """The probe switches the target's decoder to eager attention for its side pass: a forward another thread runs
+    meanwhile (a second request on the same pipeline) waits for it, instead of running under the switch (eager with
+    the mask its sdpa call built is not causal: wrong tokens, silently)."""
+    import threading
+    import time
+
+    from vlmspec import VLMSpecPipeline
+
+    pair = tiny_pairs["qwen2_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain", torch_dtype=torch.float32)
+    decoder = pipe.target.get_decoder()
+    usual = decoder.config._attn_implementation
+    assert usual != "eager"
+    probing, release, seen = threading.Event(), threading.Event(), []
+
+    def hook(module, args, output):
+        if decoder.config._attn_implementation == "eager" and threading.current_thread() is pruned:
+            probing.set()
+            release.wait(10)  # hold the probe open
+        elif threading.current_thread() is plain:
+            seen.append(decoder.config._attn_implementation)
+
+    handle = decoder.layers[0].register_forward_hook(hook)
+    image = make_image(0)
+    pruned = threading.Thread(target=lambda: pipe(image, "Describe.", prune_ratio=0.5, max_new_tokens=2))
+    plain = threading.Thread(target=lambda: pipe(image, "Describe.", max_new_tokens=2))
+    try:
+        pruned.start()
+        assert probing.wait(30)
+        plain.start()
+        time.sleep(0.3)
+        assert seen == []  # not run while the probe holds the model
+        release.set()
+        pruned.join(30)
+        plain.join(30)
+    finally:
+        release.set()
+        handle.remove()
+    assert seen and set(seen) == {usual}
+    assert decoder.config._attn_implementation == usual

@@ -79,8 +79,8 @@ def onednn_linears(*models: torch.nn.Module | None) -> Iterator[int]:
     try:
         yield len(layers)
     finally:
-        for layer in layers:
-            del layer.forward
+        for layer in layers:  # pop: another thread's block may have rerouted (and restored) the same layer
+            vars(layer).pop("forward", None)
 
 
 __all__ = ["MIN_WEIGHT_ELEMENTS", "onednn_available", "onednn_linears"]

@@ -29,6 +29,8 @@ inputs themselves, with the model's own public methods (``get_input_embeddings``
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
@@ -40,6 +42,21 @@ from ..cache import cache_kwarg, new_cache, pop_tail, push_tail, truncate
 from ..errors import InvalidInputError
 from ..tree import tree_attention_bias
 from .data import DecodeState, Prefill, PromptLayout, VisualFeatures
+
+_MODEL_LOCKS: weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
+_MODEL_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: torch.nn.Module) -> threading.RLock:
+    """The lock held around each forward of ``model`` that an adapter runs, and around the pruning probe (which
+    switches the decoder to eager attention and hooks its layers for one side pass): calls from several threads on
+    one pipeline take turns forward by forward, so no forward runs under another call's attention switch or hooks.
+    """
+    with _MODEL_LOCKS_GUARD:
+        lock = _MODEL_LOCKS.get(model)
+        if lock is None:
+            lock = _MODEL_LOCKS[model] = threading.RLock()
+        return lock
 
 
 class VLMAdapter:
@@ -402,11 +419,14 @@ class VLMAdapter:
         public ``set_attn_implementation`` for the block and switched back afterwards; forward hooks on every
         decoder layer's ``self_attn`` reduce each layer's weights ``[1, H, m, keys]`` to ``[num_visual]`` right
         away (only one layer's weights are alive at a time) and are removed afterwards. The model is left exactly
-        as it was; not safe while another thread runs the same model.
+        as it was; :func:`model_lock` keeps other threads' forwards of the model out of the block.
         """
         decoder = self.model.get_decoder()
+        with model_lock(self.model):
+            yield from self._probe_layers(decoder, _AttentionProbe(visual_idx))
+
+    def _probe_layers(self, decoder: torch.nn.Module, probe: _AttentionProbe) -> Iterator[_AttentionProbe]:
         previous = decoder.config._attn_implementation
-        probe = _AttentionProbe(visual_idx)
         handles = [layer.self_attn.register_forward_hook(probe.hook) for layer in decoder.layers]
         try:
             if previous != "eager":
@@ -423,21 +443,23 @@ class VLMAdapter:
         """Collect the output ``[1, n, D]`` of decoder layer ``layer`` during the forwards run inside the block.
 
         A forward hook on that layer, removed on exit (``layer`` ``None``: nothing is collected). The hook only
-        reads: the forward computes exactly what it computes without it.
+        reads: the forward computes exactly what it computes without it. The block holds :func:`model_lock`.
         """
         found: list[torch.Tensor] = []
         if layer is None:
-            yield found
+            with model_lock(self.model):
+                yield found
             return
 
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
             found.append(output[0] if isinstance(output, tuple) else output)
 
-        handle = self.model.get_decoder().layers[layer].register_forward_hook(hook)
-        try:
-            yield found
-        finally:
-            handle.remove()
+        with model_lock(self.model):
+            handle = self.model.get_decoder().layers[layer].register_forward_hook(hook)
+            try:
+                yield found
+            finally:
+                handle.remove()
 
     # ---- decoding ---------------------------------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
