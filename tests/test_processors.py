@@ -309,3 +309,47 @@ def test_tau_counts_only_the_accepted_tokens_emitted_before_a_stop(mini):
     cut = mini(example.image, example.prompt, max_new_tokens=40, eos_token_id=stop)
     assert cut.token_ids == free.token_ids[: free.token_ids.index(stop) + 1]
     assert cut.stats.accepted_tokens <= cut.stats.new_tokens - 1
+
+
+def test_generate_s_none_and_length_arguments_follow_generate(tiny, config_of):
+    """Review findings: a None that would turn off a config setting pipe.generate cannot take is refused; a call's
+    max_length counts the prompt; the config's empty EOS list decodes with no EOS; pad_token_id=None pads with the
+    EOS, not the config's pad token; return_dict_in_generate=None is off."""
+    image, prompt = make_image(0), "Describe this image."
+    inputs = tiny.prepare_inputs(image, prompt)
+    length = inputs["input_ids"].shape[1]
+    tiny.policy = get_policy("chain")
+    config_of.min_length = length + 4
+    with pytest.raises(InvalidInputError, match=r"generate\(min_length=None\) would turn off .*min_length="):
+        tiny.generate(**inputs, min_length=None, max_new_tokens=4)
+    config_of.min_length = None
+    expected = tiny.target.generate(**inputs, do_sample=False, max_length=length + 6)[0, length:].tolist()
+    assert (
+        tiny.generate(**inputs, max_length=length + 6)[0, length:].tolist() == expected and len(expected) == 6
+    )
+    config_of.eos_token_id, config_of.pad_token_id = [], 0
+    expected = tiny.target.generate(**inputs, do_sample=False, max_new_tokens=9)[0, length:].tolist()
+    assert tiny.generate(**inputs, max_new_tokens=9)[0, length:].tolist() == expected and len(expected) == 9
+    config_of.return_dict_in_generate = True
+    assert torch.is_tensor(tiny.generate(**inputs, max_new_tokens=2, return_dict_in_generate=None))
+    config_of.return_dict_in_generate, config_of.eos_token_id = False, None
+
+    texts = [
+        tiny.processor.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+        )
+        for content in (
+            [{"type": "image"}, {"type": "text", "text": prompt}],
+            [{"type": "text", "text": "Hi"}],
+        )
+    ]
+    alone = [tiny.generate(**inputs, max_new_tokens=12)[0, length:].tolist()]
+    text_only = tiny.processor(text=texts[1:], return_tensors="pt")
+    alone.append(tiny.generate(**text_only, max_new_tokens=12)[0, text_only["input_ids"].shape[1] :].tolist())
+    eos = next(t for t in alone[0][1:6] if t not in alone[1])  # ends row 0 early, never row 1
+    config_of.pad_token_id = next(t for t in range(3, 50) if t != eos)
+    batch = tiny.processor(text=texts, images=[[image], []], padding=True, return_tensors="pt")
+    ids = tiny.generate(**batch, max_new_tokens=12, eos_token_id=eos, pad_token_id=None)
+    row = ids[0, batch["input_ids"].shape[1] :].tolist()
+    stop = alone[0].index(eos) + 1
+    assert row[:stop] == alone[0][:stop] and row[stop:] == [eos] * (12 - stop)

@@ -48,10 +48,11 @@ def generate(
             ``pipe(...)`` takes them (``streamer``: one prompt only); ``use_cache`` (speed only: ignored),
             ``num_beams`` and ``num_return_sequences`` (1 only); ``tokenizer`` (which ``generate()`` needs with
             ``stop_strings``: ignored, the pipeline decodes with its own processor's tokenizer); ``batch_size``
-            (rows decoding at once; default: all), ``pad_token_id`` (what rows that stop early are padded with)
-            and ``return_dict_in_generate``. Options are resolved over the target's ``generation_config`` as
-            ``generate()`` resolves them (:func:`resolve_options`): an option given as ``None`` turns the config's
-            setting off, and with no ``max_new_tokens`` the config's ``max_length`` (or 20 new tokens) applies.
+            (rows decoding at once; default: all), ``pad_token_id`` (what rows that stop early are padded with),
+            ``max_length`` and ``return_dict_in_generate``. Options are resolved over the target's
+            ``generation_config`` as ``generate()`` resolves them (:func:`resolve_options`): an option given as
+            ``None`` turns the config's setting off, and with no ``max_new_tokens`` the ``max_length`` (or 20 new
+            tokens) applies, counted for each prompt alone.
 
     Returns:
         ``[B, L + T]``: the prompts as given, then each row's new ids (EOS included when produced), rows that
@@ -65,46 +66,69 @@ def generate(
             ``model_kwargs``.
         ValueError: an option out of range, ids that are not the models' token ids.
     """
-    batch_size, pad = kwargs.pop("batch_size", None), kwargs.pop("pad_token_id", None)
-    kwargs.pop("tokenizer", None)  # generate() needs one to read stop_strings; the pipeline has its own
+    settings = {name: kwargs.pop(name, _UNSET) for name in _CALL_SETTINGS}
     config = pipe.target.generation_config
-    as_dict = returns_dict(kwargs.pop("return_dict_in_generate", None), config)
-    given, tensors = split_generate_kwargs(kwargs, GENERATE_OPTIONS, model_inputs(pipe.target))
+    as_dict = returns_dict(settings["return_dict_in_generate"], config)
+    given, tensors = split_generate_kwargs(kwargs, GENERATE_OPTIONS, model_inputs(pipe.target), config)
     if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
         raise InputTypeError(
             "pipe.generate() needs input_ids, a [B, L] tensor of prompt ids (processor outputs)"
         )
     check_token_ids(input_ids, pipe._vocab_size())
-    options = resolve_options(given, config, input_ids.shape[1])
-    if pad is not None and (isinstance(pad, bool) or not isinstance(pad, numbers.Integral)):
+    pad = settings["pad_token_id"]
+    if pad not in (_UNSET, None) and (isinstance(pad, bool) or not isinstance(pad, numbers.Integral)):
         raise InputTypeError(
             f"pad_token_id={pad!r:.80} is invalid: use one token id (an integer), what rows that stop early are "
             "padded with, or leave it out (the target's generation_config's)"
         )
-    seed = check_seed(options.pop("seed", None))
+    if settings["max_length"] is not _UNSET:
+        given["max_length"] = settings["max_length"]
+    seed = check_seed(given.pop("seed", None))
     rows = pipe._target_adapter.split_rows({"input_ids": input_ids, **tensors})  # each prompt alone, unpadded
-    if len(rows) > 1 and options.get("streamer") is not None:
+    if len(rows) > 1 and given.get("streamer") is not None:
         raise InvalidInputError("pipe.generate(streamer=...) streams one prompt; give one row of input_ids")
-    calls = []
-    for b, row in enumerate(rows):  # every row checked before any decodes
-        try:
-            calls.append(
-                pipe._prepare({"inputs": row, "seed": None if seed is None else seed + b, **options})
-            )
-        except (TypeError, ValueError, OSError) as err:
-            raise naming_request(err, b, "pipe.generate: row") from err
+    calls = [
+        _row_call(pipe, b, row, given, seed) for b, row in enumerate(rows)
+    ]  # all checked before decoding
+    outs = _decode_rows(
+        pipe, calls, len(rows) if settings["batch_size"] is _UNSET else settings["batch_size"]
+    )
+    if pad in (_UNSET, None):  # None given: the config's pad token is off, as in generate()
+        eos = () if "eos_token_id" in given and given["eos_token_id"] is None else given.get("eos_token_id")
+        pad = pad_token_id(pipe.target, eos, use_config=pad is _UNSET)
+    ids = generate_layout(input_ids, [out.token_ids for out in outs], int(pad))
+    return GenerateDecoderOnlyOutput(sequences=ids) if as_dict else ids
+
+
+_UNSET: Any = object()
+"""An argument not given (``None`` given is another thing: ``generate()`` then turns the config's setting off)."""
+_CALL_SETTINGS = ("batch_size", "pad_token_id", "tokenizer", "return_dict_in_generate", "max_length")
+"""What :func:`generate` takes besides the options of ``pipe(...)`` (``tokenizer``: ignored)."""
+
+
+def _row_call(pipe: Any, b: int, row: dict[str, Any], given: dict[str, Any], seed: int | None) -> Any:
+    """Row ``b``'s prepared request: its options resolved with its own prompt length (each row is decoded as its
+    prompt alone), its seed ``seed + b``; an error names the row."""
+    try:
+        options = resolve_options(given, pipe.target.generation_config, row["input_ids"].shape[1])
+        return pipe._prepare({"inputs": row, "seed": None if seed is None else seed + b, **options})
+    except (TypeError, ValueError, OSError) as err:
+        raise naming_request(err, b, "pipe.generate: row") from err
+
+
+def _decode_rows(pipe: Any, calls: list[Any], batch_size: Any) -> list[Any]:
+    """The rows' outputs, in order; a row's decoding error is raised at once, naming it (the rows still decoding
+    stop there)."""
     outs: dict[int, Any] = {}
-    results = pipe.batch_iter(calls, len(rows) if batch_size is None else batch_size)
+    results = pipe.batch_iter(calls, batch_size)
     try:
         for b, out in results:
-            if isinstance(out, Exception):  # the rows still decoding stop here
+            if isinstance(out, Exception):
                 raise naming_request(out, b, "pipe.generate: row") from out
             outs[b] = out
     finally:
         results.close()
-    pad = pad_token_id(pipe.target, options.get("eos_token_id")) if pad is None else int(pad)
-    ids = generate_layout(input_ids, [outs[b].token_ids for b in range(len(rows))], pad)
-    return GenerateDecoderOnlyOutput(sequences=ids) if as_dict else ids
+    return [outs[b] for b in range(len(calls))]
 
 
 def model_inputs(model: Any) -> frozenset[str]:
@@ -118,7 +142,10 @@ def model_inputs(model: Any) -> frozenset[str]:
 
 
 def split_generate_kwargs(
-    kwargs: dict[str, Any], options: Sequence[str], inputs: Collection[str] | None = None
+    kwargs: dict[str, Any],
+    options: Sequence[str],
+    inputs: Collection[str] | None = None,
+    generation_config: Any = None,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """``(generation options, processor outputs)`` of ``generate(**kwargs)``'s keyword arguments (options given as
     ``None`` kept: :func:`resolve_options` reads them as ``generate()`` does).
@@ -127,11 +154,16 @@ def split_generate_kwargs(
         kwargs: the keyword arguments.
         options: the generation options taken.
         inputs: the model inputs taken (:func:`model_inputs`); ``None``: any tensor.
+        generation_config: the target's: another of its settings given as ``None`` (which ``generate()`` would
+            turn off) is refused where the config sets it.
 
     Raises:
         TypeError: an argument that is neither one of ``options`` nor a tensor of ``inputs`` (``num_beams``,
             ``assistant_model``, a mistyped option, a tensor the model does not take), named with what is taken.
+        ValueError: ``None`` for a setting of ``generation_config`` that is not one of ``options``.
     """
+    if generation_config is not None:
+        _refuse_turning_off(kwargs, options, generation_config)
     for name in ("num_beams", "num_return_sequences"):  # 1 is what vlmspec does; more is not
         if kwargs.get(name, 1) not in (None, 1):
             raise InputTypeError(
@@ -145,13 +177,27 @@ def split_generate_kwargs(
         k for k, v in tensors.items() if not torch.is_tensor(v) or (inputs is not None and k not in inputs)
     )
     if unknown:
-        taken = [*options, "batch_size", "pad_token_id", "tokenizer", "return_dict_in_generate"]
+        taken = [*options, *_CALL_SETTINGS]
         hint = did_you_mean(unknown[0], taken) if len(unknown) == 1 else ""
         raise InputTypeError(
             f"pipe.generate() does not take {', '.join(unknown)}: it takes processor outputs (tensors the "
             f"target's forward() takes: attention_mask, pixel_values, ...) and {', '.join(taken)}{hint}"
         )
     return chosen, tensors
+
+
+def _refuse_turning_off(kwargs: dict[str, Any], options: Sequence[str], config: Any) -> None:
+    defaults = (
+        config._get_default_generation_params() if hasattr(config, "_get_default_generation_params") else {}
+    )
+    for name, value in kwargs.items():
+        current = getattr(config, name, None)
+        if value is None and name not in options and current is not None and current != defaults.get(name):
+            raise InvalidInputError(
+                f"pipe.generate({name}=None) would turn off the target's generation_config.{name}={current!r} (as "
+                f"generate() does), which pipe.generate takes from the config only; set "
+                f"pipe.target.generation_config.{name} = None instead"
+            )
 
 
 _OFF = {"do_sample": False, "repetition_penalty": 1.0, "stop_strings": (), "eos_token_id": ()}
@@ -168,50 +214,55 @@ def resolve_options(given: dict[str, Any], generation_config: Any, prompt_length
     ``generate()`` applies its keyword arguments over the model's ``generation_config``, ``None`` included: an
     option given as ``None`` turns the config's setting off (``top_k=None``: no top-k; ``eos_token_id=None``: no
     EOS), where ``pipe(...)`` reads ``None`` as "the config's". The length is ``max_new_tokens`` (the call's, else
-    the config's), else the config's ``max_length`` less the ``prompt_length`` (padded, as ``generate()`` counts),
-    else 20 new tokens.
+    the config's), else ``max_length`` (``given``'s, else the config's) less the ``prompt_length``, else 20 new
+    tokens. Lengths count one prompt alone (each row of a batch is decoded as its prompt alone).
 
     Raises:
         InvalidInputError: a ``max_length`` that leaves no room for a new token after the prompt.
     """
     config = generation_config
-    options = {name: value for name, value in given.items() if value is not None}
+    options = {name: value for name, value in given.items() if value is not None and name != "max_length"}
     off = {name for name, value in given.items() if value is None}
     sampling = options.setdefault("do_sample", False if "do_sample" in off else bool(config.do_sample))
     for name in off:
         if name in _OFF or (sampling and name in _OFF_WHEN_SAMPLING):
             options[name] = {**_OFF, **_OFF_WHEN_SAMPLING}[name]
-    if (
-        "min_new_tokens" in off and config.min_new_tokens is not None
-    ):  # generate() keeps the config's min_length
+    if "min_new_tokens" in off and config.min_new_tokens is not None:  # the config's min_length still counts
         options["min_new_tokens"] = max(0, (config.min_length or 0) - prompt_length)
     if "max_new_tokens" not in options:
-        options["max_new_tokens"] = _new_tokens(config, prompt_length, "max_new_tokens" not in off)
+        options["max_new_tokens"] = _new_tokens(given, off, config, prompt_length)
     return options
 
 
-def _new_tokens(config: Any, prompt_length: int, config_new_tokens: bool) -> int:
-    if config_new_tokens and config.max_new_tokens is not None:
+def _new_tokens(given: dict[str, Any], off: set[str], config: Any, prompt_length: int) -> int:
+    """``generate()``'s new-token count with no ``max_new_tokens`` in the call: the config's ``max_new_tokens``
+    (unless the call gave ``None``), else ``max_length`` less the prompt, else 20."""
+    if "max_new_tokens" not in off and config.max_new_tokens is not None:
         return int(config.max_new_tokens)
-    if config.max_length is None:
+    max_length = given.get("max_length", config.max_length)
+    if max_length is None:
         return _DEFAULT_NEW_TOKENS
-    if config.max_length <= prompt_length:
+    where = "max_length" if "max_length" in given else "the target's generation_config's max_length"
+    if isinstance(max_length, bool) or not isinstance(max_length, numbers.Integral):
+        raise InputTypeError(f"{where}={max_length!r} is invalid: use an integer (prompt plus new tokens)")
+    if max_length <= prompt_length:
         raise InvalidInputError(
-            f"the target's generation_config sets max_length={config.max_length}, which leaves no new token after "
-            f"the {prompt_length}-token prompt (generate() refuses it too); pass max_new_tokens"
+            f"{where}={max_length} leaves no new token after the {prompt_length}-token prompt (generate() "
+            "refuses it too); pass max_new_tokens"
         )
-    return int(config.max_length) - prompt_length
+    return int(max_length) - prompt_length
 
 
 def returns_dict(given: Any, generation_config: Any) -> bool:
     """Whether ``generate()`` would return a ``GenerateDecoderOnlyOutput`` (``return_dict_in_generate``, the
     call's over the config's), holding ``sequences`` only: the scores, logits, attentions and hidden states a
-    speculative run never computes for the output are refused.
+    speculative run never computes for the output are refused. ``given``: the call's (``_UNSET``: not given;
+    ``None``: off, as in ``generate()``).
 
     Raises:
         InvalidInputError: ``return_dict_in_generate`` with one of the config's ``output_*`` settings on.
     """
-    as_dict = bool(generation_config.return_dict_in_generate if given is None else given)
+    as_dict = bool(generation_config.return_dict_in_generate if given is _UNSET else given)
     wanted = [
         name
         for name in ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
@@ -225,10 +276,11 @@ def returns_dict(given: Any, generation_config: Any) -> bool:
     return as_dict
 
 
-def pad_token_id(model: Any, eos_token_id: Any = None) -> int:
-    """What ``generate()`` pads finished rows with: the generation config's pad token, else the first EOS (the
-    call's ``eos_token_id`` where given, else the model's)."""
-    pad = model.generation_config.pad_token_id
+def pad_token_id(model: Any, eos_token_id: Any = None, use_config: bool = True) -> int:
+    """What ``generate()`` pads finished rows with: the generation config's pad token (unless ``use_config`` is
+    false: a call's ``pad_token_id=None``), else the first EOS (the call's ``eos_token_id`` where given, ``()``
+    for none, else the model's), else 0."""
+    pad = model.generation_config.pad_token_id if use_config else None
     if pad is not None:
         return int(pad)
     eos = eos_token_ids(model) if eos_token_id is None else token_ids(eos_token_id, empty_ok=True)

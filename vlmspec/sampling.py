@@ -63,6 +63,23 @@ def check_seed(seed: Any) -> int | None:
     return int(seed)
 
 
+def _check_setting(name: str, value: Any, source: str = "") -> None:
+    """Refuse a sampling setting out of range (``None``: unset, always fine); ``source`` says where it came from."""
+    ok = {
+        "temperature": lambda v: _is_number(v) and v > 0,
+        "top_k": lambda v: _is_integer(v) and v >= 0,
+        "top_p": lambda v: _is_number(v) and 0 < v <= 1,
+    }.get(name, lambda v: _is_number(v) and 0 <= v <= 1)
+    if value is None or ok(value):
+        return
+    use = {
+        "temperature": "a number > 0 (or do_sample=False)",
+        "top_k": "an integer >= 0 (0 disables top-k)",
+        "top_p": "a number in (0, 1]",
+    }.get(name, "a number in [0, 1] or None (off)")
+    raise InvalidInputError(f"{name}={value!r} is invalid: use {use}" + (f" ({source})" if source else ""))
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Args:
@@ -84,42 +101,26 @@ class SamplingParams:
     eta_cutoff: float | None = None
 
     def __post_init__(self) -> None:
-        if not (_is_number(self.temperature) and self.temperature > 0):
-            raise InvalidInputError(
-                f"temperature={self.temperature!r} is invalid: use a number > 0 (or do_sample=False)"
-            )
-        if self.top_k is not None and (not _is_integer(self.top_k) or self.top_k < 0):
-            raise InvalidInputError(
-                f"top_k={self.top_k!r} is invalid: use an integer >= 0 (0 disables top-k)"
-            )
-        if self.top_p is not None and not (_is_number(self.top_p) and 0 < self.top_p <= 1):
-            raise InvalidInputError(f"top_p={self.top_p!r} is invalid: use a number in (0, 1]")
+        for name in (*_GLOBAL_DEFAULTS, *_CONFIG_WARPERS):
+            _check_setting(name, getattr(self, name))
         check_seed(self.seed)
-        for name in _CONFIG_WARPERS:
-            value = getattr(self, name)
-            if value is not None and not (_is_number(value) and 0 <= value <= 1):
-                raise InvalidInputError(f"{name}={value!r} is invalid: use a number in [0, 1] or None (off)")
 
     @classmethod
     def resolve(cls, generation_config: Any = None, **overrides: Any) -> SamplingParams:
-        """Call arguments over the model's ``generation_config`` over transformers' global defaults."""
+        """Call arguments over the model's ``generation_config`` over transformers' global defaults.
+
+        Raises:
+            InvalidInputError: a value out of range; one that comes from the config says so.
+        """
         values = {}
-        for name, default in _GLOBAL_DEFAULTS.items():
-            value = overrides.get(name)
+        for name in (*_GLOBAL_DEFAULTS, *_CONFIG_WARPERS):
+            value = overrides.get(name) if name in _GLOBAL_DEFAULTS else None
             if value is None and generation_config is not None:
                 value = getattr(generation_config, name, None)
-            values[name] = default if value is None else value
-        others = {name: getattr(generation_config, name, None) for name in _CONFIG_WARPERS}
-        try:
-            return cls(seed=overrides.get("seed"), **values, **others)
-        except InvalidInputError as err:  # a value from the config: say where it comes from
-            culprit = str(err).split("=", 1)[0]
-            if overrides.get(culprit) is None and getattr(generation_config, culprit, None) is not None:
-                raise InvalidInputError(
-                    f"{err} (the target's generation_config sets it: change "
-                    f"pipe.target.generation_config.{culprit}, or pass {culprit}=... with the call)"
-                ) from err
-            raise
+                fix = f"pipe.target.generation_config.{name}, or pass {name}=... with the call"
+                _check_setting(name, value, f"the target's generation_config sets it: change {fix}")
+            values[name] = _GLOBAL_DEFAULTS.get(name) if value is None else value
+        return cls(seed=overrides.get("seed"), **values)
 
     @classmethod
     def for_call(

@@ -87,7 +87,7 @@ def eos_token_ids(model: Any) -> tuple[int, ...]:
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if eos is None:
         eos = getattr(model.config.get_text_config(), "eos_token_id", None)
-    return () if eos is None else token_ids(eos)
+    return () if eos is None else token_ids(eos, empty_ok=True)
 
 
 def token_ids(value: Any, name: str = "eos_token_id", empty_ok: bool = False) -> tuple[int, ...]:
