@@ -463,3 +463,72 @@ def test_an_undecodable_video_s_error_keeps_decord_s_reason_not_its_log_prefix(t
     make_image(0).save(picture := tmp_path / "shot.png")
     with pytest.raises(InvalidInputError, match=r"shot.png' is a picture: pass it as an image"):
         load_video(picture)
+
+
+# ---- images and videos as transformers reads them (found by a QA pass on media inputs) -----------------------------
+
+
+def test_images_convert_as_transformers_converts_them(tmp_path, monkeypatch):
+    """A transparent PIL image composited onto white (the image processors' convert_to_rgb), a file read with its
+    EXIF orientation (transformers' load_image, which chat templates use for paths), a data URI as its bytes."""
+    import base64
+
+    from transformers.image_transforms import convert_to_rgb
+    from transformers.image_utils import load_image as hf_load_image
+
+    pixels = np.array(make_image(0).convert("RGBA"))
+    pixels[:, :20, 3] = 0
+    rgba = Image.fromarray(pixels, "RGBA")
+    assert np.array_equal(np.array(load_image(rgba)), convert_to_rgb(rgba, return_numpy=True))
+    assert not np.array_equal(np.array(load_image(rgba)), np.array(rgba.convert("RGB")))
+    photo = make_image(1).resize((64, 32))
+    exif = photo.getexif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees on display
+    path = tmp_path / "photo.jpg"
+    photo.save(path, exif=exif)
+    assert load_image(path).size == hf_load_image(str(path)).size == (32, 64)
+    assert np.array_equal(np.array(load_image(str(path))), np.array(hf_load_image(str(path))))
+    buffer = io.BytesIO()
+    make_image(2).save(buffer, format="PNG")
+    uri = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    assert np.array_equal(np.array(load_image(uri)), np.array(load_image(buffer.getvalue())))
+    assert np.array_equal(np.array(load_image(memoryview(buffer.getvalue()))), np.array(load_image(uri)))
+    with pytest.raises(InvalidInputError, match="holds no valid base64"):
+        load_image("data:image/png;base64,%%%")
+    with pytest.raises(InvalidInputError, match="image path is an empty string"):
+        load_image("")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    with pytest.raises(InvalidInputError, match=r"MAX_IMAGE_PIXELS if you trust the file"):
+        load_image(buffer.getvalue())
+
+
+def test_video_arguments_that_are_not_one_video_are_named(tmp_path):
+    from vlmspec.inputs import VideoClip
+    from vlmspec.testing import make_video_frames
+
+    with pytest.raises(InputTypeError, match="a video file's bytes are not read: write them to a file"):
+        load_video(b"\x00\x00\x00\x18ftypmp42")
+    with pytest.raises(InvalidInputError, match=r"video takes one video .* list of 2 str items; .*messages="):
+        load_video(["a.mp4", "b.mp4"])
+    # A clip counts its own frames (qwen_vl_utils): Qwen2.5-VL's time spacing comes from that count.
+    frames, metadata = load_video(VideoClip(make_video_frames(0, num_frames=8), 1.0, 2.0), fps=2.0)
+    assert metadata.total_num_frames == len(frames) == 3 and metadata.frames_indices == [2, 3, 4]
+
+
+def test_a_prompt_s_videos_of_different_lengths_are_named_for_llava(tiny_pairs):
+    """LLaVA-OneVision's processor stacks a prompt's videos into one tensor: videos of 3 and 5 frames are refused
+    naming the frame counts (its own message suggests padding=True, which a pipeline call cannot take)."""
+    from vlmspec import VLMSpecPipeline
+    from vlmspec.testing import make_video_frames
+
+    pair = tiny_pairs["llava_onevision"]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain", torch_dtype=torch.float32)
+    content = [
+        {"type": "video", "video": make_video_frames(0, num_frames=3)},
+        {"type": "video", "video": make_video_frames(1, num_frames=5)},
+        {"type": "text", "text": "Compare them."},
+    ]
+    with pytest.raises(
+        InvalidInputError, match=r"videos, of 3 and 5 frames: it takes a prompt's videos only with"
+    ):
+        pipe(messages=[{"role": "user", "content": content}], max_new_tokens=2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 import math
 import numbers
@@ -13,13 +15,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 from transformers.video_utils import VideoMetadata
 
 from .errors import InputNotFoundError, InputTypeError, InvalidInputError
 from .validation import did_you_mean
 
-ImageInput = Image.Image | str | Path | bytes
+ImageInput = Image.Image | str | Path | bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True)
@@ -91,21 +93,27 @@ VideoInput = str | Path | Sequence[Image.Image | np.ndarray] | VideoClip
 
 
 def load_image(image: ImageInput) -> Image.Image:
-    """A PIL RGB image from a PIL image, a file path or the bytes of an image file (PNG, JPEG, ...).
+    """A PIL RGB image from a PIL image, a file path, a ``data:image/...;base64,`` URI or an image file's bytes,
+    converted as transformers converts them: a PIL image as its image processors do (transparency composited
+    onto white), a file as its ``load_image`` reads paths for chat templates and pipelines (EXIF orientation
+    applied, then RGB).
 
     Raises:
         FileNotFoundError: the path does not exist.
-        ValueError: the path is a directory; the file (or the bytes) is not a readable image.
-        TypeError: neither a PIL image, a path nor bytes.
+        ValueError: the path is empty or a directory; the file (or the bytes) is not a readable image.
+        TypeError: none of those.
     """
     if isinstance(image, Image.Image):
-        return image.convert("RGB")
-    if isinstance(image, (bytes, bytearray)):  # a file's content, as read from disk or a request
+        return rgb_image(image)
+    if isinstance(image, (bytes, bytearray, memoryview)):  # a file's content, as read from disk or a request
+        data = bytes(image)
         return _open_image(
-            io.BytesIO(image),
-            f"image bytes ({len(image)} bytes, starting {bytes(image[:8])!r}) are not a readable image file; "
+            io.BytesIO(data),
+            f"image bytes ({len(data)} bytes, starting {data[:8]!r}) are not a readable image file; "
             "pass the whole content of a PNG/JPEG/... file, a file path or a PIL image",
         )
+    if isinstance(image, str) and image.startswith("data:"):
+        return _open_image(io.BytesIO(_data_uri(image)), f"image data URI {image[:40]!r}... is not an image")
     if isinstance(image, (str, Path)):
         path = _media_file(image, "image", "a PIL image")
         return _open_image(
@@ -115,6 +123,29 @@ def load_image(image: ImageInput) -> Image.Image:
     raise InputTypeError(
         f"image must be a PIL image, a file path or an image file's bytes, got {type(image).__name__}"
     )
+
+
+def rgb_image(image: Image.Image) -> Image.Image:
+    """``image`` in RGB as transformers' image processors convert it (``convert_to_rgb``): transparency (an alpha
+    band, or a palette's transparent colour) composited onto white, not dropped."""
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def _data_uri(uri: str) -> bytes:
+    """The bytes of a ``data:image/...;base64,...`` URI (what transformers' ``load_image`` takes besides paths)."""
+    head, _, body = uri.partition(",")
+    if not head.startswith("data:image/") or not head.endswith(";base64"):
+        raise InvalidInputError(
+            f"image {uri[:40]!r}... is a data URI vlmspec cannot read: use data:image/<type>;base64,<data>, a file "
+            "path or a PIL image"
+        )
+    try:
+        return base64.b64decode(body, validate=True)
+    except binascii.Error as err:
+        raise InvalidInputError(f"image data URI {uri[:40]!r}... holds no valid base64 ({err})") from err
 
 
 _URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://")
@@ -127,6 +158,8 @@ def _media_file(source: str | Path, kind: str, instead: str) -> Path:
         InvalidInputError: it is a directory. InputNotFoundError: it does not exist.
     """
     path, a = Path(source), "an" if kind[0] in "aeiou" else "a"
+    if not str(source).strip():
+        raise InvalidInputError(f"{kind} path is an empty string; pass {a} {kind} file's path (or {instead})")
     if isinstance(source, str) and _URL.match(source):
         raise InvalidInputError(
             f"{kind} {source!r} is a URL: vlmspec reads local files only (no downloads); fetch it first and pass "
@@ -144,10 +177,15 @@ def _media_file(source: str | Path, kind: str, instead: str) -> Path:
 
 
 def _open_image(source: Any, refusal: str) -> Image.Image:
-    """``source`` (a path or a file object) opened as an RGB image; ``refusal`` (and why) when it is not one."""
+    """``source`` (a path or a file object) opened as transformers' ``load_image`` opens a file: EXIF orientation
+    applied, then RGB; ``refusal`` (and why) when it is not an image."""
     try:
         with Image.open(source) as im:
-            return im.convert("RGB")
+            return ImageOps.exif_transpose(im).convert("RGB")
+    except Image.DecompressionBombError as err:
+        raise InvalidInputError(
+            f"{refusal}: {err}; downscale it, or raise PIL.Image.MAX_IMAGE_PIXELS if you trust the file"
+        ) from err
     except (UnidentifiedImageError, OSError) as err:
         raise InvalidInputError(f"{refusal} ({err})") from err
 
@@ -156,7 +194,7 @@ def load_images(images: ImageInput | Sequence[ImageInput] | None) -> list[Image.
     """Zero, one or several images as a list of PIL images."""
     if images is None:
         return []
-    if isinstance(images, (Image.Image, str, Path, bytes, bytearray)):
+    if isinstance(images, (Image.Image, str, Path, bytes, bytearray, memoryview)):
         return [load_image(images)]
     if not isinstance(images, Sequence):
         raise InputTypeError(
@@ -230,12 +268,12 @@ def load_video(
             array = reader.get_batch(list(index)).asnumpy()  # [F, H, W, 3] uint8
         except (DECORDError, RuntimeError) as err:  # decord raises RuntimeError for unreadable containers
             raise undecodable_video(path, err) from err
+        # total_num_frames: the window's, as qwen_vl_utils counts a clip (Qwen2.5-VL's time spacing derives from it)
         metadata = VideoMetadata(
-            total_num_frames=total, fps=source_fps, frames_indices=[int(i) for i in index]
+            total_num_frames=last - first + 1, fps=source_fps, frames_indices=[int(i) for i in index]
         )
         return [Image.fromarray(frame) for frame in array], metadata
-    if not isinstance(video, Sequence):
-        raise InputTypeError(f"video must be a file path or a list of frames, got {type(video).__name__}")
+    _check_one_video(video)
     frames = [frame_image(i, frame) for i, frame in enumerate(video)]
     if not frames:
         raise InvalidInputError("video is an empty list of frames; pass at least one frame")
@@ -247,8 +285,27 @@ def load_video(
             f"{frames[0].size[0]}x{frames[0].size[1]}; the frames of one video must share a size (resize them first)"
         )
     first, last = clip.frame_window(len(frames), fps, f"video of {len(frames)} frames")
-    total, frames = len(frames), frames[first : last + 1]
-    return frames, VideoMetadata(total_num_frames=total, fps=fps, frames_indices=list(range(first, last + 1)))
+    frames = frames[first : last + 1]
+    return frames, VideoMetadata(
+        total_num_frames=len(frames), fps=fps, frames_indices=list(range(first, last + 1))
+    )
+
+
+def _check_one_video(video: Any) -> None:
+    """Refuse what is not one video's frames: file bytes, several videos, something else."""
+    if isinstance(video, (bytes, bytearray, memoryview)):
+        raise InputTypeError(
+            "video must be a file path, a VideoClip or a list of frames; a video file's bytes are not read: write "
+            "them to a file and pass its path"
+        )
+    if not isinstance(video, Sequence):
+        raise InputTypeError(f"video must be a file path or a list of frames, got {type(video).__name__}")
+    if len(video) and isinstance(video[0], (str, Path, VideoClip)):
+        raise InvalidInputError(
+            f"video takes one video (a file path or a list of frames), got a list of {len(video)} "
+            f"{type(video[0]).__name__} items; for several videos use messages=[...] with one "
+            '{"type": "video", "video": ...} item each'
+        )
 
 
 def frame_image(index: int, frame: Image.Image | np.ndarray) -> Image.Image:
@@ -263,7 +320,7 @@ def frame_image(index: int, frame: Image.Image | np.ndarray) -> Image.Image:
         ValueError: values outside the range its dtype allows (NaN included).
     """
     if isinstance(frame, Image.Image):
-        return frame.convert("RGB")
+        return rgb_image(frame)
     if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[-1] == 3):
         shape = f" of shape {frame.shape}" if isinstance(frame, np.ndarray) else ""
         raise InputTypeError(
@@ -383,6 +440,30 @@ def undecodable_video(path: str | Path, error: Exception) -> InvalidInputError:
     return InvalidInputError(
         f"video file {str(path)!r} could not be decoded ({reason}); check that it is a valid video"
     )
+
+
+def run_processor(processor: Any, kwargs: dict[str, Any]) -> Any:
+    """``processor(**kwargs)`` for one prompt (text, images, videos, ...), a refusal of its media named as one.
+
+    Raises:
+        InvalidInputError: the processor refused the images or videos (an aspect ratio beyond what the image
+            processor takes; videos of different lengths where it stacks a prompt's videos into one tensor, as
+            LLaVA-OneVision's does).
+    """
+    try:
+        return processor(**kwargs)
+    except ValueError as err:
+        lengths = sorted({len(frames) for frames in kwargs.get("videos", [])})
+        if len(lengths) > 1:
+            raise InvalidInputError(
+                f"the target's processor refused this prompt's videos, of {' and '.join(map(str, lengths))} frames: "
+                "it takes a prompt's videos only with the same number of frames each (the same num_frames, each "
+                f"video long enough) ({err})"
+            ) from err
+        raise InvalidInputError(
+            f"the target's processor refused this request's images or videos: {err}; check their sizes, aspect "
+            "ratios and frame counts"
+        ) from err
 
 
 def check_prompt_inputs(

@@ -38,6 +38,7 @@ from .inputs import (
     load_video,
     normalize_messages,
     pad_frames,
+    run_processor,
 )
 from .kernels import onednn_linears
 from .loading import check_attention, check_compatible, load_pair, model_options
@@ -286,13 +287,7 @@ class VLMSpecPipeline:
             kwargs["videos"] = [frames for frames, _ in videos]
             kwargs["video_metadata"] = [metadata for _, metadata in videos]
             kwargs["do_sample_frames"] = False  # frames are already sampled
-        try:
-            inputs = self.processor(**kwargs)
-        except ValueError as err:  # e.g. an image's aspect ratio beyond what the image processor takes
-            raise InvalidInputError(
-                f"the target's processor refused this request's images or videos: {err}; check their sizes, aspect "
-                "ratios and frame counts"
-            ) from err
+        inputs = run_processor(self.processor, kwargs)
         return {k: v.to(self._target_adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
 
     def default_batch_size(self) -> int:
