@@ -36,11 +36,7 @@ def test_a_clip_of_a_file_samples_only_its_window_and_keeps_the_frames_places(cl
     frames, meta = load_video(VideoClip(clip_file, start=1.0, end=2.0), num_frames=3)
     # 1 s to 2 s at 4 fps: frames 4..8, three of them sampled evenly; the window's frame count, as qwen_vl_utils
     # counts a clip (Qwen2.5-VL's time spacing comes from it), with the frames' places in the whole video.
-    assert (
-        meta.frames_indices == [4, 6, 8]
-        and meta.total_num_frames == 5
-        and meta.fps == pytest.approx(FPS)
-    )
+    assert meta.frames_indices == [4, 6, 8] and meta.total_num_frames == 5 and meta.fps == pytest.approx(FPS)
     assert all(
         np.array_equal(a, b)
         for a, b in zip(_pixels(frames), _pixels(every[i] for i in (4, 6, 8)), strict=True)
