@@ -279,6 +279,11 @@ def read_step(
 ) -> tuple[list[int], list[int], list[int]]:
     """The one host sync a step needs: what the target accepted decides the tokens to emit and what the caches keep.
 
+    Args:
+        acc: the step's acceptance (``order`` ``[N+1]``, ``length``/``next_token`` ``[]``), on the device.
+        tree: the verified tree, ``N + 1`` nodes (``tokens``, ``source_ids``: ``[N+1]``).
+        builder: the step's draft tree (its cache slots per node), ``None`` without a draft.
+
     Returns:
         ``path``: the accepted path's tree indices (root first); ``new``: the tokens to emit (the path's tokens
         after the root, then the bonus token); ``draft_slots``: where the path's nodes sit in the draft cache
