@@ -69,3 +69,23 @@ def test_compacted_cache_matches_fresh_forward(model_case, case):
     a = adapter.forward(state, nxt, pos, tree_attention_bias(ones, cache_length(state.cache), torch.float32))
     b = adapter.forward(fresh, nxt, pos, tree_attention_bias(ones, cache_length(fresh.cache), torch.float32))
     assert (a - b).abs().max() <= 1e-4
+
+
+def test_a_batched_forward_writes_each_row_at_its_length_and_counts_only_real_tokens():
+    """Rows of 5 and 3 entries, a forward of 2 tokens of which row 1's are padding: row 0's go to slots 5-6, the
+    lengths become [7, 3] (padding past a row's length is never counted)."""
+    from transformers.cache_utils import DynamicCache
+
+    from vlmspec.cache import BatchCache, KVStore
+
+    store = KVStore(max_rows=2)
+    for length in (5, 3):
+        prefill = DynamicCache()
+        prefill.update(torch.randn(1, 2, length, 4), torch.randn(1, 2, length, 4), 0)
+        store.add_row(prefill)
+    keys, values = torch.randn(2, 2, 2, 4), torch.randn(2, 2, 2, 4)
+    BatchCache(store, counts=[2, 0]).update(keys, values, 0)
+    assert store.lengths == [7, 3]
+    assert torch.equal(store.layer(0)[0][0, :, 5:7], keys[0]) and torch.equal(
+        store.layer(0)[1][0, :, 5:7], values[0]
+    )

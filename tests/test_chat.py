@@ -224,3 +224,13 @@ def test_a_sampled_streamed_turn_is_the_fresh_call_s_with_the_same_seed():
     assert streamed == out.text and out.stats.cached_prompt_tokens > 0
     fresh = pipe(messages=chat.messages[:-1], max_new_tokens=32, **options)
     assert fresh.token_ids == out.token_ids
+
+
+def test_a_turn_that_never_prefilled_keeps_the_cache_s_ids():
+    """A turn that failed before its prefill: the cache holds what it held, not that turn's reply."""
+    from vlmspec.chat import TurnCache
+
+    cache = TurnCache(adapter=None, placeholders=(9,))
+    cache.next_turn([1, 2, 3], (0, 0))
+    cache.end_turn([4])
+    assert cache.ids == []

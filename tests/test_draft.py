@@ -37,3 +37,52 @@ def test_a_draft_equal_to_the_target_has_every_drafted_token_accepted(self_draft
         full = max(depths)
         assert full >= 3, (kind, depths)
         assert all(d == full for d in depths[:-1]), (kind, policy, depths)
+
+
+def test_draft_vocab_bans_what_the_target_cannot_verify_and_feeds_a_stand_in():
+    """A draft head of 5 ids over a target's 6, of which 4 are tokens both know: the draft's distribution is spread
+    over ids 0-3 only; a target id beyond the draft's table is fed as its last row."""
+    from vlmspec.draft import DraftVocab
+
+    vocab = DraftVocab(width=6, proposable=4, embeddable=5)
+    probs = torch.softmax(vocab.fit(torch.zeros(1, 5)), dim=-1)
+    assert torch.allclose(probs, torch.tensor([[0.25, 0.25, 0.25, 0.25, 0.0, 0.0]]))
+    assert vocab.feed(torch.tensor([2, 5, 9])).tolist() == [2, 4, 4]
+
+
+def test_draft_vocab_is_bounded_by_the_tokenizer(tiny_pairs):
+    """Ids beyond the tokenizer (a padded table's spare rows) are not proposed either."""
+    from types import SimpleNamespace
+
+    from vlmspec import VLMSpecPipeline
+    from vlmspec.draft import draft_vocab
+
+    pair = tiny_pairs["qwen2_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain", torch_dtype=torch.float32)
+    rows = pipe.target.get_input_embeddings().weight.shape[0]
+    assert draft_vocab(pipe.target, pipe.draft, pipe.processor).proposable == rows
+    smaller = SimpleNamespace(tokenizer=list(range(rows - 10)))  # len() is all draft_vocab reads of it
+    assert draft_vocab(pipe.target, pipe.draft, smaller).proposable == rows - 10
+
+
+def test_a_commit_before_the_draft_ran_keeps_everything_pending():
+    """A step whose tree is the root alone (the draft never ran): the pending tokens, then the accepted root, stay
+    pending for the next root forward."""
+    from synthetic import peaked, synthetic_tree
+
+    from vlmspec.draft import DraftTree
+
+    tree, adapter = synthetic_tree(peaked(16, 0.9))
+    builder = DraftTree(adapter, tree.state, torch.tensor(7), 10, torch.tensor([3, 5]), depth_limit=4)
+    assert builder.commit(torch.tensor([0]), [-1]).tolist() == [3, 5, 7]
+
+
+def test_children_at_the_depth_limit_are_kept():
+    from synthetic import peaked, synthetic_tree
+
+    tree, _ = synthetic_tree(peaked(16, 0.9), depth_limit=1)
+    tree.next_probs(torch.zeros(1, dtype=torch.long))
+    assert tree.add(torch.tensor([0]), torch.tensor([4]), torch.tensor([0.9])).numel() == 1
+    assert (
+        tree.add(torch.tensor([1]), torch.tensor([5]), torch.tensor([0.9])).numel() == 0
+    )  # depth 2: dropped

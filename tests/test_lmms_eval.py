@@ -1062,3 +1062,9 @@ def test_an_ar_reference_that_cannot_serve_is_refused_before_generation(tmp_path
     finally:
         logger.remove(sink)
     assert any("holds no AR run of ['caption']: no speed-up for them" in line for line in logged)
+
+
+def test_tokens_per_step_is_pooled_over_steps() -> None:
+    """Two requests of 1 and 3 steps at 1.0 and 3.0 tokens/step: 10 tokens over 4 steps, 2.5 (not the mean 2.0)."""
+    samples = [_sample(0, 1.0, steps=1, tokens_per_step=1.0), _sample(1, 1.0, steps=3, tokens_per_step=3.0)]
+    assert speed.summarize(samples)["tokens_per_step"] == pytest.approx(2.5)

@@ -353,3 +353,14 @@ def test_generate_s_none_and_length_arguments_follow_generate(tiny, config_of):
     row = ids[0, batch["input_ids"].shape[1] :].tolist()
     stop = alone[0].index(eos) + 1
     assert row[:stop] == alone[0][:stop] and row[stop:] == [eos] * (12 - stop)
+
+
+def test_min_new_tokens_none_keeps_the_config_s_min_length():
+    """generate(min_new_tokens=None) turns the config's min_new_tokens off; its min_length (prompt included) still
+    bans EOS: 12 - 10 = 2 new tokens."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(min_new_tokens=5, min_length=12, do_sample=False)
+    assert (
+        hf_compat.resolve_options({"min_new_tokens": None}, config, prompt_length=10)["min_new_tokens"] == 2
+    )

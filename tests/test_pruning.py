@@ -439,3 +439,18 @@ def test_a_forward_in_another_thread_waits_for_the_pruning_probe(tiny_pairs):
         handle.remove()
     assert seen and set(seen) == {usual}
     assert decoder.config._attn_implementation == usual
+
+
+def test_qwen3_s_deepstack_rows_follow_the_kept_visual_positions():
+    """Positions 1-3 are visual (deepstack rows 0-2); keeping positions 0, 2, 4 keeps visual position 2 only, so
+    its deepstack row is row 1, not the first row."""
+    from vlmspec.models.qwen import QwenVLAdapter
+
+    prompt = {
+        "inputs_embeds": torch.zeros(1, 5, 2),
+        "visual_pos_masks": torch.tensor([[0, 1, 1, 1, 0]]).bool(),
+        "deepstack_visual_embeds": [torch.arange(3.0)[:, None]],
+    }
+    selected = QwenVLAdapter(None).select_prompt(prompt, torch.tensor([0, 2, 4]))
+    assert selected["visual_pos_masks"].tolist() == [[False, True, False]]
+    assert selected["deepstack_visual_embeds"][0].tolist() == [[1.0]]

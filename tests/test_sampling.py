@@ -151,3 +151,13 @@ def test_same_seed_same_output_and_warping_matches_generate(tiny_pairs):
     c = pipe(make_image(0), "Describe this image.", seed=8, **kw)
     assert a.token_ids == b.token_ids and a.token_ids != c.token_ids
     assert a.stats.lossless and a.stats.steps > 0
+
+
+def test_top_k_comes_before_top_p_as_in_generate():
+    """generate() applies top-k, then top-p: with top_k=2 the nucleus of 0.6 is taken over the two kept tokens
+    (0.5/0.7 = 0.71 >= 0.6: only the first), not over the whole distribution (0.5 + 0.2 >= 0.6: two tokens)."""
+    from vlmspec.sampling import SamplingParams
+
+    logits = torch.tensor([[0.5, 0.2, 0.15, 0.15]]).log()
+    probs = SamplingParams(top_k=2, top_p=0.6).probs(logits)
+    assert torch.allclose(probs, torch.tensor([[1.0, 0.0, 0.0, 0.0]]))

@@ -113,3 +113,22 @@ def test_stopping_a_stream_early_ends_its_generation(pipe):
         hook.remove()
     assert full[-1].stats.steps >= 4 and stopped <= 3 < steps
     assert not [t for t in threading.enumerate() if t.name == "vlmspec-stream"]
+
+
+class _ByteTokenizer:
+    """Token ids are UTF-8 bytes: a character of several bytes spans several tokens."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_a_character_split_over_steps_is_held_back_until_whole():
+    from vlmspec.streaming import TextPieces
+
+    pieces = TextPieces(_ByteTokenizer())
+    e_acute = list("é".encode())
+    assert pieces.push([ord("a"), e_acute[0]]) == ""  # "a" and half of "é": held back
+    assert pieces.push(e_acute[1:]) == "aé"
+    assert pieces.finish("aé!") == "!"
+    pieces.sent = "abc"
+    assert pieces.finish("abx") == "abx"  # a final text that does not extend what was sent: all of it

@@ -817,3 +817,25 @@ def test_an_out_under_a_file_is_a_job_error_naming_it(tmp_path):
         vlmspec_caption.JobError, match=r"its folder '.*out1.jsonl' cannot be made .*choose another --out"
     ):
         ResultWriter(tmp_path / "out1.jsonl" / "x.jsonl")
+
+
+def test_merge_takes_only_the_job_s_part_files_and_repairs_a_torn_tail(vc, tmp_path):
+    """Found by a mutation pass: a file merely named like a part file is neither merged nor deleted; merging a file
+    with a torn tail and no part files leaves it whole; a damaged line before the last is refused, bytes unchanged."""
+    out = tmp_path / "o.jsonl"
+    out.write_bytes(vc.encode_record({"id": "a", "caption": "A"}) + b'{"id": "x')
+    strangers = [out.with_name("o.jsonl.part-old.part2"), out.with_name("o.jsonl.part01")]
+    for stranger in strangers:
+        stranger.write_bytes(vc.encode_record({"id": "c", "caption": "C"}))
+    merged = vc.merge_outputs(out, [vc.VideoItem("a", "a")])
+    assert [r["id"] for r in merged] == ["a"] and all(s.exists() for s in strangers)
+    assert out.read_bytes() == vc.encode_record({"id": "a", "caption": "A"})
+    assert not store.scan_output(out).torn
+    damaged = tmp_path / "d.jsonl"
+    data = (
+        vc.encode_record({"id": "a", "caption": "A"}) + b'{"id": "b", "cap\n' + vc.encode_record({"id": "c"})
+    )
+    damaged.write_bytes(data)
+    with pytest.raises(vc.JobError):
+        store.read_output(damaged, repair=True)
+    assert damaged.read_bytes() == data

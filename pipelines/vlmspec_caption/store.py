@@ -289,7 +289,9 @@ def part_files(out: str | Path) -> list[Path]:
     found = []
     for file in out.parent.glob(glob.escape(out.name) + ".part*"):
         match = _PART_RE.search(file.name)
-        if match and file.name == f"{out.name}.part{match.group(1)}":
+        if (
+            match and file.name == f"{out.name}.part{int(match.group(1))}"
+        ):  # as part_path names it: no "part01"
             found.append((int(match.group(1)), file))
     return [file for _, file in sorted(found)]
 
