@@ -245,7 +245,12 @@ class BatchCache(Cache):
         super().__init__(layers=[])
         self.store = store
         self.counts = counts
-        self._offsets = torch.tensor(store.lengths, device=store.kv.device)  # [B]
+        offsets = torch.tensor(store.lengths)  # [B], on the host
+        if (
+            store.kv.device.type == "cuda"
+        ):  # pinned: the copy need not wait for the device's queue (no host sync)
+            offsets = offsets.pin_memory()
+        self._offsets = offsets.to(store.kv.device, non_blocking=True)
         self._index: torch.Tensor | None = None  # [B, H, n, D] scatter index of this forward's entries
 
     def update(
