@@ -246,10 +246,9 @@ class BatchCache(Cache):
         self.store = store
         self.counts = counts
         offsets = torch.tensor(store.lengths)  # [B], on the host
+        # Pinned on a GPU machine: the copy then need not wait for the device's queue (no host sync).
         if store.kv.device.type == "cuda":
-            offsets = (
-                offsets.pin_memory()
-            )  # pinned: the copy need not wait for the device's queue (no host sync)
+            offsets = offsets.pin_memory()
         self._offsets = offsets.to(store.kv.device, non_blocking=True)
         self._index: torch.Tensor | None = None  # [B, H, n, D] scatter index of this forward's entries
 
