@@ -151,13 +151,31 @@ def test_a_save_that_fails_midway_leaves_the_earlier_save_as_it_was(tiny_pairs, 
     with pytest.raises(OSError, match="No space left"):
         pipe.save_pretrained(folder)
     assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["saved"]  # no staging folder left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["saved"]  # nothing written beside it
     assert VLMSpecPipeline.from_pretrained(folder).policy.config.gamma == 3
     monkeypatch.undo()
     pipe.save_pretrained(folder)  # a retry replaces it, the user's file kept
     assert VLMSpecPipeline.from_pretrained(folder).policy.config.gamma == 2
     assert (folder / "NOTES.md").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["saved"]
+
+
+def test_a_save_into_the_working_directory_leaves_it_in_place(tiny_pairs, tmp_path, monkeypatch):
+    """The folder is never moved: saving into "." (twice: a replacement too) keeps the working directory, and a
+    killed save's staging folder left inside is cleared by the next."""
+    import os
+    from pathlib import Path
+
+    pair = tiny_pairs["qwen2_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain", gamma=3)
+    here = tmp_path / "here"
+    (here / ".vlmspec-saving-dead" / "target").mkdir(parents=True)  # what a killed save leaves
+    monkeypatch.chdir(here)
+    for gamma in (3, 2):
+        pipe.policy = get_policy("chain", gamma=gamma)
+        pipe.save_pretrained(".")
+        assert Path(os.getcwd()) == here and VLMSpecPipeline.from_pretrained(".").policy.config.gamma == gamma
+    assert sorted(p.name for p in here.iterdir()) == ["draft", "target", "vlmspec_pipeline.yaml"]
 
 
 # ---- model-loading keywords ---------------------------------------------------------------------------------------

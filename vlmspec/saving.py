@@ -46,8 +46,9 @@ def save_pipeline(pipe: Any, folder: str | Path) -> Path:
     """Write ``pipe``'s pair and settings into ``folder`` (see the module docstring); returns the folder.
 
     A folder that holds an earlier save is replaced (files of the user's own there are kept); any other non-empty
-    folder is refused. Everything is written into a staging folder beside ``folder`` first and swapped in at the
-    end, so a failure while writing (a full disk, a bad file) leaves an earlier save as it was.
+    folder is refused. Everything is written into a staging folder inside ``folder`` first and its parts are swapped
+    in at the end by renames within ``folder``, so a failure while writing (a full disk, a bad file) leaves an
+    earlier save as it was, and ``folder`` itself is never moved (it may be the working directory or a mount point).
 
     Raises:
         ValueError: ``folder`` is a file or lies under one, or exists, is not empty and is not a saved pipeline.
@@ -67,8 +68,8 @@ def save_pipeline(pipe: Any, folder: str | Path) -> Path:
     )  # first, so that a value YAML cannot hold fails before anything is written
     _check_folder(folder)
     real = folder.resolve()  # a linked folder is written where it points
-    real.parent.mkdir(parents=True, exist_ok=True)
-    staging = real.with_name(f".{real.name}.saving-{uuid.uuid4().hex[:8]}")
+    real.mkdir(parents=True, exist_ok=True)
+    staging = real / f"{_STAGING}{uuid.uuid4().hex[:8]}"
     staging.mkdir()
     try:
         for source, saved in copies:  # from the earlier save itself, maybe: it stays until the swap
@@ -78,9 +79,7 @@ def save_pipeline(pipe: Any, folder: str | Path) -> Path:
         pipe.processor.save_pretrained(staging / "target")
         if pipe.draft is not None:
             pipe.draft.save_pretrained(staging / "draft")
-            if not isinstance(
-                pipe.draft, EDDDraft
-            ):  # the pair passed the vocabulary check: the tokenizers agree
+            if not isinstance(pipe.draft, EDDDraft):  # the pair passed the vocabulary check: tokenizers agree
                 pipe.tokenizer.save_pretrained(staging / "draft")
         (staging / PIPELINE_FILE).write_text(settings)
         _swap_in(staging, real)
@@ -89,23 +88,40 @@ def save_pipeline(pipe: Any, folder: str | Path) -> Path:
     return folder
 
 
+_STAGING = ".vlmspec-saving-"
+"""Name prefix of the staging folder a save writes inside its folder (and of the earlier save's parts it moves
+aside); one left by a save that was killed is removed by the next."""
+
+
 def _swap_in(staging: Path, folder: Path) -> None:
-    """Put the finished save ``staging`` in ``folder``'s place: two renames in one parent folder, then the files
-    of the user's own that an earlier save's folder held are moved over and the earlier save is deleted."""
-    if not folder.exists():
-        staging.rename(folder)
-        return
-    earlier = folder.with_name(f".{folder.name}.replaced-{uuid.uuid4().hex[:8]}")
-    folder.rename(earlier)
+    """Put the parts of the finished save ``staging`` (inside ``folder``) in place of an earlier save's: the
+    earlier parts are moved aside into ``staging``'s ``.replaced``, the new ones renamed into ``folder``, and on a
+    failure the earlier ones are moved back. The user's own files in ``folder`` are not touched."""
+    aside = staging / ".replaced"
+    aside.mkdir()
+    moved, placed = [], []
     try:
-        staging.rename(folder)
+        for part in _PARTS:
+            if (folder / part).exists():
+                (folder / part).rename(aside / part)
+                moved.append(part)
+        for part in _PARTS:
+            if (staging / part).exists():
+                (staging / part).rename(folder / part)
+                placed.append(part)
     except OSError:
-        earlier.rename(folder)
+        for part in placed:
+            _remove(folder / part)
+        for part in moved:  # the earlier save back in place
+            (aside / part).rename(folder / part)
         raise
-    for path in earlier.iterdir():
-        if path.name not in _PARTS:
-            path.rename(folder / path.name)
-    shutil.rmtree(earlier, ignore_errors=True)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def read_settings(folder: str | Path) -> dict[str, Any]:
@@ -156,6 +172,8 @@ def _check_folder(folder: Path) -> None:
         raise InvalidInputError(
             f"cannot save the pipeline into {str(folder)!r}: {what}, not a folder; save into a new or empty folder"
         )
+    for leftover in folder.glob(f"{_STAGING}*") if existing == folder else ():  # a killed save's
+        shutil.rmtree(leftover, ignore_errors=True)
     if existing == folder and any(folder.iterdir()) and not is_pipeline_folder(folder):
         raise InvalidInputError(
             f"{str(folder)!r} is not empty and holds no saved pipeline; save into a new or empty folder"
