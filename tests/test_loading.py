@@ -269,6 +269,13 @@ def test_a_file_a_saved_pipeline_and_pickle_weights_are_named_for_what_they_are(
         InvalidInputError, match=r"^draft model folder .* holds its weights only as pickle files"
     ):
         VLMSpecPipeline.from_pretrained(pair.target, draft)
+    (draft / "pytorch_model.bin").unlink()  # config.json alone
+    with pytest.raises(
+        InputNotFoundError, match=r"^draft model folder .* holds no weights \(no \*.safetensors"
+    ):
+        VLMSpecPipeline.from_pretrained(pair.target, draft)
+    with pytest.raises(InputNotFoundError, match=r"^draft model folder 'ckpts/run3/draft' does not exist"):
+        VLMSpecPipeline.from_pretrained(pair.target, "ckpts/run3/draft")  # a relative path, not a hub id
 
 
 def test_a_home_relative_path_is_expanded(tiny_pairs, tmp_path, monkeypatch):

@@ -57,7 +57,7 @@ class DraftVocab:
         return torch.cat([kept, banned], dim=-1)
 
     def feed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``tokens`` as the draft can embed them: an id beyond its table becomes its last row."""
+        """``tokens`` ``[n]`` as the draft can embed them (``[n]``): an id beyond its table becomes its last row."""
         return tokens.clamp(max=self.embeddable - 1)
 
 

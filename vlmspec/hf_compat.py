@@ -186,13 +186,23 @@ def split_generate_kwargs(
     return chosen, tensors
 
 
+_NO_EFFECT = frozenset(
+    {"bos_token_id", "decoder_start_token_id", "forced_bos_token_id", "renormalize_logits"}
+)
+"""Settings that change nothing a decoder-only model generates from given prompt ids (``None`` for them: ignored)."""
+
+
 def _refuse_turning_off(kwargs: dict[str, Any], options: Sequence[str], config: Any) -> None:
+    """Refuse ``None`` for a ``config`` setting other than ``options`` that the config sets to something other
+    than transformers' default: ``generate()`` would turn it off, ``pipe.generate`` takes it from the config only."""
     defaults = (
         config._get_default_generation_params() if hasattr(config, "_get_default_generation_params") else {}
     )
     for name, value in kwargs.items():
+        if value is not None or name in options or name in _NO_EFFECT:
+            continue
         current = getattr(config, name, None)
-        if value is None and name not in options and current is not None and current != defaults.get(name):
+        if current is not None and current != defaults.get(name):
             raise InvalidInputError(
                 f"pipe.generate({name}=None) would turn off the target's generation_config.{name}={current!r} (as "
                 f"generate() does), which pipe.generate takes from the config only; set "

@@ -143,8 +143,8 @@ def _data_uri(uri: str) -> bytes:
             "path or a PIL image"
         )
     try:
-        return base64.b64decode(body, validate=True)
-    except binascii.Error as err:
+        return base64.decodebytes(body.encode())  # as transformers' load_image: line breaks allowed
+    except (binascii.Error, UnicodeEncodeError) as err:
         raise InvalidInputError(f"image data URI {uri[:40]!r}... holds no valid base64 ({err})") from err
 
 

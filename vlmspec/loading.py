@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor,
 from .errors import InputNotFoundError, InvalidInputError
 from .models import EDDDraft, adapter_for
 from .models.edd import is_edd_folder
-from .named_pairs import is_pipeline_folder, resolve_pair
+from .named_pairs import is_local_path, is_pipeline_folder, resolve_pair
 
 MODEL_OPTIONS = ("attn_implementation", "dtype")
 """Model-loading keywords :meth:`vlmspec.VLMSpecPipeline.from_pretrained` takes among its ``**policy_options``:
@@ -294,6 +294,7 @@ def _config_value(config: Any, field: str) -> Any:
 
 
 def _listed(value: Any) -> Any:
+    """``value`` with its tuples as lists, nested (a config's values as JSON would give them)."""
     return [_listed(item) for item in value] if isinstance(value, (list, tuple)) else value
 
 
@@ -304,7 +305,7 @@ def check_source(source: str | Path, role: str, trust_remote_code: bool = False)
     Raises:
         FileNotFoundError, ValueError: as :func:`check_model_folder`; the hub's failure, wrapped.
     """
-    if is_local(source):
+    if is_local_path(source):
         check_model_folder(source, role)
         return
     try:
@@ -313,15 +314,8 @@ def check_source(source: str | Path, role: str, trust_remote_code: bool = False)
         raise _hub_error(source, role, err) from err
 
 
-def is_local(source: str | Path) -> bool:
-    """Whether ``source`` names a local path (a ``Path``, an existing path, or text starting with ``.``, ``/`` or
-    ``~``); anything else is a hub id."""
-    text = str(source)
-    return isinstance(source, Path) or Path(text).expanduser().exists() or text.startswith((".", "/", "~"))
-
-
 def check_model_folder(source: str | Path, role: str) -> None:
-    """Refuse a local model path (:func:`is_local`) that is not a folder holding a ``config.json`` and safetensors
+    """Refuse a local model path (:func:`~vlmspec.named_pairs.is_local_path`) that is not a folder holding a ``config.json`` and safetensors
     weights; hub ids are left to the hub. Callers that check other things first (a policy that needs a draft)
     call it before them, so a mistyped folder is named as what it is.
 
@@ -329,7 +323,7 @@ def check_model_folder(source: str | Path, role: str) -> None:
         FileNotFoundError: the folder does not exist or holds no config.json (naming it, its role and what to do).
         ValueError: it is a file, a saved pipeline given as the draft, or holds pickle weights only.
     """
-    if not is_local(source):
+    if not is_local_path(source):
         return
     path, name = Path(source).expanduser(), str(source)
     if path.is_file():
@@ -356,6 +350,11 @@ def check_model_folder(source: str | Path, role: str) -> None:
             "AutoModelForImageTextToText.from_pretrained(folder) and save it with .save_pretrained(folder), which "
             "writes model.safetensors"
         )
+    if not any(path.glob("*.safetensors")):
+        raise InputNotFoundError(
+            f"{role} model folder {name!r} holds no weights (no *.safetensors file); point to a folder written by "
+            "save_pretrained"
+        )
 
 
 def load_processor(source: str | Path, trust_remote_code: bool = False) -> Any:
@@ -369,7 +368,7 @@ def load_processor(source: str | Path, trust_remote_code: bool = False) -> Any:
     try:
         processor = AutoProcessor.from_pretrained(str(source), trust_remote_code=trust_remote_code)
     except OSError as err:
-        if not is_local(source):
+        if not is_local_path(source):
             raise _hub_error(source, "target", err) from err
         raise InputNotFoundError(
             f"target model folder {str(source)!r} holds no processor transformers can load ({_reason(err)}); copy "
@@ -389,10 +388,11 @@ def load_processor(source: str | Path, trust_remote_code: bool = False) -> Any:
 
 
 def _load_model(source: str | Path, role: str, load: dict[str, Any]) -> torch.nn.Module:
+    """The model at ``source`` (safetensors only), a hub failure named with its role."""
     try:
         return AutoModelForImageTextToText.from_pretrained(str(source), **load)
     except OSError as err:
-        if is_local(source):
+        if is_local_path(source):
             raise
         raise _hub_error(source, role, err) from err
 

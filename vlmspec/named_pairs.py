@@ -109,6 +109,19 @@ def expand_user(source: str | Path | None) -> str | Path | None:
     return source
 
 
+def is_local_path(source: str | Path) -> bool:
+    """Whether ``source`` names a local path: a ``Path``, an existing path, text starting with ``.``, ``/`` or
+    ``~``, or text with a path separator that is no hub id (``ckpts/run3/draft``); anything else is a hub id or a
+    pair name."""
+    text = str(source)
+    return (
+        isinstance(source, Path)
+        or Path(text).expanduser().exists()
+        or text.startswith((".", "/", "~"))
+        or (os.sep in text and not HUB_ID.fullmatch(text))
+    )
+
+
 def check_model_source(source: str | Path, role: str) -> None:
     """Refuse a model name that is neither a path, a pair name nor a hub id, before anything is downloaded.
 
@@ -120,9 +133,7 @@ def check_model_source(source: str | Path, role: str) -> None:
         ValueError: naming the input, the valid names and what to do.
     """
     text = str(source)
-    if isinstance(source, Path) or Path(text).exists() or is_pair_name(text) or HUB_ID.fullmatch(text):
-        return
-    if os.sep in text or text.startswith((".", "~")):
+    if is_pair_name(text) or HUB_ID.fullmatch(text) or is_local_path(source):
         return
     hint = did_you_mean(_split(text)[0], PAIR_NAMES)
     raise InvalidInputError(

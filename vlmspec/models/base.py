@@ -426,6 +426,7 @@ class VLMAdapter:
             yield from self._probe_layers(decoder, _AttentionProbe(visual_idx))
 
     def _probe_layers(self, decoder: torch.nn.Module, probe: _AttentionProbe) -> Iterator[_AttentionProbe]:
+        """The probe's block, under the lock: eager attention and the layers' hooks, undone on exit."""
         previous = decoder.config._attn_implementation
         handles = [layer.self_attn.register_forward_hook(probe.hook) for layer in decoder.layers]
         try:
