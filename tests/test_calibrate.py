@@ -191,3 +191,24 @@ def test_demo_on_a_calibrated_pair_says_what_the_calibration_is(capsys):
     assert "Using the named pair (testbed:mini:qwen2_vl@cpu)" in out
     assert "calibration: cpu: the trained target inflated exactly" in out
     assert "transformers generate():" in out and "output vs generate(): identical; speed-up" in out
+
+
+def test_an_edd_draft_trained_on_the_calibrated_target_loads_as_it_is(tmp_path):
+    """A draft trained for the inflated target (`vlmspec edd train --target testbed-mini@ci`) is taken as it is; the
+    shipped drafts, trained for the base target, are inflated with it (test_edd.py)."""
+    from vlmspec import VLMSpecPipeline
+    from vlmspec.errors import InvalidInputError
+    from vlmspec.models import EDDDraft
+
+    pipe = VLMSpecPipeline.from_pretrained("testbed-mini@ci", policy="ar")
+    EDDDraft.for_target(pipe.target).save_pretrained(tmp_path / "edd")
+    loaded = VLMSpecPipeline.from_pretrained("testbed-mini@ci", tmp_path / "edd", policy="chain", gamma=2)
+    hidden = pipe.target.config.get_text_config().hidden_size
+    assert loaded.draft.config.hidden_size == hidden
+    example = testbed.sample("image_caption", 0)
+    out = loaded(example.image, example.prompt, max_new_tokens=12)
+    assert out.token_ids == loaded.reference_generate(
+        loaded.prepare_inputs(example.image, example.prompt), 12
+    )
+    with pytest.raises(InvalidInputError, match=r"calibration='cpu' contradicts the pair name's '@ci'"):
+        VLMSpecPipeline.from_pretrained("testbed-mini@ci", calibration="cpu")

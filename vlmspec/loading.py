@@ -88,7 +88,11 @@ def load_pair(
     check_attn_implementation(attn_implementation)
     pair = resolve_pair(target, draft)
     target, draft = pair.target, pair.draft
-    calibration = calibration or pair.calibration
+    if calibration is not None and pair.calibration is not None and calibration != pair.calibration:
+        raise InvalidInputError(
+            f"calibration={calibration!r} contradicts the pair name's '@{pair.calibration}'; give one of them"
+        )
+    calibration = pair.calibration if calibration is None else calibration
     edd = draft is not None and is_edd_folder(draft)
     check_source(target, "target", trust_remote_code)
     if draft is not None and not edd:
@@ -101,22 +105,17 @@ def load_pair(
     if attn_implementation is not None:
         load["attn_implementation"] = attn_implementation
     target_model = _load_model(target, "target", load)
-    if edd:  # an EDD draft: trained for this target, read on top of it
-        draft_model = EDDDraft.from_pretrained(draft, target_model)
-    else:
-        draft_model = _load_model(draft, "draft", load) if draft is not None else None
+    draft_model = _load_model(draft, "draft", load) if draft is not None and not edd else None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    base_target = target_model
     if calibration is not None:
-        from .testbed.calibrate import calibrate, inflate_edd
+        from .testbed.calibrate import calibrate
 
         # inflated where the models will run (a 7B-shaped target is built on the GPU, not copied there)
         where = device if device_map is None else target_model.device
-        base_target, base_draft = target_model, draft_model
-        target_model, draft_model = calibrate(
-            target_model, None if edd else draft_model, calibration, device=where
-        )
-        if edd:
-            draft_model = inflate_edd(base_draft, base_target, target_model)
+        target_model, draft_model = calibrate(target_model, draft_model, calibration, device=where)
+    if edd:  # an EDD draft: trained for this target, read on top of it
+        draft_model = _edd_draft(draft, base_target, target_model)
     if draft_model is not None and not edd:
         target_tokenizer = getattr(processor, "tokenizer", None)
         check_compatible(target_model, draft_model, target_tokenizer, draft_tokenizer)
@@ -157,6 +156,23 @@ def check_attn_implementation(attn_implementation: Any) -> None:
             f"attn_implementation={attn_implementation!r} is invalid: speculative verification attends through a "
             "tree attention mask, which FlashAttention cannot take; use 'sdpa' (transformers' default) or 'eager'"
         )
+
+
+def _edd_draft(folder: str | Path, base: torch.nn.Module, target: torch.nn.Module) -> EDDDraft:
+    """The EDD draft at ``folder`` for ``target``: trained for it (an EDD trained on a calibrated target), or for
+    the ``base`` target a calibration inflated into ``target`` (the shipped EDD drafts), then inflated with it.
+
+    Raises:
+        ValueError: the draft was trained for neither (the error of the base target's check).
+    """
+    if target is base:
+        return EDDDraft.from_pretrained(folder, target)
+    try:
+        return EDDDraft.from_pretrained(folder, target)
+    except InvalidInputError:
+        from .testbed.calibrate import inflate_edd
+
+        return inflate_edd(EDDDraft.from_pretrained(folder, base), base, target)
 
 
 def check_dtype(torch_dtype: Any) -> None:
