@@ -221,3 +221,114 @@ def test_edd_eval_takes_the_shipped_draft_by_name(tmp_path, monkeypatch, capsys)
     assert edd_main(argv) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["draft"] == "edd" and result["accepted"] > 0
+
+
+# ---- training state in --out: settings, data key, crash-safe checkpoints, input checks ------------------------------
+@pytest.fixture(scope="module")
+def mini():
+    return VLMSpecPipeline.from_pretrained("testbed-mini", policy="ar", torch_dtype=torch.float32)
+
+
+def _config(**changes):
+    settings = dict(max_new_tokens=4, batch_size=2, epochs=2, lr=1e-3, checkpoint_every=1)
+    return EDDTrainConfig(**{**settings, **changes})
+
+
+@pytest.mark.parametrize(
+    ("changes", "flag"),
+    [({"lr": 2e-3}, "--lr 0.001, this run has 0.002"), ({"use_hidden": False}, "--no-hidden")],
+)
+def test_a_resume_with_other_settings_is_refused(mini, tmp_path, changes, flag):
+    from vlmspec.edd_state import CheckpointError
+
+    examples = examples_from_testbed(4)
+    train(mini, examples, tmp_path, _config(), progress=False)
+    recorded = (tmp_path / "edd_config.json").read_text()
+    with pytest.raises(CheckpointError, match=flag) as error:
+        train(mini, examples, tmp_path, _config(**changes), progress=False)
+    assert "rerun with the checkpoint's flags" in str(error.value) and "new --out" in str(error.value)
+    assert (tmp_path / "edd_config.json").read_text() == recorded  # nothing recorded from the refused run
+    train(mini, examples, tmp_path, _config(checkpoint_every=5), progress=False)  # when to checkpoint: free
+
+
+def test_stale_self_distillation_data_is_regenerated(mini, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file
+
+    train(mini, examples_from_testbed(4), tmp_path, _config(epochs=1), progress=False)
+    first = load_file(str(tmp_path / "data.safetensors"))
+    shutil.rmtree(tmp_path / "checkpoint")  # start afresh, keeping the data: other top-k, other examples
+    train(mini, examples_from_testbed(4), tmp_path, _config(epochs=1, teacher_top_k=8), progress=False)
+    assert load_file(str(tmp_path / "data.safetensors"))["0.top_ids"].shape[-1] == 8
+    shutil.rmtree(tmp_path / "checkpoint")
+    train(
+        mini, examples_from_testbed(4, seed=1), tmp_path, _config(epochs=1, teacher_top_k=8), progress=False
+    )
+    third = load_file(str(tmp_path / "data.safetensors"))
+    assert not all(torch.equal(third[f"{i}.tokens"], first[f"{i}.tokens"]) for i in range(4))
+
+
+@pytest.mark.parametrize("crash", ["optimizer", "commit"])
+def test_a_crash_while_checkpointing_resumes_from_a_whole_checkpoint(mini, tmp_path, monkeypatch, crash):
+    """Killed after the 3rd checkpoint's weights (before its optimizer state), or just before its commit: the
+    next run resumes from the 2nd checkpoint, whole, and ends with the weights of an uninterrupted run."""
+    import vlmspec.edd_state as state
+
+    examples = examples_from_testbed(6)
+    reference_draft = train(mini, examples, tmp_path / "clean", _config(), progress=False)
+    name = "save_file" if crash == "optimizer" else "write_json_atomic"
+    real = getattr(state, name)
+    calls = []
+
+    def crashing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt("simulated kill")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(state, name, crashing)
+    with pytest.raises(KeyboardInterrupt):
+        train(mini, examples, tmp_path / "killed", _config(), progress=False)
+    monkeypatch.undo()
+    assert json.loads((tmp_path / "killed/checkpoint/progress.json").read_text())["step"] == 1
+    resumed = train(mini, examples, tmp_path / "killed", _config(), progress=False)
+    for (key, a), b in zip(resumed.state_dict().items(), reference_draft.state_dict().values(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), key
+
+
+def test_a_damaged_checkpoint_says_which_file_and_what_to_do(mini, tmp_path):
+    from vlmspec.edd_state import CheckpointError
+
+    examples = examples_from_testbed(2)
+    train(mini, examples, tmp_path, _config(epochs=1), progress=False)
+    progress = tmp_path / "checkpoint" / "progress.json"
+    weights = tmp_path / "checkpoint" / json.loads(progress.read_text())["folder"] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=f"{weights} is damaged .*delete {tmp_path / 'checkpoint'}"):
+        train(mini, examples, tmp_path, _config(epochs=1), progress=False)
+    progress.write_text('{"step": ')
+    with pytest.raises(CheckpointError, match="progress.json is damaged"):
+        train(mini, examples, tmp_path, _config(epochs=1), progress=False)
+
+
+def test_training_inputs_are_checked(mini, tmp_path):
+    from vlmspec.c2t_tools import load_examples
+    from vlmspec.edd_train import main as edd_main
+    from vlmspec.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="weight_decay"):
+        EDDTrainConfig(weight_decay=-0.1)
+    data = tmp_path / "x.jsonl"
+    data.write_text('{"prompt": "a"}\n{"prompt": \n')
+    with pytest.raises(InvalidInputError, match=f"{data}:2: not valid JSON"):
+        load_examples(data)
+    data.write_text('{"prompt": "a"}\n"just a string"\n')
+    with pytest.raises(InvalidInputError, match=f"{data}:2: a JSON str, not an object"):
+        load_examples(data)
+    data.write_text("")
+    with pytest.raises(InvalidInputError, match="holds no examples"):
+        edd_main(["eval", "--target", "testbed-mini", "--draft", str(tmp_path), "--data", str(data)])
+    (tmp_path / "mine.txt").write_text("the user's")
+    with pytest.raises(InvalidInputError, match="holds no EDD training run"):
+        train(mini, examples_from_testbed(1), tmp_path, _config(), progress=False)

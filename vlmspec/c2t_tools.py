@@ -86,7 +86,18 @@ def load_examples(path: str | Path) -> list[Example]:
     for number, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
             continue
-        row = json.loads(line)
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise InvalidInputError(
+                f"{path}:{number}: not valid JSON ({error.msg}, column {error.colno}); give one JSON object "
+                '{"prompt": ..., "image": ..., "video": ...} per line'
+            ) from None
+        if not isinstance(row, dict):
+            raise InvalidInputError(
+                f"{path}:{number}: a JSON {type(row).__name__}, not an object; give one JSON object "
+                '{"prompt": ..., "image": ..., "video": ...} per line'
+            )
         if "prompt" not in row:
             raise InvalidInputError(f"{path}:{number}: every example needs a 'prompt'")
         examples.append(Example(prompt=row["prompt"], image=row.get("image"), video=row.get("video")))
