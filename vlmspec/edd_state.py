@@ -5,6 +5,7 @@ that shapes it, and crash-safe checkpoints that record the settings that shape t
 
     out/
         data.safetensors           the target's replies; its metadata holds the key of the inputs that made it
+        data-parts/                while the replies are generated: one file per example done (resumable)
         checkpoint/progress.json   the commit point: {"step", "folder", "settings", "param_groups"}
         checkpoint/step-00000012/  edd_config.json, model.safetensors, optimizer.safetensors of that step
         edd_config.json, model.safetensors   the final draft
@@ -31,12 +32,13 @@ from safetensors.torch import load_file, save_file
 from .errors import InvalidInputError, VLMSpecError
 
 DATA_NAME = "data.safetensors"
+DATA_PARTS = "data-parts"
 CHECKPOINT = "checkpoint"
 PROGRESS = "progress.json"
 OPTIMIZER = "optimizer.safetensors"
 _TMP = ".tmp-"
 #: What ``--out`` may hold before a run: this job's own files (a run to resume, a draft to replace).
-OWN_FILES = frozenset({DATA_NAME, CHECKPOINT, "edd_config.json", "model.safetensors"})
+OWN_FILES = frozenset({DATA_NAME, DATA_PARTS, CHECKPOINT, "edd_config.json", "model.safetensors"})
 
 
 class CheckpointError(VLMSpecError, ValueError):
@@ -71,6 +73,14 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
 
 def write_json_atomic(path: Path, value: Any) -> None:
     write_atomic(path, lambda tmp: tmp.write_text(json.dumps(value, sort_keys=True)))
+
+
+def read_json(path: Path) -> Any:
+    """``path``'s JSON value (``None``: no file, or not JSON)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def check_out_folder(out: Path) -> None:

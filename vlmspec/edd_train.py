@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -43,13 +44,24 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .c2t_tools import Example, load_examples
+from .edd_state import (
+    CHECKPOINT,
+    DATA_NAME,
+    DATA_PARTS,
+    check_out_folder,
+    data_key,
+    load_checkpoint,
+    read_json,
+    save_checkpoint,
+    stored_data_key,
+    training_settings,
+    write_atomic,
+    write_json_atomic,
+)
 from .errors import InvalidInputError
 from .models import EDDDraft, VLMAdapter, adapter_for
 from .models.edd import check_target, is_edd_folder, read_config
 from .tree import tree_attention_bias
-
-DATA_NAME = "data.safetensors"
-CHECKPOINT = "checkpoint"
 
 
 @dataclass
@@ -102,6 +114,11 @@ class EDDTrainConfig:
             )
         if not (isinstance(self.lr, int | float) and self.lr > 0 and math.isfinite(self.lr)):
             raise InvalidInputError(f"EDDTrainConfig.lr must be a positive number, got {self.lr!r}")
+        wd = self.weight_decay
+        if isinstance(wd, bool) or not (isinstance(wd, int | float) and wd >= 0 and math.isfinite(wd)):
+            raise InvalidInputError(
+                f"EDDTrainConfig.weight_decay (--weight-decay) must be a number >= 0, got {wd!r}"
+            )
 
 
 @dataclass
@@ -160,7 +177,8 @@ def save_samples(samples: Sequence[Sample], path: Path, meta: dict[str, Any]) ->
         for name in ("soft", "positions", "tokens", "top_ids", "top_probs"):
             tensors[f"{i}.{name}"] = getattr(s, name).contiguous()
         tensors[f"{i}.prompt_len"] = torch.tensor(s.prompt_len)
-    save_file(tensors, str(path), metadata={"meta": json.dumps(meta, sort_keys=True)})
+    metadata = {"meta": json.dumps(meta, sort_keys=True)}
+    write_atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
 def load_samples(path: Path) -> list[Sample]:
@@ -247,6 +265,8 @@ def evaluate(
         for start in range(0, matches.shape[0], block):
             run = matches[start : start + block]  # the block's proposals, one per row
             accepted.append(int(run.long().cumprod(0).sum()))
+    if not accepted:
+        raise InvalidInputError("nothing to evaluate: give --data with at least one example that has a reply")
     return {"kl": sum(kls) / len(kls), "accepted": sum(accepted) / len(accepted), "blocks": len(accepted)}
 
 
@@ -267,43 +287,6 @@ def _block_length(config: EDDTrainConfig, step: int) -> int:
     return int(torch.randint(config.block_min, config.block_max + 1, (1,), generator=generator))
 
 
-def save_checkpoint(folder: Path, draft: EDDDraft, optimizer: torch.optim.Optimizer, step: int) -> None:
-    """Draft weights, AdamW state (safetensors) and the step (JSON), written whole before the step is recorded."""
-    folder.mkdir(parents=True, exist_ok=True)
-    draft.save_pretrained(folder)
-    state = optimizer.state_dict()
-    tensors = {
-        f"{index}.{key}": value.detach().contiguous().cpu()
-        for index, slots in state["state"].items()
-        for key, value in slots.items()
-        if torch.is_tensor(value)
-    }
-    save_file(tensors, str(folder / "optimizer.safetensors"))
-    progress = {"step": step, "param_groups": state["param_groups"]}
-    tmp = folder / "progress.json.tmp"
-    tmp.write_text(json.dumps(progress))
-    tmp.replace(folder / "progress.json")
-
-
-def load_checkpoint(
-    folder: Path, draft: EDDDraft, optimizer: torch.optim.Optimizer, target: torch.nn.Module
-) -> int:
-    """Restore a checkpoint (of a draft for ``target``) into ``draft`` and ``optimizer``; the next step to run
-    (0: none there)."""
-    if not (folder / "progress.json").is_file():
-        return 0
-    progress = json.loads((folder / "progress.json").read_text())
-    loaded = EDDDraft.from_pretrained(folder, target)
-    draft.load_state_dict(loaded.state_dict())
-    tensors = load_file(str(folder / "optimizer.safetensors"))
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    for key, value in tensors.items():
-        index, name = key.split(".", 1)
-        state.setdefault(int(index), {})[name] = value
-    optimizer.load_state_dict({"state": state, "param_groups": progress["param_groups"]})
-    return int(progress["step"]) + 1
-
-
 def train(
     pipe: Any,
     examples: Sequence[Example],
@@ -317,13 +300,14 @@ def train(
     Args:
         pipe: a :class:`~vlmspec.VLMSpecPipeline` holding the (frozen) target and its processor.
         examples: prompts with their images/videos.
-        out: output folder (draft, data, checkpoint).
+        out: output folder (draft, data, checkpoint): new, empty, or one an earlier run wrote.
         config: training settings (default: the paper's).
         target_name: recorded in the draft's config, for messages.
         progress: show a progress bar.
 
     Raises:
-        ValueError: ``out`` holds a draft or checkpoint of another target, or no examples were given.
+        ValueError: ``out`` holds other files, a draft or checkpoint of another target, a checkpoint of a run with
+            other settings (:func:`~vlmspec.edd_state.training_settings`) or a damaged one; or no examples.
     """
     from tqdm.auto import tqdm
 
@@ -331,22 +315,20 @@ def train(
     out = Path(out)
     if not examples:
         raise InvalidInputError("no training examples: give --data with at least one example")
-    for folder in (out, out / CHECKPOINT):
-        if is_edd_folder(folder):
-            check_target(read_config(folder), pipe.target, where=str(folder))
+    check_out_folder(out)
+    if is_edd_folder(out):
+        check_target(read_config(out), pipe.target, where=str(out))
     torch.manual_seed(config.seed)
     draft = EDDDraft.for_target(pipe.target, config.hidden_layer, target_name=target_name).float().train()
     layer = draft.edd_config.hidden_layer
-    meta = {"examples": len(examples), "layer": layer, "max_new_tokens": config.max_new_tokens}
-    data_path = out / DATA_NAME
-    samples = load_samples(data_path) if data_path.is_file() and _data_meta(data_path) == meta else None
-    if samples is None:
-        bar = tqdm(examples, desc="edd: target replies", disable=not progress)
-        samples = [distill_example(pipe, e, layer, config.max_new_tokens, config.teacher_top_k) for e in bar]
-        out.mkdir(parents=True, exist_ok=True)
-        save_samples(samples, data_path, meta)
+    shaping = {"layer": layer, "max_new_tokens": config.max_new_tokens, "teacher_top_k": config.teacher_top_k,
+               "dtype": str(pipe.target.dtype), "target": [type(pipe.target).__name__,
+               [round(x, 4) for x in draft.edd_config.target_signature]]}  # fmt: skip
+    key = data_key(examples, shaping)
+    settings = training_settings(config, layer, key)
     optimizer = torch.optim.AdamW(draft.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    first = load_checkpoint(out / CHECKPOINT, draft, optimizer, pipe.target)
+    first = load_checkpoint(out / CHECKPOINT, draft, optimizer, pipe.target, settings)  # before any data work
+    samples = _self_distilled(pipe, examples, out / DATA_NAME, config, layer, key, progress)
     batches = list(_batches(len(samples), config))
     bar = tqdm(batches[first:], desc="edd: training", disable=not progress, initial=first, total=len(batches))
     losses: list[float] = []
@@ -363,7 +345,7 @@ def train(
         losses.append(total)
         bar.set_postfix(kl=f"{total:.3f}")
         if (step + 1) % config.checkpoint_every == 0 or step == len(batches) - 1:
-            save_checkpoint(out / CHECKPOINT, draft, optimizer, step)
+            save_checkpoint(out / CHECKPOINT, draft, optimizer, step, settings)
     draft.eval()
     draft.edd_config.training = {**asdict(config), "steps": len(batches), "examples": len(samples)}
     if losses:
@@ -372,12 +354,41 @@ def train(
     return draft
 
 
-def _data_meta(path: Path) -> dict[str, Any] | None:
-    from safetensors import safe_open
+def _self_distilled(
+    pipe: Any,
+    examples: Sequence[Example],
+    path: Path,
+    config: EDDTrainConfig,
+    layer: int,
+    key: str,
+    progress: bool,
+) -> list[Sample]:
+    """The self-distillation data: ``path`` when its recorded key is ``key`` (same examples and settings), else
+    generated anew and saved there (a stale file is a cache of other inputs: regenerating is always right).
 
-    with safe_open(str(path), "pt") as handle:
-        raw = (handle.metadata() or {}).get("meta")
-    return json.loads(raw) if raw else None
+    While it is generated, each example's sample is saved (atomically) in ``data-parts/`` beside ``path``, so a
+    killed run's next start only generates the examples not done yet; parts made from other inputs are cleared."""
+    from tqdm.auto import tqdm
+
+    if stored_data_key(path) == key:
+        return load_samples(path)
+    parts = path.parent / DATA_PARTS
+    if read_json(parts / "key.json") != key:
+        shutil.rmtree(parts, ignore_errors=True)
+        parts.mkdir(parents=True)
+        write_json_atomic(parts / "key.json", key)
+    samples = []
+    for i, example in enumerate(tqdm(examples, desc="edd: target replies", disable=not progress)):
+        part = parts / f"{i:08d}.safetensors"
+        done = load_samples(part) if stored_data_key(part) == key else None
+        if done is None:
+            done = [distill_example(pipe, example, layer, config.max_new_tokens, config.teacher_top_k)]
+            save_samples(done, part, {"key": key})
+        samples.append(done[0])
+    meta = {"key": key, "examples": len(examples), "layer": layer, "max_new_tokens": config.max_new_tokens}
+    save_samples(samples, path, meta)
+    shutil.rmtree(parts, ignore_errors=True)
+    return samples
 
 
 # ---- the command line -----------------------------------------------------------------------------------------------
@@ -445,10 +456,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "vlmspec edd") -> int:
 
     if args.command == "train":
         check_output_path(args.out, "--out")
+        check_out_folder(Path(args.out))
     if args.data == "testbed":
         examples = examples_from_testbed(200 if args.examples is None else args.examples, args.seed)
     else:
         examples = load_examples(args.data)[: args.examples]
+        if not examples:
+            raise InvalidInputError(
+                f"--data {args.data!r} holds no examples: give a .jsonl with at least one line"
+            )
     if args.command == "eval":
         pipe = VLMSpecPipeline.from_pretrained(args.target, policy="ar", torch_dtype=torch.float32)
         draft = EDDDraft.from_pretrained(resolve_pair(args.target, args.draft).draft, pipe.target).float()
