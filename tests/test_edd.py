@@ -332,3 +332,25 @@ def test_training_inputs_are_checked(mini, tmp_path):
     (tmp_path / "mine.txt").write_text("the user's")
     with pytest.raises(InvalidInputError, match="holds no EDD training run"):
         train(mini, examples_from_testbed(1), tmp_path, _config(), progress=False)
+
+
+def test_a_killed_self_distillation_resumes_where_it_stopped(mini, tmp_path, monkeypatch):
+    import vlmspec.edd_train as edd_train
+
+    real, calls = edd_train.distill_example, []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt("simulated kill")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(edd_train, "distill_example", counting)
+    with pytest.raises(KeyboardInterrupt):
+        train(mini, examples_from_testbed(4), tmp_path, _config(epochs=1), progress=False)
+    assert (
+        not (tmp_path / "data.safetensors").exists() and len(list((tmp_path / "data-parts").iterdir())) == 3
+    )
+    calls.clear()
+    train(mini, examples_from_testbed(4), tmp_path, _config(epochs=1), progress=False)
+    assert len(calls) == 2 and not (tmp_path / "data-parts").exists()  # examples 3 and 4 only
