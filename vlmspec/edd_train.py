@@ -14,7 +14,10 @@
    the soft prompt (the output of :attr:`~vlmspec.models.edd.EDDConfig.hidden_layer` at every position) and the
    target's next-token distribution at every reply position (kept as its ``teacher_top_k`` most likely tokens,
    renormalised: exact on the testbed's 699-token vocabulary; a real 150k vocabulary would need ~60 MB per example
-   in full). Collected once, saved as ``data.safetensors`` in ``--out``.
+   in full). Collected once, saved as ``data.safetensors`` in ``--out`` with the key of everything that shaped
+   it (each example's prompt and media identity, layer, reply length, top-k, the target's dtype and signature:
+   :func:`~vlmspec.edd_state.data_key`); a file of another key is regenerated. While it is collected each
+   example's sample is saved in ``data-parts/``, so a killed run collects only the examples not done yet.
 2. **Dual-block training** (Eq. 3, Fig. 3a). One forward per example over ``[soft prompt rows | reply token
    rows]``: the reply is cut into blocks of a random length in ``[block_min, block_max]`` (drawn anew at every
    step, paper: 5-10); a token row sees the token rows before it in its own block and the soft-prompt rows before
@@ -22,10 +25,13 @@
    ``KL(P_target || P_draft)`` (Eq. 4), mean over reply rows. AdamW, learning rate 1e-4, batch 8 (gradients
    accumulated over examples), one epoch: the paper's settings are the defaults.
 3. **Checkpoints** every ``checkpoint_every`` steps and at the end in ``--out/checkpoint`` (draft weights and
-   AdamW state as safetensors, the step as JSON; no pickle). A run started again with the same ``--out`` resumes
-   from the last checkpoint; every random choice is drawn from ``(seed, step)``, so a resumed run ends with the
-   same weights as an uninterrupted one. The final draft (``edd_config.json`` + ``model.safetensors``, with the
-   target it was trained for) is written to ``--out``.
+   AdamW state as safetensors, the step and the settings as JSON; no pickle), written so that a crash at any
+   moment leaves the previous checkpoint or the new one, whole (:mod:`vlmspec.edd_state`). A run started again
+   with the same ``--out`` resumes from the last checkpoint if its settings are the checkpoint's
+   (:func:`~vlmspec.edd_state.training_settings`; other ones are refused, naming the flag); every random choice is
+   drawn from ``(seed, step)``, so a resumed run ends with the same weights as an uninterrupted one. The final
+   draft (``edd_config.json`` + ``model.safetensors``, with the target it was trained for) is written to
+   ``--out``, which must be new, empty or one an earlier run wrote.
 """
 
 from __future__ import annotations
