@@ -236,7 +236,12 @@ def _config(**changes):
 
 @pytest.mark.parametrize(
     ("changes", "flag"),
-    [({"lr": 2e-3}, "--lr 0.001, this run has 0.002"), ({"use_hidden": False}, "--no-hidden")],
+    [
+        ({"lr": 2e-3}, "--lr 0.001, this run has --lr 0.002"),
+        ({"use_hidden": False}, "no --no-hidden, this run has --no-hidden"),
+        ({"weight_decay": 0.1}, "--weight-decay 0.0, this run has --weight-decay 0.1"),
+        ({"teacher_top_k": 8}, "other self-distillation data"),
+    ],
 )
 def test_a_resume_with_other_settings_is_refused(mini, tmp_path, changes, flag):
     from vlmspec.edd_state import CheckpointError

@@ -161,7 +161,7 @@ SETTING_FLAGS = {
     "seed": "--seed",
     "use_hidden": "--no-hidden",
     "hidden_layer": "--hidden-layer",
-    "data": "the data (--data, --examples, --seed, --max-new-tokens, --teacher-top-k, --dtype)",
+    "data": "--data, --examples, --seed, --max-new-tokens, --teacher-top-k, --dtype or the target",
 }
 
 
@@ -194,20 +194,24 @@ def training_settings(config: Any, layer: int, key: str) -> dict[str, Any]:
     }
 
 
-def _show(name: str, value: Any) -> str:
+def _difference(name: str, was: Any, now: Any) -> str:
+    """How a setting differs, in flags: ``--lr 0.001, this run has --lr 0.002``."""
+    if name == "data":
+        return f"other self-distillation data than this run's ({SETTING_FLAGS[name]} differ)"
     if name == "use_hidden":
-        return "without --no-hidden" if value else "with --no-hidden"
-    return "other self-distillation data" if name == "data" else repr(value)
+        was, now = ("no --no-hidden", "--no-hidden") if was else ("--no-hidden", "no --no-hidden")
+        return f"{was}, this run has {now}"
+    return f"{SETTING_FLAGS[name]} {was!r}, this run has {SETTING_FLAGS[name]} {now!r}"
 
 
 def check_settings(folder: Path, recorded: dict[str, Any], settings: dict[str, Any]) -> None:
     """Refuse to resume a checkpoint made with other settings, naming the flag and both values."""
-    for name, flag in SETTING_FLAGS.items():
+    for name in SETTING_FLAGS:
         if recorded.get(name) != settings[name]:
-            was, now = _show(name, recorded.get(name)), _show(name, settings[name])
             raise CheckpointError(
-                f"{folder} is a checkpoint of a run with {flag} {was}, this run has {now}: rerun with the "
-                f"checkpoint's flags to resume it, or give a new --out (or delete {folder}) to train from scratch"
+                f"{folder} is a checkpoint of a run with {_difference(name, recorded.get(name), settings[name])}: "
+                f"rerun with the checkpoint's flags to resume it, or give a new --out (or delete {folder}) to "
+                "train from scratch"
             )
 
 
