@@ -37,12 +37,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
+from .artifacts import read_safetensors
 from .draft import DraftTree
 from .errors import InvalidInputError
 from .policies.base import TreePolicy
-from .policies.c2t import C2TClassifier, distribution_entropy
+from .policies.c2t import FEATURES, C2TClassifier, distribution_entropy
 from .policies.eagle2 import EAGLE2Config, eagle2_expand
 from .sampling import Sampler
 from .tree import TokenTree
@@ -222,19 +223,88 @@ def _as_example(example: Example | tuple | dict) -> Example:
 
 
 def load_trees(paths: str | Path | Sequence[str | Path]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Features ``[M, 3]``, labels ``[M]`` and tree ids ``[M]`` (renumbered across files) of collected data."""
+    """Features ``[M, 3]``, labels ``[M]`` and tree ids ``[M]`` (renumbered across files) of collected data.
+
+    Raises:
+        InputNotFoundError: a file is missing.
+        InvalidInputError: a file is not a readable c2t collect file (tensors, shapes, labels outside {0, 1},
+            NaN or infinite features), naming it.
+    """
     if isinstance(paths, (str, Path)):
         paths = [paths]
     features, labels, trees, offset = [], [], [], 0
     for path in paths:
-        data = load_file(str(path))
-        if set(data) != {"features", "labels", "tree"}:
-            raise InvalidInputError(f"{str(path)!r} is not a c2t collect file (tensors: {sorted(data)})")
+        data = read_safetensors(path, "a c2t collect file", _COLLECT_AGAIN)
+        _check_trees(path, data)
         features.append(data["features"].float())
         labels.append(data["labels"].float())
         trees.append(data["tree"] + offset)
         offset += int(data["tree"].max()) + 1 if data["tree"].numel() else 0
     return torch.cat(features), torch.cat(labels), torch.cat(trees)
+
+
+_COLLECT_AGAIN = "write it again with `vlmspec c2t collect`"
+
+
+def _check_trees(path: str | Path, data: dict[str, torch.Tensor]) -> None:
+    """Refuse collected data that :func:`collect` could not have written, naming ``path`` and the problem."""
+    n_features = len(FEATURES)
+    if set(data) != {"features", "labels", "tree"}:
+        problem = f"its tensors are {sorted(data)}, not features, labels and tree"
+    elif data["features"].dim() != 2 or data["features"].shape[1] != n_features:
+        problem = f"features has shape {list(data['features'].shape)}, not [nodes, {n_features}] ({FEATURES})"
+    elif (
+        data["labels"].shape != data["features"].shape[:1] or data["tree"].shape != data["features"].shape[:1]
+    ):
+        shapes = {k: list(v.shape) for k, v in data.items()}
+        problem = f"features, labels and tree cover different numbers of nodes ({shapes})"
+    elif data["tree"].is_floating_point() or data["tree"].is_complex() or bool((data["tree"] < 0).any()):
+        problem = "tree does not hold non-negative integer tree ids"
+    elif not bool(((data["labels"] == 0) | (data["labels"] == 1)).all()):
+        problem = "labels holds values other than 0 (rejected) and 1 (accepted)"
+    elif not bool(torch.isfinite(data["features"].float()).all()):
+        problem = "features holds NaN or infinite values"
+    else:
+        return
+    raise InvalidInputError(f"{str(path)!r} is not a valid c2t collect file: {problem}; {_COLLECT_AGAIN}")
+
+
+def _check_settings(lr: float, neg_ratio: float, val_fraction: float, beta: float, **counts: int) -> None:
+    """Refuse training settings out of range, naming the argument and its command-line flag."""
+    problems = [
+        (name, value, need)
+        for name, value, ok, need in (
+            ("lr", lr, _finite(lr) and lr > 0, "a number > 0 (Adam's learning rate)"),
+            (
+                "neg_ratio",
+                neg_ratio,
+                _finite(neg_ratio) and neg_ratio > 0,
+                "a number > 0 (negatives sampled per positive)",
+            ),
+            (
+                "val_fraction",
+                val_fraction,
+                _finite(val_fraction) and 0 <= val_fraction < 1,
+                "a number in [0, 1)",
+            ),
+            (
+                "beta",
+                beta,
+                _finite(beta) and 0 <= beta < 1,
+                "a number in [0, 1) (the confidence threshold, as the c2t policy's beta)",
+            ),
+            *((name, v, isinstance(v, int) and v >= 1, "an integer >= 1") for name, v in counts.items()),
+        )
+        if not ok
+    ]
+    if problems:
+        name, value, need = problems[0]
+        flag = "--" + name.replace("_", "-")
+        raise InvalidInputError(f"c2t train: {name} ({flag}) {value!r} is invalid: use {need}")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @torch.no_grad()
@@ -313,11 +383,18 @@ def train(
     Returns:
         ``{"recall", "positive_rate"}`` on the held-out trees, the same on the training trees, and the counts.
     """
+    _check_settings(lr, neg_ratio, val_fraction, beta, hidden=hidden, epochs=epochs, batch_size=batch_size)
     features, labels, trees = load_trees(data_path)
     positives_total = int((labels > 0.5).sum())
-    if positives_total == 0:
+    if positives_total in (0, labels.numel()):
+        which = (
+            "no accepted node (every label is 0)"
+            if positives_total == 0
+            else "no rejected node (every label is 1)"
+        )
         raise InvalidInputError(
-            "c2t train: the data holds no accepted node (every label is 0); collect more steps"
+            f"c2t train: the data {', '.join(_names(data_path))} holds {which}: a classifier needs both classes; "
+            "collect more steps (more examples or a larger --max-new-tokens)"
         )
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -344,7 +421,7 @@ def train(
         "nodes": int(features.shape[0]),
         "positives": positives_total,
     }
-    sources = [str(data_path)] if isinstance(data_path, (str, Path)) else [str(p) for p in data_path]
+    sources = _names(data_path)
     model.save(
         out_path,
         metrics={"split": "validation" if n_val else "train", **metrics},
@@ -363,6 +440,10 @@ def train(
         **({"description": description} if description else {}),
     )
     return metrics
+
+
+def _names(data_path: str | Path | Sequence[str | Path]) -> list[str]:
+    return [str(data_path)] if isinstance(data_path, (str, Path)) else [str(p) for p in data_path]
 
 
 # ---- command line ------------------------------------------------------------------------------------------------

@@ -49,8 +49,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
+from ..artifacts import read_json_object, read_safetensors
 from ..draft import DraftTree
 from ..errors import InputNotFoundError, InvalidInputError
 from ..tree import TokenTree
@@ -159,25 +160,61 @@ class C2TClassifier(torch.nn.Module):
 
     @classmethod
     def load(cls, path: str | Path) -> C2TClassifier:
-        """Load weights (safetensors) and check them against the JSON spec next to them."""
+        """Load weights (safetensors) and check them against the JSON spec next to them.
+
+        Raises:
+            InputNotFoundError: the weights or the spec are missing.
+            InvalidInputError: either is unreadable or not a C2T classifier (naming the file and what is wrong).
+        """
         path = Path(path)
+        remedy = "train one with `vlmspec c2t train`, or leave `classifier` unset for the shipped default"
         if not path.is_file():
-            raise InputNotFoundError(f"C2T classifier {str(path)!r} does not exist")
+            raise InputNotFoundError(f"C2T classifier {str(path)!r} does not exist; {remedy}")
         spec_file = spec_path(path)
         if not spec_file.is_file():
-            raise InputNotFoundError(f"C2T classifier {str(path)!r} has no feature spec {str(spec_file)!r}")
-        spec = json.loads(spec_file.read_text())
+            raise InputNotFoundError(
+                f"C2T classifier {str(path)!r} has no feature spec {str(spec_file)!r} next to it; {remedy}"
+            )
+        spec = read_json_object(spec_file, "a C2T classifier spec", remedy)
         if spec.get("format") != SPEC_FORMAT or tuple(spec.get("features", ())) != FEATURES:
             raise InvalidInputError(
                 f"{str(spec_file)!r} is not a C2T classifier spec with features {list(FEATURES)} "
-                f"(got format {spec.get('format')!r}, features {spec.get('features')!r})"
+                f"(got format {spec.get('format')!r}, features {spec.get('features')!r}); {remedy}"
             )
-        tensors = load_file(str(path))
-        hidden = int(tensors["fc1.weight"].shape[0])
+        tensors = read_safetensors(path, "a C2T classifier's weights", remedy)
+        hidden = _check_weights(path, tensors, remedy)
         model = cls(hidden=hidden)
         model.load_state_dict(tensors)
         model.spec = spec
         return model.eval()
+
+
+def _check_weights(path: Path, tensors: dict[str, torch.Tensor], remedy: str) -> int:
+    """The hidden width of classifier weights ``tensors``, after checking they are exactly a
+    :class:`C2TClassifier`'s (names, shapes, finite values); an error naming ``path`` and the problem otherwise."""
+    fc1 = tensors.get("fc1.weight")
+    hidden = int(fc1.shape[0]) if fc1 is not None and fc1.dim() == 2 and fc1.shape[0] > 0 else 0
+    expected = {
+        "fc1.weight": (hidden, len(FEATURES)),
+        "fc1.bias": (hidden,),
+        "fc2.weight": (1, hidden),
+        "fc2.bias": (1,),
+        "mean": (len(FEATURES),),
+        "std": (len(FEATURES),),
+    }
+    problem = None
+    if set(tensors) != set(expected):
+        missing, extra = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+        problem = f"its tensors are not a C2T classifier's (missing {missing[:6]}, unexpected {extra[:6]})"
+    elif bad := [n for n, shape in expected.items() if tuple(tensors[n].shape) != shape]:
+        got = {n: list(tensors[n].shape) for n in bad}
+        want = {n: list(expected[n]) for n in bad}
+        problem = f"tensor shapes {got} are not the {len(FEATURES)}-feature classifier's {want}"
+    elif bad := [n for n, t in tensors.items() if not torch.isfinite(t.float()).all()]:
+        problem = f"tensors {bad} hold NaN or infinite values"
+    if problem is not None:
+        raise InvalidInputError(f"C2T classifier {str(path)!r}: {problem}; {remedy}")
+    return hidden
 
 
 @dataclass(frozen=True)
