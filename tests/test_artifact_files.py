@@ -4,15 +4,18 @@ and what to do, never a raw ``JSONDecodeError``, ``SafetensorError``, ``KeyError
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from vlmspec import VLMSpecPipeline
 from vlmspec.c2t_tools import main as c2t_main
 from vlmspec.c2t_tools import train
 from vlmspec.errors import InputNotFoundError, InvalidInputError
+from vlmspec.models.edd import CONFIG_NAME, WEIGHTS_NAME, EDDDraft
 from vlmspec.policies import C2TClassifier, get_policy
 from vlmspec.policies.c2t import spec_path
 
@@ -133,3 +136,66 @@ def test_c2t_train_accepts_good_data(tmp_path):
     metrics = train(_trees(tmp_path / "trees.safetensors"), tmp_path / "clf.safetensors", epochs=1)
     assert 0 <= metrics["recall"] <= 1
     assert C2TClassifier.load(tmp_path / "clf.safetensors").hidden == 48
+
+
+# ---- EDD draft folders -------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_target(tiny_pairs) -> torch.nn.Module:
+    pair = tiny_pairs["qwen2_vl"]
+    return VLMSpecPipeline.from_pretrained(
+        pair.target, pair.draft, policy="ar", torch_dtype=torch.float32
+    ).target
+
+
+@pytest.fixture
+def edd_folder(tiny_target, tmp_path) -> Path:
+    return EDDDraft.for_target(tiny_target).save_pretrained(tmp_path / "edd")
+
+
+def _edit_config(folder: Path, **changes) -> None:
+    path = folder / CONFIG_NAME
+    config = json.loads(path.read_text())
+    for key, value in changes.items():
+        if key.startswith("text_config."):
+            config["text_config"][key.split(".", 1)[1]] = value
+        else:
+            config[key] = value if not callable(value) else value(config[key])
+    path.write_text(json.dumps(config))
+
+
+EDD_DAMAGE = {
+    "truncated weights": (lambda d: (d / WEIGHTS_NAME).write_bytes((d / WEIGHTS_NAME).read_bytes()[:1000]), WEIGHTS_NAME),
+    "garbage weights": (lambda d: (d / WEIGHTS_NAME).write_bytes(b"\0" * 100), WEIGHTS_NAME),
+    "config not JSON": (lambda d: (d / CONFIG_NAME).write_text("{oops"), CONFIG_NAME),
+    "config a JSON list": (lambda d: (d / CONFIG_NAME).write_text("[1, 2]"), CONFIG_NAME),
+    "heads edited": (lambda d: _edit_config(d, **{"text_config.num_attention_heads": 3}), "num_attention_heads"),
+    "intermediate size edited": (lambda d: _edit_config(d, **{"text_config.intermediate_size": 100}), "intermediate_size"),
+    "short signature": (lambda d: _edit_config(d, target_signature=lambda s: s[:3]), "target_signature"),
+    "hidden_layer past the last layer": (lambda d: _edit_config(d, hidden_layer=17), "hidden_layer is 17"),
+    "hidden_layer negative": (lambda d: _edit_config(d, hidden_layer=-1), "hidden_layer is -1"),
+    "hidden_layer not an int": (lambda d: _edit_config(d, hidden_layer="2"), "hidden_layer"),
+    "weights of another shape": (
+        lambda d: save_file({k: v[..., :1].contiguous() for k, v in load_file(str(d / WEIGHTS_NAME)).items()},
+                            str(d / WEIGHTS_NAME)),
+        WEIGHTS_NAME,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("damage", list(EDD_DAMAGE))
+def test_a_damaged_edd_folder_is_refused_at_load_naming_the_folder_and_field(edd_folder, tiny_target, damage):
+    change, field = EDD_DAMAGE[damage]
+    change(edd_folder)
+    with pytest.raises(InvalidInputError) as info:
+        EDDDraft.from_pretrained(edd_folder, tiny_target)
+    assert str(edd_folder) in str(info.value) and field in str(info.value)
+
+
+def test_an_edd_folder_without_weights_is_refused(edd_folder, tiny_target):
+    (edd_folder / WEIGHTS_NAME).unlink()
+    with pytest.raises(InputNotFoundError, match=f"{edd_folder}/{WEIGHTS_NAME}.*vlmspec edd train"):
+        EDDDraft.from_pretrained(edd_folder, tiny_target)
+
+
+def test_an_intact_edd_folder_loads(edd_folder, tiny_target):
+    assert EDDDraft.from_pretrained(edd_folder, tiny_target).edd_config.hidden_layer >= 0

@@ -41,9 +41,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers.cache_utils import Cache
 
+from ..artifacts import read_json_object, read_safetensors
 from ..cache import cache_kwarg, new_cache
 from ..errors import InvalidInputError
 from .base import DecodeState, VLMAdapter
@@ -53,6 +54,16 @@ WEIGHTS_NAME = "model.safetensors"
 FORMAT = "vlmspec-edd"
 SIGNATURE_ROWS = 16
 SIGNATURE_RTOL = 1e-2
+SHAPE_KEYS = (
+    "hidden_size",
+    "vocab_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
+"""The draft's text-config entries that must be the target's: they set the shapes of the copied weights."""
+_RETRAIN = "train the draft again with `vlmspec edd train`"
 
 
 def default_hidden_layer(num_layers: int) -> int:
@@ -167,18 +178,27 @@ class EDDDraft(torch.nn.Module):
         """Load a trained draft for ``target`` (on its device and dtype).
 
         Raises:
-            ValueError: ``folder`` holds no EDD draft, or the draft was trained for another target.
+            InvalidInputError: ``folder`` holds no EDD draft, its files are damaged, edited or inconsistent, or the
+                draft was trained for another target (each naming the file and the field).
+            InputNotFoundError: its ``model.safetensors`` is missing.
         """
         config = read_config(folder)
         check_target(config, target, where=str(folder))
-        draft = cls._build(target, config)
-        state = load_file(str(Path(folder) / WEIGHTS_NAME))
-        missing, unexpected = draft.load_state_dict(state, strict=False)
+        path = Path(folder) / WEIGHTS_NAME
+        state = read_safetensors(path, "an EDD draft's weights", _RETRAIN)
+        try:
+            draft = cls._build(target, config)
+            missing, unexpected = draft.load_state_dict(state, strict=False)
+        except (ValueError, RuntimeError) as error:  # a text_config the target's classes refuse, other shapes
+            raise InvalidInputError(
+                f"{path} does not fit its {CONFIG_NAME} and this target ({str(error).splitlines()[0][:300]}); "
+                f"{_RETRAIN}"
+            ) from None
         missing = [name for name in missing if "rotary_emb" not in name]  # buffers, rebuilt from the config
         if missing or unexpected:
             raise InvalidInputError(
-                f"{folder}/{WEIGHTS_NAME} does not match its {CONFIG_NAME}: missing {missing[:4]}, unexpected "
-                f"{unexpected[:4]}; retrain it with `vlmspec edd train`"
+                f"{path} does not match its {CONFIG_NAME}: missing {missing[:4]}, unexpected {unexpected[:4]}; "
+                f"{_RETRAIN}"
             )
         return draft
 
@@ -223,14 +243,45 @@ def read_config(folder: str | Path) -> EDDConfig:
         raise InvalidInputError(
             f"{folder} is not an EDD draft: it has no {CONFIG_NAME} (train one with `vlmspec edd train`)"
         )
+    raw = read_json_object(path, "an EDD config", _RETRAIN)
     try:
-        raw = json.loads(path.read_text())
         config = EDDConfig(**raw)
-    except (json.JSONDecodeError, TypeError) as error:
-        raise InvalidInputError(f"{path} is not a valid EDD config ({error}); retrain the draft") from None
+    except TypeError as error:
+        raise InvalidInputError(f"{path} is not a valid EDD config ({error}); {_RETRAIN}") from None
     if config.format != FORMAT:
-        raise InvalidInputError(f"{path}: format {config.format!r}, expected {FORMAT!r}")
+        raise InvalidInputError(f"{path}: format {config.format!r}, expected {FORMAT!r}; {_RETRAIN}")
+    problem = _config_problem(config)
+    if problem is not None:
+        raise InvalidInputError(f"{path}: {problem}; the file was edited or damaged: {_RETRAIN}")
     return config
+
+
+def _config_problem(config: EDDConfig) -> str | None:
+    """What is wrong with the fields of a read :class:`EDDConfig` (types and ranges), or ``None``."""
+    layers, layer, signature = config.target_layers, config.hidden_layer, config.target_signature
+    if not isinstance(config.text_config, dict):
+        return f"text_config is a {type(config.text_config).__name__}, not an object"
+    if not _is_int(layers) or layers < 1:
+        return f"target_layers is {layers!r}, not an integer >= 1"
+    if not _is_int(layer) or not 0 <= layer < layers:
+        return (
+            f"hidden_layer is {layer!r}, not a layer index of the {layers}-layer target (0 to {layers - 1})"
+        )
+    if config.text_config.get("num_hidden_layers") != 1:
+        return f"text_config.num_hidden_layers is {config.text_config.get('num_hidden_layers')!r}, not 1"
+    if not (
+        isinstance(signature, list)
+        and len(signature) == SIGNATURE_ROWS
+        and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in signature
+        )
+    ):
+        return f"target_signature is not a list of {SIGNATURE_ROWS} numbers (got {str(signature)[:80]})"
+    return None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def is_edd_folder(folder: str | Path) -> bool:
@@ -253,11 +304,11 @@ def check_target(config: EDDConfig, target: torch.nn.Module, where: str = "this 
         )
     text = target.config.get_text_config()
     layers = len(target.get_decoder().layers)
-    for key in ("hidden_size", "vocab_size"):
-        if getattr(text, key) != config.text_config.get(key):
+    for key in SHAPE_KEYS:
+        if getattr(text, key, None) != config.text_config.get(key):
             raise InvalidInputError(
                 f"{where} was trained for {trained_for} with {key} {config.text_config.get(key)}, but this target "
-                f"has {getattr(text, key)}; {advice}"
+                f"has {getattr(text, key, None)} (its {CONFIG_NAME} text_config.{key}); {advice}"
             )
     if layers != config.target_layers:
         raise InvalidInputError(
