@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from synthetic import synthetic_tree
 
 from vlmspec import VLMSpecPipeline
 from vlmspec.c2t_tools import main as c2t_main
 from vlmspec.c2t_tools import train
 from vlmspec.errors import InputNotFoundError, InvalidInputError
 from vlmspec.models.edd import CONFIG_NAME, WEIGHTS_NAME, EDDDraft
-from vlmspec.policies import C2TClassifier, get_policy
+from vlmspec.policies import C2TClassifier, SAGEConfig, SAGEPolicy, confidence, get_policy
 from vlmspec.policies.c2t import spec_path
 
 
@@ -199,3 +200,21 @@ def test_an_edd_folder_without_weights_is_refused(edd_folder, tiny_target):
 
 def test_an_intact_edd_folder_loads(edd_folder, tiny_target):
     assert EDDDraft.from_pretrained(edd_folder, tiny_target).edd_config.hidden_layer >= 0
+
+
+# ---- a broken draft (NaN distributions) under SAGE ---------------------------------------------------------------
+def _nan_draft(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    return torch.full((tokens.shape[0], 32), float("nan"))
+
+
+@pytest.mark.parametrize("source", ["lookahead", "root"])
+def test_sage_takes_a_nan_draft_distribution_as_zero_confidence(source):
+    assert float(confidence(torch.full((32,), float("nan")), 10)) == 0.0
+    policy = SAGEPolicy(SAGEConfig(initial_paths=(), confidence=source))
+    for _ in range(2):  # under lookahead the second step's shape comes from the first's (NaN) confidence
+        draft, _ = synthetic_tree(_nan_draft)
+        tree = policy.build_tree(draft)
+        assert 0 <= tree.num_nodes <= policy.config.n_max
+    trace = policy.trace()
+    assert trace["alpha"] == 0.0 and trace["width"] == policy.config.width(0.0)
+    assert trace["depth"] == policy.config.depth(0.0, trace["max_depth"])

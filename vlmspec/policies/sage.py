@@ -90,13 +90,19 @@ def confidence(probs: torch.Tensor, k: int) -> torch.Tensor:
 
     Returns:
         ``[...]`` alpha in ``[0, 1]``: 0 for a uniform top-k, 1 for a one-hot distribution. A ``k`` above the
-        vocabulary is taken as the vocabulary.
+        vocabulary is taken as the vocabulary. A distribution holding NaN (a broken draft) has confidence 0.
     """
     k = min(k, probs.shape[-1])
     top = probs.topk(k, dim=-1).values  # [..., k]
     top = top / top.sum(dim=-1, keepdim=True).clamp_min(1e-30)  # Eq. 7
     entropy = -(top * top.clamp_min(1e-30).log()).sum(dim=-1)  # Eq. 8
-    return (1.0 - entropy / math.log(k)).clamp(0.0, 1.0)  # Eq. 9
+    alpha = (1.0 - entropy / math.log(k)).clamp(0.0, 1.0)  # Eq. 9
+    # NaN (a draft whose weights or activations hold NaN or overflow, e.g. a damaged checkpoint or fp16 overflow)
+    # counts as no confidence, not as an error: the draft only proposes and the target's verification keeps the
+    # output lossless whatever it proposes, as every other policy does with such a draft (they decode through it,
+    # slower); refusing here would end a generation that is still correct. Confidence 0 is what a distribution
+    # that says nothing deserves: the shallowest tree (D(0) = d_min), and no NaN reaches Eq. 10-11's rounding.
+    return torch.nan_to_num(alpha, nan=0.0)
 
 
 def _round_half_up(x: float) -> int:
