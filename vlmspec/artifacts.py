@@ -1,11 +1,12 @@
 """Reading the files vlmspec writes (a C2T classifier and its spec, C2T training data, an EDD draft) with errors
 that name the file, what is wrong with it and what to do, instead of the raw ``JSONDecodeError`` or
-``SafetensorError`` of a damaged or foreign file.
+``SafetensorError`` of a damaged or foreign file; and making a written file's directory entry durable.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +62,17 @@ def read_safetensors(path: str | Path, what: str, remedy: str) -> dict[str, torc
             f"{str(path)!r} is not {what}: not a readable safetensors file, truncated or damaged ({error}); "
             f"{remedy}"
         ) from None
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a new or renamed directory entry durable (where the platform allows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from .artifacts import fsync_dir
 from .errors import InvalidInputError, VLMSpecError
 
 DATA_NAME = "data.safetensors"
@@ -46,20 +47,6 @@ class CheckpointError(VLMSpecError, ValueError):
 
 
 # ---- atomic writes -------------------------------------------------------------------------------------------------
-def fsync_dir(folder: Path) -> None:
-    """Make a new or renamed directory entry durable (where the platform allows)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     """``write(tmp)`` a temporary file beside ``path``, fsync it, rename it onto ``path``, fsync the folder: a
     reader sees the old file or the new one, never half of one."""

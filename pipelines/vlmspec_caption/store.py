@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vlmspec.artifacts import fsync_dir
+
 from .config import PROG, JobError
 from .inputs import VideoItem
 
@@ -161,20 +163,6 @@ def read_output(path: str | Path, repair: bool) -> list[dict[str, Any]]:
     return scanned.records
 
 
-def _fsync_dir(folder: Path) -> None:
-    """Makes a new or renamed directory entry durable (where the platform allows)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # not supported for directories here (e.g. some network file systems)
-    finally:
-        os.close(fd)
-
-
 class ResultWriter:
     """Appends whole lines to an output file: one ``os.write`` of the encoded line, then ``os.fsync``.
 
@@ -210,7 +198,7 @@ class ResultWriter:
             self.close()
             raise
         if not existed:
-            _fsync_dir(self.path.parent)
+            fsync_dir(self.path.parent)
 
     def write(self, record: dict[str, Any]) -> None:
         """Appends ``record`` as one line and makes it durable.
@@ -274,7 +262,7 @@ def write_atomically(path: str | Path, records: Sequence[dict[str, Any]]) -> Non
     finally:
         if tmp.exists():
             tmp.unlink()
-    _fsync_dir(file.parent)
+    fsync_dir(file.parent)
 
 
 def part_path(out: str | Path, rank: int) -> Path:
@@ -342,5 +330,5 @@ def merge_outputs(out: str | Path, items: Sequence[VideoItem]) -> list[dict[str,
     for part in parts:
         part.unlink()
     if parts:
-        _fsync_dir(out.parent)
+        fsync_dir(out.parent)
     return merged
