@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,3 +77,18 @@ def fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` a temporary file beside ``path`` (named ``.tmp-<pid>-<name>``: processes writing one folder
+    never share one), fsync it, rename it onto ``path``, fsync the folder: a reader sees the old file or the new
+    one, never half of one; a failed write leaves no temporary file."""
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)

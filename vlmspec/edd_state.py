@@ -22,14 +22,14 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from .artifacts import fsync_dir
+from .artifacts import fsync_dir, write_atomic
 from .errors import InvalidInputError, VLMSpecError
 
 DATA_NAME = "data.safetensors"
@@ -47,17 +47,6 @@ class CheckpointError(VLMSpecError, ValueError):
 
 
 # ---- atomic writes -------------------------------------------------------------------------------------------------
-def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """``write(tmp)`` a temporary file beside ``path``, fsync it, rename it onto ``path``, fsync the folder: a
-    reader sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f"{_TMP}{path.name}")
-    write(tmp)
-    with open(tmp, "rb+") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
 def write_json_atomic(path: Path, value: Any) -> None:
     write_atomic(path, lambda tmp: tmp.write_text(json.dumps(value, sort_keys=True)))
 

@@ -165,11 +165,11 @@ def _edd_draft(folder: str | Path, base: torch.nn.Module, target: torch.nn.Modul
     Raises:
         ValueError: the draft was trained for neither (the error of the base target's check).
     """
-    if target is base:
-        return EDDDraft.from_pretrained(folder, target)
     try:
         return EDDDraft.from_pretrained(folder, target)
     except InvalidInputError:
+        if target is base:  # not calibrated: nothing else to try
+            raise
         from .testbed.calibrate import inflate_edd
 
         return inflate_edd(EDDDraft.from_pretrained(folder, base), base, target)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vlmspec.artifacts import fsync_dir
+from vlmspec.artifacts import fsync_dir, write_atomic
 
 from .config import PROG, JobError
 from .inputs import VideoItem
@@ -250,19 +250,9 @@ def _lock(fd: int, path: Path) -> None:
 
 
 def write_atomically(path: str | Path, records: Sequence[dict[str, Any]]) -> None:
-    """Replaces ``path`` with ``records`` (temporary file, fsync, rename): the old or the new file, never half."""
-    file = Path(path)
-    tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(b"".join(encode_record(r) for r in records))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, file)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    fsync_dir(file.parent)
+    """Replaces ``path`` with ``records`` (:func:`vlmspec.artifacts.write_atomic`): the old or the new file, never
+    half."""
+    write_atomic(Path(path), lambda tmp: tmp.write_bytes(b"".join(encode_record(r) for r in records)))
 
 
 def part_path(out: str | Path, rank: int) -> Path:
