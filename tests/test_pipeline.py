@@ -271,7 +271,8 @@ def test_generate_options_are_the_calls_generation_options():
     parameters = inspect.signature(VLMSpecPipeline.__call__).parameters.values()
     taken = {p.name for p in parameters if p.kind is not p.VAR_KEYWORD}  # **unknown: refused by name
     inputs = {"self", "image", "prompt", "video", "messages", "inputs", "num_frames"}
-    assert set(hf_compat.GENERATE_OPTIONS) == taken - inputs
+    returned = {"output_scores"}  # what pipe.generate returns (its output_scores/output_logits settings)
+    assert set(hf_compat.GENERATE_OPTIONS) == taken - inputs - returned
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -297,8 +298,10 @@ def test_generate_takes_every_processor_output_and_refuses_what_the_model_does_n
 
 def test_generate_refuses_what_it_cannot_do_naming_it(pipe):
     inputs = _processor_inputs(pipe, [make_image(1)], PROMPTS[1])
-    with pytest.raises(TypeError, match=r"does not take assistant_model, output_scores: it takes processor"):
-        pipe.generate(**inputs, output_scores=True, assistant_model=pipe.draft)
+    with pytest.raises(
+        TypeError, match=r"does not take assistant_model, prefix_allowed_tokens_fn: it takes pro"
+    ):
+        pipe.generate(**inputs, prefix_allowed_tokens_fn=len, assistant_model=pipe.draft)
     with pytest.raises(TypeError, match=r"num_beams=4\): vlmspec decodes one sequence per prompt"):
         pipe.generate(**inputs, num_beams=4)
     with pytest.raises(TypeError, match=r"eos_token_id='x' must be a token id"):

@@ -312,17 +312,24 @@ def test_tau_counts_only_the_accepted_tokens_emitted_before_a_stop(mini):
 
 
 def test_generate_s_none_and_length_arguments_follow_generate(tiny, config_of):
-    """Review findings: a None that would turn off a config setting pipe.generate cannot take is refused; a call's
+    """Review findings: a None turns a config setting off as in generate() (min_length, which bans EOS); a call's
     max_length counts the prompt; the config's empty EOS list decodes with no EOS; pad_token_id=None pads with the
     EOS, not the config's pad token; return_dict_in_generate=None is off."""
     image, prompt = make_image(0), "Describe this image."
     inputs = tiny.prepare_inputs(image, prompt)
     length = inputs["input_ids"].shape[1]
     tiny.policy = get_policy("chain")
-    config_of.min_length = length + 4
-    with pytest.raises(InvalidInputError, match=r"generate\(min_length=None\) would turn off .*min_length="):
-        tiny.generate(**inputs, min_length=None, max_new_tokens=4)
-    config_of.min_length = None
+    free = tiny.target.generate(**inputs, do_sample=False, max_new_tokens=8)[0, length:].tolist()
+    config_of.min_length, config_of.eos_token_id = (
+        length + 6,
+        free[1],
+    )  # EOS banned for the first 6 new tokens
+    banned = tiny.target.generate(**inputs, do_sample=False, max_new_tokens=8)[0, length:].tolist()
+    off = tiny.generate(**inputs, min_length=None, max_new_tokens=8)[0, length:].tolist()
+    assert off == tiny.target.generate(**inputs, min_length=None, max_new_tokens=8)[0, length:].tolist()
+    assert len(off) <= 2 < 6 <= len(banned)  # the EOS ended the reply only with the config's min_length off
+    assert tiny.generate(**inputs, max_new_tokens=8)[0, length:].tolist() == banned
+    config_of.min_length, config_of.eos_token_id = None, None
     expected = tiny.target.generate(**inputs, do_sample=False, max_length=length + 6)[0, length:].tolist()
     assert (
         tiny.generate(**inputs, max_length=length + 6)[0, length:].tolist() == expected and len(expected) == 6

@@ -11,6 +11,7 @@ from .errors import (
 from .inputs import VideoClip
 from .pipeline import SpecOutput, VLMSpecPipeline
 from .policies import TreePolicy, available_policies, get_policy, register_policy
+from .scores import TokenScores
 from .streaming import StreamPiece
 from .tree import TokenTree
 
@@ -24,6 +25,7 @@ __all__ = [
     "SpecOutput",
     "SpecStats",
     "StreamPiece",
+    "TokenScores",
     "TokenTree",
     "TreePolicy",
     "VideoClip",

@@ -20,6 +20,7 @@ from .models import DecodeState, VLMAdapter
 from .policies import StepFeedback, TreePolicy
 from .processors import LogitsProcessing
 from .sampling import Sampler, SamplingParams
+from .scores import ScoreLog, TokenScores
 from .stopping import StopCriteria
 from .timing import StageClock
 from .tree import TokenTree
@@ -96,11 +97,14 @@ class SpecOutput:
         text: the decoded generation (special tokens skipped).
         token_ids: generated token ids (EOS included when produced, as ``generate()`` returns them).
         stats: speed and acceptance statistics.
+        scores: with ``output_scores=True``, the target's logits and scores behind each of ``token_ids``
+            (:class:`~vlmspec.scores.TokenScores`, ``[T, V]`` each); else ``None``.
     """
 
     text: str
     token_ids: list[int]
     stats: SpecStats
+    scores: TokenScores | None = None
 
 
 @dataclass
@@ -132,6 +136,7 @@ def speculative_generate(
     sampling: SamplingParams | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
     processing: LogitsProcessing | None = None,
+    scores: ScoreLog | None = None,
 ) -> tuple[list[int], SpecStats]:
     """Generate with tree speculative decoding: greedy, or sampling from the target's own distribution.
 
@@ -146,6 +151,7 @@ def speculative_generate(
             tokens and bonus token together), once they are final: never a token that is later taken back.
         processing: ``generate()``'s sequence-dependent logits processors (repetition penalty, minimum length,
             suppressed tokens), applied to the target's logits of every node before any token is chosen.
+        scores: keeps the target's logits and scores behind each emitted token (``output_scores``), if given.
 
     Returns:
         The generated token ids (EOS included when produced, like ``generate()``) and the statistics.
@@ -164,10 +170,13 @@ def speculative_generate(
     read_layer = draft.adapter.reads_target_layer if uses_draft else None
     prefill = target.prefill(target_inputs, score_visual=scores_needed, hidden_layer=read_layer)
     t_state = prefill.state
-    logits, processed = prefill.logits, None  # [V]
+    raw = logits = prefill.logits  # [V]
+    processed = None
     if processing is not None:
         processed = processing.start(target_inputs["input_ids"][0], logits.shape[-1])
         logits = processed.first(logits)
+    if scores is not None:
+        scores.add(raw[None], logits[None])
     root = logits.argmax() if sampler is None else sampler.sample(logits)  # []
     prompt_len = target_inputs["input_ids"].shape[1]
     stats.prompt_tokens, stats.cached_prompt_tokens = prompt_len, prefill.cached
@@ -215,9 +224,10 @@ def speculative_generate(
         past = t_state.length
         verify = (tree.tokens, tree.positions(position), tree.attention_bias(past, t_dtype))
         if read_layer is None:
-            logits = target.forward(t_state, *verify)  # [N+1, V]
+            raw = logits = target.forward(t_state, *verify)  # [N+1, V]
         else:
-            logits, hidden = target.forward_hidden(t_state, *verify, read_layer)  # [N+1, V], [N+1, D]
+            raw, hidden = target.forward_hidden(t_state, *verify, read_layer)  # [N+1, V], [N+1, D]
+            logits = raw
         # generate()'s processors on each node's logits, with the sequence that node ends
         if processed is not None:
             logits = processed.tree(logits, tree, len(tokens))
@@ -253,6 +263,8 @@ def speculative_generate(
                 break
         if on_tokens is not None:
             on_tokens(tokens[-emitted:])
+        if scores is not None:  # token i was chosen from the distribution at the path's node i
+            scores.add(raw[on_path[:emitted]], logits[on_path[:emitted]])
         # Statistics count only accepted tokens that were emitted (a stop condition may cut the step short).
         accepted = min(a - 1, emitted)
         stats.trace.append({**policy.trace(), "tree_size": tree.num_nodes, "accepted": accepted})

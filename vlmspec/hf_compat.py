@@ -4,19 +4,23 @@ arguments are generation options and which are processor outputs, the defaults i
 
 from __future__ import annotations
 
+import copy
 import inspect
 import numbers
 from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
+from transformers import GenerationConfig
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils.generic import TransformersKwargs
 
 from .errors import InputTypeError, InvalidInputError
 from .inputs import check_token_ids
+from .processors import REFUSED_SETTINGS
 from .requests import naming_request
 from .sampling import check_seed
+from .scores import generate_steps
 from .stopping import eos_token_ids, token_ids
 from .validation import did_you_mean
 
@@ -49,16 +53,20 @@ def generate(
             ``num_beams`` and ``num_return_sequences`` (1 only); ``tokenizer`` (which ``generate()`` needs with
             ``stop_strings``: ignored, the pipeline decodes with its own processor's tokenizer); ``batch_size``
             (rows decoding at once; default: all), ``pad_token_id`` (what rows that stop early are padded with),
-            ``max_length`` and ``return_dict_in_generate``. Options are resolved over the target's
-            ``generation_config`` as ``generate()`` resolves them (:func:`resolve_options`): an option given as
+            ``max_length``, ``generation_config`` (merged over the target's, as ``generate()`` merges it),
+            ``return_dict_in_generate``, ``output_scores`` and ``output_logits``. Options are resolved over the
+            ``generation_config`` as ``generate()`` resolves them (:func:`call_config`, :func:`resolve_options`):
             ``None`` turns the config's setting off, and with no ``max_new_tokens`` the ``max_length`` (or 20 new
             tokens) applies, counted for each prompt alone.
 
     Returns:
         ``[B, L + T]``: the prompts as given, then each row's new ids (EOS included when produced), rows that
         stopped early padded with the pad token, ``T`` the longest row's: what ``generate()`` returns for a
-        decoder-only model; in a ``GenerateDecoderOnlyOutput`` (``.sequences``) with ``return_dict_in_generate``
-        (the call's, else the config's).
+        decoder-only model. With ``return_dict_in_generate`` (the call's, else the config's), in a
+        ``GenerateDecoderOnlyOutput``: ``.sequences``, and with ``output_scores``/``output_logits`` a tuple of
+        ``T`` ``[B, V]`` float32 tensors each, the target's scores/logits behind each new token, read off its
+        verification forwards (:mod:`vlmspec.scores`; a row's positions after its end hold ``-inf`` with 0 at
+        the pad token).
 
     Raises:
         TypeError: an argument this method does not take (``num_beams``, ``assistant_model``, a tensor the model
@@ -66,54 +74,112 @@ def generate(
             ``model_kwargs``.
         ValueError: an option out of range, ids that are not the models' token ids.
     """
-    settings = {name: kwargs.pop(name, _UNSET) for name in _CALL_SETTINGS}
-    config = pipe.target.generation_config
-    as_dict = returns_dict(settings["return_dict_in_generate"], config)
-    given, tensors = split_generate_kwargs(kwargs, GENERATE_OPTIONS, model_inputs(pipe.target), config)
+    settings = {name: kwargs.pop(name) for name in _CALL_SETTINGS if name in kwargs}
+    config = call_config(pipe.target, settings, kwargs)
+    fields = returned_fields(config)
+    given, tensors = split_generate_kwargs(kwargs, GENERATE_OPTIONS, model_inputs(pipe.target))
     if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
         raise InputTypeError(
             "pipe.generate() needs input_ids, a [B, L] tensor of prompt ids (processor outputs)"
         )
     check_token_ids(input_ids, pipe._vocab_size())
-    pad = settings["pad_token_id"]
-    if pad not in (_UNSET, None) and (isinstance(pad, bool) or not isinstance(pad, numbers.Integral)):
+    pad = config.pad_token_id
+    if pad is not None and (isinstance(pad, bool) or not isinstance(pad, numbers.Integral)):
         raise InputTypeError(
             f"pad_token_id={pad!r:.80} is invalid: use one token id (an integer), what rows that stop early are "
             "padded with, or leave it out (the target's generation_config's)"
         )
-    if settings["max_length"] is not _UNSET:
+    if "max_length" in settings:
         given["max_length"] = settings["max_length"]
     seed = check_seed(given.pop("seed", None))
     rows = pipe._target_adapter.split_rows({"input_ids": input_ids, **tensors})  # each prompt alone, unpadded
     if len(rows) > 1 and given.get("streamer") is not None:
         raise InvalidInputError("pipe.generate(streamer=...) streams one prompt; give one row of input_ids")
     calls = [
-        _row_call(pipe, b, row, given, seed) for b, row in enumerate(rows)
+        _row_call(pipe, b, row, given, seed, config, bool(fields)) for b, row in enumerate(rows)
     ]  # all checked before decoding
-    outs = _decode_rows(
-        pipe, calls, len(rows) if settings["batch_size"] is _UNSET else settings["batch_size"]
-    )
-    if pad in (_UNSET, None):  # None given: the config's pad token is off, as in generate()
+    outs = _decode_rows(pipe, calls, settings.get("batch_size", len(rows)))
+    if pad is None:  # as generate(): the EOS (the call's, else the config's) where there is no pad token
         eos = () if "eos_token_id" in given and given["eos_token_id"] is None else given.get("eos_token_id")
-        pad = pad_token_id(pipe.target, eos, use_config=pad is _UNSET)
+        pad = pad_token_id(pipe.target, eos, config)
     ids = generate_layout(input_ids, [out.token_ids for out in outs], int(pad))
-    return GenerateDecoderOnlyOutput(sequences=ids) if as_dict else ids
+    if fields is None:
+        return ids
+    width = ids.shape[1] - input_ids.shape[1]
+    steps = {field: generate_steps([out.scores for out in outs], field, width, int(pad)) for field in fields}
+    return GenerateDecoderOnlyOutput(sequences=ids, **steps)
 
 
-_UNSET: Any = object()
-"""An argument not given (``None`` given is another thing: ``generate()`` then turns the config's setting off)."""
-_CALL_SETTINGS = ("batch_size", "pad_token_id", "tokenizer", "return_dict_in_generate", "max_length")
+_CALL_SETTINGS = (
+    "batch_size", "pad_token_id", "tokenizer", "return_dict_in_generate", "max_length", "generation_config",
+    "output_scores", "output_logits", "output_attentions", "output_hidden_states",
+)  # fmt: skip
 """What :func:`generate` takes besides the options of ``pipe(...)`` (``tokenizer``: ignored)."""
+_OUTPUT_SETTINGS = (
+    "pad_token_id", "return_dict_in_generate", "output_scores", "output_logits", "output_attentions",
+    "output_hidden_states",
+)  # fmt: skip
+"""The call's settings :func:`call_config` writes into the call's ``generation_config``."""
 
 
-def _row_call(pipe: Any, b: int, row: dict[str, Any], given: dict[str, Any], seed: int | None) -> Any:
-    """Row ``b``'s prepared request: its options resolved with its own prompt length (each row is decoded as its
-    prompt alone), its seed ``seed + b``; an error names the row."""
+def _row_call(
+    pipe: Any, b: int, row: dict[str, Any], given: dict[str, Any], seed: int | None, config: Any, scores: bool
+) -> Any:
+    """Row ``b``'s prepared request: its options resolved over ``config`` with its own prompt length (each row is
+    decoded as its prompt alone), its seed ``seed + b``, the target's scores kept if ``scores``; an error names
+    the row."""
     try:
-        options = resolve_options(given, pipe.target.generation_config, row["input_ids"].shape[1])
-        return pipe._prepare({"inputs": row, "seed": None if seed is None else seed + b, **options})
+        options = resolve_options(given, config, row["input_ids"].shape[1])
+        request = {
+            "inputs": row,
+            "seed": None if seed is None else seed + b,
+            "output_scores": scores,
+            **options,
+        }
+        return pipe._prepare(request, config)
     except (TypeError, ValueError, OSError) as err:
         raise naming_request(err, b, "pipe.generate: row") from err
+
+
+def generation_config(target: Any, given: Any = None) -> Any:
+    """The ``generation_config`` a call decodes with: the target's, or ``given`` with the settings it leaves unset
+    (``None``) taken from the target's, as ``generate(generation_config=...)`` merges them.
+
+    Raises:
+        TypeError: ``given`` is not a ``transformers.GenerationConfig``.
+    """
+    if given is None:
+        return target.generation_config
+    if not isinstance(given, GenerationConfig):
+        raise InputTypeError(
+            f"generation_config={given!r:.80} is invalid: use a transformers.GenerationConfig, or leave it out (the "
+            "target's)"
+        )
+    merged = copy.deepcopy(given)
+    for name, value in target.generation_config.to_dict().items():
+        if hasattr(merged, name) and getattr(merged, name) is None:
+            setattr(merged, name, value)
+    return merged
+
+
+def call_config(target: Any, settings: dict[str, Any], kwargs: dict[str, Any]) -> Any:
+    """The ``generation_config`` a ``generate()`` call decodes with, built as ``generate()`` builds it: the call's
+    ``generation_config`` merged over the target's (:func:`generation_config`), or a copy of the target's; then
+    the call's ``pad_token_id``, ``return_dict_in_generate`` and ``output_*`` settings from ``settings``, and, taken out of ``kwargs``, a ``None`` for any other of its settings (``generate()`` turns
+    that setting off) and an off value for a setting vlmspec does not apply (``num_beams=1``, ``max_time=None``).
+    """
+    config = copy.deepcopy(generation_config(target, settings.get("generation_config")))
+    options = set(GENERATE_OPTIONS)
+    for name in [name for name, value in kwargs.items() if value is None and name not in options]:
+        if hasattr(config, name):
+            setattr(config, name, kwargs.pop(name))
+    for name, is_on in REFUSED_SETTINGS.items():
+        if name in kwargs and not is_on(kwargs[name]):
+            setattr(config, name, kwargs.pop(name))
+    for name in _OUTPUT_SETTINGS:
+        if name in settings:
+            setattr(config, name, settings[name])
+    return config
 
 
 def _decode_rows(pipe: Any, calls: list[Any], batch_size: Any) -> list[Any]:
@@ -145,7 +211,6 @@ def split_generate_kwargs(
     kwargs: dict[str, Any],
     options: Sequence[str],
     inputs: Collection[str] | None = None,
-    generation_config: Any = None,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """``(generation options, processor outputs)`` of ``generate(**kwargs)``'s keyword arguments (options given as
     ``None`` kept: :func:`resolve_options` reads them as ``generate()`` does).
@@ -154,16 +219,11 @@ def split_generate_kwargs(
         kwargs: the keyword arguments.
         options: the generation options taken.
         inputs: the model inputs taken (:func:`model_inputs`); ``None``: any tensor.
-        generation_config: the target's: another of its settings given as ``None`` (which ``generate()`` would
-            turn off) is refused where the config sets it.
 
     Raises:
         TypeError: an argument that is neither one of ``options`` nor a tensor of ``inputs`` (``num_beams``,
             ``assistant_model``, a mistyped option, a tensor the model does not take), named with what is taken.
-        ValueError: ``None`` for a setting of ``generation_config`` that is not one of ``options``.
     """
-    if generation_config is not None:
-        _refuse_turning_off(kwargs, options, generation_config)
     for name in ("num_beams", "num_return_sequences"):  # 1 is what vlmspec does; more is not
         if kwargs.get(name, 1) not in (None, 1):
             raise InputTypeError(
@@ -184,30 +244,6 @@ def split_generate_kwargs(
             f"target's forward() takes: attention_mask, pixel_values, ...) and {', '.join(taken)}{hint}"
         )
     return chosen, tensors
-
-
-_NO_EFFECT = frozenset(
-    {"bos_token_id", "decoder_start_token_id", "forced_bos_token_id", "renormalize_logits"}
-)
-"""Settings that change nothing a decoder-only model generates from given prompt ids (``None`` for them: ignored)."""
-
-
-def _refuse_turning_off(kwargs: dict[str, Any], options: Sequence[str], config: Any) -> None:
-    """Refuse ``None`` for a ``config`` setting other than ``options`` that the config sets to something other
-    than transformers' default: ``generate()`` would turn it off, ``pipe.generate`` takes it from the config only."""
-    defaults = (
-        config._get_default_generation_params() if hasattr(config, "_get_default_generation_params") else {}
-    )
-    for name, value in kwargs.items():
-        if value is not None or name in options or name in _NO_EFFECT:
-            continue
-        current = getattr(config, name, None)
-        if current is not None and current != defaults.get(name):
-            raise InvalidInputError(
-                f"pipe.generate({name}=None) would turn off the target's generation_config.{name}={current!r} (as "
-                f"generate() does), which pipe.generate takes from the config only; set "
-                f"pipe.target.generation_config.{name} = None instead"
-            )
 
 
 _OFF = {"do_sample": False, "repetition_penalty": 1.0, "stop_strings": (), "eos_token_id": ()}
@@ -263,37 +299,39 @@ def _new_tokens(given: dict[str, Any], off: set[str], config: Any, prompt_length
     return int(max_length) - prompt_length
 
 
-def returns_dict(given: Any, generation_config: Any) -> bool:
-    """Whether ``generate()`` would return a ``GenerateDecoderOnlyOutput`` (``return_dict_in_generate``, the
-    call's over the config's), holding ``sequences`` only: the scores, logits, attentions and hidden states a
-    speculative run never computes for the output are refused. ``given``: the call's (``_UNSET``: not given;
-    ``None``: off, as in ``generate()``).
+def returned_fields(generation_config: Any) -> tuple[str, ...] | None:
+    """What ``generate()`` returns under ``generation_config`` (the call's, :func:`call_config`): ``None`` for the
+    ids alone, else the fields of a ``GenerateDecoderOnlyOutput`` beside ``sequences`` (``return_dict_in_generate``):
+    ``scores`` with ``output_scores``, ``logits`` with ``output_logits``, read off each verification
+    (:mod:`vlmspec.scores`).
 
     Raises:
-        InvalidInputError: ``return_dict_in_generate`` with one of the config's ``output_*`` settings on.
+        InvalidInputError: ``output_attentions`` or ``output_hidden_states`` with ``return_dict_in_generate``: a
+            speculative run never computes them for the output tokens alone.
     """
-    as_dict = bool(generation_config.return_dict_in_generate if given is _UNSET else given)
-    wanted = [
+    if not generation_config.return_dict_in_generate:
+        return None
+    unsupported = [
         name
-        for name in ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+        for name in ("output_attentions", "output_hidden_states")
         if getattr(generation_config, name, False)
     ]
-    if as_dict and wanted:
+    if unsupported:
         raise InvalidInputError(
-            f"the target's generation_config sets {', '.join(wanted)}: vlmspec returns sequences only (the target "
-            "never scores the output token by token); set them to False, or return_dict_in_generate=False"
+            f"generate() settings {', '.join(unsupported)}: vlmspec returns sequences, scores and logits only (its "
+            "target forwards attend over whole trees, not the output alone); set them to False or None"
         )
-    return as_dict
+    fields = {"scores": "output_scores", "logits": "output_logits"}
+    return tuple(field for field, name in fields.items() if getattr(generation_config, name, False))
 
 
-def pad_token_id(model: Any, eos_token_id: Any = None, use_config: bool = True) -> int:
-    """What ``generate()`` pads finished rows with: the generation config's pad token (unless ``use_config`` is
-    false: a call's ``pad_token_id=None``), else the first EOS (the call's ``eos_token_id`` where given, ``()``
-    for none, else the model's), else 0."""
-    pad = model.generation_config.pad_token_id if use_config else None
-    if pad is not None:
-        return int(pad)
-    eos = eos_token_ids(model) if eos_token_id is None else token_ids(eos_token_id, empty_ok=True)
+def pad_token_id(model: Any, eos_token_id: Any = None, generation_config: Any = None) -> int:
+    """What ``generate()`` pads finished rows with: the pad token of ``generation_config`` (default: the model's),
+    else the first EOS (``eos_token_id`` where given, ``()`` for none, else the config's), else 0."""
+    config = model.generation_config if generation_config is None else generation_config
+    if config.pad_token_id is not None:
+        return int(config.pad_token_id)
+    eos = eos_token_ids(model, config) if eos_token_id is None else token_ids(eos_token_id, empty_ok=True)
     return next(iter(eos), 0)
 
 

@@ -52,6 +52,7 @@ from .pruning import PruningConfig, pruning_config
 from .requests import (
     batch_rows,
     call_arguments,
+    check_length,
     check_requests,
     decoding_settings,
     naming_request,
@@ -59,6 +60,7 @@ from .requests import (
 )
 from .sampling import SamplingParams
 from .saving import read_settings, save_pipeline
+from .scores import ScoreLog, check_output_scores
 from .stopping import StopCriteria
 from .streaming import StreamPiece, check_streamer, stream_call
 
@@ -75,6 +77,7 @@ class _Call:
     draft: DraftPrompt | None
     streamer: Any = None
     processing: LogitsProcessing | None = None
+    output_scores: bool = False
 
 
 class VLMSpecPipeline:
@@ -332,6 +335,7 @@ class VLMSpecPipeline:
         messages: Sequence[dict] | None = None,
         inputs: Mapping[str, Any] | None = None,
         eos_token_id: int | Sequence[int] | None = None,
+        output_scores: bool = False,
         **unknown: Any,
     ) -> SpecOutput:
         """Generate a reply to ``prompt`` about ``image`` (and/or ``video``), or to a conversation (``messages``).
@@ -362,6 +366,8 @@ class VLMSpecPipeline:
                 verification step's tokens together (see :mod:`vlmspec.streaming`).
             eos_token_id: the token id(s) that end generation, as ``generate(eos_token_id=...)`` (default: the
                 target's ``generation_config``'s; ``[]``: none, decode to ``max_new_tokens`` or a stop string).
+            output_scores: also return the target's logits and scores behind each new token (``output.scores``,
+                :class:`~vlmspec.scores.TokenScores`), as ``generate(output_logits=True, output_scores=True)``.
             **unknown: none is taken: a keyword argument not listed here is refused by name, with the nearest
                 valid name (``max_tokens``: did you mean ``max_new_tokens``?).
 
@@ -439,8 +445,9 @@ class VLMSpecPipeline:
             for index, output, error in batcher.map(jobs):
                 yield index, (output if error is None else error)
 
-    def _prepare(self, request: dict[str, Any]) -> _Call:
-        """Everything one request (:meth:`__call__`'s keyword arguments) needs before decoding: its steps 1 and 2.
+    def _prepare(self, request: dict[str, Any], generation_config: Any = None) -> _Call:
+        """Everything one request (:meth:`__call__`'s keyword arguments) needs before decoding: its steps 1 and 2
+        (``generation_config``: :meth:`generate`'s for the call, default the target's).
 
         Raises:
             TypeError: an argument :meth:`__call__` does not take, named with the nearest valid one.
@@ -448,7 +455,7 @@ class VLMSpecPipeline:
         a = SimpleNamespace(**call_arguments(_CALL_SIGNATURE, request))
         image, prompt, video, num_frames = a.image, a.prompt, a.video, a.num_frames
         # 1. Check the request before any model work.
-        settings = decoding_settings(a, self.target, self.tokenizer, self._vocab_size())
+        settings = decoding_settings(a, self.target, self.tokenizer, self._vocab_size(), generation_config)
         check_streamer(a.streamer)
         check_num_frames(num_frames)
         # 2. Build the multimodal prompt once; the draft sees the same inputs.
@@ -466,7 +473,7 @@ class VLMSpecPipeline:
             raise InputTypeError("pipe(...) needs a prompt (pipe(image, prompt)) or messages=[...]")
         else:
             inputs = self.prepare_inputs(image, prompt, video, num_frames=num_frames)
-        self._check_length(inputs["input_ids"].shape[1], a.max_new_tokens)
+        check_length(inputs["input_ids"].shape[1], a.max_new_tokens, self._target_adapter.max_positions)
         draft = None
         if self.policy.uses_draft:
             adapter = self._draft_adapter
@@ -486,6 +493,7 @@ class VLMSpecPipeline:
             draft,
             streamer=a.streamer,
             processing=settings.processing,
+            output_scores=check_output_scores(a.output_scores),
         )
 
     def batch_policy(self, batch_size: int) -> TreePolicy:
@@ -519,6 +527,7 @@ class VLMSpecPipeline:
         if streamer is not None:
             streamer.put(call.inputs["input_ids"].cpu())
             on_tokens = lambda ids: streamer.put(torch.tensor(ids))  # noqa: E731
+        scores = ScoreLog(call.sampling) if call.output_scores else None
         token_ids, stats = speculative_generate(
             models(self._target_adapter, TARGET),
             call.inputs,
@@ -528,12 +537,13 @@ class VLMSpecPipeline:
             sampling=call.sampling,
             on_tokens=on_tokens,
             processing=call.processing,
+            scores=scores,
         )
         if streamer is not None:
             streamer.end()
         # 4. Decode the text.
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        return SpecOutput(text=text, token_ids=token_ids, stats=stats)
+        return SpecOutput(text, token_ids, stats, scores=None if scores is None else scores.result())
 
     def chat(self, system: str | None = None, **options: Any) -> Chat:
         """A conversation that keeps both models' KV caches between turns (:mod:`vlmspec.chat`).
@@ -581,15 +591,6 @@ class VLMSpecPipeline:
         """How many token ids both models embed: prompt ids must be below it."""
         models = [self.target] if self.draft is None else [self.target, self.draft]
         return min(model.get_input_embeddings().weight.shape[0] for model in models)
-
-    def _check_length(self, prompt_len: int, max_new_tokens: int) -> None:
-        limit = self._target_adapter.max_positions
-        if limit is not None and prompt_len + max_new_tokens > limit:
-            raise InvalidInputError(
-                f"the prompt has {prompt_len} tokens and max_new_tokens={max_new_tokens}, more than the target's "
-                f"context of {limit} tokens; shorten the prompt, use fewer/smaller images or video frames, or "
-                "lower max_new_tokens"
-            )
 
 
 _CALL_SIGNATURE = inspect.signature(VLMSpecPipeline.__call__)

@@ -33,7 +33,7 @@ import torch
 from .errors import InvalidInputError
 from .tree import TokenTree
 
-_REFUSED: dict[str, Callable[[Any], bool]] = {
+REFUSED_SETTINGS: dict[str, Callable[[Any], bool]] = {
     "guidance_scale": lambda v: v is not None and v != 1,
     "sequence_bias": lambda v: bool(v),
     "no_repeat_ngram_size": lambda v: bool(v) and v > 0,
@@ -106,13 +106,14 @@ class LogitsProcessing:
             InvalidInputError: a value out of range, or a setting that turns on a processor of ``generate()`` that
                 vlmspec does not implement, named with how to turn it off.
         """
-        for name, is_on in _REFUSED.items():
+        for name, is_on in REFUSED_SETTINGS.items():
             value = getattr(generation_config, name, None)
             if is_on(value):
                 raise InvalidInputError(
-                    f"the target's generation_config sets {name}={value!r}, a generate() setting vlmspec does not "
-                    f"apply, so its output would not be generate()'s; set pipe.target.generation_config.{name} = "
-                    "None to decode without it"
+                    f"the generation_config sets {name}={value!r} (the target's, or the one passed to "
+                    f"pipe.generate), a generate() setting vlmspec does not apply, so its output would not be "
+                    f"generate()'s; set pipe.target.generation_config.{name} = None (or {name}=None in the call) to "
+                    "decode without it"
                 )
 
         def setting(name: str, given: Any, default: Any) -> Any:

@@ -72,6 +72,16 @@ def batch_rows(requests: Any, batch_size: Any) -> Any:
     return batch_size
 
 
+def check_length(prompt_len: int, max_new_tokens: int, limit: int | None) -> None:
+    """Refuse a request that would run past the target's context of ``limit`` positions (``None``: no limit)."""
+    if limit is not None and prompt_len + max_new_tokens > limit:
+        raise InvalidInputError(
+            f"the prompt has {prompt_len} tokens and max_new_tokens={max_new_tokens}, more than the target's "
+            f"context of {limit} tokens; shorten the prompt, use fewer/smaller images or video frames, or "
+            "lower max_new_tokens"
+        )
+
+
 def naming_request(error: Exception, index: int, where: str = "pipe.batch: request") -> Exception:
     """``error`` of the same type with the request's index in front (an ``InvalidInputError`` where that type is not
     built from one message, such as ``UnicodeDecodeError``); ``where`` names the request's kind."""
@@ -92,24 +102,29 @@ class DecodingSettings:
     processing: LogitsProcessing | None
 
 
-def decoding_settings(arguments: Any, target: Any, tokenizer: Any, vocab_size: int) -> DecodingSettings:
-    """A request's decoding settings from ``pipe(...)``'s arguments (``arguments``: a namespace of them) and the
-    target's ``generation_config``, checked before any model work.
+def decoding_settings(
+    arguments: Any, target: Any, tokenizer: Any, vocab_size: int, config: Any = None
+) -> DecodingSettings:
+    """A request's decoding settings from ``pipe(...)``'s arguments (``arguments``: a namespace of them) and
+    ``config``, the ``generation_config`` (default: the target's), checked before any model work.
 
     Raises:
         InvalidInputError: a setting out of range (an ``eos_token_id`` outside the ``vocab_size`` ids, ...), or a
             ``generate()`` setting vlmspec does not apply.
     """
     a = arguments
+    config = target.generation_config if config is None else config
     sampling = SamplingParams.for_call(
         a.do_sample,
-        target.generation_config,
+        config,
         temperature=a.temperature,
         top_k=a.top_k,
         top_p=a.top_p,
         seed=a.seed,
     )
-    eos = eos_token_ids(target) if a.eos_token_id is None else token_ids(a.eos_token_id, empty_ok=True)
+    eos = (
+        eos_token_ids(target, config) if a.eos_token_id is None else token_ids(a.eos_token_id, empty_ok=True)
+    )
     if a.eos_token_id is not None and max(eos, default=0) >= vocab_size:
         raise InvalidInputError(
             f"eos_token_id={a.eos_token_id!r} is invalid: the vocabulary's ids are 0 to {vocab_size - 1}"
@@ -117,11 +132,11 @@ def decoding_settings(arguments: Any, target: Any, tokenizer: Any, vocab_size: i
     stop = StopCriteria(
         max_new_tokens=a.max_new_tokens,
         eos_token_ids=eos,
-        stop_strings=a.stop_strings if a.stop_strings is not None else target.generation_config.stop_strings,
+        stop_strings=a.stop_strings if a.stop_strings is not None else config.stop_strings,
         tokenizer=tokenizer,
     )
     processing = LogitsProcessing.for_call(
-        target.generation_config,
+        config,
         stop.eos_token_ids,
         repetition_penalty=a.repetition_penalty,
         min_new_tokens=a.min_new_tokens,

@@ -82,9 +82,11 @@ class StopCriteria:
         return False
 
 
-def eos_token_ids(model: Any) -> tuple[int, ...]:
-    """The EOS ids ``generate()`` stops at for ``model``: its ``generation_config``'s, else its text config's."""
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+def eos_token_ids(model: Any, generation_config: Any = None) -> tuple[int, ...]:
+    """The EOS ids ``generate()`` stops at for ``model``: its ``generation_config``'s (or the one given), else its
+    text config's."""
+    config = generation_config if generation_config is not None else getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
     if eos is None:
         eos = getattr(model.config.get_text_config(), "eos_token_id", None)
     return () if eos is None else token_ids(eos, empty_ok=True)

@@ -1,0 +1,94 @@
+"""The target's distribution behind each new token, as ``generate(output_logits=True, output_scores=True)`` returns it.
+
+Speculative decoding computes it anyway: the verification forward gives the target's logits at every tree node,
+and the logits at an accepted node are the target's next-token logits after that prefix, the ones a plain decoding
+step would compute (up to floating-point differences of a wider forward). A :class:`ScoreLog` keeps the rows of the
+nodes each step emits from: the raw logits (``output_logits``) and the scores ``generate()`` chooses from
+(``output_scores``: its logits processors, then, when sampling, the warpers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .errors import InputTypeError
+from .sampling import SamplingParams
+
+
+@dataclass
+class TokenScores:
+    """The target's next-token distribution for each new token (``T`` new tokens, ``V`` vocabulary).
+
+    Attributes:
+        logits: ``[T, V]`` float32, the target's raw logits (``generate()``'s ``output_logits``).
+        scores: ``[T, V]`` float32, after ``generate()``'s logits processors and, when sampling, its warpers
+            (``output_scores``): what the token was chosen from.
+    """
+
+    logits: torch.Tensor
+    scores: torch.Tensor
+
+
+class ScoreLog:
+    """Collects :class:`TokenScores` row by row as a decoding emits tokens.
+
+    Args:
+        sampling: the request's sampling settings (their warpers turn processed logits into scores), ``None`` for
+            greedy decoding.
+    """
+
+    def __init__(self, sampling: SamplingParams | None) -> None:
+        self._warpers = sampling.warpers() if sampling is not None else None
+        self._logits: list[torch.Tensor] = []
+        self._scores: list[torch.Tensor] = []
+
+    def add(self, logits: torch.Tensor, processed: torch.Tensor) -> None:
+        """Keep ``[n, V]`` raw ``logits`` and the ``[n, V]`` ``processed`` logits of the nodes ``n`` new tokens were
+        chosen from."""
+        scores = processed.to(torch.float32, copy=True)
+        if self._warpers is not None:
+            scores = self._warpers(None, scores)
+        self._logits.append(logits.to(torch.float32, copy=True))
+        self._scores.append(scores)
+
+    def result(self) -> TokenScores:
+        """The ``[T, V]`` rows kept, in the order of the tokens."""
+        return TokenScores(logits=torch.cat(self._logits), scores=torch.cat(self._scores))
+
+
+def check_output_scores(value: object) -> bool:
+    """``pipe(output_scores=...)``: a bool.
+
+    Raises:
+        InputTypeError: anything else, naming the value.
+    """
+    if not isinstance(value, bool):
+        raise InputTypeError(
+            f"output_scores={value!r:.80} is invalid: use True (keep the target's logits and scores of each new "
+            "token in output.scores) or False"
+        )
+    return value
+
+
+def generate_steps(rows: Sequence[TokenScores], field: str, width: int, pad: int) -> tuple[torch.Tensor, ...]:
+    """``generate()``'s ``scores``/``logits`` tuples for a batch: one ``[B, V]`` tensor per step, ``width`` steps.
+
+    A row that stopped before ``width`` tokens has no distribution for its later (padded) positions: they hold
+    ``-inf`` with 0 at ``pad`` (the pad token is certain there, as ``generate()`` forces it), where ``generate()``
+    has the target's scores of a step it computed for the finished row and then discarded.
+
+    Args:
+        rows: each row's :class:`TokenScores` (``[T_b, V]``, ``T_b <= width``).
+        field: ``"scores"`` or ``"logits"``.
+        width: new tokens in the output (the longest row's).
+        pad: the pad token id.
+    """
+    tables = [getattr(row, field) for row in rows]
+    filler = torch.full_like(tables[0][0], float("-inf"))
+    filler[pad] = 0.0
+    return tuple(
+        torch.stack([table[t] if t < table.shape[0] else filler for table in tables]) for t in range(width)
+    )
