@@ -105,12 +105,12 @@ def test_penalty_and_minimum_length_as_call_arguments_equal_generate_s(tiny):
 
 def test_generate_settings_vlmspec_does_not_apply_are_refused_by_name(tiny):
     config = tiny.target.generation_config
-    config.no_repeat_ngram_size = 3
+    config.guidance_scale = 3.0
     try:
-        with pytest.raises(InvalidInputError, match=r"generation_config sets no_repeat_ngram_size=3.*= None"):
+        with pytest.raises(InvalidInputError, match=r"generation_config sets guidance_scale=3.0.*= None"):
             tiny(make_image(0), "Hi", max_new_tokens=2)
     finally:
-        config.no_repeat_ngram_size = None
+        config.guidance_scale = None
     with pytest.raises(InvalidInputError, match="repetition_penalty=0 is invalid: use a number > 0"):
         tiny(make_image(0), "Hi", repetition_penalty=0)
     with pytest.raises(InvalidInputError, match="min_new_tokens=-1 is invalid"):
@@ -186,14 +186,14 @@ def config_of(tiny):
     [
         {"num_beams": 3},
         {"num_return_sequences": 2},
-        {"encoder_repetition_penalty": 3.0},
-        {"encoder_no_repeat_ngram_size": 1},
+        {"guidance_scale": 2.0},
+        {"penalty_alpha": 0.6},
         {"max_time": 5.0},
         {"dola_layers": "high"},
     ],
 )
 def test_a_config_that_makes_generate_decode_otherwise_is_refused(tiny, config_of, setting):
-    """Beam search, several sequences, the prompt-side processors of a decoder-only model, DoLa, a time limit: a
+    """Beam search, several sequences, classifier-free guidance, contrastive search, DoLa, a time limit: a
     generation_config turning one on is refused, not decoded greedily."""
     (name, value), image = next(iter(setting.items())), make_image(0)
     setattr(config_of, name, value)

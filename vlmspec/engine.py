@@ -17,6 +17,7 @@ from .cache import keep_tail, truncate
 from .draft import DraftTree, DraftVocab
 from .errors import InvalidInputError
 from .models import DecodeState, VLMAdapter
+from .node_processors import NodeProcessing
 from .policies import StepFeedback, TreePolicy
 from .processors import LogitsProcessing
 from .sampling import Sampler, SamplingParams
@@ -135,7 +136,7 @@ def speculative_generate(
     draft: DraftPrompt | None = None,
     sampling: SamplingParams | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
-    processing: LogitsProcessing | None = None,
+    processing: LogitsProcessing | NodeProcessing | None = None,
     scores: ScoreLog | None = None,
 ) -> tuple[list[int], SpecStats]:
     """Generate with tree speculative decoding: greedy, or sampling from the target's own distribution.
@@ -150,7 +151,8 @@ def speculative_generate(
         on_tokens: called with the tokens each step emits (the prefill's first token, then each step's accepted
             tokens and bonus token together), once they are final: never a token that is later taken back.
         processing: ``generate()``'s sequence-dependent logits processors (repetition penalty, minimum length,
-            suppressed tokens), applied to the target's logits of every node before any token is chosen.
+            suppressed tokens; or transformers' whole list, :mod:`vlmspec.node_processors`), applied to the
+            target's logits of every node before any token is chosen.
         scores: keeps the target's logits and scores behind each emitted token (``output_scores``), if given.
 
     Returns:

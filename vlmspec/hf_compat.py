@@ -5,9 +5,11 @@ arguments are generation options and which are processor outputs, the defaults i
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import numbers
 from collections.abc import Collection, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -17,6 +19,7 @@ from transformers.utils.generic import TransformersKwargs
 
 from .errors import InputTypeError, InvalidInputError
 from .inputs import check_token_ids
+from .node_processors import TRANSFORMERS_PROCESSORS, CallProcessors
 from .processors import REFUSED_SETTINGS
 from .requests import naming_request
 from .sampling import check_seed
@@ -95,9 +98,9 @@ def generate(
     rows = pipe._target_adapter.split_rows({"input_ids": input_ids, **tensors})  # each prompt alone, unpadded
     if len(rows) > 1 and given.get("streamer") is not None:
         raise InvalidInputError("pipe.generate(streamer=...) streams one prompt; give one row of input_ids")
-    calls = [
-        _row_call(pipe, b, row, given, seed, config, bool(fields)) for b, row in enumerate(rows)
-    ]  # all checked before decoding
+    custom = CallProcessors(settings.get("logits_processor") or (), settings.get("prefix_allowed_tokens_fn"))
+    call = SimpleNamespace(given=given, seed=seed, config=config, scores=bool(fields), custom=custom)
+    calls = [_row_call(pipe, b, row, call) for b, row in enumerate(rows)]  # all checked before decoding
     outs = _decode_rows(pipe, calls, settings.get("batch_size", len(rows)))
     if pad is None:  # as generate(): the EOS (the call's, else the config's) where there is no pad token
         eos = () if "eos_token_id" in given and given["eos_token_id"] is None else given.get("eos_token_id")
@@ -112,7 +115,8 @@ def generate(
 
 _CALL_SETTINGS = (
     "batch_size", "pad_token_id", "tokenizer", "return_dict_in_generate", "max_length", "generation_config",
-    "output_scores", "output_logits", "output_attentions", "output_hidden_states",
+    "output_scores", "output_logits", "output_attentions", "output_hidden_states", "logits_processor",
+    "prefix_allowed_tokens_fn",
 )  # fmt: skip
 """What :func:`generate` takes besides the options of ``pipe(...)`` (``tokenizer``: ignored)."""
 _OUTPUT_SETTINGS = (
@@ -122,21 +126,15 @@ _OUTPUT_SETTINGS = (
 """The call's settings :func:`call_config` writes into the call's ``generation_config``."""
 
 
-def _row_call(
-    pipe: Any, b: int, row: dict[str, Any], given: dict[str, Any], seed: int | None, config: Any, scores: bool
-) -> Any:
-    """Row ``b``'s prepared request: its options resolved over ``config`` with its own prompt length (each row is
-    decoded as its prompt alone), its seed ``seed + b``, the target's scores kept if ``scores``; an error names
-    the row."""
+def _row_call(pipe: Any, b: int, row: dict[str, Any], call: SimpleNamespace) -> Any:
+    """Row ``b``'s prepared request: the ``call``'s options (``given``) resolved over its ``config`` with the row's
+    own prompt length (each row is decoded as its prompt alone), its seed ``seed + b``, the target's scores kept
+    if ``scores``, the call's own processors (``custom``) told the row; an error names the row."""
     try:
-        options = resolve_options(given, config, row["input_ids"].shape[1])
-        request = {
-            "inputs": row,
-            "seed": None if seed is None else seed + b,
-            "output_scores": scores,
-            **options,
-        }
-        return pipe._prepare(request, config)
+        options = resolve_options(call.given, call.config, row["input_ids"].shape[1])
+        seed = None if call.seed is None else call.seed + b
+        request = {"inputs": row, "seed": seed, "output_scores": call.scores, **options}
+        return pipe._prepare(request, call.config, dataclasses.replace(call.custom, row=b))
     except (TypeError, ValueError, OSError) as err:
         raise naming_request(err, b, "pipe.generate: row") from err
 
@@ -165,8 +163,10 @@ def generation_config(target: Any, given: Any = None) -> Any:
 def call_config(target: Any, settings: dict[str, Any], kwargs: dict[str, Any]) -> Any:
     """The ``generation_config`` a ``generate()`` call decodes with, built as ``generate()`` builds it: the call's
     ``generation_config`` merged over the target's (:func:`generation_config`), or a copy of the target's; then
-    the call's ``pad_token_id``, ``return_dict_in_generate`` and ``output_*`` settings from ``settings``, and, taken out of ``kwargs``, a ``None`` for any other of its settings (``generate()`` turns
-    that setting off) and an off value for a setting vlmspec does not apply (``num_beams=1``, ``max_time=None``).
+    the call's ``pad_token_id``, ``return_dict_in_generate`` and ``output_*`` settings from ``settings``, and,
+    taken out of ``kwargs``, a ``None`` for any other of its settings (``generate()`` turns that setting off), an
+    off value for a setting vlmspec does not apply (``num_beams=1``, ``max_time=None``) and the settings of
+    transformers' processors vlmspec runs node by node (``no_repeat_ngram_size``, ...).
     """
     config = copy.deepcopy(generation_config(target, settings.get("generation_config")))
     options = set(GENERATE_OPTIONS)
@@ -175,6 +175,9 @@ def call_config(target: Any, settings: dict[str, Any], kwargs: dict[str, Any]) -
             setattr(config, name, kwargs.pop(name))
     for name, is_on in REFUSED_SETTINGS.items():
         if name in kwargs and not is_on(kwargs[name]):
+            setattr(config, name, kwargs.pop(name))
+    for name in TRANSFORMERS_PROCESSORS:  # run node by node (vlmspec.node_processors)
+        if name in kwargs:
             setattr(config, name, kwargs.pop(name))
     for name in _OUTPUT_SETTINGS:
         if name in settings:

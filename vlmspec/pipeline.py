@@ -445,9 +445,9 @@ class VLMSpecPipeline:
             for index, output, error in batcher.map(jobs):
                 yield index, (output if error is None else error)
 
-    def _prepare(self, request: dict[str, Any], generation_config: Any = None) -> _Call:
+    def _prepare(self, request: dict[str, Any], generation_config: Any = None, custom: Any = None) -> _Call:
         """Everything one request (:meth:`__call__`'s keyword arguments) needs before decoding: its steps 1 and 2
-        (``generation_config``: :meth:`generate`'s for the call, default the target's).
+        (``generation_config``, ``custom``: a :meth:`generate` call's config and own processors).
 
         Raises:
             TypeError: an argument :meth:`__call__` does not take, named with the nearest valid one.
@@ -455,7 +455,9 @@ class VLMSpecPipeline:
         a = SimpleNamespace(**call_arguments(_CALL_SIGNATURE, request))
         image, prompt, video, num_frames = a.image, a.prompt, a.video, a.num_frames
         # 1. Check the request before any model work.
-        settings = decoding_settings(a, self.target, self.tokenizer, self._vocab_size(), generation_config)
+        settings = decoding_settings(
+            a, self.target, self.tokenizer, self._vocab_size(), generation_config, custom
+        )
         check_streamer(a.streamer)
         check_num_frames(num_frames)
         # 2. Build the multimodal prompt once; the draft sees the same inputs.

@@ -15,14 +15,17 @@ path from the root, so the processors here take the path into account:
   everywhere, or at the first new token only.
 
 Logits are turned to float32 first, as ``generate()`` does; the sampling warpers (:mod:`vlmspec.sampling`, all of
-``generate()``'s) come after. The rest of ``generate()``'s processors (n-gram bans, bad words, sequence bias,
-forced EOS, ...) are refused by name when the configuration turns them on, rather than silently decoding something
-``generate()`` would not; ``forced_bos_token_id`` only acts on a one-token prompt, which no VLM prompt is, and
-``renormalize_logits`` changes neither an argmax nor a softmax, so both are let through.
+``generate()``'s) come after. A call that turns on any of ``generate()``'s other processors (n-gram bans, bad words,
+sequence bias, forced EOS, ...) or brings its own runs transformers' whole list node by node instead
+(:mod:`vlmspec.node_processors`). Settings with which ``generate()`` decodes otherwise than by processors (beams,
+contrastive search, ...) are refused by name, rather than silently decoding something ``generate()`` would not;
+``forced_bos_token_id`` only acts on a one-token prompt, which no VLM prompt is, and ``renormalize_logits`` changes
+neither an argmax nor a softmax, so both are let through.
 """
 
 from __future__ import annotations
 
+import copy
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,19 +34,12 @@ from typing import Any
 import torch
 
 from .errors import InvalidInputError
+from .node_processors import CallProcessors, NodeProcessing, needs_node_processors
 from .tree import TokenTree
 
 REFUSED_SETTINGS: dict[str, Callable[[Any], bool]] = {
     "guidance_scale": lambda v: v is not None and v != 1,
-    "sequence_bias": lambda v: bool(v),
-    "no_repeat_ngram_size": lambda v: bool(v) and v > 0,
-    "bad_words_ids": lambda v: bool(v),
-    "forced_eos_token_id": lambda v: v is not None,
-    "remove_invalid_values": lambda v: v is True,
-    "exponential_decay_length_penalty": lambda v: v is not None,
     "watermarking_config": lambda v: v is not None,
-    "encoder_repetition_penalty": lambda v: v is not None and v != 1,
-    "encoder_no_repeat_ngram_size": lambda v: bool(v) and v > 0,
     "num_beams": lambda v: v is not None and v > 1,
     "num_return_sequences": lambda v: v is not None and v > 1,
     "penalty_alpha": lambda v: v is not None and v > 0,
@@ -51,8 +47,8 @@ REFUSED_SETTINGS: dict[str, Callable[[Any], bool]] = {
     "token_healing": lambda v: v is True,
     "max_time": lambda v: v is not None,
 }
-"""Settings with which ``generate()`` decodes otherwise, which vlmspec does not implement: processors (for a
-decoder-only model the ``encoder_*`` ones act on the prompt), beam search, several sequences per prompt,
+"""Settings with which ``generate()`` decodes otherwise, which vlmspec does not implement: classifier-free guidance
+(a second, unconditional forward), watermarking (after the warpers), beam search, several sequences per prompt,
 contrastive search, DoLa, token healing (it rewrites the prompt) and a wall-clock limit."""
 
 
@@ -99,8 +95,14 @@ class LogitsProcessing:
         eos_token_ids: Sequence[int],
         repetition_penalty: float | None = None,
         min_new_tokens: int | None = None,
-    ) -> LogitsProcessing | None:
+        model: Any = None,
+        max_new_tokens: int = 0,
+        custom: CallProcessors | None = None,
+    ) -> LogitsProcessing | NodeProcessing | None:
         """A call's processors: its arguments over the target's ``generation_config``; ``None`` when none is on.
+        Where the config turns on another of ``generate()``'s processors or the call brings its own (``custom``),
+        ``model``'s whole list node by node (:class:`~vlmspec.node_processors.NodeProcessing`, ``max_new_tokens``
+        the call's length).
 
         Raises:
             InvalidInputError: a value out of range, or a setting that turns on a processor of ``generate()`` that
@@ -128,6 +130,14 @@ class LogitsProcessing:
             begin_suppress_tokens=tuple(setting("begin_suppress_tokens", None, ())),
             eos_token_ids=tuple(eos_token_ids),
         )
+        if model is not None and needs_node_processors(generation_config, custom):
+            config = copy.deepcopy(generation_config)
+            config.repetition_penalty, config.min_new_tokens = (
+                processing.repetition_penalty,
+                processing.min_new_tokens,
+            )
+            config.eos_token_id = list(processing.eos_token_ids) or None
+            return NodeProcessing(model, config, max_new_tokens, custom)
         return processing if processing.is_on else None
 
     @property

@@ -103,10 +103,11 @@ class DecodingSettings:
 
 
 def decoding_settings(
-    arguments: Any, target: Any, tokenizer: Any, vocab_size: int, config: Any = None
+    arguments: Any, target: Any, tokenizer: Any, vocab_size: int, config: Any = None, custom: Any = None
 ) -> DecodingSettings:
-    """A request's decoding settings from ``pipe(...)``'s arguments (``arguments``: a namespace of them) and
-    ``config``, the ``generation_config`` (default: the target's), checked before any model work.
+    """A request's decoding settings from ``pipe(...)``'s arguments (``arguments``: a namespace of them),
+    ``config``, the ``generation_config`` (default: the target's), and ``custom``, a ``pipe.generate`` call's own
+    processors (:class:`~vlmspec.node_processors.CallProcessors`), checked before any model work.
 
     Raises:
         InvalidInputError: a setting out of range (an ``eos_token_id`` outside the ``vocab_size`` ids, ...), or a
@@ -140,5 +141,8 @@ def decoding_settings(
         stop.eos_token_ids,
         repetition_penalty=a.repetition_penalty,
         min_new_tokens=a.min_new_tokens,
+        model=target,
+        max_new_tokens=stop.max_new_tokens,
+        custom=custom,
     )
     return DecodingSettings(sampling, stop, processing)

@@ -1,0 +1,142 @@
+"""Every other logits processor of ``generate()`` (n-gram bans, bad words, sequence bias, forced EOS, length decay,
+the prompt-side ones) and a call's own ``logits_processor`` / ``prefix_allowed_tokens_fn``: transformers' list run
+node by node over the tree keeps the output ``generate()``'s (:mod:`vlmspec.node_processors`)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from vlmspec import InputTypeError, VLMSpecPipeline, get_policy
+from vlmspec.testbed import sample
+
+NEW = 40
+
+
+@pytest.fixture(scope="module")
+def mini():
+    return VLMSpecPipeline.from_pretrained("testbed-mini", policy="sage")
+
+
+@pytest.fixture(scope="module")
+def prompt(mini):
+    """An image caption's inputs, its prompt length and the target's plain greedy caption."""
+    example = sample("image_caption", 1)
+    inputs = mini.prepare_inputs(example.image, example.prompt)
+    length = inputs["input_ids"].shape[1]
+    plain = mini.target.generate(**inputs, do_sample=False, max_new_tokens=NEW)[0, length:].tolist()
+    return example, inputs, length, plain
+
+
+def settings_for(plain: list[int]) -> dict[str, dict]:
+    """One setting per processor, chosen from the plain caption so that each changes it."""
+    return {
+        "no_repeat_ngram_size": {"no_repeat_ngram_size": 2},
+        "bad_words_ids": {"bad_words_ids": [[plain[3]], plain[6:8]]},
+        "sequence_bias": {"sequence_bias": {(plain[2],): -20.0, tuple(plain[4:6]): -20.0}},
+        "forced_eos_token_id": {"forced_eos_token_id": plain[0]},
+        "exponential_decay_length_penalty": {"exponential_decay_length_penalty": (5, 1.5)},
+        "encoder_repetition_penalty": {"encoder_repetition_penalty": 1.5},
+        "encoder_no_repeat_ngram_size": {"encoder_no_repeat_ngram_size": 2},
+    }
+
+
+@pytest.mark.parametrize("name", list(settings_for(list(range(10)))))
+def test_each_processor_of_a_call_keeps_the_tree_output_generate_s(mini, prompt, name):
+    example, inputs, length, plain = prompt
+    setting = settings_for(plain)[name]
+    new = NEW if name != "forced_eos_token_id" else 12  # forced EOS acts at the last token
+    expected = mini.target.generate(**inputs, do_sample=False, max_new_tokens=new, **setting)[
+        0, length:
+    ].tolist()
+    assert expected != plain[:new]  # the processor changed the caption
+    for policy in ("sage", "chain"):
+        mini.policy = get_policy(policy)
+        assert mini.generate(**inputs, max_new_tokens=new, **setting)[0, length:].tolist() == expected, policy
+
+
+def test_a_checkpoint_s_processors_apply_to_pipe_calls_greedy_and_sampled(mini, prompt):
+    """Set in the target's generation_config, the processors reach pipe(...) too; sampling with top_k=1 draws the
+    processed argmax; several draft tokens are still accepted per step."""
+    example, inputs, length, plain = prompt
+    config = mini.target.generation_config
+    saved = copy.deepcopy(config)
+    config.no_repeat_ngram_size, config.bad_words_ids = 2, [[plain[3]]]
+    try:
+        expected = mini.target.generate(**inputs, do_sample=False, max_new_tokens=NEW)[0, length:].tolist()
+        mini.policy = get_policy("sage")
+        out = mini(example.image, example.prompt, max_new_tokens=NEW)
+        assert out.token_ids == expected != plain
+        assert out.stats.accepted_tokens > out.stats.steps  # trees, not one token per step
+        drawn = mini(example.image, example.prompt, max_new_tokens=NEW, do_sample=True, top_k=1, seed=1)
+        assert drawn.token_ids == expected
+    finally:
+        mini.target.generation_config = saved
+
+
+class BanAfter(LogitsProcessor):
+    """Bans ``banned`` right after ``after``: a function of the ids, as generate()'s processors are."""
+
+    def __init__(self, after: int, banned: int) -> None:
+        self.after, self.banned = after, banned
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = scores.clone()
+        scores[input_ids[:, -1] == self.after, self.banned] = float("-inf")
+        return scores
+
+
+def test_a_call_s_own_processors_and_prefix_function_see_each_row_as_generate_does(mini, prompt):
+    """``logits_processor`` and ``prefix_allowed_tokens_fn`` (called with the row of the batch, as generate()
+    calls it): each row of a two-prompt batch equals generate() on that prompt with its row's constraints."""
+    example, inputs, length, plain = prompt
+    ban = LogitsProcessorList([BanAfter(plain[4], plain[5])])
+    expected = mini.target.generate(**inputs, do_sample=False, max_new_tokens=NEW, logits_processor=ban)
+    assert expected[0, length:].tolist() != plain
+    assert torch.equal(mini.generate(**inputs, max_new_tokens=NEW, logits_processor=ban), expected)
+
+    allowed = sorted(set(plain))
+    rows = {0: allowed, 1: [t for t in allowed if t != plain[3]]}  # row 1 may not say plain[3]
+    batch = {name: torch.cat([value, value]) for name, value in inputs.items()}  # the prompt twice
+    out = mini.generate(**batch, max_new_tokens=NEW, prefix_allowed_tokens_fn=lambda b, ids: rows[b])
+    for b in (0, 1):
+        alone = mini.target.generate(
+            **inputs,
+            do_sample=False,
+            max_new_tokens=NEW,
+            prefix_allowed_tokens_fn=lambda _, ids, b=b: rows[b],
+        )[0, length:].tolist()
+        assert out[b, length : length + len(alone)].tolist() == alone
+    assert out[0, length:].tolist() != out[1, length:].tolist()
+
+
+def test_scores_are_generate_s_under_a_node_processor(mini, prompt):
+    example, inputs, length, plain = prompt
+    mini.policy = get_policy("sage")
+    options = {"max_new_tokens": 16, "no_repeat_ngram_size": 2, "return_dict_in_generate": True}
+    theirs = mini.target.generate(**inputs, do_sample=False, output_scores=True, **options)
+    ours = mini.generate(**inputs, output_scores=True, **options)
+    assert torch.equal(ours.sequences, theirs.sequences) and len(ours.scores) == len(theirs.scores)
+    for a, b in zip(ours.scores, theirs.scores, strict=True):
+        assert torch.equal(torch.isinf(a), torch.isinf(b))
+        torch.testing.assert_close(a[torch.isfinite(b)], b[torch.isfinite(b)], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"logits_processor": "ban"},
+            r"logits_processor='ban' is invalid: use a transformers LogitsProcessorList",
+        ),
+        ({"logits_processor": [3]}, r"logits_processor holds 3, which is not callable"),
+        ({"prefix_allowed_tokens_fn": [1, 2]}, r"prefix_allowed_tokens_fn=\[1, 2\], which is not callable"),
+    ],
+)
+def test_a_call_s_processors_that_are_not_callables_are_refused_by_name(mini, prompt, options, message):
+    _, inputs, _, _ = prompt
+    with pytest.raises(InputTypeError, match=message):
+        mini.generate(**inputs, max_new_tokens=2, **options)

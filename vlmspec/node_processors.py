@@ -1,0 +1,165 @@
+"""transformers' own logits processors over a token tree, node by node: every processor ``generate()`` would run.
+
+The processors most checkpoints turn on (repetition penalty, minimum lengths, suppressed tokens) are tensor ops over
+the whole tree (:mod:`vlmspec.processors`). When a call needs one of the others — n-gram bans
+(``no_repeat_ngram_size``), ``bad_words_ids``, ``sequence_bias``, ``forced_eos_token_id``,
+``exponential_decay_length_penalty``, ``remove_invalid_values``, the prompt-side ``encoder_*`` ones, or the
+caller's own ``logits_processor`` / ``prefix_allowed_tokens_fn`` given to ``pipe.generate`` — the target's own
+``_get_logits_processor`` builds ``generate()``'s whole list (the same processors in the same order under the same
+conditions; the sampling warpers left out, :mod:`vlmspec.sampling` applies them after), and each tree node's
+logits go through it as a batch-of-one ``generate()`` step sends them: with the node's sequence (the prompt, the
+tokens so far, the node's path below the root) as ``input_ids``.
+
+Why one node at a time rather than the tree as a batch: a processor may hold per-prompt tensors built for a batch
+of one (the ``encoder_*`` ones hold the prompt as ``[1, L]``; ``prefix_allowed_tokens_fn`` is called with the batch
+row), so a batch of one is the only shape every processor is built for. The cost is one pass of the list per node
+(a 30-node tree: 30 where ``generate()`` makes one per token), paid only while such a processor is on. Processors
+must be functions of ``(input_ids, scores)``, as ``generate()``'s are: one that keeps state from call to call would
+see each node's sequence as if it came next.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import LogitsProcessorList
+
+from .errors import InputTypeError
+from .tree import TokenTree
+
+TRANSFORMERS_PROCESSORS: dict[str, Callable[[Any], bool]] = {
+    "sequence_bias": lambda v: bool(v),
+    "no_repeat_ngram_size": lambda v: bool(v) and v > 0,
+    "bad_words_ids": lambda v: bool(v),
+    "forced_eos_token_id": lambda v: v is not None,
+    "remove_invalid_values": lambda v: v is True,
+    "exponential_decay_length_penalty": lambda v: v is not None,
+    "encoder_repetition_penalty": lambda v: v is not None and v != 1,
+    "encoder_no_repeat_ngram_size": lambda v: bool(v) and v > 0,
+}
+"""``generation_config`` settings that turn on a processor the tensor path does not implement (when each is on)."""
+
+
+@dataclass(frozen=True)
+class CallProcessors:
+    """A ``pipe.generate`` call's own ``logits_processor`` and ``prefix_allowed_tokens_fn`` for one row.
+
+    Attributes:
+        logits_processor: processors ``generate()`` merges after its own (a ``LogitsProcessorList`` or a list).
+        prefix_allowed_tokens_fn: ``fn(batch_id, input_ids) -> allowed ids``, called with ``row`` as the batch id.
+        row: the row of the call's batch this request is.
+    """
+
+    logits_processor: Sequence[Any] = ()
+    prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None
+    row: int = 0
+
+    def __post_init__(self) -> None:
+        processors = self.logits_processor
+        if isinstance(processors, (str, bytes)) or not isinstance(processors, Sequence):
+            raise InputTypeError(
+                f"logits_processor={processors!r:.80} is invalid: use a transformers LogitsProcessorList (or a list "
+                "of processors, callables of (input_ids, scores))"
+            )
+        bad = [p for p in processors if not callable(p)]
+        fn = self.prefix_allowed_tokens_fn
+        if bad or (fn is not None and not callable(fn)):
+            what = f"logits_processor holds {bad[0]!r:.60}" if bad else f"prefix_allowed_tokens_fn={fn!r:.60}"
+            raise InputTypeError(f"{what}, which is not callable: give functions of (input_ids, scores)")
+
+    def __bool__(self) -> bool:
+        return bool(self.logits_processor) or self.prefix_allowed_tokens_fn is not None
+
+
+def needs_node_processors(generation_config: Any, custom: CallProcessors | None) -> bool:
+    """Whether a call needs :class:`NodeProcessing`: its own processors, or a setting of
+    :data:`TRANSFORMERS_PROCESSORS` on in ``generation_config``."""
+    return bool(custom) or any(
+        is_on(getattr(generation_config, name, None)) for name, is_on in TRANSFORMERS_PROCESSORS.items()
+    )
+
+
+@dataclass(frozen=True)
+class NodeProcessing:
+    """``generate()``'s processor list for one call, run node by node (module docstring).
+
+    Attributes:
+        model: the target, whose ``_get_logits_processor`` builds the list.
+        generation_config: the call's, its call-level settings (penalty, minimum length, EOS) written in.
+        max_new_tokens: the call's length (``generate()`` sets ``max_length`` from it, which forced EOS reads).
+        custom: the call's own processors, if any.
+    """
+
+    model: Any
+    generation_config: Any
+    max_new_tokens: int
+    custom: CallProcessors | None = None
+
+    def start(self, prompt_ids: torch.Tensor, vocab_size: int) -> NodeLogits:
+        """The list for one request whose prompt is ``prompt_ids`` ``[L]`` (``vocab_size``: unused, the processors
+        size themselves from the logits)."""
+        ids = prompt_ids[None]  # [1, L]
+        config = copy.deepcopy(self.generation_config)
+        defaults = getattr(config, "_get_default_generation_params", dict)()  # as generate() fills unset ones
+        for name, value in defaults.items():
+            if getattr(config, name, None) is None:
+                setattr(config, name, value)
+        config.do_sample = False  # no warpers: vlmspec.sampling applies them
+        config.max_length = ids.shape[1] + self.max_new_tokens  # as generate()'s _prepare_generated_length
+        if config.min_new_tokens is not None:
+            config.min_length = ids.shape[1] + config.min_new_tokens
+        self.model._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=ids.device)
+        custom = self.custom or CallProcessors()
+        fn = custom.prefix_allowed_tokens_fn
+        processors = self.model._get_logits_processor(
+            generation_config=config,
+            input_ids_seq_length=ids.shape[1],
+            encoder_input_ids=ids,
+            prefix_allowed_tokens_fn=None if fn is None else (lambda _, sequence: fn(custom.row, sequence)),
+            logits_processor=LogitsProcessorList(custom.logits_processor),
+            device=ids.device,
+            model_kwargs={"attention_mask": torch.ones_like(ids)},
+        )
+        return NodeLogits(processors, ids)
+
+
+class NodeLogits:
+    """:class:`NodeProcessing` over one request's growing sequence (the same three calls as
+    :class:`~vlmspec.processors.SequenceLogits`)."""
+
+    def __init__(self, processors: LogitsProcessorList, ids: torch.Tensor) -> None:
+        self.processors = processors
+        self.ids = ids  # [1, L + emitted]: the prompt and every token emitted so far
+
+    def first(self, logits: torch.Tensor) -> torch.Tensor:
+        """The prefill's processed logits ``[V]`` (of ``[V]``)."""
+        return self._run(self.ids, logits)
+
+    def tree(self, logits: torch.Tensor, tree: TokenTree, generated: int) -> torch.Tensor:
+        """Processed logits ``[N+1, V]`` of a verification's ``[N+1, V]``: each node's with its own sequence, the
+        tokens so far (the root the last of them) then its path below the root (``generated``: unused, the
+        sequence holds them)."""
+        n = tree.tokens.shape[0]
+        host = torch.cat([tree.parents, tree.tokens]).tolist()  # the tree's shape, one sync
+        parents, tokens = host[:n], host[n:]
+        paths: list[list[int]] = [[]]
+        for node in range(1, n):  # parents come before their children
+            paths.append(paths[parents[node]] + [tokens[node]])
+        rows = [
+            self._run(torch.cat([self.ids, self.ids.new_tensor(path)[None]], dim=1), logits[node])
+            for node, path in enumerate(paths)
+        ]
+        return torch.stack(rows)
+
+    def commit(self, tokens: torch.Tensor) -> None:
+        """Add emitted tokens ``[k]`` to the sequence."""
+        self.ids = torch.cat([self.ids, tokens.reshape(1, -1).to(self.ids)], dim=1)
+
+    def _run(self, ids: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+        """One node's ``[V]`` logits through the list, as ``generate()`` runs a batch of one (a copy: some
+        processors write into the scores they are given)."""
+        return self.processors(ids, row[None].float().clone())[0]
