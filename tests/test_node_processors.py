@@ -8,7 +8,13 @@ import copy
 
 import pytest
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    StopStringCriteria,
+)
 
 from vlmspec import InputTypeError, VLMSpecPipeline, get_policy
 from vlmspec.testbed import sample
@@ -134,9 +140,36 @@ def test_scores_are_generate_s_under_a_node_processor(mini, prompt):
         ),
         ({"logits_processor": [3]}, r"logits_processor holds 3, which is not callable"),
         ({"prefix_allowed_tokens_fn": [1, 2]}, r"prefix_allowed_tokens_fn=\[1, 2\], which is not callable"),
+        ({"stopping_criteria": [None]}, r"stopping_criteria holds None, which is not callable"),
     ],
 )
 def test_a_call_s_processors_that_are_not_callables_are_refused_by_name(mini, prompt, options, message):
     _, inputs, _, _ = prompt
     with pytest.raises(InputTypeError, match=message):
         mini.generate(**inputs, max_new_tokens=2, **options)
+
+
+class StopAfter(StoppingCriteria):
+    """Stops once ``token`` was generated."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor | None, **kwargs) -> torch.Tensor:
+        return input_ids[:, -1] == self.token
+
+
+def test_a_call_s_stopping_criteria_end_the_output_where_generate_ends_it(mini, prompt):
+    """Checked after each token of a step, with the whole sequence, so a step's accepted tokens are cut at the
+    same token as generate() stops at."""
+    _, inputs, length, plain = prompt
+    mini.policy = get_policy("sage")
+    for criteria in (
+        StoppingCriteriaList([StopAfter(plain[7])]),
+        [StopStringCriteria(mini.tokenizer, [mini.tokenizer.decode(plain[8:10])])],
+    ):
+        expected = mini.target.generate(
+            **inputs, do_sample=False, max_new_tokens=NEW, stopping_criteria=criteria
+        )
+        assert 8 <= expected.shape[1] - length < len(plain)
+        assert torch.equal(mini.generate(**inputs, max_new_tokens=NEW, stopping_criteria=criteria), expected)

@@ -19,9 +19,9 @@ from transformers.utils.generic import TransformersKwargs
 
 from .errors import InputTypeError, InvalidInputError
 from .inputs import check_token_ids
-from .node_processors import TRANSFORMERS_PROCESSORS, CallProcessors
+from .node_processors import TRANSFORMERS_PROCESSORS
 from .processors import REFUSED_SETTINGS
-from .requests import naming_request
+from .requests import CallHooks, naming_request
 from .sampling import check_seed
 from .scores import generate_steps
 from .stopping import eos_token_ids, token_ids
@@ -98,7 +98,11 @@ def generate(
     rows = pipe._target_adapter.split_rows({"input_ids": input_ids, **tensors})  # each prompt alone, unpadded
     if len(rows) > 1 and given.get("streamer") is not None:
         raise InvalidInputError("pipe.generate(streamer=...) streams one prompt; give one row of input_ids")
-    custom = CallProcessors(settings.get("logits_processor") or (), settings.get("prefix_allowed_tokens_fn"))
+    custom = CallHooks(
+        settings.get("logits_processor") or (),
+        settings.get("prefix_allowed_tokens_fn"),
+        settings.get("stopping_criteria") or (),
+    )
     call = SimpleNamespace(given=given, seed=seed, config=config, scores=bool(fields), custom=custom)
     calls = [_row_call(pipe, b, row, call) for b, row in enumerate(rows)]  # all checked before decoding
     outs = _decode_rows(pipe, calls, settings.get("batch_size", len(rows)))
@@ -116,7 +120,7 @@ def generate(
 _CALL_SETTINGS = (
     "batch_size", "pad_token_id", "tokenizer", "return_dict_in_generate", "max_length", "generation_config",
     "output_scores", "output_logits", "output_attentions", "output_hidden_states", "logits_processor",
-    "prefix_allowed_tokens_fn",
+    "prefix_allowed_tokens_fn", "stopping_criteria",
 )  # fmt: skip
 """What :func:`generate` takes besides the options of ``pipe(...)`` (``tokenizer``: ignored)."""
 _OUTPUT_SETTINGS = (
@@ -129,7 +133,7 @@ _OUTPUT_SETTINGS = (
 def _row_call(pipe: Any, b: int, row: dict[str, Any], call: SimpleNamespace) -> Any:
     """Row ``b``'s prepared request: the ``call``'s options (``given``) resolved over its ``config`` with the row's
     own prompt length (each row is decoded as its prompt alone), its seed ``seed + b``, the target's scores kept
-    if ``scores``, the call's own processors (``custom``) told the row; an error names the row."""
+    if ``scores``, the call's own callables (``custom``) told the row; an error names the row."""
     try:
         options = resolve_options(call.given, call.config, row["input_ids"].shape[1])
         seed = None if call.seed is None else call.seed + b

@@ -21,14 +21,13 @@ see each node's sequence as if it came next.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import LogitsProcessorList
 
-from .errors import InputTypeError
 from .tree import TokenTree
 
 TRANSFORMERS_PROCESSORS: dict[str, Callable[[Any], bool]] = {
@@ -44,41 +43,14 @@ TRANSFORMERS_PROCESSORS: dict[str, Callable[[Any], bool]] = {
 """``generation_config`` settings that turn on a processor the tensor path does not implement (when each is on)."""
 
 
-@dataclass(frozen=True)
-class CallProcessors:
-    """A ``pipe.generate`` call's own ``logits_processor`` and ``prefix_allowed_tokens_fn`` for one row.
-
-    Attributes:
-        logits_processor: processors ``generate()`` merges after its own (a ``LogitsProcessorList`` or a list).
-        prefix_allowed_tokens_fn: ``fn(batch_id, input_ids) -> allowed ids``, called with ``row`` as the batch id.
-        row: the row of the call's batch this request is.
-    """
-
-    logits_processor: Sequence[Any] = ()
-    prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None
-    row: int = 0
-
-    def __post_init__(self) -> None:
-        processors = self.logits_processor
-        if isinstance(processors, (str, bytes)) or not isinstance(processors, Sequence):
-            raise InputTypeError(
-                f"logits_processor={processors!r:.80} is invalid: use a transformers LogitsProcessorList (or a list "
-                "of processors, callables of (input_ids, scores))"
-            )
-        bad = [p for p in processors if not callable(p)]
-        fn = self.prefix_allowed_tokens_fn
-        if bad or (fn is not None and not callable(fn)):
-            what = f"logits_processor holds {bad[0]!r:.60}" if bad else f"prefix_allowed_tokens_fn={fn!r:.60}"
-            raise InputTypeError(f"{what}, which is not callable: give functions of (input_ids, scores)")
-
-    def __bool__(self) -> bool:
-        return bool(self.logits_processor) or self.prefix_allowed_tokens_fn is not None
-
-
-def needs_node_processors(generation_config: Any, custom: CallProcessors | None) -> bool:
-    """Whether a call needs :class:`NodeProcessing`: its own processors, or a setting of
-    :data:`TRANSFORMERS_PROCESSORS` on in ``generation_config``."""
-    return bool(custom) or any(
+def needs_node_processors(generation_config: Any, custom: Any = None) -> bool:
+    """Whether a call needs :class:`NodeProcessing`: its own processors (``custom``, a
+    :class:`~vlmspec.requests.CallHooks`), or a setting of :data:`TRANSFORMERS_PROCESSORS` on in
+    ``generation_config``."""
+    has_own = custom is not None and (
+        bool(custom.logits_processor) or custom.prefix_allowed_tokens_fn is not None
+    )
+    return has_own or any(
         is_on(getattr(generation_config, name, None)) for name, is_on in TRANSFORMERS_PROCESSORS.items()
     )
 
@@ -91,13 +63,13 @@ class NodeProcessing:
         model: the target, whose ``_get_logits_processor`` builds the list.
         generation_config: the call's, its call-level settings (penalty, minimum length, EOS) written in.
         max_new_tokens: the call's length (``generate()`` sets ``max_length`` from it, which forced EOS reads).
-        custom: the call's own processors, if any.
+        custom: the call's own processors (:class:`~vlmspec.requests.CallHooks`), if any.
     """
 
     model: Any
     generation_config: Any
     max_new_tokens: int
-    custom: CallProcessors | None = None
+    custom: Any = None
 
     def start(self, prompt_ids: torch.Tensor, vocab_size: int) -> NodeLogits:
         """The list for one request whose prompt is ``prompt_ids`` ``[L]`` (``vocab_size``: unused, the processors
@@ -113,14 +85,14 @@ class NodeProcessing:
         if config.min_new_tokens is not None:
             config.min_length = ids.shape[1] + config.min_new_tokens
         self.model._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=ids.device)
-        custom = self.custom or CallProcessors()
-        fn = custom.prefix_allowed_tokens_fn
+        custom = self.custom
+        fn = None if custom is None else custom.prefix_allowed_tokens_fn
         processors = self.model._get_logits_processor(
             generation_config=config,
             input_ids_seq_length=ids.shape[1],
             encoder_input_ids=ids,
             prefix_allowed_tokens_fn=None if fn is None else (lambda _, sequence: fn(custom.row, sequence)),
-            logits_processor=LogitsProcessorList(custom.logits_processor),
+            logits_processor=LogitsProcessorList(() if custom is None else custom.logits_processor),
             device=ids.device,
             model_kwargs={"attention_mask": torch.ones_like(ids)},
         )

@@ -447,7 +447,7 @@ class VLMSpecPipeline:
 
     def _prepare(self, request: dict[str, Any], generation_config: Any = None, custom: Any = None) -> _Call:
         """Everything one request (:meth:`__call__`'s keyword arguments) needs before decoding: its steps 1 and 2
-        (``generation_config``, ``custom``: a :meth:`generate` call's config and own processors).
+        (``generation_config``, ``custom``: a :meth:`generate` call's config and own callables).
 
         Raises:
             TypeError: an argument :meth:`__call__` does not take, named with the nearest valid one.

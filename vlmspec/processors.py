@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from .errors import InvalidInputError
-from .node_processors import CallProcessors, NodeProcessing, needs_node_processors
+from .node_processors import NodeProcessing, needs_node_processors
 from .tree import TokenTree
 
 REFUSED_SETTINGS: dict[str, Callable[[Any], bool]] = {
@@ -97,10 +97,11 @@ class LogitsProcessing:
         min_new_tokens: int | None = None,
         model: Any = None,
         max_new_tokens: int = 0,
-        custom: CallProcessors | None = None,
+        custom: Any = None,
     ) -> LogitsProcessing | NodeProcessing | None:
         """A call's processors: its arguments over the target's ``generation_config``; ``None`` when none is on.
-        Where the config turns on another of ``generate()``'s processors or the call brings its own (``custom``),
+        Where the config turns on another of ``generate()``'s processors or the call brings its own (``custom``, a
+        :class:`~vlmspec.requests.CallHooks`),
         ``model``'s whole list node by node (:class:`~vlmspec.node_processors.NodeProcessing`, ``max_new_tokens``
         the call's length).
 

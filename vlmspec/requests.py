@@ -4,7 +4,7 @@ before any model work, each refusal naming what was given and what to give."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Mapping, Sized
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +93,47 @@ def naming_request(error: Exception, index: int, where: str = "pipe.batch: reque
 
 
 @dataclass(frozen=True)
+class CallHooks:
+    """A ``pipe.generate`` call's own callables for one row: ``generate()``'s ``logits_processor``,
+    ``prefix_allowed_tokens_fn`` and ``stopping_criteria``.
+
+    Attributes:
+        logits_processor: processors ``generate()`` merges after its own (a ``LogitsProcessorList`` or a list),
+            run node by node (:mod:`vlmspec.node_processors`).
+        prefix_allowed_tokens_fn: ``fn(batch_id, input_ids) -> allowed ids``, called with ``row`` as the batch id.
+        stopping_criteria: criteria ``generate()`` checks after each new token (a ``StoppingCriteriaList`` or a
+            list), checked as it checks them (:class:`~vlmspec.stopping.StopCriteria`).
+        row: the row of the call's batch this request is.
+    """
+
+    logits_processor: Sequence[Any] = ()
+    prefix_allowed_tokens_fn: Callable[[int, Any], Any] | None = None
+    stopping_criteria: Sequence[Any] = ()
+    row: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("logits_processor", "stopping_criteria"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+                kind = "LogitsProcessorList" if name == "logits_processor" else "StoppingCriteriaList"
+                raise InputTypeError(
+                    f"{name}={value!r:.80} is invalid: use a transformers {kind} (or a list of callables of "
+                    "(input_ids, scores))"
+                )
+            bad = [item for item in value if not callable(item)]
+            if bad:
+                raise InputTypeError(
+                    f"{name} holds {bad[0]!r:.60}, which is not callable: give callables of (input_ids, scores)"
+                )
+        fn = self.prefix_allowed_tokens_fn
+        if fn is not None and not callable(fn):
+            raise InputTypeError(
+                f"prefix_allowed_tokens_fn={fn!r:.60}, which is not callable: give a function of (batch_id, "
+                "input_ids) returning the allowed token ids"
+            )
+
+
+@dataclass(frozen=True)
 class DecodingSettings:
     """How one request decodes: its sampling settings (``None``: greedy), its stop conditions and ``generate()``'s
     logits processors its target's ``generation_config`` and arguments turn on (``None``: none)."""
@@ -103,11 +144,16 @@ class DecodingSettings:
 
 
 def decoding_settings(
-    arguments: Any, target: Any, tokenizer: Any, vocab_size: int, config: Any = None, custom: Any = None
+    arguments: Any,
+    target: Any,
+    tokenizer: Any,
+    vocab_size: int,
+    config: Any = None,
+    custom: CallHooks | None = None,
 ) -> DecodingSettings:
     """A request's decoding settings from ``pipe(...)``'s arguments (``arguments``: a namespace of them),
     ``config``, the ``generation_config`` (default: the target's), and ``custom``, a ``pipe.generate`` call's own
-    processors (:class:`~vlmspec.node_processors.CallProcessors`), checked before any model work.
+    callables (:class:`CallHooks`), checked before any model work.
 
     Raises:
         InvalidInputError: a setting out of range (an ``eos_token_id`` outside the ``vocab_size`` ids, ...), or a
@@ -135,6 +181,7 @@ def decoding_settings(
         eos_token_ids=eos,
         stop_strings=a.stop_strings if a.stop_strings is not None else config.stop_strings,
         tokenizer=tokenizer,
+        criteria=() if custom is None else tuple(custom.stopping_criteria),
     )
     processing = LogitsProcessing.for_call(
         config,

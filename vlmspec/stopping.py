@@ -27,14 +27,20 @@ class StopCriteria:
     stop_strings: strings that end generation once generated (one string or a list of them, as
         ``generate(stop_strings=...)`` takes; kept as a tuple).
     tokenizer: needed only with ``stop_strings`` (to decode).
-    prompt_ids: the prompt's tokens, where a stop string may begin (:meth:`after_prompt` sets them).
+    criteria: a ``generate()`` call's own ``stopping_criteria`` (callables of ``(input_ids, scores)`` returning a
+        ``[1]`` bool tensor), called after each new token with the whole sequence as ``[1, L + t]`` ids on the
+        prompt's device and ``scores=None``, as ``generate()`` calls them when it keeps no scores.
+    prompt_ids: the prompt's tokens, where a stop string may begin and with which ``criteria`` see the sequence
+        (:meth:`after_prompt` sets them).
     """
 
     max_new_tokens: int
     eos_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     tokenizer: Any = None
+    criteria: tuple[Any, ...] = ()
     prompt_ids: tuple[int, ...] = ()
+    device: Any = None
 
     def __post_init__(self) -> None:
         if (
@@ -53,15 +59,19 @@ class StopCriteria:
 
     def after_prompt(self, prompt_ids: torch.Tensor) -> StopCriteria:
         """These criteria for a request whose prompt is ``prompt_ids`` (``[L]``; read on the host only when there
-        are stop strings)."""
-        if not self.stop_strings:
+        are stop strings or criteria)."""
+        if not self.stop_strings and not self.criteria:
             return self
-        return dataclasses.replace(self, prompt_ids=tuple(prompt_ids.tolist()))
+        return dataclasses.replace(self, prompt_ids=tuple(prompt_ids.tolist()), device=prompt_ids.device)
 
     def update(self, tokens: list[int]) -> bool:
         """True when generation must stop after the last token of ``tokens``."""
         if len(tokens) >= self.max_new_tokens or tokens[-1] in self._eos:
             return True
+        if self.criteria:
+            ids = torch.tensor([[*self.prompt_ids, *tokens]], device=self.device)
+            if any(bool(torch.as_tensor(criterion(ids, None)).any()) for criterion in self.criteria):
+                return True
         if not self.stop_strings:
             return False
         last = self.tokenizer.decode(tokens[-1:])
