@@ -102,6 +102,25 @@ def test_dual_block_mask_matches_equation_3():
         assert tokens[row, 8:].tolist() == [start <= p <= position for p in range(3, 8)]
 
 
+def test_the_target_s_probe_cannot_reach_an_edd_draft(tiny_pairs):
+    """Why EDD's forwards hold no model lock: the pruning probe's eager switch and hooks are the target's, and the
+    draft shares no module, weight or config with it."""
+    pair = tiny_pairs["qwen2_vl"]
+    base = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
+    target, draft = base.target, EDDDraft.for_target(base.target)
+    modules = {id(m) for m in target.modules()}
+    storage = {t.data_ptr() for t in (*target.parameters(), *target.buffers())}
+    assert not any(id(m) in modules for m in draft.modules())
+    assert not any(t.data_ptr() in storage for t in (*draft.parameters(), *draft.buffers()))
+    decoder, usual = target.get_decoder(), draft.config._attn_implementation
+    assert usual != "eager"
+    decoder.set_attn_implementation("eager")  # what the probe does for its side pass
+    try:
+        assert draft.config._attn_implementation == usual
+    finally:
+        decoder.set_attn_implementation(usual)
+
+
 def test_default_layer_keeps_the_papers_relative_depth():
     assert default_hidden_layer(32) == 27  # LLaMA2-7B: the 28th layer (the paper's "fourth-to-last")
     assert default_hidden_layer(28) == 23 and default_hidden_layer(4) == 2 and default_hidden_layer(1) == 0

@@ -441,6 +441,58 @@ def test_a_forward_in_another_thread_waits_for_the_pruning_probe(tiny_pairs):
     assert decoder.config._attn_implementation == usual
 
 
+def test_a_pruned_draft_prefill_waits_for_the_pruning_probe_of_a_shared_model(tiny_pairs):
+    """Two pipelines share a model: one's target, the other's draft. The pruned draft prefill of the second waits
+    for the first's probe on that model, instead of running under its switch to eager attention and its hooks (its
+    attention was added to the probe's scores: the first call pruned by another prompt's attention)."""
+    import threading
+
+    from vlmspec import VLMSpecPipeline
+
+    pair = tiny_pairs["qwen2_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain", torch_dtype=torch.float32)
+    swapped = VLMSpecPipeline(pipe.draft, pipe.target, pipe.processor, policy="chain")  # pipe's target drafts
+    decoder, other = pipe.target.get_decoder(), pipe.draft.get_decoder()
+    usual = decoder.config._attn_implementation
+    probing, release, scored, ran = (threading.Event() for _ in range(4))
+    seen = []
+
+    def hook(module, args, output):
+        if decoder.config._attn_implementation == "eager" and threading.current_thread() is probe:
+            probing.set()
+            release.wait(10)  # hold the probe open
+        elif threading.current_thread() is pruned:
+            seen.append(decoder.config._attn_implementation)
+            ran.set()
+
+    def scored_hook(module, args, output):  # the swapped pipeline's own probe: its draft prefill comes next
+        if other.config._attn_implementation == "eager" and threading.current_thread() is pruned:
+            scored.set()
+
+    handles = [
+        decoder.layers[0].register_forward_hook(hook),
+        other.layers[0].register_forward_hook(scored_hook),
+    ]
+    image = make_image(0)
+    probe = threading.Thread(target=lambda: pipe(image, "Describe.", prune_ratio=0.5, max_new_tokens=2))
+    pruned = threading.Thread(target=lambda: swapped(image, "Describe.", prune_ratio=0.5, max_new_tokens=2))
+    try:
+        probe.start()
+        assert probing.wait(30)
+        pruned.start()
+        assert scored.wait(30)
+        assert not ran.wait(1.0) and seen == []  # not run while the probe holds the model
+        release.set()
+        probe.join(30)
+        pruned.join(30)
+    finally:
+        release.set()
+        for handle in handles:
+            handle.remove()
+    assert seen and set(seen) == {usual}
+    assert decoder.config._attn_implementation == usual
+
+
 def test_qwen3_s_deepstack_rows_follow_the_kept_visual_positions():
     """Positions 1-3 are visual (deepstack rows 0-2); keeping positions 0, 2, 4 keeps visual position 2 only, so
     its deepstack row is row 1, not the first row."""

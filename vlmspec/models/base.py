@@ -285,17 +285,27 @@ class VLMAdapter:
             raise InvalidInputError(
                 "score_visual and hidden_layer are for the full (target) prefill; they cannot be combined with keep"
             )
+        return self._pruned_prefill(inputs, keep)
 
+    def _pruned_prefill(self, inputs: dict[str, torch.Tensor], keep: torch.Tensor) -> Prefill:
+        """:meth:`prefill` of the prompt positions ``keep`` only (the pruned draft).
+
+        Its forwards hold :func:`model_lock`, as every other forward of the model does: the model may be another
+        pipeline's target (or this pipeline's own) whose pruning probe, in another thread, switches the decoder to
+        eager attention and hooks its layers; run under that switch, this forward would add its own attention to
+        the probe's scores, or run eager attention with the mask sdpa built (not causal).
+        """
         length = inputs["input_ids"].shape[1]
         position_ids, rope_delta = self.prompt_rope(inputs)
         if position_ids is None:
             position_ids = torch.arange(length, device=self.device)[None]  # [1, L]
         keep = _check_keep(keep, length).to(self.device)
-        prompt = self.select_prompt(self.embed_prompt(inputs), keep)
         visual = self.prompt_layout(inputs).visual.to(self.device)[keep]
         cache = new_cache(self.model)
-        hidden = self._run_language_model(prompt, position_ids[..., keep], cache)
-        logits = self.model.get_output_embeddings()(hidden[:, -1])[0]  # [V]
+        with model_lock(self.model):
+            prompt = self.select_prompt(self.embed_prompt(inputs), keep)
+            hidden = self._run_language_model(prompt, position_ids[..., keep], cache)
+            logits = self.model.get_output_embeddings()(hidden[:, -1])[0]  # [V]
         state = DecodeState(cache=cache, rope_delta=rope_delta, visual_tokens=int(visual.sum()))
         return Prefill(logits=logits, state=state)
 
