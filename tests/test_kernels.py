@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -24,8 +26,8 @@ def test_large_fp32_cpu_linears_are_rerouted_inside_the_block_only() -> None:
     with onednn_linears(model, None) as rerouted:
         assert rerouted == 1 and "forward" in vars(big)
         assert not {"forward"} & (vars(small).keys() | vars(half).keys())
-        with onednn_linears(model) as nested:  # an enclosing block already rerouted it
-            assert nested == 0
+        with onednn_linears(model) as nested:  # an enclosing block already rerouted it: this one holds it too
+            assert nested == 1
         assert "forward" in vars(big)
         out = big(x)
         one_row = big(x[0, :1])
@@ -33,6 +35,32 @@ def test_large_fp32_cpu_linears_are_rerouted_inside_the_block_only() -> None:
     assert "forward" not in vars(big)  # nothing left on the model
     assert out.shape == expected.shape and not torch.equal(out, expected)  # another kernel ...
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-4)  # ... with torch's numbers
+
+
+def test_a_block_in_another_thread_keeps_the_layers_rerouted_until_it_leaves() -> None:
+    """Two calls decoding at once (two threads, one model): the first to finish leaves the other's layers on
+    oneDNN; the last one out restores torch's."""
+    layer = torch.nn.Linear(1024, 1024)
+    entered, checked, left = threading.Event(), threading.Event(), threading.Event()
+
+    def first() -> None:
+        with onednn_linears(layer):
+            entered.set()
+            checked.wait(10)
+        left.set()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert entered.wait(10)
+        with onednn_linears(layer) as rerouted:
+            checked.set()
+            assert left.wait(10)  # the first block has left; this one is still open
+            assert "forward" in vars(layer) and rerouted == 1
+    finally:
+        checked.set()
+        thread.join(10)
+    assert "forward" not in vars(layer)
 
 
 def test_exception_inside_the_block_restores_the_layers() -> None:

@@ -13,8 +13,15 @@ duration of a ``with`` block, for layers of at least :data:`MIN_WEIGHT_ELEMENTS`
 more (one row is MKL's memory-bound vector product, as fast as it gets), then restores them. Nothing is left on
 the model: outside the block (e.g. in transformers' ``generate()``, the bench's ``hf_generate`` baseline) the
 layers are torch's own. The engine's ``ar`` runs inside the same block, so speed-ups over ``ar`` stay the
-speculation's own. The layers are shared state while the block runs: one model generating in two threads at once
-would see them restored by whichever finishes first.
+speculation's own.
+
+Blocks may overlap, nested in one thread or open in several at once (two calls decoding in two threads, on one
+pipeline or on two that share a model): the layers are shared, so a process-wide count of the open blocks holding
+each layer reroutes it on the first block's entry and restores it on the last one's exit. Were the first block to
+leave restoring them, the others would finish on torch's kernels: the same layers (the rerouted forward reads the
+layer's own dense weight, nothing is prepacked), but slower than the costs their trees were sized by, and a cost
+probe running then would store torch's timings as oneDNN's (:func:`vlmspec.probe.cached_costs`). While any block
+is open, every caller of those layers runs oneDNN, a ``generate()`` in another thread included.
 
 Exactness: oneDNN sums in another order than MKL, so logits differ in the last bits (a few 1e-6 relative), as they
 already differ between a one-row and a many-row product of either library; greedy output stays the target's
@@ -27,7 +34,8 @@ GPU models, other dtypes, and torch builds without oneDNN are left as they are.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -35,6 +43,11 @@ _ONEDNN_LINEAR = getattr(torch._C._nn, "mkldnn_linear", None)
 MIN_WEIGHT_ELEMENTS = 1 << 20
 """Smaller layers keep torch's kernel: oneDNN's fixed cost per call (about 40 us here) outweighs its gain on a
 weight below ~4 MB (the testbed draft's forward went from 1.6 ms to 5.7 ms with every layer rerouted)."""
+_HOLDERS: dict[torch.nn.Linear, int] = {}
+"""The layers rerouted now, each with the number of open blocks holding it (removed at 0: nothing kept after)."""
+_HOLDERS_GUARD = threading.RLock()
+"""Reentrant: the garbage collector may close an abandoned ``pipe.batch_iter`` generator, releasing its block, in
+the middle of another block's entry or exit in the same thread."""
 
 
 def onednn_available() -> bool:
@@ -67,20 +80,39 @@ def onednn_linears(*models: torch.nn.Module | None) -> Iterator[int]:
         models: modules (``None`` entries are skipped).
 
     Yields:
-        The number of layers rerouted (0 when oneDNN is unavailable or no layer is a large enough fp32 CPU
-        ``nn.Linear``).
+        The number of layers that run through oneDNN inside the block, whether this block or another open one
+        rerouted them (0 when oneDNN is unavailable or no layer is a large enough fp32 CPU ``nn.Linear``).
     """
-    layers = []
-    if onednn_available():
-        layers = [m for model in models if model is not None for m in model.modules() if _eligible(m)]
-        layers = [m for m in layers if "forward" not in vars(m)]  # already rerouted by an enclosing block
-    for layer in layers:
-        layer.forward = lambda x, layer=layer: _onednn_forward(layer, x)
+    layers = _hold(models) if onednn_available() else []
     try:
         yield len(layers)
     finally:
-        for layer in layers:  # pop: another thread's block may have rerouted (and restored) the same layer
-            vars(layer).pop("forward", None)
+        _release(layers)
+
+
+def _hold(models: Iterable[torch.nn.Module | None]) -> list[torch.nn.Linear]:
+    """Count one more block holding each eligible layer of ``models``, rerouting the layers no block held yet.
+
+    A layer whose ``forward`` something else replaced (an instance attribute no block set) is left alone.
+    """
+    with _HOLDERS_GUARD:
+        found = (m for model in models if model is not None for m in model.modules() if _eligible(m))
+        layers = [m for m in dict.fromkeys(found) if m in _HOLDERS or "forward" not in vars(m)]
+        for layer in layers:
+            if layer not in _HOLDERS:
+                layer.forward = lambda x, layer=layer: _onednn_forward(layer, x)
+            _HOLDERS[layer] = _HOLDERS.get(layer, 0) + 1
+        return layers
+
+
+def _release(layers: list[torch.nn.Linear]) -> None:
+    """Count one block fewer holding each of ``layers``; the last one out restores torch's forward."""
+    with _HOLDERS_GUARD:
+        for layer in layers:
+            _HOLDERS[layer] -= 1
+            if _HOLDERS[layer] == 0:
+                del _HOLDERS[layer]
+                vars(layer).pop("forward", None)
 
 
 __all__ = ["MIN_WEIGHT_ELEMENTS", "onednn_available", "onednn_linears"]
