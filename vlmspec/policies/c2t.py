@@ -101,7 +101,10 @@ def candidate_features(
     """
     joint = parent_cum[:, None].float() * child_probs.float()
     entropy = parent_entropy[:, None].float().expand_as(joint)
-    depth = torch.as_tensor(depth, dtype=torch.float32, device=joint.device).expand_as(joint)
+    if isinstance(depth, torch.Tensor):
+        depth = depth.to(torch.float32).expand_as(joint)
+    else:  # a level's: filled on the device (no host-to-device copy per level)
+        depth = joint.new_full(joint.shape, float(depth))
     return torch.stack([joint, entropy, depth], dim=-1)
 
 
