@@ -173,3 +173,21 @@ def test_a_call_s_stopping_criteria_end_the_output_where_generate_ends_it(mini, 
         )
         assert 8 <= expected.shape[1] - length < len(plain)
         assert torch.equal(mini.generate(**inputs, max_new_tokens=NEW, stopping_criteria=criteria), expected)
+
+
+def test_max_time_stops_as_generate_s_max_time_criteria_stops(mini, prompt):
+    """generate()'s max_time: no token after the limit (0 s: the first token only), none without one; set on the
+    call or in the target's generation_config."""
+    example, inputs, length, plain = prompt
+    for limit, expected in ((0.0, plain[:1]), (600.0, plain)):
+        theirs = mini.target.generate(**inputs, do_sample=False, max_new_tokens=NEW, max_time=limit)
+        assert theirs[0, length:].tolist() == expected
+        assert torch.equal(mini.generate(**inputs, max_new_tokens=NEW, max_time=limit), theirs)
+    config = mini.target.generation_config
+    config.max_time = 0.0
+    try:
+        assert mini(example.image, example.prompt, max_new_tokens=NEW).token_ids == plain[:1]
+    finally:
+        config.max_time = None
+    with pytest.raises(ValueError, match=r"max_time='1' is invalid: use a number of seconds >= 0"):
+        mini.generate(**inputs, max_new_tokens=2, max_time="1")

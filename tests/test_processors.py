@@ -188,12 +188,12 @@ def config_of(tiny):
         {"num_return_sequences": 2},
         {"guidance_scale": 2.0},
         {"penalty_alpha": 0.6},
-        {"max_time": 5.0},
+        {"token_healing": True},
         {"dola_layers": "high"},
     ],
 )
 def test_a_config_that_makes_generate_decode_otherwise_is_refused(tiny, config_of, setting):
-    """Beam search, several sequences, classifier-free guidance, contrastive search, DoLa, a time limit: a
+    """Beam search, several sequences, classifier-free guidance, contrastive search, DoLa, token healing: a
     generation_config turning one on is refused, not decoded greedily."""
     (name, value), image = next(iter(setting.items())), make_image(0)
     setattr(config_of, name, value)

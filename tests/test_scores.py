@@ -60,6 +60,9 @@ def test_greedy_scores_and_logits_are_generate_s(mini, policy):
     assert_steps_match(ours.logits, theirs.logits)
     assert_steps_match(ours.scores, theirs.scores)
     assert not torch.equal(ours.scores[3], ours.logits[3])  # the penalty changed them: two different fields
+    ours_steps = mini.target.compute_transition_scores(ours.sequences, ours.scores, normalize_logits=True)
+    theirs_steps = mini.target.compute_transition_scores(theirs.sequences, theirs.scores, normalize_logits=True)
+    torch.testing.assert_close(ours_steps, theirs_steps, atol=1e-4, rtol=1e-4)  # per-token log-probabilities
     if policy != "ar":
         assert mini(example.image, example.prompt, max_new_tokens=24).stats.mean_accepted > 1
 

@@ -170,7 +170,7 @@ def call_config(target: Any, settings: dict[str, Any], kwargs: dict[str, Any]) -
     the call's ``pad_token_id``, ``return_dict_in_generate`` and ``output_*`` settings from ``settings``, and,
     taken out of ``kwargs``, a ``None`` for any other of its settings (``generate()`` turns that setting off), an
     off value for a setting vlmspec does not apply (``num_beams=1``, ``max_time=None``) and the settings of
-    transformers' processors vlmspec runs node by node (``no_repeat_ngram_size``, ...).
+    transformers' processors vlmspec runs node by node (``no_repeat_ngram_size``, ...) and ``max_time``.
     """
     config = copy.deepcopy(generation_config(target, settings.get("generation_config")))
     options = set(GENERATE_OPTIONS)
@@ -180,7 +180,7 @@ def call_config(target: Any, settings: dict[str, Any], kwargs: dict[str, Any]) -
     for name, is_on in REFUSED_SETTINGS.items():
         if name in kwargs and not is_on(kwargs[name]):
             setattr(config, name, kwargs.pop(name))
-    for name in TRANSFORMERS_PROCESSORS:  # run node by node (vlmspec.node_processors)
+    for name in (*TRANSFORMERS_PROCESSORS, "max_time"):  # processors run node by node, a stop condition
         if name in kwargs:
             setattr(config, name, kwargs.pop(name))
     for name in _OUTPUT_SETTINGS:

@@ -45,11 +45,10 @@ REFUSED_SETTINGS: dict[str, Callable[[Any], bool]] = {
     "penalty_alpha": lambda v: v is not None and v > 0,
     "dola_layers": lambda v: v is not None,
     "token_healing": lambda v: v is True,
-    "max_time": lambda v: v is not None,
 }
 """Settings with which ``generate()`` decodes otherwise, which vlmspec does not implement: classifier-free guidance
 (a second, unconditional forward), watermarking (after the warpers), beam search, several sequences per prompt,
-contrastive search, DoLa, token healing (it rewrites the prompt) and a wall-clock limit."""
+contrastive search, DoLa and token healing (it rewrites the prompt)."""
 
 
 @dataclass(frozen=True)

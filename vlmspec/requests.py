@@ -182,6 +182,7 @@ def decoding_settings(
         stop_strings=a.stop_strings if a.stop_strings is not None else config.stop_strings,
         tokenizer=tokenizer,
         criteria=() if custom is None else tuple(custom.stopping_criteria),
+        max_time=config.max_time,
     )
     processing = LogitsProcessing.for_call(
         config,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import MaxTimeCriteria
 
 from .errors import InputTypeError, InvalidInputError
 
@@ -30,6 +31,8 @@ class StopCriteria:
     criteria: a ``generate()`` call's own ``stopping_criteria`` (callables of ``(input_ids, scores)`` returning a
         ``[1]`` bool tensor), called after each new token with the whole sequence as ``[1, L + t]`` ids on the
         prompt's device and ``scores=None``, as ``generate()`` calls them when it keeps no scores.
+    max_time: ``generate()``'s ``max_time``: seconds after decoding starts (:meth:`after_prompt`) past which no
+        further token is generated (``MaxTimeCriteria``); ``None``: no limit.
     prompt_ids: the prompt's tokens, where a stop string may begin and with which ``criteria`` see the sequence
         (:meth:`after_prompt` sets them).
     """
@@ -39,6 +42,7 @@ class StopCriteria:
     stop_strings: tuple[str, ...] = ()
     tokenizer: Any = None
     criteria: tuple[Any, ...] = ()
+    max_time: float | None = None
     prompt_ids: tuple[int, ...] = ()
     device: Any = None
 
@@ -56,13 +60,27 @@ class StopCriteria:
                 "stop_strings need a tokenizer to decode the output; pass the processor's tokenizer"
             )
         self._eos = frozenset(self.eos_token_ids)
+        limit = self.max_time
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, numbers.Real) or limit < 0
+        ):
+            raise InvalidInputError(f"max_time={limit!r} is invalid: use a number of seconds >= 0, or None")
 
     def after_prompt(self, prompt_ids: torch.Tensor) -> StopCriteria:
         """These criteria for a request whose prompt is ``prompt_ids`` (``[L]``; read on the host only when there
-        are stop strings or criteria)."""
-        if not self.stop_strings and not self.criteria:
+        are stop strings or criteria), its decoding starting now (``max_time``)."""
+        criteria = self.criteria
+        if self.max_time is not None:
+            criteria = (*criteria, MaxTimeCriteria(self.max_time))
+        if not self.stop_strings and not criteria:
             return self
-        return dataclasses.replace(self, prompt_ids=tuple(prompt_ids.tolist()), device=prompt_ids.device)
+        return dataclasses.replace(
+            self,
+            criteria=criteria,
+            max_time=None,
+            prompt_ids=tuple(prompt_ids.tolist()),
+            device=prompt_ids.device,
+        )
 
     def update(self, tokens: list[int]) -> bool:
         """True when generation must stop after the last token of ``tokens``."""
