@@ -300,7 +300,9 @@ def test_generate_refuses_what_it_cannot_do_naming_it(pipe):
     inputs = _processor_inputs(pipe, [make_image(1)], PROMPTS[1])
     with pytest.raises(TypeError, match=r"does not take assistant_model, negative_prompt_ids: it takes"):
         pipe.generate(**inputs, negative_prompt_ids=inputs["input_ids"], assistant_model=pipe.draft)
-    with pytest.raises(TypeError, match=r"num_beams=4\): vlmspec decodes one sequence per prompt"):
+    with pytest.raises(
+        TypeError, match=r"num_beams=4\): vlmspec decodes greedily or by sampling, not by beam"
+    ):
         pipe.generate(**inputs, num_beams=4)
     with pytest.raises(TypeError, match=r"eos_token_id='x' must be a token id"):
         pipe.generate(**inputs, eos_token_id="x")

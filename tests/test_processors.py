@@ -185,7 +185,6 @@ def config_of(tiny):
     "setting",
     [
         {"num_beams": 3},
-        {"num_return_sequences": 2},
         {"guidance_scale": 2.0},
         {"penalty_alpha": 0.6},
         {"token_healing": True},

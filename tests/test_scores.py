@@ -61,7 +61,9 @@ def test_greedy_scores_and_logits_are_generate_s(mini, policy):
     assert_steps_match(ours.scores, theirs.scores)
     assert not torch.equal(ours.scores[3], ours.logits[3])  # the penalty changed them: two different fields
     ours_steps = mini.target.compute_transition_scores(ours.sequences, ours.scores, normalize_logits=True)
-    theirs_steps = mini.target.compute_transition_scores(theirs.sequences, theirs.scores, normalize_logits=True)
+    theirs_steps = mini.target.compute_transition_scores(
+        theirs.sequences, theirs.scores, normalize_logits=True
+    )
     torch.testing.assert_close(ours_steps, theirs_steps, atol=1e-4, rtol=1e-4)  # per-token log-probabilities
     if policy != "ar":
         assert mini(example.image, example.prompt, max_new_tokens=24).stats.mean_accepted > 1
@@ -178,3 +180,21 @@ def test_a_generation_config_is_merged_over_the_target_s_as_generate_merges_it(t
         InvalidInputError, match=r"output_attentions: vlmspec returns sequences, scores and logits"
     ):
         tiny.generate(**inputs, num_beams=1, return_dict_in_generate=True, output_attentions=True)
+
+
+def test_num_return_sequences_draws_that_many_samples_per_prompt(mini):
+    """Each prompt's sequences next to each other, as generate() orders them, each drawn with its own seed (row
+    ``i`` of the expanded batch with ``seed + i``); greedy decoding has one answer and is refused, as generate()
+    refuses it."""
+    mini.policy = get_policy("sage")
+    example = sample("image_caption", 4)
+    inputs = mini.prepare_inputs(example.image, example.prompt)
+    options = {"max_new_tokens": 12, "do_sample": True, "temperature": 1.5}
+    out = mini.generate(**inputs, num_return_sequences=3, seed=7, **options)
+    assert out.shape[0] == 3 == mini.target.generate(**inputs, num_return_sequences=3, **options).shape[0]
+    for i in range(3):
+        alone = mini.generate(**inputs, seed=7 + i, **options)
+        assert out[i, : alone.shape[1]].tolist() == alone[0].tolist()
+    assert len({tuple(row.tolist()) for row in out}) > 1
+    with pytest.raises(InvalidInputError, match=r"num_return_sequences=2 without sampling: greedy decoding"):
+        mini.generate(**inputs, num_return_sequences=2, max_new_tokens=4)

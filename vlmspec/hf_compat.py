@@ -53,7 +53,7 @@ def generate(
         **kwargs: the other processor outputs (tensors the target's ``forward()`` takes: ``attention_mask``,
             ``pixel_values``, ``image_grid_thw``, ...); the generation options of :data:`GENERATE_OPTIONS`, as
             ``pipe(...)`` takes them (``streamer``: one prompt only); ``use_cache`` (speed only: ignored),
-            ``num_beams`` and ``num_return_sequences`` (1 only); ``tokenizer`` (which ``generate()`` needs with
+            ``num_beams`` (1 only), ``num_return_sequences`` (with sampling); ``tokenizer`` (which ``generate()`` needs with
             ``stop_strings``: ignored, the pipeline decodes with its own processor's tokenizer); ``batch_size``
             (rows decoding at once; default: all), ``pad_token_id`` (what rows that stop early are padded with),
             ``max_length``, ``generation_config`` (merged over the target's, as ``generate()`` merges it),
@@ -96,6 +96,8 @@ def generate(
         given["max_length"] = settings["max_length"]
     seed = check_seed(given.pop("seed", None))
     rows = pipe._target_adapter.split_rows({"input_ids": input_ids, **tensors})  # each prompt alone, unpadded
+    copies = return_sequences(config, given)
+    rows, input_ids = [row for row in rows for _ in range(copies)], input_ids.repeat_interleave(copies, dim=0)
     if len(rows) > 1 and given.get("streamer") is not None:
         raise InvalidInputError("pipe.generate(streamer=...) streams one prompt; give one row of input_ids")
     custom = CallHooks(
@@ -169,8 +171,9 @@ def call_config(target: Any, settings: dict[str, Any], kwargs: dict[str, Any]) -
     ``generation_config`` merged over the target's (:func:`generation_config`), or a copy of the target's; then
     the call's ``pad_token_id``, ``return_dict_in_generate`` and ``output_*`` settings from ``settings``, and,
     taken out of ``kwargs``, a ``None`` for any other of its settings (``generate()`` turns that setting off), an
-    off value for a setting vlmspec does not apply (``num_beams=1``, ``max_time=None``) and the settings of
-    transformers' processors vlmspec runs node by node (``no_repeat_ngram_size``, ...) and ``max_time``.
+    off value for a setting vlmspec does not apply (``num_beams=1``, ``guidance_scale=None``), and the settings
+    of transformers' processors vlmspec runs node by node (``no_repeat_ngram_size``, ...), ``max_time`` and
+    ``num_return_sequences``.
     """
     config = copy.deepcopy(generation_config(target, settings.get("generation_config")))
     options = set(GENERATE_OPTIONS)
@@ -180,7 +183,7 @@ def call_config(target: Any, settings: dict[str, Any], kwargs: dict[str, Any]) -
     for name, is_on in REFUSED_SETTINGS.items():
         if name in kwargs and not is_on(kwargs[name]):
             setattr(config, name, kwargs.pop(name))
-    for name in (*TRANSFORMERS_PROCESSORS, "max_time"):  # processors run node by node, a stop condition
+    for name in (*TRANSFORMERS_PROCESSORS, "max_time", "num_return_sequences"):  # applied (see generate)
         if name in kwargs:
             setattr(config, name, kwargs.pop(name))
     for name in _OUTPUT_SETTINGS:
@@ -231,13 +234,12 @@ def split_generate_kwargs(
         TypeError: an argument that is neither one of ``options`` nor a tensor of ``inputs`` (``num_beams``,
             ``assistant_model``, a mistyped option, a tensor the model does not take), named with what is taken.
     """
-    for name in ("num_beams", "num_return_sequences"):  # 1 is what vlmspec does; more is not
-        if kwargs.get(name, 1) not in (None, 1):
-            raise InputTypeError(
-                f"pipe.generate({name}={kwargs[name]!r}): vlmspec decodes one sequence per prompt, greedily or by "
-                f"sampling (repeat a prompt's rows for several samples); leave {name} at 1"
-            )
-    ignored = ("num_beams", "num_return_sequences", "use_cache")  # use_cache: the speed, never the tokens
+    if kwargs.get("num_beams", 1) not in (None, 1):
+        raise InputTypeError(
+            f"pipe.generate(num_beams={kwargs['num_beams']!r}): vlmspec decodes greedily or by sampling, not by "
+            "beam search; leave num_beams at 1 (num_return_sequences with do_sample=True draws several samples)"
+        )
+    ignored = ("num_beams", "use_cache")  # use_cache: the speed, never the tokens
     chosen = {k: v for k, v in kwargs.items() if k in options}
     tensors = {k: v for k, v in kwargs.items() if k not in options and k not in ignored and v is not None}
     unknown = sorted(
@@ -304,6 +306,28 @@ def _new_tokens(given: dict[str, Any], off: set[str], config: Any, prompt_length
             "refuses it too); pass max_new_tokens"
         )
     return int(max_length) - prompt_length
+
+
+def return_sequences(config: Any, given: dict[str, Any]) -> int:
+    """How many sequences each prompt gets (``num_return_sequences``, the call's over the config's): each its own
+    row, drawn with its own seed, in ``generate()``'s order (a prompt's sequences next to each other); the config
+    is left with 1 for the rows.
+
+    Raises:
+        InvalidInputError: more than one without sampling (``generate()`` refuses it too: greedy decoding has one
+            answer).
+    """
+    copies = config.num_return_sequences or 1
+    if isinstance(copies, bool) or not isinstance(copies, numbers.Integral) or copies < 1:
+        raise InputTypeError(f"num_return_sequences={copies!r} is invalid: use an integer >= 1")
+    sampling = bool(given["do_sample"]) if "do_sample" in given else bool(config.do_sample)
+    if copies > 1 and not sampling:
+        raise InvalidInputError(
+            f"num_return_sequences={copies} without sampling: greedy decoding gives one sequence per prompt (so "
+            "does generate()); pass do_sample=True to draw several"
+        )
+    config.num_return_sequences = 1
+    return int(copies)
 
 
 def returned_fields(generation_config: Any) -> tuple[str, ...] | None:
