@@ -29,8 +29,6 @@ inputs themselves, with the model's own public methods (``get_input_embeddings``
 
 from __future__ import annotations
 
-import threading
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
@@ -41,22 +39,8 @@ from transformers.cache_utils import Cache, DynamicCache
 from ..cache import cache_kwarg, new_cache, pop_tail, push_tail, truncate
 from ..errors import InvalidInputError
 from ..tree import tree_attention_bias
+from .attention import AttentionProbe, model_lock
 from .data import DecodeState, Prefill, PromptLayout, VisualFeatures
-
-_MODEL_LOCKS: weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
-_MODEL_LOCKS_GUARD = threading.Lock()
-
-
-def model_lock(model: torch.nn.Module) -> threading.RLock:
-    """The lock held around each forward of ``model`` that an adapter runs, and around the pruning probe (which
-    switches the decoder to eager attention and hooks its layers for one side pass): calls from several threads on
-    one pipeline take turns forward by forward, so no forward runs under another call's attention switch or hooks.
-    """
-    with _MODEL_LOCKS_GUARD:
-        lock = _MODEL_LOCKS.get(model)
-        if lock is None:
-            lock = _MODEL_LOCKS[model] = threading.RLock()
-        return lock
 
 
 class VLMAdapter:
@@ -422,7 +406,7 @@ class VLMAdapter:
         return out.last_hidden_state
 
     @contextmanager
-    def _visual_attention_probe(self, visual_idx: torch.Tensor) -> Iterator[_AttentionProbe]:
+    def _visual_attention_probe(self, visual_idx: torch.Tensor) -> Iterator[AttentionProbe]:
         """Record the attention paid to ``visual_idx`` key positions during the forwards run inside the block.
 
         Attention weights only exist under eager attention, so the decoder is switched to ``"eager"`` with the
@@ -433,9 +417,9 @@ class VLMAdapter:
         """
         decoder = self.model.get_decoder()
         with model_lock(self.model):
-            yield from self._probe_layers(decoder, _AttentionProbe(visual_idx))
+            yield from self._probe_layers(decoder, AttentionProbe(visual_idx))
 
-    def _probe_layers(self, decoder: torch.nn.Module, probe: _AttentionProbe) -> Iterator[_AttentionProbe]:
+    def _probe_layers(self, decoder: torch.nn.Module, probe: AttentionProbe) -> Iterator[AttentionProbe]:
         """The probe's block, under the lock: eager attention and the layers' hooks, undone on exit."""
         previous = decoder.config._attn_implementation
         handles = [layer.self_attn.register_forward_hook(probe.hook) for layer in decoder.layers]
@@ -562,33 +546,6 @@ class VLMAdapter:
         """
         rope = self.rope_ids(positions, state.rope_delta)
         return self.run(state.cache, self.embed(tokens)[None], rope, bias)[0][0]
-
-
-class _AttentionProbe:
-    """Accumulates, per decoder layer, the attention ``[num_visual]`` paid to some key positions."""
-
-    def __init__(self, key_idx: torch.Tensor) -> None:
-        self.key_idx = key_idx
-        self.total: torch.Tensor | None = None
-        self.layers = 0
-
-    def hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-        if weights is None:
-            raise RuntimeError(
-                f"{type(module).__name__} returned no attention weights under eager attention; visual scoring "
-                "needs an attention layer that returns (output, weights)"
-            )
-        # weights: [1, H, m, keys] -> attention to the visual keys, mean over batch, heads and queries.
-        paid = weights.index_select(-1, self.key_idx).float().mean(dim=(0, 1, 2))  # [num_visual]
-        self.total = paid if self.total is None else self.total + paid
-        self.layers += 1
-
-    def scores(self) -> torch.Tensor:
-        """``[num_visual]`` mean over the layers seen."""
-        if self.total is None:
-            raise RuntimeError("no attention layer ran inside the visual attention probe")
-        return self.total / self.layers
 
 
 def _check_keep(keep: torch.Tensor, length: int) -> torch.Tensor:

@@ -384,7 +384,7 @@ class EDDAdapter(VLMAdapter):
 
     @contextmanager
     def _layer_output(self, layer: int | None) -> Iterator[list[torch.Tensor]]:
-        """No layer to read, and no :func:`~vlmspec.models.base.model_lock`: that lock keeps a model's forwards out
+        """No layer to read, and no :func:`~vlmspec.models.attention.model_lock`: that lock keeps a model's forwards out
         of the pruning probe's eager switch and the layer hooks, which only ever touch a target, and an EDD draft
         shares no module or config with its target (its decoder is built from its own copy of the text config).
         Its forwards (:meth:`run`, :meth:`prefill_soft`) switch and hook nothing, so two threads may run them on
