@@ -9,14 +9,17 @@ import copy
 import pytest
 import torch
 from transformers import (
+    EosTokenCriteria,
     LogitsProcessor,
     LogitsProcessorList,
+    MaxLengthCriteria,
+    MaxTimeCriteria,
     StoppingCriteria,
     StoppingCriteriaList,
     StopStringCriteria,
 )
 
-from vlmspec import InputTypeError, VLMSpecPipeline, get_policy
+from vlmspec import InputTypeError, InvalidInputError, VLMSpecPipeline, get_policy
 from vlmspec.testbed import sample
 
 NEW = 40
@@ -191,3 +194,99 @@ def test_max_time_stops_as_generate_s_max_time_criteria_stops(mini, prompt):
         config.max_time = None
     with pytest.raises(ValueError, match=r"max_time='1' is invalid: use a number of seconds >= 0"):
         mini.generate(**inputs, max_new_tokens=2, max_time="1")
+
+
+class ConfidentOnly(StoppingCriteria):
+    """Stops once the last token's processed probability is below one half: reads the scores generate() gives."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: tuple | None, **kwargs) -> torch.Tensor:
+        assert scores is not None and len(scores) == input_ids.shape[1] - self.length
+        return scores[-1].softmax(-1).max(-1).values < 0.5
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+
+def test_criteria_get_the_scores_so_far_and_prefix_functions_the_prompt_s_batch_id(mini, prompt):
+    example, inputs, length, plain = prompt
+    mini.policy = get_policy("sage")
+    options = {"max_new_tokens": NEW, "return_dict_in_generate": True, "output_scores": True}
+    criteria = StoppingCriteriaList([ConfidentOnly(length)])
+    theirs = mini.target.generate(**inputs, do_sample=False, stopping_criteria=criteria, **options)
+    assert theirs.sequences.shape[1] - length < len(plain)  # the criterion ended it
+    assert torch.equal(
+        mini.generate(**inputs, stopping_criteria=criteria, **options).sequences, theirs.sequences
+    )
+
+    seen: set[int] = set()
+    allowed = {0: sorted(set(plain))}  # keyed by prompt, as generate() calls it with num_return_sequences
+
+    def prefix(batch_id: int, ids: torch.Tensor) -> list[int]:
+        seen.add(batch_id)
+        return allowed[batch_id]
+
+    mini.generate(
+        **inputs, max_new_tokens=6, do_sample=True, num_return_sequences=3, prefix_allowed_tokens_fn=prefix
+    )
+    assert seen == {0}
+
+
+@pytest.mark.parametrize(
+    ("criteria", "options", "message"),
+    [
+        (
+            lambda length: MaxLengthCriteria(length + 20),
+            {},
+            r"holds a MaxLengthCriteria.*pass max_new_tokens",
+        ),
+        (lambda length: EosTokenCriteria(5), {}, r"holds a EosTokenCriteria.*pass eos_token_id"),
+        (lambda length: MaxTimeCriteria(9.0), {"max_time": 5.0}, r"holds a MaxTimeCriteria.*pass max_time"),
+    ],
+)
+def test_a_criterion_generate_would_put_in_place_of_its_own_is_refused(
+    mini, prompt, criteria, options, message
+):
+    """generate() replaces its own criterion of the same type with the caller's; vlmspec says which argument to
+    pass instead of silently keeping both."""
+    _, inputs, length, _ = prompt
+    with pytest.raises(InvalidInputError, match=message):
+        mini.generate(**inputs, max_new_tokens=8, stopping_criteria=[criteria(length)], **options)
+
+
+class PerRowBias(LogitsProcessor):
+    """Built for a batch of two: returns two rows whatever it is given."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return scores + torch.zeros(2, 1)
+
+
+def test_settings_pipe_takes_from_the_config_only_are_taken_from_the_call_too(mini, prompt):
+    """suppress_tokens, begin_suppress_tokens, min_length, forced_bos_token_id given to pipe.generate apply as in
+    generate() (one-token text prompt for the forced BOS); a processor built for a whole batch is refused."""
+    _, inputs, length, plain = prompt
+    for setting in (
+        {"suppress_tokens": [plain[1]]},
+        {"begin_suppress_tokens": [plain[0]]},
+        {"min_length": length + len(plain) + 3, "eos_token_id": plain[-1]},
+    ):
+        expected = mini.target.generate(**inputs, do_sample=False, max_new_tokens=NEW, **setting)
+        assert expected[0, length:].tolist() != plain
+        assert torch.equal(mini.generate(**inputs, max_new_tokens=NEW, **setting), expected), setting
+    one = {"input_ids": inputs["input_ids"][:, :1], "attention_mask": inputs["attention_mask"][:, :1]}
+    expected = mini.target.generate(**one, do_sample=False, max_new_tokens=6, forced_bos_token_id=plain[3])
+    assert expected[0, 1].item() == plain[3]
+    assert torch.equal(mini.generate(**one, max_new_tokens=6, forced_bos_token_id=plain[3]), expected)
+    with pytest.raises(InvalidInputError, match=r"returned scores of shape \(2, \d+\) for one sequence"):
+        mini.generate(**inputs, max_new_tokens=4, logits_processor=[PerRowBias()])
+
+
+def test_max_time_counts_from_the_start_it_is_given():
+    """pipe.generate's rows count max_time from the call's start, not each from its own."""
+    import time
+
+    from vlmspec.stopping import StopCriteria
+
+    ids = torch.tensor([5, 6, 7])
+    late = StopCriteria(max_new_tokens=50, max_time=5.0, started=time.time() - 10).after_prompt(ids)
+    fresh = StopCriteria(max_new_tokens=50, max_time=5.0).after_prompt(ids)
+    assert late.update([1, 2]) and not fresh.update([1, 2])

@@ -198,3 +198,31 @@ def test_num_return_sequences_draws_that_many_samples_per_prompt(mini):
     assert len({tuple(row.tolist()) for row in out}) > 1
     with pytest.raises(InvalidInputError, match=r"num_return_sequences=2 without sampling: greedy decoding"):
         mini.generate(**inputs, num_return_sequences=2, max_new_tokens=4)
+
+
+def test_renormalized_scores_are_log_probabilities_as_generate_s(mini):
+    """A config's renormalize_logits log-softmaxes the scores last (after the warpers), as generate() does."""
+    example = sample("image_caption", 5)
+    inputs = mini.prepare_inputs(example.image, example.prompt)
+    options = {"max_new_tokens": 8, "renormalize_logits": True, **SCORED}
+    for extra in (
+        {},
+        {"do_sample": True, "top_k": 4, "temperature": 0.8, "seed": 2, "no_repeat_ngram_size": 2},
+    ):
+        ours = mini.generate(**inputs, **options, **extra)
+        steps = torch.cat(ours.scores)
+        assert torch.allclose(steps.logsumexp(-1), torch.zeros(len(ours.scores)), atol=1e-5)
+        if not extra:
+            theirs = mini.target.generate(**inputs, do_sample=False, **options)
+            assert_steps_match(ours.scores, theirs.scores)
+
+
+def test_a_pad_token_beyond_the_logits_leaves_finished_rows_all_minus_infinity(tiny, config_of):
+    inputs = tiny.prepare_inputs(make_image(2), "Describe this image.")
+    length = inputs["input_ids"].shape[1]
+    vocab = tiny.target.get_output_embeddings().weight.shape[0]
+    out = tiny.generate(**inputs, max_new_tokens=5, pad_token_id=vocab + 5, **SCORED)
+    expected = tiny.target.generate(**inputs, do_sample=False, max_new_tokens=5)[0, length:].tolist()
+    assert out.sequences[0, length:].tolist() == expected and len(out.scores) == len(expected)
+    with pytest.raises(TypeError, match=r"pipe.stream\(\) yields text pieces, not scores"):
+        tiny.stream(make_image(2), "Hi", output_scores=True)

@@ -205,7 +205,7 @@ def speculative_generate(
     tokens = [int(root)]
     if processed is not None:
         processed.commit(root.reshape(1))
-    done = stop.update(tokens)
+    done = stop.update(tokens, scores)
     if on_tokens is not None:
         on_tokens(tokens[:])
     t_dtype = target.dtype
@@ -256,17 +256,19 @@ def speculative_generate(
         # 7. Feed the statistics back to the policy.
         policy.feedback(StepFeedback(step=stats.steps, accepted=a - 1, tree_size=tree.num_nodes))
         # 8. Emit the tokens, applying the stop conditions after each one as generate() does.
+        if scores is not None:  # token i was chosen from the distribution at the path's node i
+            scores.add(raw[on_path], logits[on_path])
         emitted = 0
         for token in new:
             tokens.append(token)
             emitted += 1
-            done = stop.update(tokens)
+            done = stop.update(tokens, scores)
             if done:
                 break
         if on_tokens is not None:
             on_tokens(tokens[-emitted:])
-        if scores is not None:  # token i was chosen from the distribution at the path's node i
-            scores.add(raw[on_path[:emitted]], logits[on_path[:emitted]])
+        if scores is not None:
+            scores.keep(len(tokens))
         # Statistics count only accepted tokens that were emitted (a stop condition may cut the step short).
         accepted = min(a - 1, emitted)
         stats.trace.append({**policy.trace(), "tree_size": tree.num_nodes, "accepted": accepted})

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import inspect
 import numbers
+import time
 from collections.abc import Collection, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -104,8 +105,11 @@ def generate(
         settings.get("logits_processor") or (),
         settings.get("prefix_allowed_tokens_fn"),
         settings.get("stopping_criteria") or (),
+        started=time.time(),  # max_time counts from the call, as in generate()
     )
-    call = SimpleNamespace(given=given, seed=seed, config=config, scores=bool(fields), custom=custom)
+    call = SimpleNamespace(
+        given=given, seed=seed, config=config, scores=bool(fields), custom=custom, copies=copies
+    )
     calls = [_row_call(pipe, b, row, call) for b, row in enumerate(rows)]  # all checked before decoding
     outs = _decode_rows(pipe, calls, settings.get("batch_size", len(rows)))
     if pad is None:  # as generate(): the EOS (the call's, else the config's) where there is no pad token
@@ -125,6 +129,12 @@ _CALL_SETTINGS = (
     "prefix_allowed_tokens_fn", "stopping_criteria",
 )  # fmt: skip
 """What :func:`generate` takes besides the options of ``pipe(...)`` (``tokenizer``: ignored)."""
+_CONFIG_ONLY = (
+    "max_time", "num_return_sequences", "min_length", "suppress_tokens", "begin_suppress_tokens",
+    "renormalize_logits", "forced_bos_token_id", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h",
+)  # fmt: skip
+"""``generate()`` settings ``pipe(...)`` takes from the ``generation_config`` only: a ``pipe.generate`` call's
+are written into its config."""
 _OUTPUT_SETTINGS = (
     "pad_token_id", "return_dict_in_generate", "output_scores", "output_logits", "output_attentions",
     "output_hidden_states",
@@ -140,7 +150,8 @@ def _row_call(pipe: Any, b: int, row: dict[str, Any], call: SimpleNamespace) -> 
         options = resolve_options(call.given, call.config, row["input_ids"].shape[1])
         seed = None if call.seed is None else call.seed + b
         request = {"inputs": row, "seed": seed, "output_scores": call.scores, **options}
-        return pipe._prepare(request, call.config, dataclasses.replace(call.custom, row=b))
+        custom = dataclasses.replace(call.custom, row=b // call.copies)  # generate()'s batch_id: the prompt's
+        return pipe._prepare(request, call.config, custom)
     except (TypeError, ValueError, OSError) as err:
         raise naming_request(err, b, "pipe.generate: row") from err
 
@@ -183,7 +194,7 @@ def call_config(target: Any, settings: dict[str, Any], kwargs: dict[str, Any]) -
     for name, is_on in REFUSED_SETTINGS.items():
         if name in kwargs and not is_on(kwargs[name]):
             setattr(config, name, kwargs.pop(name))
-    for name in (*TRANSFORMERS_PROCESSORS, "max_time", "num_return_sequences"):  # applied (see generate)
+    for name in (*TRANSFORMERS_PROCESSORS, *_CONFIG_ONLY):  # applied from the config (see generate)
         if name in kwargs:
             setattr(config, name, kwargs.pop(name))
     for name in _OUTPUT_SETTINGS:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessorList
 
+from .errors import InvalidInputError
 from .tree import TokenTree
 
 TRANSFORMERS_PROCESSORS: dict[str, Callable[[Any], bool]] = {
@@ -39,6 +40,7 @@ TRANSFORMERS_PROCESSORS: dict[str, Callable[[Any], bool]] = {
     "exponential_decay_length_penalty": lambda v: v is not None,
     "encoder_repetition_penalty": lambda v: v is not None and v != 1,
     "encoder_no_repeat_ngram_size": lambda v: bool(v) and v > 0,
+    "forced_bos_token_id": lambda v: v is not None,  # acts on a one-token prompt (text given as input_ids)
 }
 """``generation_config`` settings that turn on a processor the tensor path does not implement (when each is on)."""
 
@@ -81,6 +83,7 @@ class NodeProcessing:
             if getattr(config, name, None) is None:
                 setattr(config, name, value)
         config.do_sample = False  # no warpers: vlmspec.sampling applies them
+        config.renormalize_logits = False  # after the warpers: vlmspec.scores applies it
         config.max_length = ids.shape[1] + self.max_new_tokens  # as generate()'s _prepare_generated_length
         if config.min_new_tokens is not None:
             config.min_length = ids.shape[1] + config.min_new_tokens
@@ -133,5 +136,16 @@ class NodeLogits:
 
     def _run(self, ids: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
         """One node's ``[V]`` logits through the list, as ``generate()`` runs a batch of one (a copy: some
-        processors write into the scores they are given)."""
-        return self.processors(ids, row[None].float().clone())[0]
+        processors write into the scores they are given).
+
+        Raises:
+            InvalidInputError: a processor that returned other than one row (one built for a whole batch).
+        """
+        out = self.processors(ids, row[None].float().clone())
+        if out.shape != (1, row.shape[-1]):
+            raise InvalidInputError(
+                f"the logits processors returned scores of shape {tuple(out.shape)} for one sequence's [1, "
+                f"{row.shape[-1]}]: vlmspec runs each tree node as a batch of one (vlmspec.node_processors), so a "
+                "processor must act row by row (not hold per-batch-row tensors)"
+            )
+        return out[0]

@@ -62,7 +62,7 @@ from .sampling import SamplingParams
 from .saving import read_settings, save_pipeline
 from .scores import ScoreLog, check_output_scores
 from .stopping import StopCriteria
-from .streaming import StreamPiece, check_streamer, stream_call
+from .streaming import StreamPiece, check_stream_kwargs, check_streamer, stream_call
 
 DEFAULT_POLICY = "sage"
 
@@ -77,7 +77,7 @@ class _Call:
     draft: DraftPrompt | None
     streamer: Any = None
     processing: LogitsProcessing | None = None
-    output_scores: bool = False
+    scores: Callable[[], ScoreLog] | None = None
 
 
 class VLMSpecPipeline:
@@ -495,7 +495,9 @@ class VLMSpecPipeline:
             draft,
             streamer=a.streamer,
             processing=settings.processing,
-            output_scores=check_output_scores(a.output_scores),
+            scores=partial(ScoreLog, settings.sampling, settings.renormalize)
+            if check_output_scores(a.output_scores)
+            else None,
         )
 
     def batch_policy(self, batch_size: int) -> TreePolicy:
@@ -529,7 +531,7 @@ class VLMSpecPipeline:
         if streamer is not None:
             streamer.put(call.inputs["input_ids"].cpu())
             on_tokens = lambda ids: streamer.put(torch.tensor(ids))  # noqa: E731
-        scores = ScoreLog(call.sampling) if call.output_scores else None
+        scores = call.scores() if call.scores is not None else None
         token_ids, stats = speculative_generate(
             models(self._target_adapter, TARGET),
             call.inputs,
@@ -575,10 +577,7 @@ class VLMSpecPipeline:
         ``kwargs`` are :meth:`__call__`'s (``video``, ``max_new_tokens``, ``do_sample``, ``messages``, ``inputs``,
         ...), ``streamer`` aside: ``pipe.stream(messages=[...])`` streams a conversation's reply.
         """
-        if "streamer" in kwargs:
-            raise InputTypeError(
-                "pipe.stream() makes its own streamer; use pipe(..., streamer=...) to pass yours"
-            )
+        check_stream_kwargs(kwargs)
         return stream_call(lambda streamer: self(image, prompt, streamer=streamer, **kwargs), self.tokenizer)
 
     @torch.no_grad()

@@ -17,10 +17,10 @@ path from the root, so the processors here take the path into account:
 Logits are turned to float32 first, as ``generate()`` does; the sampling warpers (:mod:`vlmspec.sampling`, all of
 ``generate()``'s) come after. A call that turns on any of ``generate()``'s other processors (n-gram bans, bad words,
 sequence bias, forced EOS, ...) or brings its own runs transformers' whole list node by node instead
-(:mod:`vlmspec.node_processors`). Settings with which ``generate()`` decodes otherwise than by processors (beams,
-contrastive search, ...) are refused by name, rather than silently decoding something ``generate()`` would not;
-``forced_bos_token_id`` only acts on a one-token prompt, which no VLM prompt is, and ``renormalize_logits`` changes
-neither an argmax nor a softmax, so both are let through.
+(:mod:`vlmspec.node_processors`; ``forced_bos_token_id`` too, which acts on a one-token prompt). Settings with
+which ``generate()`` decodes otherwise than by processors (beams, contrastive search, ...) are refused by name,
+rather than silently decoding something ``generate()`` would not; ``renormalize_logits`` changes neither an argmax
+nor a softmax (only the scores returned, :mod:`vlmspec.scores`), so it is let through.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InputTypeError, InvalidInputError
+from .node_processors import NodeProcessing
 from .processors import LogitsProcessing
 from .sampling import SamplingParams
 from .stopping import StopCriteria, eos_token_ids, token_ids
@@ -103,13 +104,18 @@ class CallHooks:
         prefix_allowed_tokens_fn: ``fn(batch_id, input_ids) -> allowed ids``, called with ``row`` as the batch id.
         stopping_criteria: criteria ``generate()`` checks after each new token (a ``StoppingCriteriaList`` or a
             list), checked as it checks them (:class:`~vlmspec.stopping.StopCriteria`).
-        row: the row of the call's batch this request is.
+        row: the prompt of the call's batch this request is (``num_return_sequences`` rows share one).
+        started: the call's start (``time.time()``), from which its ``max_time`` counts.
+
+    Each is called for one row at a time, one tree node (processors) or one new token (criteria) at a time, so
+    they must act row by row and keep no state between calls, as ``generate()``'s own do.
     """
 
     logits_processor: Sequence[Any] = ()
     prefix_allowed_tokens_fn: Callable[[int, Any], Any] | None = None
     stopping_criteria: Sequence[Any] = ()
     row: int = 0
+    started: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("logits_processor", "stopping_criteria"):
@@ -135,12 +141,14 @@ class CallHooks:
 
 @dataclass(frozen=True)
 class DecodingSettings:
-    """How one request decodes: its sampling settings (``None``: greedy), its stop conditions and ``generate()``'s
-    logits processors its target's ``generation_config`` and arguments turn on (``None``: none)."""
+    """How one request decodes: its sampling settings (``None``: greedy), its stop conditions, ``generate()``'s
+    logits processors its target's ``generation_config`` and arguments turn on (``None``: none), and whether its
+    scores end log-softmaxed (``renormalize_logits``, :class:`~vlmspec.scores.ScoreLog`)."""
 
     sampling: SamplingParams | None
     stop: StopCriteria
-    processing: LogitsProcessing | None
+    processing: LogitsProcessing | NodeProcessing | None
+    renormalize: bool = False
 
 
 def decoding_settings(
@@ -183,6 +191,7 @@ def decoding_settings(
         tokenizer=tokenizer,
         criteria=() if custom is None else tuple(custom.stopping_criteria),
         max_time=config.max_time,
+        started=None if custom is None else custom.started,
     )
     processing = LogitsProcessing.for_call(
         config,
@@ -193,4 +202,4 @@ def decoding_settings(
         max_new_tokens=stop.max_new_tokens,
         custom=custom,
     )
-    return DecodingSettings(sampling, stop, processing)
+    return DecodingSettings(sampling, stop, processing, renormalize=bool(config.renormalize_logits))

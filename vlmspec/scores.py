@@ -4,7 +4,8 @@ Speculative decoding computes it anyway: the verification forward gives the targ
 and the logits at an accepted node are the target's next-token logits after that prefix, the ones a plain decoding
 step would compute (up to floating-point differences of a wider forward). A :class:`ScoreLog` keeps the rows of the
 nodes each step emits from: the raw logits (``output_logits``) and the scores ``generate()`` chooses from
-(``output_scores``: its logits processors, then, when sampling, the warpers).
+(``output_scores``: its logits processors, then, when sampling, the warpers, then a log-softmax where the
+config's ``renormalize_logits`` asks for it, as ``generate()``'s ``LogitNormalization`` ends its list).
 """
 
 from __future__ import annotations
@@ -38,10 +39,12 @@ class ScoreLog:
     Args:
         sampling: the request's sampling settings (their warpers turn processed logits into scores), ``None`` for
             greedy decoding.
+        renormalize: log-softmax the scores last (``generation_config.renormalize_logits``).
     """
 
-    def __init__(self, sampling: SamplingParams | None) -> None:
+    def __init__(self, sampling: SamplingParams | None, renormalize: bool = False) -> None:
         self._warpers = sampling.warpers() if sampling is not None else None
+        self._renormalize = renormalize
         self._logits: list[torch.Tensor] = []
         self._scores: list[torch.Tensor] = []
 
@@ -51,8 +54,25 @@ class ScoreLog:
         scores = processed.to(torch.float32, copy=True)
         if self._warpers is not None:
             scores = self._warpers(None, scores)
+        if self._renormalize:
+            scores = scores.log_softmax(dim=-1)
         self._logits.append(logits.to(torch.float32, copy=True))
         self._scores.append(scores)
+
+    def keep(self, count: int) -> None:
+        """Drop the rows after the first ``count`` (a step's tokens after the one a stop condition ended on)."""
+        kept = 0
+        for i, rows in enumerate(self._scores):
+            if kept + rows.shape[0] >= count:
+                cut = count - kept
+                self._logits[i:] = [self._logits[i][:cut]]
+                self._scores[i:] = [rows[:cut]]
+                return
+            kept += rows.shape[0]
+
+    def steps(self) -> tuple[torch.Tensor, ...]:
+        """The scores kept so far as ``generate()`` hands them to stopping criteria: one ``[1, V]`` per token."""
+        return tuple(torch.cat(self._scores).split(1))
 
     def result(self) -> TokenScores:
         """The ``[T, V]`` rows kept, in the order of the tokens."""
@@ -77,8 +97,9 @@ def generate_steps(rows: Sequence[TokenScores], field: str, width: int, pad: int
     """``generate()``'s ``scores``/``logits`` tuples for a batch: one ``[B, V]`` tensor per step, ``width`` steps.
 
     A row that stopped before ``width`` tokens has no distribution for its later (padded) positions: they hold
-    ``-inf`` with 0 at ``pad`` (the pad token is certain there, as ``generate()`` forces it), where ``generate()``
-    has the target's scores of a step it computed for the finished row and then discarded.
+    ``-inf`` with 0 at ``pad`` (the pad token is certain there, as ``generate()`` forces it; all ``-inf`` for a
+    pad id beyond the logits), where ``generate()`` has the target's scores of a step it computed for the finished
+    row and then discarded.
 
     Args:
         rows: each row's :class:`TokenScores` (``[T_b, V]``, ``T_b <= width``).
@@ -88,7 +109,8 @@ def generate_steps(rows: Sequence[TokenScores], field: str, width: int, pad: int
     """
     tables = [getattr(row, field) for row in rows]
     filler = torch.full_like(tables[0][0], float("-inf"))
-    filler[pad] = 0.0
+    if 0 <= pad < filler.shape[0]:
+        filler[pad] = 0.0
     return tuple(
         torch.stack([table[t] if t < table.shape[0] else filler for table in tables]) for t in range(width)
     )

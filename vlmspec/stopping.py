@@ -30,9 +30,13 @@ class StopCriteria:
     tokenizer: needed only with ``stop_strings`` (to decode).
     criteria: a ``generate()`` call's own ``stopping_criteria`` (callables of ``(input_ids, scores)`` returning a
         ``[1]`` bool tensor), called after each new token with the whole sequence as ``[1, L + t]`` ids on the
-        prompt's device and ``scores=None``, as ``generate()`` calls them when it keeps no scores.
-    max_time: ``generate()``'s ``max_time``: seconds after decoding starts (:meth:`after_prompt`) past which no
-        further token is generated (``MaxTimeCriteria``); ``None``: no limit.
+        prompt's device and, as ``generate()`` gives them, the scores so far (one ``[1, V]`` per token) with
+        ``output_scores``, else ``None``.
+    max_time: ``generate()``'s ``max_time``: seconds after ``started`` (a ``time.time()``; ``None``: when decoding
+        starts, :meth:`after_prompt`) past which no further token is generated (``MaxTimeCriteria``); ``None``: no
+        limit.
+    started: see ``max_time`` (``pipe.generate`` gives its call's start: the limit is the call's, as in
+        ``generate()``).
     prompt_ids: the prompt's tokens, where a stop string may begin and with which ``criteria`` see the sequence
         (:meth:`after_prompt` sets them).
     """
@@ -43,6 +47,7 @@ class StopCriteria:
     tokenizer: Any = None
     criteria: tuple[Any, ...] = ()
     max_time: float | None = None
+    started: float | None = None
     prompt_ids: tuple[int, ...] = ()
     device: Any = None
 
@@ -65,13 +70,35 @@ class StopCriteria:
             isinstance(limit, bool) or not isinstance(limit, numbers.Real) or limit < 0
         ):
             raise InvalidInputError(f"max_time={limit!r} is invalid: use a number of seconds >= 0, or None")
+        self._check_replaced_defaults()
+
+    def _check_replaced_defaults(self) -> None:
+        """Refuse a criterion in ``criteria`` of the type of one these settings make: ``generate()`` would use it
+        instead of its own (its merge keeps the caller's of a type), which vlmspec does not mirror.
+
+        Raises:
+            InvalidInputError: naming the criterion and the argument to use instead.
+        """
+        made = {
+            "MaxLengthCriteria": ("max_new_tokens or max_length", True),
+            "EosTokenCriteria": ("eos_token_id", bool(self.eos_token_ids)),
+            "StopStringCriteria": ("stop_strings", bool(self.stop_strings)),
+            "MaxTimeCriteria": ("max_time", self.max_time is not None),
+        }
+        for criterion in self.criteria:
+            argument, exists = made.get(type(criterion).__name__, ("", False))
+            if exists:
+                raise InvalidInputError(
+                    f"stopping_criteria holds a {type(criterion).__name__}, of the type generate() makes from "
+                    f"{argument}, and would use it instead of its own: pass {argument} instead (or leave it unset)"
+                )
 
     def after_prompt(self, prompt_ids: torch.Tensor) -> StopCriteria:
         """These criteria for a request whose prompt is ``prompt_ids`` (``[L]``; read on the host only when there
         are stop strings or criteria), its decoding starting now (``max_time``)."""
         criteria = self.criteria
         if self.max_time is not None:
-            criteria = (*criteria, MaxTimeCriteria(self.max_time))
+            criteria = (*criteria, MaxTimeCriteria(self.max_time, initial_timestamp=self.started))
         if not self.stop_strings and not criteria:
             return self
         return dataclasses.replace(
@@ -82,13 +109,15 @@ class StopCriteria:
             device=prompt_ids.device,
         )
 
-    def update(self, tokens: list[int]) -> bool:
-        """True when generation must stop after the last token of ``tokens``."""
+    def update(self, tokens: list[int], scores: Any = None) -> bool:
+        """True when generation must stop after the last token of ``tokens`` (``scores``: the request's
+        :class:`~vlmspec.scores.ScoreLog` with ``output_scores``, whose rows ``criteria`` are given)."""
         if len(tokens) >= self.max_new_tokens or tokens[-1] in self._eos:
             return True
         if self.criteria:
             ids = torch.tensor([[*self.prompt_ids, *tokens]], device=self.device)
-            if any(bool(torch.as_tensor(criterion(ids, None)).any()) for criterion in self.criteria):
+            steps = None if scores is None else scores.steps()[: len(tokens)]
+            if any(bool(torch.as_tensor(criterion(ids, steps)).any()) for criterion in self.criteria):
                 return True
         if not self.stop_strings:
             return False

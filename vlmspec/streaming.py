@@ -112,6 +112,24 @@ class _QueueStreamer:
 _DONE = object()
 
 
+def check_stream_kwargs(kwargs: dict[str, Any]) -> None:
+    """Refuse what ``pipe.stream(**kwargs)`` cannot take: a ``streamer`` (it makes its own) or ``output_scores``
+    (its pieces carry text and statistics).
+
+    Raises:
+        TypeError: naming the argument and where to use it.
+    """
+    if "streamer" in kwargs:
+        raise InputTypeError(
+            "pipe.stream() makes its own streamer; use pipe(..., streamer=...) to pass yours"
+        )
+    if kwargs.get("output_scores"):
+        raise InputTypeError(
+            "pipe.stream() yields text pieces, not scores; use pipe(..., output_scores=True) (with streamer=... to "
+            "stream too) for the scores"
+        )
+
+
 def stream_call(call: Callable[[Any], Any], tokenizer: Any) -> Iterator[StreamPiece]:
     """Run ``call(streamer)`` (a pipeline call) in a thread and yield its pieces as they come.
 
