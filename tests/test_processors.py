@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from batches import image_and_text_prompts
 from transformers import (
     LogitsProcessorList,
     MinNewTokensLengthLogitsProcessor,
@@ -340,15 +341,7 @@ def test_generate_s_none_and_length_arguments_follow_generate(tiny, config_of):
     assert torch.is_tensor(tiny.generate(**inputs, max_new_tokens=2, return_dict_in_generate=None))
     config_of.return_dict_in_generate, config_of.eos_token_id = False, None
 
-    texts = [
-        tiny.processor.apply_chat_template(
-            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-        )
-        for content in (
-            [{"type": "image"}, {"type": "text", "text": prompt}],
-            [{"type": "text", "text": "Hi"}],
-        )
-    ]
+    texts = image_and_text_prompts(tiny.processor, prompt)
     alone = [tiny.generate(**inputs, max_new_tokens=12)[0, length:].tolist()]
     text_only = tiny.processor(text=texts[1:], return_tensors="pt")
     alone.append(tiny.generate(**text_only, max_new_tokens=12)[0, text_only["input_ids"].shape[1] :].tolist())

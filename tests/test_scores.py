@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from batches import image_and_text_prompts
 from transformers import GenerationConfig
 
 from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
@@ -81,15 +82,7 @@ def test_a_row_that_ends_early_has_certain_padding_after_its_end(tiny, config_of
     """A batch's rows each get their own prompt's scores; after a row's EOS its steps hold -inf with 0 at the
     pad token (generate() computes and discards a finished row's scores there)."""
     image, prompt = make_image(0), "Describe this image."
-    texts = [
-        tiny.processor.apply_chat_template(
-            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-        )
-        for content in (
-            [{"type": "image"}, {"type": "text", "text": prompt}],
-            [{"type": "text", "text": "Hi"}],
-        )
-    ]
+    texts = image_and_text_prompts(tiny.processor, prompt)
     alone = [
         tiny.processor(text=texts[:1], images=[[image]], return_tensors="pt"),
         tiny.processor(text=texts[1:], return_tensors="pt"),
