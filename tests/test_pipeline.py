@@ -300,6 +300,8 @@ def test_generate_refuses_what_it_cannot_do_naming_it(pipe):
     inputs = _processor_inputs(pipe, [make_image(1)], PROMPTS[1])
     with pytest.raises(TypeError, match=r"does not take assistant_model, negative_prompt_ids: it takes"):
         pipe.generate(**inputs, negative_prompt_ids=inputs["input_ids"], assistant_model=pipe.draft)
+    plain = pipe.generate(**inputs, max_new_tokens=4)
+    assert torch.equal(pipe.generate(**inputs, max_new_tokens=4, cache_implementation="static"), plain)
     with pytest.raises(
         TypeError, match=r"num_beams=4\): vlmspec decodes greedily or by sampling, not by beam"
     ):

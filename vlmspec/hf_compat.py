@@ -53,9 +53,10 @@ def generate(
         input_ids: ``[B, L]`` prompt ids (padded as the processor pads them, ``attention_mask`` saying where).
         **kwargs: the other processor outputs (tensors the target's ``forward()`` takes: ``attention_mask``,
             ``pixel_values``, ``image_grid_thw``, ...); the generation options of :data:`GENERATE_OPTIONS`, as
-            ``pipe(...)`` takes them (``streamer``: one prompt only); ``use_cache`` (speed only: ignored),
-            ``num_beams`` (1 only), ``num_return_sequences`` (with sampling); ``tokenizer`` (which ``generate()`` needs with
-            ``stop_strings``: ignored, the pipeline decodes with its own processor's tokenizer); ``batch_size``
+            ``pipe(...)`` takes them (``streamer``: one prompt only); ``use_cache``, ``cache_implementation``,
+            ``disable_compile`` (speed only: ignored), ``num_beams`` (1 only), ``num_return_sequences`` (with
+            sampling); ``tokenizer`` (which ``generate()`` needs with ``stop_strings``: ignored, the pipeline
+            decodes with its own processor's tokenizer); ``batch_size``
             (rows decoding at once; default: all), ``pad_token_id`` (what rows that stop early are padded with),
             ``max_length``, ``generation_config`` (merged over the target's, as ``generate()`` merges it),
             ``return_dict_in_generate``, ``output_scores`` and ``output_logits``. Options are resolved over the
@@ -250,7 +251,12 @@ def split_generate_kwargs(
             f"pipe.generate(num_beams={kwargs['num_beams']!r}): vlmspec decodes greedily or by sampling, not by "
             "beam search; leave num_beams at 1 (num_return_sequences with do_sample=True draws several samples)"
         )
-    ignored = ("num_beams", "use_cache")  # use_cache: the speed, never the tokens
+    ignored = (
+        "num_beams",
+        "use_cache",
+        "cache_implementation",
+        "disable_compile",
+    )  # the speed, never the tokens
     chosen = {k: v for k, v in kwargs.items() if k in options}
     tensors = {k: v for k, v in kwargs.items() if k not in options and k not in ignored and v is not None}
     unknown = sorted(
