@@ -43,7 +43,7 @@ def test_a_turn_interrupted_inside_a_forward_leaves_caches_the_next_turn_can_use
 
     def interrupt(module, args):
         calls.append(1)
-        if len(calls) == 3:  # the turn's third target forward, after the first layer wrote its entries
+        if len(calls) == 2:  # the turn's first verification (after its prefill), once the first layer wrote
             raise KeyboardInterrupt
 
     hook = layers[1].register_forward_pre_hook(interrupt)
