@@ -160,10 +160,10 @@ class VLMSpecPipeline:
             raise InvalidInputError(
                 f"policy {policy.name!r} needs a draft model; this pipeline was built without one"
             )
-        if (
-            policy.uses_draft and policy.free_hardware_options()
-        ):  # fitted as a copy: one object may serve two pipes
-            policy = copy.copy(policy)
+        if policy.uses_draft:
+            policy.config.check_vocabulary(self._draft_vocab.proposable)
+        if policy.uses_draft and policy.free_hardware_options():
+            policy = copy.copy(policy)  # fitted as a copy: one object may serve two pipes
             policy.fit(self.hardware_costs(), self.budget_factor)
             policy.warn_if_slow(self.costs)
         self._policy = policy

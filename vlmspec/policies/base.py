@@ -41,6 +41,11 @@ from ..verify import Acceptance, greedy_accept, sample_accept
 
 Paths = tuple[tuple[int, ...], ...]
 
+MAX_RANK = 1 << 20
+"""Ranks in rank paths are below it (1,048,576): a rank is a position in the draft's sorted vocabulary, and no
+vocabulary is that large. The pair's own vocabulary bounds them again when the policy is attached
+(:meth:`PolicyConfig.check_vocabulary`)."""
+
 
 @dataclass(frozen=True)
 class PolicyConfig:
@@ -58,6 +63,9 @@ class PolicyConfig:
     """The field bounding the tree's draft nodes (an int, or rank paths truncated to the budget), or ``None``."""
     depth_field: ClassVar[str | None] = None
     """The field bounding the tree's depth, or ``None``."""
+    rank_fields: ClassVar[tuple[str, ...]] = ()
+    """The fields holding rank paths (the static tree's ``paths``, SAGE's ``initial_paths``), whose ranks must be
+    below the pair's vocabulary (:meth:`check_vocabulary`)."""
     file_fields: ClassVar[tuple[str, ...]] = ()
     """The fields holding the path of a file the policy reads (C2T's ``classifier``): a saved pipeline copies the
     file, with its :meth:`companion_files`, into its folder and records it relative to the folder
@@ -143,6 +151,21 @@ class PolicyConfig:
             options[self.depth_field] = depth
         return options
 
+    def check_vocabulary(self, size: int) -> None:
+        """Refuse a rank path whose rank is ``size`` or more: the draft ranks only the ``size`` tokens of its
+        vocabulary (the pipeline calls it when the policy is attached).
+
+        Raises:
+            InvalidInputError: naming the option, the path, its rank and the vocabulary's size.
+        """
+        for field in self.rank_fields:
+            for path in getattr(self, field):
+                if max(path) >= size:
+                    raise InvalidInputError(
+                        f"{type(self).__name__}.{field} holds the path {list(path)}, whose rank {max(path)} is "
+                        f"beyond this pair's vocabulary of {size} tokens: use ranks below {size}"
+                    )
+
     def with_budget(self, nodes: int | None = None, depth: int | None = None) -> PolicyConfig:
         """A copy with :meth:`budget_options` applied."""
         return dataclasses.replace(self, **self.budget_options(nodes, depth))
@@ -185,6 +208,8 @@ def rank_paths(config: object, field: str) -> Paths:
         )
         check(ok and len(path) > 0 and min(path) >= 0, config, field, path,
               "each path is a non-empty list of ranks (integers >= 0)")  # fmt: skip
+        check(max(path) < MAX_RANK, config, field, path, f"ranks below {MAX_RANK} (a rank is a position in the "
+              "draft's sorted vocabulary; the pair's vocabulary bounds it when the policy is attached)")  # fmt: skip
         paths.append(tuple(path))
     known = set(paths)
     for p in paths:

@@ -139,6 +139,7 @@ class SAGEConfig(PolicyConfig):
 
     budget_field = "n_max"
     depth_field = "d_max"
+    rank_fields = ("initial_paths",)
 
     d_min: int = 6
     d_max: int = 10

@@ -36,6 +36,7 @@ class StaticConfig(PolicyConfig):
     """
 
     budget_field = "paths"
+    rank_fields = ("paths",)
 
     paths: tuple[tuple[int, ...], ...] = MC_SIM_7B_63
 
