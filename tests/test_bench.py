@@ -223,7 +223,9 @@ def test_resolve_methods_always_runs_ar_first():
     # dsbd: the --dsbd section; the EDD rows run when the pair has an EDD draft (dropped otherwise)
     assert resolve_methods(None) == [m for m in valid_methods() if m != "dsbd"] + list(DEFAULT_EDD_METHODS)
     assert resolve_methods("edd+chain") == ["ar", "hf_generate", "edd+chain"]
-    assert "dsbd" in valid_methods() and resolve_methods("dsbd") == ["ar", "hf_generate", "dsbd"]
+    assert "dsbd" in valid_methods()
+    with pytest.raises(ValueError, match="'dsbd' has no greedy form.*--methods dsbd: .*bench it with --dsbd"):
+        resolve_methods("dsbd")  # a row would be an error: the --dsbd section benches it
     assert "ar" not in valid_methods()[1:] and set(available_policies()) - {"ar"} <= set(valid_methods())
 
 

@@ -61,9 +61,10 @@ def qa_items():
 
 @pytest.fixture(scope="module")
 def sections(pair_args, tmp_path_factory):
-    """One small bench with both sections: ar, sage, chain (and dsbd, hf_assisted: not sampled) on two tasks."""
+    """One small bench with both sections: ar, sage, chain (and hf_assisted: not sampled) on two tasks; dsbd, which
+    has no greedy row (--methods refuses it), in the --dsbd section."""
     out = tmp_path_factory.mktemp("bench_sampling")
-    argv = [*pair_args, *FAST, "--tasks", "image_qa,image_caption", "--methods", "ar,hf_assisted,sage,chain,dsbd",
+    argv = [*pair_args, *FAST, "--tasks", "image_qa,image_caption", "--methods", "ar,hf_assisted,sage,chain",
             "--sampling", "--dsbd", "--out", str(out)]  # fmt: skip
     assert bench.main(argv) == 0
     return out, json.loads((out / "bench.json").read_text())
@@ -80,7 +81,7 @@ def test_sampling_rows_per_method_and_task(sections):
     rows = {(r["method"], r["task"]): r for r in result["sampling_rows"]}
     assert set(rows) == {(m, t) for m in SAMPLING_METHODS for t in ("image_qa", "image_caption", "all")}
     settings = result["sampling_settings"]
-    assert settings["methods"] == list(SAMPLING_METHODS)  # hf_assisted and dsbd are not sampled
+    assert settings["methods"] == list(SAMPLING_METHODS)  # hf_assisted is not sampled
     assert settings["temperature"] == 1.0
     for row in rows.values():
         assert row["error"] is None, row
@@ -125,7 +126,7 @@ def test_sections_reach_markdown_csv_and_json(sections):
         assert [r["method"] for r in csv.DictReader(handle)] == list(DSBD_METHODS)
     with (out / "bench.csv").open() as handle:  # the greedy CSV keeps only its rows
         methods = {r["method"] for r in csv.DictReader(handle)}
-    assert methods == {"ar", "hf_generate", "hf_assisted", "sage", "chain", "dsbd"}
+    assert methods == {"ar", "hf_generate", "hf_assisted", "sage", "chain"}
 
 
 def test_same_seed_same_samples(pipe, qa_items):

@@ -25,7 +25,10 @@ def user_files(tmp_path):
     videos = tmp_path / "videos"
     videos.mkdir()
     write_video(videos / "a.mp4", make_video_frames(0))
-    return {"notes": notes, "videos": videos, "missing": tmp_path / "missing"}
+    saved = tmp_path / "saved"  # the settings of a pipeline saved with dsbd (no models needed to refuse it)
+    saved.mkdir()
+    (saved / "vlmspec_pipeline.yaml").write_text("policy: dsbd\npolicy_options: {}\n")
+    return {"notes": notes, "videos": videos, "missing": tmp_path / "missing", "saved": saved}
 
 
 CASES = [
@@ -37,6 +40,13 @@ CASES = [
     (["demo", "--policy-options", '{{"d_max": "8"}}'], "expected an integer, got str"),
     (["demo", "--policy-options", '{{"colour": 1}}'], "unknown option(s) ['colour']"),
     (["demo", "--pair", "nonsense"], "is not a pair name"),
+    (["demo", "--policy", "dsbd"], "'dsbd' has no greedy form"),  # refused before the models load
+    (["demo", "--target", "{saved}"], "'dsbd' has no greedy form (it decodes only with sampling"),
+    (
+        ["caption", "{videos}", "--out", "{missing}.jsonl", "--target", "testbed-mini", "--policy", "dsbd"],
+        "and the caption job decodes greedily: use a lossless policy such as --policy sage",
+    ),
+    (["bench", "--methods", "sage,dsbd"], "--methods dsbd: the methods' rows decode greedily"),
     (["bench", "--tasks", "nope"], "nope"),
     (["bench", "--methods", "nope"], "unknown method(s) ['nope']"),
     (["bench", "--target", "testbed-huge", "--draft", "org/d"], "did you mean 'testbed-base'"),

@@ -24,7 +24,7 @@ import torch
 
 from vlmspec.costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
 from vlmspec.models import EDDDraft
-from vlmspec.policies import TreePolicy, available_policies, get_policy, policy_class
+from vlmspec.policies import TreePolicy, available_policies, check_greedy, get_policy, policy_class
 from vlmspec.probe import sync
 
 AR = "ar"
@@ -58,7 +58,8 @@ def resolve_methods(spec: str | Sequence[str] | None) -> list[str]:
             that are not lossless with their default config (``dsbd``: beam sampling, measured by ``--dsbd``).
 
     Raises:
-        ValueError: an unknown name; the message lists the valid methods.
+        ValueError: an unknown name (the message lists the valid methods), or a policy with no greedy form (dsbd:
+            the message points to ``--dsbd``).
     """
     valid = valid_methods()
     if spec is None or spec == "all":
@@ -68,6 +69,10 @@ def resolve_methods(spec: str | Sequence[str] | None) -> list[str]:
     bad = [n for n in names if n not in valid and not _is_edd_method(n)]
     if bad or not names:
         raise ValueError(f"unknown method(s) {bad or '(none given)'}; valid methods: {', '.join(valid)}")
+    for name in names:
+        if name.removeprefix(EDD_PREFIX) in available_policies():
+            greedy = f"--methods {name}: the methods' rows decode greedily (each checked against generate())"
+            check_greedy(get_policy(name.removeprefix(EDD_PREFIX)), greedy, "bench it with --dsbd")
     return list(dict.fromkeys([AR, HF_GENERATE, *names]))
 
 

@@ -67,10 +67,14 @@ def _policy_and_models(config: JobConfig) -> tuple[str, dict[str, Any]]:
     policy uses none)."""
     from vlmspec import get_policy
     from vlmspec.loading import check_model_folder
+    from vlmspec.policies import check_greedy
 
     policy = config.policy
     try:
         chosen = get_policy(policy, **config.policy_options)
+        check_greedy(
+            chosen, "the caption job decodes greedily", "use a lossless policy such as --policy sage"
+        )
     except (ValueError, TypeError) as err:
         raise JobError(f"policy {policy!r} with options {config.policy_options}: {err}") from err
     pair = resolve_pair(config.target, config.draft, config.family)

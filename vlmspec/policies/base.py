@@ -447,6 +447,24 @@ def get_policy(
     return cls.from_config(config, **options)
 
 
+def check_greedy(policy: TreePolicy, greedy: str, instead: str) -> None:
+    """Refuse a policy with no greedy form (:attr:`TreePolicy.sampling_only`, DSBD) in an entry point that decodes
+    greedily, before any model loads.
+
+    Args:
+        greedy: what decodes greedily, as the message says it (``"vlmspec demo decodes greedily"``).
+        instead: what to use instead, as the message ends (``"use a lossless policy such as --policy sage"``).
+
+    Raises:
+        InvalidInputError: ``policy`` decodes only with sampling.
+    """
+    if policy.sampling_only:
+        raise InvalidInputError(
+            f"policy {policy.name!r} has no greedy form (it decodes only with sampling, do_sample=True), and "
+            f"{greedy}: {instead}"
+        )
+
+
 def policy_with(policy: str | TreePolicy, options: dict[str, Any]) -> TreePolicy:
     """The policy a pipeline is built with: a registered name with its options (:func:`get_policy`), or a policy
     object alone.
