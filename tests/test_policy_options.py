@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
+from vlmspec.costs import ForwardCosts
+from vlmspec.policies import MC_SIM_7B_63
 
 pytestmark = pytest.mark.filterwarnings("ignore::vlmspec.SlowSpeculationWarning")
 
@@ -36,3 +38,30 @@ def test_a_rank_beyond_the_vocabulary_is_refused_when_the_policy_is_attached(pip
 def test_an_absurd_rank_is_refused_with_the_config(rank):
     with pytest.raises(InvalidInputError, match=rf"StaticConfig.paths=\[0, {rank}\] is invalid: ranks below"):
         get_policy("static", paths=[[0], [0, rank]])
+
+
+# ---- the hardware fit leaves the user's options as set ----------------------------------------------------------
+STEEP = ForwardCosts(  # a verification that costs twice a forward at 4 tokens: a small tree, a shallow depth
+    sizes=(1, 2, 4, 8, 16), target_s=(1.0, 1.2, 1.6, 2.5, 4.0), draft_s=(0.05,) * 5, prefix_tokens=128, runs=3
+)
+FLAT = ForwardCosts(  # a verification that costs one forward up to 64 tokens: the largest tree
+    sizes=(1, 2, 4, 8, 16, 32, 64), target_s=(1.0,) * 7, draft_s=(0.05,) * 7, prefix_tokens=128, runs=3
+)
+
+
+def test_the_fit_keeps_a_set_d_min_and_fits_d_max_around_it():
+    free = get_policy("sage")
+    free.fit(STEEP)
+    assert free.config.d_max < 5 and free.config.d_min == free.config.d_max  # the default d_min follows
+    mine = get_policy("sage", d_min=5)
+    mine.fit(STEEP)
+    assert (mine.config.d_min, mine.config.d_max, mine.config.n_max) == (5, 5, free.config.n_max)
+
+
+def test_the_fit_keeps_set_initial_paths_and_fits_n_max_around_them():
+    mine = get_policy("sage", initial_paths=MC_SIM_7B_63[:20])
+    mine.fit(STEEP)
+    assert mine.config.initial_paths == MC_SIM_7B_63[:20] and mine.config.n_max == 20
+    paper = get_policy("sage_paper")  # the paper's first tree is a default here: cut to the machine's budget
+    paper.fit(STEEP)
+    assert len(paper.config.initial_paths) == paper.config.n_max == STEEP.node_budget()

@@ -130,11 +130,15 @@ class PolicyConfig:
         value = getattr(self, self.budget_field)
         return len(value) if isinstance(value, tuple) else value
 
-    def budget_options(self, nodes: int | None = None, depth: int | None = None) -> dict[str, Any]:
+    def budget_options(
+        self, nodes: int | None = None, depth: int | None = None, fixed: Collection[str] = ()
+    ) -> dict[str, Any]:
         """The options that give this config a node budget of ``nodes`` and a depth of ``depth`` (``None``: keep).
 
         An int field is set; a rank-path field keeps its first ``nodes`` paths that stay closed under prefixes.
-        Subclasses extend it to keep their other fields consistent (e.g. SAGE's ``d_min <= d_max``).
+        Subclasses extend it to keep their other fields consistent (e.g. SAGE's ``d_min <= d_max``), changing only
+        fields not in ``fixed`` (the options the user set, :attr:`TreePolicy.fixed`): the budget and depth are
+        fitted around those instead (SAGE's depth at least a ``d_min`` the user set).
         """
         for name, value in (("nodes", nodes), ("depth", depth)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -166,9 +170,11 @@ class PolicyConfig:
                         f"beyond this pair's vocabulary of {size} tokens: use ranks below {size}"
                     )
 
-    def with_budget(self, nodes: int | None = None, depth: int | None = None) -> PolicyConfig:
+    def with_budget(
+        self, nodes: int | None = None, depth: int | None = None, fixed: Collection[str] = ()
+    ) -> PolicyConfig:
         """A copy with :meth:`budget_options` applied."""
-        return dataclasses.replace(self, **self.budget_options(nodes, depth))
+        return dataclasses.replace(self, **self.budget_options(nodes, depth, fixed))
 
 
 def _with_consistent_depth(config_class: type[PolicyConfig], values: dict[str, Any]) -> dict[str, Any]:
@@ -326,7 +332,7 @@ class TreePolicy:
         nodes = costs.node_budget(factor, rows) if c.budget_field in free else None
         tree_nodes = nodes or c.node_budget or costs.node_budget(factor, rows)
         depth = costs.depth_budget(tree_nodes, rows=rows) if c.depth_field in free else None
-        self.config = c.with_budget(nodes, depth)
+        self.config = c.with_budget(nodes, depth, self.fixed)
         self.reset()
 
     def expected_speedup(self, costs: ForwardCosts, rows: int = 1) -> float:

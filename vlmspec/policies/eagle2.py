@@ -28,7 +28,7 @@ Defaults and choices:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,11 +72,13 @@ class EAGLE2Config(PolicyConfig):
     def max_top_k(depth: int) -> int:
         return math.isqrt(MAX_EXPANSION_NODES // depth)
 
-    def budget_options(self, nodes: int | None = None, depth: int | None = None) -> dict[str, Any]:
+    def budget_options(
+        self, nodes: int | None = None, depth: int | None = None, fixed: Collection[str] = ()
+    ) -> dict[str, Any]:
         """The base's options, the depth kept within the expansion bound for this ``top_k``."""
         if depth is not None:
             depth = max(1, min(depth, MAX_EXPANSION_NODES // self.top_k**2))
-        return super().budget_options(nodes, depth)
+        return super().budget_options(nodes, depth, fixed)
 
 
 Observer = Callable[[torch.Tensor, torch.Tensor], None]

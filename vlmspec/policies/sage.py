@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,12 +175,20 @@ class SAGEConfig(PolicyConfig):
             check(len(self.initial_paths) <= self.n_max, self, "initial_paths", len(self.initial_paths),
                   f"at most n_max ({self.n_max}) paths")  # fmt: skip
 
-    def budget_options(self, nodes: int | None = None, depth: int | None = None) -> dict[str, Any]:
-        """The base's options, with ``d_min`` lowered to a smaller ``d_max`` and ``initial_paths`` cut to ``n_max``."""
-        options = super().budget_options(nodes, depth)
-        if depth is not None:
+    def budget_options(
+        self, nodes: int | None = None, depth: int | None = None, fixed: Collection[str] = ()
+    ) -> dict[str, Any]:
+        """The base's options, kept consistent: ``d_min`` lowered to a smaller ``d_max`` and ``initial_paths`` cut to
+        ``n_max``, unless they are in ``fixed`` (set by the user): then ``d_max`` is at least ``d_min`` and
+        ``n_max`` at least the number of ``initial_paths``."""
+        if depth is not None and "d_min" in fixed:
+            depth = max(depth, self.d_min)
+        if nodes is not None and "initial_paths" in fixed:
+            nodes = max(nodes, len(self.initial_paths))
+        options = super().budget_options(nodes, depth, fixed)
+        if depth is not None and self.depth_field is not None and "d_min" not in fixed:
             options["d_min"] = min(self.d_min, depth)
-        if nodes is not None and self.initial_paths:
+        if nodes is not None and self.initial_paths and "initial_paths" not in fixed:
             options["initial_paths"] = truncate_paths(self.initial_paths, nodes)
         return options
 
