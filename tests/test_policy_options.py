@@ -65,3 +65,16 @@ def test_the_fit_keeps_set_initial_paths_and_fits_n_max_around_them():
     paper = get_policy("sage_paper")  # the paper's first tree is a default here: cut to the machine's budget
     paper.fit(STEEP)
     assert len(paper.config.initial_paths) == paper.config.n_max == STEEP.node_budget()
+
+
+@pytest.mark.parametrize("name", ["sage", "static", "sage_paper"])
+def test_a_refit_starts_from_the_user_s_config_not_the_earlier_fit(pipe, name):
+    fresh = get_policy(name)
+    fresh.fit(FLAT)
+    pipe.costs = STEEP
+    pipe.policy = name
+    assert pipe.policy.config.node_budget == STEEP.node_budget() < fresh.config.node_budget
+    pipe.costs = FLAT
+    pipe.policy = pipe.policy  # the documented refit: assign the costs, re-assign the policy
+    assert pipe.policy.config == fresh.config  # what the steep fit cut is back
+    pipe.costs = None  # the probe's again, for the other tests

@@ -280,10 +280,12 @@ class TreePolicy:
                 f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}"
             )
         self.config = config
+        self.user_config = config
+        """The config as the user gave it (the options set, the defaults of the rest): what every :meth:`fit`
+        starts from."""
         self.fixed = frozenset(fixed)
         self.requested = {name: getattr(config, name) for name in sorted(self.fixed)}
-        """The options the user set, as set (before :meth:`fit` adjusts a budget-linked one): what a saved
-        pipeline keeps."""
+        """The options the user set, as set (:meth:`fit` leaves them so): what a saved pipeline keeps."""
         self.reset()
 
     @classmethod
@@ -324,9 +326,10 @@ class TreePolicy:
         The node budget is ``costs.node_budget(factor)``; the depth is ``costs.depth_budget`` for that budget
         (the configured one where the user set it, the machine's where the policy has none). Called by the
         pipeline when the policy is attached; options in :attr:`fixed` are never changed. Clears request state.
-        ``rows``: the requests verified together (batched decoding); the budget is then each request's.
+        ``rows``: the requests verified together (batched decoding); the budget is then each request's. Each fit
+        starts from :attr:`user_config`, not from an earlier fit's result (a refit on other costs is a fresh fit).
         """
-        c, free = self.config, self.free_hardware_options()
+        c, free = self.user_config, self.free_hardware_options()
         if not free:
             return
         nodes = costs.node_budget(factor, rows) if c.budget_field in free else None
