@@ -7,7 +7,7 @@ import torch
 
 from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
 from vlmspec.costs import ForwardCosts
-from vlmspec.policies import MC_SIM_7B_63
+from vlmspec.policies import MC_SIM_7B_63, SAGEConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore::vlmspec.SlowSpeculationWarning")
 
@@ -78,3 +78,23 @@ def test_a_refit_starts_from_the_user_s_config_not_the_earlier_fit(pipe, name):
     pipe.policy = pipe.policy  # the documented refit: assign the costs, re-assign the policy
     assert pipe.policy.config == fresh.config  # what the steep fit cut is back
     pipe.costs = None  # the probe's again, for the other tests
+
+
+# ---- policy YAML files ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            b"policy: sage\nn_max: 16\n  bad: [\n",
+            r"is not valid YAML: mapping values are not allowed here \(line 3",
+        ),
+        ("policy: sage\n# caf\xe9\n".encode("latin-1"), "is not UTF-8 text .*: save it as UTF-8"),
+        (b"- n_max\n- 16\n", "must hold a mapping of option: value lines"),
+    ],
+)
+def test_a_policy_file_that_cannot_be_read_is_named(tmp_path, text, message):
+    path = tmp_path / "mine.yaml"
+    path.write_bytes(text)
+    for load in (lambda: get_policy("sage", path), lambda: SAGEConfig.from_yaml(path)):
+        with pytest.raises(InvalidInputError, match=rf"policy config '{path}' {message}"):
+            load()

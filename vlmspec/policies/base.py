@@ -23,12 +23,10 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import torch
-import yaml
 
 from ..costs import DEFAULT_ACCEPTANCE, DEFAULT_BUDGET_FACTOR, ForwardCosts
 from ..draft import DraftTree
 from ..errors import (
-    InputNotFoundError,
     InputTypeError,
     InvalidInputError,
     SlowSpeculationWarning,
@@ -38,6 +36,7 @@ from ..sampling import Sampler
 from ..tree import TokenTree
 from ..validation import check_field_types
 from ..verify import Acceptance, greedy_accept, sample_accept
+from .files import read_policy_file
 
 Paths = tuple[tuple[int, ...], ...]
 
@@ -105,12 +104,7 @@ class PolicyConfig:
     @staticmethod
     def yaml_options(path: str | Path) -> dict[str, Any]:
         """The options a YAML file of ``option: value`` lines sets (``yaml.safe_load``; ``policy:`` left out)."""
-        path = Path(path)
-        if not path.is_file():
-            raise InputNotFoundError(f"policy config {str(path)!r} does not exist")
-        values = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(values, dict):
-            raise InvalidInputError(f"policy config {str(path)!r} must hold a mapping of option: value")
+        values = read_policy_file(path)
         return {k: v for k, v in values.items() if k != "policy"}
 
     def to_dict(self) -> dict[str, Any]:
