@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
 from vlmspec.costs import ForwardCosts
-from vlmspec.policies import MC_SIM_7B_63, SAGEConfig
+from vlmspec.policies import MC_SIM_7B_63, SAGEConfig, SAGEPaperConfig
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.filterwarnings("ignore::vlmspec.SlowSpeculationWarning")
 
@@ -98,3 +102,18 @@ def test_a_policy_file_that_cannot_be_read_is_named(tmp_path, text, message):
     for load in (lambda: get_policy("sage", path), lambda: SAGEConfig.from_yaml(path)):
         with pytest.raises(InvalidInputError, match=rf"policy config '{path}' {message}"):
             load()
+
+
+def test_a_policy_file_loads_only_as_the_policy_its_policy_key_names(tmp_path):
+    paper = ROOT / "configs" / "policies" / "sage_paper.yaml"
+    assert get_policy("sage_paper", paper).config == SAGEPaperConfig() == SAGEPaperConfig.from_yaml(paper)
+    for load in (lambda: get_policy("sage", paper), lambda: SAGEConfig.from_yaml(paper)):
+        with pytest.raises(InvalidInputError, match=r"configures policy 'sage_paper' \(its policy: key\), not "
+                           r"'sage': load it as 'sage_paper' \(get_policy\('sage_paper', "):  # fmt: skip
+            load()
+    weird = tmp_path / "weird.yaml"
+    weird.write_text("policy: [not, a, name]\nn_max: 16\n")
+    with pytest.raises(InvalidInputError, match=r"policy: \['not', 'a', 'name'\] is not a policy name"):
+        get_policy("sage", weird)
+    weird.write_text("n_max: 16\n")  # no policy: key: the file is the options alone
+    assert get_policy("sage", weird).config.n_max == SAGEConfig.from_yaml(weird).n_max == 16

@@ -192,9 +192,9 @@ def test_yaml_configs_hold_the_defaults_and_the_papers_settings():
     )
     assert get_policy("sage").config == SAGEConfig() and SAGEConfig().initial_paths == ()
     # One line away: get_policy takes the file; its options are the user's, the rest still follow the machine.
-    literal = get_policy("sage", ROOT / "configs" / "policies" / "sage_paper.yaml", top_k=12)
-    options = SAGEConfig.yaml_options(ROOT / "configs" / "policies" / "sage_paper.yaml")
+    literal = get_policy("sage_paper", ROOT / "configs" / "policies" / "sage_paper.yaml", top_k=12)
+    options = SAGEPaperConfig.yaml_options(ROOT / "configs" / "policies" / "sage_paper.yaml")
     assert (literal.config.d_min, literal.config.d_max, literal.config.top_k) == (3, 8, 12)
-    assert set(literal.free_hardware_options()) == {"n_max", "d_max"} - set(options)
+    assert set(literal.free_hardware_options()) == {"n_max"} - set(options)
     with pytest.raises(FileNotFoundError, match="nope.yaml"):
         get_policy("sage", "nope.yaml")

@@ -36,7 +36,7 @@ from ..sampling import Sampler
 from ..tree import TokenTree
 from ..validation import check_field_types
 from ..verify import Acceptance, greedy_accept, sample_accept
-from .files import read_policy_file
+from .files import file_options
 
 Paths = tuple[tuple[int, ...], ...]
 
@@ -98,14 +98,19 @@ class PolicyConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> PolicyConfig:
-        """Load from a YAML file (``yaml.safe_load``); a top-level ``policy:`` key, if present, is ignored."""
+        """Load from a YAML file (``yaml.safe_load``); a top-level ``policy:`` key, if present, must name the
+        policy this config class is registered with (``SAGEPaperConfig``: ``sage_paper``)."""
         return cls.from_dict(cls.yaml_options(path))
 
-    @staticmethod
-    def yaml_options(path: str | Path) -> dict[str, Any]:
-        """The options a YAML file of ``option: value`` lines sets (``yaml.safe_load``; ``policy:`` left out)."""
-        values = read_policy_file(path)
-        return {k: v for k, v in values.items() if k != "policy"}
+    @classmethod
+    def yaml_options(cls, path: str | Path, policy: str | None = None) -> dict[str, Any]:
+        """The options a YAML file of ``option: value`` lines sets (``yaml.safe_load``; ``policy:`` left out).
+
+        A ``policy:`` key, if present, must be ``policy`` (``None``: a policy registered with this config class),
+        so that a file of one policy's options does not load silently as another's.
+        """
+        names = [policy] if policy is not None else [n for n, c in _REGISTRY.items() if c.config_class is cls]
+        return file_options(path, names)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -438,15 +443,16 @@ def get_policy(
     Args:
         name: registered policy name (see :func:`available_policies`).
         config: a config object, a mapping, or the path of a YAML file of options (``configs/policies/*.yaml``:
-            ``get_policy("sage", "configs/policies/sage_paper.yaml")``); ``options`` override its fields. A mapping's
-            or a file's options are the user's (kept as given), the rest are fitted to the machine in a pipeline.
+            ``get_policy("sage_paper", "configs/policies/sage_paper.yaml")``; its ``policy:`` key, if any, must be
+            ``name``); ``options`` override its fields. A mapping's or a file's options are the user's (kept as
+            given), the rest are fitted to the machine in a pipeline.
 
     Raises:
         ValueError: unknown name, unknown option, or an invalid option value.
     """
     cls = policy_class(name)
     if isinstance(config, (str, Path)):
-        return cls.from_config({**cls.config_class.yaml_options(config), **options})
+        return cls.from_config({**cls.config_class.yaml_options(config, name), **options})
     return cls.from_config(config, **options)
 
 

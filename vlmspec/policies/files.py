@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,3 +45,32 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
     if problem is None or mark is None:
         return " ".join(str(err).split())
     return f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
+
+
+def file_options(path: str | Path, policies: Sequence[str]) -> dict[Any, Any]:
+    """The options a policy file sets, its ``policy:`` key left out.
+
+    Args:
+        policies: the names the file's ``policy:`` key may hold, if it has one: the policy being loaded (empty:
+            any name).
+
+    Raises:
+        InvalidInputError: as :func:`read_policy_file`, or the ``policy:`` key is not a name, or names a policy
+            other than ``policies`` (a file of another policy's options, loaded as this one).
+    """
+    values = read_policy_file(path)
+    if "policy" not in values:
+        return values
+    name = values.pop("policy")
+    where = f"policy config {str(path)!r}"
+    if not isinstance(name, str):
+        raise InvalidInputError(
+            f"{where}: policy: {name!r} is not a policy name: give the name of the policy the file configures"
+            + (f" ({' or '.join(map(repr, policies))})" if policies else "")
+        )
+    if policies and name not in policies:
+        raise InvalidInputError(
+            f"{where} configures policy {name!r} (its policy: key), not {' or '.join(map(repr, policies))}: "
+            f"load it as {name!r} (get_policy({name!r}, {str(path)!r})), or correct its policy: key"
+        )
+    return values
