@@ -117,3 +117,39 @@ def test_a_policy_file_loads_only_as_the_policy_its_policy_key_names(tmp_path):
         get_policy("sage", weird)
     weird.write_text("n_max: 16\n")  # no policy: key: the file is the options alone
     assert get_policy("sage", weird).config.n_max == SAGEConfig.from_yaml(weird).n_max == 16
+
+
+# ---- every path from options to a config validates the same merged config ------------------------------------
+def test_a_depth_below_the_default_d_min_means_the_same_on_every_path(tmp_path):
+    from vlmspec_eval.lmms.options import parse_model_args
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("policy: sage\nd_max: 4\n")
+    expected = SAGEConfig(d_min=4, d_max=4)
+    assert get_policy("sage", d_max=4).config == get_policy("sage", {"d_max": 4}).config == expected
+    assert SAGEConfig.from_dict({"d_max": 4}) == SAGEConfig.from_yaml(mine) == get_policy("sage", mine).config
+    model = parse_model_args({"target": "testbed-mini", "policy": "sage", "d_max": "4"})
+    assert model.policy_options == {"d_max": 4}
+    for load in (
+        lambda: get_policy("sage", d_min=5, d_max=4),
+        lambda: SAGEConfig.from_dict({"d_min": 5, "d_max": 4}),
+    ):
+        with pytest.raises(InvalidInputError, match=r"d_max=4 is invalid: an integer >= d_min \(5\)"):
+            load()  # both set: the user's own conflict
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "implied"),
+    [
+        ("sage", {"d_min": 12}, {"d_max": 12}),  # the default d_max rises to a d_min set above it
+        ("sage", {"initial_paths": MC_SIM_7B_63}, {"n_max": 63}),  # the default n_max, to the paths set
+        ("sage_paper", {"n_max": 16}, {"initial_paths": MC_SIM_7B_63[:16]}),  # the paper's first tree, cut
+        ("eagle2", {"top_k": 40}, {"depth": 5}),  # the default depth, within the expansion bound of top_k 40
+    ],
+)
+def test_a_set_option_moves_the_defaults_it_conflicts_with(name, options, implied):
+    policy = get_policy(name, **options)
+    assert {k: getattr(policy.config, k) for k in implied} == implied
+    assert policy.requested == options and set(implied) <= set(policy.free_hardware_options()) | {
+        "initial_paths"
+    }

@@ -87,14 +87,40 @@ class PolicyConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> PolicyConfig:
-        """Build from a mapping; unknown keys are an error that lists the valid ones."""
+        """Build from a mapping of the user's options; unknown keys are an error that lists the valid ones.
+
+        The options it leaves out take their defaults as :meth:`implied_options` fits them around the given ones,
+        so that every path from options to a config (``get_policy``, a YAML file, ``--policy-options``, lmms-eval's
+        ``--model_args``, a saved pipeline) validates the same merged config.
+        """
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
             raise InvalidInputError(
                 f"{cls.__name__}: unknown option(s) {unknown}; valid options are {sorted(names) or 'none'}"
             )
-        return cls(**values)
+        implied = cls.implied_options(values)
+        return cls(**{**{k: v for k, v in implied.items() if k not in values}, **values})
+
+    @classmethod
+    def implied_options(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """What the user's options ``values`` imply for the options they leave out, as :meth:`TreePolicy.fit`
+        fits a budget or depth around the options set: a node budget or depth set applied to the defaults of the
+        rest (:meth:`budget_options`: SAGE's default ``d_min`` lowered to a smaller ``d_max`` set, so that
+        ``get_policy("sage", d_max=4)`` is SAGE with depths up to 4, not a refusal of the default ``d_min``).
+        Subclasses add the converse (a set option that moves a budget or depth default). Values the configs'
+        own checks refuse imply nothing: the check names them."""
+        budget, depth = (
+            values.get(f) if f is not None else None for f in (cls.budget_field, cls.depth_field)
+        )
+        nodes = budget if is_int(budget) and budget >= 1 else None
+        depth = depth if is_int(depth) and depth >= 1 else None
+        if nodes is None and depth is None:
+            return {}
+        base = cls.from_dict(
+            {k: v for k, v in values.items() if k not in (cls.budget_field, cls.depth_field)}
+        )
+        return base.budget_options(nodes, depth, fixed=set(values))
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> PolicyConfig:
@@ -174,19 +200,6 @@ class PolicyConfig:
     ) -> PolicyConfig:
         """A copy with :meth:`budget_options` applied."""
         return dataclasses.replace(self, **self.budget_options(nodes, depth, fixed))
-
-
-def _with_consistent_depth(config_class: type[PolicyConfig], values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` plus what a depth set by the user implies for the options the user left out, as a fitted depth
-    does (:meth:`PolicyConfig.budget_options`: SAGE's ``d_min`` lowered to a smaller ``d_max``), so that
-    ``get_policy("sage", d_max=4)`` is SAGE with depths up to 4, not a refusal of the default ``d_min``."""
-    field = config_class.depth_field
-    depth = values.get(field) if field is not None else None
-    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
-        return values  # unset, or invalid: the config's own check names it
-    base = config_class.from_dict({k: v for k, v in values.items() if k != field})
-    implied = base.budget_options(depth=depth)
-    return {**{k: v for k, v in implied.items() if k not in values}, **values}
 
 
 def truncate_paths(paths: Sequence[Sequence[int]], budget: int) -> Paths:
@@ -294,9 +307,7 @@ class TreePolicy:
             config = {}
         if isinstance(config, dict):
             values = {**config, **overrides}
-            return cls(
-                cls.config_class.from_dict(_with_consistent_depth(cls.config_class, values)), fixed=values
-            )
+            return cls(cls.config_class.from_dict(values), fixed=values)
         if overrides:
             config = dataclasses.replace(config, **overrides)
         return cls(config)

@@ -36,7 +36,7 @@ import torch
 
 from ..draft import DraftTree
 from ..tree import TokenTree
-from .base import PolicyConfig, TreePolicy, check, check_positive_int, register_policy
+from .base import PolicyConfig, TreePolicy, check, check_positive_int, is_int, register_policy
 
 MAX_EXPANSION_NODES = 8192
 """The most nodes EAGLE-2's expansion may hold (``depth * top_k**2``): the draft tree keeps an ancestor matrix of
@@ -67,6 +67,15 @@ class EAGLE2Config(PolicyConfig):
         check(self.depth * self.top_k**2 <= MAX_EXPANSION_NODES, self, "top_k", self.top_k,
               f"at most {self.max_top_k(self.depth)} at depth {self.depth}: the expansion holds depth * top_k^2 "
               f"candidates, at most {MAX_EXPANSION_NODES} (its ancestor matrix grows with their square)")  # fmt: skip
+
+    @classmethod
+    def implied_options(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """The base's, and a ``top_k`` set beyond the default depth's bound lowers that depth to fit it (as a fitted
+        depth is kept within the bound: :meth:`budget_options`)."""
+        implied, top_k = super().implied_options(values), values.get("top_k")
+        if "depth" not in values and is_int(top_k) and top_k >= 1:
+            implied["depth"] = max(1, min(cls().depth, MAX_EXPANSION_NODES // top_k**2))
+        return implied
 
     @staticmethod
     def max_top_k(depth: int) -> int:

@@ -73,6 +73,7 @@ from .base import (
     StepFeedback,
     TreePolicy,
     check,
+    is_int,
     rank_paths,
     register_policy,
     truncate_paths,
@@ -174,6 +175,18 @@ class SAGEConfig(PolicyConfig):
         if self.initial_paths:
             check(len(self.initial_paths) <= self.n_max, self, "initial_paths", len(self.initial_paths),
                   f"at most n_max ({self.n_max}) paths")  # fmt: skip
+
+    @classmethod
+    def implied_options(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """The base's, and the converse: a ``d_min`` set above the default ``d_max`` raises it (when the depth is
+        the machine's to fit), ``initial_paths`` set beyond the default ``n_max`` raise it to their count."""
+        implied, defaults = super().implied_options(values), cls()
+        d_min, paths = values.get("d_min"), values.get("initial_paths")
+        if cls.depth_field == "d_max" and "d_max" not in values and is_int(d_min) and d_min > defaults.d_max:
+            implied["d_max"] = d_min
+        if "n_max" not in values and isinstance(paths, (list, tuple)) and len(paths) > defaults.n_max:
+            implied["n_max"] = len(paths)
+        return implied
 
     def budget_options(
         self, nodes: int | None = None, depth: int | None = None, fixed: Collection[str] = ()
