@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
+from vlmspec import InputTypeError, InvalidInputError, VLMSpecPipeline, get_policy
 from vlmspec.costs import ForwardCosts
 from vlmspec.policies import MC_SIM_7B_63, SAGEConfig, SAGEPaperConfig
 
@@ -153,3 +153,21 @@ def test_a_set_option_moves_the_defaults_it_conflicts_with(name, options, implie
     assert policy.requested == options and set(implied) <= set(policy.free_hardware_options()) | {
         "initial_paths"
     }
+
+
+def test_a_mistyped_option_or_name_is_the_library_s_error_listing_the_valid_ones(tmp_path):
+    with pytest.raises(
+        InvalidInputError, match=r"SAGEConfig: unknown option\(s\) \['n_maxx'\]; valid options are"
+    ):
+        get_policy("sage", SAGEConfig(), n_maxx=3)  # overrides of a config object
+    assert get_policy("sage", SAGEConfig(), n_max=3).config == SAGEConfig(n_max=3)
+    with pytest.raises(
+        InputTypeError, match=r"a policy name must be a string, got list \['sage'\]; available"
+    ):
+        get_policy(["sage"])
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("policy: sage\n1: 2\nnull: 3\n")
+    with pytest.raises(
+        InvalidInputError, match=r"unknown option\(s\) \[1, None\]; valid options are \['confidence'"
+    ):
+        get_policy("sage", keys)

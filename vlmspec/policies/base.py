@@ -93,14 +93,20 @@ class PolicyConfig:
         so that every path from options to a config (``get_policy``, a YAML file, ``--policy-options``, lmms-eval's
         ``--model_args``, a saved pipeline) validates the same merged config.
         """
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
-        if unknown:
-            raise InvalidInputError(
-                f"{cls.__name__}: unknown option(s) {unknown}; valid options are {sorted(names) or 'none'}"
-            )
+        cls.check_names(values)
         implied = cls.implied_options(values)
         return cls(**{**{k: v for k, v in implied.items() if k not in values}, **values})
+
+    @classmethod
+    def check_names(cls, names: Collection[Any]) -> None:
+        """Refuse option names this config does not have (a typo, a YAML key such as ``1:`` or ``null:``), listing
+        the valid ones."""
+        valid = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted((n for n in names if n not in valid), key=repr)
+        if unknown:
+            raise InvalidInputError(
+                f"{cls.__name__}: unknown option(s) {unknown}; valid options are {sorted(valid) or 'none'}"
+            )
 
     @classmethod
     def implied_options(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -308,7 +314,8 @@ class TreePolicy:
         if isinstance(config, dict):
             values = {**config, **overrides}
             return cls(cls.config_class.from_dict(values), fixed=values)
-        if overrides:
+        if overrides and isinstance(config, cls.config_class):  # another type: refused by name just below
+            config.check_names(overrides)
             config = dataclasses.replace(config, **overrides)
         return cls(config)
 
@@ -439,6 +446,17 @@ def available_policies() -> list[str]:
 
 
 def policy_class(name: str) -> type[TreePolicy]:
+    """The policy class registered as ``name``.
+
+    Raises:
+        InputTypeError: ``name`` is not a string.
+        InvalidInputError: no policy has that name; the message lists those that do.
+    """
+    if not isinstance(name, str):
+        raise InputTypeError(
+            f"a policy name must be a string, got {type(name).__name__} {name!r:.80}; available policies: "
+            f"{', '.join(available_policies())}"
+        )
     if name not in _REGISTRY:
         raise InvalidInputError(
             f"unknown policy {name!r}; available policies: {', '.join(available_policies())}"
