@@ -171,3 +171,18 @@ def test_a_mistyped_option_or_name_is_the_library_s_error_listing_the_valid_ones
         InvalidInputError, match=r"unknown option\(s\) \[1, None\]; valid options are \['confidence'"
     ):
         get_policy("sage", keys)
+
+
+def test_an_error_in_a_saved_pipeline_s_policy_settings_names_its_file(tmp_path):
+    settings = (
+        tmp_path / "vlmspec_pipeline.yaml"
+    )  # the policy is built before any model loads: no models needed
+    settings.write_text("policy: sage\npolicy_options:\n  d_min: 5\n")
+    with pytest.raises(InvalidInputError, match=rf"the policy options given \(d_max=4\) on top of the saved ones of "
+                       rf"saved pipeline settings '{settings}' \(policy 'sage' with policy_options \{{'d_min': 5\}}\): "
+                       r"SAGEConfig.d_max=4 is invalid"):  # fmt: skip
+        VLMSpecPipeline.from_pretrained(tmp_path, d_max=4)
+    settings.write_text("policy: sage\npolicy_options:\n  d_mn: 5\n")
+    with pytest.raises(InvalidInputError, match=rf"saved pipeline settings '{settings}': policy 'sage' with "
+                       r"policy_options \{'d_mn': 5\}: SAGEConfig: unknown option\(s\) \['d_mn'\]"):  # fmt: skip
+        VLMSpecPipeline.from_pretrained(tmp_path)

@@ -122,7 +122,7 @@ def _check_before_loading(args: argparse.Namespace) -> None:
     """The cheap checks, before any model loads: the files exist, the policy and its options are valid."""
     from .named_pairs import is_pipeline_folder
     from .policies import check_greedy, get_policy
-    from .saving import read_settings
+    from .saving import read_settings, saved_policy
 
     for flag, path in (("--image", args.image), ("--video", args.video)):
         if path is not None and not Path(path).is_file():
@@ -140,8 +140,8 @@ def _check_before_loading(args: argparse.Namespace) -> None:
             f"--policy-options must be a JSON object of option: value, got {args.policy_options!r}"
         )
     if args.policy is None and is_pipeline_folder(args.target):
-        saved = read_settings(args.target)  # the saved policy, with these options on top (as from_pretrained)
-        policy = get_policy(saved["policy"], **{**saved["policy_options"], **options})
+        # the saved policy, with these options on top (as from_pretrained)
+        policy = saved_policy(args.target, read_settings(args.target), options)
     else:  # an unknown policy or option fails here, naming it
         policy = get_policy(args.policy or "sage", **options)
     instead = "use a lossless policy such as --policy sage, or the pipeline with do_sample=True from Python"

@@ -59,7 +59,7 @@ from .requests import (
     request_kwargs,
 )
 from .sampling import SamplingParams
-from .saving import read_settings, save_pipeline
+from .saving import read_settings, save_pipeline, saved_policy
 from .scores import ScoreLog, check_output_scores
 from .stopping import StopCriteria
 from .streaming import StreamPiece, check_stream_kwargs, check_streamer, stream_call
@@ -225,8 +225,8 @@ class VLMSpecPipeline:
         """
         loading, policy_options = model_options(policy_options)  # attn_implementation, dtype
         saved = read_settings(target) if is_pipeline_folder(target) else {}
-        if policy is None and saved:
-            policy, policy_options = saved["policy"], {**saved["policy_options"], **policy_options}
+        if policy is None and saved:  # its policy, the options given here on top (an error names its file)
+            policy, policy_options = saved_policy(target, saved, policy_options), {}
         policy = policy if policy is not None else DEFAULT_POLICY
         policy = policy_with(policy, policy_options)  # a bad name or option fails before any model loads
         pruning = pruning if pruning is not None else saved.get("pruning", "attention")

@@ -29,10 +29,10 @@ from typing import Any
 
 import yaml
 
-from .errors import InputNotFoundError, InvalidInputError
+from .errors import InputNotFoundError, InvalidInputError, VLMSpecError
 from .models import EDDDraft
 from .named_pairs import PIPELINE_FILE, is_pipeline_folder
-from .policies import TreePolicy, policy_class
+from .policies import TreePolicy, get_policy, policy_class
 from .pruning import PruningConfig
 
 SETTINGS = ("policy", "policy_options", "pruning")
@@ -157,6 +157,30 @@ def read_settings(folder: str | Path) -> dict[str, Any]:
         raise InvalidInputError(f"{where}: pruning: {err}") from None
     options = _files_in_folder(folder, policy, dict(options or {}))
     return {"policy": policy, "policy_options": options, "pruning": pruning_config}
+
+
+def saved_policy(folder: str | Path, settings: dict[str, Any], options: dict[str, Any]) -> TreePolicy:
+    """The policy of a saved pipeline's ``settings`` (:func:`read_settings` of ``folder``), with the caller's policy
+    ``options`` on top of the saved ones.
+
+    Raises:
+        VLMSpecError: the saved policy settings are invalid, or ``options`` conflict with them; the message names
+            the settings file (and the options given, when they are the cause).
+    """
+    where = f"saved pipeline settings {str(Path(folder).expanduser() / PIPELINE_FILE)!r}"
+    name, own = settings["policy"], settings["policy_options"]
+    try:
+        return get_policy(name, **{**own, **options})
+    except VLMSpecError as err:
+        try:
+            get_policy(name, **own)
+        except VLMSpecError:
+            raise type(err)(f"{where}: policy {name!r} with policy_options {own}: {err}") from None
+        given = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        raise type(err)(
+            f"the policy options given ({given}) on top of the saved ones of {where} (policy {name!r} with "
+            f"policy_options {own}): {err}"
+        ) from None
 
 
 def _check_folder(folder: Path) -> None:
