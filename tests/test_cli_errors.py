@@ -78,6 +78,7 @@ CASES = [
         "--throughput-policies (needs --throughput or --conversation)",
     ),
     (["bench", "--budget", "8", "--auto-factor", "3"], "--auto-factor (needs --budget auto)"),
+    (["bench", "--auto-factor", "nan"], "auto factor=nan is invalid: use a finite number >= 1"),
     (["bench", "--json", "{notes}/r.json"], "notes.txt', a file: give a path in a folder"),
     (
         ["c2t", "train", "--data", "{notes}", "--out", "{notes}/c.safetensors"],

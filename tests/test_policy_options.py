@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,34 @@ def test_an_error_in_a_saved_pipeline_s_policy_settings_names_its_file(tmp_path)
     with pytest.raises(InvalidInputError, match=rf"saved pipeline settings '{settings}': policy 'sage' with "
                        r"policy_options \{'d_mn': 5\}: SAGEConfig: unknown option\(s\) \['d_mn'\]"):  # fmt: skip
         VLMSpecPipeline.from_pretrained(tmp_path)
+
+
+# ---- numbers are finite -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("option", "value"), [("theta_scale", math.inf), ("lower", -math.inf), ("upper", math.nan)]
+)
+def test_a_non_finite_option_is_refused(option, value):
+    with pytest.raises(
+        InvalidInputError, match=rf"SAGEConfig.{option}={value!r} is invalid: a finite number"
+    ):
+        get_policy(
+            "sage", **{option: value}
+        )  # theta_scale=inf kept no candidate: SAGE silently decoded plainly
+
+
+def test_the_budget_factor_is_a_finite_number_checked_where_it_is_set(pipe):
+    for value in (math.nan, math.inf, 0.5):
+        with pytest.raises(
+            InvalidInputError, match=rf"pipe.budget_factor={value!r} is invalid: use a finite number"
+        ):
+            pipe.budget_factor = value
+        with pytest.raises(InvalidInputError, match=rf"budget factor={value!r} is invalid"):
+            FLAT.node_budget(value)
+    with pytest.raises(
+        InputTypeError, match=r"pipe.budget_factor='2' is invalid: expected a number, got str"
+    ):
+        pipe.budget_factor = "2"
+    assert pipe.budget_factor == 2.0  # as it was
+    pipe.budget_factor = 3
+    assert pipe.budget_factor == 3.0 and FLAT.node_budget(3) == FLAT.node_budget(3.0)
+    pipe.budget_factor = 2.0

@@ -36,13 +36,14 @@ separate draft on a GPU in eager mode costs about one target forward); pipelines
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from .errors import InvalidInputError
+from .errors import InputTypeError, InvalidInputError
 
 DEFAULT_BUDGET_FACTOR = 2.0
 DEFAULT_ACCEPTANCE = 0.8
@@ -52,6 +53,38 @@ BATCH_RATE_SHARE = 0.9
 """A job's default batch size is the smallest reaching this share of the best expected throughput."""
 MAX_NODE_BUDGET = 64
 """The most nodes an automatic budget gives (the papers' largest trees: SAGE's and WETAP's 64)."""
+
+
+def check_budget_factor(factor: object, name: str = "budget factor") -> float:
+    """``factor`` as a budget factor (the most a verification may cost, in one-token target forwards), refused
+    unless it is a finite number >= 1 (NaN or infinity would size every tree at the largest budget).
+
+    Raises:
+        InputTypeError: not a number (``"2"``).
+        InvalidInputError: NaN, infinite or below 1.
+    """
+    if not isinstance(factor, numbers.Real) or isinstance(factor, bool):
+        raise InputTypeError(f"{name}={factor!r} is invalid: expected a number, got {type(factor).__name__}")
+    if not math.isfinite(factor) or factor < 1:
+        raise InvalidInputError(
+            f"{name}={factor!r} is invalid: use a finite number >= 1 (a verification never costs less than one "
+            "forward)"
+        )
+    return float(factor)
+
+
+class BudgetFactor:
+    """The descriptor of ``VLMSpecPipeline.budget_factor``: :func:`check_budget_factor` when it is set, so that a
+    bad value is refused where it is assigned, not when a policy is next fitted."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.attribute = f"pipe.{name}", f"_{name}"
+
+    def __get__(self, pipe: Any, owner: type | None = None) -> Any:
+        return self if pipe is None else getattr(pipe, self.attribute, DEFAULT_BUDGET_FACTOR)
+
+    def __set__(self, pipe: Any, value: object) -> None:
+        setattr(pipe, self.attribute, check_budget_factor(value, self.name))
 
 
 @dataclass(frozen=True)
@@ -119,10 +152,7 @@ class ForwardCosts:
         trees of ``B + 1`` tokens may cost at most ``factor`` batched AR steps, ``c_t(rows * (B + 1)) <= factor *
         c_t(rows)`` (a forward costs what its token count costs, whichever requests the tokens come from).
         """
-        if factor < 1:
-            raise InvalidInputError(
-                f"budget factor={factor} is invalid: a verification never costs less than one forward"
-            )
+        check_budget_factor(factor)
         if rows < 1:
             raise InvalidInputError(f"rows={rows} is invalid: a batch holds at least one request")
         base, budget = self.target_cost(rows), 1

@@ -24,7 +24,7 @@ import torch
 from . import hf_compat
 from .batching import DRAFT_FIRST, TARGET, Batcher, RowAdapter
 from .chat import Chat
-from .costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
+from .costs import BudgetFactor, ForwardCosts
 from .draft import draft_vocab
 from .engine import DraftPrompt, SpecOutput, speculative_generate
 from .errors import InputTypeError, InvalidInputError
@@ -104,7 +104,7 @@ class VLMSpecPipeline:
             dtype, then read from disk). Assign your own (e.g. a probe after a real prompt) and re-assign
             ``pipe.policy`` to refit it. :meth:`TreePolicy.fit` says which options it sets and how.
         budget_factor: the most a verification may cost, in one-token target forwards, under the automatic node
-            budget (default 2; see :mod:`vlmspec.costs`).
+            budget (a finite number >= 1, default 2; see :mod:`vlmspec.costs`).
         onednn_linears: run the models' fp32 CPU linear layers through oneDNN while generating (default True; see
             :mod:`vlmspec.kernels`: a tree's few-row products are up to 2.7x faster than torch's default on the CPU).
             Set it to False for torch's own kernels. No effect on GPUs or other dtypes.
@@ -113,6 +113,8 @@ class VLMSpecPipeline:
         ValueError: the draft's family or vocabulary differs from the target's, or the policy is unknown
             or misconfigured.
     """
+
+    budget_factor = BudgetFactor()
 
     def __init__(
         self,
@@ -138,7 +140,6 @@ class VLMSpecPipeline:
         self._draft_vocab = draft_vocab(target, draft, processor)
         self.onednn_linears = True
         self.costs: ForwardCosts | None = None
-        self.budget_factor = DEFAULT_BUDGET_FACTOR
         self.policy = policy_with(policy, policy_options)
         self.pruning = pruning_config(pruning, prune_ratio)
 

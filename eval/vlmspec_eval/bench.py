@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from vlmspec.cli import ArgumentParser, check_output_path
-from vlmspec.costs import DEFAULT_BUDGET_FACTOR
+from vlmspec.costs import DEFAULT_BUDGET_FACTOR, check_budget_factor
 from vlmspec.named_pairs import ResolvedPair
 from vlmspec.probe import check_sizes
 
@@ -137,8 +137,7 @@ class BenchConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}; valid: {', '.join(DTYPES)}")
         if self.inputs not in INPUT_SOURCES:
             raise ValueError(f"unknown input source {self.inputs!r}; valid: {', '.join(INPUT_SOURCES)}")
-        if self.auto_factor < 1:
-            raise ValueError(f"auto factor={self.auto_factor} is invalid: use a number >= 1")
+        check_budget_factor(self.auto_factor, "auto factor")
         for ratio in self.prune_ratios:
             if not 0.0 <= ratio < 1.0:
                 raise ValueError(f"prune ratio {ratio} is invalid: use numbers in [0, 1)")

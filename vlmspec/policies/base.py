@@ -16,6 +16,7 @@ outcome of the step. Per-request state (if any) is cleared by ``reset``. Policie
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -71,19 +72,33 @@ class PolicyConfig:
     (:mod:`vlmspec.saving`)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Every config checks its fields' types (:mod:`vlmspec.validation`) before its own ``__post_init__``."""
+        """Every config checks its fields' types (:meth:`_check_types`) before its own ``__post_init__``."""
         super().__init_subclass__(**kwargs)
         own = cls.__dict__.get("__post_init__")
         if own is not None:
 
             def post_init(self: PolicyConfig) -> None:
-                check_field_types(self)
+                self._check_types()
                 own(self)
 
             cls.__post_init__ = post_init  # type: ignore[method-assign]
 
     def __post_init__(self) -> None:
+        self._check_types()
+
+    def _check_types(self) -> None:
+        """:func:`~vlmspec.validation.check_field_types`, and every number finite: NaN passes no range check and an
+        infinity passes every bound (SAGE's ``theta_scale=inf`` would keep no candidate, silently plain decoding)."""
         check_field_types(self)
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            check(
+                not isinstance(value, float) or math.isfinite(value),
+                self,
+                field.name,
+                value,
+                "a finite number",
+            )
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> PolicyConfig:
