@@ -218,3 +218,12 @@ def test_the_budget_factor_is_a_finite_number_checked_where_it_is_set(pipe):
     pipe.budget_factor = 3
     assert pipe.budget_factor == 3.0 and FLAT.node_budget(3) == FLAT.node_budget(3.0)
     pipe.budget_factor = 2.0
+
+
+def test_a_file_option_takes_a_pathlib_path_as_its_text():
+    import vlmspec
+
+    weights = Path(vlmspec.__file__).parent / "assets" / "c2t_default.safetensors"
+    policy = get_policy("c2t", classifier=weights)
+    assert policy.config.classifier == str(weights) and policy.requested == {"classifier": str(weights)}
+    assert policy.config == get_policy("c2t", classifier=str(weights)).config

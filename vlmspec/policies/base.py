@@ -20,7 +20,7 @@ import math
 import warnings
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -88,7 +88,12 @@ class PolicyConfig:
 
     def _check_types(self) -> None:
         """:func:`~vlmspec.validation.check_field_types`, and every number finite: NaN passes no range check and an
-        infinity passes every bound (SAGE's ``theta_scale=inf`` would keep no candidate, silently plain decoding)."""
+        infinity passes every bound (SAGE's ``theta_scale=inf`` would keep no candidate, silently plain decoding).
+        A :attr:`file_fields` value given as a ``pathlib.Path`` is first made the text it stands for (a file
+        option is declared, saved and compared as text)."""
+        for field in self.file_fields:
+            if isinstance(getattr(self, field), PurePath):
+                object.__setattr__(self, field, str(getattr(self, field)))
         check_field_types(self)
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)

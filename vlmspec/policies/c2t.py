@@ -229,7 +229,8 @@ class C2TConfig(PolicyConfig):
         max_depth: most layers below the root (11).
         top_k: children scored per expanded node, and most nodes kept per layer after the classifier (15).
         entropy_top: probabilities the entropy feature covers (1000).
-        classifier: path of a classifier's safetensors weights; ``None``: the shipped default.
+        classifier: path of a classifier's safetensors weights (text or a ``pathlib.Path``, kept as text); ``None``:
+            the shipped default.
     """
 
     depth_field = "max_depth"
