@@ -227,3 +227,17 @@ def test_a_file_option_takes_a_pathlib_path_as_its_text():
     policy = get_policy("c2t", classifier=weights)
     assert policy.config.classifier == str(weights) and policy.requested == {"classifier": str(weights)}
     assert policy.config == get_policy("c2t", classifier=str(weights)).config
+
+
+# ---- messages that name the right thing -------------------------------------------------------------------------
+def test_messages_blame_what_to_change_and_warnings_point_at_the_user_s_line(pipe):
+    with pytest.raises(
+        InvalidInputError, match=r"EAGLE2Config.depth=1000000 is invalid: at most 8192 // top_k\^2"
+    ):
+        get_policy("eagle2", depth=10**6)  # no top_k fits: the depth is at fault, not the default top_k
+    with pytest.raises(InputTypeError, match=r"policy=SAGEConfig\(...\) is a policy's config, not a policy: pass "
+                       r"policy=get_policy\('sage', config\)"):  # fmt: skip
+        VLMSpecPipeline(pipe.target, pipe.draft, pipe.processor, policy=SAGEConfig(n_max=8))
+    with pytest.warns(UserWarning, match="wetap_beam") as caught:
+        get_policy("wetap", acceptance="wetap_beam")
+    assert caught[0].filename == __file__

@@ -161,7 +161,7 @@ class PolicyConfig:
         A ``policy:`` key, if present, must be ``policy`` (``None``: a policy registered with this config class),
         so that a file of one policy's options does not load silently as another's.
         """
-        names = [policy] if policy is not None else [n for n, c in _REGISTRY.items() if c.config_class is cls]
+        names = [policy] if policy is not None else registered_names(cls)
         return file_options(path, names)
 
     def to_dict(self) -> dict[str, Any]:
@@ -523,13 +523,25 @@ def check_greedy(policy: TreePolicy, greedy: str, instead: str) -> None:
         )
 
 
+def registered_names(config_class: type[PolicyConfig]) -> list[str]:
+    """The names of the policies registered with ``config_class`` (``SAGEConfig``: ``["sage"]``)."""
+    return [name for name, cls in _REGISTRY.items() if cls.config_class is config_class]
+
+
 def policy_with(policy: str | TreePolicy, options: dict[str, Any]) -> TreePolicy:
     """The policy a pipeline is built with: a registered name with its options (:func:`get_policy`), or a policy
     object alone.
 
     Raises:
+        InputTypeError: a policy's config object instead of a policy (the message says how to pass it).
         InvalidInputError: options beside a policy object (which has its own config: they would be ignored).
     """
+    if isinstance(policy, PolicyConfig):
+        name = next(iter(registered_names(type(policy))), "<name>")
+        raise InputTypeError(
+            f"policy={type(policy).__name__}(...) is a policy's config, not a policy: pass "
+            f"policy=get_policy({name!r}, config), or policy={name!r} with the options you set as keywords"
+        )
     if not isinstance(policy, TreePolicy):
         return get_policy(policy, **options)
     if options:

@@ -64,9 +64,13 @@ class EAGLE2Config(PolicyConfig):
         check_positive_int(self, "depth")
         check_positive_int(self, "top_k")
         check_positive_int(self, "total_tokens")  # fmt: skip
+        bound = f"the expansion holds depth * top_k^2 candidates, at most {MAX_EXPANSION_NODES}"
+        check(self.depth <= MAX_EXPANSION_NODES, self, "depth", self.depth,  # beyond any top_k: the depth's fault
+              f"at most {MAX_EXPANSION_NODES} // top_k^2 ({MAX_EXPANSION_NODES // self.top_k**2} with top_k="
+              f"{self.top_k}): {bound}")  # fmt: skip
         check(self.depth * self.top_k**2 <= MAX_EXPANSION_NODES, self, "top_k", self.top_k,
-              f"at most {self.max_top_k(self.depth)} at depth {self.depth}: the expansion holds depth * top_k^2 "
-              f"candidates, at most {MAX_EXPANSION_NODES} (its ancestor matrix grows with their square)")  # fmt: skip
+              f"at most {self.max_top_k(self.depth)} at depth {self.depth}: {bound} (its ancestor matrix grows with "
+              "their square)")  # fmt: skip
 
     @classmethod
     def implied_options(cls, values: dict[str, Any]) -> dict[str, Any]:

@@ -70,6 +70,7 @@ from typing import Any
 import torch
 
 from ..draft import DraftTree
+from ..errors import user_stacklevel
 from ..sampling import Sampler
 from ..tree import TokenTree
 from ..verify import Acceptance, beam_accept
@@ -257,7 +258,7 @@ class WETAPPolicy(TreePolicy):
                 "probability ratio (WETAP Eq. 9); the output is no longer the target's greedy output "
                 "(stats.lossless will be False)",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=user_stacklevel(),  # the user's get_policy(...) or from_pretrained(...) line
             )
 
     @property
