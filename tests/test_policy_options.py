@@ -241,3 +241,13 @@ def test_messages_blame_what_to_change_and_warnings_point_at_the_user_s_line(pip
     with pytest.warns(UserWarning, match="wetap_beam") as caught:
         get_policy("wetap", acceptance="wetap_beam")
     assert caught[0].filename == __file__
+
+
+def test_an_empty_policy_file_is_refused_not_read_as_the_defaults(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing here yet\n")
+    for load in (lambda: get_policy("chain", empty), lambda: SAGEConfig.from_yaml(empty)):
+        with pytest.raises(InvalidInputError, match=rf"policy config '{empty}' is empty: write its options"):
+            load()
+    empty.write_text("policy: chain\n")  # the defaults, asked for by name
+    assert get_policy("chain", empty).config == get_policy("chain").config

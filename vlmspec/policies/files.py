@@ -16,7 +16,8 @@ def read_policy_file(path: str | Path) -> dict[Any, Any]:
 
     Raises:
         InputNotFoundError: no such file.
-        InvalidInputError: the file is not UTF-8 text, not valid YAML or not a mapping; the message names it.
+        InvalidInputError: the file is not UTF-8 text, not valid YAML, empty or not a mapping; the message names
+            it.
     """
     path = Path(path)
     where = f"policy config {str(path)!r}"
@@ -30,7 +31,11 @@ def read_policy_file(path: str | Path) -> dict[Any, Any]:
         raise InvalidInputError(f"{where} is not valid YAML: {_yaml_problem(err)}") from None
     except OSError as err:
         raise InvalidInputError(f"{where} could not be read: {err}") from None
-    values = {} if values is None else values
+    if values is None:  # nothing but comments or blanks: most likely the wrong file, or one not yet written
+        raise InvalidInputError(
+            f"{where} is empty: write its options as option: value lines (as configs/policies/*.yaml), or leave the "
+            "file out for the policy's defaults"
+        )
     if not isinstance(values, dict):
         raise InvalidInputError(
             f"{where} must hold a mapping of option: value lines (as configs/policies/*.yaml), got {values!r:.80}"
