@@ -75,3 +75,19 @@ def geometric(vocab: int, ratio: float) -> Callable[[torch.Tensor, torch.Tensor]
         return torch.stack(rows)
 
     return fn
+
+
+def table(
+    rows: dict[int, dict[int, float]], vocab: int
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """A draft whose next-token distribution after token ``t`` is ``rows[t]``, the rest of the mass spread thinly
+    over the other tokens (uniform after a token not in ``rows``)."""
+
+    def fn(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        probs = torch.full((tokens.shape[0], vocab), 1e-6)
+        for i, t in enumerate(tokens.tolist()):
+            for token, p in rows.get(t, {v: 1 / vocab for v in range(vocab)}).items():
+                probs[i, token] = p
+        return probs / probs.sum(-1, keepdim=True)
+
+    return fn

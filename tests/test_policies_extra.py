@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import PROMPTS, input_kinds
 from safetensors.torch import load_file
-from synthetic import geometric, peaked, synthetic_tree
+from synthetic import geometric, peaked, synthetic_tree, table
 
 from vlmspec import VLMSpecPipeline, get_policy
 from vlmspec.c2t_tools import Example, collect, train
@@ -538,17 +538,8 @@ def test_c2t_collect_train_and_load(tiny_pairs, tmp_path):
     assert pipe(None, PROMPTS[2], max_new_tokens=16).token_ids == expected.tolist()
 
 
-def _table(rows: dict[int, dict[int, float]], vocab: int = 12):
-    """A synthetic draft whose next-token distribution after token ``t`` is ``rows[t]`` (uniform otherwise)."""
-
-    def fn(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        probs = torch.full((tokens.shape[0], vocab), 1e-6)
-        for i, t in enumerate(tokens.tolist()):
-            for token, p in rows.get(t, {v: 1 / vocab for v in range(vocab)}).items():
-                probs[i, token] = p
-        return probs / probs.sum(-1, keepdim=True)
-
-    return fn
+def _table(rows: dict[int, dict[int, float]]):
+    return table(rows, vocab=12)
 
 
 def test_eagle2_expands_the_nodes_of_highest_cumulative_probability():

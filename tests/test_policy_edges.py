@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from synthetic import geometric, peaked, synthetic_tree
+from synthetic import geometric, peaked, synthetic_tree, table
 
 from vlmspec.costs import ForwardCosts
 from vlmspec.policies import (
@@ -34,18 +34,8 @@ from vlmspec.policies.eagle2 import MAX_EXPANSION_NODES
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _table(rows: dict[int, dict[int, float]], vocab: int = 64):
-    """A synthetic draft whose next-token distribution after token ``t`` is ``rows[t]``, the rest of the mass
-    spread thinly over the other tokens (uniform after a token not in ``rows``)."""
-
-    def fn(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        probs = torch.full((tokens.shape[0], vocab), 1e-6)
-        for i, t in enumerate(tokens.tolist()):
-            for token, p in rows.get(t, {v: 1 / vocab for v in range(vocab)}).items():
-                probs[i, token] = p
-        return probs / probs.sum(-1, keepdim=True)
-
-    return fn
+def _table(rows: dict[int, dict[int, float]]):
+    return table(rows, vocab=64)
 
 
 # Token 2 (0.9) has two likely children, token 3 (0.1) one sure one: by its own probability 3's child 6 (0.8) leads,
