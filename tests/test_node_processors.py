@@ -290,3 +290,53 @@ def test_max_time_counts_from_the_start_it_is_given():
     late = StopCriteria(max_new_tokens=50, max_time=5.0, started=time.time() - 10).after_prompt(ids)
     fresh = StopCriteria(max_new_tokens=50, max_time=5.0).after_prompt(ids)
     assert late.update([1, 2]) and not fresh.update([1, 2])
+
+
+@pytest.mark.parametrize(
+    ("setting", "error", "message"),
+    [
+        ({"num_beams": "2"}, InputTypeError, r"num_beams='2' is invalid: not a value generate\(\) takes"),
+        ({"no_repeat_ngram_size": "3"}, InputTypeError, r"no_repeat_ngram_size='3' is invalid"),
+        ({"exponential_decay_length_penalty": 5}, InvalidInputError, r"processors refuse these settings"),
+        ({"bad_words_ids": [[-1]]}, InvalidInputError, r"processors refuse these settings \(bad_words_ids\)"),
+    ],
+)
+def test_a_bad_value_of_a_processor_setting_is_refused_before_any_model_work(
+    mini, prompt, setting, error, message
+):
+    """The settings' types are checked, and transformers' processors built once, while the request is prepared."""
+    _, inputs, _, _ = prompt
+    calls = []
+    hook = mini.target.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        with pytest.raises(error, match=message):
+            mini.generate(**inputs, max_new_tokens=4, **setting)
+    finally:
+        hook.remove()
+    assert not calls  # refused before the prefill
+
+
+def test_criteria_get_scores_only_with_output_scores_and_a_one_token_prompt_gets_its_forced_bos(mini, prompt):
+    _, inputs, length, plain = prompt
+    seen = []
+
+    def record(ids: torch.Tensor, scores: tuple | None) -> torch.Tensor:
+        seen.append(scores is None)
+        return torch.zeros(1, dtype=torch.bool)
+
+    options = {"max_new_tokens": 4, "return_dict_in_generate": True, "stopping_criteria": [record]}
+    mini.generate(**inputs, output_logits=True, **options)
+    assert seen and all(seen)  # generate() hands criteria no scores without output_scores
+    seen.clear()
+    mini.generate(**inputs, output_scores=True, **options)
+    assert seen and not any(seen)
+    one = {"input_ids": inputs["input_ids"][:, :1], "attention_mask": inputs["attention_mask"][:, :1]}
+    config = mini.target.generation_config
+    config.forced_bos_token_id = plain[3]
+    try:  # the built-in path (no other processor on)
+        expected = mini.target.generate(**one, do_sample=False, max_new_tokens=6)
+        assert expected[0, 1].item() == plain[3] and torch.equal(
+            mini.generate(**one, max_new_tokens=6), expected
+        )
+    finally:
+        config.forced_bos_token_id = None

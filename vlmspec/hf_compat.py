@@ -20,7 +20,7 @@ from transformers.utils.generic import TransformersKwargs
 
 from .errors import InputTypeError, InvalidInputError
 from .inputs import check_token_ids
-from .node_processors import TRANSFORMERS_PROCESSORS
+from .node_processors import TRANSFORMERS_PROCESSORS, setting_is_on
 from .processors import REFUSED_SETTINGS
 from .requests import CallHooks, naming_request
 from .sampling import check_seed
@@ -99,14 +99,17 @@ def generate(
     seed = check_seed(given.pop("seed", None))
     rows = pipe._target_adapter.split_rows({"input_ids": input_ids, **tensors})  # each prompt alone, unpadded
     copies = return_sequences(config, given)
+    if len(rows) * copies > 1 and given.get("streamer") is not None:
+        raise InvalidInputError(
+            "pipe.generate(streamer=...) streams one sequence; give one row of input_ids and num_return_sequences=1"
+        )
     rows, input_ids = [row for row in rows for _ in range(copies)], input_ids.repeat_interleave(copies, dim=0)
-    if len(rows) > 1 and given.get("streamer") is not None:
-        raise InvalidInputError("pipe.generate(streamer=...) streams one prompt; give one row of input_ids")
     custom = CallHooks(
         settings.get("logits_processor") or (),
         settings.get("prefix_allowed_tokens_fn"),
         settings.get("stopping_criteria") or (),
         started=time.time(),  # max_time counts from the call, as in generate()
+        scores_to_criteria=fields is not None and "scores" in fields,  # as generate() hands them over
     )
     call = SimpleNamespace(
         given=given, seed=seed, config=config, scores=bool(fields), custom=custom, copies=copies
@@ -193,7 +196,7 @@ def call_config(target: Any, settings: dict[str, Any], kwargs: dict[str, Any]) -
         if hasattr(config, name):
             setattr(config, name, kwargs.pop(name))
     for name, is_on in REFUSED_SETTINGS.items():
-        if name in kwargs and not is_on(kwargs[name]):
+        if name in kwargs and not setting_is_on(name, is_on, kwargs[name]):
             setattr(config, name, kwargs.pop(name))
     for name in (*TRANSFORMERS_PROCESSORS, *_CONFIG_ONLY):  # applied from the config (see generate)
         if name in kwargs:

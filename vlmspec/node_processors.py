@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessorList
 
-from .errors import InvalidInputError
+from .errors import InputTypeError, InvalidInputError
 from .tree import TokenTree
 
 TRANSFORMERS_PROCESSORS: dict[str, Callable[[Any], bool]] = {
@@ -40,9 +40,23 @@ TRANSFORMERS_PROCESSORS: dict[str, Callable[[Any], bool]] = {
     "exponential_decay_length_penalty": lambda v: v is not None,
     "encoder_repetition_penalty": lambda v: v is not None and v != 1,
     "encoder_no_repeat_ngram_size": lambda v: bool(v) and v > 0,
-    "forced_bos_token_id": lambda v: v is not None,  # acts on a one-token prompt (text given as input_ids)
 }
 """``generation_config`` settings that turn on a processor the tensor path does not implement (when each is on)."""
+
+
+def setting_is_on(name: str, is_on: Callable[[Any], bool], value: Any) -> bool:
+    """``is_on(value)`` for the ``generate()`` setting ``name``.
+
+    Raises:
+        InputTypeError: a value of a type the setting cannot take (``no_repeat_ngram_size="3"``), naming it.
+    """
+    try:
+        return bool(is_on(value))
+    except TypeError as err:
+        raise InputTypeError(
+            f"{name}={value!r:.80} is invalid: not a value generate() takes for {name} ({err}); see "
+            "transformers.GenerationConfig"
+        ) from err
 
 
 def needs_node_processors(generation_config: Any, custom: Any = None) -> bool:
@@ -53,7 +67,8 @@ def needs_node_processors(generation_config: Any, custom: Any = None) -> bool:
         bool(custom.logits_processor) or custom.prefix_allowed_tokens_fn is not None
     )
     return has_own or any(
-        is_on(getattr(generation_config, name, None)) for name, is_on in TRANSFORMERS_PROCESSORS.items()
+        setting_is_on(name, is_on, getattr(generation_config, name, None))
+        for name, is_on in TRANSFORMERS_PROCESSORS.items()
     )
 
 
@@ -72,6 +87,23 @@ class NodeProcessing:
     generation_config: Any
     max_new_tokens: int
     custom: Any = None
+
+    def __post_init__(self) -> None:
+        """Build the list once on a stand-in prompt, so that a value transformers' processors refuse is refused
+        before any model work, naming the settings (the list for the request itself is built by :meth:`start`).
+
+        Raises:
+            InvalidInputError: a value one of the processors refuses.
+        """
+        try:
+            self.start(torch.zeros(1, dtype=torch.long), 0)
+        except (TypeError, ValueError) as err:
+            on = [
+                n for n, is_on in TRANSFORMERS_PROCESSORS.items() if is_on(getattr(self.generation_config, n))
+            ]
+            raise InvalidInputError(
+                f"generate()'s logits processors refuse these settings ({', '.join(on) or 'the call own'}): {err}"
+            ) from err
 
     def start(self, prompt_ids: torch.Tensor, vocab_size: int) -> NodeLogits:
         """The list for one request whose prompt is ``prompt_ids`` ``[L]`` (``vocab_size``: unused, the processors

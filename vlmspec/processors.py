@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from .errors import InvalidInputError
-from .node_processors import NodeProcessing, needs_node_processors
+from .node_processors import NodeProcessing, needs_node_processors, setting_is_on
 from .tree import TokenTree
 
 REFUSED_SETTINGS: dict[str, Callable[[Any], bool]] = {
@@ -62,6 +62,8 @@ class LogitsProcessing:
             over ``min_length``, as in ``generate()`` (``None``: unset).
         suppress_tokens: ids that never win.
         begin_suppress_tokens: ids that cannot be the first new token.
+        forced_bos_token_id: the first new token of a one-token prompt (``ForcedBOSTokenLogitsProcessor``: it acts
+            only there, so on a VLM prompt never).
         eos_token_ids: the ids the minimum lengths ban.
     """
 
@@ -70,6 +72,7 @@ class LogitsProcessing:
     min_new_tokens: int | None = None
     suppress_tokens: tuple[int, ...] = ()
     begin_suppress_tokens: tuple[int, ...] = ()
+    forced_bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
@@ -110,7 +113,7 @@ class LogitsProcessing:
         """
         for name, is_on in REFUSED_SETTINGS.items():
             value = getattr(generation_config, name, None)
-            if is_on(value):
+            if setting_is_on(name, is_on, value):
                 raise InvalidInputError(
                     f"the generation_config sets {name}={value!r} (the target's, or the one passed to "
                     f"pipe.generate), a generate() setting vlmspec does not apply, so its output would not be "
@@ -128,6 +131,7 @@ class LogitsProcessing:
             min_new_tokens=setting("min_new_tokens", min_new_tokens, None),
             suppress_tokens=tuple(setting("suppress_tokens", None, ())),
             begin_suppress_tokens=tuple(setting("begin_suppress_tokens", None, ())),
+            forced_bos_token_id=setting("forced_bos_token_id", None, None),
             eos_token_ids=tuple(eos_token_ids),
         )
         if model is not None and needs_node_processors(generation_config, custom):
@@ -149,6 +153,7 @@ class LogitsProcessing:
             self.repetition_penalty != 1.0
             or bans_eos
             or bool(self.suppress_tokens or self.begin_suppress_tokens)
+            or self.forced_bos_token_id is not None
         )
 
     def start(self, prompt_ids: torch.Tensor, vocab_size: int) -> SequenceLogits:
@@ -169,6 +174,7 @@ class SequenceLogits:
         # new tokens before EOS may end the reply: a given min_new_tokens takes precedence over min_length, as
         # generate() makes it (min_length = prompt + min_new_tokens)
         least, prompt_len = processing.min_new_tokens, prompt_ids.shape[0]
+        self.forced_bos = processing.forced_bos_token_id if prompt_len == 1 else None
         self.eos_until = processing.min_length - prompt_len if least is None else least
         # [V] bool masks, each applied as one masked fill (a calibrated pair suppresses ~150k padded ids)
         self.eos = _mask(processing.eos_token_ids, vocab_size, device)
@@ -180,6 +186,11 @@ class SequenceLogits:
         out = self._apply(
             logits[None].float(), self.seen[None, : self.vocab_size], logits.new_zeros(1, dtype=torch.long)
         )
+        if self.forced_bos is not None:  # generate()'s list forces it before it suppresses
+            out = torch.full_like(out, float("-inf"))
+            out[:, self.forced_bos] = 0.0
+            if self.suppress is not None:
+                out = out.masked_fill(self.suppress, float("-inf"))
         if self.begin is not None:
             out = out.masked_fill(self.begin, float("-inf"))
         return out[0]

@@ -106,6 +106,8 @@ class CallHooks:
             list), checked as it checks them (:class:`~vlmspec.stopping.StopCriteria`).
         row: the prompt of the call's batch this request is (``num_return_sequences`` rows share one).
         started: the call's start (``time.time()``), from which its ``max_time`` counts.
+        scores_to_criteria: hand ``stopping_criteria`` the scores so far (``generate()`` does with
+            ``return_dict_in_generate`` and ``output_scores``; else ``None``).
 
     Each is called for one row at a time, one tree node (processors) or one new token (criteria) at a time, so
     they must act row by row and keep no state between calls, as ``generate()``'s own do.
@@ -116,6 +118,7 @@ class CallHooks:
     stopping_criteria: Sequence[Any] = ()
     row: int = 0
     started: float | None = None
+    scores_to_criteria: bool = False
 
     def __post_init__(self) -> None:
         for name in ("logits_processor", "stopping_criteria"):
@@ -192,6 +195,7 @@ def decoding_settings(
         criteria=() if custom is None else tuple(custom.stopping_criteria),
         max_time=config.max_time,
         started=None if custom is None else custom.started,
+        criteria_scores=custom is not None and custom.scores_to_criteria,
     )
     processing = LogitsProcessing.for_call(
         config,

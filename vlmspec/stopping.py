@@ -29,9 +29,11 @@ class StopCriteria:
         ``generate(stop_strings=...)`` takes; kept as a tuple).
     tokenizer: needed only with ``stop_strings`` (to decode).
     criteria: a ``generate()`` call's own ``stopping_criteria`` (callables of ``(input_ids, scores)`` returning a
-        ``[1]`` bool tensor), called after each new token with the whole sequence as ``[1, L + t]`` ids on the
-        prompt's device and, as ``generate()`` gives them, the scores so far (one ``[1, V]`` per token) with
-        ``output_scores``, else ``None``.
+        ``[1]`` bool tensor), called after each new token the length and EOS checks have not already ended, with
+        the whole sequence as ``[1, L + t]`` ids on the prompt's device and the scores so far (one ``[1, V]`` per
+        token) where ``criteria_scores``, else ``None``.
+    criteria_scores: see ``criteria`` (``generate()`` hands them over with ``return_dict_in_generate`` and
+        ``output_scores``).
     max_time: ``generate()``'s ``max_time``: seconds after ``started`` (a ``time.time()``; ``None``: when decoding
         starts, :meth:`after_prompt`) past which no further token is generated (``MaxTimeCriteria``); ``None``: no
         limit.
@@ -48,6 +50,7 @@ class StopCriteria:
     criteria: tuple[Any, ...] = ()
     max_time: float | None = None
     started: float | None = None
+    criteria_scores: bool = False
     prompt_ids: tuple[int, ...] = ()
     device: Any = None
 
@@ -116,7 +119,7 @@ class StopCriteria:
             return True
         if self.criteria:
             ids = torch.tensor([[*self.prompt_ids, *tokens]], device=self.device)
-            steps = None if scores is None else scores.steps()[: len(tokens)]
+            steps = scores.steps()[: len(tokens)] if scores is not None and self.criteria_scores else None
             if any(bool(torch.as_tensor(criterion(ids, steps)).any()) for criterion in self.criteria):
                 return True
         if not self.stop_strings:
