@@ -321,6 +321,34 @@ def test_a_crash_while_checkpointing_resumes_from_a_whole_checkpoint(mini, tmp_p
         assert torch.allclose(a, b, atol=1e-6), key
 
 
+def test_a_crash_while_writing_the_trained_draft_leaves_the_earlier_one_whole(tmp_path):
+    """The final draft is written beside the earlier one and renamed over it: a kill in the middle of writing its
+    weights leaves the earlier draft's files as they were (only the staging folder, which the next run clears)."""
+    from vlmspec.edd_state import check_out_folder, save_draft
+
+    class Draft:
+        def __init__(self, weights: bytes, crash: bool = False) -> None:
+            self.weights, self.crash = weights, crash
+
+        def save_pretrained(self, folder):
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            (Path(folder) / "edd_config.json").write_text(json.dumps({"weights": len(self.weights)}))
+            (Path(folder) / "model.safetensors").write_bytes(self.weights[:3])
+            if self.crash:
+                raise KeyboardInterrupt("simulated kill")
+            (Path(folder) / "model.safetensors").write_bytes(self.weights)
+
+    save_draft(Draft(b"earlier weights"), tmp_path)
+    before = {f.name: f.read_bytes() for f in tmp_path.iterdir()}
+    with pytest.raises(KeyboardInterrupt):
+        save_draft(Draft(b"new weights!", crash=True), tmp_path)
+    assert {f.name: f.read_bytes() for f in tmp_path.iterdir() if f.is_file()} == before
+    check_out_folder(tmp_path)  # the leftover staging folder is the job's own
+    save_draft(Draft(b"new weights!"), tmp_path)
+    assert (tmp_path / "model.safetensors").read_bytes() == b"new weights!"
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["edd_config.json", "model.safetensors"]
+
+
 def test_a_damaged_checkpoint_says_which_file_and_what_to_do(mini, tmp_path):
     from vlmspec.edd_state import CheckpointError
 

@@ -191,6 +191,28 @@ def check_settings(folder: Path, recorded: dict[str, Any], settings: dict[str, A
             )
 
 
+def save_draft(draft: Any, out: Path) -> None:
+    """Write the trained draft's files (``edd_config.json``, ``model.safetensors``) into ``out`` so that a crash
+    at any moment leaves each of them whole, the earlier draft's or this one's: written beside them first, then
+    each renamed over its earlier version."""
+    staging = out / f"{_TMP}draft"
+    shutil.rmtree(staging, ignore_errors=True)
+    draft.save_pretrained(staging)
+    _fsync_files(staging)
+    for file in sorted(staging.iterdir()):
+        os.replace(file, out / file.name)
+    fsync_dir(out)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _fsync_files(folder: Path) -> None:
+    """Flush every file in ``folder`` and the folder's entries to the disk."""
+    for file in folder.iterdir():
+        with open(file, "rb+") as handle:
+            os.fsync(handle.fileno())
+    fsync_dir(folder)
+
+
 def save_checkpoint(
     folder: Path, draft: Any, optimizer: torch.optim.Optimizer, step: int, settings: dict[str, Any]
 ) -> None:
@@ -209,10 +231,7 @@ def save_checkpoint(
         if torch.is_tensor(value)
     }
     save_file(tensors, str(staging / OPTIMIZER))
-    for file in staging.iterdir():
-        with open(file, "rb+") as handle:
-            os.fsync(handle.fileno())
-    fsync_dir(staging)
+    _fsync_files(staging)
     shutil.rmtree(folder / name, ignore_errors=True)
     os.replace(staging, folder / name)
     fsync_dir(folder)

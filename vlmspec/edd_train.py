@@ -59,6 +59,7 @@ from .edd_state import (
     load_checkpoint,
     read_json,
     save_checkpoint,
+    save_draft,
     stored_data_key,
     training_settings,
     write_atomic,
@@ -356,7 +357,7 @@ def train(
     draft.edd_config.training = {**asdict(config), "steps": len(batches), "examples": len(samples)}
     if losses:
         draft.edd_config.training["final_kl"] = round(sum(losses[-10:]) / len(losses[-10:]), 4)
-    draft.save_pretrained(out)
+    save_draft(draft, out)
     return draft
 
 
