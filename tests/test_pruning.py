@@ -398,6 +398,30 @@ def test_attention_pruning_keeps_a_strongly_attended_visual_token(tiny_root_dir)
     assert int(layout.visual[keep].sum()) == keep_count(16, 0.8)
 
 
+class _ProbeHolder:
+    """A forward hook for a decoder's first layer: holds thread ``probe`` inside its eager-attention probe until
+    ``release`` is set (``probing`` says it is there), and records the attention implementation thread ``other``
+    runs under (``seen``; ``ran`` set when it runs)."""
+
+    def __init__(self, decoder: torch.nn.Module) -> None:
+        import threading
+
+        self.decoder, self.probe, self.other = decoder, None, None
+        self.probing, self.release, self.ran = threading.Event(), threading.Event(), threading.Event()
+        self.seen: list[str] = []
+
+    def hook(self, module, args, output) -> None:
+        import threading
+
+        current = threading.current_thread()
+        if self.decoder.config._attn_implementation == "eager" and current is self.probe:
+            self.probing.set()
+            self.release.wait(10)  # hold the probe open
+        elif current is self.other:
+            self.seen.append(self.decoder.config._attn_implementation)
+            self.ran.set()
+
+
 def test_a_forward_in_another_thread_waits_for_the_pruning_probe(tiny_pairs):
     """The probe switches the target's decoder to eager attention for its side pass: a forward another thread runs
     meanwhile (a second request on the same pipeline) waits for it, instead of running under the switch (eager with
@@ -412,19 +436,14 @@ def test_a_forward_in_another_thread_waits_for_the_pruning_probe(tiny_pairs):
     decoder = pipe.target.get_decoder()
     usual = decoder.config._attn_implementation
     assert usual != "eager"
-    probing, release, seen = threading.Event(), threading.Event(), []
-
-    def hook(module, args, output):
-        if decoder.config._attn_implementation == "eager" and threading.current_thread() is pruned:
-            probing.set()
-            release.wait(10)  # hold the probe open
-        elif threading.current_thread() is plain:
-            seen.append(decoder.config._attn_implementation)
-
-    handle = decoder.layers[0].register_forward_hook(hook)
+    hold = _ProbeHolder(decoder)
+    handle = decoder.layers[0].register_forward_hook(hold.hook)
     image = make_image(0)
-    pruned = threading.Thread(target=lambda: pipe(image, "Describe.", prune_ratio=0.5, max_new_tokens=2))
-    plain = threading.Thread(target=lambda: pipe(image, "Describe.", max_new_tokens=2))
+    pruned = hold.probe = threading.Thread(
+        target=lambda: pipe(image, "Describe.", prune_ratio=0.5, max_new_tokens=2)
+    )
+    plain = hold.other = threading.Thread(target=lambda: pipe(image, "Describe.", max_new_tokens=2))
+    probing, release, seen = hold.probing, hold.release, hold.seen
     try:
         pruned.start()
         assert probing.wait(30)
@@ -454,28 +473,24 @@ def test_a_pruned_draft_prefill_waits_for_the_pruning_probe_of_a_shared_model(ti
     swapped = VLMSpecPipeline(pipe.draft, pipe.target, pipe.processor, policy="chain")  # pipe's target drafts
     decoder, other = pipe.target.get_decoder(), pipe.draft.get_decoder()
     usual = decoder.config._attn_implementation
-    probing, release, scored, ran = (threading.Event() for _ in range(4))
-    seen = []
-
-    def hook(module, args, output):
-        if decoder.config._attn_implementation == "eager" and threading.current_thread() is probe:
-            probing.set()
-            release.wait(10)  # hold the probe open
-        elif threading.current_thread() is pruned:
-            seen.append(decoder.config._attn_implementation)
-            ran.set()
+    hold, scored = _ProbeHolder(decoder), threading.Event()
+    probing, release, ran, seen = hold.probing, hold.release, hold.ran, hold.seen
 
     def scored_hook(module, args, output):  # the swapped pipeline's own probe: its draft prefill comes next
         if other.config._attn_implementation == "eager" and threading.current_thread() is pruned:
             scored.set()
 
     handles = [
-        decoder.layers[0].register_forward_hook(hook),
+        decoder.layers[0].register_forward_hook(hold.hook),
         other.layers[0].register_forward_hook(scored_hook),
     ]
     image = make_image(0)
-    probe = threading.Thread(target=lambda: pipe(image, "Describe.", prune_ratio=0.5, max_new_tokens=2))
-    pruned = threading.Thread(target=lambda: swapped(image, "Describe.", prune_ratio=0.5, max_new_tokens=2))
+    probe = hold.probe = threading.Thread(
+        target=lambda: pipe(image, "Describe.", prune_ratio=0.5, max_new_tokens=2)
+    )
+    pruned = hold.other = threading.Thread(
+        target=lambda: swapped(image, "Describe.", prune_ratio=0.5, max_new_tokens=2)
+    )
     try:
         probe.start()
         assert probing.wait(30)

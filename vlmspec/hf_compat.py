@@ -161,14 +161,14 @@ def _row_call(pipe: Any, b: int, row: dict[str, Any], call: SimpleNamespace) -> 
 
 
 def generation_config(target: Any, given: Any = None) -> Any:
-    """The ``generation_config`` a call decodes with: the target's, or ``given`` with the settings it leaves unset
-    (``None``) taken from the target's, as ``generate(generation_config=...)`` merges them.
+    """The ``generation_config`` a call decodes with, a copy the call may change: the target's, or ``given`` with the
+    settings it leaves unset (``None``) taken from the target's, as ``generate(generation_config=...)`` merges them.
 
     Raises:
         TypeError: ``given`` is not a ``transformers.GenerationConfig``.
     """
     if given is None:
-        return target.generation_config
+        return copy.deepcopy(target.generation_config)
     if not isinstance(given, GenerationConfig):
         raise InputTypeError(
             f"generation_config={given!r:.80} is invalid: use a transformers.GenerationConfig, or leave it out (the "
@@ -190,7 +190,7 @@ def call_config(target: Any, settings: dict[str, Any], kwargs: dict[str, Any]) -
     of transformers' processors vlmspec runs node by node (``no_repeat_ngram_size``, ...), ``max_time`` and
     ``num_return_sequences``.
     """
-    config = copy.deepcopy(generation_config(target, settings.get("generation_config")))
+    config = generation_config(target, settings.get("generation_config"))
     options = set(GENERATE_OPTIONS)
     for name in [name for name, value in kwargs.items() if value is None and name not in options]:
         if hasattr(config, name):
