@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import PROMPTS, input_kinds
 
-from vlmspec import VLMSpecPipeline, get_policy
+from vlmspec import RequestFeed, VLMSpecPipeline, get_policy
 from vlmspec.batching import Batcher
 from vlmspec.testbed.world import sample
 from vlmspec.testing import FAMILIES
@@ -204,3 +204,63 @@ def test_the_lossy_dsbd_works_per_row_at_batch_size_3(tiny_pairs):
     outputs = pipe.batch(requests, batch_size=3)
     assert [o.token_ids for o in outputs] == alone
     assert not any(o.stats.lossless for o in outputs)
+
+
+def test_requests_are_read_one_at_a_time_as_rows_free():
+    """``batch_iter`` reads its requests lazily (a job's generator of requests may be endless)."""
+    read: list[int] = []
+
+    def endless():
+        index = 0
+        while True:
+            read.append(index)
+            yield partial(lambda i: i, index)
+            index += 1
+
+    results = Batcher(2).map(endless())
+    assert next(results)[1] == 0
+    results.close()
+    assert len(read) <= 3  # the two rows, and the one that took the first free row
+
+
+def test_a_request_put_in_a_feed_while_others_decode_joins_their_batch(tiny_pairs, monkeypatch):
+    import vlmspec.batching as batching
+
+    pair = tiny_pairs["qwen2_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
+    first, second = mixed_requests()[4:6]
+    merged_rows: list[int] = []
+    run_merged = batching.run_merged
+    monkeypatch.setattr(
+        batching, "run_merged", lambda calls: merged_rows.append(len(calls)) or run_merged(calls)
+    )
+    feed = RequestFeed()
+
+    def first_arrives_then_second():  # the second request arrives while the first decodes
+        feed.put(second)
+        feed.close()
+        return first
+
+    feed.put(first_arrives_then_second)
+    results = dict(pipe.batch_iter(feed, batch_size=2))
+    assert [results[0].token_ids, results[1].token_ids] == [reference(pipe, first), reference(pipe, second)]
+    assert max(merged_rows) == 2  # their forwards were merged
+    with pytest.raises(ValueError, match="closed"):
+        feed.put(first)
+
+
+def test_a_feed_with_nothing_queued_waits_for_requests_and_ends_when_closed(tiny_pairs):
+    pair = tiny_pairs["qwen2_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain", torch_dtype=torch.float32)
+    feed = RequestFeed()
+    results: list[tuple[int, object]] = []
+    consumer = threading.Thread(target=lambda: results.extend(pipe.batch_iter(feed, batch_size=3)))
+    consumer.start()
+    time.sleep(0.3)  # the consumer waits on the empty feed
+    assert consumer.is_alive() and not results
+    request = mixed_requests()[0]
+    assert feed.put(request) == 0
+    feed.close()
+    consumer.join(timeout=60)
+    assert not consumer.is_alive()
+    assert [(i, out.token_ids) for i, out in results] == [(0, reference(pipe, request))]

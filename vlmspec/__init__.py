@@ -11,6 +11,7 @@ from .errors import (
 from .inputs import VideoClip
 from .pipeline import SpecOutput, VLMSpecPipeline
 from .policies import TreePolicy, available_policies, get_policy, register_policy
+from .requests import RequestFeed
 from .scores import TokenScores
 from .streaming import StreamPiece
 from .tree import TokenTree
@@ -21,6 +22,7 @@ __all__ = [
     "InputNotFoundError",
     "InputTypeError",
     "InvalidInputError",
+    "RequestFeed",
     "SlowSpeculationWarning",
     "SpecOutput",
     "SpecStats",

@@ -24,8 +24,7 @@ batching), so one long reply never holds up the rest.
 from __future__ import annotations
 
 import threading
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +34,7 @@ from .cache import BatchCache, KVStore, RowCache
 from .errors import InvalidInputError
 from .models import Prefill, VLMAdapter
 from .models.base import DecodeState
+from .requests import END, RequestFeed
 
 DRAFT_FIRST, TARGET = 0, 1  # order in which waiting forwards run when several models are waited on
 
@@ -66,6 +66,16 @@ class _Request:
     error: BaseException | None = None
     thread: threading.Thread | None = None
     stopped: bool = False  # abandoned before it ever ran: its thread ends without running the job
+
+
+def _taker(items: Iterable[Any]) -> Callable[[bool], tuple[int, Any] | object]:
+    """:meth:`RequestFeed.take` over an iterable: its items numbered, read one at a time."""
+    numbered = enumerate(items)
+    return lambda wait: next(numbered, END)
+
+
+def _itself(index: int, job: Callable[[], Any]) -> Callable[[], Any]:
+    return job
 
 
 class Batcher:
@@ -109,38 +119,34 @@ class Batcher:
         return call.result
 
     # ---- the scheduler --------------------------------------------------------------------------------------
-    def map(self, jobs: Sequence[Callable[[], Any]]) -> Iterator[tuple[int, Any, BaseException | None]]:
-        """Run ``jobs`` (each one request's whole decoding), ``max_rows`` at a time.
+    def map(
+        self, items: Iterable[Any] | RequestFeed, job: Callable[[int, Any], Callable[[], Any]] = _itself
+    ) -> Iterator[tuple[int, Any, BaseException | None]]:
+        """Run ``job(index, item)`` for each of ``items`` (each one request's whole decoding), ``max_rows`` at a time.
+
+        ``items`` is read lazily: the next item only when a row is free. A :class:`RequestFeed` is read as its
+        requests arrive: without waiting while some request decodes, waiting for one when none does.
 
         Yields ``(index, output, error)`` as each request ends (completion order); a failing request yields its
         exception and the others go on.
         """
+        take = items.take if isinstance(items, RequestFeed) else _taker(items)
         if not self._threaded:
-            for index, job in enumerate(jobs):
-                request = _Request(index, job)
-                self._running = request
-                try:
-                    request.output = job()
-                except Exception as error:
-                    request.error = error
-                finally:
-                    self._running = None
-                    self._release(request)
-                yield index, request.output, request.error
+            while (item := take(True)) is not END:
+                yield self._run_alone(_Request(item[0], job(*item)))
             return
-        queue = deque(enumerate(jobs))
         live: list[_Request] = []
+        ended = False
         try:
-            while queue or live:
-                while queue and len(live) < self.max_rows:  # queued requests take the free rows
-                    index, job = queue.popleft()
-                    request = _Request(index, job)
-                    live.append(request)
-                    request.thread = threading.Thread(
-                        target=self._body, args=(request,), name=f"vlmspec-request-{index}", daemon=True
-                    )
-                    request.thread.start()
-                    self._switch_to(request)
+            while live or not ended:
+                while not ended and len(live) < self.max_rows:  # queued requests take the free rows
+                    item = take(not live)  # wait for a request only when none is decoding
+                    if item is None:
+                        break
+                    if item is END:
+                        ended = True
+                        break
+                    live.append(self._start(_Request(item[0], job(*item))))
                 for request in [r for r in live if r.done]:
                     live.remove(request)
                     self._release(request)
@@ -150,6 +156,27 @@ class Batcher:
                     self._merged_forward(waiting)
         finally:
             self._stop(live)
+
+    def _run_alone(self, request: _Request) -> tuple[int, Any, BaseException | None]:
+        """A batch of one: ``request`` runs straight through, its forwards at once."""
+        self._running = request
+        try:
+            request.output = request.job()
+        except Exception as error:
+            request.error = error
+        finally:
+            self._running = None
+            self._release(request)
+        return request.index, request.output, request.error
+
+    def _start(self, request: _Request) -> _Request:
+        """Start ``request``'s thread and let it run to its first forward (or its end)."""
+        request.thread = threading.Thread(
+            target=self._body, args=(request,), name=f"vlmspec-request-{request.index}", daemon=True
+        )
+        request.thread.start()
+        self._switch_to(request)
+        return request
 
     def _stop(self, live: list[_Request]) -> None:
         """End the threads of requests abandoned mid-decoding (an error in the caller, Ctrl-C): each one's next

@@ -12,7 +12,7 @@ import contextlib
 import copy
 import dataclasses
 import inspect
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -50,6 +50,7 @@ from .probe import cached_costs
 from .processors import LogitsProcessing
 from .pruning import PruningConfig, pruning_config
 from .requests import (
+    Requests,
     batch_rows,
     call_arguments,
     check_length,
@@ -429,21 +430,22 @@ class VLMSpecPipeline:
 
     @torch.no_grad()
     def batch_iter(
-        self, requests: Iterable[dict[str, Any] | Callable[[], dict[str, Any]]], batch_size: int = 8
+        self, requests: Requests, batch_size: int = 8
     ) -> Iterator[tuple[int, SpecOutput | Exception]]:
         """:meth:`batch` as results come: ``(index, output or exception)`` as each request ends.
 
         For long jobs: ``requests`` is read lazily, one request as a row of the batch frees, and a request may be a
         function that builds its keyword arguments only then (so that a job reads each video when its turn comes;
-        a failure there is that request's result, like any other bad input).
+        a failure there is that request's result, like any other bad input). For requests that arrive while the
+        batch decodes (a server), ``requests`` is a :class:`~vlmspec.requests.RequestFeed`.
         """
         check_requests(requests, "pipe.batch_iter")
         batcher = Batcher(batch_rows(requests, batch_size))  # trees fitted to batch_size all the same
         policy = self.batch_policy(batch_size)
         row = lambda adapter, order: RowAdapter(adapter, batcher, order)  # noqa: E731
-        jobs = (partial(self._decode, request, policy, i, row) for i, request in enumerate(requests))
+        job = lambda i, request: partial(self._decode, request, policy, i, row)  # noqa: E731
         with self.kernels():
-            for index, output, error in batcher.map(jobs):
+            for index, output, error in batcher.map(requests, job):
                 yield index, (output if error is None else error)
 
     def _prepare(self, request: dict[str, Any], generation_config: Any = None, custom: Any = None) -> _Call:

@@ -1,9 +1,12 @@
 """The shape of a pipeline request: ``pipe(...)``'s keyword arguments, and the list ``pipe.batch`` takes, checked
-before any model work, each refusal naming what was given and what to give."""
+before any model work, each refusal naming what was given and what to give; and the :class:`RequestFeed` of
+requests that arrive while a batch decodes."""
 
 from __future__ import annotations
 
 import inspect
+import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
@@ -35,12 +38,72 @@ def call_arguments(signature: inspect.Signature, request: Mapping[str, Any]) -> 
     return {name: value for name, value in bound.arguments.items() if name in names}
 
 
+END = object()
+"""What a request source's ``take`` returns once it has no more requests."""
+
+
+class RequestFeed:
+    """Requests that arrive while a batch decodes (a server's handlers, a watcher of a folder).
+
+    ``pipe.batch_iter(feed, batch_size)`` takes each request as a row frees, so a request put while others decode
+    joins them at their next step; it waits for one only when none is decoding, and ends once the feed is closed
+    and every request put before has ended. ``put`` and ``close`` may be called from any thread.
+    """
+
+    def __init__(self) -> None:
+        self._queue: deque[tuple[int, Any]] = deque()
+        self._changed = threading.Condition()
+        self._closed = False
+        self._count = 0
+
+    def put(self, request: Any) -> int:
+        """Queue ``request`` (a dict of ``pipe(...)`` keyword arguments, or a function building one).
+
+        Returns:
+            Its index: the one ``batch_iter`` yields with its output.
+
+        Raises:
+            InvalidInputError: the feed is closed.
+        """
+        with self._changed:
+            if self._closed:
+                raise InvalidInputError(
+                    "this RequestFeed is closed: it takes no more requests; make a new one"
+                )
+            index, self._count = self._count, self._count + 1
+            self._queue.append((index, request))
+            self._changed.notify_all()
+        return index
+
+    def close(self) -> None:
+        """Take no more requests: ``batch_iter`` ends when those already put have ended."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def take(self, wait: bool) -> tuple[int, Any] | None | object:
+        """The next ``(index, request)``; ``None`` if none is queued and not ``wait``; :data:`END` once closed and
+        empty. With ``wait``, blocks until a request is put or the feed is closed."""
+        with self._changed:
+            while wait and not self._queue and not self._closed:
+                self._changed.wait()
+            if self._queue:
+                return self._queue.popleft()
+            return END if self._closed else None
+
+
+Requests = Iterable[dict[str, Any] | Callable[[], dict[str, Any]]] | RequestFeed
+"""What ``pipe.batch_iter`` takes: requests (or functions building them, called when their turn comes), or a feed."""
+
+
 def check_requests(requests: Any, where: str) -> None:
     """Refuse what is not a list (or other iterable) of requests: one request's dict, a string.
 
     Raises:
         TypeError: naming what was given and what to give.
     """
+    if isinstance(requests, RequestFeed):
+        return
     if isinstance(requests, Mapping):
         keys = ", ".join(map(repr, list(requests)[:4]))
         raise InputTypeError(
