@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from importlib import resources
@@ -40,31 +41,8 @@ def trace_summary(trace: list[dict]) -> str:
 
 
 def demo(args: argparse.Namespace) -> int:
-    from .named_pairs import is_pair_name, is_pipeline_folder, resolve_pair
-    from .pipeline import VLMSpecPipeline
-
-    if args.target is None and args.draft is not None:
-        raise InvalidInputError("--draft needs --target (or name neither for the default pair)")
-    _check_before_loading(args)
-    if args.target is None and args.pair is not None and not is_pair_name(args.pair):
-        raise InvalidInputError(
-            f"--pair {args.pair!r} is not a pair name (e.g. testbed-base@cpu, testbed-mini)"
-        )
-    pair = resolve_pair(args.target if args.target is not None else args.pair, args.draft, family=args.family)
-    if args.target is None:
-        default = args.pair is None
-        which = "No checkpoint named: using the embedded default pair" if default else "Using the named pair"
-        print(f"{which} ({pair.source}).", flush=True)
-    options = json.loads(args.policy_options) if args.policy_options else {}
-    saved = is_pipeline_folder(args.target)  # a saved pipeline brings its own settings
-    pipe = VLMSpecPipeline.from_pretrained(
-        args.target if saved else pair.target, args.draft if saved else pair.draft, policy=args.policy,
-        torch_dtype=args.dtype, calibration=pair.calibration, **options,
-    )  # fmt: skip
-    if pair.calibration:
-        from .testbed.calibrate import get_calibration
-
-        print(f"calibration: {pair.calibration}: {get_calibration(pair.calibration).why}.", flush=True)
+    _check_files(args)
+    pipe = load_pipeline(args, "vlmspec demo")
     example = None if (args.image or args.video) else bundled_example()
     image = args.image or (None if args.video else _example_image())  # --image and --video: both
     default = "Describe what happens in this clip." if args.video else "Describe this image."
@@ -89,6 +67,86 @@ def demo(args: argparse.Namespace) -> int:
         print(summary)
     if args.compare:
         _compare_with_generate(pipe, out, image, prompt, args)
+    return 0
+
+
+def load_pipeline(args: argparse.Namespace, command: str) -> Any:
+    """The pipeline the pair flags (:func:`add_pair_flags`) name, its policy checked before any model loads."""
+    from .named_pairs import is_pair_name, is_pipeline_folder, resolve_pair
+    from .pipeline import VLMSpecPipeline
+
+    if args.target is None and args.draft is not None:
+        raise InvalidInputError("--draft needs --target (or name neither for the default pair)")
+    _check_policy(args, command)
+    if args.target is None and args.pair is not None and not is_pair_name(args.pair):
+        raise InvalidInputError(
+            f"--pair {args.pair!r} is not a pair name (e.g. testbed-base@cpu, testbed-mini)"
+        )
+    pair = resolve_pair(args.target if args.target is not None else args.pair, args.draft, family=args.family)
+    if args.target is None:
+        default = args.pair is None
+        which = "No checkpoint named: using the embedded default pair" if default else "Using the named pair"
+        print(f"{which} ({pair.source}).", flush=True)
+    options = json.loads(args.policy_options) if args.policy_options else {}
+    saved = is_pipeline_folder(args.target)  # a saved pipeline brings its own settings
+    pipe = VLMSpecPipeline.from_pretrained(
+        args.target if saved else pair.target, args.draft if saved else pair.draft, policy=args.policy,
+        torch_dtype=args.dtype, calibration=pair.calibration, **options,
+    )  # fmt: skip
+    if pair.calibration:
+        from .testbed.calibrate import get_calibration
+
+        print(f"calibration: {pair.calibration}: {get_calibration(pair.calibration).why}.", flush=True)
+    return pipe
+
+
+def add_serve_command(sub: Any) -> None:
+    s = sub.add_parser("serve", help="serve the pair behind OpenAI's chat-completions API (vlmspec.serving)")
+    add_pair_flags(s)
+    s.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
+    )
+    s.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0: a free one)")
+    s.add_argument(
+        "--batch-size", type=positive_int, default=8, help="requests decoding together (default 8)"
+    )
+    s.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=512,
+        help="a reply's length when a request sets none (default 512)",
+    )
+    s.add_argument(
+        "--served-model-name", help="the model name clients send (default: --target, or the pair's name)"
+    )
+    s.add_argument(
+        "--allowed-media-dir",
+        type=Path,
+        help="a folder whose files requests may name as media (default: none)",
+    )
+    s.add_argument(
+        "--fetch-urls",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fetch http(s) media URLs (default on; --no-fetch-urls takes data: URIs and allowed files only)",
+    )
+    s.set_defaults(func=serve)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """``vlmspec serve``: load the pair, then serve until Ctrl-C."""
+    from .openai_api import MediaAccess
+    from .serving import SpecServer
+
+    if args.allowed_media_dir is not None and not args.allowed_media_dir.is_dir():
+        raise InputNotFoundError(f"--allowed-media-dir {str(args.allowed_media_dir)!r} is not a folder")
+    pipe = load_pipeline(args, "vlmspec serve")
+    name = args.served_model_name or args.target or args.pair or DEFAULT_PAIR
+    media = MediaAccess(allowed_dir=args.allowed_media_dir, fetch_urls=args.fetch_urls)
+    server = SpecServer(pipe, name, args.host, args.port, args.batch_size, args.max_tokens, media)
+    with server:
+        print(f"serving {name!r} at {server.url}/v1 (POST /v1/chat/completions; Ctrl-C stops)", flush=True)
+        threading.Event().wait()
     return 0
 
 
@@ -118,17 +176,21 @@ def _chat(pipe: Any, image: Any, prompt: str, args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_before_loading(args: argparse.Namespace) -> None:
-    """The cheap checks, before any model loads: the files exist, the policy and its options are valid."""
-    from .named_pairs import is_pipeline_folder
-    from .policies import check_greedy, get_policy
-    from .saving import read_settings, saved_policy
-
+def _check_files(args: argparse.Namespace) -> None:
+    """The demo's cheap checks, before any model loads: the files exist, the length is positive."""
     for flag, path in (("--image", args.image), ("--video", args.video)):
         if path is not None and not Path(path).is_file():
             raise InputNotFoundError(f"{flag} {path!r} does not exist; pass an existing file")
     if args.max_new_tokens < 1:
         raise InvalidInputError(f"--max-new-tokens {args.max_new_tokens} is invalid: use an integer >= 1")
+
+
+def _check_policy(args: argparse.Namespace, command: str) -> None:
+    """The policy and its options are valid (before any model loads)."""
+    from .named_pairs import is_pipeline_folder
+    from .policies import check_greedy, get_policy
+    from .saving import read_settings, saved_policy
+
     try:
         options = json.loads(args.policy_options) if args.policy_options else {}
     except json.JSONDecodeError as err:
@@ -145,7 +207,7 @@ def _check_before_loading(args: argparse.Namespace) -> None:
     else:  # an unknown policy or option fails here, naming it
         policy = get_policy(args.policy or "sage", **options)
     instead = "use a lossless policy such as --policy sage, or the pipeline with do_sample=True from Python"
-    check_greedy(policy, "vlmspec demo decodes greedily", instead)
+    check_greedy(policy, f"{command} decodes greedily", instead)
 
 
 def _compare_with_generate(pipe: Any, out: Any, image: Any, prompt: str, args: argparse.Namespace) -> None:
@@ -227,12 +289,9 @@ def check_output_path(path: str | Path, flag: str, folder: bool = True) -> None:
         )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="vlmspec", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser(
-        "demo", help="caption the bundled example image (or your image/video) with speed stats"
-    )
+def add_pair_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that name the pair, its policy and dtype (:func:`load_pipeline` reads them)."""
+    d = parser
     d.add_argument(
         "--target", help="target model: hub id, folder or pair name; default: the embedded testbed pair"
     )
@@ -248,13 +307,6 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--family", default="qwen2_vl", help="family of the embedded pair (default qwen2_vl)")
     d.add_argument("--policy", help="tree policy (default: a saved pipeline's, else sage)")
     d.add_argument("--policy-options", help="JSON of policy options, e.g. '{\"n_max\": 32}'")
-    d.add_argument("--image", help="image path (default: the bundled example)")
-    d.add_argument("--video", help="video path (with --image: both, in that order)")
-    d.add_argument(
-        "--prompt",
-        help="prompt (default: the bundled example's; 'Describe this image.', or for a video 'Describe what happens in this clip.')",
-    )
-    d.add_argument("--max-new-tokens", type=int, default=128)
     d.add_argument(
         "--dtype",
         choices=("float32", "bfloat16", "float16", "auto"),
@@ -262,6 +314,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="the models' dtype (default float32, the dtype the CPU lossless tests use; bfloat16 halves the "
         "models' memory)",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(prog="vlmspec", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser(
+        "demo", help="caption the bundled example image (or your image/video) with speed stats"
+    )
+    add_pair_flags(d)
+    d.add_argument("--image", help="image path (default: the bundled example)")
+    d.add_argument("--video", help="video path (with --image: both, in that order)")
+    d.add_argument(
+        "--prompt",
+        help="prompt (default: the bundled example's; 'Describe this image.', or for a video 'Describe what happens in this clip.')",
+    )
+    d.add_argument("--max-new-tokens", type=int, default=128)
     d.add_argument(
         "--compare",
         action=argparse.BooleanOptionalAction,
@@ -276,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
         "end of input ends it); replies stream, the caches carry over between turns",
     )
     d.set_defaults(func=demo)
+    add_serve_command(sub)
 
     for command in _commands():  # vlmspec bench (eval/), vlmspec caption (pipelines/): installed with vlmspec
         command.load()(sub)

@@ -86,7 +86,7 @@ class _Cancelled(Exception):
     """Raised in the generating thread once the consumer of ``pipe.stream()`` stopped reading."""
 
 
-class _QueueStreamer:
+class QueueStreamer:
     """A streamer (``put``/``end``) that queues each step's tokens with their text, skipping the prompt; once
     ``cancelled`` is set, its next ``put`` ends the generation."""
 
@@ -141,7 +141,7 @@ def stream_call(call: Callable[[Any], Any], tokenizer: Any) -> Iterator[StreamPi
         Whatever ``call`` raised, once the pieces before it were yielded.
     """
     pieces: queue.Queue = queue.Queue()
-    streamer = _QueueStreamer(tokenizer, pieces)
+    streamer = QueueStreamer(tokenizer, pieces)
     result: dict[str, Any] = {}
 
     def run() -> None:

@@ -1,0 +1,285 @@
+"""``vlmspec serve``: OpenAI's chat-completions API over a pipeline (:mod:`vlmspec.serving`).
+
+Every reply is checked against what ``pipe(messages=...)`` gives for the same conversation (itself tested equal to
+``generate()``): whole, streamed, under concurrent requests decoding together, cut at stop strings, sampled with a
+seed. Bad requests get OpenAI's error shape with the field named, and the server goes on serving.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import http.server
+import io
+import json
+import threading
+from functools import partial
+
+import pytest
+import torch
+from conftest import make_image
+
+import vlmspec.batching as batching
+from vlmspec import VLMSpecPipeline
+from vlmspec.cli import main
+from vlmspec.openai_api import APIError, MediaAccess, StopHolder, chat_request
+from vlmspec.serving import SpecServer
+
+PROMPT = "Describe this image."
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_pairs):
+    pair = tiny_pairs["qwen2_vl"]
+    return VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def server(pipe, tmp_path_factory):
+    media = tmp_path_factory.mktemp("media")
+    make_image(0).save(media / "cat.png")
+    with SpecServer(pipe, "tiny", port=0, batch_size=3, max_tokens=24, media=MediaAccess(media)) as running:
+        yield running
+
+
+def png_uri(seed: int) -> str:
+    buffer = io.BytesIO()
+    make_image(seed).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def user_turn(url: str, prompt: str = PROMPT) -> list[dict]:
+    parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": prompt}]
+    return [{"role": "user", "content": parts}]
+
+
+def expected(pipe, picture: int, prompt: str = PROMPT, **options):
+    content = [{"type": "image", "image": make_image(picture)}, {"type": "text", "text": prompt}]
+    return pipe(messages=[{"role": "user", "content": content}], **options)
+
+
+def post(server, body, path: str = "/v1/chat/completions") -> tuple[int, dict]:
+    connection = http.client.HTTPConnection(*server._http.server_address[:2], timeout=120)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    connection.request("POST", path, data, {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    return response.status, json.loads(response.read())
+
+
+def post_stream(server, body) -> list[dict | str]:
+    """The events of a streamed reply, ``"[DONE]"`` last."""
+    connection = http.client.HTTPConnection(*server._http.server_address[:2], timeout=120)
+    connection.request("POST", "/v1/chat/completions", json.dumps(dict(body, stream=True)))
+    response = connection.getresponse()
+    assert response.status == 200 and response.getheader("Content-Type") == "text/event-stream"
+    events = [line[6:] for line in response.read().decode().splitlines() if line.startswith("data: ")]
+    return [e if e == "[DONE]" else json.loads(e) for e in events]
+
+
+def test_a_completion_is_the_pipelines_reply_to_the_same_messages(server, pipe):
+    status, reply = post(server, {"model": "tiny", "messages": user_turn(png_uri(0)), "max_tokens": 20})
+    reference = expected(pipe, 0, max_new_tokens=20)
+    assert status == 200 and reply["object"] == "chat.completion" and reply["model"] == "tiny"
+    (choice,) = reply["choices"]
+    assert choice["message"] == {"role": "assistant", "content": reference.text}
+    assert choice["finish_reason"] == "length"  # the tiny pair's reply runs to max_tokens
+    assert reply["usage"] == {
+        "prompt_tokens": reference.stats.prompt_tokens,
+        "completion_tokens": 20,
+        "total_tokens": reference.stats.prompt_tokens + 20,
+    }
+    assert (
+        reply["vlmspec"]["policy"] == "sage" and 0 < reply["vlmspec"]["steps"] < 20
+    )  # trees sized for batch 3
+
+
+def test_a_streamed_reply_joins_to_the_same_text_and_ends_with_usage(server, pipe):
+    events = post_stream(
+        server, {"messages": user_turn(png_uri(1)), "stream_options": {"include_usage": True}}
+    )
+    reference = expected(pipe, 1, max_new_tokens=24)  # the server's default length
+    assert events[-1] == "[DONE]" and events[0]["choices"][0]["delta"]["role"] == "assistant"
+    chunks = events[:-1]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == reference.text
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]][-1] == "length"
+    assert len(chunks) > 4  # pieces came step by step, not as one
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 24
+    assert len({c["id"] for c in chunks}) == 1
+
+
+def test_concurrent_requests_each_get_their_own_reply(server, pipe):
+    results: dict[int, tuple[int, dict]] = {}
+    prompts = ["Describe this image.", "What is in the picture?", "List the shapes."]
+
+    def ask(i: int) -> None:
+        results[i] = post(server, {"messages": user_turn(png_uri(i), prompts[i]), "max_tokens": 16})
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for i, prompt in enumerate(prompts):
+        status, reply = results[i]
+        assert status == 200
+        assert reply["choices"][0]["message"]["content"] == expected(pipe, i, prompt, max_new_tokens=16).text
+
+
+def test_requests_waiting_together_decode_in_one_batch(pipe, monkeypatch):
+    merged: list[int] = []
+    run_merged = batching.run_merged
+    monkeypatch.setattr(batching, "run_merged", lambda calls: merged.append(len(calls)) or run_merged(calls))
+    server = SpecServer(pipe, "tiny", port=0, batch_size=3)
+    futures = [server.submit(expected_kwargs(i)) for i in range(3)]  # queued before the scheduler starts
+    with server:
+        outputs = [future.result(timeout=120) for future in futures]
+    assert max(merged) == 3
+    assert [o.token_ids for o in outputs] == [
+        expected(pipe, i, max_new_tokens=12).token_ids for i in range(3)
+    ]
+
+
+def expected_kwargs(seed: int) -> dict:
+    content = [{"type": "image", "image": make_image(seed)}, {"type": "text", "text": PROMPT}]
+    return {"messages": [{"role": "user", "content": content}], "max_new_tokens": 12}
+
+
+def test_a_stop_string_ends_the_reply_before_it_whole_and_streamed(server, pipe):
+    reference = expected(pipe, 2, max_new_tokens=24).text
+    stop = reference[12:15]
+    cut = reference[: reference.index(stop)]
+    body = {"messages": user_turn(png_uri(2)), "stop": [stop, "never appears"]}
+    status, reply = post(server, body)
+    assert status == 200 and reply["choices"][0]["message"]["content"] == cut
+    assert reply["choices"][0]["finish_reason"] == "stop"
+    events = post_stream(server, body)[:-1]
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == cut
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_seeded_sampled_request_is_the_pipelines_draw(server, pipe):
+    body = {"messages": user_turn(png_uri(3)), "temperature": 0.8, "top_p": 0.9, "seed": 7, "max_tokens": 16}
+    status, reply = post(server, body)
+    sampling = {"do_sample": True, "temperature": 0.8, "top_p": 0.9, "seed": 7, "max_new_tokens": 16}
+    (draw,) = pipe.batch([dict(expected_kwargs(3), **sampling)], batch_size=3)  # trees sized as the server's
+    assert status == 200 and reply["choices"][0]["message"]["content"] == draw.text
+    assert draw.text != expected(pipe, 3, max_new_tokens=16).text  # it did sample
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "words"),
+    [
+        ({"messages": []}, 400, "messages", "non-empty list"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages", "role 'tool'"),
+        ({"messages": user_turn("data:,x"), "n": 2}, 400, "n", "one request per reply"),
+        (
+            {"messages": user_turn("data:,x"), "frequency_penalty": 0.5},
+            400,
+            "frequency_penalty",
+            "repetition",
+        ),
+        ({"messages": user_turn("data:,x"), "temprature": 0.5}, 400, "temprature", "unrecognized"),
+        ({"messages": user_turn("data:,x"), "temperature": 3}, 400, "temperature", "[0, 2]"),
+        ({"messages": user_turn("data:,x"), "max_tokens": 0}, 400, "max_tokens", "integer"),
+        ({"messages": user_turn("data:,x"), "model": "gpt-4o"}, 404, "model", "serves 'tiny'"),
+        ({"messages": user_turn("/etc/passwd")}, 400, "messages", "outside the folder"),
+        ({"messages": user_turn("data:image/png;base64,AAAA")}, 400, None, "not an image"),
+    ],
+)
+def test_a_bad_request_gets_openai_s_error_naming_the_field_and_the_server_goes_on(
+    server, body, status, param, words
+):
+    got, reply = post(server, body)
+    assert got == status and reply["error"]["param"] == param and words in reply["error"]["message"]
+    assert post(server, {"messages": user_turn(png_uri(0)), "max_tokens": 2})[0] == 200
+
+
+def test_bodies_and_endpoints_that_are_not_the_api(server):
+    status, reply = post(server, b"{not json")
+    assert status == 400 and "not JSON" in reply["error"]["message"]
+    assert post(server, {}, path="/v1/completions")[0] == 404
+    connection = http.client.HTTPConnection(*server._http.server_address[:2], timeout=30)
+    connection.request("GET", "/v1/models")
+    models = json.loads(connection.getresponse().read())
+    assert [m["id"] for m in models["data"]] == ["tiny"]
+
+
+def test_media_from_an_allowed_folder_and_from_a_url(server, pipe, tmp_path):
+    reference = expected(pipe, 0, max_new_tokens=8).text
+    for url in ("cat.png", f"file://{server.media.allowed_dir / 'cat.png'}"):
+        status, reply = post(server, {"messages": user_turn(url), "max_tokens": 8})
+        assert status == 200 and reply["choices"][0]["message"]["content"] == reference
+    make_image(0).save(tmp_path / "web.png")
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{web.server_address[1]}/web.png"
+        status, reply = post(server, {"messages": user_turn(url), "max_tokens": 8})
+        assert status == 200 and reply["choices"][0]["message"]["content"] == reference
+        with pytest.raises(APIError, match="does not fetch URLs"):
+            chat_request({"messages": user_turn(url)}, "tiny", MediaAccess(fetch_urls=False), 8)
+    finally:
+        web.shutdown()
+        web.server_close()
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_row(server, pipe):
+    connection = http.client.HTTPConnection(*server._http.server_address[:2], timeout=60)
+    connection.request(
+        "POST",
+        "/v1/chat/completions",
+        json.dumps({"messages": user_turn(png_uri(4)), "stream": True, "max_tokens": 400}),
+    )
+    response = connection.getresponse()
+    assert response.readline().startswith(b"data: ")
+    connection.close()  # gone after the first chunk
+    status, reply = post(server, {"messages": user_turn(png_uri(5)), "max_tokens": 10})
+    assert (
+        status == 200
+        and reply["choices"][0]["message"]["content"] == expected(pipe, 5, max_new_tokens=10).text
+    )
+
+
+def test_stop_strings_split_across_pieces_are_held_back():
+    holder = StopHolder(["</s>", "STOP"])
+    sent = [holder.push(piece) for piece in ["Hello wor", "ld ST", "O", "P and more"]]
+    assert "".join(sent) == "Hello world " and holder.stopped
+    assert holder.finish() == "" and holder.push("later") == ""
+    free = StopHolder([])
+    assert [free.push("a"), free.push("b"), free.finish()] == ["a", "b", ""]
+
+
+def test_the_serve_command_refuses_a_missing_media_folder_before_loading(capsys):
+    assert main(["serve", "--allowed-media-dir", "/no/such/folder", "--port", "0"]) == 1
+    assert "--allowed-media-dir '/no/such/folder' is not a folder" in capsys.readouterr().err
+
+
+def test_the_openai_client_talks_to_it_whole_and_streamed(server, pipe):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    reference = expected(pipe, 6, max_new_tokens=10).text
+    reply = client.chat.completions.create(model="tiny", messages=user_turn(png_uri(6)), max_tokens=10)
+    assert reply.choices[0].message.content == reference and reply.usage.completion_tokens == 10
+    stream = client.chat.completions.create(
+        model="tiny", messages=user_turn(png_uri(6)), max_tokens=10, stream=True
+    )
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == reference
+    assert [m.id for m in client.models.list()] == ["tiny"]
+
+
+def test_lmms_eval_s_openai_model_evaluates_through_it(server, pipe):
+    """lmms-eval's own ``openai`` model (text first, then the image as a PNG data URI; temperature 0)."""
+    from lmms_eval.api.instance import Instance
+    from lmms_eval.models.simple.openai import OpenAICompatible
+
+    lm = OpenAICompatible(model="tiny", base_url=f"{server.url}/v1", api_key="unused", max_retries=1)
+    lm.task_dict = {"task": {"test": [{"image": make_image(7)}]}}
+    args = ("What is in the picture?", {"max_new_tokens": 12}, lambda doc: [doc["image"]], 0, "task", "test")
+    request = Instance("generate_until", args, idx=0, metadata={"task": "task", "doc_id": 0, "repeats": 1})
+    (reply,) = lm.generate_until([request])
+    content = [{"type": "text", "text": args[0]}, {"type": "image", "image": make_image(7)}]
+    assert reply.text == pipe(messages=[{"role": "user", "content": content}], max_new_tokens=12).text
+    assert reply.token_counts.output_tokens == 12  # read from the response's usage

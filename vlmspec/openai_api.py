@@ -1,0 +1,403 @@
+"""OpenAI's chat-completions API over a pipeline: a request's JSON in, ``pipe(...)`` keyword arguments out, and the
+response, stream chunks and errors back in OpenAI's shapes (pure functions; :mod:`vlmspec.serving` is the HTTP
+server around them).
+
+What a request may hold, and what it becomes:
+
+* ``messages``: system (``developer`` too), user and assistant turns; content a string or a list of
+  ``{"type": "text"}``, ``{"type": "image_url", "image_url": {"url": ...}}`` and ``{"type": "video_url",
+  "video_url": {"url": ...}}`` parts (the last is vLLM's), in any turn: ``pipe(messages=...)``, so the reply is
+  the target's own ``generate()`` on the chat template's inputs. A media URL is a ``data:image/...;base64,`` URI,
+  an ``http(s)://`` URL (fetched, unless the server was told not to) or a local file (``file://...`` or a path),
+  read only inside the folder the server allows (``--allowed-media-dir``; none by default).
+* ``max_completion_tokens`` (or the older ``max_tokens``): ``max_new_tokens``; the server's default otherwise.
+* ``temperature``: absent or 0 is greedy decoding, so the reply is the target's own greedy ``generate()`` token for
+  token (vlmspec's contract; OpenAI's default is 1, which here has to be asked for); above 0 samples with
+  ``top_p`` and vLLM's ``top_k`` from the target's distribution (``seed`` makes it repeatable).
+* ``stop``: ``stop_strings``; as OpenAI returns it, the reply ends before the stop string (``generate()`` keeps it).
+* vLLM's ``repetition_penalty`` and ``min_tokens``: ``repetition_penalty`` and ``min_new_tokens``.
+* ``stream`` (with ``stream_options.include_usage``): server-sent chunks as each verification step accepts tokens.
+
+Refused by name (HTTP 400, OpenAI's error shape): ``n`` > 1, non-zero ``presence_penalty`` / ``frequency_penalty``
+(use ``repetition_penalty``), ``logprobs``, ``logit_bias``, tools and function calls, a ``response_format`` other
+than text, and any field not listed here (OpenAI refuses unknown arguments too). ``user``, ``metadata``, ``store``
+and ``service_tier`` are accepted and ignored. A response carries, beside OpenAI's fields, ``vlmspec``: the
+request's speculative-decoding statistics (``mean_accepted``, ``tokens_per_step``, ``steps``, ...).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .engine import SpecOutput
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier"})
+STATS_FIELDS = ("policy", "steps", "mean_accepted", "tokens_per_step", "tokens_per_second", "total_seconds")
+"""``SpecStats`` fields a response carries under ``vlmspec``."""
+
+
+class APIError(Exception):
+    """A request the server refuses: its HTTP ``status`` and OpenAI's error body (:meth:`body`).
+
+    Args:
+        message: what is wrong and what to do.
+        param: the request field at fault, if one is.
+        status: 400 (a bad request), 404 (an unknown model or path), 413 (too large), 500 (the server's fault).
+    """
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
+
+    def body(self) -> dict[str, Any]:
+        kind = {404: "not_found_error", 500: "server_error"}.get(self.status, "invalid_request_error")
+        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": None}}
+
+
+@dataclass(frozen=True)
+class MediaAccess:
+    """Where the server may read media from.
+
+    Attributes:
+        allowed_dir: local files are read only inside this folder (``None``: no local file is read).
+        fetch_urls: whether ``http(s)://`` URLs are fetched.
+        max_bytes: the largest media file fetched.
+        timeout: seconds a fetch may take.
+    """
+
+    allowed_dir: Path | None = None
+    fetch_urls: bool = True
+    max_bytes: int = 64 * 2**20
+    timeout: float = 20.0
+
+
+@dataclass
+class ChatRequest:
+    """A checked chat-completions request.
+
+    Attributes:
+        kwargs: the ``pipe(...)`` keyword arguments.
+        stream: whether the reply is streamed.
+        include_usage: a streamed reply ends with a usage chunk.
+        stop: the stop strings (the reply is cut before the first).
+        max_tokens: the reply's length limit.
+        temp_files: fetched videos, to delete once the reply is done.
+    """
+
+    kwargs: dict[str, Any]
+    stream: bool = False
+    include_usage: bool = False
+    stop: list[str] = field(default_factory=list)
+    max_tokens: int = 0
+    temp_files: list[Path] = field(default_factory=list)
+
+    def cleanup(self) -> None:
+        for path in self.temp_files:
+            path.unlink(missing_ok=True)
+
+
+def chat_request(body: Any, model: str, media: MediaAccess, default_max_tokens: int) -> ChatRequest:
+    """``body`` (a chat-completions request's JSON), checked and turned into ``pipe(...)`` arguments.
+
+    Raises:
+        APIError: naming the field that is wrong and what it should be (404 for another model's name).
+    """
+    if not isinstance(body, dict):
+        raise APIError(f"the request body must be a JSON object, got {type(body).__name__}")
+    _check_fields(body)
+    if body.get("model") not in (None, model):
+        raise APIError(
+            f"the model {body['model']!r} does not exist: this server serves {model!r}", "model", 404
+        )
+    request = ChatRequest(kwargs={})
+    try:
+        request.kwargs["messages"] = _messages(body.get("messages"), media, request.temp_files)
+        request.max_tokens = _max_tokens(body, default_max_tokens)
+        request.kwargs.update(_sampling(body), max_new_tokens=request.max_tokens)
+        request.stop = _stop(body.get("stop"))
+        if request.stop:
+            request.kwargs["stop_strings"] = request.stop
+        request.stream = _flag(body, "stream")
+        options = body.get("stream_options") or {}
+        if not isinstance(options, dict):
+            raise APIError(
+                'stream_options must be an object such as {"include_usage": true}', "stream_options"
+            )
+        request.include_usage = bool(options.get("include_usage"))
+    except BaseException:
+        request.cleanup()
+        raise
+    return request
+
+
+_OFF_VALUES: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "parallel_tool_calls": (None, False, True),
+    "response_format": (None, {"type": "text"}),
+}
+"""Fields vlmspec does not implement, and the values that ask for nothing (OpenAI's defaults)."""
+_WHAT_INSTEAD = {
+    "n": "send one request per reply (they decode together)",
+    "presence_penalty": "use repetition_penalty (as generate() takes it)",
+    "frequency_penalty": "use repetition_penalty (as generate() takes it)",
+}
+_KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed"}
+_KNOWN |= (
+    {"stop", "stream", "stream_options", "repetition_penalty", "min_tokens"}
+    | IGNORED_FIELDS
+    | set(_OFF_VALUES)
+)
+
+
+def _check_fields(body: dict[str, Any]) -> None:
+    unknown = sorted(set(body) - _KNOWN)
+    if unknown:
+        raise APIError(f"unrecognized request argument(s): {', '.join(unknown)}", unknown[0])
+    for name, off in _OFF_VALUES.items():
+        if name in body and body[name] not in off:
+            instead = _WHAT_INSTEAD.get(name, "vlmspec's server does not implement it")
+            raise APIError(f"{name}={body[name]!r:.60} is not supported: {instead}", name)
+
+
+def _messages(messages: Any, media: MediaAccess, temp_files: list[Path]) -> list[dict[str, Any]]:
+    if not isinstance(messages, list) or not messages:
+        raise APIError(
+            'messages must be a non-empty list of {"role": ..., "content": ...} objects', "messages"
+        )
+    chat = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            role = message.get("role") if isinstance(message, dict) else message
+            raise APIError(f"{where}: role {role!r:.40} is not one of {', '.join(ROLES)}", "messages")
+        content = message.get("content")
+        if isinstance(content, list):
+            content = [
+                _part(part, f"{where}.content[{j}]", media, temp_files) for j, part in enumerate(content)
+            ]
+        elif not isinstance(content, str):
+            raise APIError(f"{where}: content must be a string or a list of parts", "messages")
+        chat.append({"role": ROLES[message["role"]], "content": content})
+    return chat
+
+
+def _part(part: Any, where: str, media: MediaAccess, temp_files: list[Path]) -> dict[str, Any]:
+    """One content part as a ``pipe(messages=...)`` item."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "text" and isinstance(part.get("text"), str):
+        return {"type": "text", "text": part["text"]}
+    if kind in ("image_url", "video_url"):
+        url = part.get(kind)
+        url = url.get("url") if isinstance(url, dict) else url
+        if not isinstance(url, str) or not url:
+            raise APIError(f'{where}: a {kind} part needs {{{kind!r}: {{"url": ...}}}}', "messages")
+        source = _media(url, kind[:5], f"{where}.{kind}", media, temp_files)
+        return {"type": kind[:5], kind[:5]: source}
+    raise APIError(
+        f"{where}: expected a part of type 'text' (with a string 'text'), 'image_url' or 'video_url', got "
+        f"{part!r:.80}",
+        "messages",
+    )
+
+
+def _media(url: str, kind: str, where: str, media: MediaAccess, temp_files: list[Path]) -> Any:
+    """What ``pipe(messages=...)`` reads for a media URL: a data URI as is, a fetched URL's bytes (a video's
+    written to a temporary file), a checked local path."""
+    if url.startswith("data:"):
+        if kind == "video":
+            raise APIError(f"{where}: a video cannot be a data URI here; give its URL or file", "messages")
+        return url
+    if url.startswith(("http://", "https://")):
+        data = _fetch(url, where, media)
+        if kind == "image":
+            return data
+        with tempfile.NamedTemporaryFile(suffix=Path(url.split("?")[0]).suffix, delete=False) as file:
+            file.write(data)
+        temp_files.append(Path(file.name))
+        return file.name
+    return str(_local_file(url, where, media))
+
+
+def _fetch(url: str, where: str, media: MediaAccess) -> bytes:
+    if not media.fetch_urls:
+        raise APIError(f"{where}: this server does not fetch URLs; send the media as a data: URI", "messages")
+    try:
+        with urllib.request.urlopen(url, timeout=media.timeout) as response:
+            data = response.read(media.max_bytes + 1)
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        raise APIError(f"{where}: {url[:100]!r} could not be fetched ({err})", "messages") from err
+    if len(data) > media.max_bytes:
+        raise APIError(f"{where}: {url[:100]!r} is larger than {media.max_bytes} bytes", "messages", 413)
+    return data
+
+
+def _local_file(url: str, where: str, media: MediaAccess) -> Path:
+    """A ``file://`` URL or a path, inside the allowed folder."""
+    path = Path(url.removeprefix("file://")).expanduser()
+    if media.allowed_dir is None:
+        raise APIError(
+            f"{where}: {url[:100]!r} is a local file, and this server reads none; send it as a data: URI, or start "
+            "the server with --allowed-media-dir naming the folder it may read",
+            "messages",
+        )
+    allowed = media.allowed_dir.resolve()
+    resolved = (allowed / path).resolve()
+    if not resolved.is_relative_to(allowed):
+        raise APIError(
+            f"{where}: {url[:100]!r} is outside the folder this server may read ({allowed})", "messages"
+        )
+    return resolved
+
+
+def _number(body: dict[str, Any], name: str, low: float, high: float, integer: bool = False) -> Any:
+    """``body[name]`` checked to lie in ``[low, high]`` (``None`` when absent)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
+        kind = "an integer" if integer else "a number"
+        raise APIError(f"{name}={value!r:.40} is invalid: use {kind} in [{low}, {high}]", name)
+    return value
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool) and value is not None:
+        raise APIError(f"{name}={value!r:.40} is invalid: use true or false", name)
+    return bool(value)
+
+
+def _max_tokens(body: dict[str, Any], default: int) -> int:
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = _number(body, name, 1, 2**31 - 1, integer=True)
+        if value is not None:
+            return value
+    return default
+
+
+def _sampling(body: dict[str, Any]) -> dict[str, Any]:
+    """The sampling and penalty arguments: greedy unless ``temperature`` > 0 (module docstring)."""
+    options: dict[str, Any] = {}
+    temperature = _number(body, "temperature", 0, 2)
+    top_p = _number(body, "top_p", 0, 1)
+    top_k = _number(body, "top_k", -1, 2**31 - 1, integer=True)
+    if temperature:
+        options.update(do_sample=True, temperature=float(temperature))
+        if top_p is not None:
+            options["top_p"] = float(top_p)
+        if top_k is not None:
+            options["top_k"] = top_k if top_k > 0 else None
+    seed = _number(body, "seed", -(2**63), 2**63 - 1, integer=True)
+    if seed is not None:
+        options["seed"] = seed
+    penalty = _number(body, "repetition_penalty", 1e-6, 100)
+    if penalty is not None:
+        options["repetition_penalty"] = float(penalty)
+    min_tokens = _number(body, "min_tokens", 0, 2**31 - 1, integer=True)
+    if min_tokens:
+        options["min_new_tokens"] = min_tokens
+    return options
+
+
+def _stop(stop: Any) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else stop
+    if stops is None:
+        return []
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise APIError(f"stop={stop!r:.60} is invalid: use a string or a list of non-empty strings", "stop")
+    return stops
+
+
+# ---- responses -----------------------------------------------------------------------------------------------
+def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    """``text`` up to the first of ``stops`` it holds (OpenAI leaves the stop string out), and whether one was."""
+    found = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return (text[: min(found)], True) if found else (text, False)
+
+
+def finish_reason(output: SpecOutput, stopped: bool, max_tokens: int, eos_ids: tuple[int, ...]) -> str:
+    """``"length"`` when the reply ran to ``max_tokens`` without an EOS or a stop string, else ``"stop"``."""
+    ended = stopped or bool(output.token_ids and output.token_ids[-1] in eos_ids)
+    return "length" if not ended and len(output.token_ids) >= max_tokens else "stop"
+
+
+def usage(output: SpecOutput) -> dict[str, int]:
+    prompt, completion = output.stats.prompt_tokens, len(output.token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def stats(output: SpecOutput) -> dict[str, Any]:
+    return {name: getattr(output.stats, name) for name in STATS_FIELDS}
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The identity every object of one reply shares (``id``, ``created``, ``model``)."""
+
+    model: str
+    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def completion(self, text: str, reason: str, output: SpecOutput) -> dict[str, Any]:
+        """The whole reply (``chat.completion``)."""
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
+        return self._object("chat.completion", [choice], usage=usage(output), vlmspec=stats(output))
+
+    def chunk(self, delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
+        """One streamed piece (``chat.completion.chunk``)."""
+        return self._object("chat.completion.chunk", [{"index": 0, "delta": delta, "finish_reason": reason}])
+
+    def usage_chunk(self, output: SpecOutput) -> dict[str, Any]:
+        """The last chunk of a stream with ``include_usage``: no choices, the usage and statistics."""
+        return self._object("chat.completion.chunk", [], usage=usage(output), vlmspec=stats(output))
+
+    def _object(self, kind: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        head = {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+        return {**head, "choices": choices, **extra}
+
+
+class StopHolder:
+    """Stream text with the stop strings left out: holds back the end of the text that could begin one."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = stops
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.text = ""
+        self.sent = 0
+        self.stopped = False
+
+    def push(self, piece: str) -> str:
+        """The text that can be sent now that ``piece`` has come ("" after a stop string)."""
+        if self.stopped:
+            return ""
+        self.text += piece
+        cut, self.stopped = cut_at_stop(self.text, self.stops)
+        end = len(cut) if self.stopped else max(self.sent, len(self.text) - self.hold)
+        out, self.sent = self.text[self.sent : end], end
+        return out
+
+    def finish(self) -> str:
+        """What is left to send at the end of the reply."""
+        if self.stopped:
+            return ""
+        out, self.sent = self.text[self.sent :], len(self.text)
+        return out
