@@ -14,6 +14,7 @@ from transformers import (
     LogitsProcessorList,
     MaxLengthCriteria,
     MaxTimeCriteria,
+    NoRepeatNGramLogitsProcessor,
     StoppingCriteria,
     StoppingCriteriaList,
     StopStringCriteria,
@@ -340,3 +341,150 @@ def test_criteria_get_scores_only_with_output_scores_and_a_one_token_prompt_gets
         )
     finally:
         config.forced_bos_token_id = None
+
+
+EOS = 3
+TREES = {  # parents, tokens: three nodes at each depth 1..3
+    "interleaved": ([-1, 0, 1, 0, 2, 3, 0, 2, 6, 5], [7, 5, 6, 8, 7, 8, 9, 6, 5, 8]),
+    "level by level": (
+        [-1, 0, 0, 0, 1, 1, 3, 4, 4, 6],
+        [7, 5, 8, 9, 6, 8, 5, 7, 6, 8],
+    ),  # as drafting orders them
+}
+SO_FAR = [5, 6, 7, 8, 5, 9, 6, 8, 7]  # the prompt (its first 6) and three emitted tokens, the root last
+
+
+def node_logits(mini, settings: dict, custom=None):
+    """A request's :class:`NodeLogits` over :data:`SO_FAR` for ``settings`` (7 new tokens: forced EOS at
+    depth 3)."""
+    from vlmspec.processors import LogitsProcessing
+    from vlmspec.requests import CallHooks
+
+    config = copy.deepcopy(mini.target.generation_config)
+    for name, value in settings.items():
+        setattr(config, name, value)
+    hooks = None if custom is None else CallHooks(**custom)
+    processing = LogitsProcessing.for_call(config, [EOS], model=mini.target, max_new_tokens=7, custom=hooks)
+    node = processing.start(torch.tensor(SO_FAR[:6]), 0)
+    node.commit(torch.tensor(SO_FAR[6:]))
+    return node
+
+
+def hand_tree(name: str = "interleaved"):
+    from vlmspec.tree import TokenTree
+
+    parents, tokens = (torch.tensor(values) for values in TREES[name])
+    return TokenTree(tokens=tokens, parents=parents, draft_probs=torch.ones(len(tokens)))
+
+
+class Recording(LogitsProcessorList):
+    """A processor list that records the shape of the ``input_ids`` of each pass."""
+
+    def __init__(self, processors: LogitsProcessorList) -> None:
+        super().__init__(processors)
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        self.shapes.append(tuple(input_ids.shape))
+        return super().__call__(input_ids, scores, **kwargs)
+
+
+EVERY_ROW_WISE = {
+    "no_repeat_ngram_size": 2,
+    "bad_words_ids": [[8, 5]],
+    "sequence_bias": {(6, 7): -5.0, (9,): 2.0},
+    "repetition_penalty": 1.3,
+    "min_new_tokens": 5,  # EOS banned at depths 0 and 1
+    "forced_eos_token_id": EOS,
+    "exponential_decay_length_penalty": (4, 1.5),  # from depth 2
+    "remove_invalid_values": True,
+    "suppress_tokens": [11],
+    "begin_suppress_tokens": [12],
+}
+
+
+@pytest.mark.parametrize(
+    ("settings", "custom", "by_depth"),
+    [
+        ({"no_repeat_ngram_size": 2}, None, True),
+        (EVERY_ROW_WISE, None, True),
+        ({"no_repeat_ngram_size": 2}, {"logits_processor": [BanAfter(5, 6)]}, False),
+        (
+            {},
+            {"logits_processor": [NoRepeatNGramLogitsProcessor(2)]},
+            False,
+        ),  # the caller's, even of the list
+        ({}, {"prefix_allowed_tokens_fn": lambda b, ids: [5, 6, 7]}, False),
+        ({"no_repeat_ngram_size": 2, "encoder_repetition_penalty": 1.5}, None, False),
+        ({"encoder_no_repeat_ngram_size": 2}, None, False),
+    ],
+)
+def test_a_row_wise_list_runs_once_per_depth_any_other_once_per_node(mini, settings, custom, by_depth):
+    node = node_logits(mini, settings, custom)
+    assert node.by_depth == by_depth
+    node.processors = Recording(node.processors)
+    tree = hand_tree()
+    node.tree(torch.randn(tree.tokens.shape[0], 699), tree, len(SO_FAR) - 6)
+    depths = tree.depths.tolist()
+    if by_depth:  # one pass per depth, its nodes as a batch
+        expected = [(depths.count(d), len(SO_FAR) + d) for d in sorted(set(depths))]
+    else:
+        expected = [(1, len(SO_FAR) + d) for d in depths]
+    assert node.processors.shapes == expected
+
+
+@pytest.mark.parametrize("shape", list(TREES))
+def test_by_depth_gives_each_node_the_scores_node_by_node_gives(mini, shape):
+    """Every allowlisted processor on, on a tree of three nodes per depth whose siblings end different
+    n-grams: the same numbers, bit for bit, as a batch of one per node; the logits given are left as they
+    were."""
+    batched = node_logits(mini, EVERY_ROW_WISE)
+    alone = node_logits(mini, EVERY_ROW_WISE)
+    alone.by_depth = False
+    tree = hand_tree(shape)
+    logits = torch.randn(tree.tokens.shape[0], 699, generator=torch.Generator().manual_seed(0))
+    logits[2, 20], logits[5, 21] = float("inf"), float("nan")  # for remove_invalid_values
+    given = logits.clone()
+    ours = batched.tree(logits, tree, 3)
+    theirs = alone.tree(logits, tree, 3)
+    assert batched.by_depth and torch.equal(ours, theirs)
+    assert torch.equal(logits.nan_to_num(), given.nan_to_num())
+    banned, depth = ours < -1e30, tree.depths  # -inf, or the least float where remove_invalid_values put it
+    assert all(
+        len({tuple(row) for row in banned[depth == d].tolist()}) == 3 for d in (1, 2)
+    )  # siblings differ
+    assert (banned[depth == 3].sum(-1) == logits.shape[1] - 1).all() and (ours[depth == 3, EOS] == 0).all()
+    assert banned[depth < 2, EOS].all() and not banned[depth == 2, EOS].any()  # minimum new tokens
+    assert ours[2, 20] == torch.finfo(torch.float32).max and not ours.isnan().any()
+
+
+def test_the_row_wise_allowlist_is_by_exact_class_and_per_row_data():
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    from vlmspec.node_processors import is_row_wise
+
+    class MyBans(NoRepeatNGramLogitsProcessor):
+        pass
+
+    assert is_row_wise(NoRepeatNGramLogitsProcessor(2)) and not is_row_wise(MyBans(2))
+    assert is_row_wise(RepetitionPenaltyLogitsProcessor(1.2))
+    assert not is_row_wise(RepetitionPenaltyLogitsProcessor(1.2, prompt_ignore_length=torch.tensor([0])))
+    assert not is_row_wise(BanAfter(1, 2))
+
+
+def test_a_pipe_call_with_a_row_wise_processor_batches_each_depth(mini, prompt, monkeypatch):
+    """End to end: the verifications pass several nodes at once, and the output is still generate()'s."""
+    _, inputs, length, _ = prompt
+    batches = []
+    run = LogitsProcessorList.__call__
+
+    def recording(self, input_ids, scores, **kwargs):
+        batches.append(input_ids.shape[0])
+        return run(self, input_ids, scores, **kwargs)
+
+    options = {"max_new_tokens": NEW, "no_repeat_ngram_size": 2, "repetition_penalty": 1.2}
+    expected = mini.target.generate(**inputs, do_sample=False, **options)
+    monkeypatch.setattr(LogitsProcessorList, "__call__", recording)
+    mini.policy = get_policy("sage")
+    assert torch.equal(mini.generate(**inputs, **options), expected)
+    assert max(batches) > 1

@@ -16,11 +16,12 @@ path from the root, so the processors here take the path into account:
 
 Logits are turned to float32 first, as ``generate()`` does; the sampling warpers (:mod:`vlmspec.sampling`, all of
 ``generate()``'s) come after. A call that turns on any of ``generate()``'s other processors (n-gram bans, bad words,
-sequence bias, forced EOS, ...) or brings its own runs transformers' whole list node by node instead
-(:mod:`vlmspec.node_processors`; ``forced_bos_token_id`` too, which acts on a one-token prompt). Settings with
-which ``generate()`` decodes otherwise than by processors (beams, contrastive search, ...) are refused by name,
-rather than silently decoding something ``generate()`` would not; ``renormalize_logits`` changes neither an argmax
-nor a softmax (only the scores returned, :mod:`vlmspec.scores`), so it is let through.
+sequence bias, forced EOS, ...) or brings its own runs transformers' whole list over the tree instead, a depth
+or a node at a time (:mod:`vlmspec.node_processors`; ``forced_bos_token_id`` too, which acts on a one-token
+prompt). Settings with which ``generate()`` decodes otherwise than by processors (beams, contrastive search,
+...) are refused by name, rather than silently decoding something ``generate()`` would not;
+``renormalize_logits`` changes neither an argmax nor a softmax (only the scores returned, :mod:`vlmspec.scores`),
+so it is let through.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ class LogitsProcessing:
         """A call's processors: its arguments over the target's ``generation_config``; ``None`` when none is on.
         Where the config turns on another of ``generate()``'s processors or the call brings its own (``custom``, a
         :class:`~vlmspec.requests.CallHooks`),
-        ``model``'s whole list node by node (:class:`~vlmspec.node_processors.NodeProcessing`, ``max_new_tokens``
+        ``model``'s whole list over the tree (:class:`~vlmspec.node_processors.NodeProcessing`, ``max_new_tokens``
         the call's length).
 
         Raises:
