@@ -283,3 +283,15 @@ def test_lmms_eval_s_openai_model_evaluates_through_it(server, pipe):
     content = [{"type": "text", "text": args[0]}, {"type": "image", "image": make_image(7)}]
     assert reply.text == pipe(messages=[{"role": "user", "content": content}], max_new_tokens=12).text
     assert reply.token_counts.output_tokens == 12  # read from the response's usage
+
+
+def test_the_load_generator_prints_a_row_per_batch_size(capsys):
+    from vlmspec_eval import serve_load
+
+    serve_load.main(
+        ["--target", "tiny", "--n", "2", "--clients", "2", "--batch-sizes", "1,2", "--max-tokens", "4"]
+    )
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("| batch | requests/s |") and len(lines) == 4
+    assert [line.split("|")[1].strip() for line in lines[2:]] == ["1", "2"]
+    assert all(line.rstrip(" |").endswith("2/2") for line in lines[2:])  # every reply the pipeline's own
