@@ -295,3 +295,59 @@ def test_the_load_generator_prints_a_row_per_batch_size(capsys):
     assert lines[0].startswith("| batch | requests/s |") and len(lines) == 4
     assert [line.split("|")[1].strip() for line in lines[2:]] == ["1", "2"]
     assert all(line.rstrip(" |").endswith("2/2") for line in lines[2:])  # every reply the pipeline's own
+
+
+def test_logprobs_are_the_targets_own_and_name_the_chosen_tokens(server, pipe):
+    status, reply = post(
+        server, {"messages": user_turn(png_uri(8)), "max_tokens": 6, "logprobs": True, "top_logprobs": 3}
+    )
+    reference = expected(pipe, 8, max_new_tokens=6, output_scores=True)
+    assert status == 200
+    entries = reply["choices"][0]["logprobs"]["content"]
+    assert "".join(e["token"] for e in entries) == reply["choices"][0]["message"]["content"] == reference.text
+    logprobs = torch.log_softmax(reference.scores.scores, dim=-1)
+    for k, entry in enumerate(entries):
+        token = reference.token_ids[k]
+        assert entry["logprob"] == pytest.approx(logprobs[k, token].item(), abs=1e-4)
+        assert len(entry["top_logprobs"]) == 3 and entry["top_logprobs"][0]["logprob"] == pytest.approx(
+            entry["logprob"], abs=1e-4
+        )  # greedy: the top one
+        assert bytes(entry["bytes"]).decode() == entry["token"]
+    assert (
+        post(server, {"messages": user_turn(png_uri(8)), "max_tokens": 2})[1]["choices"][0]["logprobs"]
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"logprobs": True, "stream": True}, "logprobs", "whole replies only"),
+        ({"top_logprobs": 2}, "top_logprobs", '"logprobs": true'),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
+    ],
+)
+def test_logprobs_requests_that_cannot_be_served_are_refused(server, body, param, words):
+    status, reply = post(server, {"messages": user_turn(png_uri(0)), **body})
+    assert status == 400 and reply["error"]["param"] == param and words in reply["error"]["message"]
+
+
+def test_an_api_key_is_required_when_the_server_has_one(pipe):
+    with SpecServer(pipe, "tiny", port=0, max_tokens=2, api_key="s3cret") as keyed:
+        address = keyed._http.server_address[:2]
+        for headers, status in (
+            ({}, 401),
+            ({"Authorization": "Bearer nope"}, 401),
+            ({"Authorization": "Bearer s3cret"}, 200),
+        ):
+            connection = http.client.HTTPConnection(*address, timeout=60)
+            connection.request(
+                "POST", "/v1/chat/completions", json.dumps({"messages": user_turn(png_uri(0))}), headers
+            )
+            response = connection.getresponse()
+            body = json.loads(response.read())
+            assert response.status == status
+            assert status == 200 or body["error"]["type"] == "authentication_error"
+        connection = http.client.HTTPConnection(*address, timeout=60)
+        connection.request("GET", "/health")
+        assert connection.getresponse().status == 200  # health needs no key

@@ -130,6 +130,11 @@ def add_serve_command(sub: Any) -> None:
         default=True,
         help="fetch http(s) media URLs (default on; --no-fetch-urls takes data: URIs and allowed files only)",
     )
+    s.add_argument(
+        "--api-key",
+        default=os.environ.get("VLMSPEC_API_KEY"),
+        help="require Authorization: Bearer <key> on every request but /health (default $VLMSPEC_API_KEY; none)",
+    )
     s.set_defaults(func=serve)
 
 
@@ -143,7 +148,9 @@ def serve(args: argparse.Namespace) -> int:
     pipe = load_pipeline(args, "vlmspec serve")
     name = args.served_model_name or args.target or args.pair or DEFAULT_PAIR
     media = MediaAccess(allowed_dir=args.allowed_media_dir, fetch_urls=args.fetch_urls)
-    server = SpecServer(pipe, name, args.host, args.port, args.batch_size, args.max_tokens, media)
+    server = SpecServer(
+        pipe, name, args.host, args.port, args.batch_size, args.max_tokens, media, args.api_key
+    )
     with server:
         print(f"serving {name!r} at {server.url}/v1 (POST /v1/chat/completions; Ctrl-C stops)", flush=True)
         threading.Event().wait()

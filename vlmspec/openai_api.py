@@ -17,9 +17,11 @@ What a request may hold, and what it becomes:
 * ``stop``: ``stop_strings``; as OpenAI returns it, the reply ends before the stop string (``generate()`` keeps it).
 * vLLM's ``repetition_penalty`` and ``min_tokens``: ``repetition_penalty`` and ``min_new_tokens``.
 * ``stream`` (with ``stream_options.include_usage``): server-sent chunks as each verification step accepts tokens.
+* ``logprobs`` / ``top_logprobs`` (up to 20; whole replies only): each token's log-probability under the
+  distribution it was chosen from (the target's own, read off the verification forwards: ``output_scores``).
 
 Refused by name (HTTP 400, OpenAI's error shape): ``n`` > 1, non-zero ``presence_penalty`` / ``frequency_penalty``
-(use ``repetition_penalty``), ``logprobs``, ``logit_bias``, tools and function calls, a ``response_format`` other
+(use ``repetition_penalty``), ``logit_bias``, tools and function calls, a ``response_format`` other
 than text, and any field not listed here (OpenAI refuses unknown arguments too). ``user``, ``metadata``, ``store``
 and ``service_tier`` are accepted and ignored. A response carries, beside OpenAI's fields, ``vlmspec``: the
 request's speculative-decoding statistics (``mean_accepted``, ``tokens_per_step``, ``steps``, ...).
@@ -36,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .engine import SpecOutput
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -50,7 +54,8 @@ class APIError(Exception):
     Args:
         message: what is wrong and what to do.
         param: the request field at fault, if one is.
-        status: 400 (a bad request), 404 (an unknown model or path), 413 (too large), 500 (the server's fault).
+        status: 400 (a bad request), 401 (no or a wrong API key), 404 (an unknown model or path), 413 (too large),
+            500 (the server's fault).
     """
 
     def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
@@ -59,7 +64,8 @@ class APIError(Exception):
         self.status = status
 
     def body(self) -> dict[str, Any]:
-        kind = {404: "not_found_error", 500: "server_error"}.get(self.status, "invalid_request_error")
+        kinds = {401: "authentication_error", 404: "not_found_error", 500: "server_error"}
+        kind = kinds.get(self.status, "invalid_request_error")
         return {"error": {"message": str(self), "type": kind, "param": self.param, "code": None}}
 
 
@@ -90,6 +96,7 @@ class ChatRequest:
         include_usage: a streamed reply ends with a usage chunk.
         stop: the stop strings (the reply is cut before the first).
         max_tokens: the reply's length limit.
+        top_logprobs: with ``logprobs``, how many alternatives each token lists (``None``: no logprobs).
         temp_files: fetched videos, to delete once the reply is done.
     """
 
@@ -98,6 +105,7 @@ class ChatRequest:
     include_usage: bool = False
     stop: list[str] = field(default_factory=list)
     max_tokens: int = 0
+    top_logprobs: int | None = None
     temp_files: list[Path] = field(default_factory=list)
 
     def cleanup(self) -> None:
@@ -133,6 +141,9 @@ def chat_request(body: Any, model: str, media: MediaAccess, default_max_tokens: 
                 'stream_options must be an object such as {"include_usage": true}', "stream_options"
             )
         request.include_usage = bool(options.get("include_usage"))
+        request.top_logprobs = _logprobs(body, request.stream)
+        if request.top_logprobs is not None:
+            request.kwargs["output_scores"] = True
     except BaseException:
         request.cleanup()
         raise
@@ -143,8 +154,6 @@ _OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "logit_bias": (None, {}),
     "tools": (None, []),
     "tool_choice": (None, "none"),
@@ -160,11 +169,11 @@ _WHAT_INSTEAD = {
     "frequency_penalty": "use repetition_penalty (as generate() takes it)",
 }
 _KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed"}
-_KNOWN |= (
-    {"stop", "stream", "stream_options", "repetition_penalty", "min_tokens"}
-    | IGNORED_FIELDS
-    | set(_OFF_VALUES)
-)
+_KNOWN |= {"stop", "stream", "stream_options", "repetition_penalty", "min_tokens", "logprobs", "top_logprobs"}
+_KNOWN |= IGNORED_FIELDS | set(_OFF_VALUES)
+MAX_TOP_LOGPROBS = 20
+LOWEST_LOGPROB = -9999.0
+"""What a token the distribution excludes (``-inf``) is given as: JSON has no infinity (OpenAI's value too)."""
 
 
 def _check_fields(body: dict[str, Any]) -> None:
@@ -327,6 +336,20 @@ def _stop(stop: Any) -> list[str]:
     return stops
 
 
+def _logprobs(body: dict[str, Any], stream: bool) -> int | None:
+    """``top_logprobs`` when ``logprobs`` is asked for (0 without it), else ``None``."""
+    top = _number(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, integer=True)
+    if not _flag(body, "logprobs"):
+        if top:
+            raise APIError('top_logprobs needs "logprobs": true', "top_logprobs")
+        return None
+    if stream:
+        raise APIError(
+            "logprobs are returned with whole replies only: leave out stream or logprobs", "logprobs"
+        )
+    return top or 0
+
+
 # ---- responses -----------------------------------------------------------------------------------------------
 def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
     """``text`` up to the first of ``stops`` it holds (OpenAI leaves the stop string out), and whether one was."""
@@ -338,6 +361,31 @@ def finish_reason(output: SpecOutput, stopped: bool, max_tokens: int, eos_ids: t
     """``"length"`` when the reply ran to ``max_tokens`` without an EOS or a stop string, else ``"stop"``."""
     ended = stopped or bool(output.token_ids and output.token_ids[-1] in eos_ids)
     return "length" if not ended and len(output.token_ids) >= max_tokens else "stop"
+
+
+def logprobs(output: SpecOutput, tokenizer: Any, content: str, top: int) -> dict[str, Any]:
+    """OpenAI's ``logprobs`` of a reply: each token of ``content`` with its log-probability under the distribution
+    it was chosen from (``generate()``'s scores: after its processors and, when sampling, its warpers) and the
+    ``top`` likeliest alternatives. Tokens after ``content`` (an EOS, a cut stop string) are left out."""
+    scores = torch.log_softmax(output.scores.scores.float(), dim=-1).clamp(min=LOWEST_LOGPROB)  # [T, V]
+    ids, entries = output.token_ids, []
+    for k, token in enumerate(ids):
+        if len(tokenizer.decode(ids[: k + 1], skip_special_tokens=True)) > len(content) or token in (
+            tokenizer.all_special_ids
+        ):
+            break
+        best = torch.topk(scores[k], top) if top else None
+        alternatives = (
+            [] if best is None else list(zip(best.indices.tolist(), best.values.tolist(), strict=True))
+        )
+        entries.append(_token_entry(tokenizer, token, scores[k, token].item()))
+        entries[-1]["top_logprobs"] = [_token_entry(tokenizer, i, value) for i, value in alternatives]
+    return {"content": entries}
+
+
+def _token_entry(tokenizer: Any, token: int, logprob: float) -> dict[str, Any]:
+    text = tokenizer.decode([token])
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
 
 def usage(output: SpecOutput) -> dict[str, int]:
@@ -357,9 +405,12 @@ class Reply:
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def completion(self, text: str, reason: str, output: SpecOutput) -> dict[str, Any]:
+    def completion(
+        self, text: str, reason: str, output: SpecOutput, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """The whole reply (``chat.completion``)."""
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
+        message = {"role": "assistant", "content": text}
+        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
         return self._object("chat.completion", [choice], usage=usage(output), vlmspec=stats(output))
 
     def chunk(self, delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:

@@ -20,6 +20,7 @@ this: the models' forwards, not the sockets, are what a request waits on.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import queue
@@ -39,6 +40,7 @@ from .openai_api import (
     chat_request,
     cut_at_stop,
     finish_reason,
+    logprobs,
 )
 from .requests import RequestFeed
 from .stopping import eos_token_ids
@@ -59,6 +61,8 @@ class SpecServer:
         batch_size: how many requests decode together.
         max_tokens: a reply's length when the request sets none.
         media: where media URLs may be read from.
+        api_key: when set, every request but ``/health`` must carry ``Authorization: Bearer <api_key>`` (401
+            otherwise), as OpenAI's clients send their ``api_key``.
     """
 
     def __init__(
@@ -70,12 +74,14 @@ class SpecServer:
         batch_size: int = 8,
         max_tokens: int = 512,
         media: MediaAccess | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.pipe = pipe
         self.model = model
         self.batch_size = batch_size
         self.max_tokens = max_tokens
         self.media = media or MediaAccess()
+        self.api_key = api_key
         self.eos_ids = eos_token_ids(pipe.target)
         self._feed = RequestFeed()
         self._waiting: dict[int, Future] = {}
@@ -152,7 +158,9 @@ class SpecServer:
         output = _result(self.submit(request.kwargs))
         text, stopped = cut_at_stop(output.text, request.stop)
         reason = finish_reason(output, stopped, request.max_tokens, self.eos_ids)
-        return Reply(self.model).completion(text, reason, output)
+        top = request.top_logprobs
+        scores = None if top is None else logprobs(output, self.pipe.tokenizer, text, top)
+        return Reply(self.model).completion(text, reason, output, scores)
 
     def stream(self, request: ChatRequest, send: Any) -> None:
         """Send the reply to ``request`` chunk by chunk (``send(dict)``); a failed send ends the request."""
@@ -198,6 +206,8 @@ def _handler(server: SpecServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             if self.path in ("/health", "/v1/health"):
                 self._json(HTTPStatus.OK, {"status": "ok"})
+            elif not self._authorized():
+                return
             elif self.path == "/v1/models":
                 card = {"id": server.model, "object": "model", "created": 0, "owned_by": "vlmspec"}
                 self._json(HTTPStatus.OK, {"object": "list", "data": [card]})
@@ -205,6 +215,8 @@ def _handler(server: SpecServer) -> type[BaseHTTPRequestHandler]:
                 self._error(APIError(f"no such endpoint: GET {self.path}", status=404))
 
         def do_POST(self) -> None:
+            if not self._authorized():
+                return
             if self.path != "/v1/chat/completions":
                 self._error(
                     APIError(f"no such endpoint: POST {self.path} (try /v1/chat/completions)", status=404)
@@ -224,6 +236,17 @@ def _handler(server: SpecServer) -> type[BaseHTTPRequestHandler]:
                 self._error(err)
             finally:
                 request.cleanup()
+
+        def _authorized(self) -> bool:
+            """Whether the request carries the server's API key (always, when it has none); else a 401 is sent."""
+            if server.api_key is None:
+                return True
+            given = self.headers.get("Authorization", "")
+            if hmac.compare_digest(given.encode(), f"Bearer {server.api_key}".encode()):
+                return True
+            self.close_connection = True
+            self._error(APIError("a missing or wrong API key: send Authorization: Bearer <key>", status=401))
+            return False
 
         def _body(self) -> Any:
             length = int(self.headers.get("Content-Length") or 0)
