@@ -400,6 +400,8 @@ EVERY_ROW_WISE = {
     "remove_invalid_values": True,
     "suppress_tokens": [11],
     "begin_suppress_tokens": [12],
+    "encoder_repetition_penalty": 1.5,
+    "encoder_no_repeat_ngram_size": 2,
 }
 
 
@@ -415,8 +417,8 @@ EVERY_ROW_WISE = {
             False,
         ),  # the caller's, even of the list
         ({}, {"prefix_allowed_tokens_fn": lambda b, ids: [5, 6, 7]}, False),
-        ({"no_repeat_ngram_size": 2, "encoder_repetition_penalty": 1.5}, None, False),
-        ({"encoder_no_repeat_ngram_size": 2}, None, False),
+        ({"no_repeat_ngram_size": 2, "encoder_repetition_penalty": 1.5}, None, True),
+        ({"encoder_no_repeat_ngram_size": 2}, None, True),
     ],
 )
 def test_a_row_wise_list_runs_once_per_depth_any_other_once_per_node(mini, settings, custom, by_depth):

@@ -17,8 +17,10 @@ processor of its own, the list runs once per depth, with that depth's ``n_d`` no
 ``[n_d, L + d]``: for a tree of 30 nodes below the root, 5 deep, 6 passes rather than 31, each row the same
 numbers a batch of one gives (the same elementwise, gather and scatter ops per row).
 
-Node by node otherwise, a batch of one per node, the only shape every processor is built for: the
-``encoder_*`` processors hold the prompt as ``[1, L]`` (and read further rows as beams of it),
+The prompt-side ``encoder_*`` processors are on the list too: they hold the one prompt as ``[1, L]`` and read the
+rows of a batch as beams of it, which is what a depth's nodes are (every node continues the one prompt).
+
+Node by node otherwise, a batch of one per node, the only shape every processor is built for:
 ``PrefixConstrainedLogitsProcessor`` reads the rows as groups of ``num_beams`` per prompt and calls the
 caller's function with the group's batch id, and a caller's own processors are code vlmspec cannot read, which
 may assume one row (even an instance of an allowlisted class may hold tensors per row of the caller's batch).
@@ -38,6 +40,8 @@ from typing import Any
 
 import torch
 from transformers import (
+    EncoderNoRepeatNGramLogitsProcessor,
+    EncoderRepetitionPenaltyLogitsProcessor,
     ExponentialDecayLengthPenalty,
     ForcedBOSTokenLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
@@ -83,6 +87,8 @@ ROW_WISE: frozenset[type] = frozenset(
         SuppressTokensLogitsProcessor,  # elementwise over the scores
         InfNanRemoveLogitsProcessor,  # elementwise over the scores
         ExponentialDecayLengthPenalty,  # by input_ids.shape[-1] and each row's own EOS scores
+        EncoderRepetitionPenaltyLogitsProcessor,  # the one prompt's ids, the same for every row (rows as beams)
+        EncoderNoRepeatNGramLogitsProcessor,  # each row's last ids against the one prompt's n-grams (rows as beams)
     }
 )
 """transformers processors (exact classes: a subclass may override ``__call__``) whose ``__call__`` computes
