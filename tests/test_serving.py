@@ -12,7 +12,10 @@ import http.client
 import http.server
 import io
 import json
+import re
+import socket
 import threading
+import time
 from functools import partial
 
 import pytest
@@ -20,6 +23,7 @@ import torch
 from conftest import make_image
 
 import vlmspec.batching as batching
+import vlmspec.serving as serving
 from vlmspec import VLMSpecPipeline
 from vlmspec.cli import main
 from vlmspec.openai_api import APIError, MediaAccess, StopHolder, chat_request
@@ -351,3 +355,132 @@ def test_an_api_key_is_required_when_the_server_has_one(pipe):
         connection = http.client.HTTPConnection(*address, timeout=60)
         connection.request("GET", "/health")
         assert connection.getresponse().status == 200  # health needs no key
+
+
+def raw_exchange(server, data: bytes, timeout: float = 30) -> bytes:
+    """Send ``data`` on a fresh socket and read until the server closes it (or ``timeout``)."""
+    with socket.create_connection(server._http.server_address[:2], timeout=timeout) as connection:
+        connection.sendall(data)
+        chunks = []
+        while chunk := connection.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def request_bytes(
+    body: bytes, method: str = "POST", path: str = "/v1/chat/completions", keep: bool = False, **headers: str
+) -> bytes:
+    headers = {"Connection": "keep-alive" if keep else "close", **headers}
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        "Host: x",
+        *(f"{k.replace('_', '-')}: {v}" for k, v in headers.items()),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def statuses(reply: bytes) -> list[int]:
+    return [int(status) for status in re.findall(rb"HTTP/1\.[01] (\d{3}) ", reply)]
+
+
+@pytest.mark.parametrize(
+    ("data", "status"),
+    [
+        (request_bytes(b"{}", Content_Length="-1"), 400),
+        (request_bytes(b"{}", Content_Length="abc"), 400),
+        (request_bytes(b"{}"), 411),
+        (request_bytes(b'{"messages": [{"role": ["user"], "content": "x"}]}', Content_Length="50"), 400),
+        (request_bytes(b"[" * 100000, Content_Length="100000"), 400),
+        (request_bytes(b"", method="HEAD"), 405),
+        (request_bytes(b"", method="PUT", Content_Length="0"), 405),
+        (request_bytes(b"", method="GET"), 405),
+    ],
+)
+def test_malformed_http_gets_a_json_error_never_a_dropped_connection(server, data, status):
+    reply = raw_exchange(server, data)
+    assert statuses(reply)[:1] == [status]
+    if b"HEAD" not in data[:4]:
+        assert b'"error"' in reply and b"<html" not in reply.lower()
+
+
+def test_a_body_shorter_than_its_content_length_times_out_and_frees_the_thread(pipe, monkeypatch):
+    monkeypatch.setattr(serving, "SOCKET_TIMEOUT", 1.0)
+    with SpecServer(pipe, "tiny", port=0, max_tokens=2) as quick:
+        reply = raw_exchange(quick, request_bytes(b"{}", Content_Length="100"), timeout=20)
+    assert statuses(reply) == [408]
+
+
+def test_a_kept_alive_connection_stays_in_step_after_errors_and_with_chunked_bodies(server):
+    good = json.dumps({"messages": user_turn(png_uri(0)), "max_tokens": 2}).encode()
+    chunked = hex(len(good))[2:].encode() + b"\r\n" + good + b"\r\n0\r\n\r\n"
+    data = (
+        request_bytes(b'{"x": 1}', path="/v1/completions", keep=True, Content_Length="8")
+        + request_bytes(b"", method="GET", path="/health?probe=1", keep=True)
+        + request_bytes(chunked, Transfer_Encoding="chunked")
+    )
+    assert statuses(raw_exchange(server, data)) == [404, 200, 200]
+
+
+def test_a_streamed_request_refused_before_any_text_is_a_plain_error(server):
+    status, reply = post(server, {"messages": user_turn("data:image/png;base64,AAAA"), "stream": True})
+    assert status == 400 and "not an image" in reply["error"]["message"]
+
+
+def test_a_client_that_leaves_a_whole_reply_frees_its_row(pipe, monkeypatch):
+    ended: list[str] = []
+
+    class Recorded(serving._Aborter):
+        def put(self, value):
+            try:
+                super().put(value)
+            except ConnectionAbortedError:
+                ended.append("aborted")
+                raise
+
+    monkeypatch.setattr(serving, "_Aborter", Recorded)
+    with SpecServer(pipe, "tiny", port=0, batch_size=1) as alone:
+        body = json.dumps({"messages": user_turn(png_uri(4)), "max_tokens": 3000}).encode()
+        with socket.create_connection(alone._http.server_address[:2]) as connection:
+            connection.sendall(request_bytes(body, Content_Length=str(len(body))))
+            time.sleep(0.3)
+        deadline = time.time() + 60
+        while alone._waiting and time.time() < deadline:
+            time.sleep(0.1)
+        assert ended == ["aborted"] and not alone._waiting
+        status, reply = post(alone, {"messages": user_turn(png_uri(5)), "max_tokens": 4})
+        assert (
+            status == 200
+            and reply["choices"][0]["message"]["content"] == expected(pipe, 5, max_new_tokens=4).text
+        )
+
+
+def test_a_closed_server_refuses_new_requests_with_503(pipe):
+    closed = SpecServer(pipe, "tiny", port=0).start()
+    closed.close()
+    with pytest.raises(APIError, match="shutting down") as refused:
+        closed.submit({"prompt": "hi"})
+    assert refused.value.status == 503
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        ({"min_tokens": 9, "max_tokens": 4}, "min_tokens", "more than max_tokens"),
+        ({"stream_options": {"include_usage": True}}, "stream_options", '"stream": true'),
+        ({"temperature": 1, "top_p": 0}, "top_p", "(0, 1]"),
+    ],
+)
+def test_settings_that_contradict_each_other_are_refused(fields, param, words):
+    with pytest.raises(APIError, match=re.escape(words)) as refused:
+        chat_request({"messages": user_turn("data:,x"), **fields}, "tiny", MediaAccess(), 8)
+    assert refused.value.param == param
+
+
+def test_file_urls_are_read_as_urls(server, pipe):
+    folder = server.media.allowed_dir
+    reference = expected(pipe, 0, max_new_tokens=4).text
+    for url in (f"file://localhost{folder}/c%61t.png", f"file://{folder}/cat.png"):
+        status, reply = post(server, {"messages": user_turn(url), "max_tokens": 4})
+        assert status == 200 and reply["choices"][0]["message"]["content"] == reference
+    with pytest.raises(APIError, match="another host"):
+        chat_request({"messages": user_turn("file://example.com/cat.png")}, "tiny", MediaAccess(folder), 8)

@@ -37,6 +37,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import torch
 
@@ -64,7 +65,12 @@ class APIError(Exception):
         self.status = status
 
     def body(self) -> dict[str, Any]:
-        kinds = {401: "authentication_error", 404: "not_found_error", 500: "server_error"}
+        kinds = {
+            401: "authentication_error",
+            404: "not_found_error",
+            500: "server_error",
+            503: "server_error",
+        }
         kind = kinds.get(self.status, "invalid_request_error")
         return {"error": {"message": str(self), "type": kind, "param": self.param, "code": None}}
 
@@ -131,16 +137,15 @@ def chat_request(body: Any, model: str, media: MediaAccess, default_max_tokens: 
         request.kwargs["messages"] = _messages(body.get("messages"), media, request.temp_files)
         request.max_tokens = _max_tokens(body, default_max_tokens)
         request.kwargs.update(_sampling(body), max_new_tokens=request.max_tokens)
+        if request.kwargs.get("min_new_tokens", 0) > request.max_tokens:
+            raise APIError(
+                f"min_tokens={body['min_tokens']} is more than max_tokens={request.max_tokens}", "min_tokens"
+            )
         request.stop = _stop(body.get("stop"))
         if request.stop:
             request.kwargs["stop_strings"] = request.stop
         request.stream = _flag(body, "stream")
-        options = body.get("stream_options") or {}
-        if not isinstance(options, dict):
-            raise APIError(
-                'stream_options must be an object such as {"include_usage": true}', "stream_options"
-            )
-        request.include_usage = bool(options.get("include_usage"))
+        request.include_usage = _include_usage(body.get("stream_options"), request.stream)
         request.top_logprobs = _logprobs(body, request.stream)
         if request.top_logprobs is not None:
             request.kwargs["output_scores"] = True
@@ -194,7 +199,11 @@ def _messages(messages: Any, media: MediaAccess, temp_files: list[Path]) -> list
     chat = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
-        if not isinstance(message, dict) or message.get("role") not in ROLES:
+        if (
+            not isinstance(message, dict)
+            or not isinstance(message.get("role"), str)
+            or message["role"] not in ROLES
+        ):
             role = message.get("role") if isinstance(message, dict) else message
             raise APIError(f"{where}: role {role!r:.40} is not one of {', '.join(ROLES)}", "messages")
         content = message.get("content")
@@ -260,7 +269,7 @@ def _fetch(url: str, where: str, media: MediaAccess) -> bytes:
 
 def _local_file(url: str, where: str, media: MediaAccess) -> Path:
     """A ``file://`` URL or a path, inside the allowed folder."""
-    path = Path(url.removeprefix("file://")).expanduser()
+    path = Path(_file_path(url, where)).expanduser()
     if media.allowed_dir is None:
         raise APIError(
             f"{where}: {url[:100]!r} is a local file, and this server reads none; send it as a data: URI, or start "
@@ -274,6 +283,18 @@ def _local_file(url: str, where: str, media: MediaAccess) -> Path:
             f"{where}: {url[:100]!r} is outside the folder this server may read ({allowed})", "messages"
         )
     return resolved
+
+
+def _file_path(url: str, where: str) -> str:
+    """The path of a ``file://`` URL (percent-decoded; on this host only), or ``url`` as a path."""
+    if not url.startswith("file:"):
+        return url
+    parts = urlsplit(url)
+    if parts.netloc not in ("", "localhost"):
+        raise APIError(
+            f"{where}: {url[:100]!r} names another host; a file URL names a file on this one", "messages"
+        )
+    return unquote(parts.path)
 
 
 def _number(body: dict[str, Any], name: str, low: float, high: float, integer: bool = False) -> Any:
@@ -308,6 +329,8 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
     options: dict[str, Any] = {}
     temperature = _number(body, "temperature", 0, 2)
     top_p = _number(body, "top_p", 0, 1)
+    if top_p == 0 and temperature:
+        raise APIError("top_p=0 keeps no token to sample from: use a number in (0, 1]", "top_p")
     top_k = _number(body, "top_k", -1, 2**31 - 1, integer=True)
     if temperature:
         options.update(do_sample=True, temperature=float(temperature))
@@ -334,6 +357,17 @@ def _stop(stop: Any) -> list[str]:
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise APIError(f"stop={stop!r:.60} is invalid: use a string or a list of non-empty strings", "stop")
     return stops
+
+
+def _include_usage(options: Any, stream: bool) -> bool:
+    """``stream_options``' ``include_usage`` (OpenAI takes ``stream_options`` with ``stream`` only)."""
+    if options is None:
+        return False
+    if not stream:
+        raise APIError('stream_options is only allowed with "stream": true', "stream_options")
+    if not isinstance(options, dict):
+        raise APIError('stream_options must be an object such as {"include_usage": true}', "stream_options")
+    return bool(options.get("include_usage"))
 
 
 def _logprobs(body: dict[str, Any], stream: bool) -> int | None:

@@ -13,8 +13,8 @@ How requests are served: every handler thread puts its request in one :class:`~v
 and one scheduler thread decodes the feed with ``pipe.batch_iter(feed, batch_size)``: requests that arrive while
 others decode join them at their next step, each with its own tree, all trees verified in one target forward
 (continuous batching, :mod:`vlmspec.batching`); each reply is what ``pipe(messages=...)`` gives alone. A streamed
-request's tokens reach its handler as each step accepts them. A client that disconnects mid-stream ends its
-request at its next step, so its row goes to the next request. The standard library's HTTP server is enough for
+request's tokens reach its handler as each step accepts them. A client that disconnects (streamed or not) ends
+its request at its next step, so its row goes to the next request. The standard library's HTTP server is enough for
 this: the models' forwards, not the sockets, are what a request waits on.
 """
 
@@ -24,13 +24,17 @@ import hmac
 import json
 import logging
 import queue
+import select
+import socket
 import threading
-from concurrent.futures import Future
+from collections.abc import Callable
+from concurrent.futures import Future, wait
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
-from .errors import VLMSpecError
+from .errors import InvalidInputError, VLMSpecError
 from .openai_api import (
     APIError,
     ChatRequest,
@@ -125,7 +129,10 @@ class SpecServer:
         """Queue one ``pipe(...)`` request; its future gets the ``SpecOutput`` (or the request's exception)."""
         future: Future = Future()
         with self._lock:
-            self._waiting[self._feed.put(kwargs)] = future
+            try:
+                self._waiting[self._feed.put(kwargs)] = future
+            except InvalidInputError as err:  # the feed is closed
+                raise APIError("the server is shutting down: it takes no more requests", status=503) from err
         return future
 
     def _schedule(self) -> None:
@@ -153,38 +160,67 @@ class SpecServer:
             future.set_result(result)
 
     # ---- one request ----------------------------------------------------------------------------------------
-    def complete(self, request: ChatRequest) -> dict[str, Any]:
-        """The whole reply to ``request``."""
-        output = _result(self.submit(request.kwargs))
+    def complete(
+        self, request: ChatRequest, gone: Callable[[], bool] = lambda: False
+    ) -> dict[str, Any] | None:
+        """The whole reply to ``request``; ``None`` if ``gone()`` said the client left first (its request is then
+        ended at its next step, so its row goes to the next request)."""
+        aborter = _Aborter()
+        future = self.submit(dict(request.kwargs, streamer=aborter))
+        while not wait([future], timeout=POLL_SECONDS).done:
+            if gone():
+                aborter.cancelled.set()
+                return None
+        output = _result(future)
         text, stopped = cut_at_stop(output.text, request.stop)
         reason = finish_reason(output, stopped, request.max_tokens, self.eos_ids)
         top = request.top_logprobs
         scores = None if top is None else logprobs(output, self.pipe.tokenizer, text, top)
         return Reply(self.model).completion(text, reason, output, scores)
 
-    def stream(self, request: ChatRequest, send: Any) -> None:
-        """Send the reply to ``request`` chunk by chunk (``send(dict)``); a failed send ends the request."""
+    def stream(self, request: ChatRequest, send: Callable[[dict[str, Any]], None]) -> None:
+        """Send the reply to ``request`` chunk by chunk (``send(dict)``), the first with its first text, so that a
+        request refused before any text raises :class:`APIError` before anything is sent; a failed send (the
+        client left) ends the request at its next step."""
         pieces: queue.Queue = queue.Queue()
         streamer = QueueStreamer(self.pipe.tokenizer, pieces)
         future = self.submit(dict(request.kwargs, streamer=streamer))
         future.add_done_callback(lambda _: pieces.put(None))
         reply, holder = Reply(self.model), StopHolder(request.stop)
+        role = {"role": "assistant"}
         try:
-            send(reply.chunk({"role": "assistant", "content": ""}))
             while (piece := pieces.get()) is not None:
                 if text := holder.push(piece.text):
-                    send(reply.chunk({"content": text}))
+                    send(reply.chunk({**role, "content": text}))
+                    role = {}
             output = _result(future)
             rest = holder.push(streamer.pieces.finish(output.text)) + holder.finish()
-            if rest:
-                send(reply.chunk({"content": rest}))
-            reason = finish_reason(output, holder.stopped, request.max_tokens, self.eos_ids)
-            send(reply.chunk({}, reason))
+            if rest or role:
+                send(reply.chunk({**role, "content": rest}))
+            send(reply.chunk({}, finish_reason(output, holder.stopped, request.max_tokens, self.eos_ids)))
             if request.include_usage:
                 send(reply.usage_chunk(output))
-        except OSError:  # the client went away: end its request at its next step
+        except OSError:
             streamer.cancelled.set()
             raise
+
+
+POLL_SECONDS = 0.5
+"""How often a handler waiting on a whole reply checks that its client is still there."""
+
+
+class _Aborter:
+    """A streamer that only ends its request (at its next step) once ``cancelled`` is set."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+
+    def put(self, value: Any) -> None:
+        if self.cancelled.is_set():
+            raise ConnectionAbortedError("the client went away")
+
+    def end(self) -> None:
+        """Nothing to flush."""
 
 
 def _result(future: Future) -> Any:
@@ -197,81 +233,159 @@ def _result(future: Future) -> Any:
         raise APIError(f"the server failed on this request: {type(err).__name__}: {err}", status=500) from err
 
 
+CHAT_PATH = "/v1/chat/completions"
+HEALTH_PATHS = ("/health", "/v1/health")
+SOCKET_TIMEOUT = 60.0
+"""Seconds a connection may stay silent while its request is read: a client that stops sending frees its thread."""
+
+
 def _handler(server: SpecServer) -> type[BaseHTTPRequestHandler]:
-    """The request handler class of ``server``'s HTTP listener."""
+    """The request handler class of ``server``'s HTTP listener: every answer is JSON in OpenAI's shapes (an error
+    included), and a request's body is always read whole before the answer, so a kept-alive connection stays in
+    step with its client."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = SOCKET_TIMEOUT
 
         def do_GET(self) -> None:
-            if self.path in ("/health", "/v1/health"):
-                self._json(HTTPStatus.OK, {"status": "ok"})
-            elif not self._authorized():
-                return
-            elif self.path == "/v1/models":
-                card = {"id": server.model, "object": "model", "created": 0, "owned_by": "vlmspec"}
-                self._json(HTTPStatus.OK, {"object": "list", "data": [card]})
-            else:
-                self._error(APIError(f"no such endpoint: GET {self.path}", status=404))
+            self._serve(self._get)
 
         def do_POST(self) -> None:
-            if not self._authorized():
-                return
-            if self.path != "/v1/chat/completions":
-                self._error(
-                    APIError(f"no such endpoint: POST {self.path} (try /v1/chat/completions)", status=404)
-                )
-                return
+            self._serve(self._post)
+
+        def do_HEAD(self) -> None:
+            self._serve(self._not_allowed)
+
+        do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD
+
+        def _serve(self, method: Callable[[], None]) -> None:
+            """Run ``method``: a refusal answers with OpenAI's error body, anything unexpected with a 500, a client
+            that left with nothing."""
             try:
-                request = chat_request(self._body(), server.model, server.media, server.max_tokens)
+                method()
             except APIError as err:
-                self._error(err)
-                return
+                self._json(err.status, err.body())
+            except OSError:
+                self.close_connection = True
+            except Exception as err:
+                logger.exception("request failed")
+                failure = APIError(
+                    f"the server failed on this request: {type(err).__name__}: {err}", status=500
+                )
+                self._json(failure.status, failure.body())
+
+        def _route(self) -> str:
+            return urlsplit(self.path).path  # query strings are ignored, as web frameworks ignore them
+
+        def _get(self) -> None:
+            path = self._route()
+            if path in HEALTH_PATHS:
+                return self._json(HTTPStatus.OK, {"status": "ok"})
+            self._authorize()
+            if path == "/v1/models":
+                card = {"id": server.model, "object": "model", "created": 0, "owned_by": "vlmspec"}
+                return self._json(HTTPStatus.OK, {"object": "list", "data": [card]})
+            if path == CHAT_PATH:
+                raise APIError(f"GET {path} is not allowed: POST a request to it", status=405)
+            raise APIError(f"no such endpoint: GET {path}", status=404)
+
+        def _post(self) -> None:
+            self._authorize()
+            raw = self._read_body()
+            path = self._route()
+            if path != CHAT_PATH:
+                status = 405 if path in (*HEALTH_PATHS, "/v1/models") else 404
+                raise APIError(f"no such endpoint: POST {path} (POST requests to {CHAT_PATH})", status=status)
+            request = chat_request(_parse_json(raw), server.model, server.media, server.max_tokens)
             try:
                 if request.stream:
                     self._stream(request)
+                elif (reply := server.complete(request, self._client_gone)) is not None:
+                    self._json(HTTPStatus.OK, reply)
                 else:
-                    self._json(HTTPStatus.OK, server.complete(request))
-            except APIError as err:
-                self._error(err)
+                    self.close_connection = True
             finally:
                 request.cleanup()
 
-        def _authorized(self) -> bool:
-            """Whether the request carries the server's API key (always, when it has none); else a 401 is sent."""
-            if server.api_key is None:
-                return True
-            given = self.headers.get("Authorization", "")
-            if hmac.compare_digest(given.encode(), f"Bearer {server.api_key}".encode()):
-                return True
+        def _not_allowed(self) -> None:
             self.close_connection = True
-            self._error(APIError("a missing or wrong API key: send Authorization: Bearer <key>", status=401))
-            return False
+            raise APIError(
+                f"{self.command} is not allowed: GET /v1/models or /health, POST {CHAT_PATH}", status=405
+            )
 
-        def _body(self) -> Any:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY_BYTES:
-                raise APIError(
-                    f"the request body ({length} bytes) is larger than {MAX_BODY_BYTES} bytes", status=413
-                )
+        def _authorize(self) -> None:
+            """Raise a 401 unless the request carries the server's API key (when it has one)."""
+            if server.api_key is None:
+                return
+            given = self.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {server.api_key}".encode()):
+                self.close_connection = True  # its body is left unread
+                raise APIError("a missing or wrong API key: send Authorization: Bearer <key>", status=401)
+
+        def _read_body(self) -> bytes:
+            """The request's body, whole (by ``Content-Length`` or chunked); a body that cannot be read in step
+            closes the connection after the error."""
             try:
-                return json.loads(self.rfile.read(length))
-            except ValueError as err:
-                raise APIError(f"the request body is not JSON: {err}") from err
+                if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                    return self._read_chunks()
+                return self._read_exactly(_content_length(self.headers.get("Content-Length")))
+            except APIError:
+                self.close_connection = True
+                raise
+            except TimeoutError as err:
+                self.close_connection = True
+                raise APIError(
+                    f"the request body did not arrive within {SOCKET_TIMEOUT:.0f} s", status=408
+                ) from err
+
+        def _read_exactly(self, length: int) -> bytes:
+            data = self.rfile.read(length)
+            if len(data) < length:
+                raise APIError(f"the body ended after {len(data)} of its Content-Length's {length} bytes")
+            return data
+
+        def _read_chunks(self) -> bytes:
+            body = b""
+            while size := _chunk_size(self.rfile.readline(1024)):
+                body += self._read_exactly(size)
+                self.rfile.readline(1024)  # the chunk's CRLF
+                if len(body) > MAX_BODY_BYTES:
+                    raise APIError(f"the request body is larger than {MAX_BODY_BYTES} bytes", status=413)
+            while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):  # trailers
+                pass
+            return body
+
+        def _client_gone(self) -> bool:
+            """Whether the client closed its connection (readable with nothing to read)."""
+            try:
+                readable, _, _ = select.select([self.connection], [], [], 0)
+                return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True
 
         def _stream(self, request: ChatRequest) -> None:
-            self.send_response(HTTPStatus.OK)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.close_connection = True
+            started = False
+
+            def send(chunk: dict[str, Any]) -> None:
+                nonlocal started
+                if (
+                    not started
+                ):  # headers with the first chunk: a request refused before it gets a plain error
+                    self.send_response(HTTPStatus.OK)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Cache-Control", "no-cache")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.close_connection = started = True
+                self._event(json.dumps(chunk))
+
             try:
-                server.stream(request, lambda chunk: self._event(json.dumps(chunk)))
+                server.stream(request, send)
             except APIError as err:
+                if not started:
+                    raise
                 self._event(json.dumps(err.body()))
-            except OSError:
-                return
             self._event("[DONE]")
 
         def _event(self, data: str) -> None:
@@ -283,13 +397,39 @@ def _handler(server: SpecServer) -> type[BaseHTTPRequestHandler]:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if status == 405:
+                self.send_header("Allow", "GET, POST")
             self.end_headers()
-            self.wfile.write(data)
-
-        def _error(self, err: APIError) -> None:
-            self._json(err.status, err.body())
+            if self.command != "HEAD":
+                self.wfile.write(data)
 
         def log_message(self, format: str, *args: Any) -> None:
             logger.info("%s - %s", self.address_string(), format % args)
 
     return Handler
+
+
+def _content_length(value: str | None) -> int:
+    if value is None:
+        raise APIError("a POST needs a Content-Length (or Transfer-Encoding: chunked)", status=411)
+    if not value.strip().isdigit():
+        raise APIError(f"Content-Length {value[:40]!r} is not a byte count")
+    if int(value) > MAX_BODY_BYTES:
+        raise APIError(
+            f"the request body ({int(value)} bytes) is larger than {MAX_BODY_BYTES} bytes", status=413
+        )
+    return int(value)
+
+
+def _chunk_size(line: bytes) -> int:
+    try:
+        return int(line.split(b";")[0].strip(), 16)
+    except ValueError as err:
+        raise APIError(f"a chunked body's size line {line[:40]!r} is not a hexadecimal size") from err
+
+
+def _parse_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as err:
+        raise APIError(f"the request body is not JSON: {str(err)[:200]}") from err
