@@ -12,8 +12,12 @@ import http.client
 import http.server
 import io
 import json
+import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from functools import partial
@@ -484,3 +488,60 @@ def test_file_urls_are_read_as_urls(server, pipe):
         assert status == 200 and reply["choices"][0]["message"]["content"] == reference
     with pytest.raises(APIError, match="another host"):
         chat_request({"messages": user_turn("file://example.com/cat.png")}, "tiny", MediaAccess(folder), 8)
+
+
+def test_a_failure_of_the_batch_itself_fails_its_requests_and_the_server_goes_on(pipe, monkeypatch):
+    calls = []
+    batch_iter = type(pipe).batch_iter
+
+    def fails_once(self, feed, batch_size):
+        calls.append(batch_size)
+        if len(calls) == 1:
+            feed.take(True)  # it took a request, then broke
+            raise RuntimeError("a bug in the batch")
+        return batch_iter(self, feed, batch_size)
+
+    monkeypatch.setattr(type(pipe), "batch_iter", fails_once)
+    with SpecServer(pipe, "tiny", port=0, max_tokens=3) as flaky:
+        status, reply = post(flaky, {"messages": user_turn(png_uri(0))})
+        assert status == 500 and "a bug in the batch" in reply["error"]["message"]
+        status, reply = post(flaky, {"messages": user_turn(png_uri(0))})
+        assert (
+            status == 200
+            and reply["choices"][0]["message"]["content"] == expected(pipe, 0, max_new_tokens=3).text
+        )
+
+
+def test_the_serve_command_serves_until_interrupted(tmp_path):
+    command = [
+        sys.executable,
+        "-m",
+        "vlmspec.cli",
+        "serve",
+        "--pair",
+        "tiny",
+        "--port",
+        "0",
+        "--max-tokens",
+        "3",
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    ) as process:
+        try:
+            line = ""
+            while "serving" not in line:
+                line = process.stdout.readline()
+                assert line, "the server exited before serving"
+            url = re.search(r"http://[\d.]+:\d+", line).group(0)
+            host, port = url.removeprefix("http://").split(":")
+            connection = http.client.HTTPConnection(host, int(port), timeout=60)
+            body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}]}
+            connection.request("POST", "/v1/chat/completions", json.dumps(body))
+            response = connection.getresponse()
+            reply = json.loads(response.read())
+            assert response.status == 200 and reply["usage"]["completion_tokens"] == 3
+        finally:
+            process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 130
