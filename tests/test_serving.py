@@ -180,7 +180,7 @@ def test_a_seeded_sampled_request_is_the_pipelines_draw(server, pipe):
     [
         ({"messages": []}, 400, "messages", "non-empty list"),
         ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages", "role 'tool'"),
-        ({"messages": user_turn("data:,x"), "n": 2}, 400, "n", "one request per reply"),
+        ({"messages": user_turn("data:,x"), "n": 17}, 400, "n", "[1, 16]"),
         (
             {"messages": user_turn("data:,x"), "frequency_penalty": 0.5},
             400,
@@ -545,3 +545,27 @@ def test_the_serve_command_serves_until_interrupted(tmp_path):
         finally:
             process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 130
+
+
+def test_n_replies_sampled_each_its_own_draw_greedy_the_same_one(server, pipe):
+    sampling = {"temperature": 0.9, "seed": 11, "max_tokens": 8}
+    status, reply = post(server, {"messages": user_turn(png_uri(9)), "n": 3, **sampling})
+    draws = pipe.batch(
+        [
+            dict(expected_kwargs(9), do_sample=True, temperature=0.9, seed=11 + i, max_new_tokens=8)
+            for i in range(3)
+        ],
+        batch_size=3,
+    )
+    assert status == 200 and [c["index"] for c in reply["choices"]] == [0, 1, 2]
+    assert [c["message"]["content"] for c in reply["choices"]] == [d.text for d in draws]
+    assert len({d.text for d in draws}) > 1 and reply["usage"]["completion_tokens"] == sum(
+        len(d.token_ids) for d in draws
+    )
+    status, reply = post(server, {"messages": user_turn(png_uri(9)), "n": 2, "max_tokens": 5})
+    texts = [c["message"]["content"] for c in reply["choices"]]
+    assert (
+        texts == [expected(pipe, 9, max_new_tokens=5).text] * 2 and reply["usage"]["completion_tokens"] == 10
+    )
+    status, reply = post(server, {"messages": user_turn(png_uri(9)), "n": 2, "stream": True})
+    assert status == 400 and reply["error"]["param"] == "n"

@@ -20,7 +20,10 @@ What a request may hold, and what it becomes:
 * ``logprobs`` / ``top_logprobs`` (up to 20; whole replies only): each token's log-probability under the
   distribution it was chosen from (the target's own, read off the verification forwards: ``output_scores``).
 
-Refused by name (HTTP 400, OpenAI's error shape): ``n`` > 1, non-zero ``presence_penalty`` / ``frequency_penalty``
+* ``n``: that many replies (whole replies only), decoding together; sampled ones each their own draw (``seed + i``
+  with a ``seed``), a greedy one decoded once and given ``n`` times (greedy replies are all the same).
+
+Refused by name (HTTP 400, OpenAI's error shape): non-zero ``presence_penalty`` / ``frequency_penalty``
 (use ``repetition_penalty``), ``logit_bias``, tools and function calls, a ``response_format`` other
 than text, and any field not listed here (OpenAI refuses unknown arguments too). ``user``, ``metadata``, ``store``
 and ``service_tier`` are accepted and ignored. A response carries, beside OpenAI's fields, ``vlmspec``: the
@@ -103,6 +106,7 @@ class ChatRequest:
         stop: the stop strings (the reply is cut before the first).
         max_tokens: the reply's length limit.
         top_logprobs: with ``logprobs``, how many alternatives each token lists (``None``: no logprobs).
+        n: how many replies (choices) to give.
         temp_files: fetched videos, to delete once the reply is done.
     """
 
@@ -112,6 +116,7 @@ class ChatRequest:
     stop: list[str] = field(default_factory=list)
     max_tokens: int = 0
     top_logprobs: int | None = None
+    n: int = 1
     temp_files: list[Path] = field(default_factory=list)
 
     def cleanup(self) -> None:
@@ -147,6 +152,9 @@ def chat_request(body: Any, model: str, media: MediaAccess, default_max_tokens: 
         request.stream = _flag(body, "stream")
         request.include_usage = _include_usage(body.get("stream_options"), request.stream)
         request.top_logprobs = _logprobs(body, request.stream)
+        request.n = _number(body, "n", 1, MAX_CHOICES, integer=True) or 1
+        if request.n > 1 and request.stream:
+            raise APIError("n > 1 is served with whole replies only: leave out stream or n", "n")
         if request.top_logprobs is not None:
             request.kwargs["output_scores"] = True
     except BaseException:
@@ -156,7 +164,6 @@ def chat_request(body: Any, model: str, media: MediaAccess, default_max_tokens: 
 
 
 _OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
     "logit_bias": (None, {}),
@@ -169,14 +176,24 @@ _OFF_VALUES: dict[str, tuple[Any, ...]] = {
 }
 """Fields vlmspec does not implement, and the values that ask for nothing (OpenAI's defaults)."""
 _WHAT_INSTEAD = {
-    "n": "send one request per reply (they decode together)",
     "presence_penalty": "use repetition_penalty (as generate() takes it)",
     "frequency_penalty": "use repetition_penalty (as generate() takes it)",
 }
-_KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed"}
+_KNOWN = {
+    "model",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "n",
+}
 _KNOWN |= {"stop", "stream", "stream_options", "repetition_penalty", "min_tokens", "logprobs", "top_logprobs"}
 _KNOWN |= IGNORED_FIELDS | set(_OFF_VALUES)
 MAX_TOP_LOGPROBS = 20
+MAX_CHOICES = 16
 LOWEST_LOGPROB = -9999.0
 """What a token the distribution excludes (``-inf``) is given as: JSON has no infinity (OpenAI's value too)."""
 
@@ -422,6 +439,12 @@ def _token_entry(tokenizer: Any, token: int, logprob: float) -> dict[str, Any]:
     return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
 
+def choice(index: int, text: str, reason: str, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One reply of a ``chat.completion``."""
+    message = {"role": "assistant", "content": text}
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
+
+
 def usage(output: SpecOutput) -> dict[str, int]:
     prompt, completion = output.stats.prompt_tokens, len(output.token_ids)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
@@ -439,13 +462,12 @@ class Reply:
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def completion(
-        self, text: str, reason: str, output: SpecOutput, logprobs: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        """The whole reply (``chat.completion``)."""
-        message = {"role": "assistant", "content": text}
-        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
-        return self._object("chat.completion", [choice], usage=usage(output), vlmspec=stats(output))
+    def completion(self, choices: list[dict[str, Any]], outputs: list[SpecOutput]) -> dict[str, Any]:
+        """The whole reply (``chat.completion``): its :func:`choice` s, made from ``outputs`` (one prompt's)."""
+        tokens = usage(outputs[0])
+        tokens["completion_tokens"] = sum(len(output.token_ids) for output in outputs)
+        tokens["total_tokens"] = tokens["prompt_tokens"] + tokens["completion_tokens"]
+        return self._object("chat.completion", choices, usage=tokens, vlmspec=stats(outputs[0]))
 
     def chunk(self, delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
         """One streamed piece (``chat.completion.chunk``)."""

@@ -26,6 +26,7 @@ import logging
 import queue
 import select
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, wait
@@ -42,6 +43,7 @@ from .openai_api import (
     Reply,
     StopHolder,
     chat_request,
+    choice,
     cut_at_stop,
     finish_reason,
     logprobs,
@@ -90,8 +92,7 @@ class SpecServer:
         self._feed = RequestFeed()
         self._waiting: dict[int, Future] = {}
         self._lock = threading.Lock()
-        self._http = ThreadingHTTPServer((host, port), _handler(self))
-        self._http.daemon_threads = True
+        self._http = _HTTPServer((host, port), _handler(self))
         self._threads: list[threading.Thread] = []
 
     @property
@@ -163,20 +164,32 @@ class SpecServer:
     def complete(
         self, request: ChatRequest, gone: Callable[[], bool] = lambda: False
     ) -> dict[str, Any] | None:
-        """The whole reply to ``request``; ``None`` if ``gone()`` said the client left first (its request is then
-        ended at its next step, so its row goes to the next request)."""
+        """The whole reply to ``request``; ``None`` if ``gone()`` said the client left first (its requests are
+        then ended at their next step, so their rows go to the next requests)."""
+        draws = request.n if request.kwargs.get("do_sample") else 1  # greedy replies are all the same
+        seed = request.kwargs.get("seed")
         aborter = _Aborter()
-        future = self.submit(dict(request.kwargs, streamer=aborter))
-        while not wait([future], timeout=POLL_SECONDS).done:
+        futures = [
+            self.submit(dict(request.kwargs, streamer=aborter, seed=None if seed is None else seed + i))
+            for i in range(draws)
+        ]
+        while wait(futures, timeout=POLL_SECONDS).not_done:
             if gone():
                 aborter.cancelled.set()
                 return None
-        output = _result(future)
+        outputs = [_result(future) for future in futures]
+        outputs += outputs[-1:] * (request.n - draws)
+        return Reply(self.model).completion(
+            [self._choice(i, o, request) for i, o in enumerate(outputs)], outputs
+        )
+
+    def _choice(self, index: int, output: Any, request: ChatRequest) -> dict[str, Any]:
         text, stopped = cut_at_stop(output.text, request.stop)
         reason = finish_reason(output, stopped, request.max_tokens, self.eos_ids)
         top = request.top_logprobs
-        scores = None if top is None else logprobs(output, self.pipe.tokenizer, text, top)
-        return Reply(self.model).completion(text, reason, output, scores)
+        return choice(
+            index, text, reason, None if top is None else logprobs(output, self.pipe.tokenizer, text, top)
+        )
 
     def stream(self, request: ChatRequest, send: Callable[[dict[str, Any]], None]) -> None:
         """Send the reply to ``request`` chunk by chunk (``send(dict)``), the first with its first text, so that a
@@ -231,6 +244,19 @@ def _result(future: Future) -> Any:
         raise APIError(str(err)) from err
     except Exception as err:
         raise APIError(f"the server failed on this request: {type(err).__name__}: {err}", status=500) from err
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    """The standard library's threaded server, its connection errors logged rather than printed."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):  # a client that left between two requests of its connection
+            logger.info("connection from %s ended: %s", client_address, error)
+        else:
+            logger.exception("connection from %s failed", client_address)
 
 
 CHAT_PATH = "/v1/chat/completions"
