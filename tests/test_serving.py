@@ -569,3 +569,28 @@ def test_n_replies_sampled_each_its_own_draw_greedy_the_same_one(server, pipe):
     )
     status, reply = post(server, {"messages": user_turn(png_uri(9)), "n": 2, "stream": True})
     assert status == 400 and reply["error"]["param"] == "n"
+
+
+def test_metrics_count_what_the_replies_say(pipe):
+    with SpecServer(pipe, "tiny", port=0, max_tokens=6) as fresh:
+        replies = [post(fresh, {"messages": user_turn(png_uri(i))})[1] for i in range(3)]
+        post(fresh, {"messages": user_turn("data:image/png;base64,AAAA")})  # fails in the batch
+        connection = http.client.HTTPConnection(*fresh._http.server_address[:2], timeout=30)
+        connection.request("GET", "/metrics")
+        response = connection.getresponse()
+        assert response.getheader("Content-Type").startswith("text/plain; version=0.0.4")
+        values = dict(
+            line.split() for line in response.read().decode().splitlines() if not line.startswith("#")
+        )
+    assert (
+        float(values["vlmspec_requests_ok_total"]) == 3
+        and float(values["vlmspec_requests_failed_total"]) == 1
+    )
+    assert float(values["vlmspec_generation_tokens_total"]) == sum(
+        r["usage"]["completion_tokens"] for r in replies
+    )
+    steps = sum(r["vlmspec"]["steps"] for r in replies)
+    accepted = sum(r["vlmspec"]["mean_accepted"] * r["vlmspec"]["steps"] for r in replies)
+    assert float(values["vlmspec_verification_steps_total"]) == steps
+    assert float(values["vlmspec_accepted_draft_tokens_total"]) == pytest.approx(accepted)
+    assert float(values["vlmspec_in_flight"]) == 0

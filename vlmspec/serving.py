@@ -1,7 +1,9 @@
 """An OpenAI-compatible HTTP server over a pipeline: ``vlmspec serve``, or :class:`SpecServer` in Python.
 
 Endpoints: ``POST /v1/chat/completions`` (the request and response of :mod:`vlmspec.openai_api`; streamed as
-server-sent events with ``"stream": true``), ``GET /v1/models`` and ``GET /health``. Any OpenAI client works::
+server-sent events with ``"stream": true``), ``GET /v1/models``, ``GET /health`` and ``GET /metrics``
+(Prometheus' text format: requests, tokens, and the speculative-decoding counters, :mod:`vlmspec.server_metrics`).
+Any OpenAI client works::
 
     from openai import OpenAI
     client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
@@ -49,6 +51,7 @@ from .openai_api import (
     logprobs,
 )
 from .requests import RequestFeed
+from .server_metrics import ServerMetrics
 from .stopping import eos_token_ids
 from .streaming import QueueStreamer
 
@@ -88,6 +91,7 @@ class SpecServer:
         self.max_tokens = max_tokens
         self.media = media or MediaAccess()
         self.api_key = api_key
+        self.metrics = ServerMetrics()
         self.eos_ids = eos_token_ids(pipe.target)
         self._feed = RequestFeed()
         self._waiting: dict[int, Future] = {}
@@ -148,9 +152,11 @@ class SpecServer:
                 with self._lock:
                     failed, self._waiting = self._waiting, {}
                 for future in failed.values():
+                    self.metrics.count(error)
                     future.set_exception(error)
 
     def _deliver(self, index: int, result: Any) -> None:
+        self.metrics.count(result)
         with self._lock:
             future = self._waiting.pop(index, None)
         if future is None:
@@ -261,6 +267,7 @@ class _HTTPServer(ThreadingHTTPServer):
 
 CHAT_PATH = "/v1/chat/completions"
 HEALTH_PATHS = ("/health", "/v1/health")
+PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 SOCKET_TIMEOUT = 60.0
 """Seconds a connection may stay silent while its request is read: a client that stops sending frees its thread."""
 
@@ -308,6 +315,10 @@ def _handler(server: SpecServer) -> type[BaseHTTPRequestHandler]:
             path = self._route()
             if path in HEALTH_PATHS:
                 return self._json(HTTPStatus.OK, {"status": "ok"})
+            if path == "/metrics":  # open, as /health: scrapers send no key
+                return self._send(
+                    HTTPStatus.OK, server.metrics.text(len(server._waiting)).encode(), PROMETHEUS
+                )
             self._authorize()
             if path == "/v1/models":
                 card = {"id": server.model, "object": "model", "created": 0, "owned_by": "vlmspec"}
@@ -419,9 +430,11 @@ def _handler(server: SpecServer) -> type[BaseHTTPRequestHandler]:
             self.wfile.flush()
 
         def _json(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
+            self._send(status, json.dumps(body).encode(), "application/json")
+
+        def _send(self, status: int, data: bytes, content_type: str) -> None:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             if status == 405:
                 self.send_header("Allow", "GET, POST")
