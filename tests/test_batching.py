@@ -264,3 +264,23 @@ def test_a_feed_with_nothing_queued_waits_for_requests_and_ends_when_closed(tiny
     consumer.join(timeout=60)
     assert not consumer.is_alive()
     assert [(i, out.token_ids) for i, out in results] == [(0, reference(pipe, request))]
+
+
+def test_ctrl_c_during_a_new_request_s_prefill_still_ends_it():
+    """The request is one of the batch before it first runs: Ctrl-C while it runs to its first forward (its
+    prefill) must end it there, not leave its thread waiting for a forward forever (found by review)."""
+    batcher = Batcher(max_rows=2)
+
+    def job(index: int) -> int:
+        if index == 0:
+            os.kill(os.getpid(), signal.SIGINT)  # lands while this request computes its prefill
+            time.sleep(0.2)
+            batcher.run(object(), 1, None, None, None, None)  # its first forward, which never runs
+        return index
+
+    with pytest.raises(KeyboardInterrupt):
+        list(batcher.map([partial(job, i) for i in range(3)]))
+    threads = [t for t in threading.enumerate() if t.name.startswith("vlmspec-request-")]
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not [t.name for t in threads if t.is_alive()]

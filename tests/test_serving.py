@@ -28,6 +28,7 @@ from conftest import make_image
 
 import vlmspec.batching as batching
 import vlmspec.serving as serving
+import vlmspec.serving_http as serving_http
 from vlmspec import VLMSpecPipeline
 from vlmspec.cli import main
 from vlmspec.openai_api import APIError, MediaAccess, StopHolder, chat_request
@@ -233,23 +234,6 @@ def test_media_from_an_allowed_folder_and_from_a_url(server, pipe, tmp_path):
         web.server_close()
 
 
-def test_a_client_that_leaves_mid_stream_frees_its_row(server, pipe):
-    connection = http.client.HTTPConnection(*server._http.server_address[:2], timeout=60)
-    connection.request(
-        "POST",
-        "/v1/chat/completions",
-        json.dumps({"messages": user_turn(png_uri(4)), "stream": True, "max_tokens": 400}),
-    )
-    response = connection.getresponse()
-    assert response.readline().startswith(b"data: ")
-    connection.close()  # gone after the first chunk
-    status, reply = post(server, {"messages": user_turn(png_uri(5)), "max_tokens": 10})
-    assert (
-        status == 200
-        and reply["choices"][0]["message"]["content"] == expected(pipe, 5, max_new_tokens=10).text
-    )
-
-
 def test_stop_strings_split_across_pieces_are_held_back():
     holder = StopHolder(["</s>", "STOP"])
     sent = [holder.push(piece) for piece in ["Hello wor", "ld ST", "O", "P and more"]]
@@ -408,7 +392,7 @@ def test_malformed_http_gets_a_json_error_never_a_dropped_connection(server, dat
 
 
 def test_a_body_shorter_than_its_content_length_times_out_and_frees_the_thread(pipe, monkeypatch):
-    monkeypatch.setattr(serving, "SOCKET_TIMEOUT", 1.0)
+    monkeypatch.setattr(serving_http, "SOCKET_TIMEOUT", 1.0)
     with SpecServer(pipe, "tiny", port=0, max_tokens=2) as quick:
         reply = raw_exchange(quick, request_bytes(b"{}", Content_Length="100"), timeout=20)
     assert statuses(reply) == [408]
@@ -430,32 +414,28 @@ def test_a_streamed_request_refused_before_any_text_is_a_plain_error(server):
     assert status == 400 and "not an image" in reply["error"]["message"]
 
 
-def test_a_client_that_leaves_a_whole_reply_frees_its_row(pipe, monkeypatch):
-    ended: list[str] = []
-
-    class Recorded(serving._Aborter):
-        def put(self, value):
-            try:
-                super().put(value)
-            except ConnectionAbortedError:
-                ended.append("aborted")
-                raise
-
-    monkeypatch.setattr(serving, "_Aborter", Recorded)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_ends_its_request_and_frees_its_row(pipe, stream):
+    """One row, a reply of thousands of tokens: the client leaving (after the first chunk when streamed) ends it
+    at its next step, counted as failed, never as a finished reply."""
     with SpecServer(pipe, "tiny", port=0, batch_size=1) as alone:
-        body = json.dumps({"messages": user_turn(png_uri(4)), "max_tokens": 3000}).encode()
+        body = json.dumps({"messages": user_turn(png_uri(4)), "max_tokens": 3000, "stream": stream}).encode()
         with socket.create_connection(alone._http.server_address[:2]) as connection:
             connection.sendall(request_bytes(body, Content_Length=str(len(body))))
-            time.sleep(0.3)
-        deadline = time.time() + 60
-        while alone._waiting and time.time() < deadline:
-            time.sleep(0.1)
-        assert ended == ["aborted"] and not alone._waiting
+            if stream:
+                assert connection.recv(4096).startswith(b"HTTP/1.1 200")
+        wait_until(lambda: alone.in_flight == 0)
+        assert (alone.metrics.requests_failed, alone.metrics.requests_ok) == (1, 0)
         status, reply = post(alone, {"messages": user_turn(png_uri(5)), "max_tokens": 4})
-        assert (
-            status == 200
-            and reply["choices"][0]["message"]["content"] == expected(pipe, 5, max_new_tokens=4).text
-        )
+        assert status == 200
+        assert reply["choices"][0]["message"]["content"] == expected(pipe, 5, max_new_tokens=4).text
+
+
+def wait_until(condition, seconds: float = 60) -> None:
+    deadline = time.time() + seconds
+    while not condition():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.05)
 
 
 def test_a_closed_server_refuses_new_requests_with_503(pipe):
@@ -490,7 +470,7 @@ def test_file_urls_are_read_as_urls(server, pipe):
         chat_request({"messages": user_turn("file://example.com/cat.png")}, "tiny", MediaAccess(folder), 8)
 
 
-def test_a_failure_of_the_batch_itself_fails_its_requests_and_the_server_goes_on(pipe, monkeypatch):
+def test_a_failure_of_the_batch_itself_fails_the_requests_it_took_and_the_server_goes_on(pipe, monkeypatch):
     calls = []
     batch_iter = type(pipe).batch_iter
 
@@ -502,14 +482,37 @@ def test_a_failure_of_the_batch_itself_fails_its_requests_and_the_server_goes_on
         return batch_iter(self, feed, batch_size)
 
     monkeypatch.setattr(type(pipe), "batch_iter", fails_once)
-    with SpecServer(pipe, "tiny", port=0, max_tokens=3) as flaky:
-        status, reply = post(flaky, {"messages": user_turn(png_uri(0))})
-        assert status == 500 and "a bug in the batch" in reply["error"]["message"]
+    flaky = SpecServer(pipe, "tiny", port=0, max_tokens=3)
+    taken, queued = (
+        flaky.submit(expected_kwargs(i)) for i in range(2)
+    )  # both queued before the scheduler runs
+    with flaky:
+        with pytest.raises(RuntimeError, match="a bug in the batch"):
+            taken.result(timeout=60)
+        assert queued.result(timeout=60).token_ids == expected(pipe, 1, max_new_tokens=12).token_ids
         status, reply = post(flaky, {"messages": user_turn(png_uri(0))})
         assert (
             status == 200
             and reply["choices"][0]["message"]["content"] == expected(pipe, 0, max_new_tokens=3).text
         )
+    assert (flaky.metrics.requests_failed, flaky.metrics.requests_ok) == (1, 2)
+
+
+def test_closing_without_draining_ends_the_decoding_and_refuses_the_queued(pipe):
+    server = SpecServer(pipe, "tiny", port=0, batch_size=1)
+    server.close()  # never started: returns at once
+    server = SpecServer(pipe, "tiny", port=0, batch_size=1)
+    long = dict(expected_kwargs(0), max_new_tokens=3000)
+    streamers = [serving._Aborter() for _ in range(2)]
+    decoding, queued = (server.submit(dict(long, streamer=s)) for s in streamers)
+    server.start()
+    wait_until(lambda: server._feed.taken == 1)
+    server.close(drain=False)
+    with pytest.raises(ConnectionAbortedError):
+        decoding.result(timeout=1)
+    with pytest.raises(APIError, match="shut down") as refused:
+        queued.result(timeout=1)
+    assert refused.value.status == 503
 
 
 def test_the_serve_command_serves_until_interrupted(tmp_path):

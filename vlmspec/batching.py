@@ -146,7 +146,9 @@ class Batcher:
                     if item is END:
                         ended = True
                         break
-                    live.append(self._start(_Request(item[0], job(*item))))
+                    request = _Request(item[0], job(*item))
+                    live.append(request)  # before it runs: a Ctrl-C during its prefill must still end it
+                    self._start(request)
                 for request in [r for r in live if r.done]:
                     live.remove(request)
                     self._release(request)
@@ -169,14 +171,13 @@ class Batcher:
             self._release(request)
         return request.index, request.output, request.error
 
-    def _start(self, request: _Request) -> _Request:
+    def _start(self, request: _Request) -> None:
         """Start ``request``'s thread and let it run to its first forward (or its end)."""
         request.thread = threading.Thread(
             target=self._body, args=(request,), name=f"vlmspec-request-{request.index}", daemon=True
         )
         request.thread.start()
         self._switch_to(request)
-        return request
 
     def _stop(self, live: list[_Request]) -> None:
         """End the threads of requests abandoned mid-decoding (an error in the caller, Ctrl-C): each one's next

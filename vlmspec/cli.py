@@ -128,12 +128,14 @@ def add_serve_command(sub: Any) -> None:
         "--fetch-urls",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="fetch http(s) media URLs (default on; --no-fetch-urls takes data: URIs and allowed files only)",
+        help="fetch http(s) media URLs (default on; a server others can reach fetches any address they name, this "
+        "machine's network included: --no-fetch-urls takes data: URIs and allowed files only)",
     )
     s.add_argument(
         "--api-key",
         default=os.environ.get("VLMSPEC_API_KEY"),
-        help="require Authorization: Bearer <key> on every request but /health (default $VLMSPEC_API_KEY; none)",
+        help="require Authorization: Bearer <key> on every request but /health and /metrics (default $VLMSPEC_API_KEY; "
+        "none)",
     )
     s.set_defaults(func=serve)
 

@@ -1,6 +1,6 @@
-"""OpenAI's chat-completions API over a pipeline: a request's JSON in, ``pipe(...)`` keyword arguments out, and the
-response, stream chunks and errors back in OpenAI's shapes (pure functions; :mod:`vlmspec.serving` is the HTTP
-server around them).
+"""OpenAI's chat-completions API over a pipeline: a request's JSON in, ``pipe(...)`` keyword arguments out (its media
+fetched or read as it allows), and the response, stream chunks and errors back in OpenAI's shapes
+(:mod:`vlmspec.serving` decodes them, :mod:`vlmspec.serving_http` is the HTTP server around them).
 
 What a request may hold, and what it becomes:
 
@@ -8,7 +8,8 @@ What a request may hold, and what it becomes:
   ``{"type": "text"}``, ``{"type": "image_url", "image_url": {"url": ...}}`` and ``{"type": "video_url",
   "video_url": {"url": ...}}`` parts (the last is vLLM's), in any turn: ``pipe(messages=...)``, so the reply is
   the target's own ``generate()`` on the chat template's inputs. A media URL is a ``data:image/...;base64,`` URI,
-  an ``http(s)://`` URL (fetched, unless the server was told not to) or a local file (``file://...`` or a path),
+  an ``http(s)://`` URL (fetched, redirects followed, unless the server was told not to: a server others can
+  reach fetches any address they name, this machine's network included, so turn it off there) or a local file (``file://...`` or a path),
   read only inside the folder the server allows (``--allowed-media-dir``; none by default).
 * ``max_completion_tokens`` (or the older ``max_tokens``): ``max_new_tokens``; the server's default otherwise.
 * ``temperature``: absent or 0 is greedy decoding, so the reply is the target's own greedy ``generate()`` token for
@@ -264,7 +265,7 @@ def _media(url: str, kind: str, where: str, media: MediaAccess, temp_files: list
         data = _fetch(url, where, media)
         if kind == "image":
             return data
-        with tempfile.NamedTemporaryFile(suffix=Path(url.split("?")[0]).suffix, delete=False) as file:
+        with tempfile.NamedTemporaryFile(suffix=Path(urlsplit(url).path).suffix, delete=False) as file:
             file.write(data)
         temp_files.append(Path(file.name))
         return file.name
@@ -294,7 +295,10 @@ def _local_file(url: str, where: str, media: MediaAccess) -> Path:
             "messages",
         )
     allowed = media.allowed_dir.resolve()
-    resolved = (allowed / path).resolve()
+    try:
+        resolved = (allowed / path).resolve()
+    except (ValueError, OSError) as err:  # a NUL byte, a link loop
+        raise APIError(f"{where}: {url[:100]!r} is not a usable path ({err})", "messages") from err
     if not resolved.is_relative_to(allowed):
         raise APIError(
             f"{where}: {url[:100]!r} is outside the folder this server may read ({allowed})", "messages"

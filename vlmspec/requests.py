@@ -55,6 +55,8 @@ class RequestFeed:
         self._changed = threading.Condition()
         self._closed = False
         self._count = 0
+        self.taken = 0
+        """How many requests were taken: those with an index below it (indices count from 0 in order)."""
 
     def put(self, request: Any) -> int:
         """Queue ``request`` (a dict of ``pipe(...)`` keyword arguments, or a function building one).
@@ -75,11 +77,20 @@ class RequestFeed:
             self._changed.notify_all()
         return index
 
-    def close(self) -> None:
-        """Take no more requests: ``batch_iter`` ends when those already put have ended."""
+    def close(self, drop_queued: bool = False) -> list[tuple[int, Any]]:
+        """Take no more requests: ``batch_iter`` ends when those already taken (and, unless ``drop_queued``, those
+        queued) have ended.
+
+        Returns:
+            The ``(index, request)`` pairs dropped from the queue (none unless ``drop_queued``).
+        """
         with self._changed:
             self._closed = True
+            dropped = list(self._queue) if drop_queued else []
+            if drop_queued:
+                self._queue.clear()
             self._changed.notify_all()
+        return dropped
 
     def take(self, wait: bool) -> tuple[int, Any] | None | object:
         """The next ``(index, request)``; ``None`` if none is queued and not ``wait``; :data:`END` once closed and
@@ -88,7 +99,9 @@ class RequestFeed:
             while wait and not self._queue and not self._closed:
                 self._changed.wait()
             if self._queue:
-                return self._queue.popleft()
+                index, request = self._queue.popleft()
+                self.taken = index + 1
+                return index, request
             return END if self._closed else None
 
 

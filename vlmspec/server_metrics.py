@@ -20,7 +20,8 @@ class ServerMetrics:
 
     Attributes:
         requests_ok: requests answered with a reply.
-        requests_failed: requests that ended in an error (a bad request, a client that left).
+        requests_failed: requests that ended in an error once queued (media that would not load, a client that
+            left, a failed batch); requests refused on arrival (a bad field) are not counted.
         prompt_tokens: prompt tokens of the replies.
         generation_tokens: tokens generated for the replies.
         verification_steps: target verification forwards after the prefills.
@@ -70,7 +71,7 @@ class ServerMetrics:
 
 _DOCS = {
     "requests_ok": "requests answered with a reply",
-    "requests_failed": "requests that ended in an error",
+    "requests_failed": "requests that ended in an error once queued",
     "prompt_tokens": "prompt tokens of the replies",
     "generation_tokens": "tokens generated",
     "verification_steps": "target verification forwards",
