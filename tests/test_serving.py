@@ -424,8 +424,8 @@ def test_a_client_that_leaves_ends_its_request_and_frees_its_row(pipe, stream):
             connection.sendall(request_bytes(body, Content_Length=str(len(body))))
             if stream:
                 assert connection.recv(4096).startswith(b"HTTP/1.1 200")
-        wait_until(lambda: alone.in_flight == 0)
-        assert (alone.metrics.requests_failed, alone.metrics.requests_ok) == (1, 0)
+        wait_until(lambda: alone.metrics.requests_failed + alone.metrics.requests_ok == 1)
+        assert (alone.metrics.requests_failed, alone.metrics.requests_ok, alone.in_flight) == (1, 0, 0)
         status, reply = post(alone, {"messages": user_turn(png_uri(5)), "max_tokens": 4})
         assert status == 200
         assert reply["choices"][0]["message"]["content"] == expected(pipe, 5, max_new_tokens=4).text
@@ -577,7 +577,9 @@ def test_n_replies_sampled_each_its_own_draw_greedy_the_same_one(server, pipe):
 def test_metrics_count_what_the_replies_say(pipe):
     with SpecServer(pipe, "tiny", port=0, max_tokens=6) as fresh:
         replies = [post(fresh, {"messages": user_turn(png_uri(i))})[1] for i in range(3)]
-        post(fresh, {"messages": user_turn("data:image/png;base64,AAAA")})  # fails in the batch
+        assert (
+            post(fresh, {"messages": user_turn("data:image/png;base64,AAAA")})[0] == 400
+        )  # refused on arrival
         connection = http.client.HTTPConnection(*fresh._http.server_address[:2], timeout=30)
         connection.request("GET", "/metrics")
         response = connection.getresponse()
@@ -587,7 +589,7 @@ def test_metrics_count_what_the_replies_say(pipe):
         )
     assert (
         float(values["vlmspec_requests_ok_total"]) == 3
-        and float(values["vlmspec_requests_failed_total"]) == 1
+        and float(values["vlmspec_requests_failed_total"]) == 0
     )
     assert float(values["vlmspec_generation_tokens_total"]) == sum(
         r["usage"]["completion_tokens"] for r in replies
@@ -597,3 +599,14 @@ def test_metrics_count_what_the_replies_say(pipe):
     assert float(values["vlmspec_verification_steps_total"]) == steps
     assert float(values["vlmspec_accepted_draft_tokens_total"]) == pytest.approx(accepted)
     assert float(values["vlmspec_in_flight"]) == 0
+
+
+def test_logprobs_of_a_reply_cut_at_a_stop_string_cover_the_text_returned(server, pipe):
+    reference = expected(pipe, 2, max_new_tokens=24).text
+    stop = reference[12:15]
+    body = {"messages": user_turn(png_uri(2)), "stop": stop, "logprobs": True}
+    status, reply = post(server, body)
+    content = reply["choices"][0]["message"]["content"]
+    tokens = "".join(entry["token"] for entry in reply["choices"][0]["logprobs"]["content"])
+    assert status == 200 and content == reference[: reference.index(stop)]
+    assert content.startswith(tokens) and len(content) - len(tokens) < 8  # at most the cut token's part

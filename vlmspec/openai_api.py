@@ -423,19 +423,30 @@ def logprobs(output: SpecOutput, tokenizer: Any, content: str, top: int) -> dict
     it was chosen from (``generate()``'s scores: after its processors and, when sampling, its warpers) and the
     ``top`` likeliest alternatives. Tokens after ``content`` (an EOS, a cut stop string) are left out."""
     scores = torch.log_softmax(output.scores.scores.float(), dim=-1).clamp(min=LOWEST_LOGPROB)  # [T, V]
-    ids, entries = output.token_ids, []
-    for k, token in enumerate(ids):
-        if len(tokenizer.decode(ids[: k + 1], skip_special_tokens=True)) > len(content) or token in (
-            tokenizer.all_special_ids
-        ):
-            break
-        best = torch.topk(scores[k], top) if top else None
-        alternatives = (
-            [] if best is None else list(zip(best.indices.tolist(), best.values.tolist(), strict=True))
-        )
-        entries.append(_token_entry(tokenizer, token, scores[k, token].item()))
-        entries[-1]["top_logprobs"] = [_token_entry(tokenizer, i, value) for i, value in alternatives]
+    entries = []
+    for k in range(_tokens_within(tokenizer, output.token_ids, content)):
+        token = output.token_ids[k]
+        entry = _token_entry(tokenizer, token, scores[k, token].item())
+        best = torch.topk(scores[k], top)
+        pairs = zip(best.indices.tolist(), best.values.tolist(), strict=True)
+        entry["top_logprobs"] = [_token_entry(tokenizer, i, value) for i, value in pairs]
+        entries.append(entry)
     return {"content": entries}
+
+
+def _tokens_within(tokenizer: Any, ids: list[int], content: str) -> int:
+    """How many of ``ids`` make up ``content``: the longest prefix whose text fits in it, special tokens ending
+    it (a binary search: the text of a prefix grows with it)."""
+    specials = set(tokenizer.all_special_ids)
+    end = next((k for k, token in enumerate(ids) if token in specials), len(ids))
+    low, high = 0, end
+    while low < high:
+        middle = (low + high + 1) // 2
+        if len(tokenizer.decode(ids[:middle], skip_special_tokens=True)) <= len(content):
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _token_entry(tokenizer: Any, token: int, logprob: float) -> dict[str, Any]:

@@ -11,13 +11,17 @@ Any OpenAI client works::
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}},
         {"type": "text", "text": "Describe this image."}]}])
 
-How requests are served: every handler thread puts its request in one :class:`~vlmspec.requests.RequestFeed`,
-and one scheduler thread decodes the feed with ``pipe.batch_iter(feed, batch_size)``: requests that arrive while
-others decode join them at their next step, each with its own tree, all trees verified in one target forward
-(continuous batching, :mod:`vlmspec.batching`); each reply is what ``pipe(messages=...)`` gives alone. A streamed
-request's tokens reach its handler as each step accepts them. A client that disconnects (streamed or not) ends
-its request at its next step, so its row goes to the next request. The standard library's HTTP server is enough for
-this: the models' forwards, not the sockets, are what a request waits on.
+How requests are served: every handler thread prepares its request (media loaded, prompt built: a bad one is
+refused at once) and puts it in one :class:`~vlmspec.requests.RequestFeed`, and one scheduler thread decodes the
+feed with ``pipe.batch_iter(feed, batch_size)``: requests that arrive while others decode join them at their next
+step, each with its own tree, all trees verified in one target forward (continuous batching,
+:mod:`vlmspec.batching`); each reply is what ``pipe(messages=...)`` gives alone. A streamed request's tokens reach
+its handler as each step accepts them. A client that disconnects (streamed or not) ends its request at its next
+step, so its row goes to the next request. The standard library's HTTP server is enough for this: the models'
+forwards, not the sockets, are what a request waits on.
+
+Trees are sized for ``batch_size`` requests per verification (``pipe.batch_policy``), also when fewer are
+decoding: a server under light load would decode faster with the trees of a smaller batch.
 """
 
 from __future__ import annotations
@@ -136,12 +140,23 @@ class SpecServer:
     # ---- decoding -------------------------------------------------------------------------------------------
     def submit(self, kwargs: dict[str, Any]) -> Future:
         """Queue one ``pipe(...)`` request; its future gets the ``SpecOutput`` (or the request's exception). A
-        ``streamer`` in ``kwargs`` with a ``cancelled`` event is how :meth:`close` ends it early."""
+        ``streamer`` in ``kwargs`` with a ``cancelled`` event is how :meth:`close` ends it early.
+
+        The request is prepared here, in the caller's thread (its media loaded, its prompt built): a bad one is
+        refused before it is queued, and the batch never waits on another request's media.
+
+        Raises:
+            APIError: the request is refused (400), or the server is shutting down (503).
+        """
         future: Future = Future()
         cancel = getattr(kwargs.get("streamer"), "cancelled", None)
+        try:
+            call = self.pipe._prepare(kwargs)
+        except (VLMSpecError, ValueError, TypeError, OSError) as err:
+            raise APIError(str(err)) from err
         with self._lock:
             try:
-                self._waiting[self._feed.put(kwargs)] = (future, cancel)
+                self._waiting[self._feed.put(call)] = (future, cancel)
             except InvalidInputError as err:  # the feed is closed
                 raise APIError("the server is shutting down: it takes no more requests", status=503) from err
         return future
