@@ -27,7 +27,6 @@ import torch
 from conftest import make_image
 
 import vlmspec.batching as batching
-import vlmspec.serving as serving
 import vlmspec.serving_http as serving_http
 from vlmspec import VLMSpecPipeline
 from vlmspec.cli import main
@@ -498,21 +497,53 @@ def test_a_failure_of_the_batch_itself_fails_the_requests_it_took_and_the_server
     assert (flaky.metrics.requests_failed, flaky.metrics.requests_ok) == (1, 2)
 
 
-def test_closing_without_draining_ends_the_decoding_and_refuses_the_queued(pipe):
+def test_closing_without_draining_answers_the_decoding_and_the_queued_with_503(pipe):
+    """Ctrl-C: the request decoding is ended at its next step, the queued one is never decoded, and both
+    clients hear that the server shut down (503), not that their request was bad."""
     server = SpecServer(pipe, "tiny", port=0, batch_size=1)
     server.close()  # never started: returns at once
-    server = SpecServer(pipe, "tiny", port=0, batch_size=1)
-    long = dict(expected_kwargs(0), max_new_tokens=3000)
-    streamers = [serving._Aborter() for _ in range(2)]
-    decoding, queued = (server.submit(dict(long, streamer=s)) for s in streamers)
-    server.start()
+    server = SpecServer(pipe, "tiny", port=0, batch_size=1, max_tokens=3000).start()
+    answers: dict[str, tuple[int, dict]] = {}
+
+    def ask(name: str, stream: bool) -> None:
+        answers[name] = post(server, {"messages": user_turn(png_uri(0)), "stream": stream})
+
+    decoding = threading.Thread(target=ask, args=("decoding", False))
+    decoding.start()
     wait_until(lambda: server._feed.taken == 1)
+    queued = threading.Thread(target=ask, args=("queued", True))
+    queued.start()
+    wait_until(lambda: server.in_flight == 2)
     server.close(drain=False)
-    with pytest.raises(ConnectionAbortedError):
-        decoding.result(timeout=1)
-    with pytest.raises(APIError, match="shut down") as refused:
-        queued.result(timeout=1)
-    assert refused.value.status == 503
+    for thread in (decoding, queued):
+        thread.join(timeout=60)
+    for name in ("decoding", "queued"):
+        status, reply = answers[name]
+        assert status == 503 and "shut down" in reply["error"]["message"], name
+
+
+def test_logprobs_that_would_not_fit_in_memory_are_refused(server):
+    body = {"messages": user_turn(png_uri(0)), "logprobs": True, "max_tokens": 2**30}
+    status, reply = post(server, body)
+    assert status == 400 and reply["error"]["param"] == "logprobs" and "GiB" in reply["error"]["message"]
+
+
+def test_logprob_bytes_of_tokens_inside_a_character_join_to_it(pipe):
+    from vlmspec.openai_api import _token_entry
+
+    ids = pipe.tokenizer("a😀b é", add_special_tokens=False)["input_ids"]
+    entries = [_token_entry(pipe.tokenizer, i, 0.0) for i in ids]
+    assert "\ufffd" in "".join(e["token"] for e in entries)  # the emoji's bytes are split over tokens
+    assert bytes(b for e in entries for b in e["bytes"]).decode() == "a😀b é"
+
+
+def test_an_api_key_is_matched_as_http_says_and_none_may_be_empty(pipe):
+    with pytest.raises(ValueError, match="api_key=''"):
+        SpecServer(pipe, port=0, api_key="")
+    with SpecServer(pipe, "tiny", port=0, max_tokens=2, api_key="k3y") as keyed:
+        connection = http.client.HTTPConnection(*keyed._http.server_address[:2], timeout=60)
+        connection.request("GET", "/v1/models", headers={"Authorization": "bearer  k3y"})
+        assert connection.getresponse().status == 200
 
 
 def test_the_serve_command_serves_until_interrupted(tmp_path):

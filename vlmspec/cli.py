@@ -133,7 +133,7 @@ def add_serve_command(sub: Any) -> None:
     )
     s.add_argument(
         "--api-key",
-        default=os.environ.get("VLMSPEC_API_KEY"),
+        default=os.environ.get("VLMSPEC_API_KEY") or None,
         help="require Authorization: Bearer <key> on every request but /health and /metrics (default $VLMSPEC_API_KEY; "
         "none)",
     )

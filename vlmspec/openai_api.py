@@ -33,6 +33,7 @@ request's speculative-decoding statistics (``mean_accepted``, ``tokens_per_step`
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import time
 import urllib.error
@@ -451,7 +452,31 @@ def _tokens_within(tokenizer: Any, ids: list[int], content: str) -> int:
 
 def _token_entry(tokenizer: Any, token: int, logprob: float) -> dict[str, Any]:
     text = tokenizer.decode([token])
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+    return {"token": text, "logprob": logprob, "bytes": _token_bytes(tokenizer, token, text)}
+
+
+def _token_bytes(tokenizer: Any, token: int, text: str) -> list[int]:
+    """The UTF-8 bytes ``token`` stands for: its text's, or, where the token is part of a character (its text is
+    U+FFFD), its bytes as a byte-level BPE vocabulary (GPT-2's, Qwen's) spells them, so that joining the tokens'
+    bytes gives the character as OpenAI's ``bytes`` field promises."""
+    piece = tokenizer.convert_ids_to_tokens(token)
+    alphabet = _byte_alphabet()
+    if "\ufffd" in text and isinstance(piece, str) and piece and all(c in alphabet for c in piece):
+        return [alphabet[c] for c in piece]
+    return list(text.encode())
+
+
+@functools.cache
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's spelling of bytes: printable Latin-1 bytes as themselves, the others as ``chr(256 + i)``
+    in byte order (the GPT-2 tokenizer's mapping, which Qwen's tokenizers share)."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\xa1"), ord("\xac") + 1),
+        *range(ord("\xae"), 256),
+    ]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
 
 
 def choice(index: int, text: str, reason: str, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -19,10 +19,10 @@ class ServerMetrics:
     """Counters of one server since it started (thread-safe: :meth:`count` and :meth:`text` take a lock).
 
     Attributes:
-        requests_ok: requests answered with a reply.
+        requests_ok: replies decoded (a request for ``n`` sampled choices counts ``n``: each is a draw).
         requests_failed: requests that ended in an error once queued (media that would not load, a client that
             left, a failed batch); requests refused on arrival (a bad field) are not counted.
-        prompt_tokens: prompt tokens of the replies.
+        prompt_tokens: prompt tokens of the replies (each draw's).
         generation_tokens: tokens generated for the replies.
         verification_steps: target verification forwards after the prefills.
         accepted_draft_tokens: draft tokens the target accepted.
@@ -70,7 +70,7 @@ class ServerMetrics:
 
 
 _DOCS = {
-    "requests_ok": "requests answered with a reply",
+    "requests_ok": "replies decoded (n sampled choices count n)",
     "requests_failed": "requests that ended in an error once queued",
     "prompt_tokens": "prompt tokens of the replies",
     "generation_tokens": "tokens generated",

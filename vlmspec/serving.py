@@ -84,6 +84,8 @@ class SpecServer:
         self.batch_size = batch_size
         self.max_tokens = max_tokens
         self.media = media or MediaAccess()
+        if api_key == "":
+            raise InvalidInputError("api_key='' is invalid: give a key clients must send, or None for no key")
         self.api_key = api_key
         self.metrics = ServerMetrics()
         self.eos_ids = eos_token_ids(pipe.target)
@@ -92,6 +94,7 @@ class SpecServer:
         self._lock = threading.Lock()
         self._http = HTTPServer((host, port), self)
         self._threads: list[threading.Thread] = []
+        self._closing = False
 
     @property
     def in_flight(self) -> int:
@@ -117,6 +120,7 @@ class SpecServer:
     def close(self, drain: bool = True) -> None:
         """Stop listening and stop the scheduler once the requests it has end: all of them (``drain``), or those
         already decoding, each ended at its next step, the queued ones refused with a 503 (not ``drain``)."""
+        self._closing = True
         if self._threads:
             self._http.shutdown()
         self._http.server_close()
@@ -194,21 +198,40 @@ class SpecServer:
         """The whole reply to ``request``; ``None`` if ``gone()`` said the client left first (its requests are
         then ended at their next step, so their rows go to the next requests)."""
         draws = request.n if request.kwargs.get("do_sample") else 1  # greedy replies are all the same
+        self._check_logprobs_memory(request, draws)
         seed = request.kwargs.get("seed")
         aborter = _Aborter()
-        futures = [
-            self.submit(dict(request.kwargs, streamer=aborter, seed=None if seed is None else seed + i))
-            for i in range(draws)
-        ]
+        futures = []
+        try:
+            for i in range(draws):
+                kwargs = dict(request.kwargs, streamer=aborter, seed=None if seed is None else seed + i)
+                futures.append(self.submit(kwargs))
+        except APIError:
+            aborter.cancelled.set()  # the draws already queued end too
+            raise
         while wait(futures, timeout=POLL_SECONDS).not_done:
             if gone():
                 aborter.cancelled.set()
                 return None
-        outputs = [_result(future) for future in futures]
+        outputs = [_result(future, self._closing) for future in futures]
         outputs += outputs[-1:] * (request.n - draws)
         return Reply(self.model).completion(
             [self._choice(i, o, request) for i, o in enumerate(outputs)], outputs
         )
+
+    def _check_logprobs_memory(self, request: ChatRequest, draws: int) -> None:
+        """Refuse logprobs whose scores would not fit :data:`LOGPROBS_BYTES` (each token keeps the target's
+        logits and scores, ``2 x V`` float32, until the reply ends)."""
+        if request.top_logprobs is None:
+            return
+        needed = draws * request.max_tokens * 2 * self.pipe.target.config.get_text_config().vocab_size * 4
+        if needed > LOGPROBS_BYTES:
+            raise APIError(
+                f"logprobs for n={request.n} x max_tokens={request.max_tokens} would keep {needed / 2**30:.1f} GiB "
+                f"of scores, more than this server allows ({LOGPROBS_BYTES / 2**30:.0f} GiB): ask for fewer "
+                "tokens or choices",
+                "logprobs",
+            )
 
     def _choice(self, index: int, output: Any, request: ChatRequest) -> dict[str, Any]:
         text, stopped = cut_at_stop(output.text, request.stop)
@@ -233,7 +256,7 @@ class SpecServer:
                 if text := holder.push(piece.text):
                     send(reply.chunk({**role, "content": text}))
                     role = {}
-            output = _result(future)
+            output = _result(future, self._closing)
             rest = holder.push(streamer.pieces.finish(output.text)) + holder.finish()
             if rest or role:
                 send(reply.chunk({**role, "content": rest}))
@@ -245,6 +268,8 @@ class SpecServer:
             raise
 
 
+LOGPROBS_BYTES = 2 * 2**30
+"""The most memory one request's logprobs may keep (the target's distributions behind its tokens)."""
 POLL_SECONDS = 0.5
 """How often a handler waiting on a whole reply checks that its client is still there."""
 
@@ -263,11 +288,16 @@ class _Aborter:
         """Nothing to flush."""
 
 
-def _result(future: Future) -> Any:
-    """The request's output; a bad request's error as a 400, anything else as a 500."""
+def _result(future: Future, closing: bool) -> Any:
+    """The request's output; its error as the server's answer: as given (an :class:`APIError`), a 503 when the
+    server was closing (it ended the request), a 400 for a bad request, a 500 for anything else."""
     try:
         return future.result()
-    except (VLMSpecError, ValueError, TypeError, OSError) as err:
-        raise APIError(str(err)) from err
+    except APIError:
+        raise
     except Exception as err:
+        if closing:
+            raise APIError("the server shut down while this request decoded", status=503) from err
+        if isinstance(err, (VLMSpecError, ValueError, TypeError, OSError)):
+            raise APIError(str(err)) from err
         raise APIError(f"the server failed on this request: {type(err).__name__}: {err}", status=500) from err

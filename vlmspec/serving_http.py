@@ -134,8 +134,8 @@ class Handler(BaseHTTPRequestHandler):
         key = self.server.spec.api_key
         if key is None:
             return
-        given = self.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        scheme, _, given = self.headers.get("Authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
             self.close_connection = True  # its body is left unread
             raise APIError("a missing or wrong API key: send Authorization: Bearer <key>", status=401)
 
