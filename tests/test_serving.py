@@ -27,6 +27,7 @@ import torch
 from conftest import make_image
 
 import vlmspec.batching as batching
+import vlmspec.serving as serving
 import vlmspec.serving_http as serving_http
 from vlmspec import VLMSpecPipeline
 from vlmspec.cli import main
@@ -641,3 +642,268 @@ def test_logprobs_of_a_reply_cut_at_a_stop_string_cover_the_text_returned(server
     tokens = "".join(entry["token"] for entry in reply["choices"][0]["logprobs"]["content"])
     assert status == 200 and content == reference[: reference.index(stop)]
     assert content.startswith(tokens) and len(content) - len(tokens) < 8  # at most the cut token's part
+
+
+# ---- request fields, one by one (found by a mutation pass) ----------------------------------------------------
+def kwargs_of(**fields) -> dict:
+    return chat_request({"messages": user_turn("data:,x"), **fields}, "tiny", MediaAccess(), 8).kwargs
+
+
+def test_request_fields_become_the_pipelines_arguments():
+    assert (
+        kwargs_of(temperature=0.5, top_k=0)["top_k"] is None
+        and kwargs_of(temperature=0.5, top_k=-1)["top_k"] is None
+    )
+    assert kwargs_of(temperature=0.5, top_k=5)["top_k"] == 5 and kwargs_of(seed=0)["seed"] == 0
+    assert kwargs_of(min_tokens=8, max_tokens=8)["min_new_tokens"] == 8  # as many as the maximum is fine
+    assert "do_sample" not in kwargs_of(temperature=0, top_p=0.5)  # greedy: top_p does not apply
+    system = chat_request(
+        {"messages": [{"role": "developer", "content": "Be brief."}, *user_turn("data:,x")]},
+        "t",
+        MediaAccess(),
+        8,
+    )
+    assert system.kwargs["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert (
+        chat_request(
+            {"messages": user_turn("data:,x"), "top_logprobs": 0}, "t", MediaAccess(), 8
+        ).top_logprobs
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"max_tokens": True}, "max_tokens"),
+        ({"stop": [""]}, "stop"),
+        ({"stop": ["a", 3]}, "stop"),
+        ({"seed": "1"}, "seed"),
+    ],
+)
+def test_request_fields_of_the_wrong_kind_are_refused(fields, param):
+    with pytest.raises(APIError) as refused:
+        kwargs_of(**fields)
+    assert refused.value.param == param
+
+
+def test_the_earliest_stop_string_in_the_text_wins_and_eos_ends_as_stop():
+    from types import SimpleNamespace
+
+    from vlmspec.openai_api import cut_at_stop, finish_reason
+
+    assert cut_at_stop("abXcdY", ["Y", "X"]) == ("ab", True)
+    assert finish_reason(SimpleNamespace(token_ids=[5, 2]), False, 2, (2,)) == "stop"
+    assert finish_reason(SimpleNamespace(token_ids=[5, 6]), False, 2, (2,)) == "length"
+    assert finish_reason(SimpleNamespace(token_ids=[5, 6]), True, 2, (2,)) == "stop"
+
+
+def test_a_stop_string_on_the_last_allowed_token_still_ends_as_stop(server, pipe):
+    reference = expected(pipe, 2, max_new_tokens=24).text
+    stop = reference[12:15]
+    stopped = expected(pipe, 2, max_new_tokens=24, stop_strings=[stop])
+    body = {"messages": user_turn(png_uri(2)), "stop": stop, "max_tokens": len(stopped.token_ids)}
+    status, reply = post(server, body)
+    assert status == 200 and reply["choices"][0]["finish_reason"] == "stop"
+    assert reply["usage"]["completion_tokens"] == len(stopped.token_ids) < 24  # decoding stopped there too
+    events = post_stream(server, body)
+    assert [e["choices"][0]["finish_reason"] for e in events[:-1] if e["choices"]][-1] == "stop"
+
+
+def test_an_empty_streamed_reply_still_names_its_role(server, pipe):
+    reference = expected(pipe, 2, max_new_tokens=24).text
+    events = post_stream(server, {"messages": user_turn(png_uri(2)), "stop": reference[:2]})
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
+def test_logprobs_without_top_list_no_alternatives(server):
+    status, reply = post(server, {"messages": user_turn(png_uri(0)), "max_tokens": 3, "logprobs": True})
+    assert status == 200 and all(e["top_logprobs"] == [] for e in reply["choices"][0]["logprobs"]["content"])
+
+
+def test_the_logprobs_memory_bound_counts_choices_and_both_score_tensors(pipe):
+    vocab = pipe.target.config.get_text_config().vocab_size
+    fits = serving.LOGPROBS_BYTES // (2 * vocab * 4)  # max_tokens whose logits and scores just fit, one draw
+    server = SpecServer(pipe, "tiny", port=0)
+    try:
+        sampled = {"messages": user_turn("data:,x"), "logprobs": True, "temperature": 1}
+        server._check_logprobs_memory(
+            chat_request({**sampled, "max_tokens": fits}, "tiny", MediaAccess(), 8), 1
+        )
+        for draws, tokens in ((2, fits), (1, fits + 1)):
+            request = chat_request({**sampled, "max_tokens": tokens, "n": draws}, "tiny", MediaAccess(), 8)
+            with pytest.raises(APIError, match="GiB"):
+                server._check_logprobs_memory(request, draws)
+    finally:
+        server.close()
+
+
+def test_a_greedy_request_for_n_replies_is_decoded_once(pipe):
+    with SpecServer(pipe, "tiny", port=0, max_tokens=3) as fresh:
+        status, reply = post(fresh, {"messages": user_turn(png_uri(0)), "n": 3})
+        assert status == 200 and len(reply["choices"]) == 3
+        assert fresh.metrics.requests_ok == 1 and fresh._feed.taken == 1
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "kind"),
+    [
+        (ValueError("a value the model refuses"), 400, "invalid_request_error"),
+        (KeyError("a bug"), 500, "server_error"),
+    ],
+)
+def test_errors_while_decoding_are_400_for_bad_input_and_500_for_the_server(
+    pipe, monkeypatch, error, status, kind
+):
+    def fails(self, *args):
+        raise error
+
+    with SpecServer(pipe, "tiny", port=0, max_tokens=3) as fresh:
+        monkeypatch.setattr(type(pipe), "_decode", fails)
+        got, reply = post(fresh, {"messages": user_turn(png_uri(0))})
+        assert (got, reply["error"]["type"]) == (status, kind)
+
+
+def test_model_not_found_is_typed_as_openai_types_it(server):
+    status, reply = post(server, {"messages": user_turn(png_uri(0)), "model": "gpt-4o"})
+    assert status == 404 and reply["error"]["type"] == "not_found_error"
+
+
+def test_keyed_servers_keep_metrics_and_health_open_and_the_rest_closed(pipe):
+    with SpecServer(pipe, "tiny", port=0, api_key="k") as keyed:
+        address = keyed._http.server_address[:2]
+        for path, status in (("/metrics", 200), ("/health", 200), ("/v1/health", 200), ("/v1/models", 401)):
+            connection = http.client.HTTPConnection(*address, timeout=30)
+            connection.request("GET", path)
+            assert connection.getresponse().status == status, path
+        reply = raw_exchange(
+            keyed, request_bytes(b"{}", keep=True, Content_Length="2") + request_bytes(b"", "GET", "/health")
+        )
+        assert statuses(reply) == [401]  # its body unread: the connection closes after the refusal
+
+
+def test_refusals_that_leave_a_body_unread_close_the_connection_and_others_keep_it(server):
+    bad_length = request_bytes(b"{}", keep=True, Content_Length="abc") + request_bytes(b"", "GET", "/health")
+    assert statuses(raw_exchange(server, bad_length)) == [400]
+    body = b'{"messages": []}'
+    chunked = hex(len(body))[2:].encode() + b"\r\n" + body + b"\r\n0\r\nX-Trailer: 1\r\n\r\n"
+    in_step = request_bytes(chunked, keep=True, Transfer_Encoding="chunked") + request_bytes(
+        b"", "GET", "/health"
+    )
+    assert statuses(raw_exchange(server, in_step)) == [400, 200]
+    posted = request_bytes(b"{}", keep=True, path="/health", Content_Length="2") + request_bytes(
+        b"", "GET", "/health"
+    )
+    reply = raw_exchange(server, posted)
+    assert statuses(reply) == [405, 200] and b"Allow: GET, POST" in reply
+    head = raw_exchange(server, request_bytes(b"", "HEAD", "/health"))
+    assert statuses(head) == [405] and head.endswith(b"\r\n\r\n")  # no body after the headers
+
+
+def test_fetched_videos_are_deleted_once_answered(server, monkeypatch, tmp_path):
+    made = []
+    chat = serving_http.chat_request
+
+    def recording(*args):
+        request = chat(*args)
+        temp = tmp_path / "fetched.mp4"
+        temp.write_bytes(b"x")
+        request.temp_files.append(temp)
+        made.append(temp)
+        return request
+
+    monkeypatch.setattr(serving_http, "chat_request", recording)
+    assert post(server, {"messages": user_turn(png_uri(0)), "max_tokens": 2})[0] == 200
+    assert made and not made[0].exists()
+
+
+def test_media_limits_and_a_server_that_reads_no_files(pipe, tmp_path):
+    make_image(0).save(tmp_path / "big.png")
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{web.server_address[1]}/big.png"
+        with pytest.raises(APIError, match="larger than 10 bytes") as refused:
+            chat_request({"messages": user_turn(url)}, "t", MediaAccess(max_bytes=10), 8)
+        assert refused.value.status == 413
+    finally:
+        web.shutdown()
+        web.server_close()
+    with SpecServer(pipe, "tiny", port=0) as no_files:
+        status, reply = post(no_files, {"messages": user_turn("cat.png")})
+        assert status == 400 and "reads none" in reply["error"]["message"]
+
+
+def test_metrics_add_each_reply_s_prompt_and_tree_nodes():
+    from types import SimpleNamespace
+
+    from vlmspec.server_metrics import ServerMetrics
+
+    metrics = ServerMetrics()
+    stats = SimpleNamespace(prompt_tokens=7, steps=2, accepted_tokens=3, tree_sizes=[3, 5], total_seconds=0.5)
+    metrics.count(SimpleNamespace(stats=stats, token_ids=[1, 2, 3, 4, 5]))
+    metrics.count(RuntimeError("gone"))
+    assert (metrics.prompt_tokens, metrics.draft_nodes, metrics.generation_tokens) == (7, 8, 5)
+    assert (metrics.requests_ok, metrics.requests_failed, metrics.accepted_draft_tokens) == (1, 1, 3)
+
+
+def test_a_feed_closed_dropping_its_queue_gives_the_queued_back_and_ends():
+    from vlmspec import RequestFeed
+    from vlmspec.requests import END
+
+    feed = RequestFeed()
+    feed.put("a")
+    feed.put("b")
+    assert feed.take(False) == (0, "a") and feed.taken == 1
+    assert feed.close(drop_queued=True) == [(1, "b")]
+    assert feed.take(False) is END and feed.take(True) is END
+
+
+def test_an_idle_batch_waits_on_its_feed_instead_of_polling_it(pipe):
+    from vlmspec import RequestFeed
+
+    class Counting(RequestFeed):
+        calls = 0
+
+        def take(self, wait):
+            Counting.calls += 1
+            return super().take(wait)
+
+    feed = Counting()
+    consumer = threading.Thread(target=lambda: list(pipe.batch_iter(feed, batch_size=2)))
+    consumer.start()
+    time.sleep(0.5)
+    feed.close()
+    consumer.join(timeout=30)
+    assert Counting.calls <= 2
+
+
+def test_text_held_back_to_the_end_of_a_stream_is_sent_before_it_ends(server, pipe, monkeypatch):
+    from vlmspec.streaming import TextPieces
+
+    monkeypatch.setattr(TextPieces, "push", lambda self, ids: "")  # every piece held back (split characters)
+    events = post_stream(server, {"messages": user_turn(png_uri(1)), "max_tokens": 8})
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1] if e["choices"])
+    assert text == expected(pipe, 1, max_new_tokens=8).text
+
+
+def test_draws_already_queued_end_when_a_later_one_is_refused(pipe, monkeypatch):
+    server = SpecServer(pipe, "tiny", port=0)
+    streamers = []
+    submit = server.submit
+
+    def refuses_the_second(kwargs):
+        streamers.append(kwargs["streamer"])
+        if len(streamers) == 2:
+            raise APIError("the server is shutting down", status=503)
+        return submit(kwargs)
+
+    monkeypatch.setattr(server, "submit", refuses_the_second)
+    request = chat_request(
+        {"messages": user_turn(png_uri(0)), "n": 3, "temperature": 1}, "tiny", MediaAccess(), 4
+    )
+    with pytest.raises(APIError, match="shutting down"):
+        server.complete(request)
+    assert streamers[0].cancelled.is_set()
+    server.close(drain=False)
