@@ -209,6 +209,8 @@ class SpecServer:
         except APIError:
             aborter.cancelled.set()  # the draws already queued end too
             raise
+        finally:
+            request.cleanup()  # prepared: its fetched media are loaded
         while wait(futures, timeout=POLL_SECONDS).not_done:
             if gone():
                 aborter.cancelled.set()
@@ -247,7 +249,10 @@ class SpecServer:
         client left) ends the request at its next step."""
         pieces: queue.Queue = queue.Queue()
         streamer = QueueStreamer(self.pipe.tokenizer, pieces)
-        future = self.submit(dict(request.kwargs, streamer=streamer))
+        try:
+            future = self.submit(dict(request.kwargs, streamer=streamer))
+        finally:
+            request.cleanup()  # prepared: its fetched media are loaded
         future.add_done_callback(lambda _: pieces.put(None))
         reply, holder = Reply(self.model), StopHolder(request.stop)
         role = {"role": "assistant"}
