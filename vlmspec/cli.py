@@ -148,6 +148,7 @@ def serve(args: argparse.Namespace) -> int:
     if args.allowed_media_dir is not None and not args.allowed_media_dir.is_dir():
         raise InputNotFoundError(f"--allowed-media-dir {str(args.allowed_media_dir)!r} is not a folder")
     pipe = load_pipeline(args, "vlmspec serve")
+    pipe(_example_image(), "Describe this image.", max_new_tokens=2)  # warm-up: not the first client's wait
     name = args.served_model_name or args.target or args.pair or DEFAULT_PAIR
     media = MediaAccess(allowed_dir=args.allowed_media_dir, fetch_urls=args.fetch_urls)
     server = SpecServer(
