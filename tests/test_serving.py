@@ -8,6 +8,7 @@ seed. Bad requests get OpenAI's error shape with the field named, and the server
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import http.server
 import io
@@ -220,15 +221,21 @@ def test_media_from_an_allowed_folder_and_from_a_url(server, pipe, tmp_path):
         status, reply = post(server, {"messages": user_turn(url), "max_tokens": 8})
         assert status == 200 and reply["choices"][0]["message"]["content"] == reference
     make_image(0).save(tmp_path / "web.png")
-    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    with web_folder(tmp_path) as base:
+        status, reply = post(server, {"messages": user_turn(f"{base}/web.png"), "max_tokens": 8})
+        assert status == 200 and reply["choices"][0]["message"]["content"] == reference
+        with pytest.raises(APIError, match="does not fetch URLs"):
+            chat_request({"messages": user_turn(f"{base}/web.png")}, "tiny", MediaAccess(fetch_urls=False), 8)
+
+
+@contextlib.contextmanager
+def web_folder(folder):
+    """``folder`` served over http on a free local port; yields its base URL."""
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
     web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=web.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{web.server_address[1]}/web.png"
-        status, reply = post(server, {"messages": user_turn(url), "max_tokens": 8})
-        assert status == 200 and reply["choices"][0]["message"]["content"] == reference
-        with pytest.raises(APIError, match="does not fetch URLs"):
-            chat_request({"messages": user_turn(url)}, "tiny", MediaAccess(fetch_urls=False), 8)
+        yield f"http://127.0.0.1:{web.server_address[1]}"
     finally:
         web.shutdown()
         web.server_close()
@@ -819,17 +826,10 @@ def test_fetched_videos_are_deleted_once_answered(server, monkeypatch, tmp_path)
 
 def test_media_limits_and_a_server_that_reads_no_files(pipe, tmp_path):
     make_image(0).save(tmp_path / "big.png")
-    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
-    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=web.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{web.server_address[1]}/big.png"
+    with web_folder(tmp_path) as base:
         with pytest.raises(APIError, match="larger than 10 bytes") as refused:
-            chat_request({"messages": user_turn(url)}, "t", MediaAccess(max_bytes=10), 8)
+            chat_request({"messages": user_turn(f"{base}/big.png")}, "t", MediaAccess(max_bytes=10), 8)
         assert refused.value.status == 413
-    finally:
-        web.shutdown()
-        web.server_close()
     with SpecServer(pipe, "tiny", port=0) as no_files:
         status, reply = post(no_files, {"messages": user_turn("cat.png")})
         assert status == 400 and "reads none" in reply["error"]["message"]
