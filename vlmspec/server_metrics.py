@@ -10,34 +10,31 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from .engine import SpecOutput
 
 
+def _counter(help_text: str, kind: type = int) -> Any:
+    """A counter field; ``help_text`` is its ``# HELP`` line on ``/metrics``."""
+    return field(default=kind(), metadata={"help": help_text})
+
+
 @dataclass
 class ServerMetrics:
-    """Counters of one server since it started (thread-safe: :meth:`count` and :meth:`text` take a lock).
+    """Counters of one server since it started (thread-safe: :meth:`count` and :meth:`text` take a lock); each
+    field's help text (its metadata) says what it counts. ``requests_ok`` counts draws: a request for ``n``
+    sampled choices counts ``n``; ``requests_failed`` counts requests that ended in an error once queued, not
+    those refused on arrival (a bad field)."""
 
-    Attributes:
-        requests_ok: replies decoded (a request for ``n`` sampled choices counts ``n``: each is a draw).
-        requests_failed: requests that ended in an error once queued (media that would not load, a client that
-            left, a failed batch); requests refused on arrival (a bad field) are not counted.
-        prompt_tokens: prompt tokens of the replies (each draw's).
-        generation_tokens: tokens generated for the replies.
-        verification_steps: target verification forwards after the prefills.
-        accepted_draft_tokens: draft tokens the target accepted.
-        draft_nodes: draft tokens (tree nodes) the target verified.
-        decode_seconds: seconds the replies took, prefills included (summed over requests).
-    """
-
-    requests_ok: int = 0
-    requests_failed: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    verification_steps: int = 0
-    accepted_draft_tokens: int = 0
-    draft_nodes: int = 0
-    decode_seconds: float = 0.0
+    requests_ok: int = _counter("replies decoded (n sampled choices count n)")
+    requests_failed: int = _counter("requests that ended in an error once queued")
+    prompt_tokens: int = _counter("prompt tokens of the replies (each draw's)")
+    generation_tokens: int = _counter("tokens generated")
+    verification_steps: int = _counter("target verification forwards after the prefills")
+    accepted_draft_tokens: int = _counter("draft tokens accepted (tau = accepted / steps)")
+    draft_nodes: int = _counter("draft tokens verified (tree nodes)")
+    decode_seconds: float = _counter("seconds decoding, prefills included, summed over requests", float)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(self, result: SpecOutput | BaseException) -> None:
@@ -58,24 +55,13 @@ class ServerMetrics:
     def text(self, in_flight: int) -> str:
         """The counters (and the ``in_flight`` gauge) in Prometheus' text exposition format."""
         with self._lock:
-            values = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+            counters = [
+                (f.name, f.metadata["help"], getattr(self, f.name)) for f in fields(self) if f.metadata
+            ]
         lines = []
-        for name, value in values.items():
-            doc = _DOCS[name]
-            lines += [f"# HELP vlmspec_{name}_total {doc}", f"# TYPE vlmspec_{name}_total counter"]
+        for name, help_text, value in counters:
+            lines += [f"# HELP vlmspec_{name}_total {help_text}", f"# TYPE vlmspec_{name}_total counter"]
             lines.append(f"vlmspec_{name}_total {value}")
         lines += ["# HELP vlmspec_in_flight requests queued or decoding", "# TYPE vlmspec_in_flight gauge"]
         lines.append(f"vlmspec_in_flight {in_flight}")
         return "\n".join(lines) + "\n"
-
-
-_DOCS = {
-    "requests_ok": "replies decoded (n sampled choices count n)",
-    "requests_failed": "requests that ended in an error once queued",
-    "prompt_tokens": "prompt tokens of the replies",
-    "generation_tokens": "tokens generated",
-    "verification_steps": "target verification forwards",
-    "accepted_draft_tokens": "draft tokens accepted (tau = accepted / steps)",
-    "draft_nodes": "draft tokens verified (tree nodes)",
-    "decode_seconds": "seconds decoding, prefills included, summed over requests",
-}

@@ -156,7 +156,7 @@ class SpecServer:
         cancel = getattr(kwargs.get("streamer"), "cancelled", None)
         try:
             call = self.pipe._prepare(kwargs)
-        except (VLMSpecError, ValueError, TypeError, OSError) as err:
+        except BAD_REQUEST as err:
             raise APIError(str(err)) from err
         with self._lock:
             try:
@@ -273,6 +273,8 @@ class SpecServer:
             raise
 
 
+BAD_REQUEST = (VLMSpecError, ValueError, TypeError, OSError)
+"""What a request's bad input raises (the library's errors, and what the libraries below it raise): a 400."""
 LOGPROBS_BYTES = 2 * 2**30
 """The most memory one request's logprobs may keep (the target's distributions behind its tokens)."""
 POLL_SECONDS = 0.5
@@ -303,6 +305,6 @@ def _result(future: Future, closing: bool) -> Any:
     except Exception as err:
         if closing:
             raise APIError("the server shut down while this request decoded", status=503) from err
-        if isinstance(err, (VLMSpecError, ValueError, TypeError, OSError)):
+        if isinstance(err, BAD_REQUEST):
             raise APIError(str(err)) from err
         raise APIError(f"the server failed on this request: {type(err).__name__}: {err}", status=500) from err
