@@ -34,7 +34,8 @@ def _count_calls(module: torch.nn.Module, calls: list[int], positions: bool = Fa
 def _held_in_cache(chat: Any, held: list[int]) -> int:
     """How many of ``held`` the target's cache holds: all but the reply's last token, which is there only when the
     target verified it as a draft node (a stop condition cut that step short), not when it was the bonus token."""
-    return min(len(held), chat._caches[TARGET].state.length) if held else 0
+    entries = chat._prefixes._entries
+    return min(len(held), entries[0].held[TARGET].state.length) if held else 0
 
 
 def _reusable(pipe: VLMSpecPipeline, held: list[int], prompt: list[int], cached: int) -> int:
@@ -228,9 +229,9 @@ def test_a_sampled_streamed_turn_is_the_fresh_call_s_with_the_same_seed():
 
 def test_a_turn_that_never_prefilled_keeps_the_cache_s_ids():
     """A turn that failed before its prefill: the cache holds what it held, not that turn's reply."""
-    from vlmspec.chat import TurnCache
+    from vlmspec.prefix_cache import TurnCache
 
     cache = TurnCache(adapter=None, placeholders=(9,))
     cache.next_turn([1, 2, 3], (0, 0))
-    cache.end_turn([4])
+    assert cache.end_turn([4]) is None
     assert cache.ids == []

@@ -11,6 +11,7 @@ from .errors import (
 from .inputs import VideoClip
 from .pipeline import SpecOutput, VLMSpecPipeline
 from .policies import TreePolicy, available_policies, get_policy, register_policy
+from .prefix_cache import PrefixCache
 from .requests import RequestFeed
 from .scores import TokenScores
 from .streaming import StreamPiece
@@ -22,6 +23,7 @@ __all__ = [
     "InputNotFoundError",
     "InputTypeError",
     "InvalidInputError",
+    "PrefixCache",
     "RequestFeed",
     "SlowSpeculationWarning",
     "SpecOutput",

@@ -324,8 +324,15 @@ class RowAdapter:
         self.batcher.adopt(self.adapter, prefill.state)
         return prefill
 
-    def prefill_soft(self, *args: Any) -> DecodeState:
-        return self.batcher.adopt(self.adapter, self.adapter.prefill_soft(*args))
+    def extend(self, *args: Any, **kwargs: Any) -> Prefill:
+        """:meth:`VLMAdapter.extend` (same arguments) of a cache of its own (a prefix cache's copy); the result
+        lands in a store row."""
+        prefill = self.adapter.extend(*args, **kwargs)
+        self.batcher.adopt(self.adapter, prefill.state)
+        return prefill
+
+    def prefill_soft(self, *args: Any, **kwargs: Any) -> DecodeState:
+        return self.batcher.adopt(self.adapter, self.adapter.prefill_soft(*args, **kwargs))
 
     def run(self, cache: RowCache, *args: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`VLMAdapter.run` (same arguments after the cache), merged into the batch's forward."""

@@ -81,6 +81,28 @@ def truncate(cache: Cache, length: int) -> None:
         cache.crop(-extra)  # transformers 5.x: crop takes a negative count of tokens to remove
 
 
+def copy_cache(cache: Cache) -> DynamicCache:
+    """A ``DynamicCache`` of its own holding ``cache``'s entries: a batch row's copied out of its
+    :class:`KVStore`, a dynamic cache's cloned (what a prefix cache keeps, or hands a request to extend)."""
+    copy = DynamicCache()
+    if isinstance(cache, RowCache):
+        store, row = cache.store, cache.row
+        entries = store.kv[:, :, row, :, : store.lengths[row]]  # [2, layers, H, length, D]
+        layers = [(entries[0, i][None], entries[1, i][None]) for i in range(store.num_layers)]
+    else:
+        layers = [(layer.keys, layer.values) for layer in _dynamic_layers(cache)]
+    for index, (keys, values) in enumerate(layers):
+        copy.update(keys.clone(), values.clone(), index)
+    return copy
+
+
+def cache_nbytes(cache: DynamicCache) -> int:
+    """Memory a dynamic cache's keys and values hold, in bytes."""
+    return sum(
+        t.numel() * t.element_size() for layer in _dynamic_layers(cache) for t in (layer.keys, layer.values)
+    )
+
+
 def pop_tail(cache: Cache, start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Remove and return every layer's entries from index ``start`` on (``[B, H, S-start, D]`` keys/values)."""
     tail = []

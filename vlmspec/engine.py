@@ -51,7 +51,7 @@ class SpecStats:
         lossless: True unless an opt-in lossy acceptance rule was used.
         prompt_tokens: tokens in the prompt.
         cached_prompt_tokens: prompt tokens the target took from a cache instead of prefilling them (a
-            conversation's earlier turns, :mod:`vlmspec.chat`; 0 for a fresh prompt).
+            prefix cache, :mod:`vlmspec.prefix_cache`, or a conversation's earlier turns; 0 for a fresh prompt).
         target_visual_tokens: visual tokens in the target's prefill.
         draft_visual_tokens: visual tokens in the draft's prefill (after pruning).
         trace: one dict per step: what the policy used to shape the tree, plus ``tree_size``/``accepted``.

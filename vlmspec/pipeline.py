@@ -46,6 +46,7 @@ from .models import EDDDraft, VLMAdapter, adapter_for
 from .models.edd import check_target
 from .named_pairs import is_pipeline_folder
 from .policies import TreePolicy, available_policies, get_policy, policy_with
+from .prefix_cache import PrefixCache
 from .probe import cached_costs
 from .processors import LogitsProcessing
 from .pruning import PruningConfig, pruning_config
@@ -109,6 +110,8 @@ class VLMSpecPipeline:
         onednn_linears: run the models' fp32 CPU linear layers through oneDNN while generating (default True; see
             :mod:`vlmspec.kernels`: a tree's few-row products are up to 2.7x faster than torch's default on the CPU).
             Set it to False for torch's own kernels. No effect on GPUs or other dtypes.
+        prefix_cache: a :class:`~vlmspec.prefix_cache.PrefixCache` every request reuses (its prompt's prefix
+            shared with an earlier request's is not prefilled again), or ``None`` (default).
 
     Raises:
         ValueError: the draft's family or vocabulary differs from the target's, or the policy is unknown
@@ -140,6 +143,7 @@ class VLMSpecPipeline:
             check_compatible(target, draft, target_tokenizer=getattr(processor, "tokenizer", None))
         self._draft_vocab = draft_vocab(target, draft, processor)
         self.onednn_linears = True
+        self.prefix_cache: PrefixCache | None = None
         self.costs: ForwardCosts | None = None
         self.policy = policy_with(policy, policy_options)
         self.pruning = pruning_config(pruning, prune_ratio)
@@ -232,17 +236,8 @@ class VLMSpecPipeline:
         policy = policy if policy is not None else DEFAULT_POLICY
         policy = policy_with(policy, policy_options)  # a bad name or option fails before any model loads
         pruning = pruning if pruning is not None else saved.get("pruning", "attention")
-        target_model, draft_model, processor = load_pair(
-            target, draft, torch_dtype, device_map, trust_remote_code, calibration, **loading
-        )
-        return cls(
-            target_model,
-            draft_model,
-            processor,
-            policy=policy,
-            pruning=pruning,
-            prune_ratio=prune_ratio,
-        )
+        models = load_pair(target, draft, torch_dtype, device_map, trust_remote_code, calibration, **loading)
+        return cls(*models, policy=policy, pruning=pruning, prune_ratio=prune_ratio)
 
     def save_pretrained(self, folder: str | Path) -> Path:
         """Save the pair and this pipeline's policy, the options set on it and its pruning into ``folder``
@@ -443,7 +438,7 @@ class VLMSpecPipeline:
         batcher = Batcher(batch_rows(requests, batch_size))  # trees fitted to batch_size all the same
         policy = self.batch_policy(batch_size)
         row = lambda adapter, order: RowAdapter(adapter, batcher, order)  # noqa: E731
-        job = lambda i, request: partial(self._decode, request, policy, i, row)  # noqa: E731
+        job = lambda i, request: partial(self._decode, request, policy, i, row, self.prefix_cache)  # noqa: E731
         with self.kernels():
             for index, output, error in batcher.map(requests, job):
                 yield index, (output if error is None else error)
@@ -518,14 +513,17 @@ class VLMSpecPipeline:
         policy: TreePolicy,
         index: int,
         models: Callable[[VLMAdapter, int], Any],
+        prefixes: PrefixCache | None = None,
     ) -> SpecOutput:
         """One request: prepare it if needed, decode (streaming each step's tokens when asked), then detokenize.
 
-        ``models(adapter, order)`` gives the adapter as this request sees it (a :class:`RowAdapter` of a batch, a
-        conversation's :class:`~vlmspec.chat.TurnCache`); ``order`` is :data:`DRAFT_FIRST` or :data:`TARGET`.
+        ``models(adapter, order)`` gives the adapter as this request sees it (a :class:`RowAdapter` of a batch;
+        ``order``: :data:`DRAFT_FIRST` or :data:`TARGET`); ``prefixes``: the prefix cache it reuses and feeds.
         """
         if not isinstance(call, _Call):
             call = self._prepare(request_kwargs(call() if callable(call) else call, index))
+        turn = prefixes.turn(call.inputs, self._target_adapter) if prefixes is not None else None
+        models = models if turn is None else turn.models(models)
         # 3. Decode: the target and the draft as this request sees them.
         draft = call.draft
         if draft is not None:
@@ -546,6 +544,8 @@ class VLMSpecPipeline:
             processing=call.processing,
             scores=scores,
         )
+        if turn is not None:
+            turn.end(token_ids)
         if streamer is not None:
             streamer.end()
         # 4. Decode the text.

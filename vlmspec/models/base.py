@@ -305,7 +305,8 @@ class VLMAdapter:
         hidden_layer: int | None = None,
     ) -> Prefill:
         """Run the prompt from position ``start`` on, on top of a cache that holds what comes before: the next turn
-        of a conversation (:mod:`vlmspec.chat`) prefills only the tokens the previous turns did not.
+        of a conversation, or a request reusing an earlier one's prefix (:mod:`vlmspec.prefix_cache`), prefills only
+        the tokens the cache does not hold.
 
         Args:
             state: the decoding state whose cache holds the prompt before ``start`` (every visual token there

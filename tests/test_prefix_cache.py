@@ -1,0 +1,173 @@
+"""Prefix caching across requests (pipe.prefix_cache): a request that starts as an earlier one did prefills only the
+rest, and every reply is still the target's own greedy generate()."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlmspec import PrefixCache, VLMSpecPipeline
+from vlmspec.batching import DRAFT_FIRST, TARGET
+from vlmspec.errors import InvalidInputError
+from vlmspec.testbed.world import sample
+from vlmspec.testing import FAMILIES, make_image, make_video_frames
+
+MAX_NEW = 24
+
+
+def _pipe(tiny_pairs, family: str, **options) -> VLMSpecPipeline:
+    """The trained testbed pair where there is one (replies in words, margins that make ties rare), else the tiny
+    random pair."""
+    if family in ("qwen2_vl", "llava_onevision"):
+        return VLMSpecPipeline.from_pretrained(f"testbed-base:{family}", **options)
+    pair = tiny_pairs[family]
+    return VLMSpecPipeline.from_pretrained(pair.target, pair.draft, torch_dtype=torch.float32, **options)
+
+
+def _requests() -> list[dict]:
+    """Pairs of requests sharing an image, a video, two images; an image with other pixels; text only."""
+    a, b, frames = make_image(0), make_image(3), make_video_frames(0)
+    return [
+        {"image": a, "prompt": "Describe this image."},
+        {"image": a, "prompt": "What color is the largest shape?"},
+        {"video": frames, "prompt": "What happens?"},
+        {"video": frames, "prompt": "What happens at the end?"},
+        {"image": b, "prompt": "Describe this image."},
+        {"image": [a, b], "prompt": "Compare them."},
+        {"image": [a, b], "prompt": "Which is brighter?"},
+        {"prompt": "Hello."},
+    ]
+
+
+def _references(pipe: VLMSpecPipeline, requests: list[dict]) -> list[list[int]]:
+    return [
+        pipe.reference_generate(pipe.prepare_inputs(r.get("image"), r["prompt"], r.get("video")), MAX_NEW)
+        for r in requests
+    ]
+
+
+def _visual(pipe: VLMSpecPipeline, request: dict) -> int:
+    ids = pipe.prepare_inputs(request.get("image"), request["prompt"], request.get("video"))["input_ids"]
+    return int(torch.isin(ids, torch.tensor(pipe._target_adapter.visual_token_ids())).sum())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_requests_sharing_a_prefix_prefill_only_the_rest_and_equal_generate(tiny_pairs, family):
+    pipe = _pipe(tiny_pairs, family, policy="sage")
+    requests = _requests()
+    references = _references(pipe, requests)
+    pipe.prefix_cache = PrefixCache()
+    outs = [pipe(max_new_tokens=MAX_NEW, **r) for r in requests]
+    assert [o.token_ids for o in outs] == references
+    cached = [o.stats.cached_prompt_tokens for o in outs]
+    for second in (1, 3, 6):  # the same media as the request before: at least all its visual tokens reused
+        assert cached[second] > _visual(pipe, requests[second]), (second, cached)
+    assert cached[0] == cached[2] == 0  # nothing before to share: prefilled afresh
+    assert cached[4] == 0  # the same placeholder tokens as requests[0], other pixels: no reuse
+    assert len(pipe.prefix_cache) > 0 and pipe.prefix_cache.nbytes > 0
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava_onevision"])
+def test_a_batch_reuses_what_earlier_rows_left_and_equals_generate(tiny_pairs, family):
+    """Rows that start while the request they share a prefix with still decodes prefill afresh; later ones reuse."""
+    pipe = _pipe(tiny_pairs, family, policy="sage")
+    requests = _requests()
+    references = _references(pipe, requests)
+    pipe.prefix_cache = PrefixCache()
+    outs = pipe.batch([dict(r, max_new_tokens=MAX_NEW) for r in requests * 2], batch_size=3)
+    assert [o.token_ids for o in outs] == references * 2
+    second_pass = [o.stats.cached_prompt_tokens for o in outs[len(requests) :]]
+    assert all(c > 0 for c in second_pass[:4]) and second_pass[4] > 0  # every prompt was seen before
+
+
+@pytest.mark.parametrize(
+    "pair, options",
+    [("qwen3_vl", {"policy": "eagle2", "prune_ratio": 0.5}), ("edd", {"policy": "eagle2"})],
+    ids=["pruned draft", "edd draft"],
+)
+def test_drafts_that_prune_or_read_the_target_keep_drafting_from_reused_caches(tiny_pairs, pair, options):
+    if pair == "edd":
+        pipe = VLMSpecPipeline.from_pretrained("testbed-base:qwen2_vl", "edd", **options)
+        first, second = sample("image_caption", 403), sample("image_caption", 404)
+        requests = [
+            {"image": first.image, "prompt": first.prompt},
+            {"image": first.image, "prompt": second.prompt},
+        ]
+    else:
+        pipe = _pipe(tiny_pairs, pair, **options)
+        frames = make_video_frames(0)
+        requests = [{"video": frames, "prompt": "What happens?"}, {"video": frames, "prompt": "And then?"}]
+    references = _references(pipe, requests)
+    pipe.prefix_cache = PrefixCache()
+    outs = [pipe(max_new_tokens=MAX_NEW, **r) for r in requests]
+    assert [o.token_ids for o in outs] == references
+    assert outs[1].stats.cached_prompt_tokens > 0
+    assert outs[1].stats.accepted_tokens > 0  # the draft drafted from its reused cache
+    held = pipe.prefix_cache._entries[-1].held
+    assert set(held) == {DRAFT_FIRST, TARGET}  # both models' caches kept
+
+
+def test_a_conversation_sent_whole_each_turn_keeps_one_entry_that_grows(tiny_pairs):
+    """An OpenAI-style client re-sends the history: each turn reuses the last one's prompt and reply, and the new
+    entry replaces the one it extends."""
+    pipe = _pipe(tiny_pairs, "qwen2_vl", policy="sage")
+    pipe.prefix_cache = PrefixCache()
+    example = sample("image_caption", 7)
+    messages = [{"role": "user", "content": [{"type": "image", "image": example.image},
+                                             {"type": "text", "text": example.prompt}]}]  # fmt: skip
+    cached = []
+    for question in ("Which shape is the largest?", "Say it again."):
+        out = pipe(messages=messages, max_new_tokens=MAX_NEW)
+        assert out.token_ids == pipe.reference_generate(pipe.prepare_messages(messages), MAX_NEW)
+        cached.append(out.stats.cached_prompt_tokens)
+        messages += [{"role": "assistant", "content": [{"type": "text", "text": out.text}]},
+                     {"role": "user", "content": [{"type": "text", "text": question}]}]  # fmt: skip
+        assert len(pipe.prefix_cache) == 1
+    out = pipe(messages=messages, max_new_tokens=MAX_NEW)
+    assert out.token_ids == pipe.reference_generate(pipe.prepare_messages(messages), MAX_NEW)
+    assert cached[0] == 0 and 0 < cached[1] < out.stats.cached_prompt_tokens
+
+
+def test_bounds_evict_the_least_recently_used(tiny_pairs):
+    pipe = _pipe(tiny_pairs, "qwen2_vl", policy="sage")
+    a, b = make_image(0), make_image(3)
+    pipe.prefix_cache = store = PrefixCache(max_entries=2)
+    for image in (a, b, a):  # a is used again: b is now the least recently used
+        pipe(image, "Describe this image.", max_new_tokens=8)
+    pipe(make_image(5), "Describe this image.", max_new_tokens=8)
+    assert len(store) == 2
+    assert pipe(a, "Describe.", max_new_tokens=8).stats.cached_prompt_tokens > 0
+    assert pipe(b, "Describe.", max_new_tokens=8).stats.cached_prompt_tokens == 0
+    pipe.prefix_cache = PrefixCache(max_bytes=0)
+    for _ in range(2):
+        out = pipe(a, "Describe this image.", max_new_tokens=8)
+        assert out.stats.cached_prompt_tokens == 0 and len(pipe.prefix_cache) == 0
+    store.clear()
+    assert len(store) == 0 and store.nbytes == 0
+
+
+def test_a_seeded_sampled_request_draws_what_it_draws_without_the_cache():
+    pipe = VLMSpecPipeline.from_pretrained("testbed-mini:qwen2_vl", policy="sage")
+    example = sample("image_caption", 9)
+    request = {"image": example.image, "prompt": example.prompt, "max_new_tokens": 32}
+    options = {"do_sample": True, "seed": 3, "temperature": 0.8}
+    fresh = pipe(**request, **options)
+    pipe.prefix_cache = PrefixCache()
+    pipe(**request)
+    again = pipe(**request, **options)
+    assert again.stats.cached_prompt_tokens > 0 and again.token_ids == fresh.token_ids
+
+
+@pytest.mark.parametrize("bound", [{"max_bytes": -1}, {"max_entries": 1.5}, {"max_bytes": True}])
+def test_bad_bounds_are_refused_by_name(bound):
+    ((name, value),) = bound.items()
+    with pytest.raises(InvalidInputError, match=rf"PrefixCache\({name}={value!r}\).*integer >= 0"):
+        PrefixCache(**bound)
+
+
+def test_a_prompt_whose_media_cannot_be_counted_is_not_cached(tiny_pairs):
+    """LLaVA-OneVision inputs built without ``batch_num_images`` cannot say how many images a prompt holds."""
+    pipe = _pipe(tiny_pairs, "llava_onevision", policy="ar")
+    inputs = pipe.prepare_inputs(make_image(0), "Describe this image.")
+    inputs.pop("batch_num_images")
+    assert PrefixCache().turn(inputs, pipe._target_adapter) is None
