@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from .batching import TARGET
-from .cache import copy_cache, truncate
+from .cache import cache_nbytes, copy_cache, truncate
 from .errors import InvalidInputError
 from .models import DecodeState, Prefill, VLMAdapter
 
@@ -66,11 +66,7 @@ class Held:
 
     @property
     def nbytes(self) -> int:
-        return sum(
-            t.numel() * t.element_size()
-            for layer in self.state.cache.layers
-            for t in (layer.keys, layer.values)
-        )
+        return cache_nbytes(self.state.cache)
 
 
 @dataclass
