@@ -171,3 +171,57 @@ def test_a_prompt_whose_media_cannot_be_counted_is_not_cached(tiny_pairs):
     inputs = pipe.prepare_inputs(make_image(0), "Describe this image.")
     inputs.pop("batch_num_images")
     assert PrefixCache().turn(inputs, pipe._target_adapter) is None
+
+
+def test_a_server_conversation_reports_the_cached_prompt_and_equals_the_pipeline(tiny_pairs):
+    """An OpenAI client re-sends the history: the second turn's usage says how much of it the server's prefix
+    cache gave, /metrics counts it, and the reply is the pipeline's own reply to the whole history."""
+    import base64
+    import http.client
+    import io
+    import json
+
+    from vlmspec.serving import SpecServer
+
+    pipe = _pipe(tiny_pairs, "qwen2_vl", policy="sage")
+    buffer = io.BytesIO()
+    make_image(0).save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                             {"type": "text", "text": "Describe this image."}]}]  # fmt: skip
+    history = [{"role": "user", "content": [{"type": "image", "image": make_image(0)},
+                                            {"type": "text", "text": "Describe this image."}]}]  # fmt: skip
+    pipe.prefix_cache = PrefixCache()
+    with SpecServer(pipe, port=0, batch_size=2, max_tokens=MAX_NEW) as server:
+        address = server._http.server_address[:2]
+        replies = []
+        for question in ("Which shape is the largest?", None):
+            connection = http.client.HTTPConnection(*address, timeout=120)
+            connection.request("POST", "/v1/chat/completions", json.dumps({"messages": messages}))
+            replies.append(json.loads(connection.getresponse().read()))
+            text = replies[-1]["choices"][0]["message"]["content"]
+            expected = pipe.reference_generate(pipe.prepare_messages(history), MAX_NEW)
+            assert text == pipe.tokenizer.decode(expected, skip_special_tokens=True)
+            if question is not None:
+                messages = [
+                    *messages,
+                    {"role": "assistant", "content": text},
+                    {"role": "user", "content": question},
+                ]
+                history = [*history, {"role": "assistant", "content": [{"type": "text", "text": text}]},
+                           {"role": "user", "content": [{"type": "text", "text": question}]}]  # fmt: skip
+        connection = http.client.HTTPConnection(*address, timeout=120)
+        connection.request("GET", "/metrics")
+        metrics = connection.getresponse().read().decode()
+    cached = [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in replies]
+    assert cached[0] == 0 and 0 < cached[1] < replies[1]["usage"]["prompt_tokens"]
+    assert f"vlmspec_cached_prompt_tokens_total {cached[1]}" in metrics
+
+
+def test_the_serve_command_refuses_a_bad_prefix_cache_size(capsys):
+    from vlmspec.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--prefix-cache-gb", "-1", "--port", "0"])
+    assert exit_.value.code != 0
+    assert "--prefix-cache-gb" in capsys.readouterr().err

@@ -97,6 +97,7 @@ def test_a_completion_is_the_pipelines_reply_to_the_same_messages(server, pipe):
         "prompt_tokens": reference.stats.prompt_tokens,
         "completion_tokens": 20,
         "total_tokens": reference.stats.prompt_tokens + 20,
+        "prompt_tokens_details": {"cached_tokens": 0},  # the server keeps no prefix cache here
     }
     assert (
         reply["vlmspec"]["policy"] == "sage" and 0 < reply["vlmspec"]["steps"] < 20
@@ -284,16 +285,19 @@ def test_lmms_eval_s_openai_model_evaluates_through_it(server, pipe):
     assert reply.token_counts.output_tokens == 12  # read from the response's usage
 
 
-def test_the_load_generator_prints_a_row_per_batch_size(capsys):
+def test_the_load_generator_prints_a_row_per_setting(capsys):
     from vlmspec_eval import serve_load
 
     serve_load.main(
         ["--target", "tiny", "--n", "2", "--clients", "2", "--batch-sizes", "1,2", "--max-tokens", "4"]
+        + ["--turns", "2", "--prefix-cache-gb", "0,1"]
     )
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].startswith("| batch | requests/s |") and len(lines) == 4
-    assert [line.split("|")[1].strip() for line in lines[2:]] == ["1", "2"]
-    assert all(line.rstrip(" |").endswith("2/2") for line in lines[2:])  # every reply the pipeline's own
+    assert lines[0].startswith("| batch | prefix cache GiB | requests/s |") and len(lines) == 6
+    cells = [[cell.strip() for cell in line.strip("| ").split("|")] for line in lines[2:]]
+    assert [row[:2] for row in cells] == [["1", "0.00"], ["1", "1.00"], ["2", "0.00"], ["2", "1.00"]]
+    assert [row[-2] == "0%" for row in cells] == [True, False, True, False]  # cached prompt share
+    assert all(row[-1] == "4/4" for row in cells)  # every reply the pipeline's own, two turns of two
 
 
 def test_logprobs_are_the_targets_own_and_name_the_chosen_tokens(server, pipe):
@@ -841,10 +845,18 @@ def test_metrics_add_each_reply_s_prompt_and_tree_nodes():
     from vlmspec.server_metrics import ServerMetrics
 
     metrics = ServerMetrics()
-    stats = SimpleNamespace(prompt_tokens=7, steps=2, accepted_tokens=3, tree_sizes=[3, 5], total_seconds=0.5)
+    stats = SimpleNamespace(
+        prompt_tokens=7,
+        cached_prompt_tokens=4,
+        steps=2,
+        accepted_tokens=3,
+        tree_sizes=[3, 5],
+        total_seconds=0.5,
+    )
     metrics.count(SimpleNamespace(stats=stats, token_ids=[1, 2, 3, 4, 5]))
     metrics.count(RuntimeError("gone"))
     assert (metrics.prompt_tokens, metrics.draft_nodes, metrics.generation_tokens) == (7, 8, 5)
+    assert metrics.cached_prompt_tokens == 4 and "vlmspec_cached_prompt_tokens_total 4" in metrics.text(0)
     assert (metrics.requests_ok, metrics.requests_failed, metrics.accepted_draft_tokens) == (1, 1, 3)
 
 

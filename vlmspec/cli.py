@@ -111,6 +111,13 @@ def add_serve_command(sub: Any) -> None:
         "--batch-size", type=positive_int, default=8, help="requests decoding together (default 8)"
     )
     s.add_argument(
+        "--prefix-cache-gb",
+        type=gibibytes,
+        default=2**30,
+        help="memory for finished requests' KV caches, so that a request starting as an earlier one did (a "
+        "conversation's next turn, another question about an image) prefills only the rest (default 1; 0: off)",
+    )
+    s.add_argument(
         "--max-tokens",
         type=positive_int,
         default=512,
@@ -143,12 +150,14 @@ def add_serve_command(sub: Any) -> None:
 def serve(args: argparse.Namespace) -> int:
     """``vlmspec serve``: load the pair, then serve until Ctrl-C."""
     from .openai_api import MediaAccess
+    from .prefix_cache import PrefixCache
     from .serving import SpecServer
 
     if args.allowed_media_dir is not None and not args.allowed_media_dir.is_dir():
         raise InputNotFoundError(f"--allowed-media-dir {str(args.allowed_media_dir)!r} is not a folder")
     pipe = load_pipeline(args, "vlmspec serve")
     pipe(_example_image(), "Describe this image.", max_new_tokens=2)  # warm-up: not the first client's wait
+    pipe.prefix_cache = PrefixCache(max_bytes=args.prefix_cache_gb) if args.prefix_cache_gb else None
     name = args.served_model_name or args.target or args.pair or DEFAULT_PAIR
     media = MediaAccess(allowed_dir=args.allowed_media_dir, fetch_urls=args.fetch_urls)
     server = SpecServer(
@@ -279,6 +288,17 @@ def fraction(text: str) -> float:
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {value}")
     return value
+
+
+def gibibytes(text: str) -> int:
+    """An argparse ``type``: a size in GiB (a number >= 0, fractions allowed), as bytes."""
+    try:
+        value = float(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected a size in GiB (a number >= 0), got {text!r}") from err
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a size in GiB (a number >= 0), got {value}")
+    return int(value * 2**30)
 
 
 def check_output_path(path: str | Path, flag: str, folder: bool = True) -> None:

@@ -485,9 +485,16 @@ def choice(index: int, text: str, reason: str, logprobs: dict[str, Any] | None =
     return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
 
 
-def usage(output: SpecOutput) -> dict[str, int]:
+def usage(output: SpecOutput) -> dict[str, Any]:
+    """OpenAI's usage object; ``prompt_tokens_details.cached_tokens``: the prompt tokens taken from the server's
+    prefix cache instead of prefilled (:mod:`vlmspec.prefix_cache`)."""
     prompt, completion = output.stats.prompt_tokens, len(output.token_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": output.stats.cached_prompt_tokens},
+    }
 
 
 def stats(output: SpecOutput) -> dict[str, Any]:

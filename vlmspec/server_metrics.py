@@ -30,6 +30,7 @@ class ServerMetrics:
     requests_ok: int = _counter("replies decoded (n sampled choices count n)")
     requests_failed: int = _counter("requests that ended in an error once queued")
     prompt_tokens: int = _counter("prompt tokens of the replies (each draw's)")
+    cached_prompt_tokens: int = _counter("prompt tokens taken from the prefix cache instead of prefilled")
     generation_tokens: int = _counter("tokens generated")
     verification_steps: int = _counter("target verification forwards after the prefills")
     accepted_draft_tokens: int = _counter("draft tokens accepted (tau = accepted / steps)")
@@ -46,6 +47,7 @@ class ServerMetrics:
             stats = result.stats
             self.requests_ok += 1
             self.prompt_tokens += stats.prompt_tokens
+            self.cached_prompt_tokens += stats.cached_prompt_tokens
             self.generation_tokens += len(result.token_ids)
             self.verification_steps += stats.steps
             self.accepted_draft_tokens += stats.accepted_tokens
