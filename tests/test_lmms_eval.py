@@ -538,6 +538,7 @@ def test_registered_through_the_entry_point_manifest() -> None:
         ({"target": "tiny", "dtype": "float8"}, "dtype='float8' is invalid: expected one of 'auto'"),
         ({"target": "tiny", "num_frames": "many"}, "num_frames='many' is invalid: expected an integer"),
         ({"target": "tiny", "warmup": "yes"}, "warmup='yes' is invalid: expected true or false"),
+        ({"target": "tiny", "prefix_cache_gb": "-1"}, "prefix_cache_gb=-1.0 is invalid: use GiB >= 0"),
         ({"target": "tiny", "prune_ratio": "most"}, "prune_ratio='most' is invalid: expected a number"),
         ({"target": "tiny", "batch_size": 0}, "lmms-eval's --batch_size 0 is invalid: give an integer >= 1"),
         ({"target": "tiny", "policy": "chain", "gamma": "two"}, "ChainConfig.gamma='two' is invalid"),
@@ -931,6 +932,33 @@ def test_batch_size_changes_no_reply(model: Any, workspace: dict[str, Any]) -> N
     records = model._samples[first:]
     assert sum(r.wall_seconds for r in records) <= wall < sum(r.total_seconds for r in records)
     assert options.parse_model_args({"target": "tiny", "batch_size": "auto"}).batch_size is None
+
+
+def test_a_prefix_cache_reuses_a_picture_asked_about_twice_with_the_same_replies(
+    model: Any, workspace: dict[str, Any]
+) -> None:
+    """``prefix_cache_gb``: two questions about one picture; the second prefills only its question."""
+    from vlmspec_eval.lmms.model import VLMSpec
+
+    requests = [
+        _instance(
+            "generate_until",
+            (prompt, {"max_new_tokens": 10}, lambda d: [d["image"]], 0, "image_qa", "test"),
+            "image_qa",
+        )
+        for prompt in ("<image>\nWhat is at the top?", "<image>\nWhat is at the bottom?")
+    ]
+    cached = VLMSpec.create_from_arg_string(
+        f"{workspace['pair']},policy=sage,prefix_cache_gb=0.5,warmup=false", {"batch_size": 1}
+    )
+    cached.task_dict = model.task_dict
+    assert cached.pipe.prefix_cache.max_bytes == 2**29
+    assert [r.text for r in cached.generate_until(requests)] == [
+        r.text for r in model.generate_until(requests)
+    ]
+    first, second = (r.cached_prompt_tokens for r in cached._samples[-2:])
+    assert first == 0 and second > 0  # the picture and the text before the question came from the cache
+    assert model.pipe.prefix_cache is None
 
 
 def _round_task(rounds: dict[int, int], calls: list[tuple[int, int, list[str], Any]]):

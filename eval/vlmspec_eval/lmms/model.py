@@ -48,7 +48,7 @@ from lmms_eval.api.model import lmms
 from loguru import logger
 from tqdm import tqdm
 
-from vlmspec import VLMSpecPipeline
+from vlmspec import PrefixCache, VLMSpecPipeline
 from vlmspec.errors import InvalidInputError, VLMSpecError
 from vlmspec.named_pairs import ResolvedPair
 from vlmspec.pruning import PruningConfig
@@ -120,6 +120,8 @@ class VLMSpec(lmms):
         self._device = self.pipe.target.get_input_embeddings().weight.device
         if self.options.warmup:
             warm_up(self.pipe)
+        if self.options.prefix_cache_gb:
+            self.pipe.prefix_cache = PrefixCache(max_bytes=int(self.options.prefix_cache_gb * 2**30))
         self._samples: list[SampleSpeed] = []
         self._generate_seconds = 0.0  # wall time in generate_until (requests overlap at batch_size > 1)
         self._reports: dict[str, dict[str, Any]] = {}

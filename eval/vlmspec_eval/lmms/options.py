@@ -86,6 +86,8 @@ MODEL_ARGS: dict[str, str] = {
     "speed_dir": "where vlmspec_speed_<task>.json files go (default: lmms-eval's --output_path)",
     "seed": "base seed of sampled generation (request seed = seed + doc_id; default 0)",
     "warmup": "one short generation before the first request, so its timing is not a cold start (default true)",
+    "prefix_cache_gb": "memory for a prefix cache, so that requests starting as an earlier one did (several "
+    "questions about one image) prefill only the rest (vlmspec.prefix_cache; default 0: none)",
 }
 """Every ``--model_args`` key with a one-line description (policy options come on top)."""
 
@@ -132,6 +134,7 @@ class ModelOptions:
     speed_dir: str | None = None
     seed: int = 0
     warmup: bool = True
+    prefix_cache_gb: float = 0.0
     batch_size: int | None = 1
     """Requests decoded together; ``None`` (lmms-eval's ``auto``): the pipeline's choice."""
     device: str | None = None
@@ -147,6 +150,12 @@ class ModelOptions:
         for name in ("prune_ratio", "image_prune_ratio", "video_prune_ratio"):
             value = getattr(self, name)
             _check(value is None or 0.0 <= value < 1.0, name, value, _RATIO_NEED)
+        _check(
+            0.0 <= self.prefix_cache_gb < float("inf"),
+            "prefix_cache_gb",
+            self.prefix_cache_gb,
+            "use GiB >= 0",
+        )
         for name in ("max_new_tokens", "num_frames"):
             value = getattr(self, name)
             _check(value is None or value >= 1, name, value, "expected an integer >= 1")

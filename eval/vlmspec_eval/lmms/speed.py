@@ -85,6 +85,8 @@ class SampleSpeed:
     wall_seconds: float | None = None
     """The request's share of the wall time (:func:`shared_wall_seconds`); ``None``: its own time (batch size 1,
     or a file written before the field existed)."""
+    cached_prompt_tokens: int = 0
+    """Prompt tokens taken from the prefix cache (``prefix_cache_gb``) instead of prefilled."""
 
     @property
     def seconds(self) -> float:
@@ -124,13 +126,14 @@ class SampleSpeed:
             output_sha1=_digest(json.dumps([int(t) for t in token_ids])),
             round=int(round_idx),
             settings_sha1=_digest(repr(settings)) if settings is not None else None,
+            cached_prompt_tokens=int(stats.cached_prompt_tokens),
         )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> SampleSpeed:
-        """Inverse of ``asdict`` (extra keys ignored, so newer files still load; missing ``round`` and
-        ``wall_seconds`` take their defaults)."""
-        optional = {"round", "wall_seconds", "settings_sha1"}
+        """Inverse of ``asdict`` (extra keys ignored, so newer files still load; missing optional fields take
+        their defaults)."""
+        optional = {"round", "wall_seconds", "settings_sha1", "cached_prompt_tokens"}
         return cls(
             **{f.name: values[f.name] for f in fields(cls) if f.name in values or f.name not in optional}
         )
