@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import random
 import threading
 
 import pytest
 import torch
-from transformers import TextIteratorStreamer
+from transformers import AutoTokenizer, TextIteratorStreamer
 
 from vlmspec import VLMSpecPipeline, get_policy
 from vlmspec.testing import make_image
@@ -132,3 +133,76 @@ def test_a_character_split_over_steps_is_held_back_until_whole():
     assert pieces.finish("aé!") == "!"
     pieces.sent = "abc"
     assert pieces.finish("abx") == "abx"  # a final text that does not extend what was sent: all of it
+
+
+MULTILINGUAL = "Héllo wörld, naïve café: 猫が好きです。 Ωμέγα 🐱🐶 ok.  Two spaces\nand ¿qué? Ünïcödé ✓ "
+
+
+def _long_reply(tokenizer, seed: int) -> list[int]:
+    """A reply of about 3,000 tokens: multi-byte characters split over tokens, special tokens among them."""
+    rng = random.Random(seed)
+    ids = tokenizer.encode(MULTILINGUAL * 30, add_special_tokens=False)
+    for _ in range(60):
+        ids.insert(rng.randrange(len(ids) + 1), rng.choice(tokenizer.all_special_ids))
+    return ids
+
+
+def _stream_in_steps(pieces, ids: list[int], seed: int) -> list[str]:
+    """Push ``ids`` a verification step at a time (1 to 5 tokens), as a streamed reply comes."""
+    rng = random.Random(seed)
+    out, start = [], 0
+    while start < len(ids):
+        step = rng.randint(1, 5)
+        out.append(pieces.push(ids[start : start + step]))
+        start += step
+    return out
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava_onevision"])
+def test_incremental_pieces_join_to_the_decoded_whole_of_a_long_reply(tiny_pairs, family):
+    from vlmspec.streaming import TextPieces
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pairs[family].target)
+    ids = _long_reply(tokenizer, seed=0)
+    whole = tokenizer.decode(ids, skip_special_tokens=True)
+    pieces = TextPieces(tokenizer)
+    streamed = _stream_in_steps(pieces, ids, seed=1)
+    assert "".join(streamed) + pieces.finish(whole) == whole and "\ufffd" not in whole
+    assert not any("\ufffd" in piece for piece in streamed)  # never a partial character
+    assert "".join(streamed) == whole  # nothing was left to the end: each piece came with its tokens
+    assert sum(1 for piece in streamed if piece) > len(streamed) // 2
+    rng = random.Random(2)  # ids of any kind: bytes that are no character at all decode as the whole does
+    noise = [rng.randrange(len(tokenizer)) for _ in range(1500)]
+    pieces = TextPieces(tokenizer)
+    streamed = _stream_in_steps(pieces, noise, seed=3)
+    whole = tokenizer.decode(noise, skip_special_tokens=True)
+    assert "".join(streamed) + pieces.finish(whole) == whole and whole.startswith("".join(streamed))
+
+
+class _CountingTokenizer:
+    """A tokenizer that counts the ids it is asked to decode."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.decoded = 0
+
+    def decode(self, ids, **kwargs):
+        self.decoded += len(ids)
+        return self.tokenizer.decode(ids, **kwargs)
+
+
+def test_streaming_a_reply_decodes_each_token_a_bounded_number_of_times(tiny_pairs):
+    """Decoding the whole reply at every step costs quadratic time in its length; a push decodes a step or
+    two."""
+    from vlmspec.streaming import TextPieces
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pairs["qwen2_vl"].target)
+    ids = _long_reply(tokenizer, seed=4)
+    counted = {}
+    for length in (len(ids) // 4, len(ids)):
+        counting = _CountingTokenizer(tokenizer)
+        _stream_in_steps(TextPieces(counting), ids[:length], seed=5)
+        counted[length] = counting.decoded
+        assert counting.decoded <= 8 * length  # a token is decoded a few times, not once per later step
+    short, long = sorted(counted)
+    assert counted[long] / counted[short] < 1.5 * long / short  # linear in the reply's length

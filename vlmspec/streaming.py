@@ -59,27 +59,59 @@ class StreamPiece:
 
 
 class TextPieces:
-    """Turns a growing token list into text pieces whose concatenation is the decoded whole."""
+    """Turns a growing token list into text pieces whose concatenation is the decoded whole.
+
+    Incremental, as vLLM's and text-generation-inference's detokenizers are: a push decodes only the tokens
+    not yet sent, after those of the last piece sent as context (``tokens[prefix:]``), and sends what that adds
+    to the context's own text (``tokens[prefix:read]``), so a push costs the tokens of a step or two however
+    long the reply is. Decoding the context too keeps what a tokenizer does at the start of a text (a leading
+    space dropped) out of the piece. Text is held back while it ends inside a character (``"\ufffd"``), or
+    while it does not extend the context's text; the next push decodes it again with the tokens that complete
+    it.
+    """
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.tokens: list[int] = []
-        self.sent = ""
+        self.prefix = 0
+        """Where the context starts: the first token of the last piece sent."""
+        self.read = 0
+        """How many tokens the pieces sent cover."""
+        self._context: str | None = None  # the text of tokens[prefix:read], once decoded
+        self._pieces: list[str] = []
+
+    @property
+    def sent(self) -> str:
+        """The text sent so far: the pieces joined."""
+        self._pieces = ["".join(self._pieces)]
+        return self._pieces[0]
+
+    @sent.setter
+    def sent(self, text: str) -> None:
+        self._pieces = [text]
 
     def push(self, ids: list[int]) -> str:
         """The text ``ids`` add, or ``""`` while the text so far ends inside a character (held back)."""
         self.tokens.extend(ids)
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        if text.endswith("\ufffd") or not text.startswith(self.sent):
+        if self._context is None:
+            self._context = self._decode(self.prefix, self.read)
+        context, text = self._context, self._decode(self.prefix, len(self.tokens))
+        if len(text) <= len(context) or text.endswith("\ufffd") or not text.startswith(context):
             return ""
-        piece, self.sent = text[len(self.sent) :], text
+        piece = text[len(context) :]
+        self.prefix, self.read, self._context = self.read, len(self.tokens), None
+        self._pieces.append(piece)
         return piece
 
     def finish(self, text: str) -> str:
         """What is left of the final ``text`` after the pieces already sent."""
-        piece = text[len(self.sent) :] if text.startswith(self.sent) else text
+        sent = self.sent
+        piece = text[len(sent) :] if text.startswith(sent) else text
         self.sent = text
         return piece
+
+    def _decode(self, start: int, end: int) -> str:
+        return self.tokenizer.decode(self.tokens[start:end], skip_special_tokens=True)
 
 
 class _Cancelled(Exception):
