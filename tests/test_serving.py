@@ -443,10 +443,17 @@ def test_a_client_that_leaves_ends_its_request_and_frees_its_row(pipe, stream):
 
 
 def wait_until(condition, seconds: float = 60) -> None:
+    assert reached(condition, seconds), "timed out"
+
+
+def reached(condition, seconds: float) -> bool:
+    """Whether ``condition()`` held within ``seconds``."""
     deadline = time.time() + seconds
     while not condition():
-        assert time.time() < deadline, "timed out"
+        if time.time() > deadline:
+            return False
         time.sleep(0.05)
+    return True
 
 
 def test_a_closed_server_refuses_new_requests_with_503(pipe):
@@ -872,6 +879,17 @@ def test_a_feed_closed_dropping_its_queue_gives_the_queued_back_and_ends():
     assert feed.take(False) is END and feed.take(True) is END
 
 
+def test_a_feed_withdraws_only_the_requests_still_queued():
+    from vlmspec import RequestFeed
+
+    feed = RequestFeed()
+    for request in "abc":
+        feed.put(request)
+    assert feed.take(False) == (0, "a")
+    assert feed.withdraw({0, 2}) == [(2, "c")]  # "a" was taken: a batch decodes it
+    assert feed.take(False) == (1, "b") and feed.take(False) is None
+
+
 def test_an_idle_batch_waits_on_its_feed_instead_of_polling_it(pipe):
     from vlmspec import RequestFeed
 
@@ -919,3 +937,43 @@ def test_draws_already_queued_end_when_a_later_one_is_refused(pipe, monkeypatch)
         server.complete(request)
     assert streamers[0].cancelled.is_set()
     server.close(drain=False)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_request_whose_client_leaves_while_queued_is_never_prefilled(pipe, monkeypatch, stream):
+    """One row, held by the request decoding: a request queued behind it (streamed or not) whose client leaves
+    is dropped from the queue at once (counted as failed), never prefilled nor decoded; the server goes on."""
+    references = [expected(pipe, i, max_new_tokens=4).text for i in (0, 5)]
+    prefills = []
+    target, prefill = pipe._target_adapter, pipe._target_adapter.prefill
+    monkeypatch.setattr(target, "prefill", lambda inputs, **kw: prefills.append(1) or prefill(inputs, **kw))
+    with SpecServer(pipe, "tiny", port=0, batch_size=1) as alone:
+        first = _Holding()
+        decoding = alone.submit(dict(expected_kwargs(0), max_new_tokens=4, streamer=first))
+        wait_until(lambda: alone._feed.taken == 1)  # the first holds the row
+        body = json.dumps({"messages": user_turn(png_uri(4)), "max_tokens": 3000, "stream": stream}).encode()
+        with socket.create_connection(alone._http.server_address[:2]) as connection:
+            connection.sendall(request_bytes(body, Content_Length=str(len(body))))
+            wait_until(lambda: alone.in_flight == 2)
+        left_the_queue = reached(lambda: alone.in_flight == 1, seconds=10)
+        first.release.set()
+        assert decoding.result(timeout=60).text == references[0]
+        wait_until(lambda: alone.in_flight == 0)
+        status, reply = post(alone, {"messages": user_turn(png_uri(5)), "max_tokens": 4})
+        assert status == 200 and reply["choices"][0]["message"]["content"] == references[1]
+    assert len(prefills) == 2  # the first request and the last: never the one whose client left
+    assert left_the_queue and (alone.metrics.requests_failed, alone.metrics.requests_ok) == (1, 2)
+
+
+class _Holding:
+    """A streamer that holds its request (and the scheduler with it) before its prefill until ``release`` is
+    set."""
+
+    def __init__(self):
+        self.release = threading.Event()
+
+    def put(self, value):
+        assert self.release.wait(timeout=60)
+
+    def end(self):
+        """Nothing to flush."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,9 +45,10 @@ END = object()
 class RequestFeed:
     """Requests that arrive while a batch decodes (a server's handlers, a watcher of a folder).
 
-    ``pipe.batch_iter(feed, batch_size)`` takes each request as a row frees, so a request put while others decode
-    joins them at their next step; it waits for one only when none is decoding, and ends once the feed is closed
-    and every request put before has ended. ``put`` and ``close`` may be called from any thread.
+    ``pipe.batch_iter(feed, batch_size)`` takes each request as a row frees, so a request put while others
+    decode joins them at their next step; it waits for one only when none is decoding, and ends once the feed
+    is closed and every request put before has ended. ``put``, ``withdraw`` and ``close`` may be called from
+    any thread.
     """
 
     def __init__(self) -> None:
@@ -91,6 +92,19 @@ class RequestFeed:
                 self._queue.clear()
             self._changed.notify_all()
         return dropped
+
+    def withdraw(self, indices: Collection[int]) -> list[tuple[int, Any]]:
+        """Take the requests of ``indices`` that are still queued out of the queue (their client left): no
+        batch takes them. Those already taken are not touched.
+
+        Returns:
+            The ``(index, request)`` pairs withdrawn.
+        """
+        with self._changed:
+            withdrawn = [item for item in self._queue if item[0] in indices]
+            if withdrawn:
+                self._queue = deque(item for item in self._queue if item[0] not in indices)
+        return withdrawn
 
     def take(self, wait: bool) -> tuple[int, Any] | None | object:
         """The next ``(index, request)``; ``None`` if none is queued and not ``wait``; :data:`END` once closed and

@@ -17,8 +17,9 @@ feed with ``pipe.batch_iter(feed, batch_size)``: requests that arrive while othe
 step, each with its own tree, all trees verified in one target forward (continuous batching,
 :mod:`vlmspec.batching`); each reply is what ``pipe(messages=...)`` gives alone. A streamed request's tokens reach
 its handler as each step accepts them. A client that disconnects (streamed or not) ends its request at its next
-step, so its row goes to the next request. The standard library's HTTP server is enough for this: the models'
-forwards, not the sockets, are what a request waits on.
+step, so its row goes to the next request; a request still queued leaves the queue at once, never
+prefilled. The standard library's HTTP server is enough for this: the models' forwards, not the sockets, are
+what a request waits on.
 
 Trees are sized for ``batch_size`` requests per verification (``pipe.batch_policy``), also when fewer are
 decoding: a server under light load would decode faster with the trees of a smaller batch.
@@ -29,7 +30,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, wait
 from typing import Any
 
@@ -180,6 +181,15 @@ class SpecServer:
                 for index in taken:
                     self._deliver(index, error)
 
+    def _abandon(self, cancel: threading.Event) -> None:
+        """End the requests of ``cancel`` (their client left): those still queued leave the queue at once,
+        never prefilled (counted as failed); those decoding end at their next step."""
+        cancel.set()  # first: one the scheduler takes meanwhile ends before its prefill (its streamer raises)
+        with self._lock:
+            indices = {index for index, (_, event) in self._waiting.items() if event is cancel}
+        for index, _ in self._feed.withdraw(indices):
+            self._deliver(index, ConnectionAbortedError("its client left while it was queued"))
+
     def _deliver(self, index: int, result: Any) -> None:
         self.metrics.count(result)
         with self._lock:
@@ -196,7 +206,8 @@ class SpecServer:
         self, request: ChatRequest, gone: Callable[[], bool] = lambda: False
     ) -> dict[str, Any] | None:
         """The whole reply to ``request``; ``None`` if ``gone()`` said the client left first (its requests are
-        then ended at their next step, so their rows go to the next requests)."""
+        then ended: at their next step, so their rows go to the next requests, or before their prefill while
+        queued)."""
         draws = request.n if request.kwargs.get("do_sample") else 1  # greedy replies are all the same
         self._check_logprobs_memory(request, draws)
         seed = request.kwargs.get("seed")
@@ -207,13 +218,13 @@ class SpecServer:
                 kwargs = dict(request.kwargs, streamer=aborter, seed=None if seed is None else seed + i)
                 futures.append(self.submit(kwargs))
         except APIError:
-            aborter.cancelled.set()  # the draws already queued end too
+            self._abandon(aborter.cancelled)  # the draws already queued end too
             raise
         finally:
             request.cleanup()  # prepared: its fetched media are loaded
         while wait(futures, timeout=POLL_SECONDS).not_done:
             if gone():
-                aborter.cancelled.set()
+                self._abandon(aborter.cancelled)
                 return None
         outputs = [_result(future, self._closing) for future in futures]
         outputs += outputs[-1:] * (request.n - draws)
@@ -243,10 +254,20 @@ class SpecServer:
             index, text, reason, None if top is None else logprobs(output, self.pipe.tokenizer, text, top)
         )
 
-    def stream(self, request: ChatRequest, send: Callable[[dict[str, Any]], None]) -> None:
+    def stream(
+        self,
+        request: ChatRequest,
+        send: Callable[[dict[str, Any]], None],
+        gone: Callable[[], bool] = lambda: False,
+    ) -> None:
         """Send the reply to ``request`` chunk by chunk (``send(dict)``), the first with its first text, so that a
-        request refused before any text raises :class:`APIError` before anything is sent; a failed send (the
-        client left) ends the request at its next step."""
+        request refused before any text raises :class:`APIError` before anything is sent. A failed send, or
+        ``gone()`` while no piece comes (queued, or between steps), says the client left: the request ends (as
+        in :meth:`complete`) and the ``OSError`` is raised.
+
+        Raises:
+            ConnectionAbortedError: ``gone()`` said the client left.
+        """
         pieces: queue.Queue = queue.Queue()
         streamer = QueueStreamer(self.pipe.tokenizer, pieces)
         try:
@@ -257,7 +278,7 @@ class SpecServer:
         reply, holder = Reply(self.model), StopHolder(request.stop)
         role = {"role": "assistant"}
         try:
-            while (piece := pieces.get()) is not None:
+            for piece in _pieces(pieces, gone):
                 if text := holder.push(piece.text):
                     send(reply.chunk({**role, "content": text}))
                     role = {}
@@ -269,7 +290,7 @@ class SpecServer:
             if request.include_usage:
                 send(reply.usage_chunk(output))
         except OSError:
-            streamer.cancelled.set()
+            self._abandon(streamer.cancelled)
             raise
 
 
@@ -293,6 +314,25 @@ class _Aborter:
 
     def end(self) -> None:
         """Nothing to flush."""
+
+
+def _pieces(pieces: queue.Queue, gone: Callable[[], bool]) -> Iterator[Any]:
+    """A streamed reply's pieces until its end (``None``), checking ``gone()`` each :data:`POLL_SECONDS` that
+    none comes.
+
+    Raises:
+        ConnectionAbortedError: ``gone()`` said the client left.
+    """
+    while True:
+        try:
+            piece = pieces.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            if gone():
+                raise ConnectionAbortedError("the client went away") from None
+            continue
+        if piece is None:
+            return
+        yield piece
 
 
 def _result(future: Future, closing: bool) -> Any:

@@ -196,7 +196,7 @@ class Handler(BaseHTTPRequestHandler):
             self._event(json.dumps(chunk))
 
         try:
-            self.server.spec.stream(request, send)
+            self.server.spec.stream(request, send, self._client_gone)
         except APIError as err:
             if not started:
                 raise
