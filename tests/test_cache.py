@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vlmspec import VLMSpecPipeline
-from vlmspec.cache import cache_length, keep_tail
+from vlmspec.cache import KVStore, cache_length, copy_cache, keep_tail
 from vlmspec.models import adapter_for
 from vlmspec.testing import make_image
 from vlmspec.tree import TokenTree, tree_attention_bias
@@ -89,3 +89,26 @@ def test_a_batched_forward_writes_each_row_at_its_length_and_counts_only_real_to
     assert torch.equal(store.layer(0)[0][0, :, 5:7], keys[0]) and torch.equal(
         store.layer(0)[1][0, :, 5:7], values[0]
     )
+
+
+def test_a_copied_cache_holds_a_row_s_entries_and_owns_them():
+    """copy_cache: a batch row's entries (all of them, at its own length) in a DynamicCache of their own."""
+    from transformers.cache_utils import DynamicCache
+
+    layers = [(torch.randn(1, 2, n, 4), torch.randn(1, 2, n, 4)) for n in (5, 5)]
+    prefill, other = DynamicCache(), DynamicCache()
+    for index, (keys, values) in enumerate(layers):
+        prefill.update(keys, values, index)
+        other.update(keys[:, :, :3] + 1, values[:, :, :3] + 1, index)
+    store = KVStore(2)
+    store.add_row(other)
+    row = store.add_row(prefill)
+    copy = copy_cache(row)
+    assert cache_length(copy) == 5
+    for layer, (keys, values) in zip(copy.layers, layers, strict=True):
+        assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
+    store.kv.zero_()  # the store's rows change; the copy does not
+    assert torch.equal(copy.layers[0].keys, layers[0][0])
+    again = copy_cache(copy)
+    copy.layers[0].keys.zero_()
+    assert torch.equal(again.layers[0].keys, layers[0][0])  # a dynamic cache's copy is its own too

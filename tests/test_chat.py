@@ -40,13 +40,20 @@ def _held_in_cache(chat: Any, held: list[int]) -> int:
 
 def _reusable(pipe: VLMSpecPipeline, held: list[int], prompt: list[int], cached: int) -> int:
     """How much of ``prompt`` the cache holding ``held`` (its first ``cached`` ids) gives: the shared prefix, but
-    nothing when it stops before an image of ``held`` ends (LLaVA-OneVision renders an image with fewer tokens once
-    a second one joins it)."""
+    only the text before ``held``'s first image when it stops before an image of ``held`` ends (LLaVA-OneVision
+    renders an image with fewer tokens once a second one joins it)."""
     shared = next((i for i, (a, b) in enumerate(zip(held, prompt, strict=False)) if a != b), len(held))
     visual = {pipe.target.config.image_token_id, pipe.target.config.video_token_id}
     if sum(i in visual for i in prompt[:shared]) < sum(i in visual for i in held):
-        return 0
+        shared = min(shared, next(i for i, token in enumerate(held) if token in visual))
     return max(min(shared, cached), 0)
+
+
+def _text_before_media(pipe: VLMSpecPipeline, messages: list[dict], **options: Any) -> int:
+    """How many prompt tokens of ``messages`` come before their first image or video."""
+    ids = pipe.prepare_messages(messages, **options)["input_ids"][0]
+    visual = torch.tensor([pipe.target.config.image_token_id, pipe.target.config.video_token_id])
+    return int(torch.isin(ids, visual).nonzero()[0])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -94,7 +101,7 @@ def test_an_edited_history_is_prefilled_afresh(tiny_pairs):
     # Replace the first image by another of the same size: same token ids, other pixels.
     chat.messages[0]["content"][0] = {"type": "image", "image": make_image(3)}
     out = chat.send("And now?")
-    assert out.stats.cached_prompt_tokens == 0
+    assert out.stats.cached_prompt_tokens == _text_before_media(pipe, chat.messages[:-1])
     assert out.token_ids == _reference(pipe, chat.messages[:-1])
     # Editing a reply's text keeps the prefix before it.
     chat.messages[-1]["content"][0]["text"] = "Shapes."
@@ -128,7 +135,7 @@ def test_media_sampled_otherwise_with_the_same_tokens_is_prefilled_afresh(tiny_p
         turn_frames = {"num_frames": 2}
     out = chat.send("And now?", **turn_frames)
     assert control.stats.cached_prompt_tokens > 0  # reuse before the edit
-    assert out.stats.cached_prompt_tokens == 0
+    assert out.stats.cached_prompt_tokens == _text_before_media(pipe, chat.messages[:-1], **turn_frames)
     assert out.token_ids == pipe(messages=chat.messages[:-1], max_new_tokens=MAX_NEW, **turn_frames).token_ids
 
 
@@ -229,9 +236,16 @@ def test_a_sampled_streamed_turn_is_the_fresh_call_s_with_the_same_seed():
 
 def test_a_turn_that_never_prefilled_keeps_the_cache_s_ids():
     """A turn that failed before its prefill: the cache holds what it held, not that turn's reply."""
-    from vlmspec.prefix_cache import TurnCache
+    from transformers.cache_utils import DynamicCache
+
+    from vlmspec.models import DecodeState
+    from vlmspec.prefix_cache import Held, TurnCache
 
     cache = TurnCache(adapter=None, placeholders=(9,))
     cache.next_turn([1, 2, 3], (0, 0))
     assert cache.end_turn([4]) is None
     assert cache.ids == []
+    state = DecodeState(cache=DynamicCache(), rope_delta=torch.tensor(0), visual_tokens=0)
+    held = TurnCache(None, (9,), Held(state, [1, 2, 5], torch.arange(2), 2, (0, 0)))  # an earlier request's
+    held.next_turn([1, 2, 3], (0, 0))
+    assert held.end_turn([4]) is None and held.ids == [1, 2, 5]

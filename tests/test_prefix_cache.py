@@ -46,9 +46,15 @@ def _references(pipe: VLMSpecPipeline, requests: list[dict]) -> list[list[int]]:
     ]
 
 
-def _visual(pipe: VLMSpecPipeline, request: dict) -> int:
-    ids = pipe.prepare_inputs(request.get("image"), request["prompt"], request.get("video"))["input_ids"]
-    return int(torch.isin(ids, torch.tensor(pipe._target_adapter.visual_token_ids())).sum())
+def _visual(pipe: VLMSpecPipeline, request: dict) -> torch.Tensor:
+    """``[L]`` bool: the visual placeholders of the request's prompt."""
+    ids = pipe.prepare_inputs(request.get("image"), request["prompt"], request.get("video"))["input_ids"][0]
+    return torch.isin(ids, torch.tensor(pipe._target_adapter.visual_token_ids()))
+
+
+def _text_before_media(pipe: VLMSpecPipeline, request: dict) -> int:
+    """How many prompt tokens come before the request's first image or video."""
+    return int(_visual(pipe, request).nonzero()[0])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -61,9 +67,12 @@ def test_requests_sharing_a_prefix_prefill_only_the_rest_and_equal_generate(tiny
     assert [o.token_ids for o in outs] == references
     cached = [o.stats.cached_prompt_tokens for o in outs]
     for second in (1, 3, 6):  # the same media as the request before: at least all its visual tokens reused
-        assert cached[second] > _visual(pipe, requests[second]), (second, cached)
-    assert cached[0] == cached[2] == 0  # nothing before to share: prefilled afresh
-    assert cached[4] == 0  # the same placeholder tokens as requests[0], other pixels: no reuse
+        assert cached[second] > int(_visual(pipe, requests[second]).sum()), (second, cached)
+    assert cached[0] == 0  # nothing before it
+    # Other pixels behind the same placeholder tokens (image b), or other media than any earlier request's (the
+    # video, whose template text may part earlier, Qwen3-VL's timestamps): only the text before them is reused.
+    assert cached[4] == _text_before_media(pipe, requests[4]), cached
+    assert 0 < cached[2] <= _text_before_media(pipe, requests[2]), cached
     assert len(pipe.prefix_cache) > 0 and pipe.prefix_cache.nbytes > 0
 
 
@@ -105,6 +114,34 @@ def test_drafts_that_prune_or_read_the_target_keep_drafting_from_reused_caches(t
     assert outs[1].stats.accepted_tokens > 0  # the draft drafted from its reused cache
     held = pipe.prefix_cache._entries[-1].held
     assert set(held) == {DRAFT_FIRST, TARGET}  # both models' caches kept
+    second = outs[1].stats
+    if pair == "edd":  # the draft extended its reused cache: it holds more than the positions the target ran
+        assert held[DRAFT_FIRST].state.length > second.prompt_tokens - second.cached_prompt_tokens + MAX_NEW
+    else:  # the pruned draft kept its earlier choice of the video's tokens: as many as a fresh call keeps
+        pipe.prefix_cache = None
+        assert (
+            second.draft_visual_tokens
+            == pipe(max_new_tokens=MAX_NEW, **requests[1]).stats.draft_visual_tokens
+        )
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava_onevision"])
+def test_another_system_prompt_before_the_same_image_reuses_only_the_common_text(tiny_pairs, family):
+    """The shared prefix stops before the entry's image: the image runs again through the vision tower."""
+    pipe = _pipe(tiny_pairs, family, policy="sage")
+    image = make_image(0)
+    conversations = [
+        [{"role": "system", "content": [{"type": "text", "text": system}]},
+         {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "Describe."}]}]
+        for system in ("You describe pictures.", "You count the shapes in pictures.")
+    ]  # fmt: skip
+    references = [pipe.reference_generate(pipe.prepare_messages(m), MAX_NEW) for m in conversations]
+    pipe.prefix_cache = PrefixCache()
+    outs = [pipe(messages=m, max_new_tokens=MAX_NEW) for m in conversations]
+    assert [o.token_ids for o in outs] == references
+    ids = pipe.prepare_messages(conversations[1])["input_ids"][0]
+    first_visual = int(torch.isin(ids, torch.tensor(pipe._target_adapter.visual_token_ids())).nonzero()[0])
+    assert 0 < outs[1].stats.cached_prompt_tokens < first_visual
 
 
 def test_a_conversation_sent_whole_each_turn_keeps_one_entry_that_grows(tiny_pairs):
@@ -130,20 +167,49 @@ def test_a_conversation_sent_whole_each_turn_keeps_one_entry_that_grows(tiny_pai
 
 def test_bounds_evict_the_least_recently_used(tiny_pairs):
     pipe = _pipe(tiny_pairs, "qwen2_vl", policy="sage")
-    a, b = make_image(0), make_image(3)
-    pipe.prefix_cache = store = PrefixCache(max_entries=2)
-    for image in (a, b, a):  # a is used again: b is now the least recently used
-        pipe(image, "Describe this image.", max_new_tokens=8)
-    pipe(make_image(5), "Describe this image.", max_new_tokens=8)
-    assert len(store) == 2
-    assert pipe(a, "Describe.", max_new_tokens=8).stats.cached_prompt_tokens > 0
-    assert pipe(b, "Describe.", max_new_tokens=8).stats.cached_prompt_tokens == 0
+    a, b, c = make_image(0), make_image(3), make_image(5)
+    pipe.prefix_cache = store = PrefixCache(max_entries=3)
+    describe = {"prompt": "Describe this image.", "max_new_tokens": 8}
+    pipe(a, **describe)
+    pipe(b, **describe)
+    pipe(a, "What color is it?", max_new_tokens=8)  # reuses a's entry (now the most recent) and adds its own
+    pipe(c, **describe)  # one too many: b's entry, the least recently used, goes
+    assert len(store) == 3
+    out = pipe(a, **describe)
+    assert out.stats.cached_prompt_tokens == out.stats.prompt_tokens - 1  # a's first entry was kept
+    text = _text_before_media(pipe, {"image": a, "prompt": "Describe this image."})
+    assert pipe(b, **describe).stats.cached_prompt_tokens == text  # only the text before the image
     pipe.prefix_cache = PrefixCache(max_bytes=0)
     for _ in range(2):
-        out = pipe(a, "Describe this image.", max_new_tokens=8)
+        out = pipe(a, **describe)
         assert out.stats.cached_prompt_tokens == 0 and len(pipe.prefix_cache) == 0
     store.clear()
     assert len(store) == 0 and store.nbytes == 0
+
+
+def test_an_entry_counts_its_caches_and_media_and_the_bytes_bound_holds(tiny_pairs):
+    """An entry's size is its caches' and media's; a new entry pushes out as many old ones as it must, and one
+    bigger than the bound is not kept at all (it would push out every other one, then itself)."""
+    from vlmspec.cache import cache_nbytes
+    from vlmspec.prefix_cache import _media_tensors
+
+    pipe = _pipe(tiny_pairs, "qwen2_vl", policy="sage")
+    a, b = make_image(0), make_image(3)
+    pipe.prefix_cache = store = PrefixCache()
+    pipe(a, "Describe this image.", max_new_tokens=8)
+    (entry,) = store._entries
+    media = _media_tensors(pipe.prepare_inputs(a, "Describe this image."))
+    caches = sum(cache_nbytes(held.state.cache) for held in entry.held.values())
+    assert entry.nbytes == store.nbytes == caches + sum(t.numel() * t.element_size() for t in media.values())
+    assert set(entry.held) == {DRAFT_FIRST, TARGET} and caches > 0
+    one = entry.nbytes
+    pipe.prefix_cache = store = PrefixCache(max_bytes=int(2.5 * one))
+    pipe(a, "Describe this image.", max_new_tokens=8)
+    pipe(b, "Describe this image.", max_new_tokens=8)
+    pipe([a, b], "Compare them.", max_new_tokens=8)  # about twice one entry: both older ones go
+    assert len(store) == 1 and store.nbytes <= store.max_bytes
+    pipe(make_video_frames(0), "What happens?", max_new_tokens=8)  # bigger than the bound
+    assert len(store) == 1 and store._entries[0].nbytes == store.nbytes <= store.max_bytes
 
 
 def test_a_seeded_sampled_request_draws_what_it_draws_without_the_cache():

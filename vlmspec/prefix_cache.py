@@ -18,13 +18,16 @@ What keeps reuse exact (:class:`TurnCache`):
 * Prefixes are compared by token ids, not by messages, so reuse stays exact whatever a chat template does with
   an assistant turn (Qwen3-VL's drops thinking; some templates re-tokenise a reply's text differently from the
   ids generated).
-* Media are compared by what the processor made of them (pixels, grids, frame timings), value for value: an
-  image edited in place, another window of a video or another ``num_frames`` is another medium, even where the
-  placeholder tokens are the same. A request reuses an entry only if its media start with the entry's.
-* An image or video is reused whole or not at all: a shared prefix that stops inside one (LLaVA-OneVision tiles
-  an image differently once a second one joins it) reuses nothing.
+* Media are compared by what the processor made of them (pixels, grids, frame timings, copied when the request
+  starts), value for value: an image edited in place, another window of a video or another ``num_frames`` is
+  another medium, even where the placeholder tokens are the same.
+* An entry's images and videos are reused all together or not at all: only when the request's media start with
+  the entry's and the shared prefix holds every one of them. Otherwise only the text before the entry's first
+  image or video is reused (a long system prompt shared by requests about other pictures), as when the shared
+  prefix stops inside a medium (LLaVA-OneVision tiles an image differently once a second one joins it).
 * Positions come from the whole new prompt (M-RoPE ``rope_delta`` included), so the positions run sit where a
-  fresh prefill puts them. The reply's last token is never in a cache (generated, not fed back): it runs again.
+  fresh prefill puts them. A reply's last token is in a cache only when a stop condition cut its step short; the
+  token ids bound the reuse either way, so a position the cache lacks is run again.
 * A pruned draft keeps its earlier choices and prunes the new visual tokens with the target's scores of this
   request; tokens a draft had not consumed when its reply ended are run with the new prompt. An EDD draft reads
   the target's hidden states of the positions the target runs; positions between its cache and those stay out of
@@ -63,6 +66,8 @@ class Held:
     slots: torch.Tensor
     prompt_len: int
     media: tuple[int, int]
+    same_media: bool = True
+    """Whether the request that takes it starts with its media (else only the text before them is reused)."""
 
     @property
     def nbytes(self) -> int:
@@ -100,7 +105,7 @@ class TurnCache:
         self.drop()
         if held is not None:
             self.state, self.ids, self.slots = held.state, held.ids, held.slots
-            self.prompt_len, self.media = held.prompt_len, held.media
+            self.prompt_len, self.media, self.same_media = held.prompt_len, held.media, held.same_media
         self._turn: tuple[list[int], tuple[int, int]] | None = None
         self._ran = False
 
@@ -129,7 +134,7 @@ class TurnCache:
     def drop(self) -> None:
         """Forget the cache: the next prompt is prefilled afresh."""
         self.state, self.ids, self.slots = None, [], torch.zeros(0, dtype=torch.long)
-        self.prompt_len, self.media = 0, (0, 0)
+        self.prompt_len, self.media, self.same_media = 0, (0, 0), True
 
     # ---- the prefills the engine calls --------------------------------------------------------------------
     def prefill(
@@ -176,7 +181,9 @@ class TurnCache:
         rest; the first position to run (0: prefill afresh)."""
         if self.state is None:
             return 0
-        shared = reusable_prefix(self.ids, ids, limit, self.placeholders)
+        shared = reusable_prefix(self.ids, ids, limit, self.placeholders, self.same_media)
+        if _visual(ids[:shared], self.placeholders) < _visual(self.ids, self.placeholders):
+            self.media = (0, 0)  # the text before the held media only
         positions = self._positions()
         kept = int((positions < shared).sum())
         if kept == 0:
@@ -224,15 +231,17 @@ class PrefixCache:
                 )
         self.max_bytes, self.max_entries = max_bytes, max_entries
         self._entries: list[_Entry] = []  # least recently used first
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        with self._lock:
+            return len(self._entries)
 
     @property
     def nbytes(self) -> int:
         """Memory the entries hold (caches and media tensors), in bytes."""
-        return sum(entry.nbytes for entry in self._entries)
+        with self._lock:
+            return sum(entry.nbytes for entry in self._entries)
 
     def clear(self) -> None:
         """Drop every entry."""
@@ -248,33 +257,39 @@ class PrefixCache:
             (counts,) = adapter.media_counts(inputs, torch.ones_like(inputs["input_ids"], dtype=torch.bool))
         except InvalidInputError:
             return None
-        media = _media_tensors(inputs)
+        media = {
+            key: tensor.clone() for key, tensor in _media_tensors(inputs).items()
+        }  # as this prompt has them
         placeholders = adapter.visual_token_ids()
         with self._lock:
-            entry = self._best(ids, media, torch.tensor(placeholders, dtype=torch.long))
-            taken = {} if entry is None else {order: _copied(held) for order, held in entry.held.items()}
+            entry, same = self._best(ids, media, torch.tensor(placeholders, dtype=torch.long))
+            taken = (
+                {} if entry is None else {order: _copied(held, same) for order, held in entry.held.items()}
+            )
         return PrefixTurn(self, ids, tuple(counts), media, placeholders, taken)
 
     def _best(
         self, ids: list[int], media: dict[str, torch.Tensor], placeholders: torch.Tensor
-    ) -> _Entry | None:
-        """The entry sharing the longest reusable prefix with ``ids`` (moved to most recently used), if any."""
-        best, best_shared = None, 0
-        for entry in self._entries:
-            if not _extends(entry.media, media):
-                continue
-            shared = reusable_prefix(entry.held[TARGET].ids, ids, len(ids) - 1, placeholders)
+    ) -> tuple[_Entry | None, bool]:
+        """The entry sharing the longest reusable prefix with ``ids`` (the most recently used of those sharing as
+        much; moved to most recently used), if any, and whether ``media`` start with its media."""
+        best, best_shared, best_same = None, 0, True
+        for entry in reversed(self._entries):
+            same = _extends(entry.media, media)
+            shared = reusable_prefix(entry.held[TARGET].ids, ids, len(ids) - 1, placeholders, same)
             if shared > best_shared:
-                best, best_shared = entry, shared
+                best, best_shared, best_same = entry, shared, same
         if best is not None:
             self._entries.remove(best)
             self._entries.append(best)
-        return best
+        return best, best_same
 
     def _put(self, entry: _Entry) -> None:
         """Keep ``entry``; drop those it makes useless (same media, ids a prefix of its), then the least recently
         used while over the bounds."""
         ids = entry.held[TARGET].ids
+        if self.max_bytes is not None and entry.nbytes > self.max_bytes:
+            return  # it would push out every other entry, then itself
         with self._lock:
             self._entries = [e for e in self._entries if not _subsumed(e, entry, ids)]
             self._entries.append(entry)
@@ -321,21 +336,25 @@ class PrefixTurn:
             self.store._put(_Entry(held, self.media, nbytes))
 
 
-def reusable_prefix(held: Sequence[int], ids: Sequence[int], limit: int, placeholders: torch.Tensor) -> int:
+def reusable_prefix(
+    held: Sequence[int], ids: Sequence[int], limit: int, placeholders: torch.Tensor, same_media: bool = True
+) -> int:
     """How many leading positions of ``ids`` a cache holding ``held`` can give (at most ``limit``): their common
-    prefix, or 0 when it stops before one of ``held``'s images or videos ends."""
+    prefix when it holds all of ``held``'s images and videos and the prompt has the same media (``same_media``),
+    else as much of it as comes before ``held``'s first image or video."""
     n = min(len(held), len(ids), limit)
     shared = next((i for i in range(n) if held[i] != ids[i]), n)
-    if _visual(ids[:shared], placeholders) != _visual(held, placeholders):
-        return 0
-    return shared
+    if same_media and _visual(ids[:shared], placeholders) == _visual(held, placeholders):
+        return shared
+    visual = _placeholders(held, placeholders).nonzero()
+    return min(shared, int(visual[0]) if visual.numel() else len(held))
 
 
-def _copied(held: Held) -> Held:
-    """``held`` with a cache of its own (a request truncates and extends what it takes)."""
-    return dataclasses.replace(
-        held, state=dataclasses.replace(held.state, cache=copy_cache(held.state.cache))
-    )
+def _copied(held: Held, same_media: bool) -> Held:
+    """``held`` with a cache of its own (a request truncates and extends what it takes), for a request whose media
+    start with its own or not (``same_media``)."""
+    state = dataclasses.replace(held.state, cache=copy_cache(held.state.cache))
+    return dataclasses.replace(held, state=state, same_media=same_media)
 
 
 def _subsumed(old: _Entry, new: _Entry, ids: list[int]) -> bool:
