@@ -291,3 +291,20 @@ def test_the_serve_command_refuses_a_bad_prefix_cache_size(capsys):
         main(["serve", "--prefix-cache-gb", "-1", "--port", "0"])
     assert exit_.value.code != 0
     assert "--prefix-cache-gb" in capsys.readouterr().err
+
+
+def test_pixels_edited_in_place_between_calls_are_another_image(tiny_pairs):
+    """``pipe(inputs=...)`` with the caller's own tensors: the cache keeps a copy of the media it saw, so writing
+    other pixels into the same tensor is another image (same placeholder tokens, other pixels)."""
+    pipe = _pipe(tiny_pairs, "qwen2_vl", policy="sage")
+    pipe.prefix_cache = PrefixCache()
+    inputs = pipe.prepare_inputs(make_image(0), "Describe this image.")
+    other = pipe.prepare_inputs(make_image(3), "Describe this image.")
+    assert torch.equal(inputs["input_ids"], other["input_ids"])
+    pipe(inputs=inputs, max_new_tokens=MAX_NEW)
+    inputs["pixel_values"].copy_(other["pixel_values"])
+    out = pipe(inputs=inputs, max_new_tokens=MAX_NEW)
+    assert out.token_ids == pipe.reference_generate(other, MAX_NEW)
+    assert out.stats.cached_prompt_tokens == _text_before_media(
+        pipe, {"image": make_image(3), "prompt": "Describe this image."}
+    )

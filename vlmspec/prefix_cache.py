@@ -257,9 +257,8 @@ class PrefixCache:
             (counts,) = adapter.media_counts(inputs, torch.ones_like(inputs["input_ids"], dtype=torch.bool))
         except InvalidInputError:
             return None
-        media = {
-            key: tensor.clone() for key, tensor in _media_tensors(inputs).items()
-        }  # as this prompt has them
+        # The media as this prompt has them: a caller may write other pixels into its tensors later.
+        media = {key: tensor.clone() for key, tensor in _media_tensors(inputs).items()}
         placeholders = adapter.visual_token_ids()
         with self._lock:
             entry, same = self._best(ids, media, torch.tensor(placeholders, dtype=torch.long))
