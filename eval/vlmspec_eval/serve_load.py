@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--draft", help="draft, when --target is a model")
     parser.add_argument("--policy", default="sage")
+    parser.add_argument("--dtype", default="auto", help="the models' dtype (default auto: the checkpoints')")
     parser.add_argument("--clients", type=positive_int, default=8)
     parser.add_argument("--n", type=positive_int, default=24, help="conversations per setting")
     parser.add_argument("--turns", type=positive_int, default=1, help="turns per conversation (default 1)")
@@ -161,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sizes = [positive_int(size, "--batch-sizes") for size in args.batch_sizes.split(",")]
     caches = [gibibytes(size) for size in args.prefix_cache_gb.split(",")]
-    pipe = VLMSpecPipeline.from_pretrained(args.target, args.draft, policy=args.policy)
+    pipe = VLMSpecPipeline.from_pretrained(
+        args.target, args.draft, policy=args.policy, torch_dtype=args.dtype
+    )
     firsts = conversations(args.n, args.max_tokens)
     expected = [expected_replies(pipe, first, args.turns) for first in firsts]
     settings = [(size, cache) for size in sizes for cache in caches]
