@@ -308,3 +308,84 @@ def test_pixels_edited_in_place_between_calls_are_another_image(tiny_pairs):
     assert out.stats.cached_prompt_tokens == _text_before_media(
         pipe, {"image": make_image(3), "prompt": "Describe this image."}
     )
+
+
+@pytest.mark.parametrize(
+    "pair, options",
+    [("qwen2_vl", {"policy": "sage"}), ("llava_onevision", {"policy": "sage"}),
+     ("qwen3_vl", {"policy": "eagle2", "prune_ratio": 0.5}), ("edd", {"policy": "eagle2"})],
+    ids=["qwen2_vl", "llava_onevision", "pruned draft", "edd draft"],
+)  # fmt: skip
+def test_requests_of_one_batch_share_a_prefix_while_they_decode(tiny_pairs, pair, options):
+    """Two questions about one picture start together: the second takes the first's prompt from its batch row, and
+    both replies are generate()'s. Requests of other batches (here: the next pipe() call) see only what ended."""
+    if pair == "edd":
+        pipe = VLMSpecPipeline.from_pretrained("testbed-base:qwen2_vl", "edd", **options)
+    else:
+        pipe = _pipe(tiny_pairs, pair, **options)
+    media = {"video": make_video_frames(0)} if pair == "qwen3_vl" else {"image": make_image(0)}
+    requests = [dict(media, prompt=p) for p in ("Describe this.", "What is the largest shape in it?")]
+    references = _references(pipe, requests)
+    pipe.prefix_cache = store = PrefixCache()
+    outs = pipe.batch([dict(r, max_new_tokens=MAX_NEW) for r in requests], batch_size=2)
+    assert [o.token_ids for o in outs] == references
+    first, second = (o.stats.cached_prompt_tokens for o in outs)
+    assert first == 0 and second > int(_visual(pipe, requests[1]).sum())  # its picture came from the first
+    assert outs[0].stats.steps > 1  # the first was still decoding when the second started
+    assert len(store) == 2 and not list(store._live)  # both kept once they ended; none decoding now
+
+
+def test_a_request_of_another_batch_does_not_read_rows_still_decoding(tiny_pairs):
+    """Only rows of the request's own batch are read while they decode (another batch runs in another thread)."""
+    import gc
+
+    pipe = _pipe(tiny_pairs, "qwen2_vl", policy="sage")
+    pipe.prefix_cache = store = PrefixCache()
+    image = make_image(0)
+    ids = pipe.prepare_inputs(image, "Describe this.")
+    turn = store.turn(ids, pipe._target_adapter, batch="one batch")
+    assert list(store._live) == [turn] and turn.prompt_entry() is None  # not prefilled yet
+    other = store.turn(ids, pipe._target_adapter, batch="another batch")
+    assert other.taken == {}
+    del turn, other
+    gc.collect()
+    assert not list(store._live)  # a request that never ended (an error, Ctrl-C) is forgotten with it
+
+
+class _FailingStreamer:
+    """Fails its request at its first verification step (the prompt's ids come first)."""
+
+    def __init__(self) -> None:
+        self.puts = 0
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            raise RuntimeError("the consumer went away")
+
+    def end(self) -> None:
+        """Nothing to flush."""
+
+
+def test_a_request_that_failed_mid_batch_lends_nothing_to_later_ones(tiny_pairs):
+    """Its row was given up (another request may hold it now): a later request of the batch sharing its prompt
+    prefills afresh rather than copying that row."""
+    pipe = _pipe(tiny_pairs, "qwen2_vl", policy="sage")
+    image, other = make_image(0), make_image(3)
+    requests = [
+        {"image": image, "prompt": "Describe this.", "streamer": _FailingStreamer()},
+        {"image": other, "prompt": "Describe this."},
+        {"image": image, "prompt": "What is the largest shape in it?"},
+    ]
+    references = _references(pipe, requests)
+    pipe.prefix_cache = PrefixCache()
+    outs = pipe.batch(
+        [dict(r, max_new_tokens=MAX_NEW) for r in requests], batch_size=2, return_exceptions=True
+    )
+    assert isinstance(
+        outs[0], RuntimeError
+    )  # kept with its traceback: the failed request's caches still exist
+    assert [o.token_ids for o in outs[1:]] == references[1:]
+    assert outs[2].stats.cached_prompt_tokens == _text_before_media(
+        pipe, requests[2]
+    )  # the text only, from b

@@ -96,6 +96,12 @@ def copy_cache(cache: Cache) -> DynamicCache:
     return copy
 
 
+def in_use(cache: Cache) -> bool:
+    """Whether ``cache`` still holds its request's entries: a batch row its request has not given up yet (a
+    dynamic cache always does)."""
+    return not isinstance(cache, RowCache) or cache.row >= 0
+
+
 def cache_nbytes(cache: DynamicCache) -> int:
     """Memory a dynamic cache's keys and values hold, in bytes."""
     return sum(

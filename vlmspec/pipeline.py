@@ -522,7 +522,7 @@ class VLMSpecPipeline:
         """
         if not isinstance(call, _Call):
             call = self._prepare(request_kwargs(call() if callable(call) else call, index))
-        turn = prefixes.turn(call.inputs, self._target_adapter) if prefixes is not None else None
+        turn = prefixes.turn(call.inputs, self._target_adapter, models) if prefixes is not None else None
         models = models if turn is None else turn.models(models)
         # 3. Decode: the target and the draft as this request sees them.
         draft = call.draft

@@ -7,7 +7,9 @@
 When a request ends, each model's KV cache is kept with the token ids of the positions it holds (the prompt, then
 the reply) and the processed media behind them: an *entry*. A later request takes the entry that shares the
 longest prefix of token ids with its prompt, copies its caches, drops what it does not share and runs only the
-rest of its prompt (:meth:`~vlmspec.models.VLMAdapter.extend`). This is vLLM's automatic prefix caching and
+rest of its prompt (:meth:`~vlmspec.models.VLMAdapter.extend`). The prompts of requests still decoding in the
+same batch count as entries too (copied out of their batch rows), so two questions about one picture sent together
+share it as well. This is vLLM's automatic prefix caching and
 SGLang's radix cache with whole requests as the unit, and what a conversation (:mod:`vlmspec.chat`) does between
 its turns: a chat is a prefix cache of one entry. It pays where prompts repeat their starts: conversations sent
 whole each turn (OpenAI clients re-send the history, so a turn finds the last turn's prompt and reply), several
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,12 +55,12 @@ from typing import Any
 import torch
 
 from .batching import TARGET
-from .cache import cache_nbytes, copy_cache, truncate
+from .cache import cache_nbytes, copy_cache, in_use, truncate
 from .errors import InvalidInputError
 from .models import DecodeState, Prefill, VLMAdapter
 
 
-@dataclass
+@dataclass(eq=False)
 class Held:
     """What one model's cache holds once a request ended (the fields of a :class:`TurnCache`)."""
 
@@ -74,7 +77,7 @@ class Held:
         return cache_nbytes(self.state.cache)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Entry:
     held: dict[int, Held]  # by model order (batching.DRAFT_FIRST, TARGET)
     media: dict[str, torch.Tensor]
@@ -111,6 +114,11 @@ class TurnCache:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.adapter, name)
+
+    @property
+    def prefilled(self) -> bool:
+        """Whether this turn's prompt ran (the cache then holds it, and :attr:`ids` are its ids)."""
+        return self._ran and self.state is not None
 
     # ---- turns --------------------------------------------------------------------------------------------
     def next_turn(self, ids: list[int], media: tuple[int, int]) -> None:
@@ -231,6 +239,7 @@ class PrefixCache:
                 )
         self.max_bytes, self.max_entries = max_bytes, max_entries
         self._entries: list[_Entry] = []  # least recently used first
+        self._live: weakref.WeakSet[PrefixTurn] = weakref.WeakSet()  # requests decoding now
         self._lock = threading.RLock()
 
     def __len__(self) -> int:
@@ -248,10 +257,15 @@ class PrefixCache:
         with self._lock:
             self._entries.clear()
 
-    def turn(self, inputs: dict[str, Any], adapter: VLMAdapter) -> PrefixTurn | None:
+    def turn(self, inputs: dict[str, Any], adapter: VLMAdapter, batch: Any = None) -> PrefixTurn | None:
         """One request's caches: from the entry sharing the longest prefix with its prompt ``inputs`` (processor
         outputs, batch 1), copied, or empty. ``adapter``: the target's. ``None`` when the prompt's media cannot be
-        counted (inputs built outside the pipeline without their per-prompt counts): it is then not cached."""
+        counted (inputs built outside the pipeline without their per-prompt counts): it is then not cached.
+
+        ``batch`` identifies the batch the request decodes in (any object its requests share): the prompts of
+        that batch's requests still decoding count as entries too, so that requests sharing a prefix need not end
+        one after the other to share it. Only the same batch's: its requests run one at a time, so their caches do
+        not change while they are copied."""
         ids = inputs["input_ids"][0].tolist()
         try:
             (counts,) = adapter.media_counts(inputs, torch.ones_like(inputs["input_ids"], dtype=torch.bool))
@@ -261,24 +275,32 @@ class PrefixCache:
         media = {key: tensor.clone() for key, tensor in _media_tensors(inputs).items()}
         placeholders = adapter.visual_token_ids()
         with self._lock:
-            entry, same = self._best(ids, media, torch.tensor(placeholders, dtype=torch.long))
+            live = [turn.prompt_entry() for turn in self._live if batch is not None and turn.batch is batch]
+            entry, same = self._best(ids, media, torch.tensor(placeholders, dtype=torch.long), live)
             taken = (
                 {} if entry is None else {order: _copied(held, same) for order, held in entry.held.items()}
             )
-        return PrefixTurn(self, ids, tuple(counts), media, placeholders, taken)
+            turn = PrefixTurn(self, ids, tuple(counts), media, placeholders, taken, batch)
+            self._live.add(turn)
+        return turn
 
     def _best(
-        self, ids: list[int], media: dict[str, torch.Tensor], placeholders: torch.Tensor
+        self,
+        ids: list[int],
+        media: dict[str, torch.Tensor],
+        placeholders: torch.Tensor,
+        live: Sequence[_Entry | None] = (),
     ) -> tuple[_Entry | None, bool]:
-        """The entry sharing the longest reusable prefix with ``ids`` (the most recently used of those sharing as
-        much; moved to most recently used), if any, and whether ``media`` start with its media."""
+        """The entry (or ``live`` prompt) sharing the longest reusable prefix with ``ids`` (the most recently used
+        of those sharing as much; an entry is moved to most recently used), if any, and whether ``media`` start
+        with its media."""
         best, best_shared, best_same = None, 0, True
-        for entry in reversed(self._entries):
+        for entry in [*reversed(self._entries), *(e for e in live if e is not None)]:
             same = _extends(entry.media, media)
             shared = reusable_prefix(entry.held[TARGET].ids, ids, len(ids) - 1, placeholders, same)
             if shared > best_shared:
                 best, best_shared, best_same = entry, shared, same
-        if best is not None:
+        if best is not None and any(entry is best for entry in self._entries):
             self._entries.remove(best)
             self._entries.append(best)
         return best, best_same
@@ -311,9 +333,10 @@ class PrefixTurn:
         media: dict[str, torch.Tensor],
         placeholders: Sequence[int],
         taken: dict[int, Held],
+        batch: Any = None,
     ) -> None:
         self.store, self.ids, self.counts, self.media = store, ids, counts, media
-        self.placeholders, self.taken = placeholders, taken
+        self.placeholders, self.taken, self.batch = placeholders, taken, batch
         self.views: dict[int, TurnCache] = {}
 
     def models(self, models: Callable[[VLMAdapter, int], Any]) -> Callable[[VLMAdapter, int], TurnCache]:
@@ -327,8 +350,20 @@ class PrefixTurn:
 
         return view
 
+    def prompt_entry(self) -> _Entry | None:
+        """What this request's caches hold of its prompt while it decodes, as an entry to copy from (``None``
+        before the target prefilled it, or once its batch row was given up)."""
+        held = {
+            order: Held(view.state, view.ids, view.slots, view.prompt_len, view.media)
+            for order, view in self.views.items()
+            if view.prefilled and in_use(view.state.cache)
+        }
+        return _Entry(held, self.media, 0) if TARGET in held else None
+
     def end(self, reply: list[int]) -> None:
         """The request ended with ``reply``: keep its caches as an entry (once the target's is there)."""
+        with self.store._lock:
+            self.store._live.discard(self)
         held = {order: h for order, view in self.views.items() if (h := view.end_turn(reply)) is not None}
         if TARGET in held:
             nbytes = sum(h.nbytes for h in held.values()) + sum(_tensor_bytes(t) for t in self.media.values())
