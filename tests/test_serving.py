@@ -26,6 +26,8 @@ from functools import partial
 import pytest
 import torch
 from conftest import make_image
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import vlmspec.batching as batching
 import vlmspec.serving as serving
@@ -249,6 +251,25 @@ def test_stop_strings_split_across_pieces_are_held_back():
     assert holder.finish() == "" and holder.push("later") == ""
     free = StopHolder([])
     assert [free.push("a"), free.push("b"), free.finish()] == ["a", "b", ""]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.text(alphabet="abS", max_size=6), max_size=30),
+    st.lists(st.text(alphabet="abS", min_size=1, max_size=4), max_size=3),
+)
+def test_held_back_pieces_join_to_the_text_cut_at_its_first_stop_string(pieces, stops):
+    """Whatever the pieces and stop strings: what is sent is the whole text cut before its first stop string, and
+    no more than the longest stop string (less one character) is ever held back."""
+    from vlmspec.openai_api import cut_at_stop
+
+    holder = StopHolder(stops)
+    sent = ""
+    for piece in pieces:
+        sent += holder.push(piece)
+        assert holder.stopped or len(holder.pending) <= max(map(len, stops), default=1) - 1
+    sent += holder.finish()
+    assert (sent, holder.stopped) == cut_at_stop("".join(pieces), stops)
 
 
 def test_the_serve_command_refuses_a_missing_media_folder_before_loading(capsys):

@@ -530,28 +530,29 @@ class Reply:
 
 
 class StopHolder:
-    """Stream text with the stop strings left out: holds back the end of the text that could begin one."""
+    """Stream text with the stop strings left out: holds back the end of the text that could begin one.
+
+    Only the text not sent yet is kept and searched (no stop string lies wholly in what was sent), so each piece
+    costs its own length and the longest stop string's, not the reply's."""
 
     def __init__(self, stops: list[str]) -> None:
         self.stops = stops
         self.hold = max((len(s) for s in stops), default=1) - 1
-        self.text = ""
-        self.sent = 0
+        self.pending = ""
         self.stopped = False
 
     def push(self, piece: str) -> str:
         """The text that can be sent now that ``piece`` has come ("" after a stop string)."""
         if self.stopped:
             return ""
-        self.text += piece
-        cut, self.stopped = cut_at_stop(self.text, self.stops)
-        end = len(cut) if self.stopped else max(self.sent, len(self.text) - self.hold)
-        out, self.sent = self.text[self.sent : end], end
+        cut, self.stopped = cut_at_stop(self.pending + piece, self.stops)
+        end = len(cut) if self.stopped else max(0, len(cut) - self.hold)
+        out, self.pending = cut[:end], cut[end:]
         return out
 
     def finish(self) -> str:
         """What is left to send at the end of the reply."""
         if self.stopped:
             return ""
-        out, self.sent = self.text[self.sent :], len(self.text)
+        out, self.pending = self.pending, ""
         return out
