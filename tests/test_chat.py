@@ -92,7 +92,7 @@ def test_three_turns_equal_generate_on_the_history_and_prefill_only_new_tokens(t
         held = prompt + out.token_ids
 
 
-def test_an_edited_history_is_prefilled_afresh(tiny_pairs):
+def test_an_edited_history_reuses_only_what_comes_before_the_edit(tiny_pairs):
     pair = tiny_pairs["qwen2_5_vl"]
     pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
     chat = pipe.chat(max_new_tokens=MAX_NEW)
@@ -112,7 +112,9 @@ def test_an_edited_history_is_prefilled_afresh(tiny_pairs):
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "llava_onevision"])
 @pytest.mark.parametrize("edit", ["image pixels in place", "video window in place", "num_frames"])
-def test_media_sampled_otherwise_with_the_same_tokens_is_prefilled_afresh(tiny_pairs, family, edit, tmp_path):
+def test_media_sampled_otherwise_with_the_same_tokens_reuse_only_the_text_before_them(
+    tiny_pairs, family, edit, tmp_path
+):
     """Edits the token ids cannot see: the same objects with other pixels, or other frames of the same video."""
     pair = tiny_pairs[family]
     pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)

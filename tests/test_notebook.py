@@ -6,6 +6,7 @@ CI-sized pair with ``VLMSPEC_DEFAULT_PAIR=testbed-mini`` (the README's demo uses
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -33,6 +34,13 @@ def test_quickstart_notebook_executes(monkeypatch, tmp_path):
     )
     assert "caption:" in text and "reference:" in text
     assert "identical to target.generate(): True" in text and "second half of the clip:" in text
+    cached = [
+        int(n)
+        for n in re.findall(
+            r"(\d+) of \d+ prompt tokens from the cache; identical to target.generate\(\): True", text
+        )
+    ]
+    assert len(cached) == 2 and cached[0] == 0 and cached[1] > 0  # the second question reused the picture
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["policy", "tok/step"])
     rows = [line.split() for line in lines[header + 1 : header + 6]]

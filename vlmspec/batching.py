@@ -320,14 +320,14 @@ class RowAdapter:
         return getattr(self.adapter, name)
 
     def prefill(self, inputs: dict[str, torch.Tensor], **kwargs: Any) -> Prefill:
-        prefill = self.adapter.prefill(inputs, **kwargs)
-        self.batcher.adopt(self.adapter, prefill.state)
-        return prefill
+        return self._adopted(self.adapter.prefill(inputs, **kwargs))
 
     def extend(self, *args: Any, **kwargs: Any) -> Prefill:
         """:meth:`VLMAdapter.extend` (same arguments) of a cache of its own (a prefix cache's copy); the result
         lands in a store row."""
-        prefill = self.adapter.extend(*args, **kwargs)
+        return self._adopted(self.adapter.extend(*args, **kwargs))
+
+    def _adopted(self, prefill: Prefill) -> Prefill:
         self.batcher.adopt(self.adapter, prefill.state)
         return prefill
 

@@ -81,19 +81,26 @@ def truncate(cache: Cache, length: int) -> None:
         cache.crop(-extra)  # transformers 5.x: crop takes a negative count of tokens to remove
 
 
-def copy_cache(cache: Cache) -> DynamicCache:
-    """A ``DynamicCache`` of its own holding ``cache``'s entries: a batch row's copied out of its
-    :class:`KVStore`, a dynamic cache's cloned (what a prefix cache keeps, or hands a request to extend)."""
+def copy_cache(cache: Cache, length: int | None = None) -> DynamicCache:
+    """A ``DynamicCache`` of its own holding ``cache``'s first ``length`` entries (all by default): a batch row's
+    copied out of its :class:`KVStore`, a dynamic cache's cloned."""
     copy = DynamicCache()
     if isinstance(cache, RowCache):
         store, row = cache.store, cache.row
-        entries = store.kv[:, :, row, :, : store.lengths[row]]  # [2, layers, H, length, D]
+        end = store.lengths[row] if length is None else length
+        entries = store.kv[:, :, row, :, :end]  # [2, layers, H, length, D]
         layers = [(entries[0, i][None], entries[1, i][None]) for i in range(store.num_layers)]
     else:
-        layers = [(layer.keys, layer.values) for layer in _dynamic_layers(cache)]
+        layers = [(layer.keys[:, :, :length], layer.values[:, :, :length]) for layer in _initialized(cache)]
     for index, (keys, values) in enumerate(layers):
         copy.update(keys.clone(), values.clone(), index)
     return copy
+
+
+def standalone(cache: Cache) -> DynamicCache:
+    """``cache`` as a cache of its own, for a request that is done with it: a batch row's entries copied out of its
+    store (the row goes to another request), a dynamic cache as it is."""
+    return copy_cache(cache) if isinstance(cache, RowCache) else cache
 
 
 def in_use(cache: Cache) -> bool:
@@ -102,11 +109,17 @@ def in_use(cache: Cache) -> bool:
     return not isinstance(cache, RowCache) or cache.row >= 0
 
 
-def cache_nbytes(cache: DynamicCache) -> int:
-    """Memory a dynamic cache's keys and values hold, in bytes."""
-    return sum(
-        t.numel() * t.element_size() for layer in _dynamic_layers(cache) for t in (layer.keys, layer.values)
-    )
+def cache_nbytes(cache: Cache) -> int:
+    """Memory ``cache``'s keys and values take (a batch row's: what a copy of it would), in bytes."""
+    if isinstance(cache, RowCache):
+        two, layers, _, heads, _, dim = cache.store.kv.shape
+        return two * layers * heads * dim * cache.store.lengths[cache.row] * cache.store.kv.element_size()
+    return sum(t.nbytes for layer in _initialized(cache) for t in (layer.keys, layer.values))
+
+
+def _initialized(cache: Cache) -> list[DynamicLayer]:
+    """The layers of a dynamic cache that hold entries (a layer holds none before its first forward)."""
+    return [layer for layer in _dynamic_layers(cache) if layer.is_initialized]
 
 
 def pop_tail(cache: Cache, start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -8,11 +8,11 @@ Each turn's prompt is the whole history through the chat template, exactly what 
 ``chat.messages`` gets; the reply is the target's own, token for token (greedy). A chat is a prefix cache of one
 entry (:mod:`vlmspec.prefix_cache`, whose rules keep the reuse exact): the caches of the last turn's prompt and
 reply, which the next turn extends from the longest prefix its token ids (and media) share with them. Editing
-``chat.messages`` before its end is allowed: the next turn then reuses what comes before the first change (nothing
-when the change is an image or video, or comes before one).
+``chat.messages`` before its end is allowed: the next turn then reuses what comes before the first change, or
+only the text before the first image or video when the change is one or comes before one.
 
-Turns decode at batch 1. A failing turn leaves the history as it was (its user message is removed) and the
-caches as the turn before left them.
+Turns decode at batch 1. A failing turn leaves the history as it was (its user message is removed). The chat's one
+entry is handed to each turn, not copied, so a conversation holds one copy of its caches.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ class Chat:
 
     Attributes:
         messages: the history in transformers' chat format (system, user and assistant turns). You may edit it;
-            the next turn then prefills afresh from the first change (from the start when the change comes
-            before an image or video the caches hold).
+            the next turn then prefills afresh from the first change (from the first image or video when the
+            change is one, or comes before one).
         options: default keyword arguments of every turn (:meth:`VLMSpecPipeline.__call__`'s, such as
             ``max_new_tokens``, ``do_sample``, ``stop_strings``); :meth:`send` may override them.
     """

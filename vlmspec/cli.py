@@ -115,7 +115,8 @@ def add_serve_command(sub: Any) -> None:
         type=gibibytes,
         default=2**30,
         help="memory for finished requests' KV caches, so that a request starting as an earlier one did (a "
-        "conversation's next turn, another question about an image) prefills only the rest (default 1; 0: off)",
+        "conversation's next turn, another question about an image) prefills only the rest (default 1; 0: off; "
+        "greedy replies stay generate()'s up to the floating-point difference of a prompt run in two pieces)",
     )
     s.add_argument(
         "--max-tokens",

@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from .batching import TARGET
-from .cache import cache_nbytes, copy_cache, in_use, truncate
+from .cache import cache_nbytes, copy_cache, in_use, standalone, truncate
 from .errors import InvalidInputError
 from .models import DecodeState, Prefill, VLMAdapter
 
@@ -69,12 +69,12 @@ class Held:
     slots: torch.Tensor
     prompt_len: int
     media: tuple[int, int]
+    source: Any = None
+    """``weakref`` to the adapter of the model whose cache it is: another model's is never reused."""
     same_media: bool = True
     """Whether the request that takes it starts with its media (else only the text before them is reused)."""
-
-    @property
-    def nbytes(self) -> int:
-        return cache_nbytes(self.state.cache)
+    owned: bool = False
+    """Whether the request that takes it may change its cache in place (else it copies what it keeps)."""
 
 
 @dataclass(eq=False)
@@ -109,6 +109,7 @@ class TurnCache:
         if held is not None:
             self.state, self.ids, self.slots = held.state, held.ids, held.slots
             self.prompt_len, self.media, self.same_media = held.prompt_len, held.media, held.same_media
+            self.owned = held.owned
         self._turn: tuple[list[int], tuple[int, int]] | None = None
         self._ran = False
 
@@ -136,13 +137,13 @@ class TurnCache:
         if not ran or self.state is None:
             return None
         self.ids = self.ids + reply
-        state = dataclasses.replace(self.state, cache=copy_cache(self.state.cache))
+        state = dataclasses.replace(self.state, cache=standalone(self.state.cache))
         return Held(state, self.ids, self.slots, self.prompt_len, self.media)
 
     def drop(self) -> None:
         """Forget the cache: the next prompt is prefilled afresh."""
         self.state, self.ids, self.slots = None, [], torch.zeros(0, dtype=torch.long)
-        self.prompt_len, self.media, self.same_media = 0, (0, 0), True
+        self.prompt_len, self.media, self.same_media, self.owned = 0, (0, 0), True, True
 
     # ---- the prefills the engine calls --------------------------------------------------------------------
     def prefill(
@@ -197,7 +198,11 @@ class TurnCache:
         if kept == 0:
             self.drop()
             return 0
-        truncate(self.state.cache, kept)
+        if self.owned:
+            truncate(self.state.cache, kept)
+        else:  # lent by a prefix cache or a request decoding beside this one: copy what is kept
+            self.state = dataclasses.replace(self.state, cache=copy_cache(self.state.cache, kept))
+            self.owned = True
         self.slots = positions[:kept]
         start = int(positions[kept - 1]) + 1
         if _visual(
@@ -269,17 +274,20 @@ class PrefixCache:
         ids = inputs["input_ids"][0].tolist()
         try:
             (counts,) = adapter.media_counts(inputs, torch.ones_like(inputs["input_ids"], dtype=torch.bool))
-        except InvalidInputError:
+        except (InvalidInputError, NotImplementedError):
             return None
         # The media as this prompt has them: a caller may write other pixels into its tensors later.
         media = {key: tensor.clone() for key, tensor in _media_tensors(inputs).items()}
         placeholders = adapter.visual_token_ids()
         with self._lock:
             live = [turn.prompt_entry() for turn in self._live if batch is not None and turn.batch is batch]
-            entry, same = self._best(ids, media, torch.tensor(placeholders, dtype=torch.long), live)
-            taken = (
-                {} if entry is None else {order: _copied(held, same) for order, held in entry.held.items()}
-            )
+            entry, same = self._best(ids, media, adapter, torch.tensor(placeholders, dtype=torch.long), live)
+            # A store of one entry (a chat) hands it over: the request's own will replace it.
+            owned = entry is not None and self.max_entries == 1 and any(e is entry for e in self._entries)
+            if owned:
+                self._entries.remove(entry)
+            lent = {} if entry is None else entry.held
+            taken = {order: dataclasses.replace(h, same_media=same, owned=owned) for order, h in lent.items()}
             turn = PrefixTurn(self, ids, tuple(counts), media, placeholders, taken, batch)
             self._live.add(turn)
         return turn
@@ -288,14 +296,17 @@ class PrefixCache:
         self,
         ids: list[int],
         media: dict[str, torch.Tensor],
+        adapter: VLMAdapter,
         placeholders: torch.Tensor,
         live: Sequence[_Entry | None] = (),
     ) -> tuple[_Entry | None, bool]:
-        """The entry (or ``live`` prompt) sharing the longest reusable prefix with ``ids`` (the most recently used
-        of those sharing as much; an entry is moved to most recently used), if any, and whether ``media`` start
-        with its media."""
+        """The entry (or ``live`` prompt) of the target ``adapter`` sharing the longest reusable prefix with
+        ``ids`` (the most recently used of those sharing as much; an entry is moved to most recently used), if
+        any, and whether ``media`` start with its media."""
         best, best_shared, best_same = None, 0, True
         for entry in [*reversed(self._entries), *(e for e in live if e is not None)]:
+            if entry.held[TARGET].source() is not adapter:
+                continue
             same = _extends(entry.media, media)
             shared = reusable_prefix(entry.held[TARGET].ids, ids, len(ids) - 1, placeholders, same)
             if shared > best_shared:
@@ -305,12 +316,15 @@ class PrefixCache:
             self._entries.append(best)
         return best, best_same
 
+    def _fits(self, nbytes: int) -> bool:
+        """Whether an entry of ``nbytes`` may be kept: a bigger one than the bound would push out every other
+        entry, then itself."""
+        return self.max_bytes is None or nbytes <= self.max_bytes
+
     def _put(self, entry: _Entry) -> None:
         """Keep ``entry``; drop those it makes useless (same media, ids a prefix of its), then the least recently
         used while over the bounds."""
         ids = entry.held[TARGET].ids
-        if self.max_bytes is not None and entry.nbytes > self.max_bytes:
-            return  # it would push out every other entry, then itself
         with self._lock:
             self._entries = [e for e in self._entries if not _subsumed(e, entry, ids)]
             self._entries.append(entry)
@@ -338,14 +352,17 @@ class PrefixTurn:
         self.store, self.ids, self.counts, self.media = store, ids, counts, media
         self.placeholders, self.taken, self.batch = placeholders, taken, batch
         self.views: dict[int, TurnCache] = {}
+        self.sources: dict[int, weakref.ref] = {}  # each view's model's adapter
 
     def models(self, models: Callable[[VLMAdapter, int], Any]) -> Callable[[VLMAdapter, int], TurnCache]:
         """``models`` (the adapters as the request sees them, by order) with this request's caches on top."""
 
         def view(adapter: VLMAdapter, order: int) -> TurnCache:
-            cache = TurnCache(models(adapter, order), self.placeholders, self.taken.get(order))
+            held = self.taken.get(order)
+            held = held if held is not None and held.source() is adapter else None  # another pipeline's draft
+            cache = TurnCache(models(adapter, order), self.placeholders, held)
             cache.next_turn(self.ids, self.counts)
-            self.views[order] = cache
+            self.views[order], self.sources[order] = cache, weakref.ref(adapter)
             return cache
 
         return view
@@ -354,20 +371,26 @@ class PrefixTurn:
         """What this request's caches hold of its prompt while it decodes, as an entry to copy from (``None``
         before the target prefilled it, or once its batch row was given up)."""
         held = {
-            order: Held(view.state, view.ids, view.slots, view.prompt_len, view.media)
+            order: Held(view.state, view.ids, view.slots, view.prompt_len, view.media, self.sources[order])
             for order, view in self.views.items()
             if view.prefilled and in_use(view.state.cache)
         }
         return _Entry(held, self.media, 0) if TARGET in held else None
 
     def end(self, reply: list[int]) -> None:
-        """The request ended with ``reply``: keep its caches as an entry (once the target's is there)."""
+        """The request ended with ``reply``: keep its caches as an entry (once the target's is there, and when
+        the entry fits the store's bound; sized before anything is copied)."""
         with self.store._lock:
             self.store._live.discard(self)
-        held = {order: h for order, view in self.views.items() if (h := view.end_turn(reply)) is not None}
-        if TARGET in held:
-            nbytes = sum(h.nbytes for h in held.values()) + sum(_tensor_bytes(t) for t in self.media.values())
-            self.store._put(_Entry(held, self.media, nbytes))
+        views = {order: view for order, view in self.views.items() if view.prefilled}
+        nbytes = sum(cache_nbytes(v.state.cache) for v in views.values()) + sum(
+            t.nbytes for t in self.media.values()
+        )
+        if TARGET not in views or not self.store._fits(nbytes):
+            return
+        held = {order: view.end_turn(reply) for order, view in views.items()}
+        held = {order: dataclasses.replace(h, source=self.sources[order]) for order, h in held.items()}
+        self.store._put(_Entry(held, self.media, nbytes))
 
 
 def reusable_prefix(
@@ -382,13 +405,6 @@ def reusable_prefix(
         return shared
     visual = _placeholders(held, placeholders).nonzero()
     return min(shared, int(visual[0]) if visual.numel() else len(held))
-
-
-def _copied(held: Held, same_media: bool) -> Held:
-    """``held`` with a cache of its own (a request truncates and extends what it takes), for a request whose media
-    start with its own or not (``same_media``)."""
-    state = dataclasses.replace(held.state, cache=copy_cache(held.state.cache))
-    return dataclasses.replace(held, state=state, same_media=same_media)
 
 
 def _subsumed(old: _Entry, new: _Entry, ids: list[int]) -> bool:
@@ -408,10 +424,6 @@ def _visual(ids: Sequence[int], placeholders: torch.Tensor) -> int:
 def _placeholders(ids: Sequence[int], placeholders: torch.Tensor) -> torch.Tensor:
     """``[len(ids)]`` bool: the visual placeholders among ``ids``."""
     return torch.isin(torch.as_tensor(list(ids), dtype=torch.long), placeholders)
-
-
-def _tensor_bytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
 
 
 def _media_tensors(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:

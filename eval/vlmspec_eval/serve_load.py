@@ -33,6 +33,8 @@ from vlmspec.serving import SpecServer
 from vlmspec.testbed.world import sample
 from vlmspec.testing import make_image
 
+from .flag_types import comma_list
+
 FOLLOW_UPS = ("Which shape is the largest?", "What colour is it?", "Describe the picture again.")
 
 
@@ -88,7 +90,8 @@ def ask(address: tuple[str, int], request: dict[str, Any]) -> Answer:
             text += piece
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     seconds = time.perf_counter() - start
-    return Answer(text, first or 0.0, seconds, usage["completion_tokens"], usage["prompt_tokens"], cached)
+    tokens = usage.get("completion_tokens", 0), usage.get("prompt_tokens", 0)
+    return Answer(text, first or 0.0, seconds, *tokens, cached)
 
 
 def converse(address: tuple[str, int], request: dict[str, Any], turns: int) -> list[Answer]:
@@ -116,14 +119,16 @@ def run(
     """One server setting, ``(batch size, prefix-cache bytes)``, under the whole load: its row."""
     batch_size, cache_bytes = setting
     pipe.prefix_cache = PrefixCache(max_bytes=cache_bytes) if cache_bytes else None
-    with SpecServer(pipe, port=0, batch_size=batch_size) as server:
-        address = server._http.server_address[:2]
-        ask(address, body(make_image(0), "Warm up.", 2))
-        start = time.perf_counter()
-        with ThreadPoolExecutor(clients) as pool:
-            results = list(pool.map(lambda first: converse(address, first, turns), firsts))
-        seconds = time.perf_counter() - start
-    pipe.prefix_cache = None
+    try:
+        with SpecServer(pipe, port=0, batch_size=batch_size) as server:
+            address = server._http.server_address[:2]
+            ask(address, body(make_image(0), "Warm up.", 2))
+            start = time.perf_counter()
+            with ThreadPoolExecutor(clients) as pool:
+                results = list(pool.map(lambda first: converse(address, first, turns), firsts))
+            seconds = time.perf_counter() - start
+    finally:
+        pipe.prefix_cache = None
     answers = [a for conversation in results for a in conversation]
     later = [a for conversation in results for a in conversation[1:]] or answers
     replies = [a.text for a in answers]
@@ -154,20 +159,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=positive_int, default=8)
     parser.add_argument("--n", type=positive_int, default=24, help="conversations per setting")
     parser.add_argument("--turns", type=positive_int, default=1, help="turns per conversation (default 1)")
-    parser.add_argument("--batch-sizes", default="1,8", help="server batch sizes, comma-separated")
     parser.add_argument(
-        "--prefix-cache-gb", default="0", help="server prefix-cache sizes in GiB, comma-separated (0: off)"
+        "--batch-sizes",
+        type=comma_list(positive_int),
+        default=(1, 8),
+        help="server batch sizes, comma-separated",
+    )
+    parser.add_argument(
+        "--prefix-cache-gb",
+        type=comma_list(gibibytes),
+        default=(0,),
+        help="server prefix-cache sizes in GiB, comma-separated (0: off)",
     )
     parser.add_argument("--max-tokens", type=positive_int, default=128)
     args = parser.parse_args(argv)
-    sizes = [positive_int(size, "--batch-sizes") for size in args.batch_sizes.split(",")]
-    caches = [gibibytes(size) for size in args.prefix_cache_gb.split(",")]
     pipe = VLMSpecPipeline.from_pretrained(
         args.target, args.draft, policy=args.policy, torch_dtype=args.dtype
     )
     firsts = conversations(args.n, args.max_tokens)
     expected = [expected_replies(pipe, first, args.turns) for first in firsts]
-    settings = [(size, cache) for size in sizes for cache in caches]
+    settings = [(size, cache) for size in args.batch_sizes for cache in args.prefix_cache_gb]
     rows = [run(pipe, setting, args.clients, firsts, args.turns, expected) for setting in settings]
     print(f"| {' | '.join(rows[0])} |\n|{' --- |' * len(rows[0])}")
     for row in rows:
