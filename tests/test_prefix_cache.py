@@ -3,12 +3,20 @@ rest, and every reply is still the target's own greedy generate()."""
 
 from __future__ import annotations
 
+import base64
+import http.client
+import io
+import json
+import re
+from typing import Any
+
 import pytest
 import torch
 
 from vlmspec import PrefixCache, VLMSpecPipeline
 from vlmspec.batching import DRAFT_FIRST, TARGET
 from vlmspec.errors import InvalidInputError
+from vlmspec.serving import SpecServer
 from vlmspec.testbed.world import sample
 from vlmspec.testing import FAMILIES, make_image, make_video_frames
 
@@ -240,21 +248,25 @@ def test_a_prompt_whose_media_cannot_be_counted_is_not_cached(tiny_pairs):
     assert PrefixCache().turn(inputs, pipe._target_adapter) is None
 
 
+def _png_uri(image: Any) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _call(address: tuple[str, int], method: str, path: str, body: dict | None = None) -> Any:
+    """One request to the server: its JSON reply, or the text of ``/metrics``."""
+    connection = http.client.HTTPConnection(*address, timeout=120)
+    connection.request(method, path, None if body is None else json.dumps(body))
+    data = connection.getresponse().read().decode()
+    return data if path == "/metrics" else json.loads(data)
+
+
 def test_a_server_conversation_reports_the_cached_prompt_and_equals_the_pipeline(tiny_pairs):
     """An OpenAI client re-sends the history: the second turn's usage says how much of it the server's prefix
     cache gave, /metrics counts it, and the reply is the pipeline's own reply to the whole history."""
-    import base64
-    import http.client
-    import io
-    import json
-
-    from vlmspec.serving import SpecServer
-
     pipe = _pipe(tiny_pairs, "qwen2_vl", policy="sage")
-    buffer = io.BytesIO()
-    make_image(0).save(buffer, format="PNG")
-    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _png_uri(make_image(0))}},
                                              {"type": "text", "text": "Describe this image."}]}]  # fmt: skip
     history = [{"role": "user", "content": [{"type": "image", "image": make_image(0)},
                                             {"type": "text", "text": "Describe this image."}]}]  # fmt: skip
@@ -263,9 +275,7 @@ def test_a_server_conversation_reports_the_cached_prompt_and_equals_the_pipeline
         address = server._http.server_address[:2]
         replies = []
         for question in ("Which shape is the largest?", None):
-            connection = http.client.HTTPConnection(*address, timeout=120)
-            connection.request("POST", "/v1/chat/completions", json.dumps({"messages": messages}))
-            replies.append(json.loads(connection.getresponse().read()))
+            replies.append(_call(address, "POST", "/v1/chat/completions", {"messages": messages}))
             text = replies[-1]["choices"][0]["message"]["content"]
             expected = pipe.reference_generate(pipe.prepare_messages(history), MAX_NEW)
             assert text == pipe.tokenizer.decode(expected, skip_special_tokens=True)
@@ -277,12 +287,33 @@ def test_a_server_conversation_reports_the_cached_prompt_and_equals_the_pipeline
                 ]
                 history = [*history, {"role": "assistant", "content": [{"type": "text", "text": text}]},
                            {"role": "user", "content": [{"type": "text", "text": question}]}]  # fmt: skip
-        connection = http.client.HTTPConnection(*address, timeout=120)
-        connection.request("GET", "/metrics")
-        metrics = connection.getresponse().read().decode()
+        metrics = _call(address, "GET", "/metrics")
     cached = [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in replies]
     assert cached[0] == 0 and 0 < cached[1] < replies[1]["usage"]["prompt_tokens"]
     assert f"vlmspec_cached_prompt_tokens_total {cached[1]}" in metrics
+    store = pipe.prefix_cache  # the second turn's entry replaced the first's
+    assert f"vlmspec_prefix_cache_entries {len(store)}\n" in metrics and len(store) == 1
+    assert f"vlmspec_prefix_cache_bytes {store.nbytes}\n" in metrics and store.nbytes > 0
+
+
+def test_a_server_s_sampled_choices_prefill_their_prompt_once(tiny_pairs):
+    """``n`` sampled choices decode together: the later draws take the prompt from the first's batch row, and each
+    is still the draw ``pipe(..., seed=seed + i)`` makes alone."""
+    pipe = _pipe(tiny_pairs, "qwen2_vl", policy="sage")
+    content = [{"type": "image_url", "image_url": {"url": _png_uri(make_image(0))}},
+               {"type": "text", "text": "Describe this image."}]  # fmt: skip
+    body = {"messages": [{"role": "user", "content": content}], "n": 3, "temperature": 0.9, "seed": 5}
+    pipe.prefix_cache = PrefixCache()
+    with SpecServer(pipe, port=0, batch_size=3, max_tokens=MAX_NEW) as server:
+        address = server._http.server_address[:2]
+        reply = _call(address, "POST", "/v1/chat/completions", body)
+        metrics = _call(address, "GET", "/metrics")
+    pipe.prefix_cache = None
+    request = {"image": make_image(0), "prompt": "Describe this image.", "max_new_tokens": MAX_NEW}
+    draws = [pipe(**request, do_sample=True, temperature=0.9, seed=5 + i).text for i in range(3)]
+    assert [c["message"]["content"] for c in reply["choices"]] == draws
+    cached = int(re.search(r"^vlmspec_cached_prompt_tokens_total (\d+)$", metrics, re.M).group(1))
+    assert cached >= 2 * int(_visual(pipe, request).sum())  # two draws took the picture from the first
 
 
 def test_the_serve_command_refuses_a_bad_prefix_cache_size(capsys):

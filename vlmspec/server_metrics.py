@@ -54,8 +54,9 @@ class ServerMetrics:
             self.draft_nodes += sum(stats.tree_sizes)
             self.decode_seconds += stats.total_seconds
 
-    def text(self, in_flight: int) -> str:
-        """The counters (and the ``in_flight`` gauge) in Prometheus' text exposition format."""
+    def text(self, in_flight: int, prefix_cache: Any = None) -> str:
+        """The counters, the ``in_flight`` gauge and, with a ``prefix_cache``, its size gauges (entries, bytes) in
+        Prometheus' text exposition format."""
         with self._lock:
             counters = [
                 (f.name, f.metadata["help"], getattr(self, f.name)) for f in fields(self) if f.metadata
@@ -64,6 +65,14 @@ class ServerMetrics:
         for name, help_text, value in counters:
             lines += [f"# HELP vlmspec_{name}_total {help_text}", f"# TYPE vlmspec_{name}_total counter"]
             lines.append(f"vlmspec_{name}_total {value}")
-        lines += ["# HELP vlmspec_in_flight requests queued or decoding", "# TYPE vlmspec_in_flight gauge"]
-        lines.append(f"vlmspec_in_flight {in_flight}")
+        gauges = [("in_flight", "requests queued or decoding", in_flight)]
+        if prefix_cache is not None:
+            gauges.append(("prefix_cache_entries", "finished requests' caches kept", len(prefix_cache)))
+            gauges.append(("prefix_cache_bytes", "memory those caches take", prefix_cache.nbytes))
+        for name, help_text, value in gauges:
+            lines += [
+                f"# HELP vlmspec_{name} {help_text}",
+                f"# TYPE vlmspec_{name} gauge",
+                f"vlmspec_{name} {value}",
+            ]
         return "\n".join(lines) + "\n"

@@ -95,7 +95,9 @@ class Handler(BaseHTTPRequestHandler):
         if path in HEALTH_PATHS:
             return self._json(HTTPStatus.OK, {"status": "ok"})
         if path == "/metrics":  # open, as /health: scrapers send no key
-            return self._send(HTTPStatus.OK, spec.metrics.text(spec.in_flight).encode(), PROMETHEUS)
+            return self._send(
+                HTTPStatus.OK, spec.metrics.text(spec.in_flight, spec.pipe.prefix_cache).encode(), PROMETHEUS
+            )
         self._authorize()
         if path == "/v1/models":
             card = {"id": spec.model, "object": "model", "created": 0, "owned_by": "vlmspec"}
