@@ -21,7 +21,7 @@ from conftest import PROMPTS, input_kinds
 from vlmspec import RequestFeed, VLMSpecPipeline, get_policy
 from vlmspec.batching import Batcher
 from vlmspec.testbed.world import sample
-from vlmspec.testing import FAMILIES, make_image
+from vlmspec.testing import FAMILIES
 
 POLICIES = ("ar", "chain", "static", "sage", "sage_paper", "eagle2", "pct", "wetap", "c2t")
 
@@ -247,35 +247,6 @@ def test_a_request_put_in_a_feed_while_others_decode_joins_their_batch(tiny_pair
     assert max(merged_rows) == 2  # their forwards were merged
     with pytest.raises(ValueError, match="closed"):
         feed.put(first)
-
-
-def test_a_feed_s_greedy_requests_get_the_trees_of_the_load_they_join_and_sampled_ones_the_batch_s():
-    """A server under light load: a greedy request alone is decoded with batch 1's trees (the same steps as
-    ``pipe()``'s), one joining others with those of the requests decoding and queued; a sampled one keeps the batch
-    size's, so that its seed draws the same reply whatever the load."""
-    pipe = VLMSpecPipeline.from_pretrained("testbed-base:qwen2_vl", policy="sage")
-    greedy = {"image": make_image(0), "prompt": "Describe this image.", "max_new_tokens": 24}
-    sampled = dict(greedy, do_sample=True, seed=3, temperature=0.8)
-    fitted_for: list[int] = []
-    batch_policy = pipe.batch_policy
-    pipe.batch_policy = lambda rows: fitted_for.append(rows) or batch_policy(rows)
-
-    def served(*requests: dict) -> list:
-        feed = RequestFeed()
-        for request in requests:
-            feed.put(pipe._prepare(request))
-        feed.close()
-        fitted_for.clear()
-        return [out for _, out in sorted(pipe.batch_iter(feed, batch_size=8))]
-
-    (alone,) = served(greedy)
-    assert fitted_for == [1]
-    own = pipe(**greedy)
-    assert (alone.token_ids, alone.stats.tree_sizes) == (own.token_ids, own.stats.tree_sizes)
-    outs = served(greedy, greedy, sampled)
-    assert fitted_for == [3, 8]  # the greedy ones join three requests; the sampled one is sized for the batch
-    assert outs[0].token_ids == outs[1].token_ids == own.token_ids
-    assert outs[2].token_ids == pipe.batch([sampled], batch_size=8)[0].token_ids
 
 
 def test_a_feed_with_nothing_queued_waits_for_requests_and_ends_when_closed(tiny_pairs):

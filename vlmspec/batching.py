@@ -34,7 +34,7 @@ from .cache import BatchCache, KVStore, RowCache
 from .errors import InvalidInputError
 from .models import Prefill, VLMAdapter
 from .models.base import DecodeState
-from .requests import END, PreparedRequest, RequestFeed
+from .requests import END, RequestFeed
 
 DRAFT_FIRST, TARGET = 0, 1  # order in which waiting forwards run when several models are waited on
 
@@ -92,7 +92,6 @@ class Batcher:
             )
         self.max_rows = max_rows
         self.stores: dict[int, KVStore] = {}
-        self.decoding = 0  # requests started and not yet ended
         self._running: _Request | None = None
         self._threaded = max_rows > 1  # a batch of one runs each request straight through, forwards at once
         self._turn = threading.Semaphore(0)  # released when the running request waits or ends
@@ -149,11 +148,9 @@ class Batcher:
                         break
                     request = _Request(item[0], job(*item))
                     live.append(request)  # before it runs: a Ctrl-C during its prefill must still end it
-                    self.decoding = len(live)
                     self._start(request)
                 for request in [r for r in live if r.done]:
                     live.remove(request)
-                    self.decoding = len(live)
                     self._release(request)
                     yield request.index, request.output, request.error
                 waiting = [r for r in live if not r.done]
@@ -161,20 +158,6 @@ class Batcher:
                     self._merged_forward(waiting)
         finally:
             self._stop(live)
-
-    def rows_for(self, requests: Any, request: Any, batch_size: int) -> int:
-        """How many requests ``request``'s trees are fitted to be verified with: ``batch_size``, but for a greedy
-        request taken from a feed (whose reply is the target's own whatever its tree), the requests it joins now,
-        itself and those queued included, at most :attr:`max_rows`: a server under light load grows the bigger
-        trees of a smaller batch. A sampled request keeps ``batch_size``'s, so that a seed draws the same reply
-        at the same batch size whatever the load."""
-        if (
-            isinstance(requests, RequestFeed)
-            and isinstance(request, PreparedRequest)
-            and request.sampling is None
-        ):
-            return min(self.max_rows, self.decoding + 1 + requests.queued)
-        return batch_size
 
     def _run_alone(self, request: _Request) -> tuple[int, Any, BaseException | None]:
         """A batch of one: ``request`` runs straight through, its forwards at once."""

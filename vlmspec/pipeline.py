@@ -13,7 +13,8 @@ import copy
 import dataclasses
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from functools import cache, partial
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -47,9 +48,9 @@ from .named_pairs import is_pipeline_folder
 from .policies import TreePolicy, available_policies, get_policy, policy_with
 from .prefix_cache import PrefixCache
 from .probe import cached_costs
+from .processors import LogitsProcessing
 from .pruning import PruningConfig, pruning_config
 from .requests import (
-    PreparedRequest,
     Requests,
     batch_rows,
     call_arguments,
@@ -59,11 +60,26 @@ from .requests import (
     naming_request,
     request_kwargs,
 )
+from .sampling import SamplingParams
 from .saving import read_settings, save_pipeline, saved_policy
 from .scores import ScoreLog, check_output_scores
+from .stopping import StopCriteria
 from .streaming import StreamPiece, check_stream_kwargs, check_streamer, stream_call
 
 DEFAULT_POLICY = "sage"
+
+
+@dataclass
+class _Call:
+    """One prepared request: its inputs, stop conditions, sampling settings, draft view and streamer."""
+
+    inputs: dict[str, torch.Tensor]
+    stop: StopCriteria
+    sampling: SamplingParams | None
+    draft: DraftPrompt | None
+    streamer: Any = None
+    processing: LogitsProcessing | None = None
+    scores: Callable[[], ScoreLog] | None = None
 
 
 class VLMSpecPipeline:
@@ -390,7 +406,7 @@ class VLMSpecPipeline:
             One :class:`SpecOutput` (or exception) per request, in the order of ``requests``.
         """
         check_requests(requests, "pipe.batch")
-        calls: list[PreparedRequest | Exception] = []
+        calls: list[_Call | Exception] = []
         for i, request in enumerate(requests):
             try:
                 calls.append(self._prepare(request_kwargs(request)))
@@ -416,26 +432,18 @@ class VLMSpecPipeline:
         For long jobs: ``requests`` is read lazily, one request as a row of the batch frees, and a request may be a
         function that builds its keyword arguments only then (so that a job reads each video when its turn comes;
         a failure there is that request's result, like any other bad input). For requests that arrive while the
-        batch decodes (a server), ``requests`` is a :class:`~vlmspec.requests.RequestFeed`. Trees are sized for
-        ``batch_size`` requests per verification (:meth:`batch_policy`); a feed's greedy requests, for the requests
-        decoding and queued when they start (:meth:`~vlmspec.batching.Batcher.rows_for`).
+        batch decodes (a server), ``requests`` is a :class:`~vlmspec.requests.RequestFeed`.
         """
         check_requests(requests, "pipe.batch_iter")
-        batcher = Batcher(batch_rows(requests, batch_size))
-        fitted = cache(self.batch_policy)  # trees for a number of requests verified together
+        batcher = Batcher(batch_rows(requests, batch_size))  # trees fitted to batch_size all the same
+        policy = self.batch_policy(batch_size)
         row = lambda adapter, order: RowAdapter(adapter, batcher, order)  # noqa: E731
-
-        def job(index: int, request: Any) -> Callable[[], SpecOutput]:
-            policy = fitted(batcher.rows_for(requests, request, batch_size))
-            return partial(self._decode, request, policy, index, row, self.prefix_cache)
-
+        job = lambda i, request: partial(self._decode, request, policy, i, row, self.prefix_cache)  # noqa: E731
         with self.kernels():
             for index, output, error in batcher.map(requests, job):
                 yield index, (output if error is None else error)
 
-    def _prepare(
-        self, request: dict[str, Any], generation_config: Any = None, custom: Any = None
-    ) -> PreparedRequest:
+    def _prepare(self, request: dict[str, Any], generation_config: Any = None, custom: Any = None) -> _Call:
         """Everything one request (:meth:`__call__`'s keyword arguments) needs before decoding: its steps 1 and 2
         (``generation_config``, ``custom``: a :meth:`generate` call's config and own callables).
 
@@ -478,7 +486,7 @@ class VLMSpecPipeline:
             if layout is not None and pruning.prunes(layout):  # no scoring pass when nothing would be pruned
                 draft.select = lambda scores: pruning.select(layout, scores)
                 draft.needs_scores = pruning.needs_scores
-        return PreparedRequest(
+        return _Call(
             inputs,
             settings.stop,
             settings.sampling,
@@ -501,7 +509,7 @@ class VLMSpecPipeline:
 
     def _decode(
         self,
-        call: PreparedRequest | dict | Callable[[], dict],
+        call: _Call | dict | Callable[[], dict],
         policy: TreePolicy,
         index: int,
         models: Callable[[VLMAdapter, int], Any],
@@ -512,7 +520,7 @@ class VLMSpecPipeline:
         ``models(adapter, order)`` gives the adapter as this request sees it (a :class:`RowAdapter` of a batch;
         ``order``: :data:`DRAFT_FIRST` or :data:`TARGET`); ``prefixes``: the prefix cache it reuses and feeds.
         """
-        if not isinstance(call, PreparedRequest):
+        if not isinstance(call, _Call):
             call = self._prepare(request_kwargs(call() if callable(call) else call, index))
         turn = prefixes.turn(call.inputs, self._target_adapter, models) if prefixes is not None else None
         models = models if turn is None else turn.models(models)

@@ -9,7 +9,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import InputTypeError, InvalidInputError
 from .node_processors import NodeProcessing
@@ -17,12 +17,6 @@ from .processors import LogitsProcessing
 from .sampling import SamplingParams
 from .stopping import StopCriteria, eos_token_ids, token_ids
 from .validation import did_you_mean
-
-if TYPE_CHECKING:
-    import torch
-
-    from .engine import DraftPrompt
-    from .scores import ScoreLog
 
 
 def call_arguments(signature: inspect.Signature, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -112,12 +106,6 @@ class RequestFeed:
                 self._queue = deque(item for item in self._queue if item[0] not in indices)
         return withdrawn
 
-    @property
-    def queued(self) -> int:
-        """How many requests wait to be taken."""
-        with self._changed:
-            return len(self._queue)
-
     def take(self, wait: bool) -> tuple[int, Any] | None | object:
         """The next ``(index, request)``; ``None`` if none is queued and not ``wait``; :data:`END` once closed and
         empty. With ``wait``, blocks until a request is put or the feed is closed."""
@@ -129,20 +117,6 @@ class RequestFeed:
                 self.taken = index + 1
                 return index, request
             return END if self._closed else None
-
-
-@dataclass
-class PreparedRequest:
-    """One request as ``pipe._prepare`` leaves it: its inputs, stop conditions, sampling settings (``None``:
-    greedy), draft view and streamer, ready to decode."""
-
-    inputs: dict[str, torch.Tensor]
-    stop: StopCriteria
-    sampling: SamplingParams | None
-    draft: DraftPrompt | None
-    streamer: Any = None
-    processing: LogitsProcessing | None = None
-    scores: Callable[[], ScoreLog] | None = None
 
 
 Requests = Iterable[dict[str, Any] | Callable[[], dict[str, Any]]] | RequestFeed
