@@ -55,3 +55,18 @@ def test_gpu_bench_sections_run_with_the_script_s_own_defaults(tmp_path):
     assert gpu_bench.main(argv) == 0
     assert (tmp_path / "testbed-mini" / "throughput.md").is_file()
     assert gpu_bench.main([*common, "--conversation", "--repeats", "2", "--out", str(tmp_path / "x")]) == 1
+
+
+def test_gpu_bench_serve_load_writes_the_conversation_table(tmp_path, capsys):
+    from vlmspec_eval import gpu_bench
+
+    argv = ["--pairs", "testbed-mini", "--n", "2", "--max-new-tokens", "4", "--dtype", "float32", "--serve-load",
+            "--out", str(tmp_path)]  # fmt: skip
+    assert gpu_bench.main(argv) == 0
+    table = (tmp_path / "testbed-mini" / "serve_load.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| 8 |")]
+    assert [row.split(" | ")[1] for row in rows] == ["0.00", "1.00"]  # prefix cache off, then on
+    assert all(
+        row.endswith("| 6/6 |") for row in rows
+    )  # 2 conversations of 3 turns, each the pipeline's reply
+    assert "| batch | prefix cache GiB |" in capsys.readouterr().out

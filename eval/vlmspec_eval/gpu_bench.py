@@ -4,6 +4,7 @@
     bash eval/gpu_bench.sh --pairs testbed-base:qwen2_vl@7b-2b --n 2 --repeats 2
     bash eval/gpu_bench.sh --conversation --n 4     # the multi-turn section instead (conversation.md per pair)
     bash eval/gpu_bench.sh --throughput 1,4,8,16    # the throughput section instead (throughput.md per pair)
+    bash eval/gpu_bench.sh --serve-load --n 16      # the server under 3-turn conversations, prefix cache off/on
 
 It needs no install: ``eval/gpu_bench.sh`` runs the machine's own ``python3`` with this tree on ``PYTHONPATH``,
 and everything it imports (torch, transformers >= 5.17, numpy, pillow, safetensors, accelerate, tqdm, pyyaml,
@@ -18,6 +19,8 @@ markdown (summary, all metrics, cost curve with the roofline) and writes it unde
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import re
 import sys
 from collections.abc import Sequence
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from vlmspec.cli import ArgumentParser
 
+from . import serve_load
 from .bench import add_arguments, run_args
 from .flag_types import comma_list
 
@@ -47,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_PAIRS,
         help=f"comma-separated pair names (default {','.join(DEFAULT_PAIRS)})",
     )
+    parser.add_argument(
+        "--serve-load",
+        action="store_true",
+        help="instead: vlmspec serve at batch 8 under --n 3-turn conversations from 8 clients, prefix cache off and "
+        "on (vlmspec_eval.serve_load; serve_load.md per pair)",
+    )
     parser.set_defaults(
         dtype="bfloat16",
         tasks=("image_caption", "video_caption"),
@@ -65,10 +75,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     for pair in args.pairs:
         args.target, args.draft = pair, None
         args.out = root / re.sub(r"[^A-Za-z0-9._-]+", "_", pair)
-        status = run_args(args, defaults)
+        status = serve_load_section(args) if args.serve_load else run_args(args, defaults)
         if status:
             return status
     return 0
+
+
+def serve_load_section(args: argparse.Namespace) -> int:
+    """:mod:`.serve_load` on ``args.target``: 3-turn conversations, prefix cache off then on; its table printed
+    and written to ``args.out/serve_load.md``."""
+    argv = ["--target", args.target, "--dtype", args.dtype, "--n", str(args.n), "--turns", "3"]
+    argv += ["--batch-sizes", "8", "--prefix-cache-gb", "0,1", "--max-tokens", str(args.max_new_tokens)]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = serve_load.main(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "serve_load.md").write_text(f"{args.target}, {args.dtype}\n\n{printed.getvalue()}")
+    print(f"## {args.target}\n\n{printed.getvalue()}")
+    return status
 
 
 if __name__ == "__main__":
