@@ -4,11 +4,13 @@ speculative output the target's own: per tree node against transformers' process
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
 from batches import image_and_text_prompts
 from transformers import (
+    LogitsProcessor,
     LogitsProcessorList,
     MinNewTokensLengthLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
@@ -16,7 +18,7 @@ from transformers import (
 )
 
 from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy, hf_compat
-from vlmspec.processors import LogitsProcessing
+from vlmspec.processors import LogitsProcessing, OccurrencePenalties
 from vlmspec.testbed import sample
 from vlmspec.testing import build_tiny_pair, make_image
 from vlmspec.tree import TokenTree
@@ -48,6 +50,60 @@ def test_every_tree_node_gets_generate_s_processing_of_the_sequence_it_ends():
         sequence = torch.tensor([[*prompt.tolist(), *generated, *path]])
         assert torch.equal(out[node], hf(sequence, logits[node : node + 1].clone())[0]), f"node {node}"
     assert out[1, 30] == float("-inf") and out[3, 30] > float("-inf")  # depth 1: 3 new tokens < 4; depth 2: 4
+
+
+class _OpenAIPenalties(LogitsProcessor):
+    """The reference: OpenAI's presence and frequency penalties and logit bias as a transformers processor (the new
+    tokens after ``prompt_len`` counted), run by ``generate()`` after its own list."""
+
+    def __init__(self, prompt_len: int, presence: float, frequency: float, bias: dict[int, float]) -> None:
+        self.prompt_len, self.presence, self.frequency, self.bias = prompt_len, presence, frequency, bias
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        new = input_ids[:, self.prompt_len :]
+        counts = torch.zeros_like(scores).scatter_add_(1, new, torch.ones_like(new, dtype=scores.dtype))
+        scores = scores - self.frequency * counts - self.presence * (counts > 0).float()
+        bias = torch.zeros(scores.shape[-1])
+        for token, value in self.bias.items():
+            bias[token] = value
+        return scores + bias
+
+
+def test_occurrence_penalties_give_every_node_the_counts_of_its_own_new_tokens():
+    """Each node's row: the repetition penalty over the whole sequence, then presence/frequency over the new tokens
+    only (the prompt's 5 and 9 do not count) and the bias; the root, the last token emitted, counted once."""
+    torch.manual_seed(1)
+    vocab, prompt, generated = 40, torch.tensor([5, 9, 9, 21, 5]), [7, 3, 7]
+    parents = torch.tensor([-1, 0, 0, 1, 1, 3, 2])
+    tree = TokenTree(tokens=torch.tensor([7, 5, 9, 7, 30, 7, 3]), parents=parents, draft_probs=torch.ones(7))
+    logits = torch.randn(7, vocab) * 3
+    occurrence = OccurrencePenalties.for_call(0.7, 0.45, {9: 2.5, 30: -1.0}, vocab)
+    processed = LogitsProcessing(repetition_penalty=1.3, occurrence=occurrence).start(prompt, vocab)
+    processed.commit(torch.tensor(generated))
+    out = processed.tree(logits, tree, len(generated))
+    hf = LogitsProcessorList(
+        [RepetitionPenaltyLogitsProcessor(1.3), _OpenAIPenalties(5, 0.7, 0.45, {9: 2.5, 30: -1.0})]
+    )
+    for node in range(7):
+        path = tree.tokens[tree.ancestors[node]][1:].tolist()
+        sequence = torch.tensor([[*prompt.tolist(), *generated, *path]])
+        assert torch.equal(out[node], hf(sequence, logits[node : node + 1].clone())[0]), f"node {node}"
+    first = LogitsProcessing(occurrence=occurrence).start(prompt, vocab).first(logits[0])
+    assert torch.equal(
+        first, logits[0] + hf[1].__call__(prompt[None], torch.zeros(1, vocab))[0]
+    )  # the bias alone
+
+
+@pytest.mark.parametrize(
+    ("presence", "frequency", "bias", "words"),
+    [(float("nan"), 0, None, "presence_penalty=nan"), (0, "1", None, "frequency_penalty='1'"),
+     (0, 0, {40: 1.0}, "the key 40: use token ids, integers from 0 to 39"), (0, 0, [1], "a dict"),
+     (0, 0, {3: float("inf")}, "logit_bias[3]=inf")],
+)  # fmt: skip
+def test_bad_occurrence_penalties_are_refused_naming_them(presence, frequency, bias, words):
+    with pytest.raises(InvalidInputError, match=re.escape(words)):
+        OccurrencePenalties.for_call(presence, frequency, bias, 40)
+    assert OccurrencePenalties.for_call(0, 0.0, {5: 0}, 40) is None  # nothing to change
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +158,38 @@ def test_penalty_and_minimum_length_as_call_arguments_equal_generate_s(tiny):
         + [{"image": image, "prompt": prompt, "max_new_tokens": 24}]
     )
     assert [row.token_ids for row in rows] == [expected, expected, plain]
+
+
+def test_occurrence_penalties_keep_every_policy_and_a_batch_the_target_s_own(mini):
+    """OpenAI's penalties and bias as pipe() arguments: each policy's reply, greedy and sampled with top_k=1, and
+    a batch's rows, equal generate() with the reference processor."""
+    example = sample("image_caption", 4)
+    inputs = mini.prepare_inputs(example.image, example.prompt)
+    length = inputs["input_ids"].shape[1]
+    plain = mini.target.generate(**inputs, do_sample=False, max_new_tokens=48)[0, length:].tolist()
+    options = {"presence_penalty": 0.9, "frequency_penalty": 0.6, "logit_bias": {plain[4]: -4.0, 13: 1.0}}
+    reference = LogitsProcessorList([_OpenAIPenalties(length, 0.9, 0.6, options["logit_bias"])])
+    expected = mini.target.generate(**inputs, do_sample=False, max_new_tokens=48, logits_processor=reference)
+    expected = expected[0, length:].tolist()
+    assert expected != plain  # they change this caption
+    for policy in POLICIES:
+        mini.policy = get_policy(policy)
+        assert mini(example.image, example.prompt, max_new_tokens=48, **options).token_ids == expected, policy
+        sampled = mini(
+            example.image, example.prompt, max_new_tokens=48, do_sample=True, top_k=1, seed=1, **options
+        )
+        assert sampled.token_ids == expected, policy
+    request = {"image": example.image, "prompt": example.prompt, "max_new_tokens": 48}
+    rows = mini.batch([dict(request, **options), request, dict(request, **options)], batch_size=3)
+    assert [row.token_ids for row in rows] == [expected, plain, expected]
+    mini.policy = get_policy("ar")
+
+
+def test_occurrence_penalties_with_generate_s_other_processors_are_refused(tiny, config_of):
+    """Those run transformers' list over the tree, which has no OpenAI penalties: refused, saying what to do."""
+    config_of.no_repeat_ngram_size = 2
+    with pytest.raises(InvalidInputError, match="cannot be combined with generate.*logits_processor"):
+        tiny(make_image(0), "Describe.", presence_penalty=0.5, max_new_tokens=4)
 
 
 def test_generate_settings_vlmspec_does_not_apply_are_refused_by_name(tiny):

@@ -186,11 +186,20 @@ def test_a_seeded_sampled_request_is_the_pipelines_draw(server, pipe):
         ({"messages": []}, 400, "messages", "non-empty list"),
         ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages", "role 'tool'"),
         ({"messages": user_turn("data:,x"), "n": 17}, 400, "n", "[1, 16]"),
+        ({"messages": user_turn("data:,x"), "frequency_penalty": 2.5}, 400, "frequency_penalty", "[-2, 2]"),
         (
-            {"messages": user_turn("data:,x"), "frequency_penalty": 0.5},
+            {"messages": user_turn("data:,x"), "logit_bias": {"a": 1}},
             400,
-            "frequency_penalty",
-            "repetition",
+            "logit_bias",
+            "token ids to numbers",
+        ),
+        ({"messages": user_turn("data:,x"), "logit_bias": {"5": 101}}, 400, "logit_bias", "-100 to 100"),
+        ({"messages": user_turn(png_uri(0)), "logit_bias": {"99999999": 1}}, 400, None, "integers from 0 to"),
+        (
+            {"messages": user_turn("data:,x"), "tools": [{"type": "function"}]},
+            400,
+            "tools",
+            "does not implement",
         ),
         ({"messages": user_turn("data:,x"), "temprature": 0.5}, 400, "temprature", "unrecognized"),
         ({"messages": user_turn("data:,x"), "temperature": 3}, 400, "temperature", "[0, 2]"),
@@ -251,6 +260,21 @@ def test_stop_strings_split_across_pieces_are_held_back():
     assert holder.finish() == "" and holder.push("later") == ""
     free = StopHolder([])
     assert [free.push("a"), free.push("b"), free.finish()] == ["a", "b", ""]
+
+
+def test_presence_and_frequency_penalties_and_logit_bias_are_the_pipeline_s(server, pipe):
+    options = {"presence_penalty": 1.5, "frequency_penalty": 1.0}
+    body = {
+        "messages": user_turn(png_uri(2)),
+        "max_tokens": 16,
+        **options,
+        "logit_bias": {"13": 100, "7": -50},
+    }
+    status, reply = post(server, body)
+    reference = expected(pipe, 2, max_new_tokens=16, **options, logit_bias={13: 100.0, 7: -50.0})
+    assert status == 200 and reply["choices"][0]["message"]["content"] == reference.text
+    assert reference.token_ids != expected(pipe, 2, max_new_tokens=16).token_ids  # they changed the reply
+    assert reference.token_ids[0] == 13  # +100 wins at first; the frequency penalty lets others in later
 
 
 @settings(max_examples=300, deadline=None)

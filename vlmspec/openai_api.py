@@ -17,6 +17,8 @@ What a request may hold, and what it becomes:
   ``top_p`` and vLLM's ``top_k`` from the target's distribution (``seed`` makes it repeatable).
 * ``stop``: ``stop_strings``; as OpenAI returns it, the reply ends before the stop string (``generate()`` keeps it).
 * vLLM's ``repetition_penalty`` and ``min_tokens``: ``repetition_penalty`` and ``min_new_tokens``.
+* ``presence_penalty`` and ``frequency_penalty`` (-2 to 2) and ``logit_bias`` (token id -> -100 to 100): the same
+  arguments of ``pipe(...)`` (:class:`~vlmspec.processors.OccurrencePenalties`).
 * ``stream`` (with ``stream_options.include_usage``): server-sent chunks as each verification step accepts tokens.
 * ``logprobs`` / ``top_logprobs`` (up to 20; whole replies only): each token's log-probability under the
   distribution it was chosen from (the target's own, read off the verification forwards: ``output_scores``).
@@ -24,9 +26,7 @@ What a request may hold, and what it becomes:
 * ``n``: that many replies (whole replies only), decoding together; sampled ones each their own draw (``seed + i``
   with a ``seed``), a greedy one decoded once and given ``n`` times (greedy replies are all the same).
 
-Refused by name (HTTP 400, OpenAI's error shape): non-zero ``presence_penalty`` / ``frequency_penalty``
-(use ``repetition_penalty``), ``logit_bias``, tools and function calls, a ``response_format`` other
-than text, and any field not listed here (OpenAI refuses unknown arguments too). ``user``, ``metadata``, ``store``
+Refused by name (HTTP 400, OpenAI's error shape): tools and function calls, a ``response_format`` other than text, and any field not listed here (OpenAI refuses unknown arguments too). ``user``, ``metadata``, ``store``
 and ``service_tier`` are accepted and ignored. A response carries, beside OpenAI's fields, ``vlmspec``: the
 request's speculative-decoding statistics (``mean_accepted``, ``tokens_per_step``, ``steps``, ...).
 """
@@ -166,9 +166,6 @@ def chat_request(body: Any, model: str, media: MediaAccess, default_max_tokens: 
 
 
 _OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "logit_bias": (None, {}),
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "functions": (None, []),
@@ -177,10 +174,6 @@ _OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "response_format": (None, {"type": "text"}),
 }
 """Fields vlmspec does not implement, and the values that ask for nothing (OpenAI's defaults)."""
-_WHAT_INSTEAD = {
-    "presence_penalty": "use repetition_penalty (as generate() takes it)",
-    "frequency_penalty": "use repetition_penalty (as generate() takes it)",
-}
 _KNOWN = {
     "model",
     "messages",
@@ -193,6 +186,7 @@ _KNOWN = {
     "n",
 }
 _KNOWN |= {"stop", "stream", "stream_options", "repetition_penalty", "min_tokens", "logprobs", "top_logprobs"}
+_KNOWN |= {"presence_penalty", "frequency_penalty", "logit_bias"}
 _KNOWN |= IGNORED_FIELDS | set(_OFF_VALUES)
 MAX_TOP_LOGPROBS = 20
 MAX_CHOICES = 16
@@ -206,8 +200,9 @@ def _check_fields(body: dict[str, Any]) -> None:
         raise APIError(f"unrecognized request argument(s): {', '.join(unknown)}", unknown[0])
     for name, off in _OFF_VALUES.items():
         if name in body and body[name] not in off:
-            instead = _WHAT_INSTEAD.get(name, "vlmspec's server does not implement it")
-            raise APIError(f"{name}={body[name]!r:.60} is not supported: {instead}", name)
+            raise APIError(
+                f"{name}={body[name]!r:.60} is not supported: vlmspec's server does not implement it", name
+            )
 
 
 def _messages(messages: Any, media: MediaAccess, temp_files: list[Path]) -> list[dict[str, Any]]:
@@ -369,7 +364,33 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
     min_tokens = _number(body, "min_tokens", 0, 2**31 - 1, integer=True)
     if min_tokens:
         options["min_new_tokens"] = min_tokens
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = _number(body, name, -2, 2)
+        if value:
+            options[name] = float(value)
+    bias = _logit_bias(body.get("logit_bias"))
+    if bias:
+        options["logit_bias"] = bias
     return options
+
+
+def _logit_bias(bias: Any) -> dict[int, float]:
+    """OpenAI's ``logit_bias``: token ids (as JSON keys, strings) to values from -100 to 100."""
+    if bias is None:
+        return {}
+    need = "use an object of token ids to numbers from -100 to 100"
+    if not isinstance(bias, dict):
+        raise APIError(f"logit_bias={bias!r:.60} is invalid: {need}", "logit_bias")
+    checked = {}
+    for key, value in bias.items():
+        token = int(key) if isinstance(key, str) and key.isdigit() else None
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if token is None or not number or not -100 <= value <= 100:
+            raise APIError(
+                f"logit_bias has {key!r:.20}: {value!r:.20}, which is invalid: {need}", "logit_bias"
+            )
+        checked[token] = float(value)
+    return checked
 
 
 def _stop(stop: Any) -> list[str]:

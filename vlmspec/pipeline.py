@@ -13,7 +13,6 @@ import copy
 import dataclasses
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -48,9 +47,9 @@ from .named_pairs import is_pipeline_folder
 from .policies import TreePolicy, available_policies, get_policy, policy_with
 from .prefix_cache import PrefixCache
 from .probe import cached_costs
-from .processors import LogitsProcessing
 from .pruning import PruningConfig, pruning_config
 from .requests import (
+    PreparedRequest,
     Requests,
     batch_rows,
     call_arguments,
@@ -60,26 +59,11 @@ from .requests import (
     naming_request,
     request_kwargs,
 )
-from .sampling import SamplingParams
 from .saving import read_settings, save_pipeline, saved_policy
 from .scores import ScoreLog, check_output_scores
-from .stopping import StopCriteria
 from .streaming import StreamPiece, check_stream_kwargs, check_streamer, stream_call
 
 DEFAULT_POLICY = "sage"
-
-
-@dataclass
-class _Call:
-    """One prepared request: its inputs, stop conditions, sampling settings, draft view and streamer."""
-
-    inputs: dict[str, torch.Tensor]
-    stop: StopCriteria
-    sampling: SamplingParams | None
-    draft: DraftPrompt | None
-    streamer: Any = None
-    processing: LogitsProcessing | None = None
-    scores: Callable[[], ScoreLog] | None = None
 
 
 class VLMSpecPipeline:
@@ -324,6 +308,9 @@ class VLMSpecPipeline:
         top_p: float | None = None,
         seed: int | None = None,
         repetition_penalty: float | None = None,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logit_bias: Mapping[int, float] | None = None,
         min_new_tokens: int | None = None,
         stop_strings: str | Sequence[str] | None = None,
         num_frames: int = 8,
@@ -348,6 +335,9 @@ class VLMSpecPipeline:
                 makes a run repeatable. The output follows the target's own sampling distribution whatever the tree.
             repetition_penalty: as ``generate(repetition_penalty=...)`` (default: the target's ``generation_config``'s;
                 1.0 is none), greedy and sampled alike, so the output stays ``generate()``'s (:mod:`vlmspec.processors`).
+            presence_penalty, frequency_penalty, logit_bias: OpenAI's (and vLLM's): each token's logit loses
+                ``presence_penalty`` once it was generated and ``frequency_penalty`` per time, and gains
+                ``logit_bias[token]``; the reply is then the target's own under those logits (tree nodes included).
             min_new_tokens: EOS cannot end the reply before this many new tokens, as in ``generate()``.
             stop_strings: a string or strings that end generation (as ``generate()``; default: the config's).
             num_frames: frames sampled evenly from a video file.
@@ -406,7 +396,7 @@ class VLMSpecPipeline:
             One :class:`SpecOutput` (or exception) per request, in the order of ``requests``.
         """
         check_requests(requests, "pipe.batch")
-        calls: list[_Call | Exception] = []
+        calls: list[PreparedRequest | Exception] = []
         for i, request in enumerate(requests):
             try:
                 calls.append(self._prepare(request_kwargs(request)))
@@ -443,7 +433,9 @@ class VLMSpecPipeline:
             for index, output, error in batcher.map(requests, job):
                 yield index, (output if error is None else error)
 
-    def _prepare(self, request: dict[str, Any], generation_config: Any = None, custom: Any = None) -> _Call:
+    def _prepare(
+        self, request: dict[str, Any], generation_config: Any = None, custom: Any = None
+    ) -> PreparedRequest:
         """Everything one request (:meth:`__call__`'s keyword arguments) needs before decoding: its steps 1 and 2
         (``generation_config``, ``custom``: a :meth:`generate` call's config and own callables).
 
@@ -486,7 +478,7 @@ class VLMSpecPipeline:
             if layout is not None and pruning.prunes(layout):  # no scoring pass when nothing would be pruned
                 draft.select = lambda scores: pruning.select(layout, scores)
                 draft.needs_scores = pruning.needs_scores
-        return _Call(
+        return PreparedRequest(
             inputs,
             settings.stop,
             settings.sampling,
@@ -509,7 +501,7 @@ class VLMSpecPipeline:
 
     def _decode(
         self,
-        call: _Call | dict | Callable[[], dict],
+        call: PreparedRequest | dict | Callable[[], dict],
         policy: TreePolicy,
         index: int,
         models: Callable[[VLMAdapter, int], Any],
@@ -520,7 +512,7 @@ class VLMSpecPipeline:
         ``models(adapter, order)`` gives the adapter as this request sees it (a :class:`RowAdapter` of a batch;
         ``order``: :data:`DRAFT_FIRST` or :data:`TARGET`); ``prefixes``: the prefix cache it reuses and feeds.
         """
-        if not isinstance(call, _Call):
+        if not isinstance(call, PreparedRequest):
             call = self._prepare(request_kwargs(call() if callable(call) else call, index))
         turn = prefixes.turn(call.inputs, self._target_adapter, models) if prefixes is not None else None
         models = models if turn is None else turn.models(models)

@@ -12,7 +12,11 @@ path from the root, so the processors here take the path into account:
 * **minimum length** (``MinLengthLogitsProcessor``, ``MinNewTokensLengthLogitsProcessor``): EOS ids get ``-inf``
   while the node's sequence is shorter than ``min_length`` / holds fewer than ``min_new_tokens`` new tokens;
 * **suppressed tokens** (``SuppressTokensLogitsProcessor``, ``SuppressTokensAtBeginLogitsProcessor``): ``-inf``
-  everywhere, or at the first new token only.
+  everywhere, or at the first new token only;
+* OpenAI's and vLLM's **presence and frequency penalties and logit bias** (:class:`OccurrencePenalties`, not
+  ``generate()``'s): after the repetition penalty, each token's logit loses ``presence_penalty`` if the node's new
+  tokens hold it and ``frequency_penalty`` per time they do (the prompt does not count), then gains its bias. The
+  reply is the target's own under those logits: ``generate()`` with a processor doing the same after its own.
 
 Logits are turned to float32 first, as ``generate()`` does; the sampling warpers (:mod:`vlmspec.sampling`, all of
 ``generate()``'s) come after. A call that turns on any of ``generate()``'s other processors (n-gram bans, bad words,
@@ -27,6 +31,7 @@ so it is let through.
 from __future__ import annotations
 
 import copy
+import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,6 +58,58 @@ contrastive search, DoLa and token healing (it rewrites the prompt)."""
 
 
 @dataclass(frozen=True)
+class OccurrencePenalties:
+    """OpenAI's presence and frequency penalties and logit bias (module docstring).
+
+    Attributes:
+        presence: subtracted once from the logit of each token the new tokens hold.
+        frequency: subtracted per time the new tokens hold it.
+        bias: ``(token id, value)`` pairs added to those tokens' logits.
+    """
+
+    presence: float = 0.0
+    frequency: float = 0.0
+    bias: tuple[tuple[int, float], ...] = ()
+
+    @classmethod
+    def for_call(
+        cls, presence: Any, frequency: Any, logit_bias: Any, vocab_size: int
+    ) -> OccurrencePenalties | None:
+        """The call's ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` (``{token id: value}``),
+        checked; ``None`` when they change nothing.
+
+        Raises:
+            InvalidInputError: a value that is not a finite number, or a token id outside the ``vocab_size`` ids.
+        """
+        for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
+            _check_finite(name, value, "(0 is none)")
+        bias = {} if logit_bias is None else logit_bias
+        if not isinstance(bias, dict):
+            raise InvalidInputError(
+                f"logit_bias={logit_bias!r:.60} is invalid: use a dict of token id -> value"
+            )
+        for token, value in bias.items():
+            if (
+                not isinstance(token, numbers.Integral)
+                or isinstance(token, bool)
+                or not 0 <= token < vocab_size
+            ):
+                raise InvalidInputError(
+                    f"logit_bias has the key {token!r:.40}: use token ids, integers from 0 to {vocab_size - 1}"
+                )
+            _check_finite(f"logit_bias[{token}]", value, "(added to that token's logit)")
+        pairs = tuple((int(t), float(v)) for t, v in sorted(bias.items()) if v != 0)
+        if presence == 0 and frequency == 0 and not pairs:
+            return None
+        return cls(float(presence), float(frequency), pairs)
+
+
+def _check_finite(name: str, value: Any, what: str) -> None:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
+        raise InvalidInputError(f"{name}={value!r:.40} is invalid: use a finite number {what}")
+
+
+@dataclass(frozen=True)
 class LogitsProcessing:
     """The sequence-dependent processors of one call, resolved as ``generate()`` resolves them.
 
@@ -66,6 +123,7 @@ class LogitsProcessing:
         forced_bos_token_id: the first new token of a one-token prompt (``ForcedBOSTokenLogitsProcessor``: it acts
             only there, so on a VLM prompt never).
         eos_token_ids: the ids the minimum lengths ban.
+        occurrence: OpenAI's presence and frequency penalties and logit bias, if any.
     """
 
     repetition_penalty: float = 1.0
@@ -75,6 +133,7 @@ class LogitsProcessing:
     begin_suppress_tokens: tuple[int, ...] = ()
     forced_bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    occurrence: OccurrencePenalties | None = None
 
     def __post_init__(self) -> None:
         penalty = self.repetition_penalty
@@ -101,6 +160,7 @@ class LogitsProcessing:
         model: Any = None,
         max_new_tokens: int = 0,
         custom: Any = None,
+        occurrence: OccurrencePenalties | None = None,
     ) -> LogitsProcessing | NodeProcessing | None:
         """A call's processors: its arguments over the target's ``generation_config``; ``None`` when none is on.
         Where the config turns on another of ``generate()``'s processors or the call brings its own (``custom``, a
@@ -134,8 +194,15 @@ class LogitsProcessing:
             begin_suppress_tokens=tuple(setting("begin_suppress_tokens", None, ())),
             forced_bos_token_id=setting("forced_bos_token_id", None, None),
             eos_token_ids=tuple(eos_token_ids),
+            occurrence=occurrence,
         )
         if model is not None and needs_node_processors(generation_config, custom):
+            if occurrence is not None:
+                raise InvalidInputError(
+                    "presence_penalty, frequency_penalty and logit_bias cannot be combined with generate()'s other "
+                    "logits processors (the generation_config's or the call's own): give them as a processor of "
+                    "your own to pipe.generate(logits_processor=...) instead"
+                )
             config = copy.deepcopy(generation_config)
             config.repetition_penalty, config.min_new_tokens = (
                 processing.repetition_penalty,
@@ -155,6 +222,7 @@ class LogitsProcessing:
             or bans_eos
             or bool(self.suppress_tokens or self.begin_suppress_tokens)
             or self.forced_bos_token_id is not None
+            or self.occurrence is not None
         )
 
     def start(self, prompt_ids: torch.Tensor, vocab_size: int) -> SequenceLogits:
@@ -181,11 +249,23 @@ class SequenceLogits:
         self.eos = _mask(processing.eos_token_ids, vocab_size, device)
         self.suppress = _mask(processing.suppress_tokens, vocab_size, device)
         self.begin = _mask(processing.begin_suppress_tokens, vocab_size, device)
+        occurrence = processing.occurrence
+        # [V+1] float: how many times the new tokens hold each id (OpenAI's penalties count those only)
+        self.counts = torch.zeros(vocab_size + 1, device=device) if occurrence is not None else None
+        self.bias: torch.Tensor | None = None  # [V] float
+        if occurrence is not None and occurrence.bias:
+            ids, values = zip(*occurrence.bias, strict=True)
+            self.bias = torch.zeros(vocab_size, device=device)
+            self.bias[torch.tensor(ids, device=device)] = torch.tensor(values, device=device)
 
     def first(self, logits: torch.Tensor) -> torch.Tensor:
         """The prefill's processed logits ``[V]`` (of ``[V]``): the first new token's."""
+        counts = None if self.counts is None else self.counts[None, : self.vocab_size]
         out = self._apply(
-            logits[None].float(), self.seen[None, : self.vocab_size], logits.new_zeros(1, dtype=torch.long)
+            logits[None].float(),
+            self.seen[None, : self.vocab_size],
+            logits.new_zeros(1, dtype=torch.long),
+            counts,
         )
         if self.forced_bos is not None:  # generate()'s list forces it before it suppresses
             out = torch.full_like(out, float("-inf"))
@@ -199,24 +279,41 @@ class SequenceLogits:
     def tree(self, logits: torch.Tensor, tree: TokenTree, generated: int) -> torch.Tensor:
         """Processed logits ``[N+1, V]`` of a verification's ``[N+1, V]``: each node's with the sequence it ends
         (the ``generated`` new tokens so far, the root the last of them, then the node's path below the root)."""
-        held = self.seen[None]  # [1, V+1]
+        held, counts = self.seen[None], None  # [1, V+1]
+        n = tree.tokens.shape[0]
+        path_ids = torch.where(tree.ancestors, tree.tokens[None], self.vocab_size)  # [N+1, N+1]
+        path_ids = path_ids.clamp(max=self.vocab_size)
         if self.processing.repetition_penalty != 1.0:
-            n = tree.tokens.shape[0]
-            path_ids = torch.where(tree.ancestors, tree.tokens[None], self.vocab_size)  # [N+1, N+1]
-            held = held.expand(n, -1).clone().scatter_(1, path_ids.clamp(max=self.vocab_size), True)
-        return self._apply(logits.float(), held[:, : self.vocab_size], generated + tree.depths)
+            held = held.expand(n, -1).clone().scatter_(1, path_ids, True)
+        if self.counts is not None:  # the root is the last token emitted: counted already
+            below_root = path_ids[:, 1:]  # [N+1, N]
+            counts = self.counts[None].expand(n, -1).clone()
+            counts.scatter_add_(1, below_root, (below_root < self.vocab_size).float())
+            counts = counts[:, : self.vocab_size]
+        return self._apply(logits.float(), held[:, : self.vocab_size], generated + tree.depths, counts)
 
     def commit(self, tokens: torch.Tensor) -> None:
         """Add emitted tokens ``[k]`` to the sequence."""
-        self.seen[tokens.clamp(max=self.vocab_size)] = True
+        ids = tokens.clamp(max=self.vocab_size)
+        self.seen[ids] = True
+        if self.counts is not None:
+            self.counts.index_add_(0, ids, torch.ones_like(ids, dtype=self.counts.dtype))
 
-    def _apply(self, logits: torch.Tensor, held: torch.Tensor, new_tokens: torch.Tensor) -> torch.Tensor:
+    def _apply(
+        self, logits: torch.Tensor, held: torch.Tensor, new_tokens: torch.Tensor, counts: torch.Tensor | None
+    ) -> torch.Tensor:
         """``logits`` ``[n, V]`` float32, ``held`` ``[n or 1, V]`` bool, ``new_tokens`` ``[n]`` long: the new tokens
-        each row's sequence holds."""
+        each row's sequence holds; ``counts`` ``[n, V]`` float: how many times they hold each id (with
+        :attr:`LogitsProcessing.occurrence`)."""
         penalty = self.processing.repetition_penalty
         if penalty != 1.0:
             penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
             logits = torch.where(held, penalized, logits)
+        occurrence = self.processing.occurrence
+        if counts is not None:
+            logits = logits - occurrence.frequency * counts - occurrence.presence * (counts > 0).float()
+        if self.bias is not None:
+            logits = logits + self.bias
         if self.eos is not None and self.eos_until > 0:
             short = (new_tokens < self.eos_until)[:, None]  # [n, 1]
             logits = logits.masked_fill(short & self.eos, float("-inf"))

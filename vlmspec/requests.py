@@ -9,14 +9,20 @@ import threading
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputTypeError, InvalidInputError
 from .node_processors import NodeProcessing
-from .processors import LogitsProcessing
+from .processors import LogitsProcessing, OccurrencePenalties
 from .sampling import SamplingParams
 from .stopping import StopCriteria, eos_token_ids, token_ids
 from .validation import did_you_mean
+
+if TYPE_CHECKING:
+    import torch
+
+    from .engine import DraftPrompt
+    from .scores import ScoreLog
 
 
 def call_arguments(signature: inspect.Signature, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -117,6 +123,20 @@ class RequestFeed:
                 self.taken = index + 1
                 return index, request
             return END if self._closed else None
+
+
+@dataclass
+class PreparedRequest:
+    """One request as ``pipe._prepare`` leaves it: its inputs, stop conditions, sampling settings (``None``:
+    greedy), draft view and streamer, ready to decode."""
+
+    inputs: dict[str, torch.Tensor]
+    stop: StopCriteria
+    sampling: SamplingParams | None
+    draft: DraftPrompt | None
+    streamer: Any = None
+    processing: LogitsProcessing | None = None
+    scores: Callable[[], ScoreLog] | None = None
 
 
 Requests = Iterable[dict[str, Any] | Callable[[], dict[str, Any]]] | RequestFeed
@@ -292,6 +312,9 @@ def decoding_settings(
         stop.eos_token_ids,
         repetition_penalty=a.repetition_penalty,
         min_new_tokens=a.min_new_tokens,
+        occurrence=OccurrencePenalties.for_call(
+            a.presence_penalty, a.frequency_penalty, a.logit_bias, vocab_size
+        ),
         model=target,
         max_new_tokens=stop.max_new_tokens,
         custom=custom,
