@@ -17,7 +17,7 @@ from transformers import (
     SuppressTokensLogitsProcessor,
 )
 
-from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy, hf_compat
+from vlmspec import InputTypeError, InvalidInputError, VLMSpecPipeline, get_policy, hf_compat
 from vlmspec.processors import LogitsProcessing, OccurrencePenalties
 from vlmspec.testbed import sample
 from vlmspec.testing import build_tiny_pair, make_image
@@ -89,21 +89,26 @@ def test_occurrence_penalties_give_every_node_the_counts_of_its_own_new_tokens()
         sequence = torch.tensor([[*prompt.tolist(), *generated, *path]])
         assert torch.equal(out[node], hf(sequence, logits[node : node + 1].clone())[0]), f"node {node}"
     first = LogitsProcessing(occurrence=occurrence).start(prompt, vocab).first(logits[0])
-    assert torch.equal(
-        first, logits[0] + hf[1].__call__(prompt[None], torch.zeros(1, vocab))[0]
-    )  # the bias alone
+    assert torch.equal(first, logits[0] + hf[1](prompt[None], torch.zeros(1, vocab))[0])  # the bias alone
 
 
 @pytest.mark.parametrize(
-    ("presence", "frequency", "bias", "words"),
-    [(float("nan"), 0, None, "presence_penalty=nan"), (0, "1", None, "frequency_penalty='1'"),
-     (0, 0, {40: 1.0}, "the key 40: use token ids, integers from 0 to 39"), (0, 0, [1], "a dict"),
-     (0, 0, {3: float("inf")}, "logit_bias[3]=inf")],
+    ("presence", "frequency", "bias", "error", "words"),
+    [(float("nan"), 0, None, InvalidInputError, "presence_penalty=nan"),
+     (0, "1", None, InputTypeError, "frequency_penalty='1'"),
+     (0, 0, {40: 1.0}, InvalidInputError, "the key 40: use token ids, integers from 0 to 39"),
+     (0, 0, [1], InputTypeError, "a dict"), (0, 0, {3: float("inf")}, InvalidInputError, "logit_bias[3]=inf")],
 )  # fmt: skip
-def test_bad_occurrence_penalties_are_refused_naming_them(presence, frequency, bias, words):
-    with pytest.raises(InvalidInputError, match=re.escape(words)):
+def test_bad_occurrence_penalties_are_refused_naming_them(presence, frequency, bias, error, words):
+    with pytest.raises(error, match=re.escape(words)):
         OccurrencePenalties.for_call(presence, frequency, bias, 40)
-    assert OccurrencePenalties.for_call(0, 0.0, {5: 0}, 40) is None  # nothing to change
+
+
+def test_occurrence_penalties_that_change_nothing_are_none_and_any_mapping_is_a_bias():
+    from types import MappingProxyType
+
+    assert OccurrencePenalties.for_call(0, 0.0, {5: 0}, 40) is None
+    assert OccurrencePenalties.for_call(0, 0, MappingProxyType({5: 1}), 40).bias == ((5, 1.0),)
 
 
 @pytest.fixture(scope="module")
@@ -172,13 +177,19 @@ def test_occurrence_penalties_keep_every_policy_and_a_batch_the_target_s_own(min
     expected = mini.target.generate(**inputs, do_sample=False, max_new_tokens=48, logits_processor=reference)
     expected = expected[0, length:].tolist()
     assert expected != plain  # they change this caption
-    for policy in POLICIES:
+    stop = mini.tokenizer.decode(expected[20:23])  # a stop string inside the reply: it ends there
+    cut = mini.target.generate(**inputs, do_sample=False, max_new_tokens=48, logits_processor=reference,
+                               stop_strings=stop, tokenizer=mini.tokenizer)[0, length:].tolist()  # fmt: skip
+    assert len(cut) < len(expected)
+    for policy in (*POLICIES, "eagle2"):
         mini.policy = get_policy(policy)
         assert mini(example.image, example.prompt, max_new_tokens=48, **options).token_ids == expected, policy
         sampled = mini(
             example.image, example.prompt, max_new_tokens=48, do_sample=True, top_k=1, seed=1, **options
         )
         assert sampled.token_ids == expected, policy
+        stopped = mini(example.image, example.prompt, max_new_tokens=48, stop_strings=stop, **options)
+        assert stopped.token_ids == cut, policy
     request = {"image": example.image, "prompt": example.prompt, "max_new_tokens": 48}
     rows = mini.batch([dict(request, **options), request, dict(request, **options)], batch_size=3)
     assert [row.token_ids for row in rows] == [expected, plain, expected]
@@ -188,7 +199,10 @@ def test_occurrence_penalties_keep_every_policy_and_a_batch_the_target_s_own(min
 def test_occurrence_penalties_with_generate_s_other_processors_are_refused(tiny, config_of):
     """Those run transformers' list over the tree, which has no OpenAI penalties: refused, saying what to do."""
     config_of.no_repeat_ngram_size = 2
-    with pytest.raises(InvalidInputError, match="cannot be combined with generate.*logits_processor"):
+    with pytest.raises(
+        InvalidInputError,
+        match=r"cannot be combined with the generate\(\) logits processors.*turn those off.*logits_processor",
+    ):
         tiny(make_image(0), "Describe.", presence_penalty=0.5, max_new_tokens=4)
 
 

@@ -194,6 +194,12 @@ def test_a_seeded_sampled_request_is_the_pipelines_draw(server, pipe):
             "token ids to numbers",
         ),
         ({"messages": user_turn("data:,x"), "logit_bias": {"5": 101}}, 400, "logit_bias", "-100 to 100"),
+        (
+            {"messages": user_turn("data:,x"), "logit_bias": {"\u00b2": 1}},
+            400,
+            "logit_bias",
+            "token ids to numbers",
+        ),
         ({"messages": user_turn(png_uri(0)), "logit_bias": {"99999999": 1}}, 400, None, "integers from 0 to"),
         (
             {"messages": user_turn("data:,x"), "tools": [{"type": "function"}]},

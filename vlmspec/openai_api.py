@@ -26,8 +26,9 @@ What a request may hold, and what it becomes:
 * ``n``: that many replies (whole replies only), decoding together; sampled ones each their own draw (``seed + i``
   with a ``seed``), a greedy one decoded once and given ``n`` times (greedy replies are all the same).
 
-Refused by name (HTTP 400, OpenAI's error shape): tools and function calls, a ``response_format`` other than text, and any field not listed here (OpenAI refuses unknown arguments too). ``user``, ``metadata``, ``store``
-and ``service_tier`` are accepted and ignored. A response carries, beside OpenAI's fields, ``vlmspec``: the
+Refused by name (HTTP 400, OpenAI's error shape): tools and function calls, a ``response_format`` other than
+text, and any field not listed here (OpenAI refuses unknown arguments too). ``user``, ``metadata``, ``store`` and
+``service_tier`` are accepted and ignored. A response carries, beside OpenAI's fields, ``vlmspec``: the
 request's speculative-decoding statistics (``mean_accepted``, ``tokens_per_step``, ``steps``, ...).
 """
 
@@ -383,7 +384,7 @@ def _logit_bias(bias: Any) -> dict[int, float]:
         raise APIError(f"logit_bias={bias!r:.60} is invalid: {need}", "logit_bias")
     checked = {}
     for key, value in bias.items():
-        token = int(key) if isinstance(key, str) and key.isdigit() else None
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else None
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if token is None or not number or not -100 <= value <= 100:
             raise APIError(

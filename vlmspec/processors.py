@@ -33,13 +33,13 @@ from __future__ import annotations
 import copy
 import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .errors import InvalidInputError
+from .errors import InputTypeError, InvalidInputError
 from .node_processors import NodeProcessing, needs_node_processors, setting_is_on
 from .tree import TokenTree
 
@@ -79,15 +79,14 @@ class OccurrencePenalties:
         checked; ``None`` when they change nothing.
 
         Raises:
-            InvalidInputError: a value that is not a finite number, or a token id outside the ``vocab_size`` ids.
+            InputTypeError: a value that is not a number, or a ``logit_bias`` that is not a mapping.
+            InvalidInputError: a number that is not finite, or a token id outside the ``vocab_size`` ids.
         """
         for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
             _check_finite(name, value, "(0 is none)")
         bias = {} if logit_bias is None else logit_bias
-        if not isinstance(bias, dict):
-            raise InvalidInputError(
-                f"logit_bias={logit_bias!r:.60} is invalid: use a dict of token id -> value"
-            )
+        if not isinstance(bias, Mapping):
+            raise InputTypeError(f"logit_bias={logit_bias!r:.60} is invalid: use a dict of token id -> value")
         for token, value in bias.items():
             if (
                 not isinstance(token, numbers.Integral)
@@ -105,7 +104,9 @@ class OccurrencePenalties:
 
 
 def _check_finite(name: str, value: Any, what: str) -> None:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise InputTypeError(f"{name}={value!r:.40} is invalid: use a finite number {what}")
+    if not math.isfinite(value):
         raise InvalidInputError(f"{name}={value!r:.40} is invalid: use a finite number {what}")
 
 
@@ -199,9 +200,10 @@ class LogitsProcessing:
         if model is not None and needs_node_processors(generation_config, custom):
             if occurrence is not None:
                 raise InvalidInputError(
-                    "presence_penalty, frequency_penalty and logit_bias cannot be combined with generate()'s other "
-                    "logits processors (the generation_config's or the call's own): give them as a processor of "
-                    "your own to pipe.generate(logits_processor=...) instead"
+                    "presence_penalty, frequency_penalty and logit_bias cannot be combined with the generate() "
+                    "logits processors this generation_config turns on (no_repeat_ngram_size, bad_words_ids, "
+                    "sequence_bias, ...): turn those off, or give the penalties as a processor of your own to "
+                    "pipe.generate(logits_processor=...)"
                 )
             config = copy.deepcopy(generation_config)
             config.repetition_penalty, config.min_new_tokens = (
@@ -253,8 +255,9 @@ class SequenceLogits:
         # [V+1] float: how many times the new tokens hold each id (OpenAI's penalties count those only)
         self.counts = torch.zeros(vocab_size + 1, device=device) if occurrence is not None else None
         self.bias: torch.Tensor | None = None  # [V] float
-        if occurrence is not None and occurrence.bias:
-            ids, values = zip(*occurrence.bias, strict=True)
+        biased = [(t, v) for t, v in occurrence.bias if t < vocab_size] if occurrence is not None else []
+        if biased:  # ids past the LM head's width cannot be generated: ignored, as the masks ignore them
+            ids, values = zip(*biased, strict=True)
             self.bias = torch.zeros(vocab_size, device=device)
             self.bias[torch.tensor(ids, device=device)] = torch.tensor(values, device=device)
 
@@ -281,9 +284,11 @@ class SequenceLogits:
         (the ``generated`` new tokens so far, the root the last of them, then the node's path below the root)."""
         held, counts = self.seen[None], None  # [1, V+1]
         n = tree.tokens.shape[0]
-        path_ids = torch.where(tree.ancestors, tree.tokens[None], self.vocab_size)  # [N+1, N+1]
-        path_ids = path_ids.clamp(max=self.vocab_size)
-        if self.processing.repetition_penalty != 1.0:
+        penalized = self.processing.repetition_penalty != 1.0
+        if penalized or self.counts is not None:
+            path_ids = torch.where(tree.ancestors, tree.tokens[None], self.vocab_size)  # [N+1, N+1]
+            path_ids = path_ids.clamp(max=self.vocab_size)
+        if penalized:
             held = held.expand(n, -1).clone().scatter_(1, path_ids, True)
         if self.counts is not None:  # the root is the last token emitted: counted already
             below_root = path_ids[:, 1:]  # [N+1, N]

@@ -313,7 +313,7 @@ def decoding_settings(
         repetition_penalty=a.repetition_penalty,
         min_new_tokens=a.min_new_tokens,
         occurrence=OccurrencePenalties.for_call(
-            a.presence_penalty, a.frequency_penalty, a.logit_bias, vocab_size
+            a.presence_penalty, a.frequency_penalty, a.logit_bias, target.config.get_text_config().vocab_size
         ),
         model=target,
         max_new_tokens=stop.max_new_tokens,
