@@ -30,6 +30,7 @@ COMMON = ["--max-new-tokens", "16", "--num-frames", "4", "--threads", "1", "--no
 TIMEOUT = 240
 SLOW_JOB = (
     "import runpy, sys, time\n"
+    "import vlmspec_caption\n"  # the job's own imports, done before the marker: a Ctrl-C there is Python's
     "from vlmspec.pipeline import VLMSpecPipeline\n"
     "results = VLMSpecPipeline.batch_iter\n"
     "def slow(self, *a, **k):\n"
@@ -43,7 +44,7 @@ SLOW_JOB = (
 )
 """Runs the job script given after ``-c <marker file>`` with 0.4 s between captions (the job waits that long after
 writing each line, whatever its batch size), so a kill lands mid-run; the marker file appears once this harness's
-own imports are done, before the job starts."""
+own imports and the job package's are done, before the job starts."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
