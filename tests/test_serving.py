@@ -200,7 +200,12 @@ def test_a_seeded_sampled_request_is_the_pipelines_draw(server, pipe):
             "logit_bias",
             "token ids to numbers",
         ),
-        ({"messages": user_turn(png_uri(0)), "logit_bias": {"99999999": 1}}, 400, None, "integers from 0 to"),
+        (
+            {"messages": user_turn(png_uri(0)), "logit_bias": {"99999999": 1}},
+            400,
+            "logit_bias",
+            "integers from 0",
+        ),
         (
             {"messages": user_turn("data:,x"), "tools": [{"type": "function"}]},
             400,
@@ -212,7 +217,7 @@ def test_a_seeded_sampled_request_is_the_pipelines_draw(server, pipe):
         ({"messages": user_turn("data:,x"), "max_tokens": 0}, 400, "max_tokens", "integer"),
         ({"messages": user_turn("data:,x"), "model": "gpt-4o"}, 404, "model", "serves 'tiny'"),
         ({"messages": user_turn("/etc/passwd")}, 400, "messages", "outside the folder"),
-        ({"messages": user_turn("data:image/png;base64,AAAA")}, 400, None, "not an image"),
+        ({"messages": user_turn("data:image/png;base64,AAAA")}, 400, "messages", "not an image"),
     ],
 )
 def test_a_bad_request_gets_openai_s_error_naming_the_field_and_the_server_goes_on(
@@ -257,6 +262,46 @@ def web_folder(folder):
     finally:
         web.shutdown()
         web.server_close()
+
+
+class _Drip(http.server.BaseHTTPRequestHandler):
+    """Sends a 300-byte body one byte every 20 ms (6 s in all), each byte well within a read's timeout."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "300")
+        self.end_headers()
+        for _ in range(300):
+            self.wfile.write(b"x")
+            self.wfile.flush()
+            time.sleep(0.02)
+
+    def log_message(self, *args) -> None:
+        """Quiet."""
+
+
+def test_a_media_url_that_sends_slowly_is_cut_off_at_the_fetch_timeout():
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Drip)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    body = {"messages": user_turn(f"http://127.0.0.1:{web.server_address[1]}/slow.png")}
+    start = time.monotonic()
+    try:
+        with pytest.raises(APIError, match=r"took longer than 0.5 s to fetch") as refused:
+            chat_request(body, "tiny", MediaAccess(timeout=0.5), 8)
+    finally:
+        web.shutdown()
+        web.server_close()
+    assert time.monotonic() - start < 3 and refused.value.param == "messages"
+
+
+def test_a_pipeline_error_names_the_request_field_it_is_about():
+    from vlmspec.errors import InvalidInputError
+    from vlmspec.openai_api import refused_field
+
+    assert refused_field(InvalidInputError("min_new_tokens=9 is more than max_new_tokens=4")) == "min_tokens"
+    assert refused_field(ValueError("stop_strings must be strings")) == "stop"
+    assert refused_field(OSError("cannot read the image 'x.png'")) == "messages"
+    assert refused_field(RuntimeError("something else")) is None
 
 
 def test_stop_strings_split_across_pieces_are_held_back():

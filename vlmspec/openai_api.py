@@ -26,6 +26,10 @@ What a request may hold, and what it becomes:
 * ``n``: that many replies (whole replies only), decoding together; sampled ones each their own draw (``seed + i``
   with a ``seed``), a greedy one decoded once and given ``n`` times (greedy replies are all the same).
 
+A request the pipeline refuses once its media are loaded (a picture that is not one, a token id out of the
+vocabulary, a prompt longer than the context) is a 400 whose ``param`` is the field the error names
+(:func:`refused_field`).
+
 Refused by name (HTTP 400, OpenAI's error shape): tools and function calls, a ``response_format`` other than
 text, and any field not listed here (OpenAI refuses unknown arguments too). ``user``, ``metadata``, ``store`` and
 ``service_tier`` are accepted and ignored. A response carries, beside OpenAI's fields, ``vlmspec``: the
@@ -89,7 +93,8 @@ class MediaAccess:
         allowed_dir: local files are read only inside this folder (``None``: no local file is read).
         fetch_urls: whether ``http(s)://`` URLs are fetched.
         max_bytes: the largest media file fetched.
-        timeout: seconds a fetch may take.
+        timeout: seconds a fetch may take in all (a server sending slowly is cut off then; a single read waits at
+            most this long too).
     """
 
     allowed_dir: Path | None = None
@@ -189,10 +194,39 @@ _KNOWN = {
 _KNOWN |= {"stop", "stream", "stream_options", "repetition_penalty", "min_tokens", "logprobs", "top_logprobs"}
 _KNOWN |= {"presence_penalty", "frequency_penalty", "logit_bias"}
 _KNOWN |= IGNORED_FIELDS | set(_OFF_VALUES)
+FETCH_CHUNK = 2**16
+"""The most bytes one read of a media fetch takes (it returns what has come; the time is checked between reads)."""
 MAX_TOP_LOGPROBS = 20
 MAX_CHOICES = 16
 LOWEST_LOGPROB = -9999.0
 """What a token the distribution excludes (``-inf``) is given as: JSON has no infinity (OpenAI's value too)."""
+
+
+REQUEST_FIELDS = {
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "stop_strings": "stop",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "logit_bias": "logit_bias",
+    "repetition_penalty": "repetition_penalty",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "seed": "seed",
+    "image": "messages",
+    "video": "messages",
+    "prompt": "messages",
+}
+"""The ``pipe(...)`` arguments a request's fields become, and those fields (an error names the argument)."""
+
+
+def refused_field(error: Exception) -> str | None:
+    """The request field a ``pipe(...)`` error ``error`` is about: the one whose argument its message names first
+    (``None`` when it names none); what OpenAI's error body gives as ``param``."""
+    message = str(error)
+    found = [(message.find(name), field) for name, field in REQUEST_FIELDS.items() if name in message]
+    return min(found)[1] if found else None
 
 
 def _check_fields(body: dict[str, Any]) -> None:
@@ -272,14 +306,25 @@ def _media(url: str, kind: str, where: str, media: MediaAccess, temp_files: list
 def _fetch(url: str, where: str, media: MediaAccess) -> bytes:
     if not media.fetch_urls:
         raise APIError(f"{where}: this server does not fetch URLs; send the media as a data: URI", "messages")
+    deadline = time.monotonic() + media.timeout
+    data = bytearray()
     try:
         with urllib.request.urlopen(url, timeout=media.timeout) as response:
-            data = response.read(media.max_bytes + 1)
+            while chunk := response.read1(min(FETCH_CHUNK, media.max_bytes + 1 - len(data))):
+                data += chunk
+                if len(data) > media.max_bytes:
+                    raise APIError(
+                        f"{where}: {url[:100]!r} is larger than {media.max_bytes} bytes", "messages", 413
+                    )
+                if time.monotonic() > deadline:
+                    raise APIError(
+                        f"{where}: {url[:100]!r} took longer than {media.timeout:g} s to fetch; send the media as a "
+                        "data: URI or from a faster server",
+                        "messages",
+                    )
     except (urllib.error.URLError, OSError, ValueError) as err:
         raise APIError(f"{where}: {url[:100]!r} could not be fetched ({err})", "messages") from err
-    if len(data) > media.max_bytes:
-        raise APIError(f"{where}: {url[:100]!r} is larger than {media.max_bytes} bytes", "messages", 413)
-    return data
+    return bytes(data)
 
 
 def _local_file(url: str, where: str, media: MediaAccess) -> Path:

@@ -45,6 +45,7 @@ from .openai_api import (
     cut_at_stop,
     finish_reason,
     logprobs,
+    refused_field,
 )
 from .requests import RequestFeed
 from .server_metrics import ServerMetrics
@@ -158,7 +159,7 @@ class SpecServer:
         try:
             call = self.pipe._prepare(kwargs)
         except BAD_REQUEST as err:
-            raise APIError(str(err)) from err
+            raise APIError(str(err), refused_field(err)) from err
         with self._lock:
             try:
                 self._waiting[self._feed.put(call)] = (future, cancel)
@@ -346,5 +347,5 @@ def _result(future: Future, closing: bool) -> Any:
         if closing:
             raise APIError("the server shut down while this request decoded", status=503) from err
         if isinstance(err, BAD_REQUEST):
-            raise APIError(str(err)) from err
+            raise APIError(str(err), refused_field(err)) from err
         raise APIError(f"the server failed on this request: {type(err).__name__}: {err}", status=500) from err
