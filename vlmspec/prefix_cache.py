@@ -62,7 +62,8 @@ from .models import DecodeState, Prefill, VLMAdapter
 
 @dataclass(eq=False)
 class Held:
-    """What one model's cache holds once a request ended (the fields of a :class:`TurnCache`)."""
+    """What one model's cache holds once a request ended, or of its prompt while it decodes (the fields of a
+    :class:`TurnCache`), as a prefix cache lends it to a request."""
 
     state: DecodeState
     ids: list[int]
@@ -93,7 +94,8 @@ class TurnCache:
     Args:
         adapter: the model's adapter (as the request sees it: a batch row's :class:`~vlmspec.batching.RowAdapter`).
         placeholders: the pair's image and video placeholder token ids.
-        held: what the cache starts from (an entry's :class:`Held`, copied), or ``None`` (empty).
+        held: what the cache starts from (an entry's :class:`Held`: what is kept of it is copied at the prefill,
+            unless it is ``owned``), or ``None`` (empty).
 
     Attributes:
         state: the model's decoding state (``None`` before the first prefill or after :meth:`drop`).
@@ -205,9 +207,8 @@ class TurnCache:
             self.owned = True
         self.slots = positions[:kept]
         start = int(positions[kept - 1]) + 1
-        if _visual(
-            ids[start:shared], self.placeholders
-        ):  # visual tokens a pruned draft left out: they stay out
+        # Visual tokens a pruned draft left out between its kept slots and the shared prefix's end stay out.
+        if _visual(ids[start:shared], self.placeholders):
             start = shared
         return start
 
