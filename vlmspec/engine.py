@@ -168,54 +168,37 @@ def speculative_generate(
     # 1. Prefill the target on the full prompt; its argmax is the first new token (the first root). A draft that
     #    reads the target's hidden states (EDD) gets them from this forward and from each verification.
     uses_draft = policy.uses_draft and draft is not None
-    scores_needed = uses_draft and draft.needs_scores
     read_layer = draft.adapter.reads_target_layer if uses_draft else None
-    prefill = target.prefill(target_inputs, score_visual=scores_needed, hidden_layer=read_layer)
+    prefill = target.prefill(
+        target_inputs, score_visual=uses_draft and draft.needs_scores, hidden_layer=read_layer
+    )
     t_state = prefill.state
-    raw = logits = prefill.logits  # [V]
-    processed = None
+    logits, processed = prefill.logits, None  # [V]
     if processing is not None:
         processed = processing.start(target_inputs["input_ids"][0], logits.shape[-1])
         logits = processed.first(logits)
     if scores is not None:
-        scores.add(raw[None], logits[None])
+        scores.add(prefill.logits[None], logits[None])
     root = logits.argmax() if sampler is None else sampler.sample(logits)  # []
-    prompt_len = target_inputs["input_ids"].shape[1]
-    stats.prompt_tokens, stats.cached_prompt_tokens = prompt_len, prefill.cached
+    position = target_inputs["input_ids"].shape[1]  # logical position of the root: the prompt's length
+    stats.prompt_tokens, stats.cached_prompt_tokens = position, prefill.cached
     stats.target_visual_tokens = t_state.visual_tokens
     clock.lap("prefill")
 
     # 2. Prefill the draft (its own, possibly pruned, view of the prompt).
-    d_state: DecodeState | None = None
-    if policy.uses_draft:
-        if draft is None:
-            raise InvalidInputError(f"policy {policy.name!r} needs a draft model, but the pipeline has none")
-        if read_layer is None:
-            keep = draft.select(prefill.visual_scores) if draft.select is not None else None
-            d_state = draft.adapter.prefill(draft.inputs, keep=keep).state
-        else:  # the soft prompt: the target's hidden states of the whole prompt, at its rotary positions
-            d_state = draft.adapter.prefill_soft(prefill.hidden, prefill.position_ids, t_state.rope_delta)
-        stats.draft_visual_tokens = d_state.visual_tokens
+    d_state, pending = _prefill_draft(policy, draft, prefill, stats)
+    if d_state is not None:
         clock.lap("draft_prefill")
-    # Accepted tokens the draft has not consumed ([p]), or for EDD their target hidden states ([p, D]).
-    pending = (
-        root.new_zeros(0) if read_layer is None else prefill.hidden.new_zeros(0, prefill.hidden.shape[-1])
-    )
 
-    tokens = [int(root)]
+    tokens: list[int] = []
+    done = _emit([int(root)], tokens, stop, scores, on_tokens)
     if processed is not None:
         processed.commit(root.reshape(1))
-    done = stop.update(tokens, scores)
-    if on_tokens is not None:
-        on_tokens(tokens[:])
-    t_dtype = target.dtype
-    position = prompt_len  # logical position of the root
     clock.lap("emit")  # the first token's (each step's own emission is in its verify lap)
     while not done:
-        remaining = stop.max_new_tokens - len(tokens)
         # 3. Draft a tree (the policy decides its shape); never deeper than the tokens still wanted.
         if d_state is not None:
-            limit = remaining - 1
+            limit = stop.max_new_tokens - len(tokens) - 1
             builder = DraftTree(draft.adapter, d_state, root, position, pending, limit, vocab=draft.vocab)
             tree = policy.build_tree(builder)
         else:
@@ -224,7 +207,7 @@ def speculative_generate(
 
         # 4. Verify every node in one target forward under the tree mask.
         past = t_state.length
-        verify = (tree.tokens, tree.positions(position), tree.attention_bias(past, t_dtype))
+        verify = (tree.tokens, tree.positions(position), tree.attention_bias(past, target.dtype))
         if read_layer is None:
             raw = logits = target.forward(t_state, *verify)  # [N+1, V]
         else:
@@ -249,7 +232,6 @@ def speculative_generate(
         if builder is not None:
             soft_prompt = hidden[on_path] if read_layer is not None else None
             pending = builder.commit(tree.source_ids[on_path], draft_slots, soft_prompt)
-
         if processed is not None:
             processed.commit(torch.cat([tree.tokens[on_path[1:]], acc.next_token.reshape(1)]))
 
@@ -258,36 +240,77 @@ def speculative_generate(
         # 8. Emit the tokens, applying the stop conditions after each one as generate() does.
         if scores is not None:  # token i was chosen from the distribution at the path's node i
             scores.add(raw[on_path], logits[on_path])
-        emitted = 0
-        for token in new:
-            tokens.append(token)
-            emitted += 1
-            done = stop.update(tokens, scores)
-            if done:
-                break
-        if on_tokens is not None:
-            on_tokens(tokens[-emitted:])
-        if scores is not None:
-            scores.keep(len(tokens))
+        before = len(tokens)
+        done = _emit(new, tokens, stop, scores, on_tokens)
         # Statistics count only accepted tokens that were emitted (a stop condition may cut the step short).
-        accepted = min(a - 1, emitted)
-        stats.trace.append({**policy.trace(), "tree_size": tree.num_nodes, "accepted": accepted})
-        stats.steps += 1
-        stats.accepted_tokens += accepted
-        stats.tree_sizes.append(tree.num_nodes)
+        _count_step(stats, policy, tree.num_nodes, min(a - 1, len(tokens) - before))
         root = acc.next_token
         position += a
         clock.lap("verify")
 
-    stats.total_seconds = time.perf_counter() - t_start
-    seconds = clock.read()
+    _finish(stats, clock.read(), len(tokens), time.perf_counter() - t_start)
+    return tokens, stats
+
+
+def _prefill_draft(
+    policy: TreePolicy, draft: DraftPrompt | None, prefill: Any, stats: SpecStats
+) -> tuple[DecodeState | None, torch.Tensor | None]:
+    """Step 2: the draft's state after its prefill (``None`` without a draft) and what it has not consumed yet:
+    accepted tokens ``[p]``, or for an EDD draft their target hidden states ``[p, D]`` (none so far)."""
+    if not policy.uses_draft:
+        return None, None
+    if draft is None:
+        raise InvalidInputError(f"policy {policy.name!r} needs a draft model, but the pipeline has none")
+    if draft.adapter.reads_target_layer is None:
+        keep = draft.select(prefill.visual_scores) if draft.select is not None else None
+        d_state = draft.adapter.prefill(draft.inputs, keep=keep).state
+        pending = prefill.logits.new_zeros(0, dtype=torch.long)
+    else:  # the soft prompt: the target's hidden states of the whole prompt, at its rotary positions
+        d_state = draft.adapter.prefill_soft(prefill.hidden, prefill.position_ids, prefill.state.rope_delta)
+        pending = prefill.hidden.new_zeros(0, prefill.hidden.shape[-1])
+    stats.draft_visual_tokens = d_state.visual_tokens
+    return d_state, pending
+
+
+def _emit(
+    new: list[int],
+    tokens: list[int],
+    stop: StopCriteria,
+    scores: ScoreLog | None,
+    on_tokens: Callable[[list[int]], None] | None,
+) -> bool:
+    """Append ``new`` to ``tokens`` one at a time, checking the stop conditions after each as ``generate()`` does;
+    hand the ones emitted to ``on_tokens``. Returns whether generation is done."""
+    before, done = len(tokens), False
+    for token in new:
+        tokens.append(token)
+        done = stop.update(tokens, scores)
+        if done:
+            break
+    if on_tokens is not None:
+        on_tokens(tokens[before:])
+    if scores is not None:
+        scores.keep(len(tokens))
+    return done
+
+
+def _count_step(stats: SpecStats, policy: TreePolicy, tree_size: int, accepted: int) -> None:
+    """Add one verification step to the statistics."""
+    stats.trace.append({**policy.trace(), "tree_size": tree_size, "accepted": accepted})
+    stats.steps += 1
+    stats.accepted_tokens += accepted
+    stats.tree_sizes.append(tree_size)
+
+
+def _finish(stats: SpecStats, seconds: dict[str, float], new_tokens: int, total_seconds: float) -> None:
+    """The statistics of the whole call, once it ended."""
+    stats.total_seconds = total_seconds
     stats.prefill_seconds, stats.draft_prefill_seconds = seconds["prefill"], seconds["draft_prefill"]
     stats.draft_seconds, stats.verify_seconds = seconds["draft"], seconds["verify"]
-    stats.new_tokens = len(tokens)
+    stats.new_tokens = new_tokens
     stats.mean_accepted = stats.accepted_tokens / max(stats.steps, 1)
-    stats.tokens_per_step = (len(tokens) - 1) / max(stats.steps, 1)
-    stats.tokens_per_second = len(tokens) / max(stats.total_seconds, 1e-9)
-    return tokens, stats
+    stats.tokens_per_step = (new_tokens - 1) / max(stats.steps, 1)
+    stats.tokens_per_second = new_tokens / max(total_seconds, 1e-9)
 
 
 def read_step(
