@@ -195,6 +195,7 @@ def speculative_generate(
     if processed is not None:
         processed.commit(root.reshape(1))
     clock.lap("emit")  # the first token's (each step's own emission is in its verify lap)
+    t_dtype = target.dtype  # read once: through a request's adapter views it is an attribute chain
     while not done:
         # 3. Draft a tree (the policy decides its shape); never deeper than the tokens still wanted.
         if d_state is not None:
@@ -207,7 +208,7 @@ def speculative_generate(
 
         # 4. Verify every node in one target forward under the tree mask.
         past = t_state.length
-        verify = (tree.tokens, tree.positions(position), tree.attention_bias(past, target.dtype))
+        verify = (tree.tokens, tree.positions(position), tree.attention_bias(past, t_dtype))
         if read_layer is None:
             raw = logits = target.forward(t_state, *verify)  # [N+1, V]
         else:
