@@ -34,7 +34,8 @@ import vlmspec.serving as serving
 import vlmspec.serving_http as serving_http
 from vlmspec import VLMSpecPipeline
 from vlmspec.cli import main
-from vlmspec.openai_api import APIError, MediaAccess, StopHolder, chat_request
+from vlmspec.openai_api import APIError, MediaAccess, chat_request
+from vlmspec.openai_replies import StopHolder
 from vlmspec.serving import SpecServer
 
 PROMPT = "Describe this image."
@@ -218,6 +219,24 @@ def test_a_seeded_sampled_request_is_the_pipelines_draw(server, pipe):
         ({"messages": user_turn("data:,x"), "model": "gpt-4o"}, 404, "model", "serves 'tiny'"),
         ({"messages": user_turn("/etc/passwd")}, 400, "messages", "outside the folder"),
         ({"messages": user_turn("data:image/png;base64,AAAA")}, 400, "messages", "not an image"),
+        (
+            {"messages": user_turn(png_uri(0)), "structured_outputs": {"regex": "(ab"}},
+            400,
+            "response_format",
+            "cannot be compiled",
+        ),
+        (
+            {
+                "messages": user_turn(png_uri(0)),
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "frob"}},
+                },
+            },
+            400,
+            "response_format",
+            "Unsupported type",
+        ),
     ],
 )
 def test_a_bad_request_gets_openai_s_error_naming_the_field_and_the_server_goes_on(
@@ -313,6 +332,23 @@ def test_stop_strings_split_across_pieces_are_held_back():
     assert [free.push("a"), free.push("b"), free.finish()] == ["a", "b", ""]
 
 
+def test_response_format_and_structured_outputs_are_the_pipeline_s_structured_replies(server, pipe):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    json_schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+    cases = [
+        ({"response_format": json_schema}, {"json": schema}),
+        ({"response_format": {"type": "json_object"}}, {"json_object": True}),
+        ({"response_format": {"type": "text"}}, None),
+        ({"structured_outputs": {"choice": ["yes", "no"]}}, {"choice": ["yes", "no"]}),
+    ]
+    for fields, structure in cases:
+        status, reply = post(server, {"messages": user_turn(png_uri(1)), "max_tokens": 24, **fields})
+        reference = expected(pipe, 1, max_new_tokens=24, structured_outputs=structure)
+        assert status == 200 and reply["choices"][0]["message"]["content"] == reference.text, fields
+    assert reference.text in ("yes", "no")
+    assert reference.text != expected(pipe, 1, max_new_tokens=24).text
+
+
 def test_presence_and_frequency_penalties_and_logit_bias_are_the_pipeline_s(server, pipe):
     options = {"presence_penalty": 1.5, "frequency_penalty": 1.0}
     body = {
@@ -336,7 +372,7 @@ def test_presence_and_frequency_penalties_and_logit_bias_are_the_pipeline_s(serv
 def test_held_back_pieces_join_to_the_text_cut_at_its_first_stop_string(pieces, stops):
     """Whatever the pieces and stop strings: what is sent is the whole text cut before its first stop string, and
     no more than the longest stop string (less one character) is ever held back."""
-    from vlmspec.openai_api import cut_at_stop
+    from vlmspec.openai_replies import cut_at_stop
 
     holder = StopHolder(stops)
     sent = ""
@@ -566,6 +602,14 @@ def test_a_closed_server_refuses_new_requests_with_503(pipe):
         ({"min_tokens": 9, "max_tokens": 4}, "min_tokens", "more than max_tokens"),
         ({"stream_options": {"include_usage": True}}, "stream_options", '"stream": true'),
         ({"temperature": 1, "top_p": 0}, "top_p", "(0, 1]"),
+        ({"response_format": {"type": "json"}}, "response_format", "text, json_object or json_schema"),
+        ({"response_format": {"type": "json_schema"}}, "response_format", '"json_schema": {"name"'),
+        (
+            {"response_format": {"type": "json_object"}, "structured_outputs": {}},
+            "structured_outputs",
+            "not both",
+        ),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs", "exactly one"),
     ],
 )
 def test_settings_that_contradict_each_other_are_refused(fields, param, words):
@@ -644,7 +688,7 @@ def test_logprobs_that_would_not_fit_in_memory_are_refused(server):
 
 
 def test_logprob_bytes_of_tokens_inside_a_character_join_to_it(pipe):
-    from vlmspec.openai_api import _token_entry
+    from vlmspec.openai_replies import _token_entry
 
     ids = pipe.tokenizer("a😀b é", add_special_tokens=False)["input_ids"]
     entries = [_token_entry(pipe.tokenizer, i, 0.0) for i in ids]
@@ -804,7 +848,7 @@ def test_request_fields_of_the_wrong_kind_are_refused(fields, param):
 def test_the_earliest_stop_string_in_the_text_wins_and_eos_ends_as_stop():
     from types import SimpleNamespace
 
-    from vlmspec.openai_api import cut_at_stop, finish_reason
+    from vlmspec.openai_replies import cut_at_stop, finish_reason
 
     assert cut_at_stop("abXcdY", ["Y", "X"]) == ("ab", True)
     assert finish_reason(SimpleNamespace(token_ids=[5, 2]), False, 2, (2,)) == "stop"

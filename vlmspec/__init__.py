@@ -15,6 +15,7 @@ from .prefix_cache import PrefixCache
 from .requests import RequestFeed
 from .scores import TokenScores
 from .streaming import StreamPiece
+from .structured import StructuredOutputs
 from .tree import TokenTree
 
 __version__ = "0.1.0"
@@ -29,6 +30,7 @@ __all__ = [
     "SpecOutput",
     "SpecStats",
     "StreamPiece",
+    "StructuredOutputs",
     "TokenScores",
     "TokenTree",
     "TreePolicy",

@@ -16,7 +16,7 @@ verification, :meth:`DraftTree.commit` keeps the accepted path's entries and dro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -61,6 +61,15 @@ class DraftVocab:
         return tokens.clamp(max=self.embeddable - 1)
 
 
+class DraftConstraint(Protocol):
+    """What the draft may propose after each node, beyond its vocabulary (a request's structured outputs,
+    :class:`~vlmspec.structured.GrammarGuide`)."""
+
+    def allowed(self, tokens: torch.Tensor, parents: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+        """``[k, V]`` bool: the tokens allowed after each of ``nodes`` ``[k]`` of a tree of ``tokens``, ``parents``."""
+        ...
+
+
 def draft_vocab(
     target: torch.nn.Module, draft: torch.nn.Module | None, processor: Any = None
 ) -> DraftVocab | None:
@@ -79,9 +88,13 @@ def draft_vocab(
 
 def _rows(model: torch.nn.Module) -> tuple[int, int]:
     """Rows of ``model``'s input embedding table and of its output head (the table's, when it has no head)."""
-    rows = model.get_input_embeddings().weight.shape[0]
+    return model.get_input_embeddings().weight.shape[0], logits_width(model)
+
+
+def logits_width(model: torch.nn.Module) -> int:
+    """How many logits ``model`` gives per position: its output head's rows (its input table's when it has none)."""
     head = model.get_output_embeddings()
-    return rows, head.weight.shape[0] if head is not None else rows
+    return (head if head is not None else model.get_input_embeddings()).weight.shape[0]
 
 
 class DraftTree:
@@ -101,6 +114,8 @@ class DraftTree:
         depth_limit: children deeper than this are silently not added (the engine lowers it near
             ``max_new_tokens`` so no verification work is wasted).
         vocab: the pair's :class:`DraftVocab` (``None``: the draft's ids are the target's, as they are).
+        constraint: what the draft may propose after each node (``None``: any token of ``vocab``); its
+            distributions are renormalised over the allowed tokens (a node allowing none keeps them all).
     """
 
     def __init__(
@@ -112,9 +127,11 @@ class DraftTree:
         pending: torch.Tensor,
         depth_limit: int,
         vocab: DraftVocab | None = None,
+        constraint: DraftConstraint | None = None,
     ) -> None:
         self.adapter = adapter
         self.vocab = vocab
+        self.constraint = constraint
         self.dtype = adapter.dtype
         self.state = state
         self.root_position = root_position
@@ -315,7 +332,7 @@ class DraftTree:
         self._root_slot = self._start + k - 1
         self._slots[0] = self._root_slot
         self._tree_start = self._start + k
-        return self._probs_of(logits[-1:])
+        return self._probs_of(logits[-1:], self._tokens.new_zeros(1))
 
     def _forward_nodes(self, nodes: torch.Tensor) -> torch.Tensor:
         past = self.state.length
@@ -328,12 +345,18 @@ class DraftTree:
         positions = self.root_position + self._depths[nodes]
         logits = self.adapter.forward(self.state, self._tokens[nodes], positions, bias)  # [n, V]
         self._slots[nodes] = torch.arange(past, past + n, device=nodes.device)
-        return self._probs_of(logits)
+        return self._probs_of(logits, nodes)
 
-    def _probs_of(self, logits: torch.Tensor) -> torch.Tensor:
-        """``[n, V]`` float32 draft probabilities, over the target's ids only with a :class:`DraftVocab`."""
+    def _probs_of(self, logits: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+        """``[n, V]`` float32 draft probabilities after ``nodes`` ``[n]``, over the target's ids only with a
+        :class:`DraftVocab`, over the allowed ones only with a constraint."""
         logits = logits.float()
-        return torch.softmax(logits if self.vocab is None else self.vocab.fit(logits), dim=-1)
+        logits = logits if self.vocab is None else self.vocab.fit(logits)
+        if self.constraint is not None:
+            allowed = self.constraint.allowed(self.tokens, self.parents, nodes)  # [n, V]
+            masked = logits.masked_fill(~allowed, float("-inf"))
+            logits = torch.where(torch.isfinite(masked).any(-1, keepdim=True), masked, logits)
+        return torch.softmax(logits, dim=-1)
 
     def _reserve(self, size: int) -> None:
         cap = self._tokens.shape[0]

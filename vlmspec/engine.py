@@ -23,6 +23,7 @@ from .processors import LogitsProcessing
 from .sampling import Sampler, SamplingParams
 from .scores import ScoreLog, TokenScores
 from .stopping import StopCriteria
+from .structured import Grammar
 from .timing import StageClock
 from .tree import TokenTree
 from .verify import Acceptance
@@ -138,6 +139,7 @@ def speculative_generate(
     on_tokens: Callable[[list[int]], None] | None = None,
     processing: LogitsProcessing | NodeProcessing | None = None,
     scores: ScoreLog | None = None,
+    grammar: Grammar | None = None,
 ) -> tuple[list[int], SpecStats]:
     """Generate with tree speculative decoding: greedy, or sampling from the target's own distribution.
 
@@ -154,6 +156,8 @@ def speculative_generate(
             suppressed tokens; or transformers' whole list, :mod:`vlmspec.node_processors`), applied to the
             target's logits of every node before any token is chosen.
         scores: keeps the target's logits and scores behind each emitted token (``output_scores``), if given.
+        grammar: the structure the reply follows (structured outputs, :mod:`vlmspec.structured`): it masks the
+            target's logits after ``processing``, and the draft's, at every node.
 
     Returns:
         The generated token ids (EOS included when produced, like ``generate()``) and the statistics.
@@ -177,6 +181,9 @@ def speculative_generate(
     if processing is not None:
         processed = processing.start(target_inputs["input_ids"][0], logits.shape[-1])
         logits = processed.first(logits)
+    guide = grammar.start() if grammar is not None else None
+    if guide is not None:
+        logits = guide.first(logits)
     if scores is not None:
         scores.add(prefill.logits[None], logits[None])
     root = logits.argmax() if sampler is None else sampler.sample(logits)  # []
@@ -194,13 +201,17 @@ def speculative_generate(
     done = _emit([int(root)], tokens, stop, scores, on_tokens)
     if processed is not None:
         processed.commit(root.reshape(1))
+    if guide is not None:
+        guide.commit(tokens)
     clock.lap("emit")  # the first token's (each step's own emission is in its verify lap)
     t_dtype = target.dtype  # read once: through a request's adapter views it is an attribute chain
     while not done:
         # 3. Draft a tree (the policy decides its shape); never deeper than the tokens still wanted.
         if d_state is not None:
             limit = stop.max_new_tokens - len(tokens) - 1
-            builder = DraftTree(draft.adapter, d_state, root, position, pending, limit, vocab=draft.vocab)
+            builder = DraftTree(
+                draft.adapter, d_state, root, position, pending, limit, vocab=draft.vocab, constraint=guide
+            )
             tree = policy.build_tree(builder)
         else:
             builder, tree = None, TokenTree.root_only(root)
@@ -217,6 +228,8 @@ def speculative_generate(
         # generate()'s processors on each node's logits, with the sequence that node ends
         if processed is not None:
             logits = processed.tree(logits, tree, len(tokens))
+        if guide is not None:  # the structure's masks come after, as a logits_processor list does
+            logits = guide.tree(logits, tree)
 
         # 5. Accept a path and the target's next token (greedy: the longest path matching the target's argmax;
         #    sampling: the same walk following one draw from the target's warped distribution per node).
@@ -243,6 +256,8 @@ def speculative_generate(
             scores.add(raw[on_path], logits[on_path])
         before = len(tokens)
         done = _emit(new, tokens, stop, scores, on_tokens)
+        if guide is not None and not done:
+            guide.commit(new)
         # Statistics count only accepted tokens that were emitted (a stop condition may cut the step short).
         _count_step(stats, policy, tree.num_nodes, min(a - 1, len(tokens) - before))
         root = acc.next_token

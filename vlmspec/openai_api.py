@@ -1,6 +1,6 @@
 """OpenAI's chat-completions API over a pipeline: a request's JSON in, ``pipe(...)`` keyword arguments out (its media
-fetched or read as it allows), and the response, stream chunks and errors back in OpenAI's shapes
-(:mod:`vlmspec.serving` decodes them, :mod:`vlmspec.serving_http` is the HTTP server around them).
+fetched or read as it allows), and errors in OpenAI's shape (:mod:`vlmspec.openai_replies` makes the responses,
+:mod:`vlmspec.serving` decodes the requests, :mod:`vlmspec.serving_http` is the HTTP server around them).
 
 What a request may hold, and what it becomes:
 
@@ -23,6 +23,9 @@ What a request may hold, and what it becomes:
 * ``logprobs`` / ``top_logprobs`` (up to 20; whole replies only): each token's log-probability under the
   distribution it was chosen from (the target's own, read off the verification forwards: ``output_scores``).
 
+* ``response_format`` (``{"type": "json_object"}``, or ``"json_schema"`` with ``{"schema": {...}}``), or vLLM's
+  ``structured_outputs`` (``{"json": ...}``, ``{"regex": ...}``, ``{"choice": [...]}``, ``{"grammar": ...}``): the
+  reply follows it, as the target's own under that constraint (:mod:`vlmspec.structured`).
 * ``n``: that many replies (whole replies only), decoding together; sampled ones each their own draw (``seed + i``
   with a ``seed``), a greedy one decoded once and given ``n`` times (greedy replies are all the same).
 
@@ -30,33 +33,27 @@ A request the pipeline refuses once its media are loaded (a picture that is not 
 vocabulary, a prompt longer than the context) is a 400 whose ``param`` is the field the error names
 (:func:`refused_field`).
 
-Refused by name (HTTP 400, OpenAI's error shape): tools and function calls, a ``response_format`` other than
-text, and any field not listed here (OpenAI refuses unknown arguments too). ``user``, ``metadata``, ``store`` and
+Refused by name (HTTP 400, OpenAI's error shape): tools and function calls, and any field not listed here (OpenAI refuses unknown arguments too). ``user``, ``metadata``, ``store`` and
 ``service_tier`` are accepted and ignored. A response carries, beside OpenAI's fields, ``vlmspec``: the
 request's speculative-decoding statistics (``mean_accepted``, ``tokens_per_step``, ``steps``, ...).
 """
 
 from __future__ import annotations
 
-import functools
 import tempfile
 import time
 import urllib.error
 import urllib.request
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import torch
-
-from .engine import SpecOutput
+from .errors import VLMSpecError
+from .structured import StructuredOutputs
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier"})
-STATS_FIELDS = ("policy", "steps", "mean_accepted", "tokens_per_step", "tokens_per_second", "total_seconds")
-"""``SpecStats`` fields a response carries under ``vlmspec``."""
 
 
 class APIError(Exception):
@@ -165,6 +162,9 @@ def chat_request(body: Any, model: str, media: MediaAccess, default_max_tokens: 
             raise APIError("n > 1 is served with whole replies only: leave out stream or n", "n")
         if request.top_logprobs is not None:
             request.kwargs["output_scores"] = True
+        structure = _structure(body.get("response_format"), body.get("structured_outputs"))
+        if structure is not None:
+            request.kwargs["structured_outputs"] = structure
     except BaseException:
         request.cleanup()
         raise
@@ -177,7 +177,6 @@ _OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "functions": (None, []),
     "function_call": (None, "none"),
     "parallel_tool_calls": (None, False, True),
-    "response_format": (None, {"type": "text"}),
 }
 """Fields vlmspec does not implement, and the values that ask for nothing (OpenAI's defaults)."""
 _KNOWN = {
@@ -192,14 +191,12 @@ _KNOWN = {
     "n",
 }
 _KNOWN |= {"stop", "stream", "stream_options", "repetition_penalty", "min_tokens", "logprobs", "top_logprobs"}
-_KNOWN |= {"presence_penalty", "frequency_penalty", "logit_bias"}
+_KNOWN |= {"presence_penalty", "frequency_penalty", "logit_bias", "response_format", "structured_outputs"}
 _KNOWN |= IGNORED_FIELDS | set(_OFF_VALUES)
 FETCH_CHUNK = 2**16
 """The most bytes one read of a media fetch takes (it returns what has come; the time is checked between reads)."""
 MAX_TOP_LOGPROBS = 20
 MAX_CHOICES = 16
-LOWEST_LOGPROB = -9999.0
-"""What a token the distribution excludes (``-inf``) is given as: JSON has no infinity (OpenAI's value too)."""
 
 
 REQUEST_FIELDS = {
@@ -209,6 +206,7 @@ REQUEST_FIELDS = {
     "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty",
     "logit_bias": "logit_bias",
+    "structured_outputs": "response_format",
     "repetition_penalty": "repetition_penalty",
     "temperature": "temperature",
     "top_p": "top_p",
@@ -227,6 +225,35 @@ def refused_field(error: Exception) -> str | None:
     message = str(error)
     found = [(message.find(name), field) for name, field in REQUEST_FIELDS.items() if name in message]
     return min(found)[1] if found else None
+
+
+def _structure(response_format: Any, structured_outputs: Any) -> StructuredOutputs | None:
+    """OpenAI's ``response_format`` or vLLM's ``structured_outputs`` as ``pipe(structured_outputs=...)``."""
+    if response_format is not None and structured_outputs is not None:
+        raise APIError("give response_format or structured_outputs, not both", "structured_outputs")
+    if structured_outputs is not None:
+        try:
+            return StructuredOutputs.of(structured_outputs)
+        except VLMSpecError as error:
+            raise APIError(str(error), "structured_outputs") from None
+    kind = response_format.get("type") if isinstance(response_format, dict) else response_format
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return StructuredOutputs(json_object=True)
+    if kind != "json_schema":
+        raise APIError(
+            f"response_format={response_format!r:.60} is invalid: its type is text, json_object or json_schema",
+            "response_format",
+        )
+    schema = response_format.get("json_schema")
+    schema = schema.get("schema") if isinstance(schema, dict) else None
+    if not isinstance(schema, dict):
+        raise APIError(
+            'response_format of type json_schema needs "json_schema": {"name": ..., "schema": {...}}',
+            "response_format",
+        )
+    return StructuredOutputs(json=schema)
 
 
 def _check_fields(body: dict[str, Any]) -> None:
@@ -471,155 +498,3 @@ def _logprobs(body: dict[str, Any], stream: bool) -> int | None:
             "logprobs are returned with whole replies only: leave out stream or logprobs", "logprobs"
         )
     return top or 0
-
-
-# ---- responses -----------------------------------------------------------------------------------------------
-def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
-    """``text`` up to the first of ``stops`` it holds (OpenAI leaves the stop string out), and whether one was."""
-    found = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return (text[: min(found)], True) if found else (text, False)
-
-
-def finish_reason(output: SpecOutput, stopped: bool, max_tokens: int, eos_ids: tuple[int, ...]) -> str:
-    """``"length"`` when the reply ran to ``max_tokens`` without an EOS or a stop string, else ``"stop"``."""
-    ended = stopped or bool(output.token_ids and output.token_ids[-1] in eos_ids)
-    return "length" if not ended and len(output.token_ids) >= max_tokens else "stop"
-
-
-def logprobs(output: SpecOutput, tokenizer: Any, content: str, top: int) -> dict[str, Any]:
-    """OpenAI's ``logprobs`` of a reply: each token of ``content`` with its log-probability under the distribution
-    it was chosen from (``generate()``'s scores: after its processors and, when sampling, its warpers) and the
-    ``top`` likeliest alternatives. Tokens after ``content`` (an EOS, a cut stop string) are left out."""
-    scores = torch.log_softmax(output.scores.scores.float(), dim=-1).clamp(min=LOWEST_LOGPROB)  # [T, V]
-    entries = []
-    for k in range(_tokens_within(tokenizer, output.token_ids, content)):
-        token = output.token_ids[k]
-        entry = _token_entry(tokenizer, token, scores[k, token].item())
-        best = torch.topk(scores[k], top)
-        pairs = zip(best.indices.tolist(), best.values.tolist(), strict=True)
-        entry["top_logprobs"] = [_token_entry(tokenizer, i, value) for i, value in pairs]
-        entries.append(entry)
-    return {"content": entries}
-
-
-def _tokens_within(tokenizer: Any, ids: list[int], content: str) -> int:
-    """How many of ``ids`` make up ``content``: the longest prefix whose text fits in it, special tokens ending
-    it (a binary search: the text of a prefix grows with it)."""
-    specials = set(tokenizer.all_special_ids)
-    end = next((k for k, token in enumerate(ids) if token in specials), len(ids))
-    low, high = 0, end
-    while low < high:
-        middle = (low + high + 1) // 2
-        if len(tokenizer.decode(ids[:middle], skip_special_tokens=True)) <= len(content):
-            low = middle
-        else:
-            high = middle - 1
-    return low
-
-
-def _token_entry(tokenizer: Any, token: int, logprob: float) -> dict[str, Any]:
-    text = tokenizer.decode([token])
-    return {"token": text, "logprob": logprob, "bytes": _token_bytes(tokenizer, token, text)}
-
-
-def _token_bytes(tokenizer: Any, token: int, text: str) -> list[int]:
-    """The UTF-8 bytes ``token`` stands for: its text's, or, where the token is part of a character (its text is
-    U+FFFD), its bytes as a byte-level BPE vocabulary (GPT-2's, Qwen's) spells them, so that joining the tokens'
-    bytes gives the character as OpenAI's ``bytes`` field promises."""
-    piece = tokenizer.convert_ids_to_tokens(token)
-    alphabet = _byte_alphabet()
-    if "\ufffd" in text and isinstance(piece, str) and piece and all(c in alphabet for c in piece):
-        return [alphabet[c] for c in piece]
-    return list(text.encode())
-
-
-@functools.cache
-def _byte_alphabet() -> dict[str, int]:
-    """Byte-level BPE's spelling of bytes: printable Latin-1 bytes as themselves, the others as ``chr(256 + i)``
-    in byte order (the GPT-2 tokenizer's mapping, which Qwen's tokenizers share)."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("\xa1"), ord("\xac") + 1),
-        *range(ord("\xae"), 256),
-    ]
-    others = [b for b in range(256) if b not in printable]
-    return {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
-
-
-def choice(index: int, text: str, reason: str, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One reply of a ``chat.completion``."""
-    message = {"role": "assistant", "content": text}
-    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
-
-
-def usage(output: SpecOutput) -> dict[str, Any]:
-    """OpenAI's usage object; ``prompt_tokens_details.cached_tokens``: the prompt tokens taken from the server's
-    prefix cache instead of prefilled (:mod:`vlmspec.prefix_cache`)."""
-    prompt, completion = output.stats.prompt_tokens, len(output.token_ids)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": output.stats.cached_prompt_tokens},
-    }
-
-
-def stats(output: SpecOutput) -> dict[str, Any]:
-    return {name: getattr(output.stats, name) for name in STATS_FIELDS}
-
-
-@dataclass(frozen=True)
-class Reply:
-    """The identity every object of one reply shares (``id``, ``created``, ``model``)."""
-
-    model: str
-    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
-    created: int = field(default_factory=lambda: int(time.time()))
-
-    def completion(self, choices: list[dict[str, Any]], outputs: list[SpecOutput]) -> dict[str, Any]:
-        """The whole reply (``chat.completion``): its :func:`choice` s, made from ``outputs`` (one prompt's)."""
-        tokens = usage(outputs[0])
-        tokens["completion_tokens"] = sum(len(output.token_ids) for output in outputs)
-        tokens["total_tokens"] = tokens["prompt_tokens"] + tokens["completion_tokens"]
-        return self._object("chat.completion", choices, usage=tokens, vlmspec=stats(outputs[0]))
-
-    def chunk(self, delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
-        """One streamed piece (``chat.completion.chunk``)."""
-        return self._object("chat.completion.chunk", [{"index": 0, "delta": delta, "finish_reason": reason}])
-
-    def usage_chunk(self, output: SpecOutput) -> dict[str, Any]:
-        """The last chunk of a stream with ``include_usage``: no choices, the usage and statistics."""
-        return self._object("chat.completion.chunk", [], usage=usage(output), vlmspec=stats(output))
-
-    def _object(self, kind: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        head = {"id": self.id, "object": kind, "created": self.created, "model": self.model}
-        return {**head, "choices": choices, **extra}
-
-
-class StopHolder:
-    """Stream text with the stop strings left out: holds back the end of the text that could begin one.
-
-    Only the text not sent yet is kept and searched (no stop string lies wholly in what was sent), so each piece
-    costs its own length and the longest stop string's, not the reply's."""
-
-    def __init__(self, stops: list[str]) -> None:
-        self.stops = stops
-        self.hold = max((len(s) for s in stops), default=1) - 1
-        self.pending = ""
-        self.stopped = False
-
-    def push(self, piece: str) -> str:
-        """The text that can be sent now that ``piece`` has come ("" after a stop string)."""
-        if self.stopped:
-            return ""
-        cut, self.stopped = cut_at_stop(self.pending + piece, self.stops)
-        end = len(cut) if self.stopped else max(0, len(cut) - self.hold)
-        out, self.pending = cut[:end], cut[end:]
-        return out
-
-    def finish(self) -> str:
-        """What is left to send at the end of the reply."""
-        if self.stopped:
-            return ""
-        out, self.pending = self.pending, ""
-        return out

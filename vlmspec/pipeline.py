@@ -62,6 +62,7 @@ from .requests import (
 from .saving import read_settings, save_pipeline, saved_policy
 from .scores import ScoreLog, check_output_scores
 from .streaming import StreamPiece, check_stream_kwargs, check_streamer, stream_call
+from .structured import StructuredOutputs
 
 DEFAULT_POLICY = "sage"
 
@@ -320,6 +321,7 @@ class VLMSpecPipeline:
         inputs: Mapping[str, Any] | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         output_scores: bool = False,
+        structured_outputs: StructuredOutputs | Mapping[str, Any] | None = None,
         **unknown: Any,
     ) -> SpecOutput:
         """Generate a reply to ``prompt`` about ``image`` (and/or ``video``), or to a conversation (``messages``).
@@ -355,6 +357,9 @@ class VLMSpecPipeline:
                 target's ``generation_config``'s; ``[]``: none, decode to ``max_new_tokens`` or a stop string).
             output_scores: also return the target's logits and scores behind each new token (``output.scores``,
                 :class:`~vlmspec.scores.TokenScores`), as ``generate(output_logits=True, output_scores=True)``.
+            structured_outputs: the reply follows a JSON schema, a regular expression, a list of choices or a
+                grammar (a :class:`~vlmspec.StructuredOutputs` or a dict of its fields: ``{"json": schema}``), as
+                the target's own under that constraint (:mod:`vlmspec.structured`).
             **unknown: none is taken: a keyword argument not listed here is refused by name, with the nearest
                 valid name (``max_tokens``: did you mean ``max_new_tokens``?).
 
@@ -485,6 +490,7 @@ class VLMSpecPipeline:
             draft,
             streamer=a.streamer,
             processing=settings.processing,
+            grammar=settings.grammar,
             scores=partial(ScoreLog, settings.sampling, settings.renormalize)
             if check_output_scores(a.output_scores)
             else None,
@@ -535,6 +541,7 @@ class VLMSpecPipeline:
             on_tokens=on_tokens,
             processing=call.processing,
             scores=scores,
+            grammar=call.grammar,
         )
         if turn is not None:
             turn.end(token_ids)

@@ -11,11 +11,13 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence, S
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .draft import logits_width
 from .errors import InputTypeError, InvalidInputError
 from .node_processors import NodeProcessing
 from .processors import LogitsProcessing, OccurrencePenalties
 from .sampling import SamplingParams
 from .stopping import StopCriteria, eos_token_ids, token_ids
+from .structured import Grammar, StructuredOutputs, compile_structured
 from .validation import did_you_mean
 
 if TYPE_CHECKING:
@@ -137,6 +139,7 @@ class PreparedRequest:
     streamer: Any = None
     processing: LogitsProcessing | None = None
     scores: Callable[[], ScoreLog] | None = None
+    grammar: Grammar | None = None
 
 
 Requests = Iterable[dict[str, Any] | Callable[[], dict[str, Any]]] | RequestFeed
@@ -255,13 +258,15 @@ class CallHooks:
 @dataclass(frozen=True)
 class DecodingSettings:
     """How one request decodes: its sampling settings (``None``: greedy), its stop conditions, ``generate()``'s
-    logits processors its target's ``generation_config`` and arguments turn on (``None``: none), and whether its
-    scores end log-softmaxed (``renormalize_logits``, :class:`~vlmspec.scores.ScoreLog`)."""
+    logits processors its target's ``generation_config`` and arguments turn on (``None``: none), whether its
+    scores end log-softmaxed (``renormalize_logits``, :class:`~vlmspec.scores.ScoreLog`) and the structure its
+    reply follows (``None``: any)."""
 
     sampling: SamplingParams | None
     stop: StopCriteria
     processing: LogitsProcessing | NodeProcessing | None
     renormalize: bool = False
+    grammar: Grammar | None = None
 
 
 def decoding_settings(
@@ -319,4 +324,8 @@ def decoding_settings(
         max_new_tokens=stop.max_new_tokens,
         custom=custom,
     )
-    return DecodingSettings(sampling, stop, processing, renormalize=bool(config.renormalize_logits))
+    structure = StructuredOutputs.of(a.structured_outputs)
+    grammar = None
+    if structure is not None:
+        grammar = compile_structured(structure, tokenizer, logits_width(target), stop.eos_token_ids)
+    return DecodingSettings(sampling, stop, processing, bool(config.renormalize_logits), grammar)

@@ -35,18 +35,8 @@ from concurrent.futures import Future, wait
 from typing import Any
 
 from .errors import InvalidInputError, VLMSpecError
-from .openai_api import (
-    APIError,
-    ChatRequest,
-    MediaAccess,
-    Reply,
-    StopHolder,
-    choice,
-    cut_at_stop,
-    finish_reason,
-    logprobs,
-    refused_field,
-)
+from .openai_api import APIError, ChatRequest, MediaAccess, refused_field
+from .openai_replies import Reply, StopHolder, choice, cut_at_stop, finish_reason, logprobs
 from .requests import RequestFeed
 from .server_metrics import ServerMetrics
 from .serving_http import HTTPServer

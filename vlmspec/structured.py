@@ -1,0 +1,310 @@
+"""Structured outputs: replies that follow a JSON schema, a regular expression, a list of choices or a grammar,
+decoded through the token tree and still the target's own.
+
+A request's :class:`StructuredOutputs` (vLLM's ``StructuredOutputsParams``; OpenAI's ``response_format`` in
+``vlmspec serve``) is compiled by xgrammar, vLLM's and SGLang's default backend, against the pair's tokenizer into
+a token-level automaton (:func:`compile_structured`). The request keeps one ``GrammarMatcher`` over the tokens it
+emits (:class:`GrammarGuide`), and masks logits in two places:
+
+* **The target's.** Every verified node's logits get ``-inf`` at each token the grammar forbids after that node's
+  sequence: the tokens emitted so far, then the node's path below the root. xgrammar's ``traverse_draft_tree``
+  (SGLang's way for EAGLE trees) walks the tree depth first, accepting each node's token and rolling it back, so
+  one pass gives every node's mask. A node the grammar rejects cannot be accepted (its token has probability 0
+  under its parent's mask), and no reply goes on after a stop token, so the rows of such nodes are left unmasked. The reply is the target's own under these masks:
+  ``generate()`` with xgrammar's logits processor (``xgrammar.contrib.hf.LogitsProcessor``, after ``generate()``'s
+  own processors, as a ``logits_processor`` list is), greedy token for token, sampled by the same law (the masks
+  are a logits processor, and sampling after processors is lossless, :mod:`vlmspec.verify`).
+* **The draft's.** The draft's distribution at every node it expands is masked the same way, so it proposes only
+  tokens the grammar allows: where the grammar forces a token (a key of the schema, a closing brace) the draft
+  proposes exactly it and the target accepts it. The draft only proposes, so this changes speed, not output.
+
+The matcher runs on the host: each draft forward and each verification reads its tree's tokens there (a host
+sync the masks need), paid only by requests with structured outputs.
+
+Choices where vLLM leaves them open, made the same way as vLLM's xgrammar backend: a JSON schema is compiled in
+xgrammar's strict mode (no properties beyond the schema's unless it allows them) with any whitespace between
+tokens; ``disable_any_whitespace`` allows none beyond one space after ``:`` and ``,`` (vLLM's option of that name:
+a small model can loop on newlines where whitespace is free); ``json_object`` is any JSON object; ``choice`` is
+the grammar ``root ::= "a" | "b" | ...``. The reply ends with one of the request's EOS ids once the grammar is
+complete (the EOS ids are the grammar's stop tokens), so a request with structured outputs needs one.
+"""
+
+from __future__ import annotations
+
+import json as json_module
+import re
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from .errors import InputTypeError, InvalidInputError
+from .validation import did_you_mean
+
+KINDS = ("json", "regex", "choice", "grammar", "json_object")
+"""The ways to give a structure; a request gives exactly one."""
+
+
+@dataclass(frozen=True)
+class StructuredOutputs:
+    """What a reply must follow (vLLM's ``StructuredOutputsParams``); exactly one of the first five is set.
+
+    Attributes:
+        json: a JSON schema, as a dict or as JSON text.
+        regex: a regular expression the whole reply matches.
+        choice: the reply is one of these strings.
+        grammar: an EBNF grammar (xgrammar's / llama.cpp's GBNF dialect; the rule ``root`` is the reply).
+        json_object: any JSON object (OpenAI's ``{"type": "json_object"}``).
+        disable_any_whitespace: JSON without free whitespace (module docstring).
+    """
+
+    json: str | Mapping[str, Any] | None = None
+    regex: str | None = None
+    choice: Sequence[str] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self) -> None:
+        given = [kind for kind in KINDS if getattr(self, kind) not in (None, False)]
+        if len(given) != 1:
+            raise InvalidInputError(
+                f"structured_outputs sets {' and '.join(given) or 'nothing'}: set exactly one of "
+                f"{', '.join(KINDS)}"
+            )
+        for name in ("json_object", "disable_any_whitespace"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputTypeError(
+                    f"structured_outputs.{name}={getattr(self, name)!r:.40} is invalid: use True/False"
+                )
+        kind, value = given[0], getattr(self, given[0])
+        if kind == "json":
+            object.__setattr__(self, "json", _schema_text(value))
+        elif kind == "choice":
+            object.__setattr__(self, "choice", _choices(value))
+        elif kind in ("regex", "grammar") and (not isinstance(value, str) or not value):
+            raise InputTypeError(
+                f"structured_outputs.{kind}={value!r:.60} is invalid: use a non-empty string"
+            )
+
+    @classmethod
+    def of(cls, value: Any) -> StructuredOutputs | None:
+        """``value`` as a :class:`StructuredOutputs`: one already, a dict of its fields, or ``None``.
+
+        Raises:
+            InputTypeError: another type, or a dict key that is not a field (named with the nearest one).
+        """
+        if value is None or isinstance(value, cls):
+            return value
+        if not isinstance(value, Mapping):
+            raise InputTypeError(
+                f"structured_outputs={value!r:.60} is invalid: use a StructuredOutputs or a dict such as "
+                '{"json": schema}, {"regex": "..."} or {"choice": ["yes", "no"]}'
+            )
+        names = [f.name for f in fields(cls)]
+        unknown = [key for key in value if key not in names]
+        if unknown:
+            raise InputTypeError(
+                f"structured_outputs has no field {unknown[0]!r:.40}: it takes {', '.join(names)}"
+                f"{did_you_mean(str(unknown[0]), names)}"
+            )
+        return cls(**value)
+
+    @property
+    def kind(self) -> str:
+        """The one of :data:`KINDS` that is set."""
+        return next(kind for kind in KINDS if getattr(self, kind) not in (None, False))
+
+
+def _schema_text(schema: Any) -> str:
+    """A JSON schema (a dict or JSON text) as JSON text, checked to be a JSON object."""
+    if isinstance(schema, str):
+        try:
+            parsed = json_module.loads(schema)
+        except ValueError as error:
+            raise InvalidInputError(
+                f"structured_outputs.json is not JSON text ({error}): give a JSON schema"
+            ) from None
+    else:
+        parsed = schema
+    if not isinstance(parsed, Mapping):
+        raise InputTypeError(
+            f"structured_outputs.json={schema!r:.60} is invalid: use a JSON schema (a dict, or its JSON text)"
+        )
+    try:
+        return json_module.dumps(parsed, sort_keys=True)
+    except (TypeError, ValueError) as error:
+        raise InputTypeError(f"structured_outputs.json cannot be written as JSON: {error}") from None
+
+
+def _choices(choice: Any) -> tuple[str, ...]:
+    if isinstance(choice, (str, bytes)) or not isinstance(choice, Sequence) or not choice:
+        raise InputTypeError(
+            f"structured_outputs.choice={choice!r:.60} is invalid: use a non-empty list of strings"
+        )
+    bad = [c for c in choice if not isinstance(c, str) or not c]
+    if bad:
+        raise InputTypeError(
+            f"structured_outputs.choice holds {bad[0]!r:.40}: every choice is a non-empty string"
+        )
+    return tuple(choice)
+
+
+_COMPILERS: weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], Any]] = (
+    weakref.WeakKeyDictionary()
+)
+_COMPILERS_LOCK = threading.Lock()
+
+
+def _compiler(tokenizer: Any, width: int, stop_ids: tuple[int, ...]) -> Any:
+    """xgrammar's compiler for ``tokenizer`` over ``width`` logits with ``stop_ids`` ending a complete reply,
+    made once per tokenizer and kept while it lives (its own cache keeps the grammars it compiled)."""
+    import xgrammar
+
+    with _COMPILERS_LOCK:
+        made = _COMPILERS.setdefault(tokenizer, {})
+        if (width, stop_ids) not in made:
+            info = xgrammar.TokenizerInfo.from_huggingface(
+                tokenizer, vocab_size=width, stop_token_ids=list(stop_ids)
+            )
+            made[width, stop_ids] = xgrammar.GrammarCompiler(info)
+        return made[width, stop_ids]
+
+
+def compile_structured(
+    spec: StructuredOutputs, tokenizer: Any, width: int, stop_ids: Sequence[int]
+) -> Grammar:
+    """``spec`` compiled for a pair whose tokenizer is ``tokenizer`` and whose target gives ``width`` logits, the
+    reply ending with one of ``stop_ids`` (the request's EOS ids).
+
+    Raises:
+        InvalidInputError: no EOS id, or a schema, expression or grammar xgrammar cannot compile (its message).
+        ImportError: xgrammar is not installed.
+    """
+    if not stop_ids:
+        raise InvalidInputError(
+            "structured_outputs needs an EOS token to end the reply once it is complete, but this request has "
+            "none (eos_token_id=[]); leave eos_token_id unset, or give one"
+        )
+    try:
+        import xgrammar  # noqa: F401
+    except ImportError as error:
+        raise ImportError(
+            "structured_outputs need xgrammar, a dependency of vlmspec: pip install 'xgrammar>=0.2.8'"
+        ) from error
+    compiler = _compiler(tokenizer, width, tuple(stop_ids))
+    any_whitespace = not spec.disable_any_whitespace
+    try:
+        if spec.json is not None:
+            compiled = compiler.compile_json_schema(spec.json, any_whitespace=any_whitespace)
+        elif spec.json_object:
+            compiled = compiler.compile_json_schema(
+                '{"type": "object"}', strict_mode=False, any_whitespace=any_whitespace
+            )
+        elif spec.regex is not None:
+            compiled = compiler.compile_regex(spec.regex)
+        elif spec.choice is not None:
+            compiled = compiler.compile_grammar("root ::= " + " | ".join(map(json_module.dumps, spec.choice)))
+        else:
+            compiled = compiler.compile_grammar(spec.grammar)
+    except RuntimeError as error:  # xgrammar's parsers and converters raise it with their message
+        reason = re.sub(r"^\[[\d:]+\] \S+: ", "", str(error).strip())
+        value = getattr(spec, spec.kind)
+        raise InvalidInputError(
+            f"structured_outputs.{spec.kind}={value!r:.80} cannot be compiled: {reason:.300}"
+        ) from None
+    return Grammar(compiled, width)
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A compiled :class:`StructuredOutputs`, shared by requests; :meth:`start` gives one request's guide.
+
+    Attributes:
+        compiled: xgrammar's ``CompiledGrammar``.
+        width: the target's logits width (the masks' last dimension).
+    """
+
+    compiled: Any
+    width: int
+
+    def start(self) -> GrammarGuide:
+        return GrammarGuide(self)
+
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+class GrammarGuide:
+    """One request's place in its grammar: the tokens it emitted so far (:meth:`commit`), and the masks of the
+    logits after them (:meth:`first`, :meth:`tree`) and after any draft node (:meth:`allowed`)."""
+
+    def __init__(self, grammar: Grammar) -> None:
+        import xgrammar
+
+        self.grammar = grammar
+        self.matcher = xgrammar.GrammarMatcher(grammar.compiled)
+
+    def first(self, logits: torch.Tensor) -> torch.Tensor:
+        """The prefill's ``[V]`` logits, masked: the first new token's."""
+        return self._masked(logits[None], self._bitmask(torch.zeros(1, dtype=torch.long), [-1]))[0]
+
+    def tree(self, logits: torch.Tensor, tree: Any) -> torch.Tensor:
+        """A verification's ``[N+1, V]`` logits, masked: each node's with the grammar after its path."""
+        return self._masked(logits, self._tree_bitmask(tree.tokens, tree.parents))
+
+    def allowed(self, tokens: torch.Tensor, parents: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+        """``[k, V]`` bool, the tokens the grammar allows after each of ``nodes`` ``[k]`` of a draft tree whose
+        nodes have ``tokens`` and ``parents`` ``[n]`` (node 0, the root, already emitted)."""
+        bitmask = self._tree_bitmask(tokens, parents)[nodes.cpu()]
+        return _unpack(bitmask.to(tokens.device), self.grammar.width)
+
+    def commit(self, tokens: list[int]) -> None:
+        """Move past emitted ``tokens``.
+
+        Raises:
+            InvalidInputError: a token the grammar forbids: the call's other processors (``min_new_tokens``,
+                suppressed tokens, ``logit_bias``) left the target no token the grammar allows.
+        """
+        for token in tokens:
+            if not self.matcher.is_terminated() and not self.matcher.accept_token(token):
+                raise InvalidInputError(
+                    f"structured_outputs: the target emitted token {token}, which the structure forbids there, "
+                    "because the call's other settings (min_new_tokens, suppressed tokens, logit_bias, ...) "
+                    "banned every token it allows; drop the setting that conflicts with the structure"
+                )
+
+    def _tree_bitmask(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """``[n, W]`` int32 xgrammar bitmask of a tree of ``n`` nodes (``parents[0] = -1``), one host read."""
+        host = torch.stack([tokens, parents]).cpu()
+        return self._bitmask(host[0], host[1].tolist())
+
+    def _bitmask(self, tokens: torch.Tensor, parents: list[int]) -> torch.Tensor:
+        import xgrammar
+
+        n = len(parents)
+        first_child, next_sibling = [-1] * n, [-1] * n
+        for node in range(n - 1, 0, -1):  # children in id order: each is its parent's first before its elder
+            parent = parents[node]
+            next_sibling[node], first_child[parent] = first_child[parent], node
+        bitmask = xgrammar.allocate_token_bitmask(n, self.grammar.width)  # all allowed
+        self.matcher.traverse_draft_tree(
+            torch.tensor(first_child), torch.tensor(next_sibling), tokens.long(), bitmask
+        )
+        # a node past the reply's end (after a stop token) allows nothing: it is never decoded from, and its row
+        # is left whole so that every row stays a distribution
+        bitmask[(bitmask == 0).all(dim=1)] = -1
+        return bitmask
+
+    def _masked(self, logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+        allowed = _unpack(bitmask.to(logits.device), logits.shape[-1])
+        return logits.masked_fill(~allowed, float("-inf"))
+
+
+def _unpack(bitmask: torch.Tensor, width: int) -> torch.Tensor:
+    """``[n, W]`` int32 bitmask (bit ``j`` of word ``i``: token ``32 i + j``) as ``[n, width]`` bool."""
+    bits = (bitmask[:, :, None] >> _BITS.to(bitmask.device)) & 1
+    return bits.flatten(1)[:, :width].bool()
