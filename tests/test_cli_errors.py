@@ -67,6 +67,9 @@ CASES = [
     (["bench", "--throughput", "0"], "--throughput must be >= 1, got 0"),
     (["bench", "--out", "{notes}"], "notes.txt' is a file: give a folder"),
     (["demo", "--dtype", "float8"], "argument --dtype: invalid choice: 'float8'"),
+    (["demo", "--choice", " , "], "structured_outputs.choice=[] is invalid"),  # before the models load
+    (["demo", "--json-schema", "[1]"], "structured_outputs.json='[1]' is invalid"),
+    (["demo", "--regex", "a", "--choice", "b"], "not allowed with argument --regex"),
     (
         ["bench", "--methods", "chain", "--edd", "{videos}"],
         "is for the edd+<policy> rows, and --methods names none",

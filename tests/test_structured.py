@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 
 import pytest
@@ -16,6 +17,7 @@ from conftest import make_image
 from scipy.stats import chisquare
 
 from vlmspec import InputTypeError, InvalidInputError, StructuredOutputs, VLMSpecPipeline, get_policy
+from vlmspec.cli import main as cli_main
 from vlmspec.draft import DraftTree, logits_width
 from vlmspec.structured import GrammarGuide, compile_structured
 from vlmspec.testbed import sample
@@ -66,7 +68,7 @@ def test_every_policy_s_structured_reply_is_generate_s_with_xgrammar_s_processor
     expected = reference(mini, inputs, structure, 64)
     text = mini.tokenizer.decode(expected, skip_special_tokens=True)
     if kind == "json":
-        assert set(json.loads(text)) == {"shapes", "caption"}  # complete and valid: the grammar ended it
+        assert list(json.loads(text)) == ["shapes", "caption"]  # complete, valid, in the schema's order
     plain = mini(example.image, example.prompt, max_new_tokens=64).token_ids
     assert expected != plain
     for policy in POLICIES:
@@ -266,3 +268,17 @@ def test_structure_conflicts_are_refused_with_what_to_do(mini):
         mini(prompt="Hi.", structured_outputs={"choice": ["a"]}, min_new_tokens=4)
     with pytest.raises(InputTypeError, match="structured_outputs=.*use a StructuredOutputs or a dict"):
         mini(prompt="Hi.", structured_outputs="json")
+
+
+def test_the_demo_captions_under_a_structure_identical_to_generate_s(capsys):
+    assert (
+        cli_main(
+            ["demo", "--pair", "testbed-mini", "--choice", "a circle, a square", "--max-new-tokens", "8"]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert (
+        re.search(r"caption: +a (circle|square)\n", printed) and "output vs generate(): identical" in printed
+    )
+    assert "scene facts" not in printed

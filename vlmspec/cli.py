@@ -42,6 +42,7 @@ def trace_summary(trace: list[dict]) -> str:
 
 def demo(args: argparse.Namespace) -> int:
     _check_files(args)
+    structure = _structure(args)  # checked before the models load
     pipe = load_pipeline(args, "vlmspec demo")
     example = None if (args.image or args.video) else bundled_example()
     image = args.image or (None if args.video else _example_image())  # --image and --video: both
@@ -50,10 +51,12 @@ def demo(args: argparse.Namespace) -> int:
     pipe(image, prompt, video=args.video, max_new_tokens=4)  # warm-up: torch's one-off first-call costs
     if args.chat:
         return _chat(pipe, image, prompt, args)
-    out = pipe(image, prompt, video=args.video, max_new_tokens=args.max_new_tokens)
+    out = pipe(
+        image, prompt, video=args.video, max_new_tokens=args.max_new_tokens, structured_outputs=structure
+    )
     print(f"prompt:    {prompt}")
     print(f"caption:   {out.text}")
-    if example is not None:
+    if example is not None and structure is None:
         from .testbed import fact_accuracy
 
         correct, total = fact_accuracy(out.text, example["reference"])
@@ -66,8 +69,24 @@ def demo(args: argparse.Namespace) -> int:
     if summary:
         print(summary)
     if args.compare:
-        _compare_with_generate(pipe, out, image, prompt, args)
+        _compare_with_generate(pipe, out, image, prompt, args, structure)
     return 0
+
+
+def _structure(args: argparse.Namespace) -> Any:
+    """The demo's ``structured_outputs`` from ``--json-schema`` (a file or JSON text), ``--regex`` or ``--choice``."""
+    from .structured import StructuredOutputs
+
+    whitespace = {"disable_any_whitespace": True} if args.disable_any_whitespace else {}
+    if args.json_schema is not None:
+        path = Path(args.json_schema)
+        text = path.read_text() if path.suffix == ".json" and path.is_file() else args.json_schema
+        return StructuredOutputs(json=text, **whitespace)
+    if args.regex is not None:
+        return StructuredOutputs(regex=args.regex)
+    if args.choice is not None:
+        return StructuredOutputs(choice=[c.strip() for c in args.choice.split(",") if c.strip()])
+    return StructuredOutputs(json_object=True, **whitespace) if whitespace else None
 
 
 def load_pipeline(args: argparse.Namespace, command: str) -> Any:
@@ -230,12 +249,15 @@ def _check_policy(args: argparse.Namespace, command: str) -> None:
     check_greedy(policy, f"{command} decodes greedily", instead)
 
 
-def _compare_with_generate(pipe: Any, out: Any, image: Any, prompt: str, args: argparse.Namespace) -> None:
-    """Runs transformers' own greedy ``generate()`` on the target; prints its speed, identity and the speed-up."""
+def _compare_with_generate(
+    pipe: Any, out: Any, image: Any, prompt: str, args: argparse.Namespace, structure: Any = None
+) -> None:
+    """Runs transformers' own greedy ``generate()`` on the target (with xgrammar's logits processor for a
+    ``structure``); prints its speed, identity and the speed-up."""
     inputs = pipe.prepare_inputs(image, prompt, video=args.video)
     pipe.reference_generate(inputs, max_new_tokens=4)  # warm-up, as for the speculative run
     start = time.perf_counter()
-    reference = pipe.reference_generate(inputs, max_new_tokens=args.max_new_tokens)
+    reference = pipe.reference_generate(inputs, args.max_new_tokens, structured_outputs=structure)
     seconds = time.perf_counter() - start
     same = "identical" if reference == out.token_ids else "DIFFERENT"
     print(f"transformers generate(): {len(reference)} tokens, {len(reference) / seconds:.1f} tokens/s")
@@ -373,6 +395,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a conversation: the image/video and prompt first, then one turn per line you type (an empty line or "
         "end of input ends it); replies stream, the caches carry over between turns",
+    )
+    structured = d.add_mutually_exclusive_group()
+    structured.add_argument(
+        "--json-schema", help="the reply follows this JSON schema (a .json file, or JSON text)"
+    )
+    structured.add_argument("--regex", help="the reply matches this regular expression")
+    structured.add_argument("--choice", help="the reply is one of these comma-separated strings")
+    d.add_argument(
+        "--disable-any-whitespace",
+        action="store_true",
+        help="JSON without free whitespace (alone: any JSON object); see vlmspec.structured",
     )
     d.set_defaults(func=demo)
     add_serve_command(sub)

@@ -62,7 +62,7 @@ from .requests import (
 from .saving import read_settings, save_pipeline, saved_policy
 from .scores import ScoreLog, check_output_scores
 from .streaming import StreamPiece, check_stream_kwargs, check_streamer, stream_call
-from .structured import StructuredOutputs
+from .structured import StructuredOutputs, generate_processor
 
 DEFAULT_POLICY = "sage"
 
@@ -286,13 +286,16 @@ class VLMSpecPipeline:
 
     # ---- generation ---------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def reference_generate(self, inputs: dict[str, torch.Tensor], max_new_tokens: int) -> list[int]:
-        """The target's own greedy ``generate()`` on ``inputs`` (from :meth:`prepare_inputs`): the new token ids.
-
-        This is what users run without vlmspec, and what greedy speculative output must equal token for token
-        (the tokenizer: for the config's ``stop_strings``).
-        """
+    def reference_generate(
+        self, inputs: dict[str, torch.Tensor], max_new_tokens: int, structured_outputs: Any = None
+    ) -> list[int]:
+        """The new ids of the target's own greedy ``generate()`` on ``inputs`` (with xgrammar's processor under
+        ``structured_outputs``): what users run without vlmspec, and what greedy speculative output equals."""
         options = dict(do_sample=False, max_new_tokens=max_new_tokens, tokenizer=self.tokenizer)
+        if structured_outputs is not None:
+            options["logits_processor"] = [
+                generate_processor(structured_outputs, self.tokenizer, self.target)
+            ]
         out = self.target.generate(**inputs, **options)
         return out[0, inputs["input_ids"].shape[1] :].tolist()
 

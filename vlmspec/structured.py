@@ -134,8 +134,8 @@ def _schema_text(schema: Any) -> str:
         raise InputTypeError(
             f"structured_outputs.json={schema!r:.60} is invalid: use a JSON schema (a dict, or its JSON text)"
         )
-    try:
-        return json_module.dumps(parsed, sort_keys=True)
+    try:  # the properties keep their order: a reply lists them in it
+        return json_module.dumps(parsed)
     except (TypeError, ValueError) as error:
         raise InputTypeError(f"structured_outputs.json cannot be written as JSON: {error}") from None
 
@@ -217,6 +217,20 @@ def compile_structured(
             f"structured_outputs.{spec.kind}={value!r:.80} cannot be compiled: {reason:.300}"
         ) from None
     return Grammar(compiled, width)
+
+
+def generate_processor(spec: StructuredOutputs | Mapping[str, Any], tokenizer: Any, target: Any) -> Any:
+    """xgrammar's logits processor for ``target.generate(logits_processor=[...])`` under ``spec``: structured
+    outputs as a user runs them without vlmspec, and what a structured reply equals (one per ``generate()``)."""
+    import xgrammar.contrib.hf
+
+    from .draft import logits_width
+    from .stopping import eos_token_ids
+
+    grammar = compile_structured(
+        StructuredOutputs.of(spec), tokenizer, logits_width(target), eos_token_ids(target)
+    )
+    return xgrammar.contrib.hf.LogitsProcessor(grammar.compiled)
 
 
 @dataclass(frozen=True)
