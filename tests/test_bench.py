@@ -460,3 +460,19 @@ def test_a_row_s_speedups_and_identical_column_come_from_its_runs():
     assert (
         cell_row(ar, "image_caption", list(ar_runs.values()), ar_runs, references, None)["identical"] is False
     )
+
+
+def test_a_structured_bench_compares_every_row_with_generate_under_xgrammar(pair_args, tmp_path):
+    """--structured-outputs: every engine row is identical to hf_generate's reply with xgrammar's processor;
+    hf_assisted has none, said in its row; a bad structure is one line, before any model work."""
+    structure = {"regex": "[a-z]{2,5}( [a-z]{2,5}){1,3}"}
+    out = tmp_path / "run"
+    argv = [*pair_args, *FAST, "--methods", "ar,hf_assisted,sage,chain", "--tasks", "image_caption", "--no-plots",
+            "--out", str(out), "--structured-outputs", json.dumps(structure)]  # fmt: skip
+    assert bench.main(argv) == 0
+    result = json.loads((out / "bench.json").read_text())
+    rows = {r["method"]: r for r in result["rows"]}
+    assert result["settings"]["structured_outputs"] == structure
+    assert all(rows[m]["identical"] is True and rows[m]["error"] is None for m in ("ar", "sage", "chain"))
+    assert "hf_assisted has no structured outputs" in rows["hf_assisted"]["error"]
+    assert bench.main([*argv[:-1], '{"regex": 3}']) == 1

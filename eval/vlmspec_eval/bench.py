@@ -37,14 +37,15 @@ from typing import Any
 
 import torch
 
+from vlmspec import StructuredOutputs
 from vlmspec.cli import ArgumentParser, check_output_path
 from vlmspec.costs import DEFAULT_BUDGET_FACTOR, check_budget_factor
 from vlmspec.named_pairs import ResolvedPair
 from vlmspec.probe import check_sizes
 
 from .analysis import entropy_report, tau_vs_length, token_entropies
-from .cost import PROBE_SIZES, CostProbe, run_cost_probe
-from .flag_types import batch_sizes, beam_width, budget, comma_list, json_options
+from .cost import PROBE_SIZES, choose_budget, run_cost_probe
+from .flag_types import batch_sizes, beam_width, budget, comma_list, json_object
 from .methods import (
     AR,
     EDD_PREFIX,
@@ -116,6 +117,7 @@ class BenchConfig:
     beam_width: int | None = None
     dsbd_options: dict[str, Any] = field(default_factory=dict)
     edd: str = "auto"
+    structured_outputs: dict[str, Any] | None = None
 
     def validated(self) -> BenchConfig:
         """A copy with names resolved and checked.
@@ -151,6 +153,10 @@ class BenchConfig:
             dsbd_policy(self.dsbd_options)
         except (ValueError, TypeError) as err:
             raise ValueError(f"dsbd options {self.dsbd_options!r} are invalid: {err}") from err
+        try:
+            StructuredOutputs.of(self.structured_outputs)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"--structured-outputs: {err}") from err
         methods = resolve_methods(self.methods)
         if self.edd != "auto" and not any(m.startswith(EDD_PREFIX) for m in methods):
             raise ValueError(f"--edd {self.edd!r} is for the edd+<policy> rows, and --methods names none")
@@ -210,7 +216,7 @@ def _run(config: BenchConfig, pipe: Any) -> dict[str, Any]:
     probe_on = (prepared[items[0].task, 0], items[0].task, config.probe_sizes, config.probe_runs)
     probe = run_cost_probe(pipe, *probe_on)
     pipe.costs, pipe.budget_factor = probe, config.auto_factor  # every policy is fitted to this probe
-    budget, budget_note = choose_budget(config, probe)
+    budget, budget_note = choose_budget(config.budget, config.auto_factor, probe)
     log(
         f"cost probe done (c_t(64)/c_t(1) = {probe.target_cost(64) / probe.target_cost(1):.2f}); {budget_note}"
     )
@@ -235,8 +241,10 @@ def _run(config: BenchConfig, pipe: Any) -> dict[str, Any]:
         else:
             log(f"no EDD rows: {missing}")
 
+    structure = config.structured_outputs
     references = {
-        key: pipe.reference_generate(inputs, config.max_new_tokens) for key, inputs in prepared.items()
+        key: pipe.reference_generate(inputs, config.max_new_tokens, structure)
+        for key, inputs in prepared.items()
     }
     records = measure(pipe, variants, items, prepared, config, log)
     entropies = entropy_series(pipe, items, prepared, records)
@@ -275,21 +283,6 @@ def sampling_sections(
     return out
 
 
-def choose_budget(config: BenchConfig, probe: CostProbe) -> tuple[int | None, str]:
-    """The node budget the tree policies run with and a sentence saying where it came from."""
-    if config.budget == "auto":
-        budget = probe.node_budget(config.auto_factor)
-        ratio = probe.target_cost(budget + 1) / probe.target_cost(1)
-        return budget, (
-            f"auto: {budget} nodes, the largest tree whose verification costs <= {config.auto_factor:g}x a "
-            f"one-token forward on this machine (c_t({budget + 1})/c_t(1) = {ratio:.2f}); depth "
-            f"{probe.depth_budget(budget)} where a policy has one (vlmspec.costs)"
-        )
-    if config.budget is None:
-        return None, "policy defaults (sage n_max 32, sage_paper n_max 64, static 63 paths)"
-    return int(config.budget), f"{int(config.budget)} nodes (--budget), depths fitted to the probe"
-
-
 def measure(
     pipe: Any,
     variants: Sequence[Variant],
@@ -307,7 +300,9 @@ def measure(
 
     def run(key: str, item: TaskInput, repeat: int) -> RunRecord:
         inputs = prepared[item.task, item.index]
-        return run_variant(pipe, usable[key], item, inputs, config.max_new_tokens, repeat)
+        return run_variant(
+            pipe, usable[key], item, inputs, config.max_new_tokens, repeat, config.structured_outputs
+        )
 
     return interleaved(items, config.repeats, list(usable), run, log, warm_up=True)
 
@@ -388,6 +383,7 @@ def settings(
         "probe_sizes": list(config.probe_sizes),
         "probe_runs": config.probe_runs,
         "threads": torch.get_num_threads(),
+        "structured_outputs": config.structured_outputs,
     }
 
 
@@ -469,8 +465,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
       help="also bench dsbd vs the target's beam and multinomial sampling on image_qa: tok/s, perplexity, exact match")  # fmt: skip
     a("--beam-width", type=beam_width, default=None,
       help="--dsbd: beam sampling's width, N or 'auto' (default: dsbd's mean output width)")  # fmt: skip
-    a("--dsbd-options", type=json_options, default={},
+    a("--dsbd-options", type=json_object("--dsbd-options", '{"threshold": 0.7}'), default={},
       help="--dsbd: JSON of dsbd config options, e.g. '{\"threshold\": 0.7}' (default: the paper's)")  # fmt: skip
+    a("--structured-outputs", type=json_object("--structured-outputs", '{"regex": "[a-z ]+"}'), default=None,
+      help="every row's reply follows this structure (pipe(structured_outputs=...): json, regex, choice, grammar or "
+      "json_object), hf_generate's through xgrammar's logits processor; hf_assisted has none")  # fmt: skip
     a("--edd", default="auto",
       help="EDD draft for the edd+<policy> rows: a folder, or 'auto' (the one shipped for a testbed pair)")  # fmt: skip
     a("--throughput", type=batch_sizes("--throughput"), default=None, metavar="SIZES",

@@ -229,3 +229,19 @@ def probe_overhead_share(record: RunRecord, probe: CostProbe | None) -> float | 
     phases = phase_breakdown(record)
     busy = phases["target_prefill"] + phases["draft_prefill"] + terms[1]
     return max(1.0 - busy / max(record.total_s, 1e-9), 0.0)
+
+
+def choose_budget(budget: int | str | None, factor: float, probe: CostProbe) -> tuple[int | None, str]:
+    """The node budget the tree policies of a bench run with (``budget``: ``"auto"`` (within ``factor`` one-token
+    forwards of ``probe``), a number or ``None`` (each policy's default)) and a sentence saying where it came from."""
+    if budget == "auto":
+        budget = probe.node_budget(factor)
+        ratio = probe.target_cost(budget + 1) / probe.target_cost(1)
+        return budget, (
+            f"auto: {budget} nodes, the largest tree whose verification costs <= {factor:g}x a "
+            f"one-token forward on this machine (c_t({budget + 1})/c_t(1) = {ratio:.2f}); depth "
+            f"{probe.depth_budget(budget)} where a policy has one (vlmspec.costs)"
+        )
+    if budget is None:
+        return None, "policy defaults (sage n_max 32, sage_paper n_max 64, static 63 paths)"
+    return int(budget), f"{int(budget)} nodes (--budget), depths fitted to the probe"

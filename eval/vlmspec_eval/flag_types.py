@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from typing import Any
 
 from vlmspec.cli import positive_int
@@ -54,13 +55,18 @@ def beam_width(text: str) -> int | None:
     return None if text == "auto" else positive_int(text, "--beam-width", " or 'auto'")
 
 
-def json_options(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise argparse.ArgumentTypeError(
-            f"--dsbd-options takes a JSON object, e.g. '{{\"threshold\": 0.7}}', got {text!r} ({err.msg})"
-        ) from err
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"--dsbd-options takes a JSON object, got {text!r}")
-    return value
+def json_object(flag: str, example: str) -> Callable[[str], dict[str, Any]]:
+    """An argparse ``type``: a JSON object, else an error naming ``flag`` with ``example``."""
+
+    def parse(text: str) -> dict[str, Any]:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise argparse.ArgumentTypeError(
+                f"{flag} takes a JSON object, e.g. '{example}', got {text!r} ({err.msg})"
+            ) from err
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"{flag} takes a JSON object, got {text!r}")
+        return value
+
+    return parse

@@ -351,7 +351,13 @@ class RunRecord:
 
 
 def run_variant(
-    pipe: Any, variant: Variant, item: Any, inputs: dict[str, torch.Tensor], max_new_tokens: int, repeat: int
+    pipe: Any,
+    variant: Variant,
+    item: Any,
+    inputs: dict[str, torch.Tensor],
+    max_new_tokens: int,
+    repeat: int,
+    structure: dict[str, Any] | None = None,
 ) -> RunRecord:
     """Run ``variant`` once on ``item`` (a :class:`~vlmspec_eval.tasks.TaskInput`) and time it.
 
@@ -362,6 +368,7 @@ def run_variant(
         inputs: ``pipe.prepare_inputs`` of ``item`` (used by ``hf_assisted``).
         max_new_tokens: generation length.
         repeat: repeat index (recorded).
+        structure: the ``structured_outputs`` every reply follows (``None``: none).
     """
     record = RunRecord(
         key=variant.key, method=variant.method, task=item.task, index=item.index, repeat=repeat
@@ -369,20 +376,26 @@ def run_variant(
     pipe = variant.pipe or pipe
     recorder = ForwardRecorder(pipe.target, pipe.draft)
     if variant.method in TRANSFORMERS_METHODS:
-        _run_transformers(pipe, variant.method, inputs, max_new_tokens, record, recorder)
+        _run_transformers(pipe, variant.method, inputs, max_new_tokens, record, recorder, structure)
     else:
-        _run_engine(pipe, variant, item, max_new_tokens, record, recorder)
+        _run_engine(pipe, variant, item, max_new_tokens, record, recorder, structure)
     record.calls = recorder.calls
     return record
 
 
 def _run_engine(
-    pipe: Any, variant: Variant, item: Any, max_new_tokens: int, record: RunRecord, recorder: ForwardRecorder
+    pipe: Any,
+    variant: Variant,
+    item: Any,
+    max_new_tokens: int,
+    record: RunRecord,
+    recorder: ForwardRecorder,
+    structure: dict[str, Any] | None,
 ) -> None:
     with recorder.recording():
         out, record.error = generate_with(
             pipe, variant.policy, item, variant.method == AR, max_new_tokens=max_new_tokens,
-            prune_ratio=variant.prune_ratio,
+            prune_ratio=variant.prune_ratio, structured_outputs=structure,
         )  # fmt: skip
     if out is None:
         return
@@ -440,15 +453,21 @@ def _run_transformers(
     max_new_tokens: int,
     record: RunRecord,
     recorder: ForwardRecorder,
+    structure: dict[str, Any] | None = None,
 ) -> None:
-    """``hf_generate`` (the target's own greedy ``generate()``) or ``hf_assisted``, timed."""
+    """``hf_generate`` (the target's own greedy ``generate()``, with xgrammar's processor under a ``structure``)
+    or ``hf_assisted`` (none with a structure: xgrammar's processor takes one token per call), timed."""
     with recorder.recording():
         start = time.perf_counter()
         try:
+            if method == HF_ASSISTED and structure is not None:
+                raise TypeError(
+                    "hf_assisted has no structured outputs: xgrammar's processor takes a token per call"
+                )
             if method == HF_ASSISTED:
                 tokens = assisted_generate(pipe, inputs, max_new_tokens)
             else:
-                tokens = pipe.reference_generate(inputs, max_new_tokens)
+                tokens = pipe.reference_generate(inputs, max_new_tokens, structure)
         except Exception as err:  # transformers may fail in any way for a family; the row records how
             record.error = f"{type(err).__name__}: {err}".strip()
             return
