@@ -840,3 +840,28 @@ def test_merge_takes_only_the_job_s_part_files_and_repairs_a_torn_tail(vc, tmp_p
     with pytest.raises(vc.JobError):
         store.read_output(damaged, repair=True)
     assert damaged.read_bytes() == data
+
+
+def test_structured_captions_follow_the_structure_and_are_recorded_in_the_settings(
+    vc, caption_pair, six_videos, reference, tmp_path, capsys
+):
+    """--structured-outputs: every caption matches the expression (complete: the grammar ended it with EOS), at
+    batch 3 as at batch 1, and the line's settings say which structure; a bad one is refused before any work."""
+    regex = r"The video shows (one|two|three) shapes?( on a [a-z]+ background)?\."
+    structure = json.dumps({"regex": regex})
+    captions = {}
+    for batch in ("1", "3"):
+        out = tmp_path / f"structured{batch}.jsonl"
+        argv = [str(six_videos), "--out", str(out), *_pair_args(caption_pair), *COMMON, "--batch-size", batch]
+        assert vc.main([*argv, "--structured-outputs", structure]) == 0
+        records = _records(out)
+        assert all(r["settings"]["structured_outputs"] == {"regex": regex} for r in records)
+        captions[batch] = {r["id"]: r["caption"] for r in records}
+    assert captions["1"] == captions["3"] and len(captions["1"]) == 6
+    assert all(re.fullmatch(regex, caption) for caption in captions["1"].values()), captions["1"]
+    assert captions["1"] != reference
+    bad = [str(six_videos), "--out", str(tmp_path / "bad.jsonl"), *_pair_args(caption_pair)]
+    assert vc.main([*bad, "--structured-outputs", '{"regex": "a", "choice": ["a"]}']) == 1
+    assert "--structured-outputs: structured_outputs sets regex and choice" in capsys.readouterr().err
+    assert vc.main([*bad, "--structured-outputs", "[1]"]) == 1
+    assert "--structured-outputs must be a JSON object" in capsys.readouterr().err

@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a("--policy-options", default=keep, help="JSON object of policy options, e.g. '{\"n_max\": 32}'")
     a("--prompt", default=keep, help="prompt for videos without their own (manifest) prompt")
     a("--max-new-tokens", type=int, default=keep, help="most tokens per caption (default 256)")
+    a("--structured-outputs", default=keep,
+      help='JSON: every caption follows this structure, e.g. \'{"json": {...schema...}}\' or \'{"regex": "..."}\' '
+      "(pipe(structured_outputs=...))")  # fmt: skip
     a("--num-frames", type=int, default=keep, help="frames sampled per video (default 8)")
     a("--segment", type=float, default=keep,
       help="caption each video in windows of this many seconds, one line each (default: whole videos)")  # fmt: skip
@@ -103,17 +106,20 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         JobError: ``--policy-options`` is not a JSON object.
     """
     values = {key: getattr(args, key) for key in JobConfig.field_names() if hasattr(args, key)}
-    if "policy_options" in values:
-        try:
-            options = json.loads(values["policy_options"])
-        except json.JSONDecodeError as err:
-            raise JobError(
-                f"--policy-options is not valid JSON ({err}): {values['policy_options']!r}"
-            ) from err
-        if not isinstance(options, dict):
-            raise JobError(f"--policy-options must be a JSON object, got {values['policy_options']!r}")
-        values["policy_options"] = options
+    for name in ("policy_options", "structured_outputs"):
+        if name in values:
+            values[name] = _json_object(values[name], "--" + name.replace("_", "-"))
     return values
+
+
+def _json_object(text: str, flag: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise JobError(f"{flag} is not valid JSON ({err}): {text!r}") from err
+    if not isinstance(value, dict):
+        raise JobError(f"{flag} must be a JSON object, got {text!r}")
+    return value
 
 
 def run_args(args: argparse.Namespace) -> int:

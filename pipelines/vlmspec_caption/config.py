@@ -12,6 +12,7 @@ from typing import Any, Literal, get_args
 import yaml
 
 from vlmspec.errors import VLMSpecError
+from vlmspec.structured import StructuredOutputs
 from vlmspec.validation import check_field_types
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +69,7 @@ class JobConfig:
     threads: int | None = None
     progress: bool = True
     batch_size: int | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -147,6 +149,10 @@ class JobConfig:
             problems.append(f"min_pixels ({self.min_pixels}) must not exceed max_pixels ({self.max_pixels})")
         if not self.extensions:
             problems.append(f"{key('extensions')} must name at least one file extension")
+        try:
+            StructuredOutputs.of(self.structured_outputs)
+        except VLMSpecError as err:
+            problems.append(f"{key('structured_outputs')}: {err}")
         if problems:
             raise JobError(f"{source}: " + "; ".join(problems))
         return self
@@ -169,6 +175,8 @@ class JobConfig:
             "dtype": self.dtype,
             "policy_options": dict(self.policy_options),
         }
+        if self.structured_outputs is not None:
+            out["structured_outputs"] = self.structured_outputs
         if self.sampler == "qwen":
             out.update(
                 fps=self.fps,

@@ -60,6 +60,7 @@ def caption_request(item: VideoItem, config: JobConfig, frames: Callable[[VideoI
         "video": frames(item),
         "max_new_tokens": config.max_new_tokens,
         "num_frames": config.num_frames,
+        "structured_outputs": config.structured_outputs,
     }
 
 
