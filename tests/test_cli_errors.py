@@ -70,6 +70,7 @@ CASES = [
     (["demo", "--choice", " , "], "structured_outputs.choice=[] is invalid"),  # before the models load
     (["demo", "--json-schema", "[1]"], "structured_outputs.json='[1]' is invalid"),
     (["demo", "--regex", "a", "--choice", "b"], "not allowed with argument --regex"),
+    (["demo", "--json-schema", "{missing}.json"], "no such file (give a file or JSON text)"),
     (
         ["bench", "--methods", "chain", "--edd", "{videos}"],
         "is for the edd+<policy> rows, and --methods names none",

@@ -603,6 +603,7 @@ def test_a_closed_server_refuses_new_requests_with_503(pipe):
         ({"stream_options": {"include_usage": True}}, "stream_options", '"stream": true'),
         ({"temperature": 1, "top_p": 0}, "top_p", "(0, 1]"),
         ({"response_format": {"type": "json"}}, "response_format", "text, json_object or json_schema"),
+        ({"response_format": "json_object"}, "response_format", "use an object such as"),
         ({"response_format": {"type": "json_schema"}}, "response_format", '"json_schema": {"name"'),
         (
             {"response_format": {"type": "json_object"}, "structured_outputs": {}},

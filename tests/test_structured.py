@@ -240,6 +240,11 @@ def test_a_draft_constraint_renormalises_over_the_allowed_and_leaves_a_row_allow
         ({"choice": ["yes", ""]}, InputTypeError, "every choice"),
         ({"regex": 3}, InputTypeError, "non-empty string"),
         ({"json_object": "yes"}, InputTypeError, "True/False"),
+        (
+            {"regex": "a", "disable_any_whitespace": True},
+            InvalidInputError,
+            "for json and json_object, not regex",
+        ),
         ({"regx": "a"}, InputTypeError, "did you mean 'regex'"),
     ],
 )
@@ -282,3 +287,38 @@ def test_the_demo_captions_under_a_structure_identical_to_generate_s(capsys):
         re.search(r"caption: +a (circle|square)\n", printed) and "output vs generate(): identical" in printed
     )
     assert "scene facts" not in printed
+
+
+def test_choices_with_any_characters_are_each_reachable(mini):
+    """An emoji (beyond U+FFFF), quotes, backslashes and tabs: each choice is a reply the structure allows."""
+    choices = ["\U0001f600 yes", 'say "no"', "back\\slash", "tab\there"]
+    for choice in choices:
+        guide = grammar_of(mini, {"choice": choices}).start()
+        guide.commit(mini.tokenizer.encode(choice, add_special_tokens=False))
+        assert guide.matcher.is_completed(), choice
+    out = mini(prompt="Hi.", max_new_tokens=16, structured_outputs={"choice": choices[:1]})
+    assert out.text == choices[0]
+
+
+def test_a_grammar_that_allows_no_reply_says_so(mini):
+    with pytest.raises(InvalidInputError, match="allows no reply here"):
+        mini(prompt="Hi.", structured_outputs={"grammar": "root ::= root"})
+
+
+def test_the_demo_s_chat_keeps_the_structure_every_turn(capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("Again?\n\n"))
+    argv = [
+        "demo",
+        "--pair",
+        "testbed-mini",
+        "--choice",
+        "a circle,a square",
+        "--max-new-tokens",
+        "8",
+        "--chat",
+    ]
+    assert cli_main(argv) == 0
+    replies = re.findall(r"^vlmspec> (.*)$", capsys.readouterr().out, re.M)
+    assert len(replies) == 2 and all(r.strip() in ("a circle", "a square") for r in replies), replies

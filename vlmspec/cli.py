@@ -50,7 +50,7 @@ def demo(args: argparse.Namespace) -> int:
     prompt = args.prompt or (example["prompt"] if example else default)
     pipe(image, prompt, video=args.video, max_new_tokens=4)  # warm-up: torch's one-off first-call costs
     if args.chat:
-        return _chat(pipe, image, prompt, args)
+        return _chat(pipe, image, prompt, args, structure)
     out = pipe(
         image, prompt, video=args.video, max_new_tokens=args.max_new_tokens, structured_outputs=structure
     )
@@ -80,12 +80,18 @@ def _structure(args: argparse.Namespace) -> Any:
     whitespace = {"disable_any_whitespace": True} if args.disable_any_whitespace else {}
     if args.json_schema is not None:
         path = Path(args.json_schema)
-        text = path.read_text() if path.suffix == ".json" and path.is_file() else args.json_schema
+        if path.suffix == ".json" and not path.is_file():
+            raise InputNotFoundError(
+                f"--json-schema {args.json_schema!r}: no such file (give a file or JSON text)"
+            )
+        text = path.read_text() if path.suffix == ".json" else args.json_schema
         return StructuredOutputs(json=text, **whitespace)
     if args.regex is not None:
-        return StructuredOutputs(regex=args.regex)
+        return StructuredOutputs(regex=args.regex, **whitespace)
     if args.choice is not None:
-        return StructuredOutputs(choice=[c.strip() for c in args.choice.split(",") if c.strip()])
+        return StructuredOutputs(
+            choice=[c.strip() for c in args.choice.split(",") if c.strip()], **whitespace
+        )
     return StructuredOutputs(json_object=True, **whitespace) if whitespace else None
 
 
@@ -189,13 +195,13 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _chat(pipe: Any, image: Any, prompt: str, args: argparse.Namespace) -> int:
+def _chat(pipe: Any, image: Any, prompt: str, args: argparse.Namespace, structure: Any = None) -> int:
     """``demo --chat``: the first turn is the image (or video) and the prompt; then one turn per line typed (or
     piped) until an empty line or end of input. Replies stream as each verification step accepts tokens; after
     each, its statistics and how much of the prompt came from the caches of the earlier turns."""
     from transformers import TextStreamer
 
-    chat = pipe.chat(max_new_tokens=args.max_new_tokens)
+    chat = pipe.chat(max_new_tokens=args.max_new_tokens, structured_outputs=structure)
     streamer = TextStreamer(pipe.tokenizer, skip_prompt=True, skip_special_tokens=True)
     typed = sys.stdin.isatty()
     text, media = prompt, {"images": image, "video": args.video}

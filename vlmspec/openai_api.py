@@ -236,7 +236,12 @@ def _structure(response_format: Any, structured_outputs: Any) -> StructuredOutpu
             return StructuredOutputs.of(structured_outputs)
         except VLMSpecError as error:
             raise APIError(str(error), "structured_outputs") from None
-    kind = response_format.get("type") if isinstance(response_format, dict) else response_format
+    if response_format is not None and not isinstance(response_format, dict):
+        raise APIError(
+            f'response_format={response_format!r:.60} is invalid: use an object such as {{"type": "json_object"}}',
+            "response_format",
+        )
+    kind = response_format.get("type") if response_format is not None else None
     if kind in (None, "text"):
         return None
     if kind == "json_object":

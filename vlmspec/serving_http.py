@@ -82,7 +82,9 @@ class Handler(BaseHTTPRequestHandler):
                 raise
             except Exception as err:
                 logger.exception("request failed")
-                failure = APIError(f"the server failed on this request: {type(err).__name__}: {err}", 500)
+                failure = APIError(
+                    f"the server failed on this request: {type(err).__name__}: {err}", status=500
+                )
                 self._json(failure.status, failure.body())
         except OSError:  # the client left (while the request was read, decoded or answered)
             self.close_connection = True

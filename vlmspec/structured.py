@@ -81,6 +81,10 @@ class StructuredOutputs:
                     f"structured_outputs.{name}={getattr(self, name)!r:.40} is invalid: use True/False"
                 )
         kind, value = given[0], getattr(self, given[0])
+        if self.disable_any_whitespace and kind not in ("json", "json_object"):
+            raise InvalidInputError(
+                f"structured_outputs.disable_any_whitespace is for json and json_object, not {kind}: leave it out"
+            )
         if kind == "json":
             object.__setattr__(self, "json", _schema_text(value))
         elif kind == "choice":
@@ -153,6 +157,8 @@ def _choices(choice: Any) -> tuple[str, ...]:
     return tuple(choice)
 
 
+COMPILED_CACHE_BYTES = 2**28
+"""The most memory a tokenizer's compiled grammars are kept in (xgrammar's LRU; a server sees many schemas)."""
 _COMPILERS: weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], Any]] = (
     weakref.WeakKeyDictionary()
 )
@@ -170,7 +176,7 @@ def _compiler(tokenizer: Any, width: int, stop_ids: tuple[int, ...]) -> Any:
             info = xgrammar.TokenizerInfo.from_huggingface(
                 tokenizer, vocab_size=width, stop_token_ids=list(stop_ids)
             )
-            made[width, stop_ids] = xgrammar.GrammarCompiler(info)
+            made[width, stop_ids] = xgrammar.GrammarCompiler(info, cache_limit_bytes=COMPILED_CACHE_BYTES)
         return made[width, stop_ids]
 
 
@@ -207,7 +213,9 @@ def compile_structured(
         elif spec.regex is not None:
             compiled = compiler.compile_regex(spec.regex)
         elif spec.choice is not None:
-            compiled = compiler.compile_grammar("root ::= " + " | ".join(map(json_module.dumps, spec.choice)))
+            # literal characters (no \u escapes: xgrammar reads each half of a surrogate pair as a character)
+            literals = (json_module.dumps(choice, ensure_ascii=False) for choice in spec.choice)
+            compiled = compiler.compile_grammar("root ::= " + " | ".join(literals))
         else:
             compiled = compiler.compile_grammar(spec.grammar)
     except RuntimeError as error:  # xgrammar's parsers and converters raise it with their message
@@ -308,6 +316,11 @@ class GrammarGuide:
         self.matcher.traverse_draft_tree(
             torch.tensor(first_child), torch.tensor(next_sibling), tokens.long(), bitmask
         )
+        if not bitmask[0].any():  # the root's row: where the reply is now
+            raise InvalidInputError(
+                "structured_outputs allows no reply here: its grammar has no token after what was emitted (e.g. "
+                "a rule that only refers to itself); check the grammar"
+            )
         # a node past the reply's end (after a stop token) allows nothing: it is never decoded from, and its row
         # is left whole so that every row stays a distribution
         bitmask[(bitmask == 0).all(dim=1)] = -1
