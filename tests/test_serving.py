@@ -185,7 +185,7 @@ def test_a_seeded_sampled_request_is_the_pipelines_draw(server, pipe):
     ("body", "status", "param", "words"),
     [
         ({"messages": []}, 400, "messages", "non-empty list"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages", "role 'tool'"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages", "role 'robot'"),
         ({"messages": user_turn("data:,x"), "n": 17}, 400, "n", "[1, 16]"),
         ({"messages": user_turn("data:,x"), "frequency_penalty": 2.5}, 400, "frequency_penalty", "[-2, 2]"),
         (
@@ -208,9 +208,9 @@ def test_a_seeded_sampled_request_is_the_pipelines_draw(server, pipe):
             "integers from 0",
         ),
         (
-            {"messages": user_turn("data:,x"), "tools": [{"type": "function"}]},
+            {"messages": user_turn("data:,x"), "function_call": "auto"},
             400,
-            "tools",
+            "function_call",
             "does not implement",
         ),
         ({"messages": user_turn("data:,x"), "temprature": 0.5}, 400, "temprature", "unrecognized"),

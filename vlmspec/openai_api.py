@@ -26,6 +26,9 @@ What a request may hold, and what it becomes:
 * ``response_format`` (``{"type": "json_object"}``, or ``"json_schema"`` with ``{"schema": {...}}``), or vLLM's
   ``structured_outputs`` (``{"json": ...}``, ``{"regex": ...}``, ``{"choice": [...]}``, ``{"grammar": ...}``): the
   reply follows it, as the target's own under that constraint (:mod:`vlmspec.structured`).
+* ``tools``, ``tool_choice`` and ``parallel_tool_calls``, and ``tool`` turns and assistant ``tool_calls`` in
+  ``messages``: the chat template renders them, and the reply's tool calls are decoded and read as vLLM does
+  (:mod:`vlmspec.openai_tools`).
 * ``n``: that many replies (whole replies only), decoding together; sampled ones each their own draw (``seed + i``
   with a ``seed``), a greedy one decoded once and given ``n`` times (greedy replies are all the same).
 
@@ -33,7 +36,8 @@ A request the pipeline refuses once its media are loaded (a picture that is not 
 vocabulary, a prompt longer than the context) is a 400 whose ``param`` is the field the error names
 (:func:`refused_field`).
 
-Refused by name (HTTP 400, OpenAI's error shape): tools and function calls, and any field not listed here (OpenAI refuses unknown arguments too). ``user``, ``metadata``, ``store`` and
+Refused by name (HTTP 400, OpenAI's error shape): the legacy ``functions`` / ``function_call``, and any field not
+listed here (OpenAI refuses unknown arguments too). ``user``, ``metadata``, ``store`` and
 ``service_tier`` are accepted and ignored. A response carries, beside OpenAI's fields, ``vlmspec``: the
 request's speculative-decoding statistics (``mean_accepted``, ``tokens_per_step``, ``steps``, ...).
 """
@@ -50,9 +54,10 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .errors import VLMSpecError
+from .openai_tools import ToolCalling, ToolError, tool_calling
 from .structured import StructuredOutputs
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier"})
 
 
@@ -112,6 +117,7 @@ class ChatRequest:
         max_tokens: the reply's length limit.
         top_logprobs: with ``logprobs``, how many alternatives each token lists (``None``: no logprobs).
         n: how many replies (choices) to give.
+        tools: the request's tools and ``tool_choice`` (``None``: no tools).
         temp_files: fetched videos, to delete once the reply is done.
     """
 
@@ -122,6 +128,7 @@ class ChatRequest:
     max_tokens: int = 0
     top_logprobs: int | None = None
     n: int = 1
+    tools: ToolCalling | None = None
     temp_files: list[Path] = field(default_factory=list)
 
     def cleanup(self) -> None:
@@ -163,6 +170,10 @@ def chat_request(body: Any, model: str, media: MediaAccess, default_max_tokens: 
         if request.top_logprobs is not None:
             request.kwargs["output_scores"] = True
         structure = _structure(body.get("response_format"), body.get("structured_outputs"))
+        request.tools = _tools(body, structure)
+        if request.tools is not None:
+            request.kwargs["tools"] = list(request.tools.tools)
+            structure = structure or request.tools.structure()
         if structure is not None:
             request.kwargs["structured_outputs"] = structure
     except BaseException:
@@ -171,13 +182,7 @@ def chat_request(body: Any, model: str, media: MediaAccess, default_max_tokens: 
     return request
 
 
-_OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
-    "functions": (None, []),
-    "function_call": (None, "none"),
-    "parallel_tool_calls": (None, False, True),
-}
+_OFF_VALUES: dict[str, tuple[Any, ...]] = {"functions": (None, []), "function_call": (None, "none")}
 """Fields vlmspec does not implement, and the values that ask for nothing (OpenAI's defaults)."""
 _KNOWN = {
     "model",
@@ -192,6 +197,7 @@ _KNOWN = {
 }
 _KNOWN |= {"stop", "stream", "stream_options", "repetition_penalty", "min_tokens", "logprobs", "top_logprobs"}
 _KNOWN |= {"presence_penalty", "frequency_penalty", "logit_bias", "response_format", "structured_outputs"}
+_KNOWN |= {"tools", "tool_choice", "parallel_tool_calls"}
 _KNOWN |= IGNORED_FIELDS | set(_OFF_VALUES)
 FETCH_CHUNK = 2**16
 """The most bytes one read of a media fetch takes (it returns what has come; the time is checked between reads)."""
@@ -261,6 +267,19 @@ def _structure(response_format: Any, structured_outputs: Any) -> StructuredOutpu
     return StructuredOutputs(json=schema)
 
 
+def _tools(body: dict[str, Any], structure: StructuredOutputs | None) -> ToolCalling | None:
+    try:
+        tools = tool_calling(body)
+    except ToolError as error:
+        raise APIError(str(error), error.field) from None
+    if tools is not None and tools.forced and structure is not None:
+        raise APIError(
+            "a tool_choice that forces a call decodes under the tool's schema: leave out response_format",
+            "response_format",
+        )
+    return tools
+
+
 def _check_fields(body: dict[str, Any]) -> None:
     unknown = sorted(set(body) - _KNOWN)
     if unknown:
@@ -287,15 +306,45 @@ def _messages(messages: Any, media: MediaAccess, temp_files: list[Path]) -> list
         ):
             role = message.get("role") if isinstance(message, dict) else message
             raise APIError(f"{where}: role {role!r:.40} is not one of {', '.join(ROLES)}", "messages")
-        content = message.get("content")
+        content, kept = message.get("content"), _tool_keys(message, where)
         if isinstance(content, list):
             content = [
                 _part(part, f"{where}.content[{j}]", media, temp_files) for j, part in enumerate(content)
             ]
+        elif content is None and "tool_calls" in kept:
+            content = ""  # an assistant turn that only called tools
         elif not isinstance(content, str):
             raise APIError(f"{where}: content must be a string or a list of parts", "messages")
-        chat.append({"role": ROLES[message["role"]], "content": content})
+        chat.append({"role": ROLES[message["role"]], "content": content, **kept})
     return chat
+
+
+def _tool_keys(message: dict[str, Any], where: str) -> dict[str, Any]:
+    """An assistant turn's ``tool_calls`` and a tool turn's ``tool_call_id``, checked, for the chat template."""
+    kept = {}
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if (
+            message["role"] != "assistant"
+            or not isinstance(calls, list)
+            or not all(_is_call(c) for c in calls)
+        ):
+            raise APIError(
+                f'{where}: tool_calls go in assistant turns, as a list of {{"id": ..., "type": "function", '
+                '"function": {"name": ..., "arguments": "<JSON text>"}}',
+                "messages",
+            )
+        kept["tool_calls"] = calls
+    if message["role"] == "tool":
+        if not isinstance(message.get("tool_call_id"), str):
+            raise APIError(f"{where}: a tool turn needs the tool_call_id it answers", "messages")
+        kept["tool_call_id"] = message["tool_call_id"]
+    return kept
+
+
+def _is_call(call: Any) -> bool:
+    function = call.get("function") if isinstance(call, dict) else None
+    return isinstance(function, dict) and isinstance(function.get("name"), str)
 
 
 def _part(part: Any, where: str, media: MediaAccess, temp_files: list[Path]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .engine import SpecOutput
+from .openai_tools import ToolCalling
 
 STATS_FIELDS = ("policy", "steps", "mean_accepted", "tokens_per_step", "tokens_per_second", "total_seconds")
 """``SpecStats`` fields a response carries under ``vlmspec``."""
@@ -91,10 +92,29 @@ def _byte_alphabet() -> dict[str, int]:
     return {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
 
 
-def choice(index: int, text: str, reason: str, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One reply of a ``chat.completion``."""
-    message = {"role": "assistant", "content": text}
+def choice(
+    index: int,
+    text: str | None,
+    reason: str,
+    logprobs: dict[str, Any] | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """One reply of a ``chat.completion`` (its content ``text``, and its tool calls when it made any)."""
+    message = {"role": "assistant", "content": text, **({"tool_calls": tool_calls} if tool_calls else {})}
     return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
+
+
+def tool_reason(reason: str, tools: ToolCalling | None, calls: list[dict[str, Any]]) -> str:
+    """The finish reason of a reply that made ``calls``: ``tool_calls`` unless it was cut (``length``) or the
+    request named the function (OpenAI gives ``stop`` for a forced call)."""
+    if not calls or reason == "length" or (tools is not None and tools.choice not in ("auto", "required")):
+        return reason
+    return "tool_calls"
+
+
+def tool_call_deltas(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``calls`` as a stream chunk's ``tool_calls``: each whole, with its ``index``."""
+    return [{"index": i, **call} for i, call in enumerate(calls)]
 
 
 def usage(output: SpecOutput) -> dict[str, Any]:

@@ -23,22 +23,12 @@ import torch
 from . import hf_compat
 from .batching import DRAFT_FIRST, TARGET, Batcher, RowAdapter
 from .chat import Chat
+from .conversations import check_tools, encode_chat, normalize_messages
 from .costs import BudgetFactor, ForwardCosts
 from .draft import draft_vocab
 from .engine import DraftPrompt, SpecOutput, speculative_generate
 from .errors import InputTypeError, InvalidInputError
-from .inputs import (
-    ImageInput,
-    VideoInput,
-    check_num_frames,
-    check_placeholders,
-    check_prompt_inputs,
-    load_images,
-    load_video,
-    normalize_messages,
-    pad_frames,
-    run_processor,
-)
+from .inputs import ImageInput, VideoInput, check_num_frames, check_prompt_inputs, load_images, load_video
 from .kernels import onednn_linears
 from .loading import check_attention, check_compatible, load_pair, model_options
 from .models import EDDDraft, VLMAdapter, adapter_for
@@ -250,29 +240,21 @@ class VLMSpecPipeline:
         content.append({"type": "text", "text": prompt})
         return self._encode([{"role": "user", "content": content}], images, videos)
 
-    def prepare_messages(self, messages: Sequence[dict], num_frames: int = 8) -> dict[str, torch.Tensor]:
+    def prepare_messages(
+        self, messages: Sequence[dict], num_frames: int = 8, tools: Sequence[dict] | None = None
+    ) -> dict[str, torch.Tensor]:
         """Processor inputs (batch 1) for a conversation in transformers' chat format (see
-        :func:`vlmspec.inputs.normalize_messages`): system, user and assistant turns, images and videos in any
+        :func:`vlmspec.conversations.normalize_messages`): system, user and assistant turns, images and videos in any
         turn. The same inputs as ``processor.apply_chat_template(messages, tokenize=True, return_dict=True,
         add_generation_prompt=True)`` gives for the same media."""
         chat, images, videos = normalize_messages(messages, num_frames=num_frames)
-        return self._encode(chat, images, videos)
+        return self._encode(chat, images, videos, tools=check_tools(tools))
 
     def _encode(
-        self, chat: list[dict], images: list[Any], videos: list[tuple[Any, Any]]
+        self, chat: list[dict], images: list[Any], videos: list[tuple[Any, Any]], tools: Any = None
     ) -> dict[str, torch.Tensor]:
-        text = self.processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-        check_placeholders(self.processor, text, len(images), len(videos))
-        kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
-        if images:
-            kwargs["images"] = [images]  # nested per prompt: several images belong to one prompt
-        if videos:
-            least = self._target_adapter.min_video_frames
-            videos = [pad_frames(frames, metadata, least) for frames, metadata in videos]
-            kwargs["videos"] = [frames for frames, _ in videos]
-            kwargs["video_metadata"] = [metadata for _, metadata in videos]
-            kwargs["do_sample_frames"] = False  # frames are already sampled
-        inputs = run_processor(self.processor, kwargs)
+        least = self._target_adapter.min_video_frames
+        inputs = encode_chat(self.processor, chat, images, videos, least, tools)
         return {k: v.to(self._target_adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
 
     def default_batch_size(self) -> int:
@@ -325,6 +307,7 @@ class VLMSpecPipeline:
         eos_token_id: int | Sequence[int] | None = None,
         output_scores: bool = False,
         structured_outputs: StructuredOutputs | Mapping[str, Any] | None = None,
+        tools: Sequence[dict] | None = None,
         **unknown: Any,
     ) -> SpecOutput:
         """Generate a reply to ``prompt`` about ``image`` (and/or ``video``), or to a conversation (``messages``).
@@ -363,6 +346,7 @@ class VLMSpecPipeline:
             structured_outputs: the reply follows a JSON schema, a regular expression, a list of choices or a
                 grammar (a :class:`~vlmspec.StructuredOutputs` or a dict of its fields: ``{"json": schema}``), as
                 the target's own under that constraint (:mod:`vlmspec.structured`).
+            tools: with ``messages``: function specs the chat template renders (``apply_chat_template(tools=...)``).
             **unknown: none is taken: a keyword argument not listed here is refused by name, with the nearest
                 valid name (``max_tokens``: did you mean ``max_new_tokens``?).
 
@@ -458,6 +442,8 @@ class VLMSpecPipeline:
         )
         check_streamer(a.streamer)
         check_num_frames(num_frames)
+        if a.tools is not None and a.messages is None:
+            raise InvalidInputError("tools go with messages=[...]: the chat template renders them")
         # 2. Build the multimodal prompt once; the draft sees the same inputs.
         if a.inputs is not None:
             if a.messages is not None or prompt is not None or image is not None or video is not None:
@@ -468,7 +454,7 @@ class VLMSpecPipeline:
         elif a.messages is not None:
             if prompt is not None or image is not None or video is not None:
                 raise InvalidInputError("give either messages or image/prompt/video, not both")
-            inputs = self.prepare_messages(a.messages, num_frames=num_frames)
+            inputs = self.prepare_messages(a.messages, num_frames=num_frames, tools=a.tools)
         elif prompt is None:
             raise InputTypeError("pipe(...) needs a prompt (pipe(image, prompt)) or messages=[...]")
         else:

@@ -36,7 +36,17 @@ from typing import Any
 
 from .errors import InvalidInputError, VLMSpecError
 from .openai_api import APIError, ChatRequest, MediaAccess, refused_field
-from .openai_replies import Reply, StopHolder, choice, cut_at_stop, finish_reason, logprobs
+from .openai_replies import (
+    Reply,
+    StopHolder,
+    choice,
+    cut_at_stop,
+    finish_reason,
+    logprobs,
+    tool_call_deltas,
+    tool_reason,
+)
+from .openai_tools import TOOL_CALL_START
 from .requests import RequestFeed
 from .server_metrics import ServerMetrics
 from .serving_http import HTTPServer
@@ -240,10 +250,10 @@ class SpecServer:
     def _choice(self, index: int, output: Any, request: ChatRequest) -> dict[str, Any]:
         text, stopped = cut_at_stop(output.text, request.stop)
         reason = finish_reason(output, stopped, request.max_tokens, self.eos_ids)
+        content, calls = request.tools.calls(text) if request.tools is not None else (text, [])
         top = request.top_logprobs
-        return choice(
-            index, text, reason, None if top is None else logprobs(output, self.pipe.tokenizer, text, top)
-        )
+        scores = None if top is None else logprobs(output, self.pipe.tokenizer, text, top)
+        return choice(index, content, tool_reason(reason, request.tools, calls), scores, calls)
 
     def stream(
         self,
@@ -266,18 +276,30 @@ class SpecServer:
         finally:
             request.cleanup()  # prepared: its fetched media are loaded
         future.add_done_callback(lambda _: pieces.put(None))
-        reply, holder = Reply(self.model), StopHolder(request.stop)
-        role = {"role": "assistant"}
+        tools = request.tools
+        quiet = (
+            tools is not None and tools.forced
+        )  # the reply is a call's arguments: sent as a call at the end
+        held = [TOOL_CALL_START] if tools is not None and tools.choice == "auto" else []
+        reply, holder = Reply(self.model), StopHolder(request.stop + held)
+        role, sent = {"role": "assistant"}, ""
         try:
             for piece in _pieces(pieces, gone):
-                if text := holder.push(piece.text):
+                if (text := holder.push(piece.text)) and not quiet:
                     send(reply.chunk({**role, "content": text}))
-                    role = {}
+                    role, sent = {}, sent + text
             output = _result(future, self._closing)
-            rest = holder.push(streamer.pieces.finish(output.text)) + holder.finish()
-            if rest or role:
+            text, stopped = cut_at_stop(output.text, request.stop)
+            calls = tools.calls(text)[1] if tools is not None else []
+            if calls:  # the content's unsent end (none for a forced call), then the calls
+                if rest := ("" if quiet else text[len(sent) : text.index(TOOL_CALL_START)]):
+                    send(reply.chunk({**role, "content": rest}))
+                    role = {}
+                send(reply.chunk({**role, "content": None, "tool_calls": tool_call_deltas(calls)}))
+            elif (rest := text[len(sent) :]) or role:
                 send(reply.chunk({**role, "content": rest}))
-            send(reply.chunk({}, finish_reason(output, holder.stopped, request.max_tokens, self.eos_ids)))
+            reason = finish_reason(output, stopped, request.max_tokens, self.eos_ids)
+            send(reply.chunk({}, tool_reason(reason, tools, calls)))
             if request.include_usage:
                 send(reply.usage_chunk(output))
         except OSError:

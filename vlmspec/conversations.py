@@ -1,0 +1,157 @@
+"""A conversation as the processor inputs of one prompt: messages in transformers' chat format checked and their
+media loaded (:func:`normalize_messages`), tools checked (:func:`check_tools`), the chat template applied and the
+processor run (:func:`encode_chat`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from PIL import Image
+from transformers.video_utils import VideoMetadata
+
+from .errors import InputTypeError, InvalidInputError
+from .inputs import (
+    VideoClip,
+    VideoInput,
+    check_placeholders,
+    load_image,
+    load_video,
+    pad_frames,
+    run_processor,
+)
+
+ROLES = ("system", "user", "assistant", "tool")
+TOOL_KEYS = ("tool_calls", "tool_call_id", "name")
+"""Keys of a message kept for the chat template beside its role and content: an assistant turn's tool calls, a tool
+turn's call id and function name (OpenAI's chat format, which templates that render tools read)."""
+_MEDIA_KEYS = {"image": ("image", "url", "path"), "video": ("video", "url", "path")}
+
+
+def normalize_messages(
+    messages: Sequence[dict], num_frames: int = 8
+) -> tuple[list[dict], list[Image.Image], list[tuple[list[Image.Image], VideoMetadata]]]:
+    """A conversation in transformers' chat format, checked, with its media loaded.
+
+    Each message is ``{"role": "system" | "user" | "assistant" | "tool", "content": str | [item, ...]}`` (and
+    the :data:`TOOL_KEYS` it has; an assistant turn with ``tool_calls`` may have ``None`` content); an item is
+    ``{"type": "text", "text": ...}``, ``{"type": "image", "image": PIL image or path}`` or ``{"type": "video",
+    "video": path or frames}`` (``"url"``/``"path"`` keys work too, for local files), in any turn and any number.
+    A video item may hold ``"video_start"``/``"video_end"`` (seconds, as ``qwen_vl_utils`` reads them): only that
+    window is sampled (:class:`VideoClip`).
+
+    Returns:
+        The messages with media items reduced to their placeholders (what the chat template needs), the images and
+        the videos (frames, metadata) in the order they appear.
+
+    Raises:
+        ValueError, TypeError: naming the message and item that is wrong, and what is expected.
+    """
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise InputTypeError(
+            f"messages must be a non-empty list of {{'role': ..., 'content': ...}} dicts, got {type(messages).__name__}"
+        )
+    chat, images, videos = [], [], []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+            raise InvalidInputError(f"{where} must be a dict with 'role' and 'content', got {message!r:.80}")
+        if message["role"] not in ROLES:
+            raise InvalidInputError(f"{where}: role {message['role']!r} is not one of {', '.join(ROLES)}")
+        content, kept = message["content"], {key: message[key] for key in TOOL_KEYS if key in message}
+        if content is None and "tool_calls" in message:
+            content = ""  # a turn that only calls tools
+        if isinstance(content, str):  # as given: chat templates render a plain string their own way
+            chat.append({"role": message["role"], "content": content, **kept})
+            continue
+        if not isinstance(content, Sequence) or isinstance(content, bytes):
+            raise InputTypeError(
+                f"{where}: content must be a string or a list of items, got {type(content).__name__}"
+            )
+        items = []
+        for j, item in enumerate(content):
+            kind = item.get("type") if isinstance(item, dict) else None
+            if kind == "text":
+                if not isinstance(item.get("text"), str):
+                    raise InputTypeError(f"{where}.content[{j}]: a text item needs a string 'text'")
+                items.append({"type": "text", "text": item["text"]})
+                continue
+            if kind not in _MEDIA_KEYS:
+                raise InvalidInputError(
+                    f"{where}.content[{j}]: expected an item of type 'text', 'image' or 'video', got {item!r:.80}"
+                )
+            source = next((item[k] for k in _MEDIA_KEYS[kind] if item.get(k) is not None), None)
+            if source is None:
+                raise InvalidInputError(
+                    f"{where}.content[{j}]: this {kind} item has no {kind}: put it under {kind!r}"
+                )
+            if kind == "image":
+                images.append(load_image(source))
+            else:
+                videos.append(
+                    load_video(_video_item(item, source, f"{where}.content[{j}]"), num_frames=num_frames)
+                )
+            items.append({"type": kind})
+        chat.append({"role": message["role"], "content": items, **kept})
+    return chat, images, videos
+
+
+def check_tools(tools: Any) -> list[dict] | None:
+    """``tools`` (function specs for the chat template, OpenAI's shape ``{"type": "function", "function": {"name":
+    ..., "parameters": {...}}}``) as a list, checked; ``None`` for none.
+
+    Raises:
+        InputTypeError: not a list of such dicts, naming the first that is not.
+    """
+    if tools is None:
+        return None
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
+        raise InputTypeError(f"tools={tools!r:.60} is invalid: use a list of function specs")
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, Mapping) or tool.get("type") != "function":
+            raise InputTypeError(
+                f'tools[{i}]={tool!r:.60} is invalid: use {{"type": "function", "function": {{...}}}}'
+            )
+        function = tool.get("function")
+        if (
+            not isinstance(function, Mapping)
+            or not isinstance(function.get("name"), str)
+            or not function["name"]
+        ):
+            raise InputTypeError(f"tools[{i}].function needs a non-empty string 'name', got {function!r:.60}")
+    return [dict(tool) for tool in tools]
+
+
+def _video_item(item: dict, source: VideoInput, where: str) -> VideoInput:
+    """A messages video item's source, clipped to its ``video_start``/``video_end`` window when it has one."""
+    start, end = item.get("video_start"), item.get("video_end")
+    if start is None and end is None:
+        return source
+    try:
+        return VideoClip(source, start, end)
+    except (InvalidInputError, InputTypeError) as err:
+        raise type(err)(f"{where}: {err}") from err
+
+
+def encode_chat(
+    processor: Any,
+    chat: list[dict],
+    images: list[Any],
+    videos: list[tuple[Any, Any]],
+    min_video_frames: int = 1,
+    tools: list[dict] | None = None,
+) -> dict[str, Any]:
+    """Processor inputs (batch 1) of ``chat`` (:func:`normalize_messages`' messages, media, and ``tools`` for the
+    template): what ``processor.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
+    add_generation_prompt=True)`` gives for the same media; videos padded to ``min_video_frames``."""
+    text = processor.apply_chat_template(chat, tools=tools, add_generation_prompt=True, tokenize=False)
+    check_placeholders(processor, text, len(images), len(videos))
+    kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
+    if images:
+        kwargs["images"] = [images]  # nested per prompt: several images belong to one prompt
+    if videos:
+        videos = [pad_frames(frames, metadata, min_video_frames) for frames, metadata in videos]
+        kwargs["videos"] = [frames for frames, _ in videos]
+        kwargs["video_metadata"] = [metadata for _, metadata in videos]
+        kwargs["do_sample_frames"] = False  # frames are already sampled
+    return run_processor(processor, kwargs)
