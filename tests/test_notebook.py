@@ -41,6 +41,7 @@ def test_quickstart_notebook_executes(monkeypatch, tmp_path):
         )
     ]
     assert len(cached) == 2 and cached[0] == 0 and cached[1] > 0  # the second question reused the picture
+    assert "identical to generate() with xgrammar's processor: True" in text and "{'shapes': " in text
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["policy", "tok/step"])
     rows = [line.split() for line in lines[header + 1 : header + 6]]
