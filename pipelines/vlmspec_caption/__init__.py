@@ -23,6 +23,10 @@ them. ``--segment S`` (a finite number > 0) captions every whole video in window
 ``[S, 2S]``, ..., the last to the end; bounds are multiples of ``S`` as written, ``0.9`` rather than
 ``0.8999999999999999``; ids ``id@start-end``): dense captions of long videos.
 
+Structured captions: ``--structured-outputs '{"json": {...schema...}}'`` (or ``{"regex": ...}``, ``{"choice":
+[...]}``; the config's ``structured_outputs``) makes every caption follow that structure, still the target's own
+under it (``pipe(structured_outputs=...)``, :mod:`vlmspec.structured`); each line's settings record it.
+
 Settings come from ``configs/jobs/video_captioning.yaml`` (or ``--config``; read with ``yaml.safe_load``; unknown
 keys are an error that lists the valid ones); command-line flags override the file.
 

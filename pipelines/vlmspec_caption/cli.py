@@ -6,7 +6,6 @@ one line and exits 1, ``--debug`` (or ``VLMSPEC_DEBUG=1``) shows an unexpected e
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from .config import (
     PROG,
     JobConfig,
     JobError,
+    json_object,
     load_config,
 )
 from .run import run_job
@@ -108,18 +108,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     values = {key: getattr(args, key) for key in JobConfig.field_names() if hasattr(args, key)}
     for name in ("policy_options", "structured_outputs"):
         if name in values:
-            values[name] = _json_object(values[name], "--" + name.replace("_", "-"))
+            values[name] = json_object(values[name], "--" + name.replace("_", "-"))
     return values
-
-
-def _json_object(text: str, flag: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise JobError(f"{flag} is not valid JSON ({err}): {text!r}") from err
-    if not isinstance(value, dict):
-        raise JobError(f"{flag} must be a JSON object, got {text!r}")
-    return value
 
 
 def run_args(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@ type from its declarations (:mod:`vlmspec.validation`) and by range."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -40,6 +41,17 @@ DTYPES: tuple[str, ...] = get_args(Dtype)
 
 class JobError(VLMSpecError):
     """The job itself cannot run (bad config, missing input, unloadable model): exit status 1."""
+
+
+def json_object(text: str, where: str) -> dict[str, Any]:
+    """``text`` as a JSON object; a :class:`JobError` naming ``where`` otherwise."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise JobError(f"{where} is not valid JSON ({err}): {text[:80]!r}") from err
+    if not isinstance(value, dict):
+        raise JobError(f"{where} must be a JSON object, got {type(value).__name__}: {text[:80]!r}")
+    return value
 
 
 @dataclass(frozen=True)

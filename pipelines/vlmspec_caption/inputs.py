@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import glob
-import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -16,7 +15,7 @@ from typing import Any
 from vlmspec import VideoClip, VLMSpecError
 from vlmspec.inputs import undecodable_video
 
-from .config import VIDEO_EXTENSIONS, JobConfig, JobError
+from .config import VIDEO_EXTENSIONS, JobConfig, JobError, json_object
 
 
 @dataclass(frozen=True)
@@ -168,13 +167,7 @@ def _jsonl_items(manifest: Path) -> list[VideoItem]:
         if not line.strip():
             continue
         where = f"manifest {str(manifest)!r} line {number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise JobError(f"{where} is not valid JSON ({err})") from err
-        if not isinstance(row, dict):
-            raise JobError(f"{where} must be a JSON object, got {type(row).__name__}")
-        items.append(_manifest_item(row, manifest.parent, where))
+        items.append(_manifest_item(json_object(line, where), manifest.parent, where))
     return items
 
 
