@@ -322,3 +322,10 @@ def test_the_demo_s_chat_keeps_the_structure_every_turn(capsys, monkeypatch):
     assert cli_main(argv) == 0
     replies = re.findall(r"^vlmspec> (.*)$", capsys.readouterr().out, re.M)
     assert len(replies) == 2 and all(r.strip() in ("a circle", "a square") for r in replies), replies
+
+
+def test_xgrammar_s_own_processor_given_to_pipe_generate_is_refused_pointing_to_structured_outputs(mini):
+    inputs = mini.prepare_inputs(None, "Hi.")
+    processor = xgrammar.contrib.hf.LogitsProcessor(grammar_of(mini, {"choice": ["a"]}).compiled)
+    with pytest.raises(InvalidInputError, match=r"xgrammar's processor.*structured_outputs="):
+        mini.generate(**inputs, max_new_tokens=4, logits_processor=[processor])

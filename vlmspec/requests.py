@@ -247,6 +247,12 @@ class CallHooks:
                 raise InputTypeError(
                     f"{name} holds {bad[0]!r:.60}, which is not callable: give callables of (input_ids, scores)"
                 )
+            if any(type(item).__module__.startswith("xgrammar") for item in value):
+                raise InvalidInputError(
+                    f"{name} holds xgrammar's processor, which keeps the grammar's state from call to call, and "
+                    "tree nodes are not one sequence: give the structure to the pipeline instead, "
+                    'pipe(..., structured_outputs={"json": schema}) (vlmspec.structured)'
+                )
         fn = self.prefix_allowed_tokens_fn
         if fn is not None and not callable(fn):
             raise InputTypeError(
