@@ -55,6 +55,13 @@ def reference(pipe, max_new_tokens=48, **options):
     )
 
 
+def no_whitespace(pipe) -> dict[str, float]:
+    """``logit_bias`` against every whitespace-only token: the tiny model's forced JSON then ends well within the
+    reply's tokens (left free, it favours whitespace, which a JSON grammar allows anywhere)."""
+    tokenizer = pipe.tokenizer
+    return {i: -100.0 for i in range(len(tokenizer)) if not tokenizer.decode([i]).strip()}
+
+
 def body(max_tokens=48, **fields):
     return {
         "messages": user_turn(png_uri(3), "What is the weather?"),
@@ -66,41 +73,49 @@ def body(max_tokens=48, **fields):
 
 def test_a_named_tool_choice_is_one_call_under_the_tool_s_schema(server, pipe):
     named = {"type": "function", "function": {"name": "get_weather"}}
-    expected = reference(pipe, structured_outputs={"json": WEATHER["function"]["parameters"]})
-    status, reply = post(server, body(tool_choice=named))
+    bias = no_whitespace(pipe)
+    expected = reference(
+        pipe, structured_outputs={"json": WEATHER["function"]["parameters"]}, logit_bias=bias
+    )
+    assert json.loads(expected.text)["city"] in ("Paris", "Rome")  # a whole call
+    wire_bias = {str(token): value for token, value in bias.items()}
+    status, reply = post(server, body(tool_choice=named, logit_bias=wire_bias))
     message, reason = reply["choices"][0]["message"], reply["choices"][0]["finish_reason"]
     assert status == 200 and message["content"] is None and len(message["tool_calls"]) == 1
     call = message["tool_calls"][0]
     assert call["type"] == "function" and call["id"].startswith("call_")
-    assert call["function"] == {"name": "get_weather", "arguments": expected.text}
-    assert reason == (
-        "length" if len(expected.token_ids) == 48 else "stop"
-    )  # OpenAI's reason for a forced call
-    if reason == "stop":
-        assert json.loads(expected.text)["city"] in ("Paris", "Rome")
-    events = post_stream(server, body(tool_choice=named))
+    assert call["function"] == {"name": "get_weather", "arguments": json.dumps(json.loads(expected.text))}
+    assert reason == "stop"  # OpenAI's reason for a forced call
+    events = post_stream(server, body(tool_choice=named, logit_bias=wire_bias))
     deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
     assert not any(d.get("content") for d in deltas)  # a forced call sends no text
     (streamed,) = [d["tool_calls"] for d in deltas if "tool_calls" in d]
     assert streamed[0]["index"] == 0 and streamed[0]["function"] == call["function"]
     assert events[-2]["choices"][0]["finish_reason"] == reason
+    status, free = post(server, body(tool_choice=named))  # whitespace left free: cut at max_tokens, no call
+    unbiased = reference(pipe, structured_outputs={"json": WEATHER["function"]["parameters"]})
+    assert free["choices"][0]["message"] == {"role": "assistant", "content": unbiased.text}
+    assert free["choices"][0]["finish_reason"] == "length"
 
 
 def test_required_is_an_array_of_calls_each_under_its_tool_s_schema(server, pipe):
-    tools = ToolCalling(tuple(TOOLS), "required")
-    expected = reference(pipe, structured_outputs=tools.structure())
-    status, reply = post(server, body(tool_choice="required"))
+    tools, bias = (
+        ToolCalling(tuple(TOOLS), "required", parallel=False),
+        no_whitespace(pipe),
+    )  # one call: it ends
+    calls = json.loads(reference(pipe, structured_outputs=tools.structure(), logit_bias=bias).text)
+    wire_bias = {str(token): value for token, value in bias.items()}
+    status, reply = post(
+        server, body(tool_choice="required", parallel_tool_calls=False, logit_bias=wire_bias)
+    )
     message = reply["choices"][0]["message"]
-    calls = json.loads(expected.text) if reply["choices"][0]["finish_reason"] != "length" else None
-    assert status == 200
-    if calls is None:  # cut at max_tokens: the text is the content
-        assert message["content"] == expected.text and "tool_calls" not in message
-        return
+    assert (
+        status == 200 and message["content"] is None and reply["choices"][0]["finish_reason"] == "tool_calls"
+    )
     assert [c["function"]["name"] for c in message["tool_calls"]] == [c["name"] for c in calls]
     assert [json.loads(c["function"]["arguments"]) for c in message["tool_calls"]] == [
         c["parameters"] for c in calls
     ]
-    assert reply["choices"][0]["finish_reason"] == "tool_calls"
 
 
 def test_auto_reads_hermes_calls_from_the_reply_whole_and_streamed(server, pipe):
@@ -112,14 +127,14 @@ def test_auto_reads_hermes_calls_from_the_reply_whole_and_streamed(server, pipe)
     message = reply["choices"][0]["message"]
     assert (
         status == 200
-        and message["content"] == "Sure."
+        and message["content"] == "Sure. "
         and reply["choices"][0]["finish_reason"] == "tool_calls"
     )
     assert message["tool_calls"][0]["function"]["name"] == "get_weather"
     assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == city
     events = post_stream(server, body(160, structured_outputs={"regex": HERMES}))
     deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
-    assert "".join(d.get("content") or "" for d in deltas).strip() == "Sure."
+    assert "".join(d.get("content") or "" for d in deltas) == "Sure. "  # as the whole reply's
     assert [d["tool_calls"][0]["function"]["name"] for d in deltas if "tool_calls" in d] == ["get_weather"]
     assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
     status, plain = post(server, body())
@@ -148,11 +163,22 @@ def test_the_openai_client_reads_the_calls(server, pipe):
 
     client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     named = {"type": "function", "function": {"name": "get_weather"}}
-    reply = client.chat.completions.create(model="tiny", **body(tool_choice=named))
+    bias = no_whitespace(pipe)
+    wire_bias = {str(token): value for token, value in bias.items()}
+    reply = client.chat.completions.create(model="tiny", **body(tool_choice=named, logit_bias=wire_bias))
     (call,) = reply.choices[0].message.tool_calls
-    assert call.function.name == "get_weather"
-    expected = reference(pipe, structured_outputs={"json": WEATHER["function"]["parameters"]})
-    assert call.function.arguments == expected.text
+    expected = reference(
+        pipe, structured_outputs={"json": WEATHER["function"]["parameters"]}, logit_bias=bias
+    )
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == json.loads(
+        expected.text
+    )
+    stream = client.chat.completions.create(
+        model="tiny", stream=True, **body(tool_choice=named, logit_bias=wire_bias)
+    )
+    deltas = [chunk.choices[0].delta for chunk in stream if chunk.choices]
+    (streamed,) = [d.tool_calls[0] for d in deltas if d.tool_calls]
+    assert streamed.function.name == "get_weather" and streamed.function.arguments == call.function.arguments
 
 
 def test_hermes_blocks_become_calls_only_when_they_name_a_tool():
@@ -160,7 +186,15 @@ def test_hermes_blocks_become_calls_only_when_they_name_a_tool():
     two = 'Hi <tool_call>{"name": "get_time", "arguments": {}}</tool_call><tool_call>{"name": "get_weather", ' \
           '"arguments": {"city": "Rome"}}</tool_call>'  # fmt: skip
     content, calls = auto.calls(two)
-    assert content == "Hi" and [c["function"]["name"] for c in calls] == ["get_time", "get_weather"]
+    assert content == "Hi " and [c["function"]["name"] for c in calls] == ["get_time", "get_weather"]
+    cut = '<tool_call>{"name": "get_weather", "arguments": {"city": "Zürich"}}</tool'  # cut inside the tag
+    assert auto.calls(cut)[1][0]["function"]["arguments"] == '{"city": "Zürich"}'  # not escaped
+    named = ToolCalling(tuple(TOOLS), "get_weather")
+    assert named.calls('{"city": "') == (
+        '{"city": "',
+        [],
+    )  # cut short: no whole call, the text is the content
+    assert named.calls('{"city": "Rome"}')[1][0]["function"]["arguments"] == '{"city": "Rome"}'
     assert json.loads(calls[1]["function"]["arguments"]) == {"city": "Rome"}
     assert len(ToolCalling(tuple(TOOLS), "auto", parallel=False).calls(two)[1]) == 1
     for text in ('<tool_call>{"name": "other"}</tool_call>', "<tool_call>{not json", "plain"):
@@ -191,6 +225,19 @@ def test_hermes_blocks_become_calls_only_when_they_name_a_tool():
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages", "tool_call_id"),
         ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages", "assistant turns"),
         ({"functions": [{"name": "f"}]}, "functions", "does not implement"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]},
+            "tools",
+            "JSON schema",
+        ),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}],
+                "tool_choice": "required",
+            },
+            "tools",
+            "JSON schema",
+        ),
     ],
 )
 def test_bad_tool_requests_are_refused_naming_the_field(fields, param, words):

@@ -119,6 +119,11 @@ def check_tools(tools: Any) -> list[dict] | None:
             or not function["name"]
         ):
             raise InputTypeError(f"tools[{i}].function needs a non-empty string 'name', got {function!r:.60}")
+        if not isinstance(function.get("parameters", {}), Mapping):
+            raise InputTypeError(
+                f"tools[{i}].function.parameters={function['parameters']!r:.60} is invalid: use a JSON schema (an "
+                "object)"
+            )
     return [dict(tool) for tool in tools]
 
 

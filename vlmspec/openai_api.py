@@ -44,6 +44,7 @@ request's speculative-decoding statistics (``mean_accepted``, ``tokens_per_step`
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 import urllib.error
@@ -170,10 +171,10 @@ def chat_request(body: Any, model: str, media: MediaAccess, default_max_tokens: 
         if request.top_logprobs is not None:
             request.kwargs["output_scores"] = True
         structure = _structure(body.get("response_format"), body.get("structured_outputs"))
-        request.tools = _tools(body, structure)
+        request.tools, forced = _tools(body, structure)
         if request.tools is not None:
             request.kwargs["tools"] = list(request.tools.tools)
-            structure = structure or request.tools.structure()
+            structure = structure or forced
         if structure is not None:
             request.kwargs["structured_outputs"] = structure
     except BaseException:
@@ -267,17 +268,23 @@ def _structure(response_format: Any, structured_outputs: Any) -> StructuredOutpu
     return StructuredOutputs(json=schema)
 
 
-def _tools(body: dict[str, Any], structure: StructuredOutputs | None) -> ToolCalling | None:
+def _tools(
+    body: dict[str, Any], structure: StructuredOutputs | None
+) -> tuple[ToolCalling | None, StructuredOutputs | None]:
+    """The request's tools, and the structure a forced call decodes under."""
     try:
         tools = tool_calling(body)
+        forced = tools.structure() if tools is not None else None
     except ToolError as error:
         raise APIError(str(error), error.field) from None
-    if tools is not None and tools.forced and structure is not None:
+    except VLMSpecError as error:  # a tool's parameters that are no schema
+        raise APIError(str(error), "tools") from None
+    if forced is not None and structure is not None:
         raise APIError(
             "a tool_choice that forces a call decodes under the tool's schema: leave out response_format",
             "response_format",
         )
-    return tools
+    return tools, forced
 
 
 def _check_fields(body: dict[str, Any]) -> None:
@@ -334,12 +341,25 @@ def _tool_keys(message: dict[str, Any], where: str) -> dict[str, Any]:
                 '"function": {"name": ..., "arguments": "<JSON text>"}}',
                 "messages",
             )
-        kept["tool_calls"] = calls
+        kept["tool_calls"] = [_with_arguments_decoded(call) for call in calls]
     if message["role"] == "tool":
         if not isinstance(message.get("tool_call_id"), str):
             raise APIError(f"{where}: a tool turn needs the tool_call_id it answers", "messages")
         kept["tool_call_id"] = message["tool_call_id"]
+        if isinstance(message.get("name"), str):
+            kept["name"] = message["name"]
     return kept
+
+
+def _with_arguments_decoded(call: dict[str, Any]) -> dict[str, Any]:
+    """A call whose JSON-text ``arguments`` are an object, as chat templates render them (``tojson``), as vLLM
+    passes them (text that is no JSON stays as it is)."""
+    arguments = call["function"].get("arguments")
+    try:
+        decoded = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        return call
+    return {**call, "function": {**call["function"], "arguments": decoded}}
 
 
 def _is_call(call: Any) -> bool:

@@ -85,37 +85,40 @@ class ToolCalling:
 
     def calls(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """The reply ``text`` as ``(content, tool calls)`` in OpenAI's shape (no calls: the text is the content)."""
-        if self.choice == "none":
+        if self.choice in ("none", "auto"):
+            return self._parsed(text) if self.choice == "auto" else (text, [])
+        try:  # a forced reply cut short (max_tokens, a stop string) is no whole call: it stays the content
+            decoded = json.loads(text)
+            if self.choice != "required":
+                return None, [_call(self.choice, _json(decoded))]
+            return None, [_call(c["name"], _json(c["parameters"])) for c in decoded]
+        except (ValueError, TypeError, KeyError):
             return text, []
-        if self.forced and self.choice != "required":
-            return None, [_call(self.choice, text)]
-        if self.choice == "required":
-            try:
-                return None, [_call(c["name"], json.dumps(c["parameters"])) for c in json.loads(text)]
-            except (ValueError, TypeError, KeyError):  # cut at max_tokens: not a whole array
-                return text, []
-        return self._parsed(text)
 
     def _parsed(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """``auto``: the Hermes blocks naming one of the tools become calls; a reply with none is content."""
         calls = []
         for block in TOOL_CALL.findall(text):
-            try:
-                call = json.loads(block)
+            try:  # the object first, whatever follows it (a reply cut inside the closing tag)
+                call = json.JSONDecoder().raw_decode(block)[0]
             except ValueError:
                 continue
             if isinstance(call, dict) and call.get("name") in self.names:
                 arguments = call.get("arguments", {})
                 calls.append(
-                    _call(call["name"], arguments if isinstance(arguments, str) else json.dumps(arguments))
+                    _call(call["name"], arguments if isinstance(arguments, str) else _json(arguments))
                 )
         if not calls:
             return text, []
-        content = text[: text.index(TOOL_CALL_START)].strip()
+        content = text[: text.index(TOOL_CALL_START)]  # as vLLM's hermes parser leaves it
         return content or None, calls if self.parallel else calls[:1]
 
     def _parameters(self, index: int) -> dict[str, Any]:
         return self.tools[index]["function"].get("parameters") or {"type": "object"}
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _call(name: str, arguments: str) -> dict[str, Any]:
@@ -161,7 +164,8 @@ def tool_calling(body: dict[str, Any]) -> ToolCalling | None:
             '{"type": "function", "function": {"name": ...}}',
             "tool_choice",
         )
-    parallel = body.get("parallel_tool_calls", True)
+    parallel = body.get("parallel_tool_calls")
+    parallel = True if parallel is None else parallel
     if not isinstance(parallel, bool):
         raise ToolError(
             f"parallel_tool_calls={parallel!r:.40} is invalid: use true or false", "parallel_tool_calls"
