@@ -270,13 +270,14 @@ def _same_input(split: torch.Tensor, alone: torch.Tensor) -> bool:
 def test_generate_options_are_the_calls_generation_options():
     parameters = inspect.signature(VLMSpecPipeline.__call__).parameters.values()
     taken = {p.name for p in parameters if p.kind is not p.VAR_KEYWORD}  # **unknown: refused by name
-    inputs = {"self", "image", "prompt", "video", "messages", "inputs", "num_frames"}
+    inputs = {"self", "image", "prompt", "video", "messages", "inputs", "num_frames", "tools"}
     returned = {"output_scores"}  # what pipe.generate returns (its output_scores/output_logits settings)
     openai = {
         "presence_penalty",
         "frequency_penalty",
         "logit_bias",
-    }  # OpenAI's, which generate() does not take
+        "structured_outputs",
+    }  # OpenAI's and vLLM's, which generate() does not take
     assert set(hf_compat.GENERATE_OPTIONS) == taken - inputs - returned - openai
 
 
