@@ -280,8 +280,30 @@ class GrammarGuide:
 
     def allowed(self, tokens: torch.Tensor, parents: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
         """``[k, V]`` bool, the tokens the grammar allows after each of ``nodes`` ``[k]`` of a draft tree whose
-        nodes have ``tokens`` and ``parents`` ``[n]`` (node 0, the root, already emitted)."""
-        bitmask = self._tree_bitmask(tokens, parents)[nodes.cpu()]
+        nodes have ``tokens`` and ``parents`` ``[n]`` (node 0, the root, already emitted).
+
+        Only the nodes asked for are walked, each along its path (accepted, its mask filled, rolled back): a draft
+        tree holds far more candidates than the draft expands (EAGLE-2's: hundreds), so walking the whole tree at
+        every level would cost its size each time. A node the grammar rejects, or past a stop token, allows all.
+        """
+        import xgrammar
+
+        n = tokens.shape[0]
+        host = torch.cat([tokens, parents, nodes]).tolist()  # one host read
+        token_of, parent_of = host[:n], host[n : 2 * n]
+        bitmask = xgrammar.allocate_token_bitmask(len(host) - 2 * n, self.grammar.width)  # all allowed
+        for row, node in enumerate(host[2 * n :]):
+            path = []
+            while node > 0:
+                path.append(token_of[node])
+                node = parent_of[node]
+            accepted = 0
+            while accepted < len(path) and self.matcher.accept_token(path[-1 - accepted]):
+                accepted += 1
+            if accepted == len(path) and not self.matcher.is_terminated():
+                self.matcher.fill_next_token_bitmask(bitmask, row)
+            if accepted:
+                self.matcher.rollback(accepted)
         return _unpack(bitmask.to(tokens.device), self.grammar.width)
 
     def commit(self, tokens: list[int]) -> None:
