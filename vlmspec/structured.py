@@ -41,7 +41,9 @@ from typing import Any
 
 import torch
 
+from .draft import logits_width
 from .errors import InputTypeError, InvalidInputError
+from .stopping import eos_token_ids
 from .validation import did_you_mean
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -231,9 +233,6 @@ def generate_processor(spec: StructuredOutputs | Mapping[str, Any], tokenizer: A
     """xgrammar's logits processor for ``target.generate(logits_processor=[...])`` under ``spec``: structured
     outputs as a user runs them without vlmspec, and what a structured reply equals (one per ``generate()``)."""
     import xgrammar.contrib.hf
-
-    from .draft import logits_width
-    from .stopping import eos_token_ids
 
     grammar = compile_structured(
         StructuredOutputs.of(spec), tokenizer, logits_width(target), eos_token_ids(target)
