@@ -340,6 +340,8 @@ def test_response_format_and_structured_outputs_are_the_pipeline_s_structured_re
         ({"response_format": {"type": "json_object"}}, {"json_object": True}),
         ({"response_format": {"type": "text"}}, None),
         ({"structured_outputs": {"choice": ["yes", "no"]}}, {"choice": ["yes", "no"]}),
+        ({"guided_regex": "[a-z]{3}"}, {"regex": "[a-z]{3}"}),  # vLLM's older fields
+        ({"guided_choice": ["yes", "no"]}, {"choice": ["yes", "no"]}),
     ]
     for fields, structure in cases:
         status, reply = post(server, {"messages": user_turn(png_uri(1)), "max_tokens": 24, **fields})
@@ -611,6 +613,9 @@ def test_a_closed_server_refuses_new_requests_with_503(pipe):
             "not both",
         ),
         ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs", "exactly one"),
+        ({"guided_regex": "a", "guided_json": {}}, "guided_regex", "got several"),
+        ({"guided_choice": "yes"}, "guided_choice", "non-empty list of strings"),
+        ({"guided_json": {}, "response_format": {"type": "json_object"}}, "guided_json", "not both"),
     ],
 )
 def test_settings_that_contradict_each_other_are_refused(fields, param, words):

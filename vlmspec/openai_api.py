@@ -24,7 +24,8 @@ What a request may hold, and what it becomes:
   distribution it was chosen from (the target's own, read off the verification forwards: ``output_scores``).
 
 * ``response_format`` (``{"type": "json_object"}``, or ``"json_schema"`` with ``{"schema": {...}}``), or vLLM's
-  ``structured_outputs`` (``{"json": ...}``, ``{"regex": ...}``, ``{"choice": [...]}``, ``{"grammar": ...}``): the
+  ``structured_outputs`` (``{"json": ...}``, ``{"regex": ...}``, ``{"choice": [...]}``, ``{"grammar": ...}``; or
+  its older ``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``): the
   reply follows it, as the target's own under that constraint (:mod:`vlmspec.structured`).
 * ``tools``, ``tool_choice`` and ``parallel_tool_calls``, and ``tool`` turns and assistant ``tool_calls`` in
   ``messages``: the chat template renders them, and the reply's tool calls are decoded and read as vLLM does
@@ -170,7 +171,7 @@ def chat_request(body: Any, model: str, media: MediaAccess, default_max_tokens: 
             raise APIError("n > 1 is served with whole replies only: leave out stream or n", "n")
         if request.top_logprobs is not None:
             request.kwargs["output_scores"] = True
-        structure = _structure(body.get("response_format"), body.get("structured_outputs"))
+        structure = _structure(body.get("response_format"), *_structured_outputs(body))
         request.tools, forced = _tools(body, structure)
         if request.tools is not None:
             request.kwargs["tools"] = list(request.tools.tools)
@@ -199,6 +200,14 @@ _KNOWN = {
 _KNOWN |= {"stop", "stream", "stream_options", "repetition_penalty", "min_tokens", "logprobs", "top_logprobs"}
 _KNOWN |= {"presence_penalty", "frequency_penalty", "logit_bias", "response_format", "structured_outputs"}
 _KNOWN |= {"tools", "tool_choice", "parallel_tool_calls"}
+GUIDED_FIELDS = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
+"""vLLM's older request fields for structured outputs, and the ``structured_outputs`` field each is."""
+_KNOWN |= set(GUIDED_FIELDS)
 _KNOWN |= IGNORED_FIELDS | set(_OFF_VALUES)
 FETCH_CHUNK = 2**16
 """The most bytes one read of a media fetch takes (it returns what has come; the time is checked between reads)."""
@@ -234,15 +243,26 @@ def refused_field(error: Exception) -> str | None:
     return min(found)[1] if found else None
 
 
-def _structure(response_format: Any, structured_outputs: Any) -> StructuredOutputs | None:
-    """OpenAI's ``response_format`` or vLLM's ``structured_outputs`` as ``pipe(structured_outputs=...)``."""
+def _structured_outputs(body: dict[str, Any]) -> tuple[Any, str]:
+    """vLLM's ``structured_outputs``, or its older ``guided_*`` fields as one, and the field it came from."""
+    guided = [name for name in GUIDED_FIELDS if body.get(name) is not None]
+    if not guided:
+        return body.get("structured_outputs"), "structured_outputs"
+    if body.get("structured_outputs") is not None or len(guided) > 1:
+        raise APIError(f"give one of structured_outputs, {', '.join(GUIDED_FIELDS)}; got several", guided[-1])
+    return {GUIDED_FIELDS[guided[0]]: body[guided[0]]}, guided[0]
+
+
+def _structure(response_format: Any, structured_outputs: Any, field: str) -> StructuredOutputs | None:
+    """OpenAI's ``response_format`` or vLLM's ``structured_outputs`` (from ``field``) as
+    ``pipe(structured_outputs=...)``."""
     if response_format is not None and structured_outputs is not None:
-        raise APIError("give response_format or structured_outputs, not both", "structured_outputs")
+        raise APIError(f"give response_format or {field}, not both", field)
     if structured_outputs is not None:
         try:
             return StructuredOutputs.of(structured_outputs)
         except VLMSpecError as error:
-            raise APIError(str(error), "structured_outputs") from None
+            raise APIError(str(error), field) from None
     if response_format is not None and not isinstance(response_format, dict):
         raise APIError(
             f'response_format={response_format!r:.60} is invalid: use an object such as {{"type": "json_object"}}',
