@@ -14,6 +14,8 @@ import pytest
 import torch
 import xgrammar
 from conftest import make_image
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from vlmspec import InputTypeError, InvalidInputError, StructuredOutputs, VLMSpecPipeline, get_policy
@@ -329,3 +331,33 @@ def test_xgrammar_s_own_processor_given_to_pipe_generate_is_refused_pointing_to_
     processor = xgrammar.contrib.hf.LogitsProcessor(grammar_of(mini, {"choice": ["a"]}).compiled)
     with pytest.raises(InvalidInputError, match=r"xgrammar's processor.*structured_outputs="):
         mini.generate(**inputs, max_new_tokens=4, logits_processor=[processor])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_the_draft_s_masks_walked_by_path_are_the_tree_walk_s(mini_grammar, data):
+    """Any tree of tokens (valid, rejected, past EOS) over any emitted prefix: the masks of the nodes asked for,
+    each walked along its path, equal the rows of the one depth-first walk the verification uses."""
+    grammar, vocab = mini_grammar
+    guide = grammar.start()
+    prefix = data.draw(st.lists(st.sampled_from(vocab), max_size=4))
+    if not all(guide.matcher.accept_token(token) for token in prefix) or guide.matcher.is_terminated():
+        return
+    n = data.draw(st.integers(1, 24))
+    parents = [-1] + [data.draw(st.integers(0, i - 1)) for i in range(1, n)]
+    tokens = torch.tensor([0] + [data.draw(st.sampled_from(vocab)) for _ in range(1, n)])
+    nodes = torch.tensor(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=6, unique=True)))
+    walked = guide.allowed(tokens, torch.tensor(parents), nodes)
+    whole = guide._tree_bitmask(tokens, torch.tensor(parents))
+    from vlmspec.structured import _unpack
+
+    assert torch.equal(walked, _unpack(whole, grammar.width)[nodes])
+
+
+@pytest.fixture(scope="module")
+def mini_grammar(mini):
+    """A JSON schema's grammar, and tokens that make its trees: its own pieces, words, EOS and others."""
+    grammar = grammar_of(mini, STRUCTURES["json"])
+    pieces = ['{"', "shapes", '":', " 1", " 2", ",", ' "', "caption", ' "a', " red", '"}', "}", "x"]
+    vocab = sorted({t for p in pieces for t in mini.tokenizer.encode(p, add_special_tokens=False)})
+    return grammar, vocab + list(mini.target.generation_config.eos_token_id)
