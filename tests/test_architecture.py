@@ -46,7 +46,7 @@ def test_import_resolution_sees_relative_imports():
 
 
 def test_the_library_never_imports_its_evaluation_or_its_jobs():
-    forbidden = ("vlmspec_eval", "vlmspec_caption", "pipelines", "eval")
+    forbidden = ("vlmspec_eval", "vlmspec_caption", "vlmspec_batch", "pipelines", "eval")
     for path in sorted((ROOT / "vlmspec").rglob("*.py")):
         module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         bad = {m for m in imported_modules(path, module) if m.split(".")[0] in forbidden}
@@ -70,6 +70,7 @@ def test_a_wheel_installed_without_the_checkout_captions(tmp_path):
         "vlmspec",
         "eval/vlmspec_eval",
         "pipelines/vlmspec_caption",
+        "pipelines/vlmspec_batch",
     ):  # a copy: the checkout stays clean
         shutil.copytree(ROOT / part, source / part, ignore=skip)
     build = [
@@ -101,7 +102,7 @@ def test_a_wheel_installed_without_the_checkout_captions(tmp_path):
         [sys.executable, "-c", command, *argv], cwd=work, env=env, capture_output=True, text=True, timeout=600
     )
     assert run.returncode == 0, run.stderr
-    probe = "import vlmspec, vlmspec_caption; print(vlmspec.__file__, vlmspec_caption.__file__)"
+    probe = "import vlmspec, vlmspec_caption, vlmspec_batch; print(vlmspec.__file__, vlmspec_caption.__file__, vlmspec_batch.__file__)"
     where = subprocess.run([sys.executable, "-c", probe], cwd=work, env=env, capture_output=True, text=True)
     assert all(path.startswith(str(site)) for path in where.stdout.split())  # the wheel's, not the checkout's
     assert '"caption": ' in (work / "x.jsonl").read_text()

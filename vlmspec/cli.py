@@ -127,11 +127,24 @@ def load_pipeline(args: argparse.Namespace, command: str) -> Any:
 
 def add_serve_command(sub: Any) -> None:
     s = sub.add_parser("serve", help="serve the pair behind OpenAI's chat-completions API (vlmspec.serving)")
-    add_pair_flags(s)
+    add_server_flags(s)
     s.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
     )
     s.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0: a free one)")
+    s.add_argument(
+        "--api-key",
+        default=os.environ.get("VLMSPEC_API_KEY") or None,
+        help="require Authorization: Bearer <key> on every request but /health and /metrics (default $VLMSPEC_API_KEY; "
+        "none)",
+    )
+    s.set_defaults(func=serve)
+
+
+def add_server_flags(s: argparse.ArgumentParser) -> None:
+    """The pair and the chat-completions options of ``vlmspec serve`` that any front of a :class:`SpecServer`
+    takes (the batch job's too): batch size, prefix cache, default length, model name, media access."""
+    add_pair_flags(s)
     s.add_argument(
         "--batch-size", type=positive_int, default=8, help="requests decoding together (default 8)"
     )
@@ -164,31 +177,32 @@ def add_serve_command(sub: Any) -> None:
         help="fetch http(s) media URLs (default on; a server others can reach fetches any address they name, this "
         "machine's network included: --no-fetch-urls takes data: URIs and allowed files only)",
     )
-    s.add_argument(
-        "--api-key",
-        default=os.environ.get("VLMSPEC_API_KEY") or None,
-        help="require Authorization: Bearer <key> on every request but /health and /metrics (default $VLMSPEC_API_KEY; "
-        "none)",
-    )
-    s.set_defaults(func=serve)
 
 
-def serve(args: argparse.Namespace) -> int:
-    """``vlmspec serve``: load the pair, then serve until Ctrl-C."""
+def build_server(args: argparse.Namespace, command: str) -> Any:
+    """The :class:`~vlmspec.serving.SpecServer` of :func:`add_server_flags`' options (listening at ``--host``
+    and ``--port`` where the command has them, else none), its pipeline loaded and warmed up."""
     from .openai_api import MediaAccess
     from .prefix_cache import PrefixCache
     from .serving import SpecServer
 
     if args.allowed_media_dir is not None and not args.allowed_media_dir.is_dir():
         raise InputNotFoundError(f"--allowed-media-dir {str(args.allowed_media_dir)!r} is not a folder")
-    pipe = load_pipeline(args, "vlmspec serve")
-    pipe(_example_image(), "Describe this image.", max_new_tokens=2)  # warm-up: not the first client's wait
+    pipe = load_pipeline(args, command)
+    pipe(_example_image(), "Describe this image.", max_new_tokens=2)  # warm-up: not the first request's wait
     pipe.prefix_cache = PrefixCache(max_bytes=args.prefix_cache_gb) if args.prefix_cache_gb else None
     name = args.served_model_name or args.target or args.pair or DEFAULT_PAIR
     media = MediaAccess(allowed_dir=args.allowed_media_dir, fetch_urls=args.fetch_urls)
-    server = SpecServer(
-        pipe, name, args.host, args.port, args.batch_size, args.max_tokens, media, args.api_key
+    listen = {"host": args.host, "port": args.port, "api_key": args.api_key} if hasattr(args, "port") else {}
+    return SpecServer(
+        pipe, name, batch_size=args.batch_size, max_tokens=args.max_tokens, media=media, **listen
     )
+
+
+def serve(args: argparse.Namespace) -> int:
+    """``vlmspec serve``: load the pair, then serve until Ctrl-C."""
+    server = build_server(args, "vlmspec serve")
+    name = server.model
     with server:
         print(f"serving {name!r} at {server.url}/v1 (POST /v1/chat/completions; Ctrl-C stops)", flush=True)
         threading.Event().wait()

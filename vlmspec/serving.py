@@ -62,7 +62,8 @@ class SpecServer:
     Args:
         pipe: the pipeline that generates.
         model: the model name clients use (``"model"`` in requests; ``/v1/models`` lists it).
-        host, port: where to listen (port 0: a free port, see :attr:`url`).
+        host, port: where to listen (port 0: a free port, see :attr:`url`; ``None``: no listener, requests come
+            through :meth:`complete` and :meth:`stream` in Python, as the batch job sends them).
         batch_size: how many requests decode together.
         max_tokens: a reply's length when the request sets none.
         media: where media URLs may be read from.
@@ -75,7 +76,7 @@ class SpecServer:
         pipe: Any,
         model: str = "vlmspec",
         host: str = "127.0.0.1",
-        port: int = 8000,
+        port: int | None = 8000,
         batch_size: int = 8,
         max_tokens: int = 512,
         media: MediaAccess | None = None,
@@ -94,7 +95,7 @@ class SpecServer:
         self._feed = RequestFeed()
         self._waiting: dict[int, tuple[Future, threading.Event | None]] = {}  # index -> future, its cancel
         self._lock = threading.Lock()
-        self._http = HTTPServer((host, port), self)
+        self._http = HTTPServer((host, port), self) if port is not None else None
         self._threads: list[threading.Thread] = []
         self._closing = False
 
@@ -105,15 +106,17 @@ class SpecServer:
 
     @property
     def url(self) -> str:
+        if self._http is None:
+            raise RuntimeError("this SpecServer was made without a listener (port=None): it has no URL")
         host, port = self._http.server_address[:2]
         return f"http://{host}:{port}"
 
     def start(self) -> SpecServer:
         """Serve in background threads (the scheduler and the HTTP listener); :meth:`close` stops them."""
-        for target, name in (
-            (self._schedule, "vlmspec-scheduler"),
-            (self._http.serve_forever, "vlmspec-http"),
-        ):
+        threads = [(self._schedule, "vlmspec-scheduler")]
+        if self._http is not None:
+            threads.append((self._http.serve_forever, "vlmspec-http"))
+        for target, name in threads:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -123,9 +126,10 @@ class SpecServer:
         """Stop listening and stop the scheduler once the requests it has end: all of them (``drain``), or those
         already decoding, each ended at its next step, the queued ones refused with a 503 (not ``drain``)."""
         self._closing = True
-        if self._threads:
-            self._http.shutdown()
-        self._http.server_close()
+        if self._http is not None:
+            if self._threads:
+                self._http.shutdown()
+            self._http.server_close()
         dropped = self._feed.close(drop_queued=not drain)
         with self._lock:
             refused = [self._waiting.pop(index) for index, _ in dropped]

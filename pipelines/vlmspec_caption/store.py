@@ -87,7 +87,7 @@ def _torn_record(piece: bytes, after_lines: bool) -> bool:
 
 def _not_ours(file: Path, line: int) -> JobError:
     return JobError(
-        f"output file {str(file)!r} was not written by this job (line {line} is not a caption record); it is left "
+        f"output file {str(file)!r} was not written by this job (line {line} is not one of its records); it is left "
         "unchanged: pass another --out, or move that file away"
     )
 
@@ -139,12 +139,13 @@ def scan_output(path: str | Path) -> ScannedFile:
     return ScannedFile(records, valid, len(data))
 
 
-def read_output(path: str | Path, repair: bool) -> list[dict[str, Any]]:
+def read_output(path: str | Path, repair: bool, prog: str = PROG) -> list[dict[str, Any]]:
     """The records of an output file.
 
     Args:
         path: the file (missing: no records).
         repair: truncate a torn last line away (only for a file this process owns); else just ignore it.
+        prog: the job's command, which the repair's message names (another job keeping its output here).
 
     Raises:
         JobError: a damaged line before the last one.
@@ -156,8 +157,8 @@ def read_output(path: str | Path, repair: bool) -> list[dict[str, Any]]:
             handle.flush()
             os.fsync(handle.fileno())
         print(
-            f"{PROG}: {path}: removed a torn last line ({scanned.size - scanned.valid_bytes} bytes) left by an "
-            "interrupted run; that video is captioned again",
+            f"{prog}: {path}: removed a torn last line ({scanned.size - scanned.valid_bytes} bytes) left by an "
+            "interrupted run; its item is done again",
             file=sys.stderr,
         )
     return scanned.records

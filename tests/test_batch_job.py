@@ -1,0 +1,113 @@
+"""``vlmspec batch``: a file of OpenAI batch requests answered by the pair (:mod:`vlmspec_batch`), each reply what
+``vlmspec serve`` (and so ``pipe(messages=...)``) gives, refused requests answered with their error, and a killed
+run resumed without losing or repeating an answer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_serving import png_uri, user_turn
+
+from vlmspec import VLMSpecPipeline
+from vlmspec.cli import main
+
+PROMPTS = ["Describe this image.", "What is in it?", "Name one colour."]
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pairs):
+    return tiny_pairs["qwen2_vl"]
+
+
+@pytest.fixture(scope="module")
+def pipe(pair):
+    return VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
+
+
+def request_line(custom_id: str, **body) -> str:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body})
+
+
+@pytest.fixture
+def requests_file(tmp_path):
+    lines = [
+        request_line(f"r{i}", messages=user_turn(png_uri(i), p), max_tokens=8) for i, p in enumerate(PROMPTS)
+    ]
+    lines.append(request_line("bad", messages=user_turn(png_uri(0)), temperature=3))
+    lines.append(
+        request_line("yes-no", messages=user_turn(png_uri(1)), structured_outputs={"choice": ["yes", "no"]})
+    )
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run(pair, requests_file, out, *extra) -> int:
+    args = [
+        "batch",
+        str(requests_file),
+        "--out",
+        str(out),
+        "--target",
+        str(pair.target),
+        "--draft",
+        str(pair.draft),
+    ]
+    return main([*args, "--batch-size", "2", "--max-tokens", "8", "--prefix-cache-gb", "0", *extra])
+
+
+def by_id(out) -> dict[str, dict]:
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len({r["custom_id"] for r in records}) == len(records)  # no request answered twice
+    return {r["custom_id"]: r for r in records}
+
+
+def test_every_request_gets_the_server_s_answer_and_a_refused_one_its_error(
+    pair, pipe, requests_file, tmp_path
+):
+    out = tmp_path / "results.jsonl"
+    assert run(pair, requests_file, out) == 2  # one request refused
+    records = by_id(out)
+    assert set(records) == {"r0", "r1", "r2", "bad", "yes-no"}
+    for i, prompt in enumerate(PROMPTS):
+        record = records[f"r{i}"]
+        assert record["id"].startswith("batch_req_") and record["error"] is None
+        body = record["response"]["body"]
+        assert record["response"]["status_code"] == 200 and body["object"] == "chat.completion"
+        expected = pipe(messages=[{"role": "user", "content": [{"type": "image", "image": png_uri(i)},
+                        {"type": "text", "text": prompt}]}], max_new_tokens=8)  # fmt: skip
+        assert body["choices"][0]["message"]["content"] == expected.text
+    refused = records["bad"]["response"]
+    assert refused["status_code"] == 400 and refused["body"]["error"]["param"] == "temperature"
+    assert records["yes-no"]["response"]["body"]["choices"][0]["message"]["content"] in ("yes", "no")
+
+
+def test_a_killed_run_resumes_without_losing_or_repeating_an_answer(pair, requests_file, tmp_path, capsys):
+    out = tmp_path / "results.jsonl"
+    assert run(pair, requests_file, out) == 2
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(lines[:2]) + lines[2][:25])  # killed while writing the third line
+    assert run(pair, requests_file, out) == 2
+    assert out.read_text().startswith("".join(lines[:2]))  # what was written stays
+    assert set(by_id(out)) == {"r0", "r1", "r2", "bad", "yes-no"}
+    printed = capsys.readouterr()
+    assert "removed a torn last line" in printed.err and "2 already done" in printed.out
+    assert run(pair, requests_file, out) == 0 and "5 already done" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "lines, words",
+    [
+        (['{"custom_id": "a", "body": {}}', '{"custom_id": "a", "body": {}}'], "custom_id 'a' is used twice"),
+        (['{"body": {}}'], 'line 1 needs a "custom_id"'),
+        (["not json"], "line 1 is not valid JSON"),
+        (['{"custom_id": "a", "url": "/v1/embeddings", "body": {}}'], 'only "method": "POST" to'),
+    ],
+)
+def test_a_file_that_is_not_a_batch_is_refused_before_any_model_loads(tmp_path, capsys, lines, words):
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(lines))
+    assert main(["batch", str(path), "--out", str(tmp_path / "out.jsonl"), "--target", "nowhere/none"]) == 1
+    assert words in capsys.readouterr().err
