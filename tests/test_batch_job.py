@@ -94,7 +94,58 @@ def test_a_killed_run_resumes_without_losing_or_repeating_an_answer(pair, reques
     assert set(by_id(out)) == {"r0", "r1", "r2", "bad", "yes-no"}
     printed = capsys.readouterr()
     assert "removed a torn last line" in printed.err and "2 already done" in printed.out
-    assert run(pair, requests_file, out) == 0 and "5 already done" in capsys.readouterr().out
+    assert (
+        run(pair, requests_file, out) == 2 and "5 already done" in capsys.readouterr().out
+    )  # still one refused
+
+
+def test_the_job_listens_nowhere_locks_first_and_loads_nothing_when_all_is_answered(
+    pair, requests_file, tmp_path, monkeypatch, capsys
+):
+    import vlmspec.serving
+
+    def no_listener(*args):
+        raise AssertionError("vlmspec batch opened an HTTP listener")
+
+    monkeypatch.setattr(vlmspec.serving, "HTTPServer", no_listener)
+    out = tmp_path / "results.jsonl"
+    assert run(pair, requests_file, out) == 2
+    import vlmspec.cli
+
+    monkeypatch.setattr(
+        vlmspec.cli, "load_pipeline", lambda *a: pytest.fail("the pair loaded with nothing to do")
+    )
+    assert run(pair, requests_file, out) == 2 and "5 already done" in capsys.readouterr().out
+
+
+def test_a_server_failure_is_answered_again_on_the_next_run(pair, requests_file, tmp_path, capsys):
+    out = tmp_path / "results.jsonl"
+    assert run(pair, requests_file, out) == 2
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    failed = next(r for r in records if r["custom_id"] == "r1")
+    failed["response"] = {"status_code": 503, "request_id": "x", "body": {"error": {"message": "shut down"}}}
+    from vlmspec_caption.store import encode_record
+
+    out.write_bytes(b"".join(encode_record(r) for r in records))
+    assert (
+        run(pair, requests_file, out) == 2
+        and "1 answered, 0 refused, 4 already done" in capsys.readouterr().out
+    )
+    assert by_id(out)["r1"]["response"]["status_code"] == 200
+
+
+def test_another_job_s_output_is_refused_unchanged(pair, requests_file, tmp_path, capsys):
+    out = tmp_path / "captions.jsonl"
+    captions = b'{"id": "clips/a.mp4", "path": "clips/a.mp4", "caption": "a cat"}\n'
+    out.write_bytes(captions)
+    assert run(pair, requests_file, out) == 1
+    assert "was not written by this job" in capsys.readouterr().err and out.read_bytes() == captions
+    import vlmspec_caption
+
+    batch = tmp_path / "batch.jsonl"
+    assert run(pair, requests_file, batch) == 2
+    with pytest.raises(vlmspec_caption.JobError, match="was not written by this job"):
+        vlmspec_caption.read_output(batch, repair=True)  # and the caption job refuses a batch's
 
 
 @pytest.mark.parametrize(
@@ -111,3 +162,47 @@ def test_a_file_that_is_not_a_batch_is_refused_before_any_model_loads(tmp_path, 
     path.write_text("\n".join(lines))
     assert main(["batch", str(path), "--out", str(tmp_path / "out.jsonl"), "--target", "nowhere/none"]) == 1
     assert words in capsys.readouterr().err
+
+
+def test_an_interrupt_ends_the_requests_decoding_instead_of_waiting_for_them(tmp_path):
+    """Ctrl-C while requests decode: each ends at its next step (the server's ``gone``), so the job stops at once;
+    what was written stays, the rest is answered by a rerun."""
+    import threading
+    import time
+
+    from vlmspec_batch import BatchRequest, run_batch
+    from vlmspec_caption.store import ResultWriter
+
+    from vlmspec.openai_api import MediaAccess
+
+    ended = []
+
+    class Server:  # the first request answers at once; the others decode until their client is gone
+        model, media, max_tokens, batch_size = "m", MediaAccess(), 8, 3
+
+        def complete(self, chat, gone):
+            if chat.kwargs["messages"][0]["content"] == "fast":
+                return {"object": "chat.completion"}
+            deadline = (
+                time.monotonic() + 10
+            )  # a bound: without the interrupt's stop the test fails, not hangs
+            while not gone() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if gone():
+                ended.append(threading.current_thread().name)
+            return None
+
+    class Interrupting(ResultWriter):
+        def write(self, record):
+            super().write(record)
+            raise KeyboardInterrupt
+
+    todo = [BatchRequest(f"r{i}", {"messages": [{"role": "user", "content": "slow"}]}) for i in range(2)]
+    todo.append(BatchRequest("fast", {"messages": [{"role": "user", "content": "fast"}]}))
+    start = time.perf_counter()
+    with Interrupting(tmp_path / "out.jsonl") as writer, pytest.raises(KeyboardInterrupt):
+        run_batch(Server(), todo, writer)
+    assert time.perf_counter() - start < 5 and len(ended) == 2
+    assert [json.loads(line)["custom_id"] for line in (tmp_path / "out.jsonl").read_text().splitlines()] == [
+        "fast"
+    ]

@@ -193,7 +193,11 @@ def build_server(args: argparse.Namespace, command: str) -> Any:
     pipe.prefix_cache = PrefixCache(max_bytes=args.prefix_cache_gb) if args.prefix_cache_gb else None
     name = args.served_model_name or args.target or args.pair or DEFAULT_PAIR
     media = MediaAccess(allowed_dir=args.allowed_media_dir, fetch_urls=args.fetch_urls)
-    listen = {"host": args.host, "port": args.port, "api_key": args.api_key} if hasattr(args, "port") else {}
+    listen = (
+        {"host": args.host, "port": args.port, "api_key": args.api_key}
+        if hasattr(args, "port")
+        else {"port": None}
+    )
     return SpecServer(
         pipe, name, batch_size=args.batch_size, max_tokens=args.max_tokens, media=media, **listen
     )

@@ -23,11 +23,14 @@ A request the server would refuse gets its status code and OpenAI's error body i
 field, a 404 for another model's name: ``--served-model-name`` sets the name the file's requests use), and the job
 goes on. The requests decode ``--batch-size`` at a time through one :class:`~vlmspec.serving.SpecServer` without a
 listener (continuous batching: a finished request's row goes to the next at once), lines written whole and fsynced
-as requests end, in the order they end. A killed job rerun with the same command skips the ``custom_id`` s already
-written (a torn last line repaired; :mod:`vlmspec_caption.store` keeps the file). Exit code 0 all answered 200, 2
-some were refused, 1 the job could not run, 130 interrupted (rerun to resume).
+as requests end, in the order they end. The output file is locked first (one job per file; another job's file is
+refused, unchanged), and the pair loads only when something is left to answer. A killed job rerun with the same
+command skips the ``custom_id`` s already answered (a torn last line repaired; :mod:`vlmspec_caption.store` keeps
+the file); an answer that was the server's failure (5xx) is dropped and its request runs again. Ctrl-C ends the
+requests decoding at their next step. Exit code 0 every answer in the file is a 200, 2 some are refusals, 1 the job
+could not run, 130 interrupted (rerun to resume).
 """
 
-from .run import BatchRequest, read_requests, run_batch
+from .run import BatchRequest, pending, read_requests, run_batch
 
-__all__ = ["BatchRequest", "read_requests", "run_batch"]
+__all__ = ["BatchRequest", "pending", "read_requests", "run_batch"]

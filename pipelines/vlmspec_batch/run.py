@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -63,32 +64,57 @@ def read_requests(path: str | Path) -> list[BatchRequest]:
     return requests
 
 
-def run_batch(server: Any, requests: list[BatchRequest], out: str | Path) -> dict[str, int]:
-    """Answer every request of ``requests`` not yet in ``out`` through ``server`` (started, no listener needed),
-    ``server.batch_size`` decoding at a time, each answer appended to ``out`` as it ends.
+def is_batch_record(record: dict[str, Any]) -> bool:
+    """A line of this job: a request's ``response`` under its ``custom_id``."""
+    return "custom_id" in record and "response" in record
+
+
+def pending(requests: list[BatchRequest], writer: ResultWriter) -> tuple[list[BatchRequest], int]:
+    """The requests of ``requests`` that ``writer``'s file (locked: this process owns it) does not answer yet, and
+    how many of its answers are refusals. An answer that was the server's failure (status 500 and above: out of
+    memory, a shutdown) is taken out of the file so that its request runs again; a refusal (4xx) is the request's
+    own and stays."""
+    records = read_output(writer.path, repair=True, prog=PROG, ours=is_batch_record)
+    kept = [record for record in records if record["response"].get("status_code", 500) < 500]
+    if len(kept) < len(records):
+        writer.rewrite(kept)
+    done = {record["custom_id"] for record in kept}
+    refused = sum(record["response"]["status_code"] != 200 for record in kept)
+    return [request for request in requests if request.custom_id not in done], refused
+
+
+def run_batch(server: Any, todo: list[BatchRequest], writer: ResultWriter) -> dict[str, int]:
+    """Answer ``todo`` through ``server`` (started; no listener needed), ``server.batch_size`` decoding at a time,
+    each answer appended to ``writer`` as it ends. An exception (Ctrl-C) ends the requests decoding at their next
+    step, and is raised once they have (their answers are not written: a rerun gives them).
 
     Returns:
-        How many were ``answered`` (200), ``refused`` (an error status) and ``done`` before this run.
+        How many were ``answered`` (200) and ``refused`` (an error status).
     """
-    done = {record.get("custom_id") for record in read_output(out, repair=True, prog=PROG)}
-    todo = [request for request in requests if request.custom_id not in done]
-    totals = {"answered": 0, "refused": 0, "done": len(requests) - len(todo)}
-    with ResultWriter(out) as writer, ThreadPoolExecutor(max_workers=server.batch_size) as pool:
-        running: set[Future] = set()
-        for request in _refill(iter(todo), pool, server, running):
-            record = request.result()
-            writer.write(record)
-            totals["answered" if record["response"]["status_code"] == 200 else "refused"] += 1
+    totals, stop = {"answered": 0, "refused": 0}, threading.Event()
+    with ThreadPoolExecutor(max_workers=server.batch_size) as pool:
+        try:
+            for future in _refill(iter(todo), pool, server, stop, set()):
+                if (record := future.result()) is not None:
+                    writer.write(record)
+                    totals["answered" if record["response"]["status_code"] == 200 else "refused"] += 1
+        except BaseException:
+            stop.set()  # each worker's request ends at its next step, so the pool's shutdown does not wait long
+            raise
     return totals
 
 
 def _refill(
-    todo: Iterator[BatchRequest], pool: ThreadPoolExecutor, server: Any, running: set[Future]
+    todo: Iterator[BatchRequest],
+    pool: ThreadPoolExecutor,
+    server: Any,
+    stop: threading.Event,
+    running: set[Future],
 ) -> Iterator[Future]:
     """The answers' futures as they end, ``server.batch_size`` requests in flight (the rest read as rows free)."""
     while True:
         while len(running) < server.batch_size and (request := next(todo, None)) is not None:
-            running.add(pool.submit(answer, server, request))
+            running.add(pool.submit(answer, server, request, stop))
         if not running:
             return
         finished, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -96,14 +122,17 @@ def _refill(
         yield from finished
 
 
-def answer(server: Any, request: BatchRequest) -> dict[str, Any]:
-    """One output line: the server's reply to ``request``, or its error with its status code."""
+def answer(server: Any, request: BatchRequest, stop: threading.Event) -> dict[str, Any] | None:
+    """One output line: the server's reply to ``request``, or its error with its status code (``None`` once
+    ``stop`` is set: the request ended unanswered)."""
     try:
         chat = chat_request(request.body, server.model, server.media, server.max_tokens)
         if chat.stream:
             chat.cleanup()
             raise APIError("stream is not served in a batch: leave it out", "stream")
-        status, body = 200, server.complete(chat)
+        status, body = 200, server.complete(chat, gone=stop.is_set)
+        if body is None:
+            return None
     except APIError as error:
         status, body = error.status, error.body()
     except Exception as error:  # the server's fault, not the request's: answered as the server answers it

@@ -8,7 +8,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,11 +92,17 @@ def _not_ours(file: Path, line: int) -> JobError:
     )
 
 
-def scan_output(path: str | Path) -> ScannedFile:
+def is_caption_record(record: dict[str, Any]) -> bool:
+    """A line of the caption job: a video's ``caption`` or its ``error`` (not a batch job's ``response``)."""
+    return ("caption" in record or "error" in record) and "response" not in record
+
+
+def scan_output(path: str | Path, ours: Callable[[dict[str, Any]], bool] = is_caption_record) -> ScannedFile:
     """Parses an output file; a torn last line (a record cut short: no newline, or not parsable) is set aside.
 
     Only the job's own files are taken: a path that is not a regular file, or a file whose lines are not the job's
-    records (each starts with :data:`RECORD_START`), is refused without reading further or changing a byte.
+    records (each starts with :data:`RECORD_START`, and is one ``ours`` takes: another job's output is not), is
+    refused without reading further or changing a byte.
 
     Raises:
         JobError: not a regular file, not written by this job, or a damaged line before the last one.
@@ -134,23 +140,31 @@ def scan_output(path: str | Path) -> ScannedFile:
                 f"output file {str(file)!r} line {number} is not a JSON object with an 'id'; it was damaged or "
                 "edited (this job only writes whole lines): fix or delete that line, then rerun"
             )
+        if not ours(record):
+            raise _not_ours(file, number)
         records.append(record)
         valid = offset
     return ScannedFile(records, valid, len(data))
 
 
-def read_output(path: str | Path, repair: bool, prog: str = PROG) -> list[dict[str, Any]]:
+def read_output(
+    path: str | Path,
+    repair: bool,
+    prog: str = PROG,
+    ours: Callable[[dict[str, Any]], bool] = is_caption_record,
+) -> list[dict[str, Any]]:
     """The records of an output file.
 
     Args:
         path: the file (missing: no records).
         repair: truncate a torn last line away (only for a file this process owns); else just ignore it.
-        prog: the job's command, which the repair's message names (another job keeping its output here).
+        prog, ours: the job whose output it is: its command, which the repair's message names, and which records
+            are its own (:func:`scan_output`; another job keeps its output here too).
 
     Raises:
         JobError: a damaged line before the last one.
     """
-    scanned = scan_output(path)
+    scanned = scan_output(path, ours)
     if repair and scanned.torn:
         with open(path, "r+b") as handle:
             handle.truncate(scanned.valid_bytes)
