@@ -26,7 +26,7 @@ from functools import partial
 import pytest
 import torch
 from conftest import make_image
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import vlmspec.batching as batching
@@ -371,9 +371,12 @@ def test_presence_and_frequency_penalties_and_logit_bias_are_the_pipeline_s(serv
     st.lists(st.text(alphabet="abS", max_size=6), max_size=30),
     st.lists(st.text(alphabet="abS", min_size=1, max_size=4), max_size=3),
 )
+@example(["Sb", "a"], ["b", "Sba"])  # "b" stops the reply before "Sba", which begins earlier, is complete
 def test_held_back_pieces_join_to_the_text_cut_at_its_first_stop_string(pieces, stops):
-    """Whatever the pieces and stop strings: what is sent is the whole text cut before its first stop string, and
-    no more than the longest stop string (less one character) is ever held back."""
+    """Whatever the pieces and stop strings: what is sent is the text up to the piece in which a stop string first
+    appears (where generation stops: pieces are what the steps emit, cut at the token completing a stop string),
+    cut before the earliest stop string in it, and no more than the longest stop string (less one character) is ever
+    held back."""
     from vlmspec.openai_replies import cut_at_stop
 
     holder = StopHolder(stops)
@@ -382,7 +385,8 @@ def test_held_back_pieces_join_to_the_text_cut_at_its_first_stop_string(pieces, 
         sent += holder.push(piece)
         assert holder.stopped or len(holder.pending) <= max(map(len, stops), default=1) - 1
     sent += holder.finish()
-    assert (sent, holder.stopped) == cut_at_stop("".join(pieces), stops)
+    ends = [i for i in range(1, len(pieces) + 1) if cut_at_stop("".join(pieces[:i]), stops)[1]]
+    assert (sent, holder.stopped) == cut_at_stop("".join(pieces[: ends[0] if ends else len(pieces)]), stops)
 
 
 def test_the_serve_command_refuses_a_missing_media_folder_before_loading(capsys):
