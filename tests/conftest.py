@@ -8,6 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
+
+# Property tests draw the same examples on every run (a CI run must not fail on a draw the last one did not make);
+# HYPOTHESIS_PROFILE=explore draws fresh ones, to look for new failing cases.
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/synthetic.py helpers
 
