@@ -3,7 +3,6 @@ write each answer as it ends."""
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import uuid
@@ -13,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vlmspec_caption.config import JobError
+from vlmspec_caption.config import JobError, json_object
 from vlmspec_caption.store import ResultWriter, read_output
 
 from vlmspec.openai_api import APIError, chat_request
@@ -46,11 +45,8 @@ def read_requests(path: str | Path) -> list[BatchRequest]:
         if not line.strip():
             continue
         where = f"input {str(path)!r} line {number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise JobError(f"{where} is not valid JSON ({err})") from err
-        custom_id = row.get("custom_id") if isinstance(row, dict) else None
+        row = json_object(line, where)
+        custom_id = row.get("custom_id")
         if not isinstance(custom_id, str) or not custom_id:
             raise JobError(
                 f'{where} needs a "custom_id" string (OpenAI\'s batch format: custom_id, method, url, body)'
