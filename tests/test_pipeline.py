@@ -270,7 +270,17 @@ def _same_input(split: torch.Tensor, alone: torch.Tensor) -> bool:
 def test_generate_options_are_the_calls_generation_options():
     parameters = inspect.signature(VLMSpecPipeline.__call__).parameters.values()
     taken = {p.name for p in parameters if p.kind is not p.VAR_KEYWORD}  # **unknown: refused by name
-    inputs = {"self", "image", "prompt", "video", "messages", "inputs", "num_frames", "tools"}
+    inputs = {
+        "self",
+        "image",
+        "prompt",
+        "video",
+        "messages",
+        "inputs",
+        "num_frames",
+        "tools",
+        "chat_template_kwargs",
+    }
     returned = {"output_scores"}  # what pipe.generate returns (its output_scores/output_logits settings)
     openai = {
         "presence_penalty",

@@ -12,6 +12,7 @@ from .inputs import VideoClip
 from .pipeline import SpecOutput, VLMSpecPipeline
 from .policies import TreePolicy, available_policies, get_policy, register_policy
 from .prefix_cache import PrefixCache
+from .reasoning import ReasoningParser
 from .requests import RequestFeed
 from .scores import TokenScores
 from .streaming import StreamPiece
@@ -25,6 +26,7 @@ __all__ = [
     "InputTypeError",
     "InvalidInputError",
     "PrefixCache",
+    "ReasoningParser",
     "RequestFeed",
     "SlowSpeculationWarning",
     "SpecOutput",

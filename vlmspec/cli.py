@@ -15,6 +15,7 @@ from typing import Any
 
 from .errors import InputNotFoundError, InvalidInputError, VLMSpecError
 from .named_pairs import DEFAULT_PAIR, ENV_DEFAULT_PAIR
+from .reasoning import REASONING_PARSERS
 
 EXAMPLE_IMAGE = "example.png"
 EXAMPLE_META = "example.json"  # the testbed example the picture was drawn from
@@ -166,6 +167,12 @@ def add_server_flags(s: argparse.ArgumentParser) -> None:
         "--served-model-name", help="the model name clients send (default: --target, or the pair's name)"
     )
     s.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSERS),
+        help="a thinking model's tags (vLLM's names): replies carry their reasoning apart from their content "
+        "(reasoning_content), and structured outputs and tool calls apply after it (default: none)",
+    )
+    s.add_argument(
         "--allowed-media-dir",
         type=Path,
         help="a folder whose files requests may name as media (default: none)",
@@ -191,6 +198,7 @@ def build_server(args: argparse.Namespace, command: str) -> Any:
     pipe = load_pipeline(args, command)
     pipe(_example_image(), "Describe this image.", max_new_tokens=2)  # warm-up: not the first request's wait
     pipe.prefix_cache = PrefixCache(max_bytes=args.prefix_cache_gb) if args.prefix_cache_gb else None
+    pipe.reasoning_parser = args.reasoning_parser
     name = args.served_model_name or args.target or args.pair or DEFAULT_PAIR
     media = MediaAccess(allowed_dir=args.allowed_media_dir, fetch_urls=args.fetch_urls)
     listen = (

@@ -1,6 +1,6 @@
 """A conversation as the processor inputs of one prompt: messages in transformers' chat format checked and their
-media loaded (:func:`normalize_messages`), tools checked (:func:`check_tools`), the chat template applied and the
-processor run (:func:`encode_chat`)."""
+media loaded (:func:`normalize_messages`), tools and template variables checked (:func:`check_tools`,
+:func:`check_template_kwargs`), the chat template applied and the processor run (:func:`encode_chat`)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,15 @@ from .inputs import (
 )
 
 ROLES = ("system", "user", "assistant", "tool")
-TOOL_KEYS = ("tool_calls", "tool_call_id", "name")
-"""Keys of a message kept for the chat template beside its role and content: an assistant turn's tool calls, a tool
-turn's call id and function name (OpenAI's chat format, which templates that render tools read)."""
+KEPT_KEYS = ("tool_calls", "tool_call_id", "name", "reasoning_content")
+"""Keys of a message kept for the chat template beside its role and content: an assistant turn's tool calls and
+reasoning, a tool turn's call id and function name (OpenAI's chat format and Qwen3's ``reasoning_content``, which
+templates that render tools and thinking read)."""
+TEMPLATE_ARGUMENTS = frozenset(
+    {"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt", "tokenize"}
+    | {"continue_final_message", "return_dict", "return_tensors", "padding", "truncation", "max_length"}
+)
+"""``apply_chat_template``'s own arguments, which ``chat_template_kwargs`` may not set (they are the call's)."""
 _MEDIA_KEYS = {"image": ("image", "url", "path"), "video": ("video", "url", "path")}
 
 
@@ -34,7 +40,7 @@ def normalize_messages(
     """A conversation in transformers' chat format, checked, with its media loaded.
 
     Each message is ``{"role": "system" | "user" | "assistant" | "tool", "content": str | [item, ...]}`` (and
-    the :data:`TOOL_KEYS` it has; an assistant turn with ``tool_calls`` may have ``None`` content); an item is
+    the :data:`KEPT_KEYS` it has; an assistant turn with ``tool_calls`` may have ``None`` content); an item is
     ``{"type": "text", "text": ...}``, ``{"type": "image", "image": PIL image or path}`` or ``{"type": "video",
     "video": path or frames}`` (``"url"``/``"path"`` keys work too, for local files), in any turn and any number.
     A video item may hold ``"video_start"``/``"video_end"`` (seconds, as ``qwen_vl_utils`` reads them): only that
@@ -58,7 +64,7 @@ def normalize_messages(
             raise InvalidInputError(f"{where} must be a dict with 'role' and 'content', got {message!r:.80}")
         if message["role"] not in ROLES:
             raise InvalidInputError(f"{where}: role {message['role']!r} is not one of {', '.join(ROLES)}")
-        content, kept = message["content"], {key: message[key] for key in TOOL_KEYS if key in message}
+        content, kept = message["content"], {key: message[key] for key in KEPT_KEYS if key in message}
         if content is None and "tool_calls" in message:
             content = ""  # a turn that only calls tools
         if isinstance(content, str):  # as given: chat templates render a plain string their own way
@@ -138,6 +144,29 @@ def _video_item(item: dict, source: VideoInput, where: str) -> VideoInput:
         raise type(err)(f"{where}: {err}") from err
 
 
+def check_template_kwargs(kwargs: Any) -> dict[str, Any]:
+    """``chat_template_kwargs`` (variables for the chat template, e.g. Qwen3's ``{"enable_thinking": False}``) as a
+    dict, checked; ``{}`` for ``None``.
+
+    Raises:
+        InputTypeError: not a dict of string keys.
+        InvalidInputError: a key that is one of ``apply_chat_template``'s own arguments (:data:`TEMPLATE_ARGUMENTS`).
+    """
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping) or not all(isinstance(key, str) for key in kwargs):
+        raise InputTypeError(
+            f'chat_template_kwargs={kwargs!r:.60} is invalid: use a dict of template variables ({{"enable_thinking": '
+            "false}})"
+        )
+    if taken := sorted(TEMPLATE_ARGUMENTS.intersection(kwargs)):
+        raise InvalidInputError(
+            f"chat_template_kwargs sets {', '.join(taken)}, which the call sets itself (apply_chat_template's own "
+            "arguments); give only the template's variables"
+        )
+    return dict(kwargs)
+
+
 def encode_chat(
     processor: Any,
     chat: list[dict],
@@ -145,11 +174,17 @@ def encode_chat(
     videos: list[tuple[Any, Any]],
     min_video_frames: int = 1,
     tools: list[dict] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Processor inputs (batch 1) of ``chat`` (:func:`normalize_messages`' messages, media, and ``tools`` for the
-    template): what ``processor.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
-    add_generation_prompt=True)`` gives for the same media; videos padded to ``min_video_frames``."""
-    text = processor.apply_chat_template(chat, tools=tools, add_generation_prompt=True, tokenize=False)
+    """Processor inputs (batch 1) of ``chat`` (:func:`normalize_messages`' messages, media, and ``tools`` and
+    ``template_kwargs`` for the template, checked here: :func:`check_tools`, :func:`check_template_kwargs`): what
+    ``processor.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
+    add_generation_prompt=True, **template_kwargs)`` gives for the same media; videos padded to
+    ``min_video_frames``."""
+    tools, variables = check_tools(tools), check_template_kwargs(template_kwargs)
+    text = processor.apply_chat_template(
+        chat, tools=tools, add_generation_prompt=True, tokenize=False, **variables
+    )
     check_placeholders(processor, text, len(images), len(videos))
     kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
     if images:

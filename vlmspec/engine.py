@@ -16,6 +16,7 @@ import torch
 from .cache import keep_tail, truncate
 from .draft import DraftTree, DraftVocab
 from .errors import InvalidInputError
+from .inputs import on_device
 from .models import DecodeState, VLMAdapter
 from .node_processors import NodeProcessing
 from .policies import StepFeedback, TreePolicy
@@ -101,12 +102,17 @@ class SpecOutput:
         stats: speed and acceptance statistics.
         scores: with ``output_scores=True``, the target's logits and scores behind each of ``token_ids``
             (:class:`~vlmspec.scores.TokenScores`, ``[T, V]`` each); else ``None``.
+        reasoning: a thinking model's reasoning, the text before ``</think>``, when the pipeline has a reasoning
+            parser and the reply opens in reasoning (:mod:`vlmspec.reasoning`); else ``None``.
+        content: the answer: the text after the reasoning (all of ``text`` when there is no reasoning).
     """
 
     text: str
     token_ids: list[int]
     stats: SpecStats
     scores: TokenScores | None = None
+    reasoning: str | None = None
+    content: str | None = None
 
 
 @dataclass
@@ -127,6 +133,16 @@ class DraftPrompt:
     select: Callable[[torch.Tensor | None], torch.Tensor | None] | None = None
     needs_scores: bool = False
     vocab: DraftVocab | None = None
+
+    @classmethod
+    def pruned(
+        cls, adapter: VLMAdapter, inputs: dict[str, Any], pruning: Any, vocab: DraftVocab
+    ) -> DraftPrompt:
+        """The draft's view of ``inputs`` (on its device) under ``pruning`` (a
+        :class:`~vlmspec.pruning.PruningConfig`)."""
+        inputs = on_device(inputs, adapter.device)
+        select = pruning.draft_selection(adapter, inputs)
+        return cls(adapter, inputs, select, select is not None and pruning.needs_scores, vocab)
 
 
 def speculative_generate(

@@ -22,10 +22,12 @@ from .errors import InputTypeError, InvalidInputError
 from .inputs import check_token_ids
 from .node_processors import TRANSFORMERS_PROCESSORS, setting_is_on
 from .processors import REFUSED_SETTINGS
+from .reasoning import reply_reasoning
 from .requests import CallHooks, naming_request
 from .sampling import check_seed
 from .scores import generate_steps
 from .stopping import eos_token_ids, token_ids
+from .structured import generate_processor
 from .validation import did_you_mean
 
 GENERATE_OPTIONS: tuple[str, ...] = (
@@ -33,6 +35,21 @@ GENERATE_OPTIONS: tuple[str, ...] = (
     "eos_token_id", "repetition_penalty", "min_new_tokens",
 )  # fmt: skip
 """The keyword arguments of :meth:`~vlmspec.VLMSpecPipeline.__call__` that ``generate()`` takes as options."""
+
+
+def reference_generate(
+    pipe: Any, inputs: dict[str, torch.Tensor], max_new_tokens: int, structured_outputs: Any = None
+) -> list[int]:
+    """:meth:`~vlmspec.VLMSpecPipeline.reference_generate`: the target's own greedy ``generate()``, under
+    xgrammar's processor for ``structured_outputs`` (after the reasoning, as ``pipe.reasoning_parser`` says)."""
+    options = dict(do_sample=False, max_new_tokens=max_new_tokens, tokenizer=pipe.tokenizer)
+    if structured_outputs is not None:
+        reasoning = reply_reasoning(pipe.reasoning_parser, pipe.tokenizer, inputs["input_ids"][0].tolist())
+        options["logits_processor"] = [
+            generate_processor(structured_outputs, pipe.tokenizer, pipe.target, reasoning)
+        ]
+    out = pipe.target.generate(**inputs, **options)
+    return out[0, inputs["input_ids"].shape[1] :].tolist()
 
 
 def generate(

@@ -386,6 +386,11 @@ def run_processor(processor: Any, kwargs: dict[str, Any]) -> Any:
         ) from err
 
 
+def on_device(inputs: Mapping[str, Any], device: torch.device | str) -> dict[str, Any]:
+    """Processor outputs with their tensors moved to ``device`` (the rest as they are)."""
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+
+
 def check_prompt_inputs(
     inputs: Mapping[str, Any], vocab_size: int | None = None, taken: Collection[str] | None = None
 ) -> dict[str, Any]:

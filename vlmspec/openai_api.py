@@ -30,6 +30,10 @@ What a request may hold, and what it becomes:
 * ``tools``, ``tool_choice`` and ``parallel_tool_calls``, and ``tool`` turns and assistant ``tool_calls`` in
   ``messages``: the chat template renders them, and the reply's tool calls are decoded and read as vLLM does
   (:mod:`vlmspec.openai_tools`).
+* vLLM's ``chat_template_kwargs`` (Qwen3's ``{"enable_thinking": false}``): the chat template's variables. With a
+  reasoning parser (``--reasoning-parser``), a reply's reasoning comes apart from its content (``reasoning_content``,
+  and vLLM's newer ``reasoning``), and an assistant turn's ``reasoning_content`` (or ``reasoning``) goes to the
+  template (:mod:`vlmspec.reasoning`).
 * ``n``: that many replies (whole replies only), decoding together; sampled ones each their own draw (``seed + i``
   with a ``seed``), a greedy one decoded once and given ``n`` times (greedy replies are all the same).
 
@@ -45,7 +49,6 @@ request's speculative-decoding statistics (``mean_accepted``, ``tokens_per_step`
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 import urllib.error
@@ -56,7 +59,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .errors import VLMSpecError
-from .openai_tools import ToolCalling, ToolError, tool_calling
+from .openai_tools import ToolCalling, ToolError, tool_calling, tool_turn_keys
 from .structured import StructuredOutputs
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -178,6 +181,8 @@ def chat_request(body: Any, model: str, media: MediaAccess, default_max_tokens: 
             structure = structure or forced
         if structure is not None:
             request.kwargs["structured_outputs"] = structure
+        if body.get("chat_template_kwargs") is not None:  # checked by the pipeline (a 400 naming it)
+            request.kwargs["chat_template_kwargs"] = body["chat_template_kwargs"]
     except BaseException:
         request.cleanup()
         raise
@@ -199,7 +204,7 @@ _KNOWN = {
 }
 _KNOWN |= {"stop", "stream", "stream_options", "repetition_penalty", "min_tokens", "logprobs", "top_logprobs"}
 _KNOWN |= {"presence_penalty", "frequency_penalty", "logit_bias", "response_format", "structured_outputs"}
-_KNOWN |= {"tools", "tool_choice", "parallel_tool_calls"}
+_KNOWN |= {"tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"}
 GUIDED_FIELDS = {
     "guided_json": "json",
     "guided_regex": "regex",
@@ -228,6 +233,7 @@ REQUEST_FIELDS = {
     "top_p": "top_p",
     "top_k": "top_k",
     "seed": "seed",
+    "chat_template_kwargs": "chat_template_kwargs",
     "image": "messages",
     "video": "messages",
     "prompt": "messages",
@@ -333,7 +339,13 @@ def _messages(messages: Any, media: MediaAccess, temp_files: list[Path]) -> list
         ):
             role = message.get("role") if isinstance(message, dict) else message
             raise APIError(f"{where}: role {role!r:.40} is not one of {', '.join(ROLES)}", "messages")
-        content, kept = message.get("content"), _tool_keys(message, where)
+        try:
+            content, kept = message.get("content"), tool_turn_keys(message, where)
+        except ToolError as error:
+            raise APIError(str(error), error.field) from None
+        reasoning = message.get("reasoning_content", message.get("reasoning"))
+        if message["role"] == "assistant" and isinstance(reasoning, str):  # for templates that render it
+            kept["reasoning_content"] = reasoning
         if isinstance(content, list):
             content = [
                 _part(part, f"{where}.content[{j}]", media, temp_files) for j, part in enumerate(content)
@@ -344,47 +356,6 @@ def _messages(messages: Any, media: MediaAccess, temp_files: list[Path]) -> list
             raise APIError(f"{where}: content must be a string or a list of parts", "messages")
         chat.append({"role": ROLES[message["role"]], "content": content, **kept})
     return chat
-
-
-def _tool_keys(message: dict[str, Any], where: str) -> dict[str, Any]:
-    """An assistant turn's ``tool_calls`` and a tool turn's ``tool_call_id``, checked, for the chat template."""
-    kept = {}
-    calls = message.get("tool_calls")
-    if calls is not None:
-        if (
-            message["role"] != "assistant"
-            or not isinstance(calls, list)
-            or not all(_is_call(c) for c in calls)
-        ):
-            raise APIError(
-                f'{where}: tool_calls go in assistant turns, as a list of {{"id": ..., "type": "function", '
-                '"function": {"name": ..., "arguments": "<JSON text>"}}',
-                "messages",
-            )
-        kept["tool_calls"] = [_with_arguments_decoded(call) for call in calls]
-    if message["role"] == "tool":
-        if not isinstance(message.get("tool_call_id"), str):
-            raise APIError(f"{where}: a tool turn needs the tool_call_id it answers", "messages")
-        kept["tool_call_id"] = message["tool_call_id"]
-        if isinstance(message.get("name"), str):
-            kept["name"] = message["name"]
-    return kept
-
-
-def _with_arguments_decoded(call: dict[str, Any]) -> dict[str, Any]:
-    """A call whose JSON-text ``arguments`` are an object, as chat templates render them (``tojson``), as vLLM
-    passes them (text that is no JSON stays as it is)."""
-    arguments = call["function"].get("arguments")
-    try:
-        decoded = json.loads(arguments) if isinstance(arguments, str) else arguments
-    except ValueError:
-        return call
-    return {**call, "function": {**call["function"], "arguments": decoded}}
-
-
-def _is_call(call: Any) -> bool:
-    function = call.get("function") if isinstance(call, dict) else None
-    return isinstance(function, dict) and isinstance(function.get("name"), str)
 
 
 def _part(part: Any, where: str, media: MediaAccess, temp_files: list[Path]) -> dict[str, Any]:

@@ -98,10 +98,19 @@ def choice(
     reason: str,
     logprobs: dict[str, Any] | None = None,
     tool_calls: list[dict[str, Any]] | None = None,
+    reasoning: str | None = None,
 ) -> dict[str, Any]:
-    """One reply of a ``chat.completion`` (its content ``text``, and its tool calls when it made any)."""
+    """One reply of a ``chat.completion`` (its content ``text``, its tool calls when it made any, and its reasoning
+    when it has any: :func:`reasoning_fields`)."""
     message = {"role": "assistant", "content": text, **({"tool_calls": tool_calls} if tool_calls else {})}
+    message.update(reasoning_fields(reasoning) if reasoning is not None else {})
     return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
+
+
+def reasoning_fields(reasoning: str) -> dict[str, str]:
+    """A message's (or a stream delta's) reasoning, under both names clients read: ``reasoning_content`` (vLLM's
+    first, DeepSeek's API) and ``reasoning`` (vLLM's since it renamed it)."""
+    return {"reasoning_content": reasoning, "reasoning": reasoning}
 
 
 def tool_reason(reason: str, tools: ToolCalling | None, calls: list[dict[str, Any]]) -> str:

@@ -171,3 +171,49 @@ def tool_calling(body: dict[str, Any]) -> ToolCalling | None:
             f"parallel_tool_calls={parallel!r:.40} is invalid: use true or false", "parallel_tool_calls"
         )
     return ToolCalling(tuple(tools), choice or "auto", parallel)
+
+
+def tool_turn_keys(message: dict[str, Any], where: str) -> dict[str, Any]:
+    """An assistant turn's ``tool_calls`` and a tool turn's ``tool_call_id`` (and ``name``) in OpenAI's ``messages``,
+    checked, for the chat template.
+
+    Raises:
+        ToolError: a malformed one, naming the message (``where``).
+    """
+    kept = {}
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if (
+            message["role"] != "assistant"
+            or not isinstance(calls, list)
+            or not all(_is_call(c) for c in calls)
+        ):
+            raise ToolError(
+                f'{where}: tool_calls go in assistant turns, as a list of {{"id": ..., "type": "function", '
+                '"function": {"name": ..., "arguments": "<JSON text>"}}',
+                "messages",
+            )
+        kept["tool_calls"] = [_arguments_decoded(call) for call in calls]
+    if message["role"] == "tool":
+        if not isinstance(message.get("tool_call_id"), str):
+            raise ToolError(f"{where}: a tool turn needs the tool_call_id it answers", "messages")
+        kept["tool_call_id"] = message["tool_call_id"]
+        if isinstance(message.get("name"), str):
+            kept["name"] = message["name"]
+    return kept
+
+
+def _arguments_decoded(call: dict[str, Any]) -> dict[str, Any]:
+    """A call whose JSON-text ``arguments`` are an object, as chat templates render them (``tojson``), as vLLM
+    passes them (text that is no JSON stays as it is)."""
+    arguments = call["function"].get("arguments")
+    try:
+        decoded = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        return call
+    return {**call, "function": {**call["function"], "arguments": decoded}}
+
+
+def _is_call(call: Any) -> bool:
+    function = call.get("function") if isinstance(call, dict) else None
+    return isinstance(function, dict) and isinstance(function.get("name"), str)

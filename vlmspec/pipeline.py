@@ -23,12 +23,20 @@ import torch
 from . import hf_compat
 from .batching import DRAFT_FIRST, TARGET, Batcher, RowAdapter
 from .chat import Chat
-from .conversations import check_tools, encode_chat, normalize_messages
+from .conversations import encode_chat, normalize_messages
 from .costs import BudgetFactor, ForwardCosts
 from .draft import draft_vocab
 from .engine import DraftPrompt, SpecOutput, speculative_generate
 from .errors import InputTypeError, InvalidInputError
-from .inputs import ImageInput, VideoInput, check_num_frames, check_prompt_inputs, load_images, load_video
+from .inputs import (
+    ImageInput,
+    VideoInput,
+    check_num_frames,
+    check_prompt_inputs,
+    load_images,
+    load_video,
+    on_device,
+)
 from .kernels import onednn_linears
 from .loading import check_attention, check_compatible, load_pair, model_options
 from .models import EDDDraft, VLMAdapter, adapter_for
@@ -38,6 +46,7 @@ from .policies import TreePolicy, available_policies, get_policy, policy_with
 from .prefix_cache import PrefixCache
 from .probe import cached_costs
 from .pruning import PruningConfig, pruning_config
+from .reasoning import ParserAttribute, reply_reasoning, split_reply
 from .requests import (
     PreparedRequest,
     Requests,
@@ -52,7 +61,7 @@ from .requests import (
 from .saving import read_settings, save_pipeline, saved_policy
 from .scores import ScoreLog, check_output_scores
 from .streaming import StreamPiece, check_stream_kwargs, check_streamer, stream_call
-from .structured import StructuredOutputs, generate_processor
+from .structured import StructuredOutputs
 
 DEFAULT_POLICY = "sage"
 
@@ -87,6 +96,9 @@ class VLMSpecPipeline:
             Set it to False for torch's own kernels. No effect on GPUs or other dtypes.
         prefix_cache: a :class:`~vlmspec.prefix_cache.PrefixCache` every request reuses (its prompt's prefix
             shared with an earlier request's is not prefilled again), or ``None`` (default).
+        reasoning_parser: how a thinking model marks its reasoning (:mod:`vlmspec.reasoning`; a name such as
+            ``"qwen3"``, or ``None``, default): replies are split into ``out.reasoning`` and ``out.content``, and a
+            structure (``structured_outputs``) applies after the reasoning.
 
     Raises:
         ValueError: the draft's family or vocabulary differs from the target's, or the policy is unknown
@@ -94,6 +106,7 @@ class VLMSpecPipeline:
     """
 
     budget_factor = BudgetFactor()
+    reasoning_parser = ParserAttribute()
 
     def __init__(
         self,
@@ -241,21 +254,23 @@ class VLMSpecPipeline:
         return self._encode([{"role": "user", "content": content}], images, videos)
 
     def prepare_messages(
-        self, messages: Sequence[dict], num_frames: int = 8, tools: Sequence[dict] | None = None
+        self,
+        messages: Sequence[dict],
+        num_frames: int = 8,
+        tools: Sequence[dict] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Processor inputs (batch 1) for a conversation in transformers' chat format (see
         :func:`vlmspec.conversations.normalize_messages`): system, user and assistant turns, images and videos in any
         turn. The same inputs as ``processor.apply_chat_template(messages, tokenize=True, return_dict=True,
-        add_generation_prompt=True)`` gives for the same media."""
+        add_generation_prompt=True, tools=tools, **chat_template_kwargs)`` gives for the same media."""
         chat, images, videos = normalize_messages(messages, num_frames=num_frames)
-        return self._encode(chat, images, videos, tools=check_tools(tools))
+        return self._encode(chat, images, videos, tools, chat_template_kwargs)
 
-    def _encode(
-        self, chat: list[dict], images: list[Any], videos: list[tuple[Any, Any]], tools: Any = None
-    ) -> dict[str, torch.Tensor]:
+    def _encode(self, chat: list, images: list, videos: list, tools: Any = None, kwargs: Any = None) -> dict:
         least = self._target_adapter.min_video_frames
-        inputs = encode_chat(self.processor, chat, images, videos, least, tools)
-        return {k: v.to(self._target_adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+        inputs = encode_chat(self.processor, chat, images, videos, least, tools, kwargs)
+        return on_device(inputs, self._target_adapter.device)
 
     def default_batch_size(self) -> int:
         """The batch size throughput jobs use when none is given: from :attr:`costs`, the smallest batch whose
@@ -272,14 +287,9 @@ class VLMSpecPipeline:
         self, inputs: dict[str, torch.Tensor], max_new_tokens: int, structured_outputs: Any = None
     ) -> list[int]:
         """The new ids of the target's own greedy ``generate()`` on ``inputs`` (with xgrammar's processor under
-        ``structured_outputs``): what users run without vlmspec, and what greedy speculative output equals."""
-        options = dict(do_sample=False, max_new_tokens=max_new_tokens, tokenizer=self.tokenizer)
-        if structured_outputs is not None:
-            options["logits_processor"] = [
-                generate_processor(structured_outputs, self.tokenizer, self.target)
-            ]
-        out = self.target.generate(**inputs, **options)
-        return out[0, inputs["input_ids"].shape[1] :].tolist()
+        ``structured_outputs``, after the reasoning as :attr:`reasoning_parser` says): what users run without
+        vlmspec, and what greedy speculative output equals."""
+        return hf_compat.reference_generate(self, inputs, max_new_tokens, structured_outputs)
 
     @torch.no_grad()
     def __call__(
@@ -308,6 +318,7 @@ class VLMSpecPipeline:
         output_scores: bool = False,
         structured_outputs: StructuredOutputs | Mapping[str, Any] | None = None,
         tools: Sequence[dict] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
         **unknown: Any,
     ) -> SpecOutput:
         """Generate a reply to ``prompt`` about ``image`` (and/or ``video``), or to a conversation (``messages``).
@@ -347,11 +358,14 @@ class VLMSpecPipeline:
                 grammar (a :class:`~vlmspec.StructuredOutputs` or a dict of its fields: ``{"json": schema}``), as
                 the target's own under that constraint (:mod:`vlmspec.structured`).
             tools: with ``messages``: function specs the chat template renders (``apply_chat_template(tools=...)``).
+            chat_template_kwargs: with ``messages``: the chat template's variables (Qwen3's ``{"enable_thinking":
+                False}``), as ``apply_chat_template(**chat_template_kwargs)`` takes them.
             **unknown: none is taken: a keyword argument not listed here is refused by name, with the nearest
                 valid name (``max_tokens``: did you mean ``max_new_tokens``?).
 
         Returns:
-            :class:`SpecOutput` with ``text``, ``token_ids`` and ``stats``.
+            :class:`SpecOutput` with ``text``, ``token_ids`` and ``stats`` (and the reply's ``reasoning`` and
+            ``content``, as :attr:`reasoning_parser` splits it).
         """
         arguments = dict(locals())
         del arguments["self"]
@@ -442,36 +456,31 @@ class VLMSpecPipeline:
         )
         check_streamer(a.streamer)
         check_num_frames(num_frames)
-        if a.tools is not None and a.messages is None:
-            raise InvalidInputError("tools go with messages=[...]: the chat template renders them")
+        want_scores = check_output_scores(a.output_scores)
+        extras = [name for name in ("tools", "chat_template_kwargs") if getattr(a, name) is not None]
+        if extras and a.messages is None:
+            raise InvalidInputError(f"{' and '.join(extras)} go with messages=[...]: the template reads them")
         # 2. Build the multimodal prompt once; the draft sees the same inputs.
         if a.inputs is not None:
             if a.messages is not None or prompt is not None or image is not None or video is not None:
                 raise InvalidInputError("give either inputs or messages or image/prompt/video, not several")
-            device = self._target_adapter.device
             checked = check_prompt_inputs(a.inputs, self._vocab_size(), hf_compat.model_inputs(self.target))
-            inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in checked.items()}
+            inputs = on_device(checked, self._target_adapter.device)
         elif a.messages is not None:
             if prompt is not None or image is not None or video is not None:
                 raise InvalidInputError("give either messages or image/prompt/video, not both")
-            inputs = self.prepare_messages(a.messages, num_frames=num_frames, tools=a.tools)
+            inputs = self.prepare_messages(a.messages, num_frames, a.tools, a.chat_template_kwargs)
         elif prompt is None:
             raise InputTypeError("pipe(...) needs a prompt (pipe(image, prompt)) or messages=[...]")
         else:
             inputs = self.prepare_inputs(image, prompt, video, num_frames=num_frames)
         check_length(inputs["input_ids"].shape[1], a.max_new_tokens, self._target_adapter.max_positions)
+        reasoning = reply_reasoning(self.reasoning_parser, self.tokenizer, inputs["input_ids"][0].tolist())
+        grammar = None if settings.grammar is None else settings.grammar.after(reasoning, self.tokenizer)
         draft = None
         if self.policy.uses_draft:
-            adapter = self._draft_adapter
-            draft_inputs = {k: v.to(adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
             pruning = self.pruning if a.prune_ratio is None else pruning_config(self.pruning, a.prune_ratio)
-            draft = DraftPrompt(adapter=adapter, inputs=draft_inputs, vocab=self._draft_vocab)
-            # An EDD draft sees the prompt through the target's hidden states: nothing to prune.
-            prunable = pruning.enabled and adapter.reads_target_layer is None
-            layout = adapter.prompt_layout(draft_inputs) if prunable else None
-            if layout is not None and pruning.prunes(layout):  # no scoring pass when nothing would be pruned
-                draft.select = lambda scores: pruning.select(layout, scores)
-                draft.needs_scores = pruning.needs_scores
+            draft = DraftPrompt.pruned(self._draft_adapter, inputs, pruning, self._draft_vocab)
         return PreparedRequest(
             inputs,
             settings.stop,
@@ -479,10 +488,9 @@ class VLMSpecPipeline:
             draft,
             streamer=a.streamer,
             processing=settings.processing,
-            grammar=settings.grammar,
-            scores=partial(ScoreLog, settings.sampling, settings.renormalize)
-            if check_output_scores(a.output_scores)
-            else None,
+            grammar=grammar,
+            reasoning=reasoning,
+            scores=partial(ScoreLog, settings.sampling, settings.renormalize) if want_scores else None,
         )
 
     def batch_policy(self, batch_size: int) -> TreePolicy:
@@ -538,7 +546,9 @@ class VLMSpecPipeline:
             streamer.end()
         # 4. Decode the text.
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        return SpecOutput(text, token_ids, stats, scores=None if scores is None else scores.result())
+        reasoning, content = split_reply(call.reasoning, text)
+        logs = None if scores is None else scores.result()
+        return SpecOutput(text, token_ids, stats, logs, reasoning, content)
 
     def chat(self, system: str | None = None, **options: Any) -> Chat:
         """A conversation that keeps both models' KV caches between turns (:mod:`vlmspec.chat`).

@@ -36,6 +36,7 @@ import torch
 from .cache import new_cache, truncate
 from .costs import ForwardCosts
 from .errors import InvalidInputError
+from .inputs import on_device
 from .models import DecodeState, VLMAdapter, adapter_for
 from .tree import TokenTree, tree_attention_bias
 
@@ -66,7 +67,7 @@ class _Prefixed:
             # the prompt's length (what its forwards cost depends on that length, not on the rows' values).
             context, inputs = int(inputs["input_ids"].shape[1]), None
         if inputs is not None:
-            inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+            inputs = on_device(inputs, device)
             self.state = adapter.prefill(inputs).state
             ids = inputs["input_ids"][0]
             text = ids[~adapter.prompt_layout(inputs).visual.to(ids.device)]

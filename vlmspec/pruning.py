@@ -31,8 +31,9 @@ Nothing here runs a model; :mod:`vlmspec.models` runs the pruned draft prefill.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -300,6 +301,19 @@ class PruningConfig:
             floored_keep_count(n, ratio, self.min_keep) < n
             for n, ratio in ((images, self.image_ratio), (videos, self.video_ratio))
         )
+
+    def draft_selection(
+        self, adapter: Any, inputs: dict[str, Any]
+    ) -> Callable[[torch.Tensor | None], torch.Tensor] | None:
+        """How a draft (``adapter``) prunes the prompt ``inputs``: :meth:`select` on its layout, or ``None`` when
+        nothing would be pruned (pruning off, a prompt whose every modality is under the floor, or an EDD draft,
+        which sees the prompt through the target's hidden states), so that no scoring pass is run for nothing."""
+        if not self.enabled or adapter.reads_target_layer is not None:
+            return None
+        layout = adapter.prompt_layout(inputs)
+        if layout is None or not self.prunes(layout):
+            return None
+        return lambda scores: self.select(layout, scores)
 
     def select(self, layout: PromptLayout, scores: torch.Tensor | None = None) -> torch.Tensor:
         """Prompt positions the draft keeps.

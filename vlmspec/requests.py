@@ -15,6 +15,7 @@ from .draft import logits_width
 from .errors import InputTypeError, InvalidInputError
 from .node_processors import NodeProcessing
 from .processors import LogitsProcessing, OccurrencePenalties
+from .reasoning import ReasoningParser
 from .sampling import SamplingParams
 from .stopping import StopCriteria, eos_token_ids, token_ids
 from .structured import Grammar, StructuredOutputs, compile_structured
@@ -140,6 +141,8 @@ class PreparedRequest:
     processing: LogitsProcessing | None = None
     scores: Callable[[], ScoreLog] | None = None
     grammar: Grammar | None = None
+    reasoning: ReasoningParser | None = None
+    """The pipeline's reasoning parser when the reply opens in its reasoning (:func:`~vlmspec.reasoning.reply_reasoning`)."""
 
 
 Requests = Iterable[dict[str, Any] | Callable[[], dict[str, Any]]] | RequestFeed

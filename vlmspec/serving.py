@@ -43,10 +43,12 @@ from .openai_replies import (
     cut_at_stop,
     finish_reason,
     logprobs,
+    reasoning_fields,
     tool_call_deltas,
     tool_reason,
 )
 from .openai_tools import TOOL_CALL_START
+from .reasoning import ReasoningParser, ReplySplitter, reply_reasoning, split_reply
 from .requests import RequestFeed
 from .server_metrics import ServerMetrics
 from .serving_http import HTTPServer
@@ -252,12 +254,16 @@ class SpecServer:
             )
 
     def _choice(self, index: int, output: Any, request: ChatRequest) -> dict[str, Any]:
-        text, stopped = cut_at_stop(output.text, request.stop)
+        whole, stopped = cut_at_stop(output.text, request.stop)
+        parser = (
+            self.pipe.reasoning_parser if output.reasoning is not None else None
+        )  # the reply opened in it
+        reasoning, text = split_reply(parser, whole)
         reason = finish_reason(output, stopped, request.max_tokens, self.eos_ids)
         content, calls = request.tools.calls(text) if request.tools is not None else (text, [])
         top = request.top_logprobs
-        scores = None if top is None else logprobs(output, self.pipe.tokenizer, text, top)
-        return choice(index, content, tool_reason(reason, request.tools, calls), scores, calls)
+        scores = None if top is None else logprobs(output, self.pipe.tokenizer, whole, top)
+        return choice(index, content, tool_reason(reason, request.tools, calls), scores, calls, reasoning)
 
     def stream(
         self,
@@ -281,19 +287,28 @@ class SpecServer:
             request.cleanup()  # prepared: its fetched media are loaded
         future.add_done_callback(lambda _: pieces.put(None))
         tools = request.tools
-        quiet = (
-            tools is not None and tools.forced
-        )  # the reply is a call's arguments: sent as a call at the end
+        # a forced call's reply is the call's arguments: sent as a call at the end
+        quiet = tools is not None and tools.forced
         held = [TOOL_CALL_START] if tools is not None and tools.choice == "auto" else []
         reply, holder = Reply(self.model), StopHolder(request.stop + held)
-        role, sent = {"role": "assistant"}, ""
+        role, sent, thought = {"role": "assistant"}, "", ""  # what was sent of the content, of the reasoning
+        splitter = None
         try:
             for piece in _pieces(pieces, gone):
-                if (text := holder.push(piece.text)) and not quiet:
+                splitter = splitter or ReplySplitter(self._reasoning(streamer))
+                reasoning, text = splitter.feed(holder.push(piece.text))
+                if reasoning:
+                    send(reply.chunk({**role, **reasoning_fields(reasoning)}))
+                    role, thought = {}, thought + reasoning
+                if text and not quiet:
                     send(reply.chunk({**role, "content": text}))
                     role, sent = {}, sent + text
             output = _result(future, self._closing)
-            text, stopped = cut_at_stop(output.text, request.stop)
+            whole, stopped = cut_at_stop(output.text, request.stop)
+            reasoning, text = split_reply(splitter.parser if splitter else self._reasoning(streamer), whole)
+            if reasoning and (rest := reasoning[len(thought) :]):
+                send(reply.chunk({**role, **reasoning_fields(rest)}))
+                role = {}
             calls = tools.calls(text)[1] if tools is not None else []
             if calls:  # the content's unsent end (none for a forced call), then the calls
                 if rest := ("" if quiet else text[len(sent) : text.index(TOOL_CALL_START)]):
@@ -309,6 +324,10 @@ class SpecServer:
         except OSError:
             self._abandon(streamer.cancelled)
             raise
+
+    def _reasoning(self, streamer: QueueStreamer) -> ReasoningParser | None:
+        """The pipeline's reasoning parser if the reply to the streamed prompt opens in reasoning, else ``None``."""
+        return reply_reasoning(self.pipe.reasoning_parser, self.pipe.tokenizer, streamer.prompt_ids or [])
 
 
 BAD_REQUEST = (VLMSpecError, ValueError, TypeError, OSError)

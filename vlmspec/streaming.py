@@ -119,20 +119,21 @@ class _Cancelled(Exception):
 
 
 class QueueStreamer:
-    """A streamer (``put``/``end``) that queues each step's tokens with their text, skipping the prompt; once
-    ``cancelled`` is set, its next ``put`` ends the generation."""
+    """A streamer (``put``/``end``) that queues each step's tokens with their text, keeping the prompt's ids aside;
+    once ``cancelled`` is set, its next ``put`` ends the generation."""
 
     def __init__(self, tokenizer: Any, out: queue.Queue) -> None:
         self.pieces = TextPieces(tokenizer)
         self.out = out
-        self.prompt_seen = False
+        self.prompt_ids: list[int] | None = None
+        """The prompt's ids, once the generation put them (before its first piece)."""
         self.cancelled = threading.Event()
 
     def put(self, value: torch.Tensor) -> None:
         if self.cancelled.is_set():
             raise _Cancelled
-        if not self.prompt_seen:
-            self.prompt_seen = True
+        if self.prompt_ids is None:
+            self.prompt_ids = value.flatten().tolist()
             return
         ids = value.flatten().tolist()
         self.out.put(StreamPiece(self.pieces.push(ids), ids))

@@ -31,6 +31,7 @@ complete (the EOS ids are the grammar's stop tokens), so a request with structur
 
 from __future__ import annotations
 
+import dataclasses
 import json as json_module
 import re
 import threading
@@ -43,6 +44,7 @@ import torch
 
 from .draft import logits_width
 from .errors import InputTypeError, InvalidInputError
+from .reasoning import ReasoningParser
 from .stopping import eos_token_ids
 from .validation import did_you_mean
 
@@ -229,15 +231,41 @@ def compile_structured(
     return Grammar(compiled, width)
 
 
-def generate_processor(spec: StructuredOutputs | Mapping[str, Any], tokenizer: Any, target: Any) -> Any:
+def generate_processor(
+    spec: StructuredOutputs | Mapping[str, Any],
+    tokenizer: Any,
+    target: Any,
+    reasoning: ReasoningParser | None = None,
+) -> Any:
     """xgrammar's logits processor for ``target.generate(logits_processor=[...])`` under ``spec``: structured
-    outputs as a user runs them without vlmspec, and what a structured reply equals (one per ``generate()``)."""
+    outputs as a user runs them without vlmspec, and what a structured reply equals (one per ``generate()``).
+    For a reply that opens in ``reasoning`` (:func:`~vlmspec.reasoning.reply_reasoning`), the structure applies
+    after its end tag (:class:`AfterReasoning`)."""
     import xgrammar.contrib.hf
 
     grammar = compile_structured(
         StructuredOutputs.of(spec), tokenizer, logits_width(target), eos_token_ids(target)
-    )
+    ).after(reasoning, tokenizer)
+    if grammar.reasoning_end is not None:
+        return AfterReasoning(grammar)
     return xgrammar.contrib.hf.LogitsProcessor(grammar.compiled)
+
+
+class AfterReasoning:
+    """A ``generate()`` logits processor (batch 1) that leaves the logits alone until the reply emits
+    ``grammar.reasoning_end`` (``</think>``), then masks them with ``grammar`` over the tokens after it: what a reply
+    that opens in reasoning under a structure equals (:mod:`vlmspec.reasoning`)."""
+
+    def __init__(self, grammar: Grammar) -> None:
+        self.guide = grammar.start()
+        self.prompt_length: int | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.prompt_length is None:
+            self.prompt_length = input_ids.shape[1]
+        else:
+            self.guide.commit(input_ids[0, -1:].tolist())
+        return self.guide.first(scores[0])[None]
 
 
 @dataclass(frozen=True)
@@ -251,9 +279,19 @@ class Grammar:
 
     compiled: Any
     width: int
+    reasoning_end: int | None = None
+    """The token that ends the reasoning the reply opens in (:mod:`vlmspec.reasoning`): the structure applies
+    after it; ``None``: from the reply's first token."""
 
     def start(self) -> GrammarGuide:
         return GrammarGuide(self)
+
+    def after(self, reasoning: ReasoningParser | None, tokenizer: Any) -> Grammar:
+        """This grammar for a reply that opens in ``reasoning`` (``None``: one that does not: as it is), applied
+        after its end tag, which must be one token of ``tokenizer``."""
+        if reasoning is None:
+            return self
+        return dataclasses.replace(self, reasoning_end=reasoning.end_token(tokenizer))
 
 
 _BITS = torch.arange(32, dtype=torch.int32)
@@ -268,13 +306,20 @@ class GrammarGuide:
 
         self.grammar = grammar
         self.matcher = xgrammar.GrammarMatcher(grammar.compiled)
+        self.reasoning = grammar.reasoning_end is not None
+        """Whether the reply is still reasoning: the matcher waits, unmoved, for the tokens after it."""
 
     def first(self, logits: torch.Tensor) -> torch.Tensor:
-        """The prefill's ``[V]`` logits, masked: the first new token's."""
+        """The prefill's ``[V]`` logits (or the next token's), masked: the first new token's."""
+        if self.reasoning:
+            return logits
         return self._masked(logits[None], self._bitmask(torch.zeros(1, dtype=torch.long), [-1]))[0]
 
     def tree(self, logits: torch.Tensor, tree: Any) -> torch.Tensor:
-        """A verification's ``[N+1, V]`` logits, masked: each node's with the grammar after its path."""
+        """A verification's ``[N+1, V]`` logits, masked: each node's with the grammar after its path (after the
+        reasoning's end on it, while the reply reasons; a node still reasoning is left alone)."""
+        if self.reasoning:
+            return self._masked(logits, self._after_reasoning_bitmask(tree.tokens, tree.parents))
         return self._masked(logits, self._tree_bitmask(tree.tokens, tree.parents))
 
     def allowed(self, tokens: torch.Tensor, parents: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
@@ -296,6 +341,13 @@ class GrammarGuide:
             while node > 0:
                 path.append(token_of[node])
                 node = parent_of[node]
+            if (
+                self.reasoning
+            ):  # the path's tokens after its reasoning ends; none: it still reasons, all allowed
+                end = self.grammar.reasoning_end
+                if end not in path:
+                    continue
+                path = path[: len(path) - 1 - path[::-1].index(end)]  # node first: below its first end
             accepted = 0
             while accepted < len(path) and self.matcher.accept_token(path[-1 - accepted]):
                 accepted += 1
@@ -312,6 +364,11 @@ class GrammarGuide:
             InvalidInputError: a token the grammar forbids: the call's other processors (``min_new_tokens``,
                 suppressed tokens, ``logit_bias``) left the target no token the grammar allows.
         """
+        if self.reasoning:
+            if self.grammar.reasoning_end not in tokens:
+                return
+            self.reasoning = False
+            tokens = tokens[tokens.index(self.grammar.reasoning_end) + 1 :]
         for token in tokens:
             if not self.matcher.is_terminated() and not self.matcher.accept_token(token):
                 raise InvalidInputError(
@@ -324,6 +381,27 @@ class GrammarGuide:
         """``[n, W]`` int32 xgrammar bitmask of a tree of ``n`` nodes (``parents[0] = -1``), one host read."""
         host = torch.stack([tokens, parents]).cpu()
         return self._bitmask(host[0], host[1].tolist())
+
+    def _after_reasoning_bitmask(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """:meth:`_tree_bitmask` while the reply reasons: each node whose path ends the reasoning (its first
+        ``reasoning_end``, at node ``e``) is masked as the grammar's walk of ``e``'s subtree from its start (the
+        matcher has not moved yet); the other nodes are all allowed."""
+        import xgrammar
+
+        token_of, parent_of = torch.stack([tokens, parents]).tolist()  # one host read
+        n, end = len(token_of), self.grammar.reasoning_end
+        ends = [-1] * n  # the node whose token ends the reasoning on each node's path, -1: none
+        for node in range(1, n):  # parents come before their children
+            above = ends[parent_of[node]]
+            ends[node] = above if above >= 0 else (node if token_of[node] == end else -1)
+        bitmask = xgrammar.allocate_token_bitmask(n, self.grammar.width)  # all allowed
+        for top in (node for node in range(n) if ends[node] == node):
+            below = [node for node in range(n) if ends[node] == top]  # top first, in topological order
+            local = {node: i for i, node in enumerate(below)}
+            sub_parents = [local.get(parent_of[node], -1) for node in below]
+            sub_tokens = torch.tensor([token_of[node] for node in below])
+            bitmask[below] = self._bitmask(sub_tokens, sub_parents)
+        return bitmask
 
     def _bitmask(self, tokens: torch.Tensor, parents: list[int]) -> torch.Tensor:
         import xgrammar

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vlmspec.inputs import on_device
 from vlmspec.models import adapter_for
 from vlmspec.testbed.evaluate import lag_autocorr
 from vlmspec.tree import tree_attention_bias
@@ -42,7 +43,7 @@ def token_entropies(
     if not token_ids:
         return []
     adapter = adapter_for(model)
-    inputs = {k: v.to(adapter.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+    inputs = on_device(inputs, adapter.device)
     prefill = adapter.prefill(inputs)
     logits = [prefill.logits[None].float()]  # [1, V]
     fed = torch.tensor(list(token_ids[:-1]), dtype=torch.long, device=adapter.device)

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from vlmspec.inputs import on_device
 from vlmspec.stopping import eos_token_ids, until_eos
 
 from .bench import progress_log, torch_threads
@@ -73,7 +74,7 @@ def batched_generate(pipe: Any, requests: Sequence[dict[str, Any]], max_new_toke
         )  # fmt: skip
     finally:
         tokenizer.padding_side = side
-    inputs = {k: v.to(pipe.target.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+    inputs = on_device(inputs, pipe.target.device)
     with torch.no_grad():
         out = pipe.target.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
     eos = eos_token_ids(pipe.target)

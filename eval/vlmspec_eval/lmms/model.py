@@ -122,6 +122,7 @@ class VLMSpec(lmms):
             warm_up(self.pipe)
         if self.options.prefix_cache_gb:
             self.pipe.prefix_cache = PrefixCache(max_bytes=int(self.options.prefix_cache_gb * 2**30))
+        self.pipe.reasoning_parser = self.options.reasoning_parser
         self._samples: list[SampleSpeed] = []
         self._generate_seconds = 0.0  # wall time in generate_until (requests overlap at batch_size > 1)
         self._reports: dict[str, dict[str, Any]] = {}
@@ -327,7 +328,7 @@ class VLMSpec(lmms):
         self._samples.append(
             SampleSpeed.from_stats(task, split, doc_id, out.stats, out.token_ids, round_idx, settings)
         )
-        text = truncate_at_stops(out.text, settings.stop_strings)
+        text = truncate_at_stops(out.content, settings.stop_strings)  # the answer, after any reasoning
         return GenerationResult(text=text, token_counts=TokenCounts(output_tokens=len(out.token_ids)))
 
     def _score(self, request: Instance) -> tuple[float, bool]:

@@ -53,6 +53,7 @@ from vlmspec.named_pairs import (
 from vlmspec.named_pairs import resolve_pair as resolve_named_pair
 from vlmspec.policies import PolicyConfig, available_policies, policy_class
 from vlmspec.pruning import PruningMethod
+from vlmspec.reasoning import REASONING_PARSERS
 from vlmspec.validation import check_field_types, coerce_fields
 
 __all__ = [
@@ -88,6 +89,8 @@ MODEL_ARGS: dict[str, str] = {
     "warmup": "one short generation before the first request, so its timing is not a cold start (default true)",
     "prefix_cache_gb": "memory for a prefix cache, so that requests starting as an earlier one did (several "
     "questions about one image) prefill only the rest (vlmspec.prefix_cache; default 0: none)",
+    "reasoning_parser": "a thinking model's tags (qwen3, deepseek_r1): replies are scored on the answer after the "
+    "reasoning (vlmspec.reasoning; default none: the whole reply)",
 }
 """Every ``--model_args`` key with a one-line description (policy options come on top)."""
 
@@ -135,6 +138,7 @@ class ModelOptions:
     seed: int = 0
     warmup: bool = True
     prefix_cache_gb: float = 0.0
+    reasoning_parser: str | None = None
     batch_size: int | None = 1
     """Requests decoded together; ``None`` (lmms-eval's ``auto``): the pipeline's choice."""
     device: str | None = None
@@ -155,6 +159,13 @@ class ModelOptions:
             "prefix_cache_gb",
             self.prefix_cache_gb,
             "use GiB >= 0",
+        )
+        known = ", ".join(REASONING_PARSERS)
+        _check(
+            self.reasoning_parser in (None, *REASONING_PARSERS),
+            "reasoning_parser",
+            self.reasoning_parser,
+            f"use one of {known}",
         )
         for name in ("max_new_tokens", "num_frames"):
             value = getattr(self, name)

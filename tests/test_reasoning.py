@@ -1,0 +1,398 @@
+"""Thinking models (:mod:`vlmspec.reasoning`): a reply's reasoning apart from its answer, whole and streamed, with
+structured outputs and tool calls applied after ``</think>`` and the reply still the target's own.
+
+The thinking pair is the tiny Qwen2-VL pair with ``<think>`` and ``</think>`` added to its vocabulary (both models'
+embeddings and heads resized) and Qwen3's thinking chat template: the prompt opens the reasoning, or, with
+``enable_thinking=False``, writes an empty one. The new rows are set (embeddings copied, the heads' rows the mean
+of the others), and the random models reach ``</think>`` under a ``logit_bias`` towards it; the references are ``generate()`` under this file's own logits processor (the grammar after ``</think>``,
+written apart from vlmspec's)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+import xgrammar
+import xgrammar.contrib.hf
+from conftest import make_image
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from test_serving import png_uri, post, post_stream
+from test_structured import grammar_of
+from test_tool_calls import no_whitespace
+
+from vlmspec import InputTypeError, InvalidInputError, ReasoningParser, VLMSpecPipeline
+from vlmspec.openai_api import MediaAccess
+from vlmspec.reasoning import ReplySplitter, reasoning_parser, split_reply
+from vlmspec.serving import SpecServer
+from vlmspec.structured import _unpack
+
+QWEN3 = reasoning_parser("qwen3")
+THINKING_PROMPT = (
+    "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}"
+)
+ANSWER = {"regex": "(yes|no), (red|blue)"}
+BIAS = 4.0
+"""``logit_bias`` towards ``</think>``: the tiny models then reason for a few tokens before closing it."""
+
+
+@pytest.fixture(scope="module")
+def thinking(tiny_pairs):
+    pair = tiny_pairs["qwen2_vl"]
+    base = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
+    processor, tokenizer = base.processor, base.processor.tokenizer
+    tokenizer.add_tokens(["<think>", "</think>"])
+    for model in (base.target, base.draft):  # the new rows set, not drawn: the same models on every run
+        old = model.get_input_embeddings().weight.shape[0]
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+        with torch.no_grad():
+            model.get_input_embeddings().weight[old:] = model.get_input_embeddings().weight[:2]
+            head = model.get_output_embeddings().weight  # not tied in the tiny pairs
+            head[old:] = head[:old].mean(dim=0)
+    template = processor.chat_template.replace("<|im_start|>assistant\n{% endif %}", THINKING_PROMPT)
+    assert template != processor.chat_template
+    processor.chat_template = tokenizer.chat_template = template
+    pipe = VLMSpecPipeline(base.target, base.draft, processor, policy="sage")
+    pipe.reasoning_parser = "qwen3"
+    return pipe
+
+
+def end_id(pipe) -> int:
+    return pipe.tokenizer.convert_tokens_to_ids("</think>")
+
+
+def messages(picture: int = 3, text: str = "Is it red?") -> list[dict]:
+    return [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": make_image(picture)}, {"type": "text", "text": text}],
+        }
+    ]
+
+
+class GrammarAfterEnd:
+    """The reference: ``generate()``'s logits untouched until the reply holds ``end``, then masked by a fresh
+    xgrammar matcher fed the tokens after it (the test's own, not vlmspec's guide)."""
+
+    def __init__(self, compiled, end: int) -> None:
+        self.compiled, self.end, self.prompt = compiled, end, None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.prompt = input_ids.shape[1] if self.prompt is None else self.prompt
+        reply = input_ids[0, self.prompt :].tolist()
+        if self.end not in reply:
+            return scores
+        matcher = xgrammar.GrammarMatcher(self.compiled)
+        assert all(matcher.accept_token(t) for t in reply[reply.index(self.end) + 1 :])
+        bitmask = xgrammar.allocate_token_bitmask(1, scores.shape[-1])
+        matcher.fill_next_token_bitmask(bitmask)
+        return scores.masked_fill(~_unpack(bitmask, scores.shape[-1]), float("-inf"))
+
+
+def reference(pipe, structure, max_new_tokens=24, **options) -> list[int]:
+    """``generate()`` under the grammar after ``</think>`` (:class:`GrammarAfterEnd`), or, for a prompt that closed
+    the reasoning (``enable_thinking=False``), under xgrammar's own processor from the first token."""
+    inputs = pipe.prepare_messages(messages(), **options)
+    compiled = grammar_of(pipe, structure).compiled
+    closed = options.get("chat_template_kwargs", {}).get("enable_thinking") is False
+    processor = (
+        xgrammar.contrib.hf.LogitsProcessor(compiled) if closed else GrammarAfterEnd(compiled, end_id(pipe))
+    )
+    out = pipe.target.generate(
+        **inputs, max_new_tokens=max_new_tokens, do_sample=False, logits_processor=[processor],
+        sequence_bias={(end_id(pipe),): BIAS},
+    )  # fmt: skip
+    return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+# ---- the reply, split --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("I look.</think>yes", ("I look.", "yes")),
+        ("\n <think>I look.</think>yes</think>", ("I look.", "yes</think>")),  # a <think> it opens itself
+        ("I look <think>twice", ("I look <think>twice", "")),  # cut while reasoning: all reasoning
+        ("</think>", ("", "")),
+        ("", ("", "")),
+    ],
+)
+def test_a_reply_splits_at_its_first_end_tag(text, expected):
+    assert split_reply(QWEN3, text) == expected
+    assert split_reply(None, text) == (None, text)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "opens"),
+    [
+        ("<|im_start|>assistant\n<think>\n", True),
+        ("<|im_start|>assistant\n<think>\n\n</think>\n\n", False),  # enable_thinking=False
+        ("<|im_start|>assistant\n", True),  # no tag: DeepSeek-R1 reasons without one
+        ("<think>a</think> earlier turn <|im_start|>assistant\n<think>\n", True),
+    ],
+)
+def test_a_reply_opens_in_reasoning_unless_the_prompt_closed_it(prompt, opens):
+    assert QWEN3.opens_reasoning(prompt) is opens
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from([" ", "\n", "<", "/", "think", ">", "<think>", "</think>", "</", "a", "b "]),
+        max_size=14,
+    ),
+    st.data(),
+)
+@example(["<th", "ink>", "x</thi", "nk>y"], None)
+@example([" ", "\n<", "thi"], None)
+def test_the_streamed_reply_splits_as_the_whole_one_however_it_is_cut(parts, data):
+    """Any text, cut into any pieces: the reasoning and content each side's pieces join to are :func:`split_reply`'s,
+    and no piece of either is ever taken back (they are sent as they come)."""
+    text = "".join(parts)
+    cuts = sorted(data.draw(st.sets(st.integers(0, len(text)))) if data is not None else set())
+    pieces = (
+        [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        if data is not None
+        else parts
+    )
+    splitter, reasoning, content = ReplySplitter(QWEN3), "", ""
+    for piece in pieces:
+        more_reasoning, more_content = splitter.feed(piece)
+        reasoning, content = reasoning + more_reasoning, content + more_content
+    assert (reasoning + splitter.finish(), content) == split_reply(QWEN3, text)
+
+
+def test_parsers_are_found_by_name_and_bad_ones_refused(thinking):
+    assert reasoning_parser("deepseek_r1").end == "</think>" and reasoning_parser(None) is None
+    with pytest.raises(
+        InvalidInputError,
+        match=r"reasoning_parser='qwen' is not a parser; did you mean 'qwen3'\?: use a name",
+    ):
+        thinking.reasoning_parser = "qwen"
+    with pytest.raises(InputTypeError, match="reasoning_parser=3 is not a parser: use a name"):
+        thinking.reasoning_parser = 3
+    with pytest.raises(InvalidInputError, match="end=''"):
+        ReasoningParser("mine", end="")
+    assert thinking.reasoning_parser is QWEN3  # a refused value leaves the parser as it was
+    with pytest.raises(InvalidInputError, match=r"end tag '</answer>' to be one token.*spells it in \d+"):
+        ReasoningParser("mine", "<answer>", "</answer>").end_token(thinking.tokenizer)
+
+
+def test_chat_template_kwargs_reach_the_template_and_bad_ones_are_refused(thinking):
+    closed = thinking.prepare_messages(messages(), chat_template_kwargs={"enable_thinking": False})[
+        "input_ids"
+    ]
+    text = thinking.tokenizer.decode(closed[0])
+    assert text.endswith("<think>\n\n</think>\n\n"), text[-40:]
+    with pytest.raises(InvalidInputError, match="chat_template_kwargs sets add_generation_prompt, tools"):
+        thinking(messages=messages(), chat_template_kwargs={"tools": [], "add_generation_prompt": False})
+    with pytest.raises(InputTypeError, match="chat_template_kwargs=.* is invalid"):
+        thinking(messages=messages(), chat_template_kwargs=["enable_thinking"])
+    with pytest.raises(InvalidInputError, match="chat_template_kwargs go with messages"):
+        thinking(make_image(0), "Hi.", chat_template_kwargs={"enable_thinking": False})
+
+
+# ---- structured outputs after the reasoning -----------------------------------------------------------------------
+@pytest.mark.parametrize("policy", ["ar", "chain", "sage", "eagle2"])
+def test_a_structure_applies_after_the_reasoning_and_the_reply_is_the_target_s_own(thinking, policy):
+    thinking.policy = policy
+    out = thinking(
+        messages=messages(), max_new_tokens=24, structured_outputs=ANSWER, logit_bias={end_id(thinking): BIAS}
+    )
+    assert out.token_ids == reference(thinking, ANSWER)
+    assert out.token_ids.index(end_id(thinking)) > 0  # it reasoned first, freely: no answer there
+    assert not re.fullmatch("(yes|no), (red|blue)", out.reasoning) and out.reasoning
+    assert re.fullmatch("(yes|no), (red|blue)", out.content), out.content
+    assert out.text == f"{out.reasoning}</think>{out.content}"
+
+
+def test_with_thinking_off_the_structure_applies_from_the_first_token(thinking):
+    thinking.policy = "sage"
+    out = thinking(
+        messages=messages(), max_new_tokens=24, structured_outputs=ANSWER,
+        logit_bias={end_id(thinking): BIAS}, chat_template_kwargs={"enable_thinking": False},
+    )  # fmt: skip
+    assert out.reasoning is None and out.content == out.text
+    assert re.fullmatch("(yes|no), (red|blue)", out.text)
+    assert out.token_ids == reference(thinking, ANSWER, chat_template_kwargs={"enable_thinking": False})
+
+
+def test_reference_generate_applies_the_structure_after_the_reasoning_too(thinking):
+    inputs = thinking.prepare_messages(messages())
+    thinking.target.generation_config.sequence_bias = {(end_id(thinking),): BIAS}
+    try:
+        ids = thinking.reference_generate(inputs, 24, structured_outputs=ANSWER)
+    finally:
+        thinking.target.generation_config.sequence_bias = None
+    assert ids == reference(thinking, ANSWER)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_while_reasoning_each_node_is_masked_by_the_grammar_after_the_first_end_on_its_path(thinking, data):
+    """Any tree over tokens that include the end token: the verification's masks and the draft's path-walked ones
+    are, for every node, all-allowed while its path has not ended the reasoning, else a fresh matcher's after the
+    tokens that follow the path's first end (all-allowed where the grammar rejects them)."""
+    grammar = grammar_of(thinking, ANSWER)
+    end = end_id(thinking)
+    vocab = sorted(
+        {t for p in ["yes", "no", ",", " red", " blue", "x"] for t in thinking.tokenizer.encode(p)}
+    )
+    guide = grammar.after(QWEN3, thinking.tokenizer).start()
+    n = data.draw(st.integers(1, 20))
+    parents = [-1] + [data.draw(st.integers(0, i - 1)) for i in range(1, n)]
+    tokens = [0] + [data.draw(st.sampled_from([*vocab, end, end])) for _ in range(1, n)]
+    expected = []
+    for node in range(n):
+        path = []
+        while node > 0:
+            path, node = [tokens[node], *path], parents[node]
+        row = xgrammar.allocate_token_bitmask(1, grammar.width)
+        if end in path:
+            matcher = xgrammar.GrammarMatcher(grammar.compiled)
+            if (
+                all(matcher.accept_token(t) for t in path[path.index(end) + 1 :])
+                and not matcher.is_terminated()
+            ):
+                matcher.fill_next_token_bitmask(row)
+        expected.append(_unpack(row, grammar.width)[0])
+    expected = torch.stack(expected)
+    logits = torch.zeros(n, grammar.width)
+    tree = type("Tree", (), {"tokens": torch.tensor(tokens), "parents": torch.tensor(parents)})
+    assert torch.equal(guide.tree(logits, tree) == 0, expected)
+    assert torch.equal(guide.allowed(torch.tensor(tokens), torch.tensor(parents), torch.arange(n)), expected)
+
+
+# ---- the server ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server(thinking):
+    with SpecServer(
+        thinking, "thinking", port=0, batch_size=2, max_tokens=24, media=MediaAccess()
+    ) as running:
+        yield running
+
+
+def body(**fields):
+    turn = [{"type": "image_url", "image_url": {"url": png_uri(3)}}, {"type": "text", "text": "Is it red?"}]
+    return {"messages": [{"role": "user", "content": turn}], "max_tokens": 24, **fields}
+
+
+def test_the_server_gives_the_reasoning_apart_whole_and_streamed(server, thinking):
+    thinking.policy = "sage"
+    bias = {str(end_id(thinking)): BIAS}
+    expected = thinking(messages=messages(), max_new_tokens=24, logit_bias={end_id(thinking): BIAS})
+    assert expected.reasoning and expected.content
+    status, reply = post(server, body(logit_bias=bias))
+    message = reply["choices"][0]["message"]
+    assert status == 200, reply
+    assert (message["reasoning_content"], message["content"]) == (expected.reasoning, expected.content)
+    assert message["reasoning"] == expected.reasoning
+    deltas = [
+        e["choices"][0]["delta"] for e in post_stream(server, body(logit_bias=bias))[:-1] if e["choices"]
+    ]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == expected.reasoning
+    assert "".join(d.get("content") or "" for d in deltas) == expected.content
+    assert all(d.get("reasoning") == d.get("reasoning_content") for d in deltas)
+    status, reply = post(server, body(logit_bias=bias, chat_template_kwargs={"enable_thinking": False}))
+    assert status == 200 and "reasoning_content" not in reply["choices"][0]["message"]
+
+
+def test_a_forced_tool_call_is_decoded_after_the_reasoning(server, thinking):
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "colour",
+            "parameters": {
+                "type": "object",
+                "properties": {"c": {"enum": ["red", "blue"]}},
+                "required": ["c"],
+            },
+        },
+    }
+    chosen = {"type": "function", "function": {"name": "colour"}}
+    bias = {str(token): value for token, value in no_whitespace(thinking).items()} | {
+        str(end_id(thinking)): BIAS
+    }
+    status, reply = post(server, body(tools=[tool], tool_choice=chosen, logit_bias=bias, max_tokens=40))
+    assert status == 200, reply
+    message = reply["choices"][0]["message"]
+    (call,) = message["tool_calls"]
+    assert json.loads(call["function"]["arguments"])["c"] in ("red", "blue")
+    assert message["reasoning_content"], message
+
+
+def test_a_bad_chat_template_kwargs_is_a_400_naming_it(server):
+    status, reply = post(server, body(chat_template_kwargs={"tokenize": True}))
+    assert status == 400 and reply["error"]["param"] == "chat_template_kwargs", reply
+
+
+# ---- lmms-eval ----------------------------------------------------------------------------------------------------
+def test_the_lmms_eval_model_scores_the_answer_after_the_reasoning(thinking, tmp_path):
+    """``reasoning_parser=qwen3`` in ``--model_args``: a thinking model's reply is scored on its answer; without
+    it, on the whole reply (the reasoning and ``</think>`` included). The pair is saved with a ``sequence_bias``
+    towards ``</think>`` in its generation config, so the plugin's own calls reach it."""
+    from lmms_eval.api.instance import Instance
+    from vlmspec_eval.lmms.model import VLMSpec
+
+    thinking.target.generation_config.sequence_bias = [[[end_id(thinking)], BIAS]]
+    try:
+        saved = thinking.save_pretrained(tmp_path / "thinking")
+    finally:
+        thinking.target.generation_config.sequence_bias = None
+    args = ("<image>\nIs it red?", {"max_new_tokens": 24}, lambda doc: [doc["image"]], 0, "t", "test")
+    request = Instance("generate_until", args, idx=0, metadata={"task": "t", "doc_id": 0, "repeats": 1})
+    replies = {}
+    for parser in ("", ",reasoning_parser=qwen3"):
+        lm = VLMSpec.create_from_arg_string(f"target={saved},speed_dir={tmp_path}{parser}", {"batch_size": 1})
+        lm.task_dict = {"t": {"test": [{"image": make_image(3)}]}}
+        (replies[parser],) = (r.text for r in lm.generate_until([request]))
+    whole, answer = replies[""], replies[",reasoning_parser=qwen3"]
+    assert "</think>" in whole and whole.index("</think>") > 0, whole
+    assert answer.strip() == whole.split("</think>", 1)[1].strip() and answer.strip()
+
+
+def test_a_bad_reasoning_parser_in_model_args_is_named():
+    from vlmspec_eval.lmms import options
+
+    with pytest.raises(
+        InvalidInputError, match="reasoning_parser='qwen' is invalid: use one of qwen3, deepseek_r1"
+    ):
+        options.parse_model_args({"target": "tiny", "reasoning_parser": "qwen"})
+
+
+def test_vlmspec_batch_takes_the_reasoning_parser_flag(thinking, tmp_path):
+    """``--reasoning-parser`` (a flag of every server front, ``vlmspec serve`` and ``vlmspec batch``) reaches the
+    server: a thinking pair saved with a bias towards ``</think>`` answers with its reasoning apart."""
+    from vlmspec.cli import main
+
+    thinking.target.generation_config.sequence_bias = [[[end_id(thinking)], BIAS]]
+    try:
+        saved = thinking.save_pretrained(tmp_path / "thinking")
+    finally:
+        thinking.target.generation_config.sequence_bias = None
+    line = {"custom_id": "q", "method": "POST", "url": "/v1/chat/completions", "body": body()}
+    (tmp_path / "in.jsonl").write_text(json.dumps(line) + "\n")
+    expected = thinking(messages=messages(), max_new_tokens=24, logit_bias={end_id(thinking): BIAS})
+    for flag in ([], ["--reasoning-parser", "qwen3"]):
+        out = tmp_path / f"out{len(flag)}.jsonl"
+        args = [
+            "batch",
+            str(tmp_path / "in.jsonl"),
+            "--out",
+            str(out),
+            "--target",
+            str(saved),
+            "--max-tokens",
+            "24",
+        ]
+        assert main([*args, "--prefix-cache-gb", "0", *flag]) == 0
+        message = json.loads(out.read_text())["response"]["body"]["choices"][0]["message"]
+        if flag:
+            assert (message["reasoning_content"], message["content"]) == (
+                expected.reasoning,
+                expected.content,
+            )
+        else:
+            assert "reasoning_content" not in message and message["content"] == expected.text
