@@ -23,6 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 __all__ = [
     "FAMILIES",
+    "MOE_FAMILIES",
+    "QWEN3_FAMILIES",
     "LLAVA_CHAT_TEMPLATE",
     "LLAVA_SPECIAL_TOKENS",
     "QWEN3_CHAT_TEMPLATE",
@@ -40,12 +42,20 @@ __all__ = [
 ]
 
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_onevision")
-"""Families these builders know."""
+"""The dense families these builders know (the fixtures' test matrix)."""
+MOE_FAMILIES: tuple[str, ...] = ("qwen3_vl_moe",)
+"""Mixture-of-experts families these builders know too: Qwen3-VL-30B-A3B's and -235B-A22B's architecture, the
+Qwen3-VL vision tower and processor with a sparse language model (every layer routes each token to
+:data:`MOE_EXPERTS_PER_TOKEN` of :data:`MOE_EXPERTS` experts)."""
+QWEN3_FAMILIES: tuple[str, ...] = ("qwen3_vl", "qwen3_vl_moe")
+"""The families with Qwen3-VL's vision tower, processor and interleaved M-RoPE."""
+MOE_EXPERTS, MOE_EXPERTS_PER_TOKEN = 4, 2
 
 _CLASS_NAMES = {  # family: (config, model, processor) classes of transformers
     "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor"),
     "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor"),
     "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor"),
+    "qwen3_vl_moe": ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration", "Qwen3VLProcessor"),
     "llava_onevision": (
         "LlavaOnevisionConfig",
         "LlavaOnevisionForConditionalGeneration",
@@ -128,6 +138,7 @@ _CHAT_TEMPLATES = {
     "qwen2_vl": QWEN_CHAT_TEMPLATE,
     "qwen2_5_vl": QWEN_CHAT_TEMPLATE,
     "qwen3_vl": QWEN3_CHAT_TEMPLATE,
+    "qwen3_vl_moe": QWEN3_CHAT_TEMPLATE,
     "llava_onevision": LLAVA_CHAT_TEMPLATE,
 }
 
@@ -318,7 +329,7 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
     from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor, Qwen3VLVideoProcessor
 
     geometry: dict[str, Any] = {"patch_size": layout.patch, "temporal_patch_size": 2, "merge_size": 2}
-    qwen3 = family == "qwen3_vl"
+    qwen3 = family in QWEN3_FAMILIES
     normalisation = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]} if qwen3 else {}
     video_cls = Qwen3VLVideoProcessor if qwen3 else Qwen2VLVideoProcessor
     return processor_cls(
@@ -356,7 +367,7 @@ def build_config(
     """Builds the family's real config class for ``spec``.
 
     Args:
-        family: One of :data:`FAMILIES`.
+        family: One of :data:`FAMILIES` or :data:`MOE_FAMILIES`.
         spec: The model's shape.
         tokenizer: The pair's tokenizer (vocabulary size and special-token ids).
         layout: The processor's geometry (patch size; LLaVA-OneVision's crop side and pinpoints).
@@ -364,7 +375,8 @@ def build_config(
             transformers derives it as ``hidden // heads``.
 
     Returns:
-        A ``Qwen2VLConfig``, ``Qwen2_5_VLConfig``, ``Qwen3VLConfig`` or ``LlavaOnevisionConfig``.
+        A ``Qwen2VLConfig``, ``Qwen2_5_VLConfig``, ``Qwen3VLConfig``, ``Qwen3VLMoeConfig`` or
+        ``LlavaOnevisionConfig``.
     """
     tid = tokenizer.convert_tokens_to_ids
     text: dict[str, Any] = {
@@ -373,7 +385,7 @@ def build_config(
         "intermediate_size": spec.intermediate,
         "num_hidden_layers": spec.layers,
         "num_attention_heads": spec.hidden // spec.head_dim,
-        **({"head_dim": spec.head_dim} if explicit_head_dim or family == "qwen3_vl" else {}),
+        **({"head_dim": spec.head_dim} if explicit_head_dim or family in QWEN3_FAMILIES else {}),
         "num_key_value_heads": spec.kv_heads,
         "max_position_embeddings": 4096,
         "initializer_range": spec.init_std,
@@ -381,6 +393,13 @@ def build_config(
         "eos_token_id": tid("<|im_end|>"),
         "bos_token_id": tid("<|endoftext|>"),
     }
+    if family in MOE_FAMILIES:  # every layer sparse, experts half the dense width each
+        text |= {"num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_EXPERTS_PER_TOKEN}
+        text |= {
+            "moe_intermediate_size": spec.intermediate // 2,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+        }
     config_cls = _transformers_class(family, 0)
     if family == "llava_onevision":
         return config_cls(**_llava_config_kwargs(spec, text, tid, layout))
@@ -436,7 +455,7 @@ def _llava_config_kwargs(
 def _mrope(family: str, head_dim: int) -> dict[str, Any]:
     """The Qwen family's multimodal rotary settings (Qwen3-VL interleaves the sections)."""
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": 10000.0}
-    if family == "qwen3_vl":
+    if family in QWEN3_FAMILIES:
         return {**rope, "mrope_section": _QWEN3_MROPE_SECTIONS[head_dim], "mrope_interleaved": True}
     return {**rope, "mrope_section": _MROPE_SECTIONS[head_dim]}
 

@@ -232,6 +232,11 @@ def check_attention(model: torch.nn.Module, role: str) -> None:
         )
 
 
+SERIES = {"qwen3_vl_moe": "qwen3_vl"}
+"""Model types that draft for each other though they differ: Qwen3-VL's mixture-of-experts language model has the
+dense one's tokenizer, vision tower and processor (Qwen3-VL-2B drafts for Qwen3-VL-30B-A3B)."""
+
+
 def check_compatible(
     target: torch.nn.Module,
     draft: torch.nn.Module,
@@ -250,7 +255,7 @@ def check_compatible(
         ValueError: naming what differs and what to do.
     """
     t_type, d_type = target.config.model_type, draft.config.model_type
-    if t_type != d_type:
+    if SERIES.get(t_type, t_type) != SERIES.get(d_type, d_type):
         raise InvalidInputError(
             f"the draft model is a {d_type!r} model but the target is {t_type!r}; vlmspec needs a draft of the "
             "same family (same tokenizer and visual token layout), e.g. a smaller checkpoint of the same series"

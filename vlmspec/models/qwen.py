@@ -1,4 +1,4 @@
-"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL (dense): M-RoPE positions.
+"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL (dense and mixture-of-experts): M-RoPE positions.
 
 Prompt positions come from the model's own ``get_rope_index`` (which needs the processor's
 ``mm_token_type_ids``); generated tokens are text, so their three rotary components are all
@@ -24,7 +24,7 @@ _ROPE_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts", "attenti
 
 
 class QwenVLAdapter(VLMAdapter):
-    model_types = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+    model_types = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
     layout_fields = (  # pixel rows are (channels x temporal x patch x patch); merge x merge patches make a token
         "vision_config.patch_size",
         "vision_config.temporal_patch_size",
@@ -36,7 +36,7 @@ class QwenVLAdapter(VLMAdapter):
     def min_video_frames(self) -> int:
         """Qwen3-VL's video processor refuses a video shorter than its temporal patch (2 frames); Qwen2-VL's and
         Qwen2.5-VL's pad one themselves (padding it here would change Qwen2.5-VL's ``second_per_grid_ts``)."""
-        return 2 if self.config.model_type == "qwen3_vl" else 1
+        return 2 if self.config.model_type in ("qwen3_vl", "qwen3_vl_moe") else 1
 
     def visual_token_ids(self) -> tuple[int, int]:
         return self.config.image_token_id, self.config.video_token_id

@@ -35,7 +35,9 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 
 FAMILIES: tuple[str, ...] = family_builders.FAMILIES
-"""Model families :func:`build_tiny_pair` can build."""
+"""The dense model families :func:`build_tiny_pair` builds: the test matrix."""
+MOE_FAMILIES: tuple[str, ...] = family_builders.MOE_FAMILIES
+"""The mixture-of-experts families it builds too (a Qwen3-VL-MoE pair; its tests are its own)."""
 
 INPUT_KINDS: tuple[str, ...] = ("image", "two_images", "video", "text")
 """Canonical input kinds of :func:`make_inputs`."""
@@ -66,6 +68,9 @@ _LAYOUTS = {
     "qwen2_vl": _QWEN2_LAYOUT,
     "qwen2_5_vl": _QWEN2_LAYOUT,
     "qwen3_vl": VisionLayout(
+        patch=16, image_pixels=(64 * 64, 128 * 128), video_pixels=(64 * 64, 4 * 128 * 128)
+    ),
+    "qwen3_vl_moe": VisionLayout(  # Qwen3-VL's: a dense qwen3_vl draft fits a qwen3_vl_moe target
         patch=16, image_pixels=(64 * 64, 128 * 128), video_pixels=(64 * 64, 4 * 128 * 128)
     ),
     # SigLIP input side 28: 2x2 patches of 14 -> 4 tokens per crop; anyres grids of 1x1 to 2x2 crops
@@ -145,9 +150,9 @@ class TinyPair:
 # Validation helpers
 # ---------------------------------------------------------------------------------------------
 def _check_family(family: str) -> str:
-    if family not in FAMILIES:
+    if family not in (*FAMILIES, *MOE_FAMILIES):
         raise ValueError(
-            f"Unknown model family {family!r}; expected one of {', '.join(FAMILIES)}. "
+            f"Unknown model family {family!r}; expected one of {', '.join((*FAMILIES, *MOE_FAMILIES))}. "
             "Pass one of these names to build_tiny_pair()/build_processor()."
         )
     return family
@@ -246,8 +251,19 @@ def _shape_weights(model: PreTrainedModel, special_ids: list[int], draw_seed: in
             attn.k_proj.weight.normal_(0.0, qk_std, generator=gen)
             attn.v_proj.weight.normal_(0.0, ov_std, generator=gen)
             attn.o_proj.weight.normal_(0.0, ov_std, generator=gen)
-            for proj in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-                proj.weight.normal_(0.0, _MLP_STD, generator=gen)
+            for weight, std in _mlp_weights(mlp, hidden):
+                weight.normal_(0.0, std, generator=gen)
+
+
+def _mlp_weights(mlp: torch.nn.Module, hidden: int) -> list[tuple[torch.Tensor, float]]:
+    """A layer's MLP weights and the deviation each is drawn with: ``_MLP_STD`` for a dense MLP's and for every
+    expert's; a sparse layer's router gets ``1 / sqrt(hidden)``, so that its logits over the experts are ~N(0, 1)
+    and each token's top experts win by clear margins (a router as small as the MLPs would route on near-ties,
+    which the last bits of a batched product can flip)."""
+    if hasattr(mlp, "experts"):
+        experts = [(mlp.experts.gate_up_proj, _MLP_STD), (mlp.experts.down_proj, _MLP_STD)]
+        return [*experts, (mlp.gate.weight, hidden**-0.5)]
+    return [(proj.weight, _MLP_STD) for proj in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
 
 
 def _perturb_draft_head(draft: PreTrainedModel, special_ids: list[int], seed: int) -> None:
@@ -276,7 +292,7 @@ def _vision_output_linears(model: PreTrainedModel, family: str) -> list[torch.nn
     inner = model.model
     if family in ("qwen2_vl", "qwen2_5_vl"):
         return [inner.visual.merger.mlp[-1]]
-    if family == "qwen3_vl":
+    if family in family_builders.QWEN3_FAMILIES:
         return [inner.visual.merger.linear_fc2] + [m.linear_fc2 for m in inner.visual.deepstack_merger_list]
     return [inner.multi_modal_projector.linear_2]
 

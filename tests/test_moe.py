@@ -1,0 +1,92 @@
+"""Qwen3-VL mixture-of-experts targets (Qwen3-VL-30B-A3B's and -235B-A22B's architecture): the tiny
+``qwen3_vl_moe`` pair (every layer routes each token to 2 of 4 experts; the draft a truncated copy of the target, so
+itself sparse) is lossless like the dense families, alone and in batches, and the dense Qwen3-VL draft drafts for
+the sparse target (same tokenizer, vision tower and processor), as Qwen3-VL-2B drafts for Qwen3-VL-30B-A3B.
+
+A tree verification routes every node's token on its own, as sequential decoding routes it, so the tree's output is
+the target's own; the fixture's router is drawn so that each token's top experts win by clear margins (a router on
+near-ties would let the last bits of a batched product flip an expert)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import PROMPTS, input_kinds
+from test_batching import mixed_requests
+from test_batching import reference as batch_reference
+
+from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
+from vlmspec.testing import MOE_FAMILIES, build_tiny_pair
+
+POLICIES = ("ar", "chain", "static", "sage", "sage_paper", "eagle2", "pct", "wetap", "c2t")
+MAX_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def moe_pair(tiny_root):
+    return build_tiny_pair("qwen3_vl_moe", root=tiny_root)
+
+
+@pytest.fixture(scope="module")
+def moe(moe_pair):
+    """The sparse pair, and ``generate()``'s reply to every input kind x two prompts."""
+    pipe = VLMSpecPipeline.from_pretrained(
+        moe_pair.target, moe_pair.draft, policy="ar", torch_dtype=torch.float32
+    )
+    assert type(pipe.target).__name__ == "Qwen3VLMoeForConditionalGeneration"
+    cases = []
+    for kind, image, video in input_kinds():
+        for prompt in PROMPTS[:2]:
+            inputs = pipe.prepare_inputs(image, prompt, video)
+            cases.append((kind, prompt, image, video, pipe.reference_generate(inputs, MAX_NEW)))
+    return pipe, cases
+
+
+def test_the_tiny_pair_is_sparse(moe):
+    pipe, _ = moe
+    assert MOE_FAMILIES == ("qwen3_vl_moe",)
+    for model in (pipe.target, pipe.draft):
+        text = model.config.get_text_config()
+        assert (text.num_experts, text.num_experts_per_tok, text.mlp_only_layers) == (4, 2, [])
+        assert all(hasattr(layer.mlp, "experts") for layer in model.model.language_model.layers)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_greedy_equals_generate_on_a_sparse_target(moe, policy):
+    pipe, cases = moe
+    pipe.policy = get_policy(policy)
+    accepted = 0
+    for kind, prompt, image, video, expected in cases:
+        out = pipe(image, prompt, video=video, max_new_tokens=MAX_NEW)
+        assert out.token_ids == expected, f"{policy}/{kind}/{prompt!r}"
+        accepted += out.stats.accepted_tokens
+    assert (accepted == 0) == (policy == "ar")  # the sparse draft's proposals were accepted and checked
+
+
+@pytest.mark.parametrize("policy", ["chain", "sage", "eagle2"])
+def test_a_batch_on_a_sparse_target_equals_each_request_s_generate(moe, policy):
+    pipe, _ = moe
+    pipe.policy = get_policy(policy)
+    requests = mixed_requests()
+    outputs = pipe.batch(requests, batch_size=6)
+    for i, (request, out) in enumerate(zip(requests, outputs, strict=True)):
+        assert out.token_ids == batch_reference(pipe, request), f"{policy}: request {i}"
+
+
+def test_the_dense_qwen3_vl_draft_drafts_for_the_sparse_target(moe_pair, tiny_pairs, moe):
+    _, cases = moe
+    dense = tiny_pairs["qwen3_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(
+        moe_pair.target, dense.draft, policy="sage", torch_dtype=torch.float32
+    )
+    assert type(pipe.draft).__name__ == "Qwen3VLForConditionalGeneration"
+    for kind, prompt, image, video, expected in cases:
+        out = pipe(image, prompt, video=video, max_new_tokens=MAX_NEW)
+        assert out.token_ids == expected, f"dense draft/{kind}/{prompt!r}"
+
+
+def test_a_draft_of_another_series_is_still_refused(moe_pair, tiny_pairs):
+    with pytest.raises(
+        InvalidInputError, match="the draft model is a 'qwen2_vl' model but the target is 'qwen3_vl_moe'"
+    ):
+        VLMSpecPipeline.from_pretrained(moe_pair.target, tiny_pairs["qwen2_vl"].draft, policy="chain")
