@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import Future
+from functools import partial
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,8 +27,9 @@ from test_structured import grammar_of
 from test_tool_calls import no_whitespace
 
 from vlmspec import InputTypeError, InvalidInputError, ReasoningParser, VLMSpecPipeline
-from vlmspec.openai_api import MediaAccess
-from vlmspec.reasoning import ReplySplitter, reasoning_parser, split_reply
+from vlmspec.openai_api import ChatRequest, MediaAccess
+from vlmspec.openai_tools import tool_calling
+from vlmspec.reasoning import ReplySplitter, reasoning_parser, reply_reasoning, split_reply
 from vlmspec.serving import SpecServer
 from vlmspec.structured import _unpack
 
@@ -232,9 +236,9 @@ def test_reference_generate_applies_the_structure_after_the_reasoning_too(thinki
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_while_reasoning_each_node_is_masked_by_the_grammar_after_the_first_end_on_its_path(thinking, data):
-    """Any tree over tokens that include the end token: the verification's masks and the draft's path-walked ones
-    are, for every node, all-allowed while its path has not ended the reasoning, else a fresh matcher's after the
-    tokens that follow the path's first end (all-allowed where the grammar rejects them)."""
+    """Any tree over tokens that include the end token: the verification's masks are, for every node, all-allowed
+    while its path has not ended the reasoning, else a fresh matcher's after the tokens that follow the path's first
+    end (all-allowed where the grammar rejects them); the draft's are all-allowed while the reply reasons."""
     grammar = grammar_of(thinking, ANSWER)
     end = end_id(thinking)
     vocab = sorted(
@@ -262,7 +266,7 @@ def test_while_reasoning_each_node_is_masked_by_the_grammar_after_the_first_end_
     logits = torch.zeros(n, grammar.width)
     tree = type("Tree", (), {"tokens": torch.tensor(tokens), "parents": torch.tensor(parents)})
     assert torch.equal(guide.tree(logits, tree) == 0, expected)
-    assert torch.equal(guide.allowed(torch.tensor(tokens), torch.tensor(parents), torch.arange(n)), expected)
+    assert guide.allowed(torch.tensor(tokens), torch.tensor(parents), torch.arange(n)).all()
 
 
 # ---- the server ---------------------------------------------------------------------------------------------------
@@ -396,3 +400,170 @@ def test_vlmspec_batch_takes_the_reasoning_parser_flag(thinking, tmp_path):
             )
         else:
             assert "reasoning_content" not in message and message["content"] == expected.text
+
+
+# ---- the server's stream against its whole reply, on replayed replies ----------------------------------------------
+def replay(thinking, text: str, cuts: list[int], stop: list[str], auto_tools: bool, opens: bool):
+    """``SpecServer.stream`` and ``SpecServer._choice`` (as they are) on a reply replayed as text pieces cut at
+    ``cuts`` after a prompt that opens the reasoning or closes it: the streamed (reasoning, content, calls), the
+    whole reply's, and the streamed deltas."""
+    prompt = "<|im_start|>assistant\n<think>\n" + ("" if opens else "\n</think>\n\n")
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    reasoning, content = split_reply(QWEN3 if opens else None, text)
+    output = SimpleNamespace(text=text, token_ids=[5] * 3, reasoning=reasoning, content=content, stats=None)
+    tools = tool_calling({"tools": [{"type": "function", "function": {"name": "f"}}]}) if auto_tools else None
+
+    def submit(kwargs):
+        future, streamer = Future(), kwargs["streamer"]
+        streamer.put(torch.tensor(thinking.tokenizer.encode(prompt)))
+        for piece in pieces:
+            streamer.out.put(SimpleNamespace(text=piece, token_ids=[]))
+        future.set_result(output)
+        return future
+
+    server = SimpleNamespace(pipe=thinking, model="m", _closing=False, eos_ids=(0,), submit=submit)
+    server._reasoning = partial(SpecServer._reasoning, server)
+    request = ChatRequest(kwargs={}, stream=True, stop=stop, max_tokens=100, tools=tools)
+    sent: list[dict] = []
+    SpecServer.stream(server, request, sent.append)
+    deltas = [event["choices"][0]["delta"] for event in sent if event["choices"]]
+    message = SpecServer._choice(server, 0, output, request)["message"]
+
+    def parts(holder):
+        calls = [call["function"]["name"] for call in holder.get("tool_calls") or []]
+        return holder.get("reasoning_content") or "", holder.get("content") or "", calls
+
+    streamed = (
+        ["".join(part) for part in zip(*[parts(d)[:2] for d in deltas], strict=True)] if deltas else ["", ""]
+    )
+    return (*streamed, [c for d in deltas for c in parts(d)[2]]), parts(message), deltas
+
+
+ATOMS = [
+    "a",
+    " b",
+    "\n",
+    "<think>",
+    "</think>",
+    "</",
+    "think>",
+    "<tool_call>",
+    '{"name": "f", "arguments": {}}',
+]
+ATOMS += ["</tool_call>", "STOP", "ST", "OP", "<tool", "_call>"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.sampled_from(ATOMS), max_size=10),
+    st.data(),
+    st.sampled_from([[], ["STOP"], ["OP", "b"]]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_the_streamed_reply_is_the_whole_reply_with_stops_and_tool_calls(
+    thinking, atoms, data, stop, tools, opens
+):
+    text = "".join(atoms)
+    cuts = sorted(data.draw(st.sets(st.integers(0, len(text)), max_size=6)))
+    streamed, whole, _ = replay(thinking, text, cuts, stop, tools, opens)
+    assert streamed == whole
+
+
+def test_a_tool_call_tag_in_the_reasoning_does_not_hold_the_stream_back(thinking):
+    """An ``auto`` tool call is looked for in the content only: reasoning that mentions ``<tool_call>`` streams on."""
+    text = "I could answer with <tool_call> but first I look at the colour. It is red.</think>It is red."
+    _, _, deltas = replay(thinking, text, list(range(4, len(text), 4)), [], True, True)
+    reasoning = [d["reasoning_content"] for d in deltas if d.get("reasoning_content")]
+    assert "".join(reasoning) == text.split("</think>")[0]
+    assert len(reasoning) > 15, reasoning  # a piece each, not all at the end (held back, it came in 7)
+
+
+def test_a_reply_with_no_answer_after_its_reasoning_has_null_content_as_vllm_s(thinking):
+    for text in ("still thinking", "done</think>"):
+        message = SpecServer._choice(
+            SimpleNamespace(pipe=thinking, eos_ids=(0,)),
+            0,
+            SimpleNamespace(text=text, token_ids=[5], reasoning=split_reply(QWEN3, text)[0], stats=None),
+            ChatRequest(kwargs={}, max_tokens=100),
+        )["message"]
+        assert message["content"] is None and message["reasoning_content"] == text.removesuffix("</think>")
+
+
+def test_include_reasoning_false_leaves_the_reasoning_out(server, thinking):
+    bias = {str(end_id(thinking)): BIAS}
+    expected = thinking(messages=messages(), max_new_tokens=24, logit_bias={end_id(thinking): BIAS})
+    status, reply = post(server, body(logit_bias=bias, include_reasoning=False))
+    message = reply["choices"][0]["message"]
+    assert status == 200 and "reasoning_content" not in message and message["content"] == expected.content
+    deltas = [
+        e["choices"][0]["delta"]
+        for e in post_stream(server, body(logit_bias=bias, include_reasoning=False))[:-1]
+    ]
+    assert not any("reasoning_content" in d for d in deltas)
+    assert "".join(d.get("content") or "" for d in deltas) == expected.content
+
+
+def test_enable_thinking_false_means_no_reasoning_even_where_the_template_writes_no_tag(thinking):
+    prompt = thinking.tokenizer.encode("<|im_start|>assistant\n")  # a template that ignores enable_thinking
+    assert reply_reasoning(QWEN3, thinking.tokenizer, prompt) is QWEN3
+    assert reply_reasoning(QWEN3, thinking.tokenizer, prompt, {"enable_thinking": False}) is None
+
+
+def test_template_variables_it_does_not_read_are_dropped_and_its_failures_are_the_caller_s(thinking):
+    plain = thinking.prepare_messages(messages())["input_ids"]
+    assert torch.equal(
+        thinking.prepare_messages(messages(), chat_template_kwargs={"unread": 1})["input_ids"], plain
+    )
+    template = thinking.processor.chat_template
+    thinking.processor.chat_template = (
+        "{% if strict %}{{ raise_exception('strict mode is off') }}{% endif %}" + template
+    )
+    try:
+        with pytest.raises(
+            InvalidInputError, match=r"chat_template_kwargs=\{'strict': True\} made the chat template fail"
+        ):
+            thinking(messages=messages(), chat_template_kwargs={"strict": True})
+    finally:
+        thinking.processor.chat_template = template
+
+
+def test_a_parser_whose_end_tag_the_reply_text_drops_is_refused(thinking):
+    with pytest.raises(
+        InvalidInputError, match=r"end tag '<\|vision_end\|>' is a special token of this tokenizer"
+    ):
+        thinking.reasoning_parser = ReasoningParser("vision", "<|vision_start|>", "<|vision_end|>")
+    assert thinking.reasoning_parser is QWEN3
+
+
+def test_the_caption_job_records_the_answer_as_the_caption_and_the_reasoning_apart(
+    thinking, tmp_path, capsys
+):
+    """``vlmspec caption --reasoning-parser qwen3``: each line's caption is the answer after ``</think>``, its
+    reasoning under ``reasoning``; the setting is recorded; a bad name is refused before any work."""
+    import vlmspec_caption
+    from test_video_captioning import _write_clips
+
+    thinking.target.generation_config.sequence_bias = [[[end_id(thinking)], BIAS]]
+    try:
+        saved = thinking.save_pretrained(tmp_path / "thinking")
+    finally:
+        thinking.target.generation_config.sequence_bias = None
+    _write_clips(tmp_path / "videos", 2)
+    argv = [str(tmp_path / "videos"), "--target", str(saved), "--max-new-tokens", "24", "--num-frames", "4"]
+    argv += ["--no-progress", "--threads", "1"]
+    runs = {}
+    for flag in ([], ["--reasoning-parser", "qwen3"]):
+        out = tmp_path / f"captions{len(flag)}.jsonl"
+        assert vlmspec_caption.main([*argv, "--out", str(out), *flag]) == 0
+        runs[bool(flag)] = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    for key, whole in runs[False].items():
+        split = runs[True][key]
+        assert "</think>" in whole["caption"] and "reasoning" not in whole
+        assert f"{split['reasoning']}</think>{split['caption']}" == whole["caption"]
+        assert split["settings"]["reasoning_parser"] == "qwen3"
+    (tmp_path / "job.yaml").write_text("reasoning_parser: qwen\n")
+    bad = [*argv, "--out", str(tmp_path / "bad.jsonl"), "--config", str(tmp_path / "job.yaml")]
+    assert vlmspec_caption.main(bad) == 1
+    assert "reasoning_parser must be one of qwen3, deepseek_r1, got 'qwen'" in capsys.readouterr().err
+    assert not (tmp_path / "bad.jsonl").exists()

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jinja2
+import jinja2.meta
 from PIL import Image
 from transformers.video_utils import VideoMetadata
 
@@ -29,6 +31,7 @@ templates that render tools and thinking read)."""
 TEMPLATE_ARGUMENTS = frozenset(
     {"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt", "tokenize"}
     | {"continue_final_message", "return_dict", "return_tensors", "padding", "truncation", "max_length"}
+    | {"processor_kwargs", "tokenizer_kwargs", "return_assistant_tokens_mask"}
 )
 """``apply_chat_template``'s own arguments, which ``chat_template_kwargs`` may not set (they are the call's)."""
 _MEDIA_KEYS = {"image": ("image", "url", "path"), "video": ("video", "url", "path")}
@@ -167,6 +170,19 @@ def check_template_kwargs(kwargs: Any) -> dict[str, Any]:
     return dict(kwargs)
 
 
+def template_variables(processor: Any) -> set[str] | None:
+    """The variables ``processor``'s chat template reads (``None`` when it cannot be parsed): the only
+    ``chat_template_kwargs`` passed on, as transformers and vLLM keep them (another goes nowhere)."""
+    template = (
+        getattr(processor, "chat_template", None) or getattr(processor, "tokenizer", processor).chat_template
+    )
+    template = template.get("default") if isinstance(template, Mapping) else template
+    try:
+        return jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(template))
+    except (jinja2.TemplateError, TypeError):
+        return None
+
+
 def encode_chat(
     processor: Any,
     chat: list[dict],
@@ -182,9 +198,18 @@ def encode_chat(
     add_generation_prompt=True, **template_kwargs)`` gives for the same media; videos padded to
     ``min_video_frames``."""
     tools, variables = check_tools(tools), check_template_kwargs(template_kwargs)
-    text = processor.apply_chat_template(
-        chat, tools=tools, add_generation_prompt=True, tokenize=False, **variables
-    )
+    used = template_variables(processor)
+    variables = {name: value for name, value in variables.items() if used is None or name in used}
+    try:
+        text = processor.apply_chat_template(
+            chat, tools=tools, add_generation_prompt=True, tokenize=False, **variables
+        )
+    except (jinja2.TemplateError, TypeError, ValueError) as error:
+        if not variables:
+            raise
+        raise InvalidInputError(
+            f"chat_template_kwargs={variables!r:.80} made the chat template fail: {error}"
+        ) from None
     check_placeholders(processor, text, len(images), len(videos))
     kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
     if images:

@@ -32,7 +32,7 @@ What a request may hold, and what it becomes:
   (:mod:`vlmspec.openai_tools`).
 * vLLM's ``chat_template_kwargs`` (Qwen3's ``{"enable_thinking": false}``): the chat template's variables. With a
   reasoning parser (``--reasoning-parser``), a reply's reasoning comes apart from its content (``reasoning_content``,
-  and vLLM's newer ``reasoning``), and an assistant turn's ``reasoning_content`` (or ``reasoning``) goes to the
+  and vLLM's newer ``reasoning``; vLLM's ``include_reasoning: false`` leaves it out), and an assistant turn's ``reasoning_content`` (or ``reasoning``) goes to the
   template (:mod:`vlmspec.reasoning`).
 * ``n``: that many replies (whole replies only), decoding together; sampled ones each their own draw (``seed + i``
   with a ``seed``), a greedy one decoded once and given ``n`` times (greedy replies are all the same).
@@ -123,6 +123,7 @@ class ChatRequest:
         top_logprobs: with ``logprobs``, how many alternatives each token lists (``None``: no logprobs).
         n: how many replies (choices) to give.
         tools: the request's tools and ``tool_choice`` (``None``: no tools).
+        include_reasoning: whether a thinking model's reasoning is returned (vLLM's field; default true).
         temp_files: fetched videos, to delete once the reply is done.
     """
 
@@ -134,6 +135,7 @@ class ChatRequest:
     top_logprobs: int | None = None
     n: int = 1
     tools: ToolCalling | None = None
+    include_reasoning: bool = True
     temp_files: list[Path] = field(default_factory=list)
 
     def cleanup(self) -> None:
@@ -183,6 +185,7 @@ def chat_request(body: Any, model: str, media: MediaAccess, default_max_tokens: 
             request.kwargs["structured_outputs"] = structure
         if body.get("chat_template_kwargs") is not None:  # checked by the pipeline (a 400 naming it)
             request.kwargs["chat_template_kwargs"] = body["chat_template_kwargs"]
+        request.include_reasoning = body.get("include_reasoning") is None or _flag(body, "include_reasoning")
     except BaseException:
         request.cleanup()
         raise
@@ -204,7 +207,7 @@ _KNOWN = {
 }
 _KNOWN |= {"stop", "stream", "stream_options", "repetition_penalty", "min_tokens", "logprobs", "top_logprobs"}
 _KNOWN |= {"presence_penalty", "frequency_penalty", "logit_bias", "response_format", "structured_outputs"}
-_KNOWN |= {"tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"}
+_KNOWN |= {"tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "include_reasoning"}
 GUIDED_FIELDS = {
     "guided_json": "json",
     "guided_regex": "regex",

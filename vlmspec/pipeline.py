@@ -475,7 +475,8 @@ class VLMSpecPipeline:
         else:
             inputs = self.prepare_inputs(image, prompt, video, num_frames=num_frames)
         check_length(inputs["input_ids"].shape[1], a.max_new_tokens, self._target_adapter.max_positions)
-        reasoning = reply_reasoning(self.reasoning_parser, self.tokenizer, inputs["input_ids"][0].tolist())
+        prompt_ids = inputs["input_ids"][0].tolist()
+        reasoning = reply_reasoning(self.reasoning_parser, self.tokenizer, prompt_ids, a.chat_template_kwargs)
         grammar = None if settings.grammar is None else settings.grammar.after(reasoning, self.tokenizer)
         draft = None
         if self.policy.uses_draft:

@@ -14,8 +14,9 @@ so the reply is ``reasoning</think>answer``. A pipeline with a :class:`Reasoning
 Where the parsers leave it open, decided as vLLM's ``qwen3`` parser does (and said here):
 
 * **Does the reply open in reasoning?** Yes, unless the prompt already closed it: its last think tag is ``</think>``
-  (a Qwen3 template with ``enable_thinking=False`` writes an empty ``<think>\\n\\n</think>`` into the prompt). Then
-  the whole reply is the answer and a structure applies from its first token. A prompt with no tag at all opens
+  (a Qwen3 template with ``enable_thinking=False`` writes an empty ``<think>\\n\\n</think>`` into the prompt), or the
+  call's ``chat_template_kwargs`` say ``enable_thinking=False`` (as vLLM's ``qwen3`` parser reads them, for templates
+  that write no tag then). Then the whole reply is the answer and a structure applies from its first token. A prompt with no tag at all opens
   the reply in reasoning too (DeepSeek-R1 starts reasoning without a tag): a parser is for thinking models only.
 * **A ``<think>`` the model writes itself** (older templates), after optional whitespace at the reply's start, is
   dropped; one anywhere else is text.
@@ -25,12 +26,14 @@ Where the parsers leave it open, decided as vLLM's ``qwen3`` parser does (and sa
 ``qwen3`` and ``deepseek_r1`` (vLLM's names) are both ``<think>`` ... ``</think>``; another model's tags are
 ``ReasoningParser("name", start, end)``. Tags are matched in the text, so a tokenizer that spells them in several
 tokens works for splitting; a structure after the reasoning needs ``</think>`` to be one token of the vocabulary
-(as in every thinking model's tokenizer), since the masks switch on at that token.
+(as in every thinking model's tokenizer), since the masks switch on at that token. An end tag that is a *special*
+token (one ``skip_special_tokens`` drops from the reply's text) is refused when the parser is set: the text could
+not be split at it (Qwen3's and DeepSeek-R1's tags are ordinary added tokens).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +74,9 @@ class ReasoningParser:
         Raises:
             InvalidInputError: ``tokenizer`` spells it in several tokens (or not at all).
         """
+        token = _vocabulary_id(tokenizer, self.end)  # an entry of its own, whatever encode() would prefix
+        if token is not None:
+            return token
         ids = tokenizer.encode(self.end, add_special_tokens=False)
         if len(ids) != 1:
             raise InvalidInputError(
@@ -117,7 +123,21 @@ class ParserAttribute:
         return self if pipe is None else getattr(pipe, self.attribute, None)
 
     def __set__(self, pipe: Any, value: str | ReasoningParser | None) -> None:
-        setattr(pipe, self.attribute, reasoning_parser(value))
+        parser = reasoning_parser(value)
+        token = None if parser is None else _vocabulary_id(pipe.tokenizer, parser.end)
+        if token is not None and not pipe.tokenizer.decode([token], skip_special_tokens=True):
+            raise InvalidInputError(
+                f"reasoning_parser {parser.name!r}: its end tag {parser.end!r} is a special token of this tokenizer, "
+                "which replies are decoded without (skip_special_tokens), so no reply could be split at it; vlmspec "
+                "splits at tags the text keeps (Qwen3's and DeepSeek-R1's are)"
+            )
+        setattr(pipe, self.attribute, parser)
+
+
+def _vocabulary_id(tokenizer: Any, tag: str) -> int | None:
+    """The id of ``tag`` as one entry of ``tokenizer``'s vocabulary, or ``None``."""
+    token = tokenizer.convert_tokens_to_ids(tag)
+    return token if isinstance(token, int) and token != tokenizer.unk_token_id else None
 
 
 def split_reply(parser: ReasoningParser | None, text: str) -> tuple[str | None, str]:
@@ -181,11 +201,15 @@ def _partial_tag(text: str, tag: str) -> int:
 
 
 def reply_reasoning(
-    parser: ReasoningParser | None, tokenizer: Any, prompt_ids: Sequence[int]
+    parser: ReasoningParser | None,
+    tokenizer: Any,
+    prompt_ids: Sequence[int],
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> ReasoningParser | None:
-    """``parser`` when a reply to the prompt ``prompt_ids`` opens in its reasoning (see the module's docstring),
-    else ``None``: what :func:`split_reply` and :class:`ReplySplitter` take."""
-    if parser is None:
+    """``parser`` when a reply to the prompt ``prompt_ids`` (made with the chat template's ``template_kwargs``) opens
+    in its reasoning (see the module's docstring), else ``None``: what :func:`split_reply` and
+    :class:`ReplySplitter` take."""
+    if parser is None or (template_kwargs or {}).get("enable_thinking") is False:
         return None
     prompt = tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
     return parser if parser.opens_reasoning(prompt) else None

@@ -255,14 +255,18 @@ class SpecServer:
 
     def _choice(self, index: int, output: Any, request: ChatRequest) -> dict[str, Any]:
         whole, stopped = cut_at_stop(output.text, request.stop)
-        parser = (
-            self.pipe.reasoning_parser if output.reasoning is not None else None
-        )  # the reply opened in it
-        reasoning, text = split_reply(parser, whole)
+        opened = (
+            output.reasoning is not None
+        )  # the reply opened in the pipeline's reasoning parser's reasoning
+        reasoning, text = split_reply(self.pipe.reasoning_parser if opened else None, whole)
         reason = finish_reason(output, stopped, request.max_tokens, self.eos_ids)
         content, calls = request.tools.calls(text) if request.tools is not None else (text, [])
+        content = (
+            None if opened and not content else content
+        )  # no answer after the reasoning: null, as vLLM's
         top = request.top_logprobs
         scores = None if top is None else logprobs(output, self.pipe.tokenizer, whole, top)
+        reasoning = reasoning if request.include_reasoning else None
         return choice(index, content, tool_reason(reason, request.tools, calls), scores, calls, reasoning)
 
     def stream(
@@ -289,24 +293,26 @@ class SpecServer:
         tools = request.tools
         # a forced call's reply is the call's arguments: sent as a call at the end
         quiet = tools is not None and tools.forced
-        held = [TOOL_CALL_START] if tools is not None and tools.choice == "auto" else []
-        reply, holder = Reply(self.model), StopHolder(request.stop + held)
+        # stop strings end the whole reply; a call's start is held back in the content only (not the reasoning)
+        held = StopHolder([TOOL_CALL_START] if tools is not None and tools.choice == "auto" else [])
+        reply, holder = Reply(self.model), StopHolder(request.stop)
         role, sent, thought = {"role": "assistant"}, "", ""  # what was sent of the content, of the reasoning
         splitter = None
         try:
             for piece in _pieces(pieces, gone):
-                splitter = splitter or ReplySplitter(self._reasoning(streamer))
+                splitter = splitter or ReplySplitter(self._reasoning(streamer, request))
                 reasoning, text = splitter.feed(holder.push(piece.text))
-                if reasoning:
+                if reasoning and request.include_reasoning:
                     send(reply.chunk({**role, **reasoning_fields(reasoning)}))
                     role, thought = {}, thought + reasoning
-                if text and not quiet:
+                if (text := held.push(text)) and not quiet:
                     send(reply.chunk({**role, "content": text}))
                     role, sent = {}, sent + text
             output = _result(future, self._closing)
             whole, stopped = cut_at_stop(output.text, request.stop)
-            reasoning, text = split_reply(splitter.parser if splitter else self._reasoning(streamer), whole)
-            if reasoning and (rest := reasoning[len(thought) :]):
+            parser = splitter.parser if splitter else self._reasoning(streamer, request)
+            reasoning, text = split_reply(parser, whole)
+            if reasoning and request.include_reasoning and (rest := reasoning[len(thought) :]):
                 send(reply.chunk({**role, **reasoning_fields(rest)}))
                 role = {}
             calls = tools.calls(text)[1] if tools is not None else []
@@ -325,9 +331,12 @@ class SpecServer:
             self._abandon(streamer.cancelled)
             raise
 
-    def _reasoning(self, streamer: QueueStreamer) -> ReasoningParser | None:
+    def _reasoning(self, streamer: QueueStreamer, request: ChatRequest) -> ReasoningParser | None:
         """The pipeline's reasoning parser if the reply to the streamed prompt opens in reasoning, else ``None``."""
-        return reply_reasoning(self.pipe.reasoning_parser, self.pipe.tokenizer, streamer.prompt_ids or [])
+        variables = request.kwargs.get("chat_template_kwargs")
+        return reply_reasoning(
+            self.pipe.reasoning_parser, self.pipe.tokenizer, streamer.prompt_ids or [], variables
+        )
 
 
 BAD_REQUEST = (VLMSpecError, ValueError, TypeError, OSError)

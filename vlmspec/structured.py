@@ -329,9 +329,16 @@ class GrammarGuide:
         Only the nodes asked for are walked, each along its path (accepted, its mask filled, rolled back): a draft
         tree holds far more candidates than the draft expands (EAGLE-2's: hundreds), so walking the whole tree at
         every level would cost its size each time. A node the grammar rejects, or past a stop token, allows all.
+
+        While the reply reasons, every node allows all, with no host read: the structure only starts below a
+        ``</think>`` the draft itself proposes, which is rare, and the draft only proposes (the verification's
+        masks, :meth:`tree`, keep the reply the target's), so masking it there would cost a host sync at every
+        draft level of a long reasoning to spare a few rejected proposals.
         """
         import xgrammar
 
+        if self.reasoning:
+            return torch.ones(nodes.shape[0], self.grammar.width, dtype=torch.bool, device=tokens.device)
         n = tokens.shape[0]
         host = torch.cat([tokens, parents, nodes]).tolist()  # one host read
         token_of, parent_of = host[:n], host[n : 2 * n]
@@ -341,13 +348,6 @@ class GrammarGuide:
             while node > 0:
                 path.append(token_of[node])
                 node = parent_of[node]
-            if (
-                self.reasoning
-            ):  # the path's tokens after its reasoning ends; none: it still reasons, all allowed
-                end = self.grammar.reasoning_end
-                if end not in path:
-                    continue
-                path = path[: len(path) - 1 - path[::-1].index(end)]  # node first: below its first end
             accepted = 0
             while accepted < len(path) and self.matcher.accept_token(path[-1 - accepted]):
                 accepted += 1

@@ -26,6 +26,8 @@ them. ``--segment S`` (a finite number > 0) captions every whole video in window
 Structured captions: ``--structured-outputs '{"json": {...schema...}}'`` (or ``{"regex": ...}``, ``{"choice":
 [...]}``; the config's ``structured_outputs``) makes every caption follow that structure, still the target's own
 under it (``pipe(structured_outputs=...)``, :mod:`vlmspec.structured`); each line's settings record it.
+A thinking model's captions: ``--reasoning-parser qwen3`` (the config's ``reasoning_parser``) makes each line's
+``caption`` the answer after ``</think>`` and puts the reasoning under ``reasoning`` (:mod:`vlmspec.reasoning`).
 
 Settings come from ``configs/jobs/video_captioning.yaml`` (or ``--config``; read with ``yaml.safe_load``; unknown
 keys are an error that lists the valid ones); command-line flags override the file.

@@ -16,6 +16,7 @@ from vlmspec.cli import (  # the boundary for user errors that `vlmspec caption`
     USER_ERRORS,
     ArgumentParser,
 )
+from vlmspec.reasoning import REASONING_PARSERS
 
 from .config import (
     DTYPES,
@@ -57,6 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a("--structured-outputs", default=keep,
       help='JSON: every caption follows this structure, e.g. \'{"json": {...schema...}}\' or \'{"regex": "..."}\' '
       "(pipe(structured_outputs=...))")  # fmt: skip
+    a("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=keep,
+      help="a thinking model's tags: each caption is the answer after the reasoning, which goes in 'reasoning'")  # fmt: skip
     a("--num-frames", type=int, default=keep, help="frames sampled per video (default 8)")
     a("--segment", type=float, default=keep,
       help="caption each video in windows of this many seconds, one line each (default: whole videos)")  # fmt: skip

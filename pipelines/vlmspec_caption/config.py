@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args
 import yaml
 
 from vlmspec.errors import VLMSpecError
+from vlmspec.reasoning import REASONING_PARSERS
 from vlmspec.structured import StructuredOutputs
 from vlmspec.validation import check_field_types
 
@@ -82,6 +83,7 @@ class JobConfig:
     progress: bool = True
     batch_size: int | None = None
     structured_outputs: dict[str, Any] | None = None
+    reasoning_parser: str | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -165,6 +167,11 @@ class JobConfig:
             StructuredOutputs.of(self.structured_outputs)
         except VLMSpecError as err:
             problems.append(f"{key('structured_outputs')}: {err}")
+        if self.reasoning_parser not in (None, *REASONING_PARSERS):
+            known = ", ".join(REASONING_PARSERS)
+            problems.append(
+                f"{key('reasoning_parser')} must be one of {known}, got {self.reasoning_parser!r}"
+            )
         if problems:
             raise JobError(f"{source}: " + "; ".join(problems))
         return self
@@ -189,6 +196,8 @@ class JobConfig:
         }
         if self.structured_outputs is not None:
             out["structured_outputs"] = self.structured_outputs
+        if self.reasoning_parser is not None:
+            out["reasoning_parser"] = self.reasoning_parser
         if self.sampler == "qwen":
             out.update(
                 fps=self.fps,

@@ -125,4 +125,8 @@ def load_pipeline(
         raise JobError(
             f"could not load the models (target {target!r}, draft {draft!r}): {type(err).__name__}: {err}"
         ) from err
+    try:
+        pipe.reasoning_parser = config.reasoning_parser
+    except ValueError as err:  # an end tag the replies' text drops
+        raise JobError(str(err)) from err
     return pipe, models

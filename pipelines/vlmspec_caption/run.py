@@ -92,7 +92,8 @@ def caption_record(item: VideoItem, config: JobConfig, meta: dict[str, Any], res
     stats = result.stats.to_dict()
     if not config.trace:
         stats.pop("trace", None)
-    return {**base, "caption": result.text, **meta, "stats": stats}
+    thinking = {} if result.reasoning is None else {"reasoning": result.reasoning}  # the caption: the answer
+    return {**base, "caption": result.content, **thinking, **meta, "stats": stats}
 
 
 @dataclass
