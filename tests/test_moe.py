@@ -90,3 +90,16 @@ def test_a_draft_of_another_series_is_still_refused(moe_pair, tiny_pairs):
         InvalidInputError, match="the draft model is a 'qwen2_vl' model but the target is 'qwen3_vl_moe'"
     ):
         VLMSpecPipeline.from_pretrained(moe_pair.target, tiny_pairs["qwen2_vl"].draft, policy="chain")
+
+
+def test_an_edd_draft_for_a_sparse_target_is_lossless(moe):
+    """An EDD draft built for the sparse target (one decoder layer of the target's own kind, a sparse one, reading
+    its hidden states): untrained, its proposals are mostly rejected, and the reply stays the target's."""
+    from vlmspec.models import EDDDraft
+
+    pipe, cases = moe
+    edd = VLMSpecPipeline(
+        pipe.target, EDDDraft.for_target(pipe.target), pipe.processor, policy="chain", gamma=3
+    )
+    for kind, prompt, image, video, expected in cases:
+        assert edd(image, prompt, video=video, max_new_tokens=MAX_NEW).token_ids == expected, f"edd/{kind}"
