@@ -173,12 +173,15 @@ def test_an_interrupt_ends_the_requests_decoding_instead_of_waiting_for_them(tmp
     from vlmspec_batch import BatchRequest, run_batch
     from vlmspec_caption.store import ResultWriter
 
-    from vlmspec.openai_api import MediaAccess
+    from vlmspec.openai_api import MediaAccess, chat_request
 
     ended = []
 
     class Server:  # the first request answers at once; the others decode until their client is gone
         model, media, max_tokens, batch_size = "m", MediaAccess(), 8, 3
+
+        def chat_request(self, body):
+            return chat_request(body, self.model, self.media, self.max_tokens)
 
         def complete(self, chat, gone):
             if chat.kwargs["messages"][0]["content"] == "fast":
@@ -206,3 +209,38 @@ def test_an_interrupt_ends_the_requests_decoding_instead_of_waiting_for_them(tmp
     assert [json.loads(line)["custom_id"] for line in (tmp_path / "out.jsonl").read_text().splitlines()] == [
         "fast"
     ]
+
+
+def test_chat_template_replaces_the_processor_s_and_a_bad_one_is_refused(pair, pipe, tmp_path, capsys):
+    """``--chat-template FILE`` (vLLM's flag, on every server front): requests are rendered with it, so each reply is
+    what the pipeline gives under that template; a file that does not parse, or a name that is no file and no
+    template, is refused before any model loads."""
+    template = "{{ 'You answer in one word.' }}\n" + pipe.processor.chat_template
+    (tmp_path / "template.jinja").write_text(template)
+    line = request_line("q", messages=user_turn(png_uri(0), PROMPTS[0]), max_tokens=8)
+    (tmp_path / "in.jsonl").write_text(line + "\n")
+    out = tmp_path / "out.jsonl"
+    assert run(pair, tmp_path / "in.jsonl", out, "--chat-template", str(tmp_path / "template.jinja")) == 0
+    body = by_id(out)["q"]["response"]["body"]
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": png_uri(0)}, {"type": "text", "text": PROMPTS[0]}],
+        }
+    ]
+    plain = pipe(messages=messages, max_new_tokens=8)
+    saved, pipe.processor.chat_template = pipe.processor.chat_template, template
+    try:
+        expected = pipe(messages=messages, max_new_tokens=8)
+    finally:
+        pipe.processor.chat_template = saved
+    assert body["choices"][0]["message"]["content"] == expected.text
+    assert body["usage"]["prompt_tokens"] == expected.stats.prompt_tokens > plain.stats.prompt_tokens
+    (tmp_path / "broken.jinja").write_text("{% if %}")
+    for bad, said in [
+        (str(tmp_path / "broken.jinja"), "does not parse"),
+        ("no-such.jinja", "neither a template file"),
+    ]:
+        with pytest.raises(SystemExit):
+            run(pair, tmp_path / "in.jsonl", tmp_path / "bad.jsonl", "--chat-template", bad)
+        assert said in capsys.readouterr().err

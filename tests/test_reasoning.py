@@ -112,6 +112,22 @@ def reference(pipe, structure, max_new_tokens=24, **options) -> list[int]:
     return out[0, inputs["input_ids"].shape[1] :].tolist()
 
 
+def saved_with_bias(thinking, folder):
+    """The thinking pair saved with a ``sequence_bias`` towards ``</think>`` in its generation config, so that the
+    commands that load it reach ``</think>`` as the in-process calls do under ``logit_bias``."""
+    thinking.target.generation_config.sequence_bias = [[[end_id(thinking)], BIAS]]
+    try:
+        return thinking.save_pretrained(folder)
+    finally:
+        thinking.target.generation_config.sequence_bias = None
+
+
+def batch_command(folder, saved, out, *flags) -> list[str]:
+    """``vlmspec batch`` on ``folder/in.jsonl`` with the saved pair, 24 tokens, no prefix cache, and ``flags``."""
+    head = ["batch", str(folder / "in.jsonl"), "--out", str(out), "--target", str(saved)]
+    return [*head, "--max-tokens", "24", "--prefix-cache-gb", "0", *flags]
+
+
 # ---- the reply, split --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("text", "expected"),
@@ -340,11 +356,7 @@ def test_the_lmms_eval_model_scores_the_answer_after_the_reasoning(thinking, tmp
     from lmms_eval.api.instance import Instance
     from vlmspec_eval.lmms.model import VLMSpec
 
-    thinking.target.generation_config.sequence_bias = [[[end_id(thinking)], BIAS]]
-    try:
-        saved = thinking.save_pretrained(tmp_path / "thinking")
-    finally:
-        thinking.target.generation_config.sequence_bias = None
+    saved = saved_with_bias(thinking, tmp_path / "thinking")
     args = ("<image>\nIs it red?", {"max_new_tokens": 24}, lambda doc: [doc["image"]], 0, "t", "test")
     request = Instance("generate_until", args, idx=0, metadata={"task": "t", "doc_id": 0, "repeats": 1})
     replies = {}
@@ -371,27 +383,13 @@ def test_vlmspec_batch_takes_the_reasoning_parser_flag(thinking, tmp_path):
     server: a thinking pair saved with a bias towards ``</think>`` answers with its reasoning apart."""
     from vlmspec.cli import main
 
-    thinking.target.generation_config.sequence_bias = [[[end_id(thinking)], BIAS]]
-    try:
-        saved = thinking.save_pretrained(tmp_path / "thinking")
-    finally:
-        thinking.target.generation_config.sequence_bias = None
+    saved = saved_with_bias(thinking, tmp_path / "thinking")
     line = {"custom_id": "q", "method": "POST", "url": "/v1/chat/completions", "body": body()}
     (tmp_path / "in.jsonl").write_text(json.dumps(line) + "\n")
     expected = thinking(messages=messages(), max_new_tokens=24, logit_bias={end_id(thinking): BIAS})
     for flag in ([], ["--reasoning-parser", "qwen3"]):
         out = tmp_path / f"out{len(flag)}.jsonl"
-        args = [
-            "batch",
-            str(tmp_path / "in.jsonl"),
-            "--out",
-            str(out),
-            "--target",
-            str(saved),
-            "--max-tokens",
-            "24",
-        ]
-        assert main([*args, "--prefix-cache-gb", "0", *flag]) == 0
+        assert main(batch_command(tmp_path, saved, out, *flag)) == 0
         message = json.loads(out.read_text())["response"]["body"]["choices"][0]["message"]
         if flag:
             assert (message["reasoning_content"], message["content"]) == (
@@ -544,11 +542,7 @@ def test_the_caption_job_records_the_answer_as_the_caption_and_the_reasoning_apa
     import vlmspec_caption
     from test_video_captioning import _write_clips
 
-    thinking.target.generation_config.sequence_bias = [[[end_id(thinking)], BIAS]]
-    try:
-        saved = thinking.save_pretrained(tmp_path / "thinking")
-    finally:
-        thinking.target.generation_config.sequence_bias = None
+    saved = saved_with_bias(thinking, tmp_path / "thinking")
     _write_clips(tmp_path / "videos", 2)
     argv = [str(tmp_path / "videos"), "--target", str(saved), "--max-new-tokens", "24", "--num-frames", "4"]
     argv += ["--no-progress", "--threads", "1"]
@@ -567,3 +561,25 @@ def test_the_caption_job_records_the_answer_as_the_caption_and_the_reasoning_apa
     assert vlmspec_caption.main(bad) == 1
     assert "reasoning_parser must be one of qwen3, deepseek_r1, got 'qwen'" in capsys.readouterr().err
     assert not (tmp_path / "bad.jsonl").exists()
+
+
+def test_the_server_s_default_template_variables_apply_under_the_request_s_own(thinking, tmp_path):
+    """``--default-chat-template-kwargs '{"enable_thinking": false}'``: replies have no reasoning part, unless a
+    request's own ``chat_template_kwargs`` turn thinking back on."""
+    from vlmspec.cli import main
+
+    saved = saved_with_bias(thinking, tmp_path / "thinking")
+    lines = [
+        {"custom_id": "off", "method": "POST", "url": "/v1/chat/completions", "body": body()},
+        {"custom_id": "on", "method": "POST", "url": "/v1/chat/completions",
+         "body": body(chat_template_kwargs={"enable_thinking": True})},
+    ]  # fmt: skip
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out.jsonl"
+    flags = ["--reasoning-parser", "qwen3", "--default-chat-template-kwargs", '{"enable_thinking": false}']
+    assert main(batch_command(tmp_path, saved, out, *flags)) == 0
+    replies = {
+        r["custom_id"]: r["response"]["body"]["choices"][0]["message"] for r in map(json.loads, out.open())
+    }
+    assert "reasoning_content" not in replies["off"] and replies["off"]["content"]
+    assert replies["on"]["reasoning_content"] and "</think>" not in replies["on"]["reasoning_content"]

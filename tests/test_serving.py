@@ -970,7 +970,7 @@ def test_refusals_that_leave_a_body_unread_close_the_connection_and_others_keep_
 
 def test_fetched_videos_are_deleted_once_answered(server, monkeypatch, tmp_path):
     made = []
-    chat = serving_http.chat_request
+    chat = serving.chat_request
 
     def recording(*args):
         request = chat(*args)
@@ -980,7 +980,7 @@ def test_fetched_videos_are_deleted_once_answered(server, monkeypatch, tmp_path)
         made.append(temp)
         return request
 
-    monkeypatch.setattr(serving_http, "chat_request", recording)
+    monkeypatch.setattr(serving, "chat_request", recording)
     assert post(server, {"messages": user_turn(png_uri(0)), "max_tokens": 2})[0] == 200
     assert made and not made[0].exists()
 

@@ -8,7 +8,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -167,6 +167,17 @@ def add_server_flags(s: argparse.ArgumentParser) -> None:
         "--served-model-name", help="the model name clients send (default: --target, or the pair's name)"
     )
     s.add_argument(
+        "--chat-template",
+        type=chat_template,
+        help="a chat template (a Jinja file, or the template itself) instead of the processor's own",
+    )
+    s.add_argument(
+        "--default-chat-template-kwargs",
+        type=json_object("--default-chat-template-kwargs", '{"enable_thinking": false}'),
+        default={},
+        help="the chat template's variables for every request; a request's chat_template_kwargs win",
+    )
+    s.add_argument(
         "--reasoning-parser",
         choices=sorted(REASONING_PARSERS),
         help="a thinking model's tags (vLLM's names): replies carry their reasoning apart from their content "
@@ -199,6 +210,8 @@ def build_server(args: argparse.Namespace, command: str) -> Any:
     pipe(_example_image(), "Describe this image.", max_new_tokens=2)  # warm-up: not the first request's wait
     pipe.prefix_cache = PrefixCache(max_bytes=args.prefix_cache_gb) if args.prefix_cache_gb else None
     pipe.reasoning_parser = args.reasoning_parser
+    if args.chat_template is not None:
+        pipe.processor.chat_template = pipe.tokenizer.chat_template = args.chat_template
     name = args.served_model_name or args.target or args.pair or DEFAULT_PAIR
     media = MediaAccess(allowed_dir=args.allowed_media_dir, fetch_urls=args.fetch_urls)
     listen = (
@@ -207,7 +220,13 @@ def build_server(args: argparse.Namespace, command: str) -> Any:
         else {"port": None}
     )
     return SpecServer(
-        pipe, name, batch_size=args.batch_size, max_tokens=args.max_tokens, media=media, **listen
+        pipe,
+        name,
+        batch_size=args.batch_size,
+        max_tokens=args.max_tokens,
+        media=media,
+        template_kwargs=args.default_chat_template_kwargs,
+        **listen,
     )
 
 
@@ -343,6 +362,42 @@ def fraction(text: str) -> float:
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {value}")
     return value
+
+
+def json_object(flag: str, example: str) -> Callable[[str], dict[str, Any]]:
+    """An argparse ``type``: a JSON object, else an error naming ``flag`` with ``example``."""
+
+    def parse(text: str) -> dict[str, Any]:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise argparse.ArgumentTypeError(
+                f"{flag} takes a JSON object, e.g. '{example}', got {text!r} ({err.msg})"
+            ) from err
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"{flag} takes a JSON object, got {text!r}")
+        return value
+
+    return parse
+
+
+def chat_template(text: str) -> str:
+    """An argparse ``type``: a chat template, from the file ``text`` names or given inline (vLLM's
+    ``--chat-template``), checked to parse as Jinja."""
+    import jinja2
+
+    path = Path(text).expanduser()
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+    elif "{{" not in text and "{%" not in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a template file nor a template ('{{%...%}}')")
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as err:
+        raise argparse.ArgumentTypeError(
+            f"the chat template does not parse: {err.message} (line {err.lineno})"
+        ) from None
+    return text
 
 
 def gibibytes(text: str) -> int:

@@ -143,8 +143,11 @@ class ChatRequest:
             path.unlink(missing_ok=True)
 
 
-def chat_request(body: Any, model: str, media: MediaAccess, default_max_tokens: int) -> ChatRequest:
-    """``body`` (a chat-completions request's JSON), checked and turned into ``pipe(...)`` arguments.
+def chat_request(
+    body: Any, model: str, media: MediaAccess, default_max_tokens: int, template_kwargs: Any = None
+) -> ChatRequest:
+    """``body`` (a chat-completions request's JSON), checked and turned into ``pipe(...)`` arguments; the chat
+    template's variables are ``template_kwargs`` (the server's defaults) under the request's own.
 
     Raises:
         APIError: naming the field that is wrong and what it should be (404 for another model's name).
@@ -183,8 +186,12 @@ def chat_request(body: Any, model: str, media: MediaAccess, default_max_tokens: 
             structure = structure or forced
         if structure is not None:
             request.kwargs["structured_outputs"] = structure
-        if body.get("chat_template_kwargs") is not None:  # checked by the pipeline (a 400 naming it)
-            request.kwargs["chat_template_kwargs"] = body["chat_template_kwargs"]
+        defaults, given = template_kwargs or {}, body.get("chat_template_kwargs")
+        variables = (
+            {**defaults, **given} if isinstance(given, dict) else (defaults if given is None else given)
+        )
+        if variables or given is not None:  # checked by the pipeline (a 400 naming chat_template_kwargs)
+            request.kwargs["chat_template_kwargs"] = variables
         request.include_reasoning = body.get("include_reasoning") is None or _flag(body, "include_reasoning")
     except BaseException:
         request.cleanup()

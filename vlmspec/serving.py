@@ -35,7 +35,7 @@ from concurrent.futures import Future, wait
 from typing import Any
 
 from .errors import InvalidInputError, VLMSpecError
-from .openai_api import APIError, ChatRequest, MediaAccess, refused_field
+from .openai_api import APIError, ChatRequest, MediaAccess, chat_request, refused_field
 from .openai_replies import (
     Reply,
     StopHolder,
@@ -71,6 +71,8 @@ class SpecServer:
         media: where media URLs may be read from.
         api_key: when set, every request but ``/health`` and ``/metrics`` must carry ``Authorization: Bearer
             <api_key>`` (401 otherwise), as OpenAI's clients send their ``api_key``.
+        template_kwargs: the chat template's variables for every request (vLLM's
+            ``--default-chat-template-kwargs``); a request's own ``chat_template_kwargs`` win.
     """
 
     def __init__(
@@ -83,8 +85,10 @@ class SpecServer:
         max_tokens: int = 512,
         media: MediaAccess | None = None,
         api_key: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.pipe = pipe
+        self.template_kwargs = dict(template_kwargs or {})
         self.model = model
         self.batch_size = batch_size
         self.max_tokens = max_tokens
@@ -100,6 +104,11 @@ class SpecServer:
         self._http = HTTPServer((host, port), self) if port is not None else None
         self._threads: list[threading.Thread] = []
         self._closing = False
+
+    def chat_request(self, body: Any) -> ChatRequest:
+        """``body`` checked as this server takes requests (:func:`~vlmspec.openai_api.chat_request` with its model
+        name, media access, default length and template variables)."""
+        return chat_request(body, self.model, self.media, self.max_tokens, self.template_kwargs)
 
     @property
     def in_flight(self) -> int:

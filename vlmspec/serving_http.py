@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from .openai_api import APIError, ChatRequest, chat_request
+from .openai_api import APIError, ChatRequest
 
 if TYPE_CHECKING:
     from .serving import SpecServer
@@ -116,7 +116,7 @@ class Handler(BaseHTTPRequestHandler):
         if path != CHAT_PATH:
             status = 405 if path in (*HEALTH_PATHS, "/metrics", "/v1/models") else 404
             raise APIError(f"no such endpoint: POST {path} (POST requests to {CHAT_PATH})", status=status)
-        request = chat_request(_parse_json(raw), spec.model, spec.media, spec.max_tokens)
+        request = spec.chat_request(_parse_json(raw))
         try:
             if request.stream:
                 self._stream(request)

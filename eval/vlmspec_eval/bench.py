@@ -38,14 +38,14 @@ from typing import Any
 import torch
 
 from vlmspec import StructuredOutputs
-from vlmspec.cli import ArgumentParser, check_output_path
+from vlmspec.cli import ArgumentParser, check_output_path, json_object
 from vlmspec.costs import DEFAULT_BUDGET_FACTOR, check_budget_factor
 from vlmspec.named_pairs import ResolvedPair
 from vlmspec.probe import check_sizes
 
 from .analysis import entropy_report, tau_vs_length, token_entropies
 from .cost import PROBE_SIZES, choose_budget, run_cost_probe
-from .flag_types import batch_sizes, beam_width, budget, comma_list, json_object
+from .flag_types import batch_sizes, beam_width, budget, comma_list
 from .methods import (
     AR,
     EDD_PREFIX,

@@ -1,13 +1,10 @@
-"""The argparse types of the bench's flags: comma lists, positive integers, ``auto`` words, JSON objects; each error
-names the flag and what it takes (the parser is :class:`vlmspec.cli.ArgumentParser`: a bad flag is one line, exit
-status 1)."""
+"""The argparse types of the bench's flags: comma lists, batch sizes, ``auto`` words (JSON objects are
+:func:`vlmspec.cli.json_object`); each error names the flag and what it takes (the parser is
+:class:`vlmspec.cli.ArgumentParser`: a bad flag is one line, exit status 1)."""
 
 from __future__ import annotations
 
 import argparse
-import json
-from collections.abc import Callable
-from typing import Any
 
 from vlmspec.cli import positive_int
 
@@ -53,20 +50,3 @@ def budget(text: str) -> int | str | None:
 
 def beam_width(text: str) -> int | None:
     return None if text == "auto" else positive_int(text, "--beam-width", " or 'auto'")
-
-
-def json_object(flag: str, example: str) -> Callable[[str], dict[str, Any]]:
-    """An argparse ``type``: a JSON object, else an error naming ``flag`` with ``example``."""
-
-    def parse(text: str) -> dict[str, Any]:
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise argparse.ArgumentTypeError(
-                f"{flag} takes a JSON object, e.g. '{example}', got {text!r} ({err.msg})"
-            ) from err
-        if not isinstance(value, dict):
-            raise argparse.ArgumentTypeError(f"{flag} takes a JSON object, got {text!r}")
-        return value
-
-    return parse

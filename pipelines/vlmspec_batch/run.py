@@ -15,7 +15,7 @@ from typing import Any
 from vlmspec_caption.config import JobError, json_object
 from vlmspec_caption.store import ResultWriter, read_output
 
-from vlmspec.openai_api import APIError, chat_request
+from vlmspec.openai_api import APIError
 
 PROG = "vlmspec batch"
 ENDPOINT = "/v1/chat/completions"
@@ -122,7 +122,7 @@ def answer(server: Any, request: BatchRequest, stop: threading.Event) -> dict[st
     """One output line: the server's reply to ``request``, or its error with its status code (``None`` once
     ``stop`` is set: the request ended unanswered)."""
     try:
-        chat = chat_request(request.body, server.model, server.media, server.max_tokens)
+        chat = server.chat_request(request.body)
         if chat.stream:
             chat.cleanup()
             raise APIError("stream is not served in a batch: leave it out", "stream")
