@@ -236,11 +236,57 @@ def test_chat_template_replaces_the_processor_s_and_a_bad_one_is_refused(pair, p
         pipe.processor.chat_template = saved
     assert body["choices"][0]["message"]["content"] == expected.text
     assert body["usage"]["prompt_tokens"] == expected.stats.prompt_tokens > plain.stats.prompt_tokens
+    inline = (
+        tmp_path / "inline.jsonl"
+    )  # the template itself on the command line (thousands of characters, at times)
+    assert (
+        run(pair, tmp_path / "in.jsonl", inline, "--chat-template", template + "{# " + "x" * 5000 + " #}")
+        == 0
+    )
+    assert by_id(inline)["q"]["response"]["body"]["choices"] == body["choices"]
     (tmp_path / "broken.jinja").write_text("{% if %}")
-    for bad, said in [
-        (str(tmp_path / "broken.jinja"), "does not parse"),
-        ("no-such.jinja", "neither a template file"),
+    assert (
+        run(
+            pair,
+            tmp_path / "in.jsonl",
+            tmp_path / "bad.jsonl",
+            "--chat-template",
+            str(tmp_path / "broken.jinja"),
+        )
+        == 1
+    )
+    assert (
+        "--chat-template/--default-chat-template-kwargs: a request with one picture fails"
+        in capsys.readouterr().err
+    )
+    for flag, bad, said in [
+        ("--chat-template", "no-such.jinja", "neither a template file nor a template"),
+        ("--default-chat-template-kwargs", '{"tokenize": true}', "chat_template_kwargs sets tokenize"),
     ]:
         with pytest.raises(SystemExit):
-            run(pair, tmp_path / "in.jsonl", tmp_path / "bad.jsonl", "--chat-template", bad)
+            run(pair, tmp_path / "in.jsonl", tmp_path / "bad.jsonl", flag, bad)
         assert said in capsys.readouterr().err
+
+
+def test_chat_template_gives_a_template_to_a_checkpoint_without_one(pair, pipe, tmp_path, capsys):
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(pair.target, bare)
+    (bare / "chat_template.jinja").unlink()
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    line = request_line("q", messages=user_turn(png_uri(0), PROMPTS[0]), max_tokens=8)
+    (tmp_path / "in.jsonl").write_text(line + "\n")
+    (tmp_path / "template.jinja").write_text(pipe.processor.chat_template)
+    args = ["batch", str(tmp_path / "in.jsonl"), "--target", str(bare), "--draft", str(pair.draft)]
+    args += ["--max-tokens", "8", "--prefix-cache-gb", "0"]
+    assert main([*args, "--out", str(tmp_path / "none.jsonl")]) == 1
+    said = capsys.readouterr().err
+    assert "has no chat template" in said and "--chat-template FILE" in said
+    out = tmp_path / "out.jsonl"
+    assert main([*args, "--out", str(out), "--chat-template", str(tmp_path / "template.jinja")]) == 0
+    expected = pipe(messages=[{"role": "user", "content": [{"type": "image", "image": png_uri(0)},
+                    {"type": "text", "text": PROMPTS[0]}]}], max_new_tokens=8)  # fmt: skip
+    assert by_id(out)["q"]["response"]["body"]["choices"][0]["message"]["content"] == expected.text

@@ -103,3 +103,18 @@ def test_an_edd_draft_for_a_sparse_target_is_lossless(moe):
     )
     for kind, prompt, image, video, expected in cases:
         assert edd(image, prompt, video=video, max_new_tokens=MAX_NEW).token_ids == expected, f"edd/{kind}"
+
+
+def test_a_checkpoint_that_asks_for_router_logits_still_verifies_trees(moe):
+    """``output_router_logits: true`` in a checkpoint's config (training recipes set it) would make the forward
+    compute the load-balancing loss over the tree's 4-D mask; the engine's calls turn it off, and the reply is the
+    target's own."""
+    pipe, cases = moe
+    text = pipe.target.config.get_text_config()
+    pipe.policy = get_policy("sage")
+    text.output_router_logits = True
+    try:
+        for kind, prompt, image, video, expected in cases[:4]:
+            assert pipe(image, prompt, video=video, max_new_tokens=MAX_NEW).token_ids == expected, kind
+    finally:
+        text.output_router_logits = False

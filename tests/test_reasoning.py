@@ -556,6 +556,12 @@ def test_the_caption_job_records_the_answer_as_the_caption_and_the_reasoning_apa
         assert "</think>" in whole["caption"] and "reasoning" not in whole
         assert f"{split['reasoning']}</think>{split['caption']}" == whole["caption"]
         assert split["settings"]["reasoning_parser"] == "qwen3"
+    cut = [*argv[:4], "3", *argv[5:], "--out", str(tmp_path / "cut.jsonl"), "--reasoning-parser", "qwen3"]
+    assert vlmspec_caption.main(cut) == 2  # 3 tokens: the replies end while reasoning, no caption to record
+    for record in map(json.loads, (tmp_path / "cut.jsonl").read_text().splitlines()):
+        assert "caption" not in record and record["error"].startswith(
+            "no caption: the reply ended while reasoning"
+        )
     (tmp_path / "job.yaml").write_text("reasoning_parser: qwen\n")
     bad = [*argv, "--out", str(tmp_path / "bad.jsonl"), "--config", str(tmp_path / "job.yaml")]
     assert vlmspec_caption.main(bad) == 1
@@ -583,3 +589,22 @@ def test_the_server_s_default_template_variables_apply_under_the_request_s_own(t
     }
     assert "reasoning_content" not in replies["off"] and replies["off"]["content"]
     assert replies["on"]["reasoning_content"] and "</think>" not in replies["on"]["reasoning_content"]
+
+
+def test_pipe_stream_pieces_carry_the_reasoning_and_the_answer_apart(thinking, tiny_pairs):
+    """``pipe.stream``: each piece's ``reasoning`` and ``content`` join to the reply's, the texts to the whole; with
+    thinking off (and on a pipeline with no parser) the reasoning stays empty and the content is the text."""
+    options = {"messages": messages(), "max_new_tokens": 24, "logit_bias": {end_id(thinking): BIAS}}
+    for variables, split in ((None, True), ({"enable_thinking": False}, False)):
+        out = thinking(**options, chat_template_kwargs=variables)
+        pieces = list(thinking.stream(**options, chat_template_kwargs=variables))
+        assert len(pieces) > 2 and "".join(p.text for p in pieces) == out.text
+        assert "".join(p.reasoning for p in pieces) == (out.reasoning or "")
+        assert "".join(p.content for p in pieces) == out.content
+        assert bool(out.reasoning) is split
+    pair = tiny_pairs["qwen2_vl"]
+    plain = VLMSpecPipeline.from_pretrained(
+        pair.target, pair.draft, policy="chain", torch_dtype=torch.float32
+    )
+    pieces = list(plain.stream(messages=messages(), max_new_tokens=12))
+    assert all(p.reasoning == "" and p.content == p.text for p in pieces)

@@ -114,6 +114,8 @@ def load_pipeline(args: argparse.Namespace, command: str) -> Any:
         which = "No checkpoint named: using the embedded default pair" if default else "Using the named pair"
         print(f"{which} ({pair.source}).", flush=True)
     options = json.loads(args.policy_options) if args.policy_options else {}
+    if getattr(args, "chat_template", None) is not None:  # the server fronts' --chat-template
+        options["chat_template"] = args.chat_template
     saved = is_pipeline_folder(args.target)  # a saved pipeline brings its own settings
     pipe = VLMSpecPipeline.from_pretrained(
         args.target if saved else pair.target, args.draft if saved else pair.draft, policy=args.policy,
@@ -173,7 +175,7 @@ def add_server_flags(s: argparse.ArgumentParser) -> None:
     )
     s.add_argument(
         "--default-chat-template-kwargs",
-        type=json_object("--default-chat-template-kwargs", '{"enable_thinking": false}'),
+        type=template_defaults,
         default={},
         help="the chat template's variables for every request; a request's chat_template_kwargs win",
     )
@@ -200,6 +202,8 @@ def add_server_flags(s: argparse.ArgumentParser) -> None:
 def build_server(args: argparse.Namespace, command: str) -> Any:
     """The :class:`~vlmspec.serving.SpecServer` of :func:`add_server_flags`' options (listening at ``--host``
     and ``--port`` where the command has them, else none), its pipeline loaded and warmed up."""
+    import jinja2
+
     from .openai_api import MediaAccess
     from .prefix_cache import PrefixCache
     from .serving import SpecServer
@@ -207,11 +211,20 @@ def build_server(args: argparse.Namespace, command: str) -> Any:
     if args.allowed_media_dir is not None and not args.allowed_media_dir.is_dir():
         raise InputNotFoundError(f"--allowed-media-dir {str(args.allowed_media_dir)!r} is not a folder")
     pipe = load_pipeline(args, command)
-    pipe(_example_image(), "Describe this image.", max_new_tokens=2)  # warm-up: not the first request's wait
-    pipe.prefix_cache = PrefixCache(max_bytes=args.prefix_cache_gb) if args.prefix_cache_gb else None
     pipe.reasoning_parser = args.reasoning_parser
-    if args.chat_template is not None:
-        pipe.processor.chat_template = pipe.tokenizer.chat_template = args.chat_template
+    picture = {"type": "image", "image": str(_example_image())}
+    warm_up = [{"role": "user", "content": [picture, {"type": "text", "text": "Describe this image."}]}]
+    try:  # warm-up: not the first request's wait; and the chat template, with its defaults, tried once
+        pipe(
+            messages=warm_up, max_new_tokens=2, chat_template_kwargs=args.default_chat_template_kwargs or None
+        )
+    except (VLMSpecError, ValueError, TypeError, jinja2.TemplateError) as err:
+        if args.chat_template is None and not args.default_chat_template_kwargs:
+            raise
+        raise InvalidInputError(
+            f"--chat-template/--default-chat-template-kwargs: a request with one picture fails under them: {err}"
+        ) from err
+    pipe.prefix_cache = PrefixCache(max_bytes=args.prefix_cache_gb) if args.prefix_cache_gb else None
     name = args.served_model_name or args.target or args.pair or DEFAULT_PAIR
     media = MediaAccess(allowed_dir=args.allowed_media_dir, fetch_urls=args.fetch_urls)
     listen = (
@@ -382,22 +395,27 @@ def json_object(flag: str, example: str) -> Callable[[str], dict[str, Any]]:
 
 
 def chat_template(text: str) -> str:
-    """An argparse ``type``: a chat template, from the file ``text`` names or given inline (vLLM's
-    ``--chat-template``), checked to parse as Jinja."""
-    import jinja2
-
+    """An argparse ``type``: a chat template, given inline (text with ``{{`` or ``{%``) or from the file ``text``
+    names (vLLM's ``--chat-template``). Whether it renders is found by the server's warm-up request."""
+    if "{{" in text or "{%" in text:
+        return text
     path = Path(text).expanduser()
-    if path.is_file():
-        text = path.read_text(encoding="utf-8")
-    elif "{{" not in text and "{%" not in text:
+    if not path.is_file():
         raise argparse.ArgumentTypeError(f"{text!r} is neither a template file nor a template ('{{%...%}}')")
+    return path.read_text(encoding="utf-8")
+
+
+def template_defaults(text: str) -> dict[str, Any]:
+    """An argparse ``type``: ``--default-chat-template-kwargs``, a JSON object of the template's variables,
+    checked as a request's ``chat_template_kwargs`` are."""
+    from .conversations import check_template_kwargs
+
     try:
-        jinja2.Environment().parse(text)
-    except jinja2.TemplateSyntaxError as err:
-        raise argparse.ArgumentTypeError(
-            f"the chat template does not parse: {err.message} (line {err.lineno})"
-        ) from None
-    return text
+        return check_template_kwargs(
+            json_object("--default-chat-template-kwargs", '{"enable_thinking": false}')(text)
+        )
+    except VLMSpecError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def gibibytes(text: str) -> int:

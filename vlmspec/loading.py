@@ -14,9 +14,11 @@ from .models import EDDDraft, adapter_for
 from .models.edd import is_edd_folder
 from .named_pairs import is_local_path, is_pipeline_folder, resolve_pair
 
-MODEL_OPTIONS = ("attn_implementation", "dtype")
+MODEL_OPTIONS = ("attn_implementation", "dtype", "chat_template")
 """Model-loading keywords :meth:`vlmspec.VLMSpecPipeline.from_pretrained` takes among its ``**policy_options``:
-passed to both models' ``from_pretrained`` (``dtype`` is transformers 5's name for ``torch_dtype``)."""
+passed to both models' ``from_pretrained`` (``dtype`` is transformers 5's name for ``torch_dtype``), and
+``chat_template``, a template (its text) the target's processor takes instead of its own (vLLM's
+``--chat-template``; a checkpoint without one needs it)."""
 LOADING_KEYWORDS = (
     "device",
     "low_cpu_mem_usage",
@@ -73,6 +75,7 @@ def load_pair(
     calibration: str | None = None,
     attn_implementation: str | None = None,
     dtype: str | torch.dtype | None = None,
+    chat_template: str | None = None,
 ) -> tuple[torch.nn.Module, torch.nn.Module | None, Any]:
     """The target, the draft (``None`` when none is named) and the target's processor, loaded as
     :meth:`vlmspec.VLMSpecPipeline.from_pretrained` documents: named pairs resolved, an EDD draft read on top of its
@@ -97,7 +100,7 @@ def load_pair(
     check_source(target, "target", trust_remote_code)
     if draft is not None and not edd:
         check_source(draft, "draft", trust_remote_code)
-    processor = load_processor(target, trust_remote_code)
+    processor = load_processor(target, trust_remote_code, chat_template)
     draft_tokenizer = _load_tokenizer(draft, trust_remote_code) if draft is not None and not edd else None
     load = dict(
         dtype=torch_dtype, device_map=device_map, trust_remote_code=trust_remote_code, use_safetensors=True
@@ -378,9 +381,12 @@ def check_model_folder(source: str | Path, role: str) -> None:
         )
 
 
-def load_processor(source: str | Path, trust_remote_code: bool = False) -> Any:
-    """The target's processor, with the chat template every prompt is built with: the processor's own, else its
-    tokenizer's (a template kept only in ``tokenizer_config.json``, as a processor's own fallback would use).
+def load_processor(
+    source: str | Path, trust_remote_code: bool = False, chat_template: str | None = None
+) -> Any:
+    """The target's processor, with the chat template every prompt is built with: ``chat_template`` when given, else
+    the processor's own, else its tokenizer's (a template kept only in ``tokenizer_config.json``, as a processor's own
+    fallback would use).
 
     Raises:
         FileNotFoundError: the folder holds no processor transformers can load; the hub's failure, wrapped.
@@ -396,13 +402,18 @@ def load_processor(source: str | Path, trust_remote_code: bool = False) -> Any:
             "the checkpoint's processor files into it (processor_config.json or preprocessor_config.json, the "
             "tokenizer files, chat_template.jinja), e.g. with AutoProcessor.from_pretrained(original).save_pretrained"
         ) from err
+    if chat_template is not None:
+        processor.chat_template = chat_template
+        if getattr(processor, "tokenizer", None) is not None:
+            processor.tokenizer.chat_template = chat_template
     if not getattr(processor, "chat_template", None):
         template = getattr(getattr(processor, "tokenizer", None), "chat_template", None)
         if not template:
             raise InvalidInputError(
                 f"the target's processor (from {str(source)!r}) has no chat template, with which vlmspec builds "
                 "every prompt; add the checkpoint's chat template to that folder (chat_template.jinja, as "
-                "save_pretrained writes it), e.g. from the original checkpoint's files"
+                "save_pretrained writes it), e.g. from the original checkpoint's files, or give one (from_pretrained("
+                "..., chat_template=text); vlmspec serve --chat-template FILE)"
             )
         processor.chat_template = template
     return processor

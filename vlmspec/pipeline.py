@@ -215,9 +215,10 @@ class VLMSpecPipeline:
             calibration: inflate the loaded pair to this calibration's shapes (see
                 :mod:`vlmspec.testbed.calibrate`); a pair name's ``@<calibration>`` sets it too.
             **policy_options: the policy's config options; also ``attn_implementation`` ('sdpa', 'eager') and
-                ``dtype`` (transformers 5's name for ``torch_dtype``), passed to both models' ``from_pretrained``.
+                ``dtype`` (transformers 5's name for ``torch_dtype``), passed to both models' ``from_pretrained``,
+                and ``chat_template`` (a template's text, instead of the processor's own).
         """
-        loading, policy_options = model_options(policy_options)  # attn_implementation, dtype
+        loading, policy_options = model_options(policy_options)  # attn_implementation, dtype, chat_template
         saved = read_settings(target) if is_pipeline_folder(target) else {}
         if policy is None and saved:  # its policy, the options given here on top (an error names its file)
             policy, policy_options = saved_policy(target, saved, policy_options), {}
@@ -545,11 +546,10 @@ class VLMSpecPipeline:
             turn.end(token_ids)
         if streamer is not None:
             streamer.end()
-        # 4. Decode the text.
+        # 4. Decode the text (and a thinking model's reasoning and answer apart).
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        reasoning, content = split_reply(call.reasoning, text)
         logs = None if scores is None else scores.result()
-        return SpecOutput(text, token_ids, stats, logs, reasoning, content)
+        return SpecOutput(text, token_ids, stats, logs, *split_reply(call.reasoning, text))
 
     def chat(self, system: str | None = None, **options: Any) -> Chat:
         """A conversation that keeps both models' KV caches between turns (:mod:`vlmspec.chat`).
@@ -574,13 +574,14 @@ class VLMSpecPipeline:
         **kwargs: Any,
     ) -> Iterator[StreamPiece]:
         """Like :meth:`__call__`, yielding :class:`~vlmspec.streaming.StreamPiece` objects as each verification
-        step accepts tokens; the last one carries the statistics, and the pieces' texts join to the reply.
+        step accepts tokens; the last one carries the statistics, and the pieces' texts join to the reply (their
+        ``reasoning`` and ``content`` to a thinking model's reasoning and answer).
 
         ``kwargs`` are :meth:`__call__`'s (``video``, ``max_new_tokens``, ``do_sample``, ``messages``, ``inputs``,
         ...), ``streamer`` aside: ``pipe.stream(messages=[...])`` streams a conversation's reply.
         """
         check_stream_kwargs(kwargs)
-        return stream_call(lambda streamer: self(image, prompt, streamer=streamer, **kwargs), self.tokenizer)
+        return stream_call(self, image, prompt, kwargs)
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> Any:

@@ -8,7 +8,8 @@ token), never a token that is later taken back; ``end()`` comes last. ``TextStre
 
 ``pipe.stream(...)`` yields :class:`StreamPiece` objects as the steps are verified: the text each step adds (a
 piece is held back while it would end inside a multi-byte character) and its token ids; the last piece carries the
-statistics. The pieces' texts join to exactly the final text. Stopping early (``break``, ``close()``, an error in
+statistics. The pieces' texts join to exactly the final text; with a reasoning parser on the pipeline, each piece
+also says what it adds to the reasoning and to the answer (:mod:`vlmspec.reasoning`). Stopping early (``break``, ``close()``, an error in
 the loop) ends the generation at its next verification step and waits for it, so the models are free again.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ import torch
 
 from .engine import SpecStats
 from .errors import InputTypeError
+from .reasoning import ReasoningParser, ReplySplitter, reply_reasoning
 
 
 def check_streamer(streamer: Any) -> None:
@@ -51,11 +53,16 @@ class StreamPiece:
         text: the text this piece adds.
         token_ids: the tokens this piece adds.
         stats: the generation's statistics, on the last piece only (``None`` before).
+        reasoning, content: what the piece adds to the reply's reasoning and to its answer, as the pipeline's
+            reasoning parser splits the reply (:class:`~vlmspec.reasoning.ReplySplitter`: the pieces' join to
+            ``out.reasoning`` and ``out.content``); without one, the reasoning is empty and the content the text.
     """
 
     text: str
     token_ids: list[int]
     stats: SpecStats | None = None
+    reasoning: str = ""
+    content: str = ""
 
 
 class TextPieces:
@@ -163,23 +170,25 @@ def check_stream_kwargs(kwargs: dict[str, Any]) -> None:
         )
 
 
-def stream_call(call: Callable[[Any], Any], tokenizer: Any) -> Iterator[StreamPiece]:
-    """Run ``call(streamer)`` (a pipeline call) in a thread and yield its pieces as they come.
-
-    Args:
-        call: runs the generation with the given streamer and returns its ``SpecOutput``.
-        tokenizer: decodes the pieces.
+def stream_call(pipe: Any, image: Any, prompt: str | None, kwargs: dict[str, Any]) -> Iterator[StreamPiece]:
+    """``pipe.stream(image, prompt, **kwargs)``: run the call in a thread and yield its pieces as they come, each
+    split into reasoning and content as the pipe's reasoning parser splits the reply.
 
     Raises:
-        Whatever ``call`` raised, once the pieces before it were yielded.
+        Whatever the call raised, once the pieces before it were yielded.
     """
     pieces: queue.Queue = queue.Queue()
-    streamer = QueueStreamer(tokenizer, pieces)
+    streamer = QueueStreamer(pipe.tokenizer, pieces)
     result: dict[str, Any] = {}
+    splitter = None
+
+    def opens() -> ReasoningParser | None:  # the prompt's ids: the streamer's once the call put them
+        variables = kwargs.get("chat_template_kwargs")
+        return reply_reasoning(pipe.reasoning_parser, pipe.tokenizer, streamer.prompt_ids or [], variables)
 
     def run() -> None:
         try:
-            result["output"] = call(streamer)
+            result["output"] = pipe(image, prompt, streamer=streamer, **kwargs)
         except BaseException as error:  # handed to the caller's thread below
             result["error"] = error
         finally:
@@ -189,11 +198,16 @@ def stream_call(call: Callable[[Any], Any], tokenizer: Any) -> Iterator[StreamPi
     worker.start()
     try:
         while (piece := pieces.get()) is not _DONE:
+            splitter = splitter or ReplySplitter(opens())
+            piece.reasoning, piece.content = splitter.feed(piece.text)
             yield piece
     finally:  # also when the consumer stops early: end the generation at its next step, and wait for it
         streamer.cancelled.set()
         worker.join()
     if "error" in result:
         raise result["error"]
-    output = result["output"]
-    yield StreamPiece(streamer.pieces.finish(output.text), [], output.stats)
+    output, splitter = result["output"], splitter or ReplySplitter(opens())
+    last = StreamPiece(streamer.pieces.finish(output.text), [], output.stats)
+    last.reasoning, last.content = splitter.feed(last.text)
+    last.reasoning += splitter.finish()
+    yield last

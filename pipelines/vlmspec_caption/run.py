@@ -85,6 +85,11 @@ def caption_record(item: VideoItem, config: JobConfig, meta: dict[str, Any], res
         result: a :class:`~vlmspec.pipeline.SpecOutput`, or the exception its request raised.
     """
     base = {"id": item.id, "path": item.path, **item.window, "prompt": item.prompt or config.prompt}
+    if not isinstance(result, BaseException) and result.reasoning is not None and not result.content.strip():
+        result = InvalidInputError(  # a failure, so that a rerun tries the video again
+            f"no caption: the reply ended while reasoning, after {len(result.token_ids)} tokens; give the model "
+            f"more than max_new_tokens={config.max_new_tokens}"
+        )
     if isinstance(result, ITEM_ERRORS):
         return {**base, "error": _error_message(result), "error_type": _error_type(result), **meta}
     if isinstance(result, BaseException):

@@ -29,6 +29,8 @@ inputs themselves, with the model's own public methods (``get_input_embeddings``
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
@@ -254,6 +256,7 @@ class VLMAdapter:
                     **cache_kwarg(self.model, cache),
                     use_cache=True,
                     logits_to_keep=1,
+                    **_no_router_loss(self.model),
                 )
             layout = self.prompt_layout(inputs)
             state = DecodeState(cache, rope_delta, layout.num_visual)
@@ -501,6 +504,7 @@ class VLMAdapter:
             attention_mask=bias,
             **cache_kwarg(self.model, cache),
             use_cache=True,
+            **_no_router_loss(self.model),
         ).logits
 
     @torch.no_grad()
@@ -565,3 +569,15 @@ def _check_keep(keep: torch.Tensor, length: int) -> torch.Tensor:
             f"first={int(keep[0])}, last={int(keep[-1])}; build it with vlmspec.pruning.select_prompt_positions"
         )
     return keep
+
+
+def _no_router_loss(model: torch.nn.Module) -> dict[str, bool]:
+    """``output_router_logits=False`` for a mixture-of-experts model (its checkpoint may turn it on, as training
+    recipes do): its forward would then compute the load-balancing loss over the attention mask, which a tree's 4-D
+    mask is not shaped for. Nothing for the other models."""
+    return {"output_router_logits": False} if _takes_router_flag(type(model)) else {}
+
+
+@functools.cache
+def _takes_router_flag(model_class: type) -> bool:
+    return "output_router_logits" in inspect.signature(model_class.forward).parameters
