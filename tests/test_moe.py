@@ -9,6 +9,8 @@ near-ties would let the last bits of a batched product flip an expert)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import PROMPTS, input_kinds
@@ -118,3 +120,33 @@ def test_a_checkpoint_that_asks_for_router_logits_still_verifies_trees(moe):
             assert pipe(image, prompt, video=video, max_new_tokens=MAX_NEW).token_ids == expected, kind
     finally:
         text.output_router_logits = False
+
+
+@pytest.mark.parametrize(("dense_layers", "step"), [([3], 1), ([], 2), ([0], 1)])
+def test_an_edd_draft_copies_a_dense_or_a_sparse_layer_as_it_finds_it(moe, dense_layers, step):
+    """Targets whose layers are not all sparse (``mlp_only_layers`` names dense ones, ``decoder_sparse_step`` spaces
+    the sparse ones): the EDD draft's one layer is of the kind of the target layer it is copied from (layer 3 of 4
+    here), so the copied weights fit, and the reply stays the target's."""
+    from transformers import Qwen3VLMoeForConditionalGeneration
+
+    from vlmspec.models import EDDDraft
+
+    pipe, cases = moe
+    config = copy.deepcopy(pipe.target.config)
+    config.text_config.mlp_only_layers, config.text_config.decoder_sparse_step = dense_layers, step
+    torch.manual_seed(0)
+    target = Qwen3VLMoeForConditionalGeneration(config).eval()
+    target.load_state_dict(
+        pipe.target.state_dict(), strict=False
+    )  # what both shapes share; the rest as drawn
+    target.generation_config = pipe.target.generation_config
+    edd = EDDDraft.for_target(target, hidden_layer=2)
+    copied_is_dense = 3 in dense_layers or (3 + 1) % step != 0
+    assert hasattr(edd.decoder.layers[0].mlp, "experts") is not copied_is_dense
+    assert hasattr(target.model.language_model.layers[3].mlp, "experts") is not copied_is_dense
+    spec = VLMSpecPipeline(target, edd, pipe.processor, policy="chain", gamma=3)
+    kind, prompt, image, video, _ = cases[0]
+    inputs = spec.prepare_inputs(image, prompt, video)
+    assert spec(image, prompt, video=video, max_new_tokens=24).token_ids == spec.reference_generate(
+        inputs, 24
+    )

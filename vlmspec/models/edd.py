@@ -148,7 +148,8 @@ class EDDDraft(torch.nn.Module):
             raise InvalidInputError(
                 f"hidden_layer must be in [0, {layers}) for this target ({layers} layers), got {layer}"
             )
-        text = _one_layer(target.config.get_text_config())
+        copied = min(layer + 1, layers - 1)
+        text = _one_layer(target.config.get_text_config(), copied)
         config = EDDConfig(
             target_model_type=target.config.model_type,
             text_config=text.to_dict(),
@@ -160,7 +161,7 @@ class EDDDraft(torch.nn.Module):
         draft = cls._build(target, config)
         draft.decoder.embed_tokens.load_state_dict(source.embed_tokens.state_dict())
         draft.decoder.norm.load_state_dict(source.norm.state_dict())
-        draft.decoder.layers[0].load_state_dict(source.layers[min(layer + 1, layers - 1)].state_dict())
+        draft.decoder.layers[0].load_state_dict(source.layers[copied].state_dict())
         draft.lm_head.load_state_dict(target.get_output_embeddings().state_dict())
         return draft
 
@@ -396,14 +397,19 @@ class EDDAdapter(VLMAdapter):
         yield []
 
 
-def _one_layer(text_config: Any) -> Any:
-    """A copy of ``text_config`` with one decoder layer."""
+def _one_layer(text_config: Any, index: int) -> Any:
+    """A copy of ``text_config`` with one decoder layer, of the kind of its layer ``index`` (the one it is copied
+    from): that layer's attention type (``layer_types``, ``max_window_layers``) and, in a mixture-of-experts model,
+    whether its MLP is sparse (``mlp_only_layers`` names the dense layers, ``decoder_sparse_step`` spaces the sparse
+    ones), so that the copied weights fit."""
     config = copy.deepcopy(text_config)
     config.num_hidden_layers = 1
-    for key in ("layer_types", "mlp_only_layers"):
-        value = getattr(config, key, None)
-        if isinstance(value, list) and value:
-            setattr(config, key, value[:1])
+    if isinstance(getattr(config, "layer_types", None), list) and config.layer_types:
+        config.layer_types = [config.layer_types[index]]
     if getattr(config, "max_window_layers", None) is not None:
-        config.max_window_layers = min(config.max_window_layers, 1)
+        config.max_window_layers = 0 if index >= config.max_window_layers else 1
+    if getattr(config, "mlp_only_layers", None) is not None:
+        step = getattr(config, "decoder_sparse_step", 1) or 1
+        dense = index in config.mlp_only_layers or (index + 1) % step != 0
+        config.mlp_only_layers, config.decoder_sparse_step = ([0] if dense else []), 1
     return config
