@@ -44,7 +44,7 @@ def reference_generate(
     xgrammar's processor for ``structured_outputs`` (after the reasoning, as ``pipe.reasoning_parser`` says)."""
     options = dict(do_sample=False, max_new_tokens=max_new_tokens, tokenizer=pipe.tokenizer)
     if structured_outputs is not None:
-        reasoning = reply_reasoning(pipe.reasoning_parser, pipe.tokenizer, inputs["input_ids"][0].tolist())
+        reasoning = reply_reasoning(pipe.reasoning_parser, pipe.tokenizer, inputs["input_ids"][0])
         options["logits_processor"] = [
             generate_processor(structured_outputs, pipe.tokenizer, pipe.target, reasoning)
         ]

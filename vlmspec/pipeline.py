@@ -476,7 +476,7 @@ class VLMSpecPipeline:
         else:
             inputs = self.prepare_inputs(image, prompt, video, num_frames=num_frames)
         check_length(inputs["input_ids"].shape[1], a.max_new_tokens, self._target_adapter.max_positions)
-        prompt_ids = inputs["input_ids"][0].tolist()
+        prompt_ids = inputs["input_ids"][0]  # read on the host only with a reasoning parser
         reasoning = reply_reasoning(self.reasoning_parser, self.tokenizer, prompt_ids, a.chat_template_kwargs)
         grammar = None if settings.grammar is None else settings.grammar.after(reasoning, self.tokenizer)
         draft = None

@@ -37,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from .errors import InputTypeError, InvalidInputError
 from .validation import did_you_mean
 
@@ -203,7 +205,7 @@ def _partial_tag(text: str, tag: str) -> int:
 def reply_reasoning(
     parser: ReasoningParser | None,
     tokenizer: Any,
-    prompt_ids: Sequence[int],
+    prompt_ids: Sequence[int] | torch.Tensor,
     template_kwargs: Mapping[str, Any] | None = None,
 ) -> ReasoningParser | None:
     """``parser`` when a reply to the prompt ``prompt_ids`` (made with the chat template's ``template_kwargs``) opens
@@ -211,7 +213,8 @@ def reply_reasoning(
     :class:`ReplySplitter` take."""
     if parser is None or (template_kwargs or {}).get("enable_thinking") is False:
         return None
-    prompt = tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
+    ids = prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else list(prompt_ids)  # ``[L]``
+    prompt = tokenizer.decode(ids, skip_special_tokens=False)
     return parser if parser.opens_reasoning(prompt) else None
 
 

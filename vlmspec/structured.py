@@ -319,7 +319,8 @@ class GrammarGuide:
         """A verification's ``[N+1, V]`` logits, masked: each node's with the grammar after its path (after the
         reasoning's end on it, while the reply reasons; a node still reasoning is left alone)."""
         if self.reasoning:
-            return self._masked(logits, self._after_reasoning_bitmask(tree.tokens, tree.parents))
+            bitmask = self._after_reasoning_bitmask(tree.tokens, tree.parents)
+            return logits if bitmask is None else self._masked(logits, bitmask)
         return self._masked(logits, self._tree_bitmask(tree.tokens, tree.parents))
 
     def allowed(self, tokens: torch.Tensor, parents: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
@@ -382,10 +383,11 @@ class GrammarGuide:
         host = torch.stack([tokens, parents]).cpu()
         return self._bitmask(host[0], host[1].tolist())
 
-    def _after_reasoning_bitmask(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    def _after_reasoning_bitmask(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor | None:
         """:meth:`_tree_bitmask` while the reply reasons: each node whose path ends the reasoning (its first
         ``reasoning_end``, at node ``e``) is masked as the grammar's walk of ``e``'s subtree from its start (the
-        matcher has not moved yet); the other nodes are all allowed."""
+        matcher has not moved yet); the other nodes are all allowed. ``None`` when no node ends the reasoning
+        (the usual verification of a long reasoning): nothing to mask, no ``[N+1, V]`` mask built."""
         import xgrammar
 
         token_of, parent_of = torch.stack([tokens, parents]).tolist()  # one host read
@@ -394,6 +396,8 @@ class GrammarGuide:
         for node in range(1, n):  # parents come before their children
             above = ends[parent_of[node]]
             ends[node] = above if above >= 0 else (node if token_of[node] == end else -1)
+        if max(ends) < 0:
+            return None
         bitmask = xgrammar.allocate_token_bitmask(n, self.grammar.width)  # all allowed
         for top in (node for node in range(n) if ends[node] == node):
             below = [node for node in range(n) if ends[node] == top]  # top first, in topological order
