@@ -10,6 +10,7 @@ import torch
 
 from vlmspec import VLMSpecPipeline
 from vlmspec.batching import TARGET
+from vlmspec.models import adapter_for
 from vlmspec.testbed.world import sample
 from vlmspec.testing import FAMILIES, make_image, make_video_frames, write_video
 
@@ -43,7 +44,7 @@ def _reusable(pipe: VLMSpecPipeline, held: list[int], prompt: list[int], cached:
     only the text before ``held``'s first image when it stops before an image of ``held`` ends (LLaVA-OneVision
     renders an image with fewer tokens once a second one joins it)."""
     shared = next((i for i, (a, b) in enumerate(zip(held, prompt, strict=False)) if a != b), len(held))
-    visual = {pipe.target.config.image_token_id, pipe.target.config.video_token_id}
+    visual = set(adapter_for(pipe.target).visual_token_ids())
     if sum(i in visual for i in prompt[:shared]) < sum(i in visual for i in held):
         shared = min(shared, next(i for i, token in enumerate(held) if token in visual))
     return max(min(shared, cached), 0)
@@ -52,7 +53,7 @@ def _reusable(pipe: VLMSpecPipeline, held: list[int], prompt: list[int], cached:
 def _text_before_media(pipe: VLMSpecPipeline, messages: list[dict], **options: Any) -> int:
     """How many prompt tokens of ``messages`` come before their first image or video."""
     ids = pipe.prepare_messages(messages, **options)["input_ids"][0]
-    visual = torch.tensor([pipe.target.config.image_token_id, pipe.target.config.video_token_id])
+    visual = torch.tensor(adapter_for(pipe.target).visual_token_ids())
     return int(torch.isin(ids, visual).nonzero()[0])
 
 

@@ -27,11 +27,14 @@ INPUT_KINDS = testing.INPUT_KINDS
 #  Qwen3-VL: 56x56 -> resized 64x64 -> 4x4 patches of 16 -> 4 tokens; video 2 x (4 tokens).
 #  LLaVA-OV: one image -> anyres 2x2 grid of 28px crops: 4 base + 16 + 4 newlines = 24 tokens;
 #  multi-image prompts use base features + newline = 5 tokens each; video 4 frames x 1 pooled + 1.
+#  InternVL: tiles of 28px, 4x4 patches of 7, pixel-shuffled 2x2 -> 4 tokens per tile; 56x56 -> 2x2 tiles + a
+#  thumbnail = 20 tokens; a video is 4 frames of one tile each.
 EXPECTED_VISUAL_TOKENS = {
     "qwen2_vl": {"image": 4, "two_images": 8, "video": 8, "text": 0},
     "qwen2_5_vl": {"image": 4, "two_images": 8, "video": 8, "text": 0},
     "qwen3_vl": {"image": 4, "two_images": 8, "video": 8, "text": 0},
     "llava_onevision": {"image": 24, "two_images": 10, "video": 5, "text": 0},
+    "internvl": {"image": 20, "two_images": 40, "video": 16, "text": 0},
 }
 
 
@@ -125,10 +128,9 @@ def build_inputs(processor: Any, kind: str, video_path: Path | None = None) -> A
 
 def _visual_token_count(loaded: Loaded, inputs: Any) -> int:
     config = loaded.target.config
-    image_id = getattr(config, "image_token_id", None)
-    video_id = getattr(config, "video_token_id", None)
     ids = inputs["input_ids"]
-    return int((ids == image_id).sum() + (ids == video_id).sum())
+    placeholders = {getattr(config, name, None) for name in ("image_token_id", "video_token_id")} - {None}
+    return int(torch.isin(ids, torch.tensor(sorted(placeholders))).sum())
 
 
 def _special_ids(processor: Any) -> set[int]:
@@ -218,6 +220,7 @@ def test_config_matches_tokenizer(loaded: Loaded) -> None:
         "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor"),
         "qwen3_vl": ("Qwen3VLForConditionalGeneration", "Qwen3VLProcessor"),
         "llava_onevision": ("LlavaOnevisionForConditionalGeneration", "LlavaOnevisionProcessor"),
+        "internvl": ("InternVLForConditionalGeneration", "InternVLProcessor"),
     }[family]
     assert (type(loaded.target).__name__, type(loaded.processor).__name__) == expected_class
     assert type(loaded.draft) is type(loaded.target)
@@ -231,6 +234,9 @@ def test_config_matches_tokenizer(loaded: Loaded) -> None:
         if family == "llava_onevision":
             assert (config.image_token_id, config.video_token_id) == (tok("<image>"), tok("<video>"))
             assert config.vision_feature_select_strategy == "full"
+        elif family == "internvl":
+            assert config.image_token_id == tok("<IMG_CONTEXT>") == loaded.processor.image_token_id
+            assert config.image_seq_length == loaded.processor.image_seq_length == 4
         else:
             assert config.image_token_id == tok("<|image_pad|>")
             assert config.video_token_id == tok("<|video_pad|>")
@@ -265,6 +271,10 @@ def test_chat_template_renders_family_style(loaded: Loaded) -> None:
     text = loaded.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     if family == "llava_onevision":
         assert text == "<|im_start|>user <image>\nDescribe this image.<|im_end|><|im_start|>assistant\n"
+    elif family == "internvl":
+        assert (
+            text == "<|im_start|>user\n<IMG_CONTEXT>\nDescribe this image.<|im_end|>\n<|im_start|>assistant\n"
+        )
     else:
         assert text == (
             "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe this image.<|im_end|>\n"
@@ -280,7 +290,7 @@ def test_chat_template_renders_family_style(loaded: Loaded) -> None:
 def test_generate_every_input_kind(loaded: Loaded, target_runs: dict[str, Run], kind: str) -> None:
     family = loaded.pair.family
     run = target_runs[kind]
-    if family != "llava_onevision":
+    if family not in ("llava_onevision", "internvl"):
         # Qwen processors return it by default (return_mm_token_type_ids=True class attribute).
         assert "mm_token_type_ids" in run.inputs
         assert run.inputs["mm_token_type_ids"].shape == run.inputs["input_ids"].shape

@@ -648,6 +648,8 @@ EXPECTED_PAIRS = {
     ("Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen2.5-VL-3B-Instruct"),
     ("Qwen/Qwen3-VL-32B-Instruct", "Qwen/Qwen3-VL-8B-Instruct"),
     ("Qwen/Qwen3-VL-8B-Instruct", "Qwen/Qwen3-VL-2B-Instruct"),
+    ("OpenGVLab/InternVL3-78B-hf", "OpenGVLab/InternVL3-8B-hf"),
+    ("OpenGVLab/InternVL3-8B-hf", "OpenGVLab/InternVL3-1B-hf"),
     ("testbed-mini", None),
     ("testbed-base@cpu", None),
 }
@@ -712,6 +714,8 @@ def test_family_from_name() -> None:
     assert options.family_from_name("Qwen/Qwen3-VL-8B-Instruct") == "qwen3_vl"
     assert options.family_from_name("llava-hf/llava-onevision-qwen2-7b-ov-hf") == "llava_onevision"
     assert options.family_from_name("tiny:llava_onevision") == "llava_onevision"
+    assert options.family_from_name("OpenGVLab/InternVL3_5-8B-HF") == "internvl"
+    assert options.family_from_name("tiny:internvl") == "internvl"
     assert options.family_from_name("/some/folder") is None
 
 

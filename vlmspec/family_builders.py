@@ -1,4 +1,4 @@
-"""The four VLM families' real tokenizer, processor and config classes, built small and offline.
+"""The five VLM families' real tokenizer, processor and config classes, built small and offline.
 
 One builder per piece, shared by the two model fixtures of the project: the tiny random pairs of
 :mod:`vlmspec.testing` and the trained pairs of :mod:`vlmspec.testbed`. What the two choose
@@ -7,7 +7,7 @@ family's processor and config (:class:`VisionLayout`), the tokenizer's training 
 Qwen vocabulary carries the grounding tokens.
 
 The tokenizer is a byte-level BPE (so *any* text encodes) wrapped in ``Qwen2Tokenizer``, the tokenizer
-class of all four families, with the family's special tokens and a family-style chat template.
+class of all five families, with the family's special tokens and a family-style chat template.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ __all__ = [
     "QWEN3_FAMILIES",
     "LLAVA_CHAT_TEMPLATE",
     "LLAVA_SPECIAL_TOKENS",
+    "INTERNVL_CHAT_TEMPLATE",
+    "INTERNVL_NAMED_TOKENS",
     "QWEN3_CHAT_TEMPLATE",
     "QWEN_CHAT_TEMPLATE",
     "ModelSpec",
@@ -41,7 +43,7 @@ __all__ = [
     "special_tokens",
 ]
 
-FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_onevision")
+FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_onevision", "internvl")
 """The dense families these builders know (the fixtures' test matrix)."""
 MOE_FAMILIES: tuple[str, ...] = ("qwen3_vl_moe",)
 """Mixture-of-experts families these builders know too: Qwen3-VL-30B-A3B's and -235B-A22B's architecture, the
@@ -61,6 +63,7 @@ _CLASS_NAMES = {  # family: (config, model, processor) classes of transformers
         "LlavaOnevisionForConditionalGeneration",
         "LlavaOnevisionProcessor",
     ),
+    "internvl": ("InternVLConfig", "InternVLForConditionalGeneration", "InternVLProcessor"),
 }
 _MROPE_SECTIONS = {
     16: [2, 3, 3],
@@ -87,6 +90,15 @@ _QWEN_VISION_TOKENS = (
     "<|video_pad|>",
 )
 LLAVA_SPECIAL_TOKENS = (*_CHAT_TOKENS, "<image>", "<video>")
+INTERNVL_NAMED_TOKENS = {
+    "start_image_token": "<img>",
+    "end_image_token": "</img>",
+    "context_image_token": "<IMG_CONTEXT>",
+    "video_token": "<video>",
+}
+"""InternVL's named special tokens (its tokenizer's attributes, which its processor reads): a picture is written
+``<img>`` + one ``<IMG_CONTEXT>`` per visual token + ``</img>``, a video ``<video>`` until the processor writes
+its frames so."""
 
 QWEN_CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
@@ -134,12 +146,29 @@ LLAVA_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# InternVL3/3.5's (the hub's ``-hf`` checkpoints'), without the default system prompt: each picture or video is
+# its processor's placeholder on a line of its own, before the text.
+INTERNVL_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}{{ '<IMG_CONTEXT>\\n' }}"
+    "{% elif content['type'] == 'video' %}{{ '<video>\\n' }}"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
 _CHAT_TEMPLATES = {
     "qwen2_vl": QWEN_CHAT_TEMPLATE,
     "qwen2_5_vl": QWEN_CHAT_TEMPLATE,
     "qwen3_vl": QWEN3_CHAT_TEMPLATE,
     "qwen3_vl_moe": QWEN3_CHAT_TEMPLATE,
     "llava_onevision": LLAVA_CHAT_TEMPLATE,
+    "internvl": INTERNVL_CHAT_TEMPLATE,
 }
 
 
@@ -181,8 +210,10 @@ class VisionLayout:
         patch: Side of a vision-transformer patch in pixels.
         image_pixels: Qwen families: ``(min, max)`` pixels of a resized image.
         video_pixels: Qwen families: ``(min, max)`` pixels of a resized video frame.
-        crop_side: LLaVA-OneVision: side of a crop (the SigLIP input) in pixels.
+        crop_side: LLaVA-OneVision and InternVL: side of a crop (a tile; the vision tower's input) in pixels.
         anyres_tiles: LLaVA-OneVision: tiles per axis of the anyres grid pinpoints.
+        max_tiles: InternVL: the most tiles a picture is cut into (a thumbnail of the whole picture is added when
+            it is cut into several).
     """
 
     patch: int
@@ -190,6 +221,7 @@ class VisionLayout:
     video_pixels: tuple[int, int] = (0, 0)
     crop_side: int = 0
     anyres_tiles: tuple[int, ...] = (1,)
+    max_tiles: int = 1
 
     def pinpoints(self) -> list[list[int]]:
         """LLaVA-OneVision's ``image_grid_pinpoints``: every ``tiles x tiles`` grid of crops."""
@@ -215,6 +247,8 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
     """The family's special tokens in vocabulary order (Qwen: with the grounding tokens or without)."""
     if family == "llava_onevision":
         return LLAVA_SPECIAL_TOKENS
+    if family == "internvl":
+        return (*_CHAT_TOKENS, *INTERNVL_NAMED_TOKENS.values())
     return (*_CHAT_TOKENS, *(_GROUNDING_TOKENS if grounding else ()), *_QWEN_VISION_TOKENS)
 
 
@@ -227,9 +261,14 @@ def special_token_ids(tokenizer: Qwen2Tokenizer, specials: tuple[str, ...]) -> d
 
 
 def byte_level_tokenizer(
-    lines: list[str], specials: tuple[str, ...], chat_template: str, vocab_size: int, model_max_length: int
+    lines: list[str],
+    specials: tuple[str, ...],
+    chat_template: str,
+    vocab_size: int,
+    model_max_length: int,
+    named: dict[str, str] | None = None,
 ) -> Qwen2Tokenizer:
-    """Trains a byte-level BPE on ``lines`` and wraps it in ``Qwen2Tokenizer`` (the class all four families use).
+    """Trains a byte-level BPE on ``lines`` and wraps it in ``Qwen2Tokenizer`` (the class all five families use).
 
     Args:
         lines: Training text, one line per item.
@@ -237,6 +276,8 @@ def byte_level_tokenizer(
         chat_template: The family's chat template.
         vocab_size: BPE vocabulary limit (merges stop earlier once nothing is left to merge).
         model_max_length: The tokenizer's ``model_max_length``.
+        named: Special tokens the tokenizer also names (``{attribute: token}``, e.g. InternVL's
+            ``context_image_token``), saved with it as a checkpoint's tokenizer names them.
 
     Returns:
         The tokenizer; ``eos_token`` is ``<|im_end|>`` (end of a reply), ``pad_token`` ``<|endoftext|>``.
@@ -274,6 +315,7 @@ def byte_level_tokenizer(
         pad_token="<|endoftext|>",
         model_max_length=model_max_length,
         padding_side="left",
+        model_specific_special_tokens=named,
     )
     tokenizer.add_special_tokens(
         {"extra_special_tokens": [AddedToken(t, special=True, normalized=False) for t in specials]}
@@ -295,6 +337,7 @@ def build_tokenizer(
         chat_template=_CHAT_TEMPLATES[family],
         vocab_size=vocab_size,
         model_max_length=model_max_length,
+        named=INTERNVL_NAMED_TOKENS if family == "internvl" else None,
     )
 
 
@@ -305,10 +348,23 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
     """Builds the family's real processor class around ``tokenizer`` with ``layout``'s geometry.
 
     Returns:
-        A ``Qwen2VLProcessor``, ``Qwen2_5_VLProcessor``, ``Qwen3VLProcessor`` or
-        ``LlavaOnevisionProcessor`` with the tokenizer's chat template.
+        A ``Qwen2VLProcessor``, ``Qwen2_5_VLProcessor``, ``Qwen3VLProcessor``, ``LlavaOnevisionProcessor`` or
+        ``InternVLProcessor`` with the tokenizer's chat template.
     """
     processor_cls = _transformers_class(family, 2)
+    if family == "internvl":
+        from transformers import GotOcr2ImageProcessor, InternVLVideoProcessor
+
+        side = {"height": layout.crop_side, "width": layout.crop_side}
+        return processor_cls(
+            image_processor=GotOcr2ImageProcessor(
+                size=side, crop_to_patches=True, max_patches=layout.max_tiles
+            ),
+            tokenizer=tokenizer,
+            video_processor=InternVLVideoProcessor(size=side, do_sample_frames=False),
+            image_seq_length=_internvl_tokens_per_tile(layout),
+            chat_template=tokenizer.chat_template,
+        )
     if family == "llava_onevision":
         from transformers import LlavaOnevisionImageProcessor, LlavaOnevisionVideoProcessor
 
@@ -349,6 +405,11 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
     )
 
 
+def _internvl_tokens_per_tile(layout: VisionLayout) -> int:
+    """Visual tokens of one InternVL tile: its patches, 2 x 2 of them merged into one by the pixel shuffle."""
+    return (layout.crop_side // layout.patch) ** 2 // 4
+
+
 def _pixel_range(pixels: tuple[int, int]) -> dict[str, int]:
     return {"shortest_edge": pixels[0], "longest_edge": pixels[1]}
 
@@ -375,8 +436,8 @@ def build_config(
             transformers derives it as ``hidden // heads``.
 
     Returns:
-        A ``Qwen2VLConfig``, ``Qwen2_5_VLConfig``, ``Qwen3VLConfig``, ``Qwen3VLMoeConfig`` or
-        ``LlavaOnevisionConfig``.
+        A ``Qwen2VLConfig``, ``Qwen2_5_VLConfig``, ``Qwen3VLConfig``, ``Qwen3VLMoeConfig``,
+        ``LlavaOnevisionConfig`` or ``InternVLConfig``.
     """
     tid = tokenizer.convert_tokens_to_ids
     text: dict[str, Any] = {
@@ -403,6 +464,8 @@ def build_config(
     config_cls = _transformers_class(family, 0)
     if family == "llava_onevision":
         return config_cls(**_llava_config_kwargs(spec, text, tid, layout))
+    if family == "internvl":
+        return config_cls(**_internvl_config_kwargs(spec, text, tid, layout))
     return config_cls(
         text_config={**text, "rope_parameters": _mrope(family, spec.head_dim)},
         vision_config={
@@ -448,6 +511,36 @@ def _llava_config_kwargs(
         "vision_feature_layer": -1,
         "image_grid_pinpoints": layout.pinpoints(),
         "vision_aspect_ratio": "anyres_max_9",
+        "tie_word_embeddings": False,
+    }
+
+
+def _internvl_config_kwargs(
+    spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
+) -> dict[str, Any]:
+    """``InternVLConfig``'s arguments: a Qwen2 language model behind an InternViT tower, whose patch features are
+    pixel-shuffled (2 x 2 into one) and projected (InternVL3's; InternVL3.5's language model is Qwen3)."""
+    return {
+        "text_config": {
+            **text,
+            "model_type": "qwen2",
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        "vision_config": {
+            "hidden_size": spec.vision_hidden,
+            "intermediate_size": 2 * spec.vision_hidden,
+            "num_hidden_layers": spec.vision_layers,
+            "num_attention_heads": spec.vision_heads,
+            "image_size": [layout.crop_side, layout.crop_side],
+            "patch_size": [layout.patch, layout.patch],
+            "initializer_range": _VISION_INIT_STD,
+            # InternViT scales each block's output by a learned factor, 0.1 at init; a random tower's blocks would
+            # then barely touch the patch embeddings and every picture would look alike to the language model.
+            "layer_scale_init_value": 1.0,
+        },
+        "image_token_id": tid(INTERNVL_NAMED_TOKENS["context_image_token"]),
+        "image_seq_length": _internvl_tokens_per_tile(layout),
+        "downsample_ratio": 0.5,
         "tie_word_embeddings": False,
     }
 

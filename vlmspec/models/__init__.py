@@ -8,14 +8,22 @@ import torch
 from ..errors import InvalidInputError
 from .base import DecodeState, Prefill, PromptLayout, VLMAdapter
 from .edd import EDDAdapter, EDDDraft
+from .internvl import InternVLAdapter
 from .llava import LlavaOnevisionAdapter
 from .qwen import QwenVLAdapter
 
 _ADAPTERS: dict[str, type[VLMAdapter]] = {
-    model_type: cls for cls in (QwenVLAdapter, LlavaOnevisionAdapter) for model_type in cls.model_types
+    model_type: cls
+    for cls in (QwenVLAdapter, LlavaOnevisionAdapter, InternVLAdapter)
+    for model_type in cls.model_types
 }
 
 SUPPORTED_MODEL_TYPES = tuple(sorted(_ADAPTERS))
+
+_NATIVE_VERSIONS = {
+    "internvl_chat": "OpenGVLab's InternVL checkpoints that run their own code (model_type 'internvl_chat') have "
+    "transformers-native versions: load the '-hf' one (OpenGVLab/InternVL3-8B-hf, OpenGVLab/InternVL3_5-8B-HF)",
+}
 
 
 def adapter_for(model: torch.nn.Module) -> VLMAdapter:
@@ -28,9 +36,10 @@ def adapter_for(model: torch.nn.Module) -> VLMAdapter:
         return EDDAdapter(model, _ADAPTERS[model.edd_config.target_model_type])
     model_type = getattr(model.config, "model_type", None)
     if model_type not in _ADAPTERS:
+        native = _NATIVE_VERSIONS.get(model_type)
         raise InvalidInputError(
             f"model_type {model_type!r} is not supported by vlmspec; supported families: "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}" + (f". {native}" if native else "")
         )
     return _ADAPTERS[model_type](model)
 

@@ -204,13 +204,19 @@ class VLMAdapter:
         masks: dict[str, torch.Tensor] = {}
         for modality, feats in features.items():
             values = feats.embeds.to(embeds.device, embeds.dtype)
-            given = {f"{modality}_features": values}
-            # The model's own check that placeholders and features match: [1, L, 1] bool masks.
-            image_mask, video_mask = self.model.model.get_placeholder_mask(ids, inputs_embeds=embeds, **given)
-            mask = image_mask if modality == "image" else video_mask
+            mask = self.placeholder_mask(ids, embeds, modality, values)
             embeds = embeds.masked_scatter(mask, values)
             masks[modality] = mask[..., 0]
         return {"inputs_embeds": embeds, **self.extra_prompt_inputs(masks, features)}
+
+    def placeholder_mask(
+        self, ids: torch.Tensor, embeds: torch.Tensor, modality: str, values: torch.Tensor
+    ) -> torch.Tensor:
+        """``[1, L, 1]`` bool: the placeholders of ``modality`` among ``ids``, by the model's own
+        ``get_placeholder_mask``, which checks that they match the ``[n, D]`` features ``values``."""
+        given = {f"{modality}_features": values}
+        image_mask, video_mask = self.model.model.get_placeholder_mask(ids, inputs_embeds=embeds, **given)
+        return image_mask if modality == "image" else video_mask
 
     @torch.no_grad()
     def prefill(

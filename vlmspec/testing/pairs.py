@@ -75,6 +75,8 @@ _LAYOUTS = {
     ),
     # SigLIP input side 28: 2x2 patches of 14 -> 4 tokens per crop; anyres grids of 1x1 to 2x2 crops
     "llava_onevision": VisionLayout(patch=14, crop_side=28, anyres_tiles=(1, 2)),
+    # tiles of 28: 4x4 patches of 7 -> 4 tokens per tile; a picture is cut into up to 4 tiles (plus a thumbnail)
+    "internvl": VisionLayout(patch=7, crop_side=28, max_tiles=4),
 }
 _BPE_VOCAB = 960  # byte-level BPE size before special tokens
 
@@ -305,7 +307,9 @@ def _calibrate_vision(model: PreTrainedModel, family: str, processor: ProcessorM
     """
     import torch
 
-    image_token = "<image>" if family == "llava_onevision" else "<|vision_start|><|image_pad|><|vision_end|>"
+    image_token = {"llava_onevision": "<image>", "internvl": processor.image_token}.get(
+        family, "<|vision_start|><|image_pad|><|vision_end|>"
+    )
     inputs = processor(text=[image_token + "hi"], images=[make_image(0)], return_tensors="pt")
     for linear in _vision_output_linears(model, family):
         captured: list[torch.Tensor] = []
