@@ -235,6 +235,28 @@ def test_a_mistyped_draft_or_a_target_without_processor_is_reported_before_any_w
         VLMSpecPipeline.from_pretrained(target, pair.draft)
 
 
+def test_an_unsupported_model_or_a_draft_of_another_family_is_refused_before_any_weights_load(
+    tiny_pairs, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(AutoModelForImageTextToText, "from_pretrained", _no_weights)
+    pair, other = tiny_pairs["internvl"], tiny_pairs["qwen2_vl"]
+    with pytest.raises(
+        InvalidInputError, match=r"draft model is a 'qwen2_vl' model but the target is 'internvl'"
+    ):
+        VLMSpecPipeline.from_pretrained(pair.target, other.draft)
+    remote = shutil.copytree(pair.target, tmp_path / "remote")
+    config = json.loads((remote / "config.json").read_text())
+    (remote / "config.json").write_text(json.dumps({**config, "model_type": "internvl_chat"}))
+    with pytest.raises(
+        InvalidInputError,
+        match=rf"^the target model '{re.escape(str(remote))}': model_type 'internvl_chat' is not supported .*-hf",
+    ):
+        VLMSpecPipeline.from_pretrained(remote, pair.draft)
+    (remote / "config.json").write_text('{"model_type": "internvl",')
+    with pytest.raises(InvalidInputError, match=r"^draft model folder .*: config.json is not valid JSON"):
+        VLMSpecPipeline.from_pretrained(pair.target, remote)
+
+
 def test_a_chat_template_kept_only_by_the_tokenizer_is_used_and_none_is_refused_at_load(tiny_pairs, tmp_path):
     pair = tiny_pairs["qwen2_vl"]
     target = shutil.copytree(pair.target, tmp_path / "target")

@@ -3,6 +3,7 @@ weights load, EDD drafts, calibration, and the compatibility check."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import torch
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from .errors import InputNotFoundError, InvalidInputError
-from .models import EDDDraft, adapter_for
+from .models import EDDDraft, adapter_for, check_model_type
 from .models.edd import is_edd_folder
 from .named_pairs import is_local_path, is_pipeline_folder, resolve_pair
 
@@ -97,9 +98,9 @@ def load_pair(
         )
     calibration = pair.calibration if calibration is None else calibration
     edd = draft is not None and is_edd_folder(draft)
-    check_source(target, "target", trust_remote_code)
+    target_type = check_source(target, "target", trust_remote_code)
     if draft is not None and not edd:
-        check_source(draft, "draft", trust_remote_code)
+        check_series(target_type, check_source(draft, "draft", trust_remote_code))
     processor = load_processor(target, trust_remote_code, chat_template)
     draft_tokenizer = _load_tokenizer(draft, trust_remote_code) if draft is not None and not edd else None
     load = dict(
@@ -257,12 +258,7 @@ def check_compatible(
     Raises:
         ValueError: naming what differs and what to do.
     """
-    t_type, d_type = target.config.model_type, draft.config.model_type
-    if SERIES.get(t_type, t_type) != SERIES.get(d_type, d_type):
-        raise InvalidInputError(
-            f"the draft model is a {d_type!r} model but the target is {t_type!r}; vlmspec needs a draft of the "
-            "same family (same tokenizer and visual token layout), e.g. a smaller checkpoint of the same series"
-        )
+    check_series(target.config.model_type, draft.config.model_type)
     t_rows = target.get_input_embeddings().weight.shape[0]
     d_rows = draft.get_input_embeddings().weight.shape[0]
     tokens = len(target_tokenizer) if target_tokenizer is not None else t_rows
@@ -286,6 +282,20 @@ def check_compatible(
         raise InvalidInputError(
             "the draft's tokenizer differs from the target's (different vocabulary); use a draft that shares "
             "the target's tokenizer"
+        )
+
+
+def check_series(target_type: str, draft_type: str) -> None:
+    """Refuse a draft whose ``model_type`` is of another family than the target's (:data:`SERIES` pairs the types
+    that draft for each other though they differ).
+
+    Raises:
+        InvalidInputError: naming both types and what to use instead.
+    """
+    if SERIES.get(target_type, target_type) != SERIES.get(draft_type, draft_type):
+        raise InvalidInputError(
+            f"the draft model is a {draft_type!r} model but the target is {target_type!r}; vlmspec needs a draft of "
+            "the same family (same tokenizer and visual token layout), e.g. a smaller checkpoint of the same series"
         )
 
 
@@ -322,20 +332,42 @@ def _listed(value: Any) -> Any:
     return [_listed(item) for item in value] if isinstance(value, (list, tuple)) else value
 
 
-def check_source(source: str | Path, role: str, trust_remote_code: bool = False) -> None:
+def check_source(source: str | Path, role: str, trust_remote_code: bool = False) -> str:
     """Check where a model comes from before any weights load: a local folder (:func:`check_model_folder`), or a
-    hub id whose config is fetched (a missing id or no network is reported now, naming the role and the id).
+    hub id whose config is fetched (a missing id or no network is reported now, naming the role and the id); then
+    that its config's ``model_type`` is one vlmspec takes.
+
+    Returns:
+        The config's ``model_type``.
 
     Raises:
-        FileNotFoundError, ValueError: as :func:`check_model_folder`; the hub's failure, wrapped.
+        FileNotFoundError, ValueError: as :func:`check_model_folder`; the hub's failure, wrapped; a model type no
+            adapter takes (:func:`vlmspec.models.check_model_type`).
     """
     if is_local_path(source):
         check_model_folder(source, role)
-        return
+        model_type = _folder_model_type(Path(source).expanduser(), role)
+    else:
+        try:
+            model_type = AutoConfig.from_pretrained(
+                str(source), trust_remote_code=trust_remote_code
+            ).model_type
+        except OSError as err:
+            raise _hub_error(source, role, err) from err
+    check_model_type(model_type, f"the {role} model {str(source)!r}")
+    return model_type
+
+
+def _folder_model_type(path: Path, role: str) -> str | None:
+    """The ``model_type`` the folder's ``config.json`` names (``None`` when it names none)."""
     try:
-        AutoConfig.from_pretrained(str(source), trust_remote_code=trust_remote_code)
-    except OSError as err:
-        raise _hub_error(source, role, err) from err
+        config = json.loads((path / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InvalidInputError(
+            f"{role} model folder {str(path)!r}: config.json is not valid JSON ({err}); write it again with "
+            "save_pretrained, or copy the checkpoint's own"
+        ) from None
+    return config.get("model_type") if isinstance(config, dict) else None
 
 
 def check_model_folder(source: str | Path, role: str) -> None:

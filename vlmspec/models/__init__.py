@@ -35,13 +35,23 @@ def adapter_for(model: torch.nn.Module) -> VLMAdapter:
     if isinstance(model, EDDDraft):
         return EDDAdapter(model, _ADAPTERS[model.edd_config.target_model_type])
     model_type = getattr(model.config, "model_type", None)
-    if model_type not in _ADAPTERS:
-        native = _NATIVE_VERSIONS.get(model_type)
-        raise InvalidInputError(
-            f"model_type {model_type!r} is not supported by vlmspec; supported families: "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)}" + (f". {native}" if native else "")
-        )
+    check_model_type(model_type)
     return _ADAPTERS[model_type](model)
+
+
+def check_model_type(model_type: str | None, model: str = "") -> None:
+    """Refuse a ``model_type`` no adapter takes (``model``: which model and where from, for the message).
+
+    Raises:
+        InvalidInputError: naming the model type, the supported ones and, where one exists, the checkpoint to use.
+    """
+    if model_type in _ADAPTERS:
+        return
+    native = _NATIVE_VERSIONS.get(model_type)
+    raise InvalidInputError(
+        f"{model + ': ' if model else ''}model_type {model_type!r} is not supported by vlmspec; supported families: "
+        f"{', '.join(SUPPORTED_MODEL_TYPES)}" + (f". {native}" if native else "")
+    )
 
 
 __all__ = [
@@ -53,4 +63,5 @@ __all__ = [
     "PromptLayout",
     "VLMAdapter",
     "adapter_for",
+    "check_model_type",
 ]
