@@ -5,7 +5,7 @@ InternVL's processor cuts a picture into tiles (plus a thumbnail when there are 
 frames, each an ``<img>`` block of ``<IMG_CONTEXT>`` tokens; the model reads every tile as one row of
 ``pixel_values``. The adapter's media items are those blocks: these tests give it pictures of different tile counts
 in one prompt and in a padded batch, and check each block's rows, the pruning of a video's frames as pictures, the
-refusal of inputs whose tiles do not match, and InternVL3.5's Qwen3 language model."""
+refusal of inputs whose tiles do not match, and InternVL3.5's Qwen3 language models (dense and mixture-of-experts)."""
 
 from __future__ import annotations
 
@@ -118,18 +118,26 @@ def test_remote_code_internvl_checkpoints_are_pointed_to_their_hf_versions():
         adapter_for(model)
 
 
-def test_internvl3_5_s_qwen3_language_model_is_lossless(pipe):
-    """InternVL3.5 puts a Qwen3 language model (q/k norms, explicit head width) behind the same tower."""
+MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "decoder_sparse_step": 1}
+
+
+@pytest.mark.parametrize("language_model", ["qwen3", "qwen3_moe"])
+def test_internvl3_5_s_qwen3_language_models_are_lossless(pipe, language_model):
+    """InternVL3.5 puts a Qwen3 language model (q/k norms, explicit head width) behind the same tower: dense, or
+    sparse in InternVL3_5-30B-A3B (each token routed to 2 of 4 experts here)."""
     config = pipe.target.config.to_dict()
     text = {k: v for k, v in config["text_config"].items() if k != "layer_types"}  # drawn again per depth
-    text |= {"model_type": "qwen3", "head_dim": 16}
+    text |= {"model_type": language_model, "head_dim": 16, **(MOE if language_model == "qwen3_moe" else {})}
     models = []
     for layers in (4, 2):
         torch.manual_seed(0)
         cfg = InternVLConfig(**{**config, "text_config": {**text, "num_hidden_layers": layers}})
         models.append(InternVLForConditionalGeneration(cfg).eval())
     target, draft = models
-    assert type(target.model.language_model).__name__ == "Qwen3Model"
+    assert (
+        type(target.model.language_model).__name__
+        == {"qwen3": "Qwen3Model", "qwen3_moe": "Qwen3MoeModel"}[language_model]
+    )
     target.model.vision_tower.load_state_dict(pipe.target.model.vision_tower.state_dict())
     target.model.multi_modal_projector.load_state_dict(pipe.target.model.multi_modal_projector.state_dict())
     _shape_weights(target, _special_token_ids(pipe.processor.tokenizer, "internvl"), draw_seed=7)
@@ -137,8 +145,8 @@ def test_internvl3_5_s_qwen3_language_model_is_lossless(pipe):
     for model in (target, draft):
         model.generation_config = pipe.target.generation_config
     qwen3 = VLMSpecPipeline(target, draft, pipe.processor, policy="sage")
-    images = [make_image(7, WIDE), make_image(8)]
-    inputs = qwen3.prepare_inputs(images, PROMPTS[4])
-    out = qwen3(images, PROMPTS[4], max_new_tokens=MAX_NEW)
-    assert out.token_ids == qwen3.reference_generate(inputs, MAX_NEW)
-    assert out.stats.accepted_tokens > 0
+    for images, video in (([make_image(7, WIDE), make_image(8)], None), (None, make_video_frames(4))):
+        inputs = qwen3.prepare_inputs(images, PROMPTS[4], video)
+        out = qwen3(images, PROMPTS[4], video=video, max_new_tokens=MAX_NEW)
+        assert out.token_ids == qwen3.reference_generate(inputs, MAX_NEW)
+        assert out.stats.accepted_tokens > 0
