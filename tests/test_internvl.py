@@ -14,7 +14,7 @@ import torch
 from conftest import PROMPTS
 from transformers import InternVLConfig, InternVLForConditionalGeneration
 
-from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
+from vlmspec import InvalidInputError, PrefixCache, VLMSpecPipeline, get_policy
 from vlmspec.models import adapter_for
 from vlmspec.pruning import PruningConfig
 from vlmspec.testing import make_image, make_video_frames
@@ -45,11 +45,11 @@ def test_pictures_of_different_tile_counts_are_items_of_their_own(pipe):
     adapter = adapter_for(pipe.target)
     assert _blocks(pipe, inputs) == [5, 1, 5]
     keep = torch.ones_like(inputs["input_ids"], dtype=torch.bool)
-    assert adapter.media_counts(inputs, keep) == [(3, 0)]
+    assert adapter.media_counts(inputs, keep) == [(11, 0)]  # tiles: the items the tower reads one by one
     rows = inputs["pixel_values"]
-    assert torch.equal(adapter.media_items(inputs, slice(1, 2), slice(0, 0))["pixel_values"], rows[5:6])
-    assert torch.equal(adapter.media_items(inputs, slice(1, None), slice(0, 0))["pixel_values"], rows[5:])
-    assert adapter.media_items(inputs, slice(3, None), slice(0, 0)) == {}
+    assert torch.equal(adapter.media_items(inputs, slice(5, 6), slice(0, 0))["pixel_values"], rows[5:6])
+    assert torch.equal(adapter.media_items(inputs, slice(2, None), slice(0, 0))["pixel_values"], rows[2:])
+    assert adapter.media_items(inputs, slice(11, None), slice(0, 0)) == {}
     for policy in ("chain", "sage", "eagle2"):
         pipe.policy = get_policy(policy)
         out = pipe(images, PROMPTS[1], max_new_tokens=MAX_NEW)
@@ -83,9 +83,9 @@ def test_a_padded_batch_splits_into_each_prompt_s_own_tiles(pipe):
         assert torch.equal(row["input_ids"], alone["input_ids"])
         assert torch.equal(row["pixel_values"], alone["pixel_values"])
     assert [adapter_for(pipe.target).media_counts(row, row["attention_mask"].bool()) for row in rows] == [
-        [(1, 0)],
+        [(5, 0)],
         [(4, 0)],
-        [(2, 0)],
+        [(6, 0)],
     ]
 
 
@@ -104,11 +104,36 @@ def test_a_video_s_frames_are_pruned_as_pictures(pipe):
     assert out.token_ids == pipe.reference_generate(inputs, MAX_NEW)
 
 
-def test_pixel_values_that_do_not_match_the_blocks_are_refused(pipe):
+def test_a_cached_picture_that_is_the_first_tile_of_the_next_one_gives_the_rest_of_its_tiles(pipe):
+    """The prefix cache reuses a request whose one-tile picture is the next request's first tile (a crop and the
+    wide picture it was cut from): the shared prefix ends inside the wide picture's block, after that tile, and the
+    other four tiles go through the tower."""
+    for seed in range(4):
+        wide = make_image(30 + seed, WIDE)
+        crop = wide.crop((0, 0, *SMALL))
+        pipe.prefix_cache = PrefixCache()
+        pipe.policy = get_policy("sage")
+        try:
+            pipe([crop], PROMPTS[0], max_new_tokens=8)
+            out = pipe([wide], PROMPTS[0], max_new_tokens=MAX_NEW)
+        finally:
+            pipe.prefix_cache = None
+        inputs = pipe.prepare_inputs([wide], PROMPTS[0])
+        first_placeholder = int((inputs["input_ids"][0] == pipe.target.config.image_token_id).nonzero()[0])
+        assert out.stats.cached_prompt_tokens == first_placeholder + 4, seed  # the crop's tile reused
+        assert out.token_ids == pipe.reference_generate(inputs, MAX_NEW), seed
+
+
+def test_pixel_values_that_do_not_match_the_tiles_are_refused(pipe):
     inputs = dict(pipe.prepare_inputs([make_image(1, WIDE)], PROMPTS[0]))
     inputs["pixel_values"] = inputs["pixel_values"][:-1]
-    with pytest.raises(InvalidInputError, match=r"hold 5 tiles .* pixel_values has 4"):
+    with pytest.raises(InvalidInputError, match=r"make 5 tiles of 4 but pixel_values holds 4"):
         adapter_for(pipe.target).media_items(inputs, slice(0, None), slice(0, 0))
+    ids = inputs["input_ids"][0]
+    first = int((ids == pipe.target.config.image_token_id).nonzero()[0])
+    inputs["input_ids"] = torch.cat([ids[:first], ids[first + 1 :]])[None]  # one placeholder short of its tile
+    with pytest.raises(InvalidInputError, match=r"holds 19 <IMG_CONTEXT> placeholders, not a whole number"):
+        adapter_for(pipe.target).media_counts(inputs, torch.ones_like(inputs["input_ids"], dtype=torch.bool))
 
 
 def test_remote_code_internvl_checkpoints_are_pointed_to_their_hf_versions():

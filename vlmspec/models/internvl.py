@@ -5,9 +5,11 @@ The processor cuts a picture into tiles (plus a thumbnail of the whole when ther
 ``<img>`` + ``image_seq_length`` ``<IMG_CONTEXT>`` tokens per tile + ``</img>``; a video becomes its frames, one
 tile each, written ``Frame1: <img>...</img>`` and so on. The model reads every tile as a row of ``pixel_values``
 ``[tiles, C, H, W]``, pictures' and videos' alike, in the order of the prompt: it has one placeholder and one
-kind of visual input. So does vlmspec: a prompt's media items are its ``<img>`` blocks (a picture, or one frame of
-a video), counted as images, which is how the model sees them; a video's frames are pruned with the image ratio.
-(Telling them apart would need the prompt's text; the model itself does not.)
+kind of visual input. So does vlmspec: a prompt's media items are its tiles, counted as images, which is how the
+model sees them (each tile goes through the tower on its own); a video's frames are pruned with the image ratio.
+(Telling them apart would need the prompt's text; the model itself does not.) Counting tiles, not pictures, lets
+a prompt reuse the cache of one whose picture was its own picture's first tile (:mod:`vlmspec.prefix_cache`):
+the prefix they share ends after that tile, and the rest of the picture's tiles are sent to the tower.
 
 Pruned/scored prefills (see :mod:`vlmspec.models.base`) take the visual features from the model's own
 ``get_image_features`` (the config's vision-feature layer and strategy apply, as in ``forward``). Positions are
@@ -27,12 +29,11 @@ from .data import PromptLayout
 
 class InternVLAdapter(VLMAdapter):
     model_types = ("internvl",)
-    layout_fields = (  # tiles of image_size pixels, patch_size patches each, shuffled into image_seq_length tokens
+    layout_fields = (  # tiles of image_size pixels, patch_size patches each, shuffled into fewer tokens
         "vision_config.image_size",
         "vision_config.patch_size",
         "vision_config.num_channels",
         "downsample_ratio",
-        "image_seq_length",
         "vision_feature_select_strategy",
     )
 
@@ -56,33 +57,42 @@ class InternVLAdapter(VLMAdapter):
         return self.model.model.get_placeholder_mask(ids, inputs_embeds=embeds, image_features=values)
 
     def media_items(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
-        """The tiles of the ``<img>`` blocks ``images`` (``videos`` selects nothing: a video is its frames' blocks)."""
+        """The rows of the tiles ``images`` (``videos`` selects nothing: a video is its frames' tiles)."""
         pixels = inputs.get("pixel_values")
         if pixels is None:
             return {}
-        ids = inputs["input_ids"]
-        tiles = [n for row in range(ids.shape[0]) for n in self._block_tiles(ids[row])]
-        if sum(tiles) != pixels.shape[0]:
+        tiles = sum(self._tiles(row) for row in inputs["input_ids"])
+        if tiles != pixels.shape[0]:
             raise InvalidInputError(
-                f"the prompts' <img> blocks hold {sum(tiles)} tiles of {self.config.image_seq_length} placeholders "
-                f"but pixel_values has {pixels.shape[0]}; build the inputs with the model's processor"
+                f"the prompts' <IMG_CONTEXT> placeholders make {tiles} tiles of {self.tokens_per_tile} but "
+                f"pixel_values holds {pixels.shape[0]}; build the inputs with the model's processor"
             )
-        starts = [0, *torch.tensor(tiles, dtype=torch.long).cumsum(0).tolist()]
-        first, last = range(len(tiles))[images].start, range(len(tiles))[images].stop
-        if first >= last:
-            return {}
-        return {"pixel_values": pixels[starts[first] : starts[last]]}
+        return {"pixel_values": pixels[images]} if range(tiles)[images] else {}
 
     def media_counts(self, inputs: dict[str, Any], keep: torch.Tensor) -> list[tuple[int, int]]:
-        """Each row's ``<img>`` blocks (pictures and video frames), as images."""
+        """Each row's tiles (of pictures and video frames), as images."""
         ids = inputs["input_ids"]
-        return [(len(self._block_tiles(ids[row][keep[row]])), 0) for row in range(ids.shape[0])]
+        return [(self._tiles(ids[row][keep[row]]), 0) for row in range(ids.shape[0])]
 
-    def _block_tiles(self, ids: torch.Tensor) -> list[int]:
-        """Tiles of each ``<img>`` block of one row of ``[L]`` ids: its runs of placeholders, in order."""
-        visual = (ids == self.config.image_token_id).long()  # [L]
-        edges = torch.diff(
-            visual, prepend=visual.new_zeros(1), append=visual.new_zeros(1)
-        )  # +1 start, -1 end
-        lengths = edges.eq(-1).nonzero().flatten() - edges.eq(1).nonzero().flatten()  # [blocks]
-        return (lengths // self.config.image_seq_length).tolist()
+    @property
+    def tokens_per_tile(self) -> int:
+        """Placeholders per tile, as the model makes them: the tower's patches, shuffled ``downsample_ratio`` per
+        side (a 448-pixel tile of 14-pixel patches: 1024 patches, 256 tokens)."""
+        vision = self.config.vision_config
+        side, patch = (_pair(getattr(vision, name)) for name in ("image_size", "patch_size"))
+        patches = (side[0] // patch[0]) * (side[1] // patch[1])
+        return round(patches * self.config.downsample_ratio**2)
+
+    def _tiles(self, ids: torch.Tensor) -> int:
+        """Tiles of one row of ``[L]`` ids, ``tokens_per_tile`` placeholders each."""
+        placeholders = int((ids == self.config.image_token_id).sum())
+        if placeholders % self.tokens_per_tile:
+            raise InvalidInputError(
+                f"a prompt holds {placeholders} <IMG_CONTEXT> placeholders, not a whole number of tiles of "
+                f"{self.tokens_per_tile}; write pictures and videos in the prompt as the model's processor does"
+            )
+        return placeholders // self.tokens_per_tile
+
+
+def _pair(value: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else (value[0], value[1])
