@@ -225,7 +225,7 @@ def test_user_errors_are_the_library_s_own_and_the_builtin_ones():
         (
             {"max_tokens": 4},
             InputTypeError,
-            r"pipe\(...\) does not take max_tokens: it takes image, prompt, video, max_new_tokens, .*eos_token_id, output_scores, structured_outputs, tools, chat_template_kwargs; "
+            r"pipe\(...\) does not take max_tokens: it takes image, prompt, video, max_new_tokens, .*eos_token_id, output_scores, structured_outputs, tools, chat_template_kwargs, mm_processor_kwargs; "
             r"did you mean 'max_new_tokens'\?$",
         ),
     ],

@@ -131,7 +131,9 @@ def test_pixel_values_that_do_not_match_the_tiles_are_refused(pipe):
         adapter_for(pipe.target).media_items(inputs, slice(0, None), slice(0, 0))
     ids = inputs["input_ids"][0]
     first = int((ids == pipe.target.config.image_token_id).nonzero()[0])
-    inputs["input_ids"] = torch.cat([ids[:first], ids[first + 1 :]])[None]  # one placeholder short of its tile
+    inputs["input_ids"] = torch.cat([ids[:first], ids[first + 1 :]])[
+        None
+    ]  # one placeholder short of its tile
     with pytest.raises(InvalidInputError, match=r"holds 19 <IMG_CONTEXT> placeholders, not a whole number"):
         adapter_for(pipe.target).media_counts(inputs, torch.ones_like(inputs["input_ids"], dtype=torch.bool))
 

@@ -280,6 +280,7 @@ def test_generate_options_are_the_calls_generation_options():
         "num_frames",
         "tools",
         "chat_template_kwargs",
+        "mm_processor_kwargs",
     }
     returned = {"output_scores"}  # what pipe.generate returns (its output_scores/output_logits settings)
     openai = {

@@ -191,12 +191,13 @@ def encode_chat(
     min_video_frames: int = 1,
     tools: list[dict] | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
+    settings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Processor inputs (batch 1) of ``chat`` (:func:`normalize_messages`' messages, media, and ``tools`` and
     ``template_kwargs`` for the template, checked here: :func:`check_tools`, :func:`check_template_kwargs`): what
     ``processor.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
     add_generation_prompt=True, **template_kwargs)`` gives for the same media; videos padded to
-    ``min_video_frames``."""
+    ``min_video_frames``; the processor run with ``settings`` (checked: :mod:`vlmspec.processor_settings`)."""
     tools, variables = check_tools(tools), check_template_kwargs(template_kwargs)
     used = template_variables(processor)
     variables = {name: value for name, value in variables.items() if used is None or name in used}
@@ -219,4 +220,4 @@ def encode_chat(
         kwargs["videos"] = [frames for frames, _ in videos]
         kwargs["video_metadata"] = [metadata for _, metadata in videos]
         kwargs["do_sample_frames"] = False  # frames are already sampled
-    return run_processor(processor, kwargs)
+    return run_processor(processor, {**kwargs, **(settings or {})}, settings)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from PIL import Image, ImageOps, UnidentifiedImageError
 from transformers.video_utils import VideoMetadata
 
@@ -362,17 +363,24 @@ def undecodable_video(path: str | Path, error: Exception) -> InvalidInputError:
     )
 
 
-def run_processor(processor: Any, kwargs: dict[str, Any]) -> Any:
+def run_processor(processor: Any, kwargs: dict[str, Any], settings: Mapping[str, Any] | None = None) -> Any:
     """``processor(**kwargs)`` for one prompt (text, images, videos, ...), a refusal of its media named as one.
 
     Raises:
         InvalidInputError: the processor refused the images or videos (an aspect ratio beyond what the image
             processor takes; videos of different lengths where it stacks a prompt's videos into one tensor, as
-            LLaVA-OneVision's does).
+            LLaVA-OneVision's does), or failed under the request's processor ``settings`` (named with them).
     """
     try:
         return processor(**kwargs)
-    except ValueError as err:
+    except (ValueError, TypeError, ArithmeticError, KeyError, StrictDataclassError) as err:
+        if settings:
+            raise InvalidInputError(
+                f"the target's processor failed under mm_processor_kwargs={dict(settings)!r:.120}: "
+                f"{type(err).__name__}: {err}; check the settings' values"
+            ) from err
+        if not isinstance(err, ValueError):
+            raise
         lengths = sorted({len(frames) for frames in kwargs.get("videos", [])})
         if len(lengths) > 1:
             raise InvalidInputError(

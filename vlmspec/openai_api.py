@@ -34,6 +34,8 @@ What a request may hold, and what it becomes:
   reasoning parser (``--reasoning-parser``), a reply's reasoning comes apart from its content (``reasoning_content``,
   and vLLM's newer ``reasoning``; vLLM's ``include_reasoning: false`` leaves it out), and an assistant turn's ``reasoning_content`` (or ``reasoning``) goes to the
   template (:mod:`vlmspec.reasoning`).
+* vLLM's ``mm_processor_kwargs`` (``{"max_pixels": 401408}``): the processor's settings for this request's
+  pictures and videos, over the server's (``--mm-processor-kwargs``) (:mod:`vlmspec.processor_settings`).
 * ``n``: that many replies (whole replies only), decoding together; sampled ones each their own draw (``seed + i``
   with a ``seed``), a greedy one decoded once and given ``n`` times (greedy replies are all the same).
 
@@ -193,6 +195,8 @@ def chat_request(
         if variables or given is not None:  # checked by the pipeline (a 400 naming chat_template_kwargs)
             request.kwargs["chat_template_kwargs"] = variables
         request.include_reasoning = body.get("include_reasoning") is None or _flag(body, "include_reasoning")
+        if body.get("mm_processor_kwargs") is not None:  # checked by the pipeline (a 400 naming the field)
+            request.kwargs["mm_processor_kwargs"] = body["mm_processor_kwargs"]
     except BaseException:
         request.cleanup()
         raise
@@ -215,6 +219,7 @@ _KNOWN = {
 _KNOWN |= {"stop", "stream", "stream_options", "repetition_penalty", "min_tokens", "logprobs", "top_logprobs"}
 _KNOWN |= {"presence_penalty", "frequency_penalty", "logit_bias", "response_format", "structured_outputs"}
 _KNOWN |= {"tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "include_reasoning"}
+_KNOWN |= {"mm_processor_kwargs"}
 GUIDED_FIELDS = {
     "guided_json": "json",
     "guided_regex": "regex",
@@ -244,6 +249,7 @@ REQUEST_FIELDS = {
     "top_k": "top_k",
     "seed": "seed",
     "chat_template_kwargs": "chat_template_kwargs",
+    "mm_processor_kwargs": "mm_processor_kwargs",
     "image": "messages",
     "video": "messages",
     "prompt": "messages",

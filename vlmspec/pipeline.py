@@ -23,7 +23,6 @@ import torch
 from . import hf_compat
 from .batching import DRAFT_FIRST, TARGET, Batcher, RowAdapter
 from .chat import Chat
-from .conversations import encode_chat, normalize_messages
 from .costs import BudgetFactor, ForwardCosts
 from .draft import draft_vocab
 from .engine import DraftPrompt, SpecOutput, speculative_generate
@@ -33,8 +32,6 @@ from .inputs import (
     VideoInput,
     check_num_frames,
     check_prompt_inputs,
-    load_images,
-    load_video,
     on_device,
 )
 from .kernels import onednn_linears
@@ -45,6 +42,7 @@ from .named_pairs import is_pipeline_folder
 from .policies import TreePolicy, available_policies, get_policy, policy_with
 from .prefix_cache import PrefixCache
 from .probe import cached_costs
+from .prompting import PromptBuilder
 from .pruning import PruningConfig, pruning_config
 from .reasoning import ParserAttribute, reply_reasoning, split_reply
 from .requests import (
@@ -66,7 +64,7 @@ from .structured import StructuredOutputs
 DEFAULT_POLICY = "sage"
 
 
-class VLMSpecPipeline:
+class VLMSpecPipeline(PromptBuilder):
     """Speculative decoding for a target/draft VLM pair.
 
     Args:
@@ -99,6 +97,8 @@ class VLMSpecPipeline:
         reasoning_parser: how a thinking model marks its reasoning (:mod:`vlmspec.reasoning`; a name such as
             ``"qwen3"``, or ``None``, default): replies are split into ``out.reasoning`` and ``out.content``, and a
             structure (``structured_outputs``) applies after the reasoning.
+        mm_processor_kwargs: the processor's settings every request starts from (vLLM's name;
+            :mod:`vlmspec.processor_settings`: ``{"max_pixels": 401408}``); a request's own win. ``{}`` by default.
 
     Raises:
         ValueError: the draft's family or vocabulary differs from the target's, or the policy is unknown
@@ -233,46 +233,6 @@ class VLMSpecPipeline:
         (:mod:`vlmspec.saving`), for :meth:`from_pretrained` (or any entry point's ``--target``) to load back."""
         return save_pipeline(self, folder)
 
-    # ---- inputs -------------------------------------------------------------------------------------------------
-    def prepare_inputs(
-        self,
-        image: ImageInput | Sequence[ImageInput] | None,
-        prompt: str,
-        video: VideoInput | None = None,
-        num_frames: int = 8,
-    ) -> dict[str, torch.Tensor]:
-        """Processor inputs (batch 1) for a chat turn with the images/video and the prompt.
-
-        The same inputs are what ``target.generate(**inputs)`` takes, which is how the tests compare outputs.
-        """
-        if not isinstance(prompt, str):
-            raise InputTypeError(f"prompt must be a string, got {type(prompt).__name__}")
-        images = load_images(image)
-        videos = [load_video(video, num_frames=num_frames)] if video is not None else []
-        content: list[dict[str, Any]] = [{"type": "image"} for _ in images]
-        content += [{"type": "video"} for _ in videos]
-        content.append({"type": "text", "text": prompt})
-        return self._encode([{"role": "user", "content": content}], images, videos)
-
-    def prepare_messages(
-        self,
-        messages: Sequence[dict],
-        num_frames: int = 8,
-        tools: Sequence[dict] | None = None,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-    ) -> dict[str, torch.Tensor]:
-        """Processor inputs (batch 1) for a conversation in transformers' chat format (see
-        :func:`vlmspec.conversations.normalize_messages`): system, user and assistant turns, images and videos in any
-        turn. The same inputs as ``processor.apply_chat_template(messages, tokenize=True, return_dict=True,
-        add_generation_prompt=True, tools=tools, **chat_template_kwargs)`` gives for the same media."""
-        chat, images, videos = normalize_messages(messages, num_frames=num_frames)
-        return self._encode(chat, images, videos, tools, chat_template_kwargs)
-
-    def _encode(self, chat: list, images: list, videos: list, tools: Any = None, kwargs: Any = None) -> dict:
-        least = self._target_adapter.min_video_frames
-        inputs = encode_chat(self.processor, chat, images, videos, least, tools, kwargs)
-        return on_device(inputs, self._target_adapter.device)
-
     def default_batch_size(self) -> int:
         """The batch size throughput jobs use when none is given: from :attr:`costs`, the smallest batch whose
         expected throughput with :attr:`policy` reaches 90% of the best (:meth:`ForwardCosts.batch_size`)."""
@@ -320,6 +280,7 @@ class VLMSpecPipeline:
         structured_outputs: StructuredOutputs | Mapping[str, Any] | None = None,
         tools: Sequence[dict] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        mm_processor_kwargs: Mapping[str, Any] | None = None,
         **unknown: Any,
     ) -> SpecOutput:
         """Generate a reply to ``prompt`` about ``image`` (and/or ``video``), or to a conversation (``messages``).
@@ -361,6 +322,8 @@ class VLMSpecPipeline:
             tools: with ``messages``: function specs the chat template renders (``apply_chat_template(tools=...)``).
             chat_template_kwargs: with ``messages``: the chat template's variables (Qwen3's ``{"enable_thinking":
                 False}``), as ``apply_chat_template(**chat_template_kwargs)`` takes them.
+            mm_processor_kwargs: the processor's settings for this request's pictures and videos, over
+                :attr:`mm_processor_kwargs` (``{"max_pixels": 401408}``; :mod:`vlmspec.processor_settings`).
             **unknown: none is taken: a keyword argument not listed here is refused by name, with the nearest
                 valid name (``max_tokens``: did you mean ``max_new_tokens``?).
 
@@ -465,16 +428,22 @@ class VLMSpecPipeline:
         if a.inputs is not None:
             if a.messages is not None or prompt is not None or image is not None or video is not None:
                 raise InvalidInputError("give either inputs or messages or image/prompt/video, not several")
+            if a.mm_processor_kwargs is not None:
+                raise InvalidInputError(
+                    "mm_processor_kwargs are for the processor: inputs= were processed already"
+                )
             checked = check_prompt_inputs(a.inputs, self._vocab_size(), hf_compat.model_inputs(self.target))
             inputs = on_device(checked, self._target_adapter.device)
         elif a.messages is not None:
             if prompt is not None or image is not None or video is not None:
                 raise InvalidInputError("give either messages or image/prompt/video, not both")
-            inputs = self.prepare_messages(a.messages, num_frames, a.tools, a.chat_template_kwargs)
+            inputs = self.prepare_messages(
+                a.messages, num_frames, a.tools, a.chat_template_kwargs, a.mm_processor_kwargs
+            )
         elif prompt is None:
             raise InputTypeError("pipe(...) needs a prompt (pipe(image, prompt)) or messages=[...]")
         else:
-            inputs = self.prepare_inputs(image, prompt, video, num_frames=num_frames)
+            inputs = self.prepare_inputs(image, prompt, video, num_frames, a.mm_processor_kwargs)
         check_length(inputs["input_ids"].shape[1], a.max_new_tokens, self._target_adapter.max_positions)
         prompt_ids = inputs["input_ids"][0]  # read on the host only with a reasoning parser
         reasoning = reply_reasoning(self.reasoning_parser, self.tokenizer, prompt_ids, a.chat_template_kwargs)

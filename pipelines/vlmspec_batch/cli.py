@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 from vlmspec_caption.store import ResultWriter
 
-from vlmspec.cli import add_server_flags, build_server
 from vlmspec.errors import VLMSpecError
+from vlmspec.serve_cli import add_server_flags, build_server
 
 from .run import PROG, pending, read_requests, run_batch
 

@@ -165,7 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     job's own (:data:`vlmspec.cli.USER_ERRORS`) prints one line and exits 1, unless ``--debug`` or
     ``VLMSPEC_DEBUG=1`` asks for its traceback.
     """
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:  # before the job started: nothing written, nothing to resume
+        print(f"\n{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     debug = args.debug or bool(os.environ.get(DEBUG_ENV))
     try:
         return run_args(args)

@@ -1,0 +1,167 @@
+"""Processor settings per request (vLLM's ``mm_processor_kwargs``): a request's pictures and videos laid out as it
+asks (fewer pixels, fewer visual tokens), the reply still the target's own ``generate()`` on the same inputs, and
+every setting the processor cannot take, or that vlmspec sets itself, refused by name."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import pytest
+import torch
+from conftest import PROMPTS
+from test_serving import user_turn
+
+from vlmspec import InvalidInputError, VLMSpecPipeline
+from vlmspec.cli import main
+from vlmspec.errors import InputTypeError
+from vlmspec.openai_api import APIError
+from vlmspec.serving import SpecServer
+from vlmspec.testing import make_image, make_video_frames
+
+PICTURE = make_image(3, (224, 224))
+SMALL = {"size": {"shortest_edge": 56 * 56, "longest_edge": 56 * 56}}  # Qwen2-VL: 4 visual tokens
+MAX_NEW = 24
+
+
+def picture_uri() -> str:
+    buffer = io.BytesIO()
+    PICTURE.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def qwen(tiny_pairs):
+    pair = tiny_pairs["qwen2_vl"]
+    return VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
+
+
+def test_a_request_s_settings_lay_out_its_picture_and_the_reply_is_generate_s_on_those_inputs(qwen):
+    full = qwen(PICTURE, PROMPTS[0], max_new_tokens=MAX_NEW)
+    small = qwen(PICTURE, PROMPTS[0], max_new_tokens=MAX_NEW, mm_processor_kwargs=SMALL)
+    assert (full.stats.target_visual_tokens, small.stats.target_visual_tokens) == (
+        16,
+        4,
+    )  # the fixture's max: 112^2
+    inputs = qwen.prepare_inputs(PICTURE, PROMPTS[0], mm_processor_kwargs=SMALL)
+    assert small.token_ids == qwen.reference_generate(inputs, MAX_NEW)
+    messages = [
+        {"role": "user", "content": [{"type": "image", "image": PICTURE}, {"type": "text", "text": "Hi"}]}
+    ]
+    chat = qwen(messages=messages, max_new_tokens=MAX_NEW, mm_processor_kwargs={"max_pixels": 56 * 56})
+    assert chat.stats.target_visual_tokens == 4
+    video = make_video_frames(2)
+    clip = qwen(None, PROMPTS[1], video=video, max_new_tokens=MAX_NEW, mm_processor_kwargs=SMALL)
+    inputs = qwen.prepare_inputs(None, PROMPTS[1], video, mm_processor_kwargs=SMALL)
+    assert clip.token_ids == qwen.reference_generate(inputs, MAX_NEW)
+
+
+def test_the_pipeline_s_settings_are_every_request_s_and_a_request_s_own_win(qwen):
+    qwen.mm_processor_kwargs = SMALL
+    try:
+        assert qwen.prepare_inputs(PICTURE, PROMPTS[0])["image_grid_thw"].tolist() == [[1, 4, 4]]
+        bigger = {"size": {"shortest_edge": 112 * 112, "longest_edge": 112 * 112}}
+        out = qwen(PICTURE, PROMPTS[0], max_new_tokens=4, mm_processor_kwargs=bigger)
+        assert out.stats.target_visual_tokens == 16
+        outs = qwen.batch([{"image": PICTURE, "prompt": p, "max_new_tokens": 4} for p in PROMPTS[:2]], 2)
+        assert [o.stats.target_visual_tokens for o in outs] == [4, 4]
+    finally:
+        qwen.mm_processor_kwargs = None
+    assert qwen.mm_processor_kwargs == {}
+
+
+def test_internvl_takes_its_own_settings(tiny_pairs):
+    pair = tiny_pairs["internvl"]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain", torch_dtype=torch.float32)
+    out = pipe(PICTURE, PROMPTS[2], max_new_tokens=MAX_NEW, mm_processor_kwargs={"max_patches": 1})
+    assert out.stats.target_visual_tokens == 4  # one tile, no thumbnail
+    inputs = pipe.prepare_inputs(PICTURE, PROMPTS[2], mm_processor_kwargs={"max_patches": 1})
+    assert out.token_ids == pipe.reference_generate(inputs, MAX_NEW)
+    with pytest.raises(
+        InvalidInputError, match=r"sets max_pixels, which the target's processor does not take.*"
+    ):
+        pipe(PICTURE, PROMPTS[2], mm_processor_kwargs={"max_pixels": 3136})
+
+
+@pytest.mark.parametrize(
+    "settings, error, said",
+    [
+        ({"max_patches": 1}, InvalidInputError, r"sets max_patches, which the target's processor does not take; "
+         r"it takes .*max_pixels"),
+        ({"patch_size": 16}, InvalidInputError, r"sets patch_size, which the model's config fixes"),
+        ({"num_frames": 4}, InvalidInputError, r"vlmspec samples a video's frames itself: give num_frames"),
+        ({"return_tensors": "np"}, InvalidInputError, r"sets return_tensors, which the call sets itself"),
+        ([("max_pixels", 3136)], InputTypeError, r"use a dict of the processor's settings"),
+        ({"max_pixels": "many"}, InvalidInputError, r"processor failed under mm_processor_kwargs=\{'max_pixels'"),
+    ],
+)  # fmt: skip
+def test_settings_the_processor_cannot_take_are_refused_by_name(qwen, settings, error, said):
+    with pytest.raises(error, match=said):
+        qwen(PICTURE, PROMPTS[0], max_new_tokens=2, mm_processor_kwargs=settings)
+
+
+def test_processed_inputs_and_a_pipeline_wide_setting_are_refused_as_such(qwen):
+    inputs = qwen.prepare_inputs(PICTURE, PROMPTS[0])
+    with pytest.raises(InvalidInputError, match="inputs= were processed already"):
+        qwen(inputs=inputs, mm_processor_kwargs=SMALL)
+    with pytest.raises(
+        InvalidInputError, match=r"^pipe.mm_processor_kwargs sets foo, which the target's processor"
+    ):
+        qwen.mm_processor_kwargs = {"foo": 1}
+    assert qwen.mm_processor_kwargs == {}
+
+
+def test_the_server_takes_a_request_s_settings_over_its_own(qwen):
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": PICTURE}, {"type": "text", "text": PROMPTS[0]}],
+        }
+    ]
+    with SpecServer(qwen, "tiny", port=None, batch_size=2, max_tokens=MAX_NEW) as server:
+        qwen.mm_processor_kwargs = SMALL
+        try:
+            for settings, tokens in ((None, 4), ({"max_pixels": 112 * 112}, 16)):
+                body = {
+                    "messages": user_turn(picture_uri()),
+                    **({"mm_processor_kwargs": settings} if settings else {}),
+                }
+                reply = server.complete(server.chat_request(body))
+                expected = qwen(messages=messages, max_new_tokens=MAX_NEW, mm_processor_kwargs=settings)
+                assert reply["choices"][0]["message"]["content"] == expected.text
+                assert (reply["usage"]["prompt_tokens"], expected.stats.target_visual_tokens) == (
+                    expected.stats.prompt_tokens,
+                    tokens,
+                )
+            bad = {"messages": user_turn(picture_uri()), "mm_processor_kwargs": {"x": 1}}
+            with pytest.raises(APIError) as refused:
+                server.complete(server.chat_request(bad))
+        finally:
+            qwen.mm_processor_kwargs = None
+    assert refused.value.status == 400 and refused.value.body()["error"]["param"] == "mm_processor_kwargs"
+
+
+def test_the_batch_job_s_flag_sets_every_request_s_settings_and_a_bad_one_is_named(
+    tiny_pairs, tmp_path, capsys
+):
+    pair = tiny_pairs["qwen2_vl"]
+    line = {"custom_id": "q", "method": "POST", "url": "/v1/chat/completions"}
+    line["body"] = {"messages": user_turn(picture_uri()), "max_tokens": 4}
+    requests = tmp_path / "in.jsonl"
+    requests.write_text(json.dumps(line) + "\n")
+    common = ["batch", str(requests), "--target", str(pair.target), "--draft", str(pair.draft)]
+    assert (
+        main([*common, "--out", str(tmp_path / "a.jsonl"), "--mm-processor-kwargs", json.dumps(SMALL)]) == 0
+    )
+    usage = json.loads((tmp_path / "a.jsonl").read_text())["response"]["body"]["usage"]
+    assert main([*common, "--out", str(tmp_path / "b.jsonl")]) == 0
+    assert (
+        usage["prompt_tokens"]
+        < json.loads((tmp_path / "b.jsonl").read_text())["response"]["body"]["usage"]["prompt_tokens"]
+    )
+    capsys.readouterr()
+    assert (
+        main([*common, "--out", str(tmp_path / "c.jsonl"), "--mm-processor-kwargs", '{"num_frames": 2}']) == 1
+    )
+    assert "error: --mm-processor-kwargs sets num_frames, but vlmspec samples" in capsys.readouterr().err

@@ -1,0 +1,92 @@
+"""How the target's processor lays out a request's pictures and videos, set per request: vLLM's
+``mm_processor_kwargs`` (``pipe(..., mm_processor_kwargs={"max_pixels": 401408})``; ``pipe.mm_processor_kwargs`` for
+every request; ``vlmspec serve --mm-processor-kwargs``).
+
+They are the image and video processors' own call-time settings: Qwen's ``min_pixels`` / ``max_pixels`` (or
+``size``), InternVL's ``max_patches`` and ``crop_to_patches``, ``do_resize``, ``image_mean``, ... Fewer pixels, fewer
+visual tokens: a request trades detail for speed. Speculative decoding is unchanged by them (the draft reads the
+target's processor outputs, whatever they are), and greedy output stays what ``generate()`` gives on the same
+inputs.
+
+Three kinds of setting are refused, each by name: those the model's config fixes (patch and merge sizes, tokens per
+tile, anyres pinpoints: another value would not match the model's weights), the frame sampling (vlmspec samples a
+video's frames itself: ``num_frames``), and the output's form (tensors, channels first), which the call sets. A
+setting the processor does not know is refused too, where transformers would log it and go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import InputTypeError, InvalidInputError
+
+FIELD = "mm_processor_kwargs"
+FIXED_BY_MODEL = frozenset(
+    {"patch_size", "merge_size", "temporal_patch_size", "image_seq_length", "image_grid_pinpoints"}
+)
+FRAME_SAMPLING = frozenset(
+    {"do_sample_frames", "num_frames", "fps", "min_frames", "max_frames", "video_metadata", "return_metadata"}
+)
+OUTPUT_FORM = frozenset({"return_tensors", "data_format", "input_data_format"})
+
+
+def processor_settings(processor: Any) -> frozenset[str] | None:
+    """The settings ``processor``'s image and video processors take at call time (``None`` when it does not say),
+    as transformers' ``ProcessorMixin`` reads them: its ``*_kwargs`` declarations and each sub-processor's own."""
+    declared = getattr(processor, "valid_processor_kwargs", None)
+    if declared is None:
+        return None
+    names: set[str] = set()
+    for modality, part in (("images_kwargs", "image_processor"), ("videos_kwargs", "video_processor")):
+        names |= set(getattr(declared.__annotations__.get(modality), "__annotations__", {}))
+        names |= set(
+            getattr(getattr(getattr(processor, part, None), "valid_kwargs", None), "__annotations__", {})
+        )
+    return frozenset(names)
+
+
+def check_processor_kwargs(processor: Any, settings: Any, name: str = FIELD) -> dict[str, Any]:
+    """``settings`` as a dict of ``processor``'s settings, checked; ``{}`` for ``None``.
+
+    Raises:
+        InputTypeError: not a dict of string keys.
+        InvalidInputError: a key the processor does not take, or one of the three kinds this module refuses.
+    """
+    if settings is None:
+        return {}
+    if not isinstance(settings, Mapping) or not all(isinstance(key, str) for key in settings):
+        raise InputTypeError(
+            f'{name}={settings!r:.60} is invalid: use a dict of the processor\'s settings ({{"max_pixels": 401408}})'
+        )
+    for key in settings:
+        if key in FIXED_BY_MODEL:
+            raise InvalidInputError(f"{name} sets {key}, which the model's config fixes: leave it out")
+        if key in FRAME_SAMPLING:
+            raise InvalidInputError(
+                f"{name} sets {key}, but vlmspec samples a video's frames itself: give num_frames instead"
+            )
+        if key in OUTPUT_FORM:
+            raise InvalidInputError(f"{name} sets {key}, which the call sets itself: leave it out")
+    known = processor_settings(processor)
+    if known is not None and (unknown := sorted(set(settings) - known)):
+        allowed = sorted(known - FIXED_BY_MODEL - FRAME_SAMPLING - OUTPUT_FORM)
+        raise InvalidInputError(
+            f"{name} sets {', '.join(unknown)}, which the target's processor does not take; it takes "
+            f"{', '.join(allowed)}"
+        )
+    return dict(settings)
+
+
+class ProcessorSettingsAttribute:
+    """``pipe.mm_processor_kwargs``: settings every request of the pipeline starts from (a request's own win),
+    checked against the pipeline's processor when set; ``{}`` (none) by default."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = f"_{name}"
+
+    def __get__(self, pipe: Any, owner: type | None = None) -> Any:
+        return self if pipe is None else getattr(pipe, self.slot, {})
+
+    def __set__(self, pipe: Any, settings: Any) -> None:
+        setattr(pipe, self.slot, check_processor_kwargs(pipe.processor, settings, "pipe.mm_processor_kwargs"))
