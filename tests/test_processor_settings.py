@@ -165,3 +165,21 @@ def test_the_batch_job_s_flag_sets_every_request_s_settings_and_a_bad_one_is_nam
         main([*common, "--out", str(tmp_path / "c.jsonl"), "--mm-processor-kwargs", '{"num_frames": 2}']) == 1
     )
     assert "error: --mm-processor-kwargs sets num_frames, but vlmspec samples" in capsys.readouterr().err
+
+
+def test_the_lmms_eval_model_takes_the_settings_from_its_model_args(tiny_pairs):
+    """``mm_processor_kwargs={...}`` in ``--model_args`` (a JSON object: one setting, since lmms-eval splits the
+    arguments at commas; a pair config's YAML takes any), set on the pipeline and checked against its processor."""
+    from vlmspec_eval.lmms import options
+    from vlmspec_eval.lmms.model import VLMSpec
+
+    pair = tiny_pairs["qwen2_vl"]
+    parsed = options.parse_model_args({"target": "tiny", "mm_processor_kwargs": '{"max_pixels": 3136}'})
+    assert parsed.mm_processor_kwargs == {"max_pixels": 3136}
+    with pytest.raises(InvalidInputError, match=r"mm_processor_kwargs takes a JSON object, e\.g\."):
+        options.parse_model_args({"target": "tiny", "mm_processor_kwargs": "max_pixels=3136"})
+    args = f"target={pair.target},draft={pair.draft},warmup=false,mm_processor_kwargs="
+    with pytest.raises(InvalidInputError, match=r"mm_processor_kwargs sets max_patches, which the target's"):
+        VLMSpec.create_from_arg_string(args + '{"max_patches":1}', {"batch_size": 1})
+    lm = VLMSpec.create_from_arg_string(args + '{"max_pixels":3136}', {"batch_size": 1})
+    assert lm.pipe.mm_processor_kwargs == {"max_pixels": 3136}

@@ -123,6 +123,7 @@ class VLMSpec(lmms):
         if self.options.prefix_cache_gb:
             self.pipe.prefix_cache = PrefixCache(max_bytes=int(self.options.prefix_cache_gb * 2**30))
         self.pipe.reasoning_parser = self.options.reasoning_parser
+        self.pipe.mm_processor_kwargs = self.options.mm_processor_kwargs
         self._samples: list[SampleSpeed] = []
         self._generate_seconds = 0.0  # wall time in generate_until (requests overlap at batch_size > 1)
         self._reports: dict[str, dict[str, Any]] = {}

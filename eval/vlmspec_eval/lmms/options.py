@@ -31,6 +31,7 @@ these options (policy, pruning, ...), not the settings saved with it.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 from collections.abc import Mapping
@@ -40,6 +41,7 @@ from typing import Any, Literal
 
 import yaml
 
+from vlmspec.cli import json_object
 from vlmspec.errors import InputNotFoundError, InvalidInputError
 from vlmspec.named_pairs import (
     DEFAULT_FAMILY,
@@ -91,6 +93,8 @@ MODEL_ARGS: dict[str, str] = {
     "questions about one image) prefill only the rest (vlmspec.prefix_cache; default 0: none)",
     "reasoning_parser": "a thinking model's tags (qwen3, deepseek_r1): replies are scored on the answer after the "
     "reasoning (vlmspec.reasoning; default none: the whole reply)",
+    "mm_processor_kwargs": "the processor's settings for every request's pictures and videos, a JSON object "
+    '(mm_processor_kwargs={"max_pixels":401408}; vlmspec.processor_settings; default none)',
 }
 """Every ``--model_args`` key with a one-line description (policy options come on top)."""
 
@@ -140,6 +144,7 @@ class ModelOptions:
     warmup: bool = True
     prefix_cache_gb: float = 0.0
     reasoning_parser: str | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
     batch_size: int | None = 1
     """Requests decoded together; ``None`` (lmms-eval's ``auto``): the pipeline's choice."""
     device: str | None = None
@@ -234,6 +239,13 @@ def _coerced(values: Mapping[str, Any]) -> dict[str, Any]:
     # lmms-eval's --batch_size auto[:N]: the pipeline's choice (its cost probe)
     if isinstance(values.get("batch_size"), str) and values["batch_size"].startswith("auto"):
         values["batch_size"] = None
+    if isinstance(values.get("mm_processor_kwargs"), str):  # a JSON object on the command line
+        try:
+            values["mm_processor_kwargs"] = json_object("mm_processor_kwargs", '{"max_pixels":401408}')(
+                values["mm_processor_kwargs"]
+            )
+        except argparse.ArgumentTypeError as err:
+            raise InvalidInputError(str(err)) from None
     return coerce_fields(ModelOptions, values)
 
 
