@@ -183,3 +183,37 @@ def test_the_lmms_eval_model_takes_the_settings_from_its_model_args(tiny_pairs):
         VLMSpec.create_from_arg_string(args + '{"max_patches":1}', {"batch_size": 1})
     lm = VLMSpec.create_from_arg_string(args + '{"max_pixels":3136}', {"batch_size": 1})
     assert lm.pipe.mm_processor_kwargs == {"max_pixels": 3136}
+
+
+def test_the_caption_job_lays_out_every_video_as_its_settings_say(tiny_pairs, tmp_path, capsys):
+    import vlmspec_caption
+    from test_video_captioning import _write_clips
+
+    pair = tiny_pairs["qwen2_vl"]
+    _write_clips(tmp_path / "videos", 2)
+    argv = [str(tmp_path / "videos"), "--target", str(pair.target), "--draft", str(pair.draft)]
+    argv += ["--max-new-tokens", "6", "--num-frames", "4", "--no-progress", "--threads", "1"]
+    runs = {}
+    for name, flag in (("full", []), ("small", ["--mm-processor-kwargs", json.dumps(SMALL)])):
+        out = tmp_path / f"{name}.jsonl"
+        assert vlmspec_caption.main([*argv, "--out", str(out), *flag]) == 0
+        runs[name] = [json.loads(line) for line in out.read_text().splitlines()]
+    for full, small in zip(runs["full"], runs["small"], strict=True):
+        assert (
+            small["settings"]["mm_processor_kwargs"] == SMALL
+            and "mm_processor_kwargs" not in full["settings"]
+        )
+        assert small["stats"]["target_visual_tokens"] < full["stats"]["target_visual_tokens"]
+    bad = [*argv, "--out", str(tmp_path / "bad.jsonl"), "--mm-processor-kwargs", '{"patch_size": 16}']
+    assert vlmspec_caption.main(bad) == 1
+    assert (
+        "error: command line: --mm-processor-kwargs sets patch_size, which the model's config"
+        in capsys.readouterr().err
+    )
+    assert not (tmp_path / "bad.jsonl").exists()  # refused before any work
+    unknown = [*argv, "--out", str(tmp_path / "unknown.jsonl"), "--mm-processor-kwargs", '{"max_patches": 1}']
+    assert vlmspec_caption.main(unknown) == 1  # known to be wrong once the processor is
+    assert (
+        "mm_processor_kwargs sets max_patches, which the target's processor does not take"
+        in capsys.readouterr().err
+    )

@@ -53,6 +53,24 @@ def check_processor_kwargs(processor: Any, settings: Any, name: str = FIELD) -> 
         InputTypeError: not a dict of string keys.
         InvalidInputError: a key the processor does not take, or one of the three kinds this module refuses.
     """
+    settings = check_settings_form(settings, name)
+    known = processor_settings(processor)
+    if known is not None and (unknown := sorted(set(settings) - known)):
+        allowed = sorted(known - FIXED_BY_MODEL - FRAME_SAMPLING - OUTPUT_FORM)
+        raise InvalidInputError(
+            f"{name} sets {', '.join(unknown)}, which the target's processor does not take; it takes "
+            f"{', '.join(allowed)}"
+        )
+    return settings
+
+
+def check_settings_form(settings: Any, name: str = FIELD) -> dict[str, Any]:
+    """What :func:`check_processor_kwargs` checks without the processor: a dict of string keys, none of the three
+    kinds this module refuses; ``{}`` for ``None``.
+
+    Raises:
+        InputTypeError, InvalidInputError: as :func:`check_processor_kwargs`.
+    """
     if settings is None:
         return {}
     if not isinstance(settings, Mapping) or not all(isinstance(key, str) for key in settings):
@@ -68,13 +86,6 @@ def check_processor_kwargs(processor: Any, settings: Any, name: str = FIELD) -> 
             )
         if key in OUTPUT_FORM:
             raise InvalidInputError(f"{name} sets {key}, which the call sets itself: leave it out")
-    known = processor_settings(processor)
-    if known is not None and (unknown := sorted(set(settings) - known)):
-        allowed = sorted(known - FIXED_BY_MODEL - FRAME_SAMPLING - OUTPUT_FORM)
-        raise InvalidInputError(
-            f"{name} sets {', '.join(unknown)}, which the target's processor does not take; it takes "
-            f"{', '.join(allowed)}"
-        )
     return dict(settings)
 
 

@@ -61,6 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=keep,
       help="a thinking model's tags: each caption is the answer after the reasoning, which goes in 'reasoning'")  # fmt: skip
     a("--num-frames", type=int, default=keep, help="frames sampled per video (default 8)")
+    a("--mm-processor-kwargs", default=keep,
+      help='JSON: the processor\'s settings for every video, e.g. \'{"max_pixels": 200704}\' (vLLM\'s)')  # fmt: skip
     a("--segment", type=float, default=keep,
       help="caption each video in windows of this many seconds, one line each (default: whole videos)")  # fmt: skip
     a(
@@ -109,7 +111,7 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         JobError: ``--policy-options`` is not a JSON object.
     """
     values = {key: getattr(args, key) for key in JobConfig.field_names() if hasattr(args, key)}
-    for name in ("policy_options", "structured_outputs"):
+    for name in ("policy_options", "structured_outputs", "mm_processor_kwargs"):
         if name in values:
             values[name] = json_object(values[name], "--" + name.replace("_", "-"))
     return values

@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args
 import yaml
 
 from vlmspec.errors import VLMSpecError
+from vlmspec.processor_settings import check_settings_form
 from vlmspec.reasoning import REASONING_PARSERS
 from vlmspec.structured import StructuredOutputs
 from vlmspec.validation import check_field_types
@@ -84,6 +85,7 @@ class JobConfig:
     batch_size: int | None = None
     structured_outputs: dict[str, Any] | None = None
     reasoning_parser: str | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -172,6 +174,10 @@ class JobConfig:
             problems.append(
                 f"{key('reasoning_parser')} must be one of {known}, got {self.reasoning_parser!r}"
             )
+        try:  # what the processor takes is known once the models load
+            check_settings_form(self.mm_processor_kwargs, key("mm_processor_kwargs"))
+        except VLMSpecError as err:
+            problems.append(str(err))
         if problems:
             raise JobError(f"{source}: " + "; ".join(problems))
         return self
@@ -198,6 +204,8 @@ class JobConfig:
             out["structured_outputs"] = self.structured_outputs
         if self.reasoning_parser is not None:
             out["reasoning_parser"] = self.reasoning_parser
+        if self.mm_processor_kwargs:
+            out["mm_processor_kwargs"] = dict(self.mm_processor_kwargs)
         if self.sampler == "qwen":
             out.update(
                 fps=self.fps,

@@ -127,6 +127,10 @@ def load_pipeline(
         ) from err
     try:
         pipe.reasoning_parser = config.reasoning_parser
-    except ValueError as err:  # an end tag the replies' text drops
+        pipe.mm_processor_kwargs = config.mm_processor_kwargs
+    except (
+        ValueError,
+        TypeError,
+    ) as err:  # an end tag the replies' text drops; a setting the processor refuses
         raise JobError(str(err)) from err
     return pipe, models
