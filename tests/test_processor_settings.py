@@ -89,8 +89,10 @@ def test_internvl_takes_its_own_settings(tiny_pairs):
     [
         ({"max_patches": 1}, InvalidInputError, r"sets max_patches, which the target's processor does not take; "
          r"it takes .*max_pixels"),
-        ({"patch_size": 16}, InvalidInputError, r"sets patch_size, which the model's config fixes"),
-        ({"num_frames": 4}, InvalidInputError, r"vlmspec samples a video's frames itself: give num_frames"),
+        ({"patch_size": 16}, InvalidInputError, r"sets patch_size, which the model fixes: leave it out"),
+        ({"do_resize": False}, InvalidInputError, r"sets do_resize, which the model fixes"),
+        ({"num_frames": 4}, InvalidInputError, r"vlmspec samples a video's frames itself \(pipe\(\.\.\., num_frames=N\)"),
+        ({"device": "meta"}, InvalidInputError, r"sets device, which the call sets itself"),
         ({"return_tensors": "np"}, InvalidInputError, r"sets return_tensors, which the call sets itself"),
         ([("max_pixels", 3136)], InputTypeError, r"use a dict of the processor's settings"),
         ({"max_pixels": "many"}, InvalidInputError, r"processor failed under mm_processor_kwargs=\{'max_pixels'"),
@@ -99,6 +101,35 @@ def test_internvl_takes_its_own_settings(tiny_pairs):
 def test_settings_the_processor_cannot_take_are_refused_by_name(qwen, settings, error, said):
     with pytest.raises(error, match=said):
         qwen(PICTURE, PROMPTS[0], max_new_tokens=2, mm_processor_kwargs=settings)
+
+
+@pytest.mark.parametrize("family", ["llava_onevision", "internvl"])
+def test_the_tile_size_of_a_family_whose_tower_fixes_it_is_refused(tiny_pairs, family):
+    pair = tiny_pairs[family]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain", torch_dtype=torch.float32)
+    for key, value in (("size", {"height": 56, "width": 56}), ("do_resize", False)):
+        with pytest.raises(
+            InvalidInputError, match=rf"mm_processor_kwargs sets {key}, which the model fixes"
+        ):
+            pipe(PICTURE, PROMPTS[0], max_new_tokens=2, mm_processor_kwargs={key: value})
+
+
+def test_a_picture_the_processor_refuses_whatever_the_settings_is_named_as_the_picture_s_fault(qwen):
+    strip = make_image(4, (3000, 10))  # an aspect ratio beyond Qwen's 200
+    with pytest.raises(InvalidInputError, match="refused this request's images or videos") as refused:
+        qwen(strip, PROMPTS[0], max_new_tokens=2, mm_processor_kwargs={"max_pixels": 401408})
+    assert "mm_processor_kwargs" not in str(refused.value)
+
+
+def test_the_settings_change_only_by_assignment(qwen):
+    mine = {"size": {"shortest_edge": 56 * 56, "longest_edge": 56 * 56}}
+    qwen.mm_processor_kwargs = mine
+    try:
+        mine["size"]["longest_edge"] = 10**6  # the caller's dict, edited later
+        qwen.mm_processor_kwargs["patch_size"] = 16  # a copy: the check cannot be passed by
+        assert qwen.mm_processor_kwargs == SMALL
+    finally:
+        qwen.mm_processor_kwargs = None
 
 
 def test_processed_inputs_and_a_pipeline_wide_setting_are_refused_as_such(qwen):
@@ -207,7 +238,7 @@ def test_the_caption_job_lays_out_every_video_as_its_settings_say(tiny_pairs, tm
     bad = [*argv, "--out", str(tmp_path / "bad.jsonl"), "--mm-processor-kwargs", '{"patch_size": 16}']
     assert vlmspec_caption.main(bad) == 1
     assert (
-        "error: command line: --mm-processor-kwargs sets patch_size, which the model's config"
+        "error: command line: --mm-processor-kwargs sets patch_size, which the model fixes"
         in capsys.readouterr().err
     )
     assert not (tmp_path / "bad.jsonl").exists()  # refused before any work

@@ -220,4 +220,4 @@ def encode_chat(
         kwargs["videos"] = [frames for frames, _ in videos]
         kwargs["video_metadata"] = [metadata for _, metadata in videos]
         kwargs["do_sample_frames"] = False  # frames are already sampled
-    return run_processor(processor, {**kwargs, **(settings or {})}, settings)
+    return run_processor(processor, kwargs, settings)

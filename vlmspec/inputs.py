@@ -372,9 +372,9 @@ def run_processor(processor: Any, kwargs: dict[str, Any], settings: Mapping[str,
             LLaVA-OneVision's does), or failed under the request's processor ``settings`` (named with them).
     """
     try:
-        return processor(**kwargs)
-    except (ValueError, TypeError, ArithmeticError, KeyError, StrictDataclassError) as err:
-        if settings:
+        return processor(**kwargs, **(settings or {}))
+    except (ValueError, TypeError, ArithmeticError, KeyError, RuntimeError, StrictDataclassError) as err:
+        if settings and _runs(processor, kwargs):  # the settings' fault, not the media's
             raise InvalidInputError(
                 f"the target's processor failed under mm_processor_kwargs={dict(settings)!r:.120}: "
                 f"{type(err).__name__}: {err}; check the settings' values"
@@ -392,6 +392,15 @@ def run_processor(processor: Any, kwargs: dict[str, Any], settings: Mapping[str,
             f"the target's processor refused this request's images or videos: {err}; check their sizes, aspect "
             "ratios and frame counts"
         ) from err
+
+
+def _runs(processor: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether ``processor(**kwargs)`` runs (a failure of the same call under settings is then theirs)."""
+    try:
+        processor(**kwargs)
+    except (ValueError, TypeError, ArithmeticError, KeyError, RuntimeError, StrictDataclassError):
+        return False
+    return True
 
 
 def on_device(inputs: Mapping[str, Any], device: torch.device | str) -> dict[str, Any]:

@@ -8,15 +8,21 @@ visual tokens: a request trades detail for speed. Speculative decoding is unchan
 target's processor outputs, whatever they are), and greedy output stays what ``generate()`` gives on the same
 inputs.
 
-Three kinds of setting are refused, each by name: those the model's config fixes (patch and merge sizes, tokens per
-tile, anyres pinpoints: another value would not match the model's weights), the frame sampling (vlmspec samples a
-video's frames itself: ``num_frames``), and the output's form (tensors, channels first), which the call sets. A
-setting the processor does not know is refused too, where transformers would log it and go on.
+Three kinds of setting are refused, each by name: those the model fixes (patch and merge sizes, tokens per tile,
+anyres pinpoints; and each family's own, its adapter's ``fixed_processor_settings``: LLaVA-OneVision's and InternVL's
+tile ``size``, resizing on or off: another value would not match the model's weights or its vision tower's input),
+the frame sampling (vlmspec samples a video's frames itself: ``num_frames``), and what the call sets itself (the
+text and media, the output's form and device). A setting the processor does not know is refused too, where
+transformers would log it and go on.
+
+A processor that fails under a request's settings is reported naming them only when it runs without them; a
+picture the processor refuses whatever the settings is named as the picture's fault (:func:`vlmspec.inputs.run_processor`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from .errors import InputTypeError, InvalidInputError
@@ -28,7 +34,9 @@ FIXED_BY_MODEL = frozenset(
 FRAME_SAMPLING = frozenset(
     {"do_sample_frames", "num_frames", "fps", "min_frames", "max_frames", "video_metadata", "return_metadata"}
 )
-OUTPUT_FORM = frozenset({"return_tensors", "data_format", "input_data_format"})
+CALL_SETS = frozenset(
+    {"text", "images", "videos", "audio", "return_tensors", "data_format", "input_data_format", "device"}
+)
 
 
 def processor_settings(processor: Any) -> frozenset[str] | None:
@@ -46,17 +54,20 @@ def processor_settings(processor: Any) -> frozenset[str] | None:
     return frozenset(names)
 
 
-def check_processor_kwargs(processor: Any, settings: Any, name: str = FIELD) -> dict[str, Any]:
-    """``settings`` as a dict of ``processor``'s settings, checked; ``{}`` for ``None``.
+def check_processor_kwargs(
+    processor: Any, settings: Any, name: str = FIELD, fixed: Collection[str] = ()
+) -> dict[str, Any]:
+    """``settings`` as a dict of ``processor``'s settings (a copy: later edits of the caller's do not reach it),
+    checked; ``{}`` for ``None``. ``fixed``: the settings the model's family fixes besides :data:`FIXED_BY_MODEL`.
 
     Raises:
         InputTypeError: not a dict of string keys.
         InvalidInputError: a key the processor does not take, or one of the three kinds this module refuses.
     """
-    settings = check_settings_form(settings, name)
+    settings = check_settings_form(settings, name, fixed)
     known = processor_settings(processor)
     if known is not None and (unknown := sorted(set(settings) - known)):
-        allowed = sorted(known - FIXED_BY_MODEL - FRAME_SAMPLING - OUTPUT_FORM)
+        allowed = sorted(known - FIXED_BY_MODEL - set(fixed) - FRAME_SAMPLING - CALL_SETS)
         raise InvalidInputError(
             f"{name} sets {', '.join(unknown)}, which the target's processor does not take; it takes "
             f"{', '.join(allowed)}"
@@ -64,7 +75,7 @@ def check_processor_kwargs(processor: Any, settings: Any, name: str = FIELD) -> 
     return settings
 
 
-def check_settings_form(settings: Any, name: str = FIELD) -> dict[str, Any]:
+def check_settings_form(settings: Any, name: str = FIELD, fixed: Collection[str] = ()) -> dict[str, Any]:
     """What :func:`check_processor_kwargs` checks without the processor: a dict of string keys, none of the three
     kinds this module refuses; ``{}`` for ``None``.
 
@@ -78,26 +89,28 @@ def check_settings_form(settings: Any, name: str = FIELD) -> dict[str, Any]:
             f'{name}={settings!r:.60} is invalid: use a dict of the processor\'s settings ({{"max_pixels": 401408}})'
         )
     for key in settings:
-        if key in FIXED_BY_MODEL:
-            raise InvalidInputError(f"{name} sets {key}, which the model's config fixes: leave it out")
+        if key in FIXED_BY_MODEL or key in fixed:
+            raise InvalidInputError(f"{name} sets {key}, which the model fixes: leave it out")
         if key in FRAME_SAMPLING:
             raise InvalidInputError(
-                f"{name} sets {key}, but vlmspec samples a video's frames itself: give num_frames instead"
+                f"{name} sets {key}, but vlmspec samples a video's frames itself (pipe(..., num_frames=N); 8 by "
+                "default): leave it out"
             )
-        if key in OUTPUT_FORM:
+        if key in CALL_SETS:
             raise InvalidInputError(f"{name} sets {key}, which the call sets itself: leave it out")
-    return dict(settings)
+    return copy.deepcopy(dict(settings))
 
 
 class ProcessorSettingsAttribute:
     """``pipe.mm_processor_kwargs``: settings every request of the pipeline starts from (a request's own win),
-    checked against the pipeline's processor when set; ``{}`` (none) by default."""
+    checked against the pipeline's processor and model when set (``pipe.check_mm_processor_kwargs``); ``{}`` (none)
+    by default. Reading it gives a copy: the settings change only by assignment, which checks them."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.slot = f"_{name}"
 
     def __get__(self, pipe: Any, owner: type | None = None) -> Any:
-        return self if pipe is None else getattr(pipe, self.slot, {})
+        return self if pipe is None else copy.deepcopy(getattr(pipe, self.slot, {}))
 
     def __set__(self, pipe: Any, settings: Any) -> None:
-        setattr(pipe, self.slot, check_processor_kwargs(pipe.processor, settings, "pipe.mm_processor_kwargs"))
+        setattr(pipe, self.slot, pipe.check_mm_processor_kwargs(settings, "pipe.mm_processor_kwargs"))

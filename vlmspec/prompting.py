@@ -63,8 +63,14 @@ class PromptBuilder:
         chat, images, videos = normalize_messages(messages, num_frames=num_frames)
         return self._encode(chat, images, videos, tools, chat_template_kwargs, mm_processor_kwargs)
 
+    def check_mm_processor_kwargs(self, settings: Any, name: str = "mm_processor_kwargs") -> dict[str, Any]:
+        """``settings`` checked against this pipeline's processor and its target's family (named ``name`` in the
+        errors; :func:`vlmspec.processor_settings.check_processor_kwargs`)."""
+        fixed = type(self._target_adapter).fixed_processor_settings
+        return check_processor_kwargs(self.processor, settings, name, fixed)
+
     def _encode(self, chat: list, images: list, videos: list, tools=None, kwargs=None, settings=None) -> dict:
-        settings = {**self.mm_processor_kwargs, **check_processor_kwargs(self.processor, settings)}
+        settings = {**self.mm_processor_kwargs, **self.check_mm_processor_kwargs(settings)}
         least = self._target_adapter.min_video_frames
         inputs = encode_chat(self.processor, chat, images, videos, least, tools, kwargs, settings)
         return on_device(inputs, self._target_adapter.device)

@@ -13,7 +13,6 @@ from typing import Any
 from .cli import _example_image, add_pair_flags, gibibytes, json_object, load_pipeline, positive_int
 from .errors import InputNotFoundError, InvalidInputError, VLMSpecError
 from .named_pairs import DEFAULT_PAIR
-from .processor_settings import check_processor_kwargs
 from .reasoning import REASONING_PARSERS
 
 
@@ -107,8 +106,8 @@ def build_server(args: argparse.Namespace, command: str) -> Any:
         raise InputNotFoundError(f"--allowed-media-dir {str(args.allowed_media_dir)!r} is not a folder")
     pipe = load_pipeline(args, command)
     pipe.reasoning_parser = args.reasoning_parser
-    pipe.mm_processor_kwargs = check_processor_kwargs(
-        pipe.processor, args.mm_processor_kwargs, "--mm-processor-kwargs"
+    pipe.mm_processor_kwargs = pipe.check_mm_processor_kwargs(
+        args.mm_processor_kwargs, "--mm-processor-kwargs"
     )
     picture = {"type": "image", "image": str(_example_image())}
     warm_up = [{"role": "user", "content": [picture, {"type": "text", "text": "Describe this image."}]}]

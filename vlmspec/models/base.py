@@ -53,6 +53,9 @@ class VLMAdapter:
     """Config fields (dotted paths) that decide how many visual tokens a picture or video becomes and how its
     pixels are laid out: the draft reads the target's processor outputs, so a draft must agree on each (its
     vision tower may be smaller). :func:`vlmspec.loading.check_compatible` compares them."""
+    fixed_processor_settings: ClassVar[frozenset[str]] = frozenset()
+    """Processor settings a request may not change (:mod:`vlmspec.processor_settings`) because the family's model
+    fixes them: the vision tower's input size, the patch grid the pixels must be resized to."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model

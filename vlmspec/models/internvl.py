@@ -36,6 +36,7 @@ class InternVLAdapter(VLMAdapter):
         "downsample_ratio",
         "vision_feature_select_strategy",
     )
+    fixed_processor_settings = frozenset({"size", "crop_size", "do_resize", "do_center_crop"})  # the tile
 
     def visual_token_ids(self) -> tuple[int, int]:
         """The one placeholder, ``<IMG_CONTEXT>``, for pictures and video frames alike."""

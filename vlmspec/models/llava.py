@@ -26,6 +26,9 @@ class LlavaOnevisionAdapter(VLMAdapter):
         "image_grid_pinpoints",
         "vision_aspect_ratio",
     )
+    fixed_processor_settings = frozenset(
+        {"size", "crop_size", "do_resize", "do_center_crop"}
+    )  # SigLIP's input
 
     def visual_token_ids(self) -> tuple[int, int]:
         return self.config.image_token_id, self.config.video_token_id

@@ -31,6 +31,7 @@ class QwenVLAdapter(VLMAdapter):
         "vision_config.spatial_merge_size",
         "vision_config.in_channels",
     )
+    fixed_processor_settings = frozenset({"do_resize"})  # pictures resized to whole merged patches
 
     @property
     def min_video_frames(self) -> int:

@@ -107,6 +107,9 @@ class VLMSpec(lmms):
             with self.accelerator.main_process_first():
                 self.pair: ResolvedPair = resolve_pair(self.options)
             self.pipe: VLMSpecPipeline | None = load_pipeline(self.options, self.pair, self._device_map())
+            self.pipe.mm_processor_kwargs = self.pipe.check_mm_processor_kwargs(
+                self.options.mm_processor_kwargs
+            )
             self._speed_dir = self.options.speed_dir or lmms_eval_output_path()
             if (
                 self._speed_dir is not None
@@ -123,7 +126,6 @@ class VLMSpec(lmms):
         if self.options.prefix_cache_gb:
             self.pipe.prefix_cache = PrefixCache(max_bytes=int(self.options.prefix_cache_gb * 2**30))
         self.pipe.reasoning_parser = self.options.reasoning_parser
-        self.pipe.mm_processor_kwargs = self.options.mm_processor_kwargs
         self._samples: list[SampleSpeed] = []
         self._generate_seconds = 0.0  # wall time in generate_until (requests overlap at batch_size > 1)
         self._reports: dict[str, dict[str, Any]] = {}
