@@ -287,3 +287,31 @@ def test_chat_template_gives_a_template_to_a_checkpoint_without_one(pair, pipe, 
     expected = pipe(messages=[{"role": "user", "content": [{"type": "image", "image": png_uri(0)},
                     {"type": "text", "text": PROMPTS[0]}]}], max_new_tokens=8)  # fmt: skip
     assert by_id(out)["q"]["response"]["body"]["choices"][0]["message"]["content"] == expected.text
+
+
+def test_a_large_input_is_read_one_line_at_a_time(tmp_path):
+    """A 24 MB input (400 requests of 60 kB each, as pictures inline make them): checking it, and going through its
+    requests, holds one line at a time, not the file (tracemalloc's peak stays well under its size)."""
+    import tracemalloc
+
+    from vlmspec_batch import read_requests
+
+    filler = "x" * 60_000
+    lines = [
+        json.dumps({"custom_id": f"r{i}", "body": {"messages": [{"role": "user", "content": filler}]}})
+        for i in range(400)
+    ]
+    path = tmp_path / "big.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    size = path.stat().st_size
+    tracemalloc.start()
+    try:
+        batch = read_requests(path)
+        _, checked = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        seen = [request.custom_id for request in batch.requests(skip={"r1", "r399"})]
+        _, decoded = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(batch) == 400 and seen == [f"r{i}" for i in range(400) if i not in (1, 399)]
+    assert max(checked, decoded) < size / 20, (checked, decoded, size)

@@ -12,7 +12,8 @@ Input: JSONL, one request per line as OpenAI's Batch API takes them::
 Each ``body`` is a chat-completions request, read as ``vlmspec serve`` reads one (images, videos, structured
 outputs, tools, sampling, ``n``, logprobs; not ``stream``): every reply is what the server would answer, which is
 what ``pipe(messages=...)`` gives. ``custom_id`` is unique in the file; a line without one, or not a JSON object, is
-an error before any decoding.
+an error before any decoding. The file is read one line at a time, twice (checked, then decoded): only the
+requests' ids are held, whatever its size.
 
 Output: JSONL, one line per request, as OpenAI's batch output gives them::
 
@@ -31,6 +32,6 @@ requests decoding at their next step. Exit code 0 every answer in the file is a 
 could not run, 130 interrupted (rerun to resume).
 """
 
-from .run import BatchRequest, pending, read_requests, run_batch
+from .run import BatchFile, BatchRequest, answered, read_requests, run_batch
 
-__all__ = ["BatchRequest", "pending", "read_requests", "run_batch"]
+__all__ = ["BatchFile", "BatchRequest", "answered", "read_requests", "run_batch"]

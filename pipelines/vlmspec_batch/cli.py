@@ -12,7 +12,7 @@ from vlmspec_caption.store import ResultWriter
 from vlmspec.errors import VLMSpecError
 from vlmspec.serve_cli import add_server_flags, build_server
 
-from .run import PROG, pending, read_requests, run_batch
+from .run import PROG, answered, read_requests, run_batch
 
 EXIT_OK, EXIT_JOB_ERROR, EXIT_PARTIAL, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -28,21 +28,20 @@ def run_args(args: argparse.Namespace) -> int:
     """Run the job; the exit status (module docstring of :mod:`vlmspec_batch`)."""
     totals = {"answered": 0, "refused": 0}
     try:
-        requests = read_requests(args.input)
+        batch = read_requests(args.input)
         with ResultWriter(args.out) as writer:  # locked before anything else: one job per output file
-            todo, refused_before = pending(requests, writer)
-            if todo:  # the pair loads only when there is something to answer
+            done, refused_before = answered(batch, writer)
+            if len(done) < len(batch):  # the pair loads only when there is something to answer
                 with build_server(args, PROG) as server:
-                    totals = run_batch(server, todo, writer)
+                    totals = run_batch(server, batch.requests(skip=done), writer)
     except VLMSpecError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return EXIT_JOB_ERROR
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; rerun the same command to answer the rest", file=sys.stderr)
         return EXIT_INTERRUPTED
-    done = len(requests) - len(todo)
     print(
-        f"{len(requests)} requests: {totals['answered']} answered, {totals['refused']} refused, {done} already "
+        f"{len(batch)} requests: {totals['answered']} answered, {totals['refused']} refused, {len(done)} already "
         f"done -> {args.out}"
     )
     return EXIT_PARTIAL if totals["refused"] + refused_before else EXIT_OK  # the whole file's answers

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,34 +30,59 @@ class BatchRequest:
     body: Any
 
 
-def read_requests(path: str | Path) -> list[BatchRequest]:
-    """The requests of a batch file, checked line by line.
+@dataclass(frozen=True)
+class BatchFile:
+    """A batch input file whose every line was checked (:func:`read_requests`): its requests' ``ids`` in order, and
+    the requests read again one line at a time (:meth:`requests`), so that a file of any size is never held whole."""
+
+    path: Path
+    ids: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def requests(self, skip: Collection[str] = ()) -> Iterator[BatchRequest]:
+        """The file's requests in order, but those whose ``custom_id`` is in ``skip``."""
+        for _, row in _rows(self.path):
+            if row["custom_id"] not in skip:
+                yield BatchRequest(row["custom_id"], row.get("body"))
+
+
+def read_requests(path: str | Path) -> BatchFile:
+    """The requests of a batch file, checked line by line as it is read (only their ids are kept).
 
     Raises:
         JobError: the file cannot be read, or a line is not a request (named with its number and what is wrong).
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as err:
-        raise JobError(f"input {str(path)!r} cannot be read: {err}") from err
-    requests, seen = [], set()
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    ids: dict[str, None] = {}
+    for number, row in _rows(Path(path)):
         where = f"input {str(path)!r} line {number}"
-        row = json_object(line, where)
         custom_id = row.get("custom_id")
         if not isinstance(custom_id, str) or not custom_id:
             raise JobError(
                 f'{where} needs a "custom_id" string (OpenAI\'s batch format: custom_id, method, url, body)'
             )
-        if custom_id in seen:
+        if custom_id in ids:
             raise JobError(f"{where}: custom_id {custom_id!r} is used twice; each request needs its own")
         if row.get("method", "POST") != "POST" or row.get("url", ENDPOINT) != ENDPOINT:
             raise JobError(f'{where}: only "method": "POST" to "url": "{ENDPOINT}" is served')
-        seen.add(custom_id)
-        requests.append(BatchRequest(custom_id, row.get("body")))
-    return requests
+        ids[custom_id] = None
+    return BatchFile(Path(path), tuple(ids))
+
+
+def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Each non-blank line of ``path`` as ``(line number, JSON object)``, read one at a time.
+
+    Raises:
+        JobError: the file cannot be read, or a line is not a JSON object (named with its number).
+    """
+    try:
+        with path.open(encoding="utf-8-sig") as lines:
+            for number, line in enumerate(lines, start=1):
+                if line.strip():
+                    yield number, json_object(line, f"input {str(path)!r} line {number}")
+    except (OSError, UnicodeDecodeError) as err:
+        raise JobError(f"input {str(path)!r} cannot be read: {err}") from err
 
 
 def is_batch_record(record: dict[str, Any]) -> bool:
@@ -65,21 +90,20 @@ def is_batch_record(record: dict[str, Any]) -> bool:
     return "custom_id" in record and "response" in record
 
 
-def pending(requests: list[BatchRequest], writer: ResultWriter) -> tuple[list[BatchRequest], int]:
-    """The requests of ``requests`` that ``writer``'s file (locked: this process owns it) does not answer yet, and
-    how many of its answers are refusals. An answer that was the server's failure (status 500 and above: out of
-    memory, a shutdown) is taken out of the file so that its request runs again; a refusal (4xx) is the request's
-    own and stays."""
+def answered(batch: BatchFile, writer: ResultWriter) -> tuple[set[str], int]:
+    """The ids of ``batch`` that ``writer``'s file (locked: this process owns it) answers already, and how many of
+    its answers are refusals. An answer that was the server's failure (status 500 and above: out of memory, a
+    shutdown) is taken out of the file so that its request runs again; a refusal (4xx) is the request's own and
+    stays."""
     records = read_output(writer.path, repair=True, prog=PROG, ours=is_batch_record)
     kept = [record for record in records if record["response"].get("status_code", 500) < 500]
     if len(kept) < len(records):
         writer.rewrite(kept)
-    done = {record["custom_id"] for record in kept}
     refused = sum(record["response"]["status_code"] != 200 for record in kept)
-    return [request for request in requests if request.custom_id not in done], refused
+    return {record["custom_id"] for record in kept}.intersection(batch.ids), refused
 
 
-def run_batch(server: Any, todo: list[BatchRequest], writer: ResultWriter) -> dict[str, int]:
+def run_batch(server: Any, todo: Iterable[BatchRequest], writer: ResultWriter) -> dict[str, int]:
     """Answer ``todo`` through ``server`` (started; no listener needed), ``server.batch_size`` decoding at a time,
     each answer appended to ``writer`` as it ends. An exception (Ctrl-C) ends the requests decoding at their next
     step, and is raised once they have (their answers are not written: a rerun gives them).
