@@ -87,7 +87,7 @@ def test_internvl_takes_its_own_settings(tiny_pairs):
 @pytest.mark.parametrize(
     "settings, error, said",
     [
-        ({"max_patches": 1}, InvalidInputError, r"sets max_patches, which the target's processor does not take; "
+        ({"max_patches": 1}, InvalidInputError, r"sets max_patches, which the target's processor does not take for images; "
          r"it takes .*max_pixels"),
         ({"patch_size": 16}, InvalidInputError, r"sets patch_size, which the model fixes: leave it out"),
         ({"do_resize": False}, InvalidInputError, r"sets do_resize, which the model fixes"),
@@ -248,3 +248,16 @@ def test_the_caption_job_lays_out_every_video_as_its_settings_say(tiny_pairs, tm
         "mm_processor_kwargs sets max_patches, which the target's processor does not take"
         in capsys.readouterr().err
     )
+
+
+def test_a_setting_only_the_image_processor_takes_is_refused_for_a_request_of_videos_only(tiny_pairs):
+    """Qwen3-VL's video processor has no ``max_pixels`` (its ``size`` does it): on a video alone the setting would
+    do nothing, and is refused saying so; on a picture, or a picture and a video, it applies."""
+    pair = tiny_pairs["qwen3_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain", torch_dtype=torch.float32)
+    video, settings = make_video_frames(2), {"max_pixels": 64 * 64}
+    with pytest.raises(InvalidInputError, match=r"sets max_pixels, which the target's processor does not take for "
+                       r"videos; it takes .*size"):  # fmt: skip
+        pipe(None, PROMPTS[0], video=video, max_new_tokens=2, mm_processor_kwargs=settings)
+    both = pipe.prepare_inputs(PICTURE, PROMPTS[0], video, mm_processor_kwargs=settings)
+    assert both["image_grid_thw"].tolist() == [[1, 4, 4]]

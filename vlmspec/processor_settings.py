@@ -39,14 +39,18 @@ CALL_SETS = frozenset(
 )
 
 
-def processor_settings(processor: Any) -> frozenset[str] | None:
-    """The settings ``processor``'s image and video processors take at call time (``None`` when it does not say),
-    as transformers' ``ProcessorMixin`` reads them: its ``*_kwargs`` declarations and each sub-processor's own."""
+MODALITIES = {"images": ("images_kwargs", "image_processor"), "videos": ("videos_kwargs", "video_processor")}
+
+
+def processor_settings(processor: Any, media: Collection[str] = tuple(MODALITIES)) -> frozenset[str] | None:
+    """The settings ``processor``'s image and video processors (those of ``media``: ``"images"``, ``"videos"``)
+    take at call time (``None`` when it does not say), as transformers' ``ProcessorMixin`` reads them: its
+    ``*_kwargs`` declarations and each sub-processor's own."""
     declared = getattr(processor, "valid_processor_kwargs", None)
     if declared is None:
         return None
     names: set[str] = set()
-    for modality, part in (("images_kwargs", "image_processor"), ("videos_kwargs", "video_processor")):
+    for modality, part in (MODALITIES[kind] for kind in media):
         names |= set(getattr(declared.__annotations__.get(modality), "__annotations__", {}))
         names |= set(
             getattr(getattr(getattr(processor, part, None), "valid_kwargs", None), "__annotations__", {})
@@ -55,21 +59,28 @@ def processor_settings(processor: Any) -> frozenset[str] | None:
 
 
 def check_processor_kwargs(
-    processor: Any, settings: Any, name: str = FIELD, fixed: Collection[str] = ()
+    processor: Any,
+    settings: Any,
+    name: str = FIELD,
+    fixed: Collection[str] = (),
+    media: Collection[str] = tuple(MODALITIES),
 ) -> dict[str, Any]:
     """``settings`` as a dict of ``processor``'s settings (a copy: later edits of the caller's do not reach it),
-    checked; ``{}`` for ``None``. ``fixed``: the settings the model's family fixes besides :data:`FIXED_BY_MODEL`.
+    checked; ``{}`` for ``None``. ``fixed``: the settings the model's family fixes besides :data:`FIXED_BY_MODEL`;
+    ``media``: the kinds of media they are for (a request's own: a setting only its image processor takes does
+    nothing to a request of videos only, as Qwen3-VL's ``max_pixels``, and is refused there).
 
     Raises:
         InputTypeError: not a dict of string keys.
         InvalidInputError: a key the processor does not take, or one of the three kinds this module refuses.
     """
     settings = check_settings_form(settings, name, fixed)
-    known = processor_settings(processor)
+    known = processor_settings(processor, media)
     if known is not None and (unknown := sorted(set(settings) - known)):
         allowed = sorted(known - FIXED_BY_MODEL - set(fixed) - FRAME_SAMPLING - CALL_SETS)
+        for_media = "" if set(media) == set(MODALITIES) else f" for {' and '.join(media)}"
         raise InvalidInputError(
-            f"{name} sets {', '.join(unknown)}, which the target's processor does not take; it takes "
+            f"{name} sets {', '.join(unknown)}, which the target's processor does not take{for_media}; it takes "
             f"{', '.join(allowed)}"
         )
     return settings

@@ -63,14 +63,20 @@ class PromptBuilder:
         chat, images, videos = normalize_messages(messages, num_frames=num_frames)
         return self._encode(chat, images, videos, tools, chat_template_kwargs, mm_processor_kwargs)
 
-    def check_mm_processor_kwargs(self, settings: Any, name: str = "mm_processor_kwargs") -> dict[str, Any]:
+    def check_mm_processor_kwargs(
+        self, settings: Any, name: str = "mm_processor_kwargs", media: Sequence[str] = ("images", "videos")
+    ) -> dict[str, Any]:
         """``settings`` checked against this pipeline's processor and its target's family (named ``name`` in the
-        errors; :func:`vlmspec.processor_settings.check_processor_kwargs`)."""
+        errors; ``media``: the kinds of media they are for; :func:`vlmspec.processor_settings.check_processor_kwargs`)."""
         fixed = type(self._target_adapter).fixed_processor_settings
-        return check_processor_kwargs(self.processor, settings, name, fixed)
+        return check_processor_kwargs(self.processor, settings, name, fixed, media)
 
     def _encode(self, chat: list, images: list, videos: list, tools=None, kwargs=None, settings=None) -> dict:
-        settings = {**self.mm_processor_kwargs, **self.check_mm_processor_kwargs(settings)}
+        media = [kind for kind, items in (("images", images), ("videos", videos)) if items] or [
+            "images",
+            "videos",
+        ]
+        settings = {**self.mm_processor_kwargs, **self.check_mm_processor_kwargs(settings, media=media)}
         least = self._target_adapter.min_video_frames
         inputs = encode_chat(self.processor, chat, images, videos, least, tools, kwargs, settings)
         return on_device(inputs, self._target_adapter.device)
