@@ -18,6 +18,7 @@ the original 1-D prompt indices.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -62,7 +63,7 @@ class InternVLAdapter(VLMAdapter):
         pixels = inputs.get("pixel_values")
         if pixels is None:
             return {}
-        tiles = sum(self._tiles(row) for row in inputs["input_ids"])
+        tiles = self._tiles(inputs["input_ids"])  # every row's: one count, one read on the host
         if tiles != pixels.shape[0]:
             raise InvalidInputError(
                 f"the prompts' <IMG_CONTEXT> placeholders make {tiles} tiles of {self.tokens_per_tile} but "
@@ -75,7 +76,7 @@ class InternVLAdapter(VLMAdapter):
         ids = inputs["input_ids"]
         return [(self._tiles(ids[row][keep[row]]), 0) for row in range(ids.shape[0])]
 
-    @property
+    @functools.cached_property
     def tokens_per_tile(self) -> int:
         """Placeholders per tile, as the model makes them: the tower's patches, shuffled ``downsample_ratio`` per
         side (a 448-pixel tile of 14-pixel patches: 1024 patches, 256 tokens)."""
@@ -85,7 +86,7 @@ class InternVLAdapter(VLMAdapter):
         return round(patches * self.config.downsample_ratio**2)
 
     def _tiles(self, ids: torch.Tensor) -> int:
-        """Tiles of one row of ``[L]`` ids, ``tokens_per_tile`` placeholders each."""
+        """Tiles of the prompt ids ``ids`` (one row ``[L]`` or several), ``tokens_per_tile`` placeholders each."""
         placeholders = int((ids == self.config.image_token_id).sum())
         if placeholders % self.tokens_per_tile:
             raise InvalidInputError(
