@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import PROMPTS, input_kinds
 
-from vlmspec import RequestFeed, VLMSpecPipeline, get_policy
+from vlmspec import RequestFeed, VLMSpecPipeline, get_policy, testbed
 from vlmspec.batching import Batcher
 from vlmspec.testbed.world import sample
 from vlmspec.testing import FAMILIES
@@ -66,7 +66,7 @@ def test_batch_equals_generate(family_case, policy):
     assert (accepted == 0) == (policy == "ar")  # the drafts were exercised at batch > 1
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "llava_onevision"])
+@pytest.mark.parametrize("family", testbed.FAMILIES)
 def test_testbed_batch_with_early_eos_equals_generate(family):
     """Trained pairs: captions end with EOS at different lengths, so rows leave while others go on, and with
     batch size 3 for 7 requests the queued ones join mid-run (continuous batching)."""

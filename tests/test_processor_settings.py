@@ -261,3 +261,37 @@ def test_a_setting_only_the_image_processor_takes_is_refused_for_a_request_of_vi
         pipe(None, PROMPTS[0], video=video, max_new_tokens=2, mm_processor_kwargs=settings)
     both = pipe.prepare_inputs(PICTURE, PROMPTS[0], video, mm_processor_kwargs=settings)
     assert both["image_grid_thw"].tolist() == [[1, 4, 4]]
+
+
+def test_a_saved_pipeline_keeps_its_processor_settings_and_reasoning_parser(qwen, tmp_path):
+    """``save_pretrained`` keeps what shapes every request (as transformers' processor keeps its own settings);
+    arguments given on loading replace the saved ones, and a bad saved one names the settings file."""
+    from vlmspec import ReasoningParser
+    from vlmspec.reasoning import REASONING_PARSERS
+
+    mine = ReasoningParser("mine", "<answer>", "</answer>")
+    for name, parser in (("named", "qwen3"), ("mine", mine)):
+        qwen.mm_processor_kwargs, qwen.reasoning_parser = SMALL, parser
+        try:
+            folder = qwen.save_pretrained(tmp_path / name)
+            expected = qwen(PICTURE, PROMPTS[0], max_new_tokens=MAX_NEW)
+        finally:
+            qwen.mm_processor_kwargs, qwen.reasoning_parser = {}, None
+        loaded = VLMSpecPipeline.from_pretrained(folder)
+        assert loaded.mm_processor_kwargs == SMALL
+        assert loaded.reasoning_parser == REASONING_PARSERS.get(parser, parser)
+        out = loaded(PICTURE, PROMPTS[0], max_new_tokens=MAX_NEW)
+        assert (out.token_ids, out.stats.target_visual_tokens) == (expected.token_ids, 4)
+    given = VLMSpecPipeline.from_pretrained(
+        folder, mm_processor_kwargs={"max_pixels": 112 * 112}, reasoning_parser="qwen3"
+    )
+    assert given.mm_processor_kwargs == {"max_pixels": 112 * 112} and given.reasoning_parser.name == "qwen3"
+    assert given(PICTURE, PROMPTS[0], max_new_tokens=2).stats.target_visual_tokens == 16
+    settings = folder / "vlmspec_pipeline.yaml"
+    text = settings.read_text()
+    assert "mm_processor_kwargs:" in text and "end: </answer>" in text  # a parser of one's own, by its tags
+    settings.write_text(text.replace("size:", "patch_size: 7\n  size:"))
+    with pytest.raises(InvalidInputError, match=r"vlmspec_pipeline.yaml': mm_processor_kwargs: .*patch_size"):
+        VLMSpecPipeline.from_pretrained(folder)
+    settings.write_text("policy: sage\n")  # saved before these settings were kept: none set
+    assert VLMSpecPipeline.from_pretrained(folder).mm_processor_kwargs == {}

@@ -23,7 +23,16 @@ from vlmspec.testbed.data import encode
 from vlmspec.testbed.tokenizer import build_processor
 from vlmspec.testbed.world import IMAGE_SIDE, NUM_FRAMES, caption_facts, fact_accuracy, lexicon, reply_words
 
-VISUAL_TOKENS = {"qwen2_vl": {"image": 9, "video": 18}, "llava_onevision": {"image": 21, "video": 17}}
+VISUAL_TOKENS = {
+    "qwen2_vl": {"image": 9, "video": 18},
+    "llava_onevision": {"image": 21, "video": 17},
+    "internvl": {"image": 9, "video": 36},  # one tile a picture, a tile a frame
+}
+PLACEHOLDERS = {
+    "qwen2_vl": ("<|image_pad|>", "<|video_pad|>"),
+    "llava_onevision": ("<image>", "<video>"),
+    "internvl": ("<IMG_CONTEXT>", "<IMG_CONTEXT>"),  # a video's frames are written as pictures
+}
 MAX_NEW = 40
 
 
@@ -194,13 +203,12 @@ def test_tokenizer_round_trips_world_text_word_by_word(family: str) -> None:
 @pytest.mark.parametrize("family", testbed.FAMILIES)
 def test_processor_handles_image_and_video(family: str) -> None:
     processor = build_processor(family)
-    image_token = "<image>" if family == "llava_onevision" else "<|image_pad|>"
-    video_token = "<video>" if family == "llava_onevision" else "<|video_pad|>"
-    ids = {t: processor.tokenizer.convert_tokens_to_ids(t) for t in (image_token, video_token)}
-    for kind, task in (("image", "image_caption"), ("video", "video_caption")):
+    for kind, task, placeholder in zip(
+        ("image", "video"), ("image_caption", "video_caption"), PLACEHOLDERS[family], strict=True
+    ):
         examples = [testbed.sample(task, s) for s in range(2)]
         batch = encode(processor, examples)
-        token = ids[image_token if kind == "image" else video_token]
+        token = processor.tokenizer.convert_tokens_to_ids(placeholder)
         counts = (batch["input_ids"] == token).sum(1).tolist()
         assert counts == [VISUAL_TOKENS[family][kind]] * 2
         reply = batch["labels"][0][batch["labels"][0] != -100]

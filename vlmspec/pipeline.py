@@ -44,7 +44,7 @@ from .prefix_cache import PrefixCache
 from .probe import cached_costs
 from .prompting import PromptBuilder
 from .pruning import PruningConfig, pruning_config
-from .reasoning import ParserAttribute, reply_reasoning, split_reply
+from .reasoning import ParserAttribute, ReasoningParser, reply_reasoning, split_reply
 from .requests import (
     PreparedRequest,
     Requests,
@@ -56,7 +56,7 @@ from .requests import (
     naming_request,
     request_kwargs,
 )
-from .saving import read_settings, save_pipeline, saved_policy
+from .saving import read_settings, restore_settings, save_pipeline, saved_policy
 from .scores import ScoreLog, check_output_scores
 from .streaming import StreamPiece, check_stream_kwargs, check_streamer, stream_call
 from .structured import StructuredOutputs
@@ -186,6 +186,8 @@ class VLMSpecPipeline(PromptBuilder):
         pruning: str | PruningConfig | None = None,
         prune_ratio: float | None = None,
         calibration: str | None = None,
+        mm_processor_kwargs: Mapping[str, Any] | None = None,
+        reasoning_parser: str | ReasoningParser | None = None,
         **policy_options: Any,
     ) -> VLMSpecPipeline:
         """Load a target/draft pair from hub ids, local folders or a named pair.
@@ -197,8 +199,9 @@ class VLMSpecPipeline(PromptBuilder):
         :mod:`vlmspec.named_pairs`.
 
         A folder written by :meth:`save_pretrained` loads back as it was saved: its pair, policy, the options set
-        on it and its pruning (the machine-fitted options are fitted again here). Arguments given here win: a
-        ``policy`` replaces the saved one with its options; ``policy_options`` alone go on top of the saved ones.
+        on it, its pruning, processor settings and reasoning parser (the machine-fitted options are fitted again
+        here). Arguments given here win: a ``policy`` replaces the saved one with its options; ``policy_options``
+        alone go on top of the saved ones; ``mm_processor_kwargs`` and ``reasoning_parser`` replace the saved ones.
 
         Args:
             target: hub id, folder or pair name of the target model (its processor is loaded from the same
@@ -214,6 +217,9 @@ class VLMSpecPipeline(PromptBuilder):
                 pipeline's, else ``"attention"``).
             calibration: inflate the loaded pair to this calibration's shapes (see
                 :mod:`vlmspec.testbed.calibrate`); a pair name's ``@<calibration>`` sets it too.
+            mm_processor_kwargs: the processor settings every request starts from (:attr:`mm_processor_kwargs`;
+                ``None``: a saved pipeline's, else none).
+            reasoning_parser: :attr:`reasoning_parser` (``None``: a saved pipeline's, else none).
             **policy_options: the policy's config options; also ``attn_implementation`` ('sdpa', 'eager') and
                 ``dtype`` (transformers 5's name for ``torch_dtype``), passed to both models' ``from_pretrained``,
                 and ``chat_template`` (a template's text, instead of the processor's own).
@@ -226,11 +232,15 @@ class VLMSpecPipeline(PromptBuilder):
         policy = policy_with(policy, policy_options)  # a bad name or option fails before any model loads
         pruning = pruning if pruning is not None else saved.get("pruning", "attention")
         models = load_pair(target, draft, torch_dtype, device_map, trust_remote_code, calibration, **loading)
-        return cls(*models, policy=policy, pruning=pruning, prune_ratio=prune_ratio)
+        pipe = cls(*models, policy=policy, pruning=pruning, prune_ratio=prune_ratio)
+        given = {"mm_processor_kwargs": mm_processor_kwargs, "reasoning_parser": reasoning_parser}
+        restore_settings(pipe, target, saved, given)
+        return pipe
 
     def save_pretrained(self, folder: str | Path) -> Path:
-        """Save the pair and this pipeline's policy, the options set on it and its pruning into ``folder``
-        (:mod:`vlmspec.saving`), for :meth:`from_pretrained` (or any entry point's ``--target``) to load back."""
+        """Save the pair and this pipeline's policy, the options set on it, its pruning, :attr:`mm_processor_kwargs`
+        and :attr:`reasoning_parser` into ``folder`` (:mod:`vlmspec.saving`), for :meth:`from_pretrained` (or any
+        entry point's ``--target``) to load back."""
         return save_pipeline(self, folder)
 
     def default_batch_size(self) -> int:

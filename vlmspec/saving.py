@@ -5,7 +5,8 @@
     folder/
       target/                  the target (save_pretrained) and its processor
       draft/                   the draft (with the target's tokenizer; an EDD draft in its own format)
-      vlmspec_pipeline.yaml    the policy, the options the user set, the pruning
+      vlmspec_pipeline.yaml    the policy, the options the user set, the pruning, the processor settings
+                               (``mm_processor_kwargs``) and the reasoning parser, when set
       policy_files/            copies of the files the policy's options name (C2T's ``classifier``), if any
 
 Policy options that name a file (:attr:`~vlmspec.policies.PolicyConfig.file_fields`) are saved as copies of the
@@ -34,8 +35,11 @@ from .models import EDDDraft
 from .named_pairs import PIPELINE_FILE, is_pipeline_folder
 from .policies import TreePolicy, get_policy, policy_class
 from .pruning import PruningConfig
+from .reasoning import REASONING_PARSERS, ReasoningParser
 
-SETTINGS = ("policy", "policy_options", "pruning")
+REQUEST_SETTINGS = ("mm_processor_kwargs", "reasoning_parser")
+"""The pipeline's settings for every request that a save keeps (set as attributes of the pipeline)."""
+SETTINGS = ("policy", "policy_options", "pruning", *REQUEST_SETTINGS)
 POLICY_FILES = "policy_files"
 """The folder of a saved pipeline holding copies of the files its policy options name."""
 _PARTS = ("target", "draft", POLICY_FILES, PIPELINE_FILE)
@@ -62,6 +66,8 @@ def save_pipeline(pipe: Any, folder: str | Path) -> Path:
                 "policy": pipe.policy.name,
                 "policy_options": options,
                 "pruning": dataclasses.asdict(pipe.pruning),
+                "mm_processor_kwargs": pipe.mm_processor_kwargs,
+                "reasoning_parser": _parser_setting(pipe.reasoning_parser),
             }
         ),
         sort_keys=False,
@@ -126,7 +132,9 @@ def _remove(path: Path) -> None:
 
 def read_settings(folder: str | Path) -> dict[str, Any]:
     """The settings of a saved pipeline: ``policy`` (a name), ``policy_options`` (a dict), ``pruning`` (a
-    :class:`~vlmspec.pruning.PruningConfig`).
+    :class:`~vlmspec.pruning.PruningConfig`), ``mm_processor_kwargs`` (a dict, checked against the processor when
+    the pipeline is built) and ``reasoning_parser`` (a name, a :class:`~vlmspec.reasoning.ReasoningParser` or
+    ``None``). A file saved before the last two were saved reads them as none set.
 
     Raises:
         ValueError: the file is not YAML, not a mapping, has unknown keys or values of the wrong kind (named).
@@ -142,21 +150,59 @@ def read_settings(folder: str | Path) -> dict[str, Any]:
         raise InvalidInputError(
             f"{where} must be a mapping with the keys {', '.join(SETTINGS)}, got {values!r:.120}"
         )
-    policy, options, pruning = (values.get(key) for key in SETTINGS)
+    policy, options, pruning, processing, parser = (values.get(key) for key in SETTINGS)
     if (
         not isinstance(policy, str)
-        or not isinstance(options or {}, dict)
-        or not isinstance(pruning or {}, dict)
+        or not all(isinstance(value or {}, dict) for value in (options, pruning, processing))
+        or not isinstance(parser, (str, dict, type(None)))
     ):
         raise InvalidInputError(
-            f"{where}: policy must be a name, policy_options and pruning mappings; got {values!r:.120}"
+            f"{where}: policy must be a name, policy_options, pruning and mm_processor_kwargs mappings, "
+            f"reasoning_parser a name or a mapping; got {values!r:.160}"
         )
     try:
         pruning_config = PruningConfig(**(pruning or {}))
     except TypeError as err:
         raise InvalidInputError(f"{where}: pruning: {err}") from None
+    try:
+        parser = ReasoningParser(**parser) if isinstance(parser, dict) else parser
+    except TypeError as err:
+        raise InvalidInputError(f"{where}: reasoning_parser: {err}") from None
     options = _files_in_folder(folder, policy, dict(options or {}))
-    return {"policy": policy, "policy_options": options, "pruning": pruning_config}
+    return {
+        "policy": policy,
+        "policy_options": options,
+        "pruning": pruning_config,
+        "mm_processor_kwargs": dict(processing or {}),
+        "reasoning_parser": parser,
+    }
+
+
+def restore_settings(pipe: Any, folder: Any, settings: dict[str, Any], given: dict[str, Any]) -> None:
+    """Set ``pipe``'s :data:`REQUEST_SETTINGS` (``mm_processor_kwargs``, ``reasoning_parser``): those ``given``
+    (not ``None``), else those of a saved pipeline's ``settings`` (:func:`read_settings` of ``folder``; ``{}`` for
+    any other source).
+
+    Raises:
+        VLMSpecError: a setting the pipeline refuses; one of the saved ones names the settings file.
+    """
+    where = f"saved pipeline settings {str(Path(str(folder)).expanduser() / PIPELINE_FILE)!r}"
+    for name in REQUEST_SETTINGS:
+        if given.get(name) is not None:
+            setattr(pipe, name, given[name])
+        elif settings.get(name):
+            try:
+                setattr(pipe, name, settings[name])
+            except VLMSpecError as err:
+                raise type(err)(f"{where}: {name}: {err}") from None
+
+
+def _parser_setting(parser: ReasoningParser | None) -> str | dict[str, str] | None:
+    """A reasoning parser as saved: its name when it is one of :data:`~vlmspec.reasoning.REASONING_PARSERS`, else
+    its tags (a parser of the user's own)."""
+    if parser is None or REASONING_PARSERS.get(parser.name) == parser:
+        return None if parser is None else parser.name
+    return dataclasses.asdict(parser)
 
 
 def saved_policy(folder: str | Path, settings: dict[str, Any], options: dict[str, Any]) -> TreePolicy:

@@ -122,7 +122,8 @@ REAL_BODIES: dict[str, LMShape] = {
     )
 }
 """Language-model bodies of real checkpoints (their ``config.json`` text settings). LLaVA-OneVision-7B's is
-Qwen2-7B with a 152128-row vocabulary."""
+Qwen2-7B with a 152128-row vocabulary; InternVL3-8B's and -1B's are Qwen2.5-7B's and -0.5B's (the shapes of
+Qwen2-7B and -0.5B) with InternVL's 151674-row vocabulary."""
 
 CPU_TARGET = LMShape(1024, 2816, 8, 8, 8, 128, name="cpu-105M")
 
@@ -176,6 +177,11 @@ CALIBRATIONS: dict[str, Calibration] = {
             "LLaVA-OneVision-7B / -0.5B",
             "language models inflated exactly to LLaVA-OneVision-7B's and -0.5B's shapes",
         ),
+        Calibration(
+            "8b-1b", _body("Qwen2-7B", vocab=151674), _body("Qwen2-0.5B", vocab=151674),
+            "InternVL3-8B / InternVL3-1B",
+            "language models inflated exactly to InternVL3-8B's and -1B's shapes (Qwen2.5-7B and -0.5B bodies)",
+        ),
     )
 }  # fmt: skip
 """Every calibration, by the name used after ``@`` (``testbed-base@cpu``, ``testbed-base:llava_onevision@7b-0.5b``).
@@ -192,7 +198,7 @@ def get_calibration(name: str) -> Calibration:
 
 
 def lm_shape(model: PreTrainedModel) -> LMShape:
-    """The language-model shape of a Qwen2-VL or LLaVA-OneVision model."""
+    """The language-model shape of a testbed model (its language model is a Qwen2)."""
     t = model.config.get_text_config()
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
     return LMShape(
@@ -432,7 +438,7 @@ def inflate(
     """A new model whose language model has ``shape`` (made exact by :func:`exact_shape`) and ``model``'s function.
 
     Args:
-        model: A trained Qwen2-VL or LLaVA-OneVision model (unchanged).
+        model: A trained testbed model (unchanged).
         shape: The language-model shape to reach.
         dtype: The new model's dtype (default: ``model``'s).
         device: Where to build it (default: ``model``'s device).

@@ -24,7 +24,7 @@ def build_config(family: str, spec: ModelSpec, tokenizer: Qwen2Tokenizer) -> Any
     """Builds the family's real config class for ``spec``.
 
     Args:
-        family: ``"qwen2_vl"`` or ``"llava_onevision"``.
+        family: One of :data:`FAMILIES`.
         spec: The model's shape.
         tokenizer: The pair's tokenizer (vocabulary size and special-token ids).
 

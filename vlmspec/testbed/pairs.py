@@ -5,7 +5,7 @@ A pair lives in ``<root>/<family>-<size>-v<TESTBED_VERSION>/`` with ``target/`` 
 staging folder; the manifest is written last and the folder then renamed into place, so a half-built pair is
 never used. A folder counts as built only when its manifest exists and names the current version.
 
-**Shipped pairs.** The trained ``base`` and ``mini`` pairs of both families ship inside the package
+**Shipped pairs.** The trained ``base`` and ``mini`` pairs of three families ship inside the package
 (``vlmspec/testbed/weights/``, safetensors with their manifests, 21 MB), so nothing trains on first use:
 with no ``root`` named, :func:`build` and :func:`pair_paths` return the shipped pair. ``vlmspec testbed build``
 still trains a pair (into the cache) and :func:`compare_with_shipped` says whether it matches what ships.
@@ -63,7 +63,7 @@ class TestbedPair:
     """A built testbed pair.
 
     Attributes:
-        family: ``"qwen2_vl"`` or ``"llava_onevision"``.
+        family: One of :data:`FAMILIES` (``"qwen2_vl"``, ``"llava_onevision"``, ``"internvl"``).
         size: ``"base"`` or ``"mini"``.
         folder: The pair's folder.
         target: Target model folder (``AutoModelForImageTextToText`` / ``AutoProcessor.from_pretrained``).
@@ -274,7 +274,7 @@ def build(
 
     Args:
         size: ``"base"`` (benchmarks, demo; ~15-20 min on 2 CPU cores) or ``"mini"`` (tests; ~1-2 min).
-        family: ``"qwen2_vl"`` or ``"llava_onevision"``.
+        family: One of :data:`FAMILIES` (``"qwen2_vl"``, ``"llava_onevision"``, ``"internvl"``).
         root: Cache folder; naming one skips the shipped pair. Default: the shipped pair, else
             :func:`default_root`.
         force: Train again (into the cache) even if a built or shipped pair exists.

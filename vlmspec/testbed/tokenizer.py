@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 __all__ = ["FAMILIES", "LAYOUTS", "build_processor", "build_tokenizer", "check_family", "special_token_ids"]
 
-FAMILIES: tuple[str, ...] = ("qwen2_vl", "llava_onevision")
+FAMILIES: tuple[str, ...] = ("qwen2_vl", "llava_onevision", "internvl")
 """Families the testbed trains pairs for."""
 
 LAYOUTS: dict[str, VisionLayout] = {
@@ -37,6 +37,8 @@ LAYOUTS: dict[str, VisionLayout] = {
         video_pixels=(IMAGE_SIDE * IMAGE_SIDE, IMAGE_SIDE * IMAGE_SIDE),
     ),
     "llava_onevision": VisionLayout(patch=28, crop_side=IMAGE_SIDE),  # one pinpoint: the picture itself
+    # one tile, the picture itself: 6 x 6 patches, pixel-shuffled 2 x 2 into one token per grid cell
+    "internvl": VisionLayout(patch=IMAGE_SIDE // 6, crop_side=IMAGE_SIDE),
 }
 """Pixel geometry of each family's processor and config."""
 

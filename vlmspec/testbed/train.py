@@ -45,7 +45,7 @@ __all__ = [
 TRAIN_SEED_OFFSET = 1_000_000_000
 """Training scenes use seeds from here up; smaller seeds are held out."""
 
-FEATURE_RMS_CAP: dict[str, float] = {"llava_onevision": 1.0}
+FEATURE_RMS_CAP: dict[str, float] = {"llava_onevision": 1.0, "internvl": 1.0}
 """Per family, the largest RMS a visual feature may reach in vision pre-training (a hinge penalty above it; a
 family not listed is not capped). See :func:`pretrain_vision`."""
 
@@ -310,7 +310,7 @@ def train_target(
     """Trains the target with reply cross-entropy.
 
     Args:
-        family: ``"qwen2_vl"`` or ``"llava_onevision"``.
+        family: One of :data:`FAMILIES`.
         size: The size's config.
         processor: The pair's processor.
         on_step: Called with ``(step, loss)`` after every step (progress bars).
@@ -469,7 +469,8 @@ def cell_features(
     Returns:
         ``(features, cells)``: ``[B, T, hidden]`` features of the ``T`` tokens that cover one grid cell each
         (Qwen2-VL: the 9 merged tokens, or 2 x 9 for a clip: first half of the frames, then the second;
-        LLaVA-OneVision: 9 base-crop tokens and 9 tile tokens) and ``[T]`` the cell of each.
+        LLaVA-OneVision: 9 base-crop tokens and 9 tile tokens; InternVL: the tile's 9 tokens) and ``[T]`` the cell
+        of each.
     """
     import torch
 
@@ -482,6 +483,9 @@ def cell_features(
     if family == "qwen2_vl":
         out = core.get_image_features(pixels["pixel_values"], pixels["image_grid_thw"], return_dict=True)
         return torch.stack(list(out.pooler_output)), torch.arange(GRID * GRID)
+    if family == "internvl":  # one tile per picture, its 9 pixel-shuffled tokens in raster order
+        out = core.get_image_features(pixels["pixel_values"], return_dict=True)
+        return out.pooler_output, torch.arange(GRID * GRID)
     out = core.get_image_features(
         pixels["pixel_values"],
         pixels["image_sizes"],
@@ -509,7 +513,7 @@ def pretrain_vision(
     :func:`_cell_labels`). The probe is discarded; only the vision weights keep what it taught them.
 
     The probe reads RMS-normalised features, so it leaves their scale free, and LLaVA-OneVision's projector
-    (Linear-GELU-Linear) grew them to a norm of about 40 against the text embeddings' 1 and Qwen2-VL's merged
+    (Linear-GELU-Linear; InternVL's is the same behind a LayerNorm) grew them to a norm of about 40 against the text embeddings' 1 and Qwen2-VL's merged
     features' 10. Its language model then found a shape by its colour and kind far less reliably (QA 0.90 on 192
     held-out questions against Qwen2-VL's 0.97). For a family in :data:`FEATURE_RMS_CAP` a hinge penalty on
     ``log(rms / cap)`` per token (:func:`rms_penalty`) keeps them at Qwen2-VL's scale; the first LLaVA-OneVision
