@@ -2,15 +2,19 @@
 
 The tokenizer is a byte-level BPE whose merges are trained on the world's lexicon until every word (with and
 without its leading space) is one token, so world texts tokenize word by word while any other text still
-encodes (byte by byte). It is wrapped in ``Qwen2Tokenizer`` (the tokenizer class of both families) with the
+encodes (byte by byte). It is wrapped in ``Qwen2Tokenizer`` (the tokenizer class of every family) with the
 family's special tokens and a family-style chat template, and handed to the family's real processor class
-(``Qwen2VLProcessor`` / ``LlavaOnevisionProcessor``), so ``AutoProcessor.from_pretrained`` works on a saved pair.
+(``Qwen2VLProcessor`` / ``Qwen2_5_VLProcessor`` / ``LlavaOnevisionProcessor`` / ``InternVLProcessor``), so ``AutoProcessor.from_pretrained``
+works on a saved pair.
 
 Visual tokens for an ``84 x 84`` testbed picture (see ``tests/test_testbed.py``):
 
-* ``qwen2_vl``: 6x6 patches of 14 px merged 2x2 = 9 tokens (one per grid cell); a 4-frame clip 2 x 9 = 18.
+* ``qwen2_vl`` and ``qwen2_5_vl``: 6x6 patches of 14 px merged 2x2 = 9 tokens (one per grid cell); a 4-frame clip
+  2 x 9 = 18.
 * ``llava_onevision``: SigLIP patches of 28 px = 3x3 per crop; anyres with the single pinpoint ``84x84``:
   base crop 9 + tile 9 + 3 row newlines = 21 tokens; a 4-frame clip: 4 x (3x3 pooled to 2x2) + 1 = 17.
+* ``internvl``: one 84-pixel tile (no thumbnail) of 6x6 patches of 14 px, pixel-shuffled 2x2 = 9 tokens in raster
+  order (one per grid cell); a 4-frame clip is 4 tiles, 36 tokens.
 """
 
 from __future__ import annotations
@@ -27,15 +31,17 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 __all__ = ["FAMILIES", "LAYOUTS", "build_processor", "build_tokenizer", "check_family", "special_token_ids"]
 
-FAMILIES: tuple[str, ...] = ("qwen2_vl", "llava_onevision", "internvl")
+FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "llava_onevision", "internvl")
 """Families the testbed trains pairs for."""
 
+_QWEN_LAYOUT = VisionLayout(
+    patch=14,
+    image_pixels=(56 * 56, 112 * 112),
+    video_pixels=(IMAGE_SIDE * IMAGE_SIDE, IMAGE_SIDE * IMAGE_SIDE),
+)
 LAYOUTS: dict[str, VisionLayout] = {
-    "qwen2_vl": VisionLayout(
-        patch=14,
-        image_pixels=(56 * 56, 112 * 112),
-        video_pixels=(IMAGE_SIDE * IMAGE_SIDE, IMAGE_SIDE * IMAGE_SIDE),
-    ),
+    "qwen2_vl": _QWEN_LAYOUT,
+    "qwen2_5_vl": _QWEN_LAYOUT,  # the same grid; its tower attends within 56-pixel windows but in its last block
     "llava_onevision": VisionLayout(patch=28, crop_side=IMAGE_SIDE),  # one pinpoint: the picture itself
     # one tile, the picture itself: 6 x 6 patches, pixel-shuffled 2 x 2 into one token per grid cell
     "internvl": VisionLayout(patch=IMAGE_SIDE // 6, crop_side=IMAGE_SIDE),

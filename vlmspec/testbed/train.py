@@ -45,6 +45,9 @@ __all__ = [
 TRAIN_SEED_OFFSET = 1_000_000_000
 """Training scenes use seeds from here up; smaller seeds are held out."""
 
+CLIP_FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl")
+"""Families whose patch embedding merges frame pairs (Qwen's temporal patches): their towers also learn clips in
+vision pre-training (see :func:`pretrain_vision`)."""
 FEATURE_RMS_CAP: dict[str, float] = {"llava_onevision": 1.0, "internvl": 1.0}
 """Per family, the largest RMS a visual feature may reach in vision pre-training (a hinge penalty above it; a
 family not listed is not capped). See :func:`pretrain_vision`."""
@@ -480,7 +483,7 @@ def cell_features(
             pixels["pixel_values_videos"], pixels["video_grid_thw"], return_dict=True
         )
         return torch.stack(list(out.pooler_output)), torch.arange(2 * GRID * GRID) % (GRID * GRID)
-    if family == "qwen2_vl":
+    if family in CLIP_FAMILIES:
         out = core.get_image_features(pixels["pixel_values"], pixels["image_grid_thw"], return_dict=True)
         return torch.stack(list(out.pooler_output)), torch.arange(GRID * GRID)
     if family == "internvl":  # one tile per picture, its 9 pixel-shuffled tokens in raster order
@@ -552,8 +555,8 @@ def pretrain_vision(
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = size.lr * _schedule(step, steps, min(size.warmup, steps // 5 + 1))
-        # Qwen2-VL merges frame pairs in its patch embedding, so its tower also learns clips (every other step).
-        clips = family == "qwen2_vl" and step % 2 == 1
+        # Qwen merges frame pairs in its patch embedding, so its tower also learns clips (every other step).
+        clips = family in CLIP_FAMILIES and step % 2 == 1
         task = "video_caption" if clips else "image_caption"
         examples = [sample(task, seed_offset + step * batch_size + i) for i in range(batch_size)]
         if clips:
