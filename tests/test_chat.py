@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from vlmspec import VLMSpecPipeline
+from vlmspec import VLMSpecPipeline, testbed
 from vlmspec.batching import TARGET
 from vlmspec.models import adapter_for
 from vlmspec.testbed.world import sample
@@ -59,10 +59,10 @@ def _text_before_media(pipe: VLMSpecPipeline, messages: list[dict], **options: A
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_three_turns_equal_generate_on_the_history_and_prefill_only_new_tokens(tiny_pairs, family):
-    """Images in the first and third turns. The trained testbed pairs (Qwen2-VL, LLaVA-OneVision) reply in words;
+    """Images in the first and third turns. The trained testbed pairs reply in words;
     the tiny random pairs of the other families reply in bytes that need not survive detokenising, so less of
     their replies is reused (what is reused is what the new prompt's ids share with the cache's, checked here)."""
-    if family in ("qwen2_vl", "llava_onevision"):
+    if family in testbed.FAMILIES:
         pipe = VLMSpecPipeline.from_pretrained(f"testbed-base:{family}", policy="sage")
     else:
         pair = tiny_pairs[family]

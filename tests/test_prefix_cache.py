@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from vlmspec import PrefixCache, VLMSpecPipeline
+from vlmspec import PrefixCache, VLMSpecPipeline, testbed
 from vlmspec.batching import DRAFT_FIRST, TARGET
 from vlmspec.errors import InvalidInputError
 from vlmspec.serving import SpecServer
@@ -26,7 +26,7 @@ MAX_NEW = 24
 def _pipe(tiny_pairs, family: str, **options) -> VLMSpecPipeline:
     """The trained testbed pair where there is one (replies in words, margins that make ties rare), else the tiny
     random pair."""
-    if family in ("qwen2_vl", "llava_onevision"):
+    if family in testbed.FAMILIES:
         return VLMSpecPipeline.from_pretrained(f"testbed-base:{family}", **options)
     pair = tiny_pairs[family]
     return VLMSpecPipeline.from_pretrained(pair.target, pair.draft, torch_dtype=torch.float32, **options)

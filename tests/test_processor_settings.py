@@ -8,10 +8,12 @@ import base64
 import io
 import json
 
+import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import PROMPTS
-from test_serving import user_turn
+from test_serving import PROMPT, user_turn
 
 from vlmspec import InvalidInputError, VLMSpecPipeline
 from vlmspec.cli import main
@@ -287,11 +289,49 @@ def test_a_saved_pipeline_keeps_its_processor_settings_and_reasoning_parser(qwen
     )
     assert given.mm_processor_kwargs == {"max_pixels": 112 * 112} and given.reasoning_parser.name == "qwen3"
     assert given(PICTURE, PROMPTS[0], max_new_tokens=2).stats.target_visual_tokens == 16
+    # vlmspec serve and vlmspec batch keep them too (their flags, when given, win).
+    requests, replies = tmp_path / "requests.jsonl", tmp_path / "replies.jsonl"
+    body = {"messages": user_turn(picture_uri()), "max_tokens": 2}
+    requests.write_text(
+        json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body})
+    )
+    command = [
+        "batch",
+        str(requests),
+        "--out",
+        str(replies),
+        "--target",
+        str(folder),
+        "--prefix-cache-gb",
+        "0",
+    ]
+    assert main(command) == 0
+    usage = json.loads(replies.read_text())["response"]["body"]["usage"]
+    messages = [
+        {"role": "user", "content": [{"type": "image", "image": PICTURE}, {"type": "text", "text": PROMPT}]}
+    ]
+    assert usage["prompt_tokens"] == loaded(messages=messages, max_new_tokens=2).stats.prompt_tokens
     settings = folder / "vlmspec_pipeline.yaml"
     text = settings.read_text()
     assert "mm_processor_kwargs:" in text and "end: </answer>" in text  # a parser of one's own, by its tags
     settings.write_text(text.replace("size:", "patch_size: 7\n  size:"))
-    with pytest.raises(InvalidInputError, match=r"vlmspec_pipeline.yaml': mm_processor_kwargs: .*patch_size"):
+    with pytest.raises(
+        InvalidInputError, match=r"vlmspec_pipeline.yaml': mm_processor_kwargs sets patch_size"
+    ):
+        VLMSpecPipeline.from_pretrained(folder)
+    settings.write_text(text.replace("end: </answer>", "end: ''"))
+    with pytest.raises(InvalidInputError, match=r"vlmspec_pipeline.yaml': reasoning_parser: .*end"):
         VLMSpecPipeline.from_pretrained(folder)
     settings.write_text("policy: sage\n")  # saved before these settings were kept: none set
     assert VLMSpecPipeline.from_pretrained(folder).mm_processor_kwargs == {}
+    assert set(
+        yaml.safe_load(qwen.save_pretrained(folder).joinpath("vlmspec_pipeline.yaml").read_text())
+    ) == {"policy", "policy_options", "pruning"}  # none set, none written: older versions read the file
+    with pytest.raises(InvalidInputError, match=r"reasoning_parser='qwen9' is not a parser"):
+        VLMSpecPipeline.from_pretrained("nowhere/none", reasoning_parser="qwen9")  # before any model loads
+    qwen.mm_processor_kwargs = {"do_normalize": np.True_, "image_mean": np.array([0.5, 0.5, 0.5])}
+    try:
+        saved = yaml.safe_load((qwen.save_pretrained(folder) / "vlmspec_pipeline.yaml").read_text())
+    finally:
+        qwen.mm_processor_kwargs = {}
+    assert saved["mm_processor_kwargs"] == {"do_normalize": True, "image_mean": [0.5, 0.5, 0.5]}

@@ -25,11 +25,13 @@ from vlmspec.testbed.world import IMAGE_SIDE, NUM_FRAMES, caption_facts, fact_ac
 
 VISUAL_TOKENS = {
     "qwen2_vl": {"image": 9, "video": 18},
+    "qwen2_5_vl": {"image": 9, "video": 18},
     "llava_onevision": {"image": 21, "video": 17},
     "internvl": {"image": 9, "video": 36},  # one tile a picture, a tile a frame
 }
 PLACEHOLDERS = {
     "qwen2_vl": ("<|image_pad|>", "<|video_pad|>"),
+    "qwen2_5_vl": ("<|image_pad|>", "<|video_pad|>"),
     "llava_onevision": ("<image>", "<video>"),
     "internvl": ("<IMG_CONTEXT>", "<IMG_CONTEXT>"),  # a video's frames are written as pictures
 }
@@ -97,7 +99,7 @@ def test_video_caption_facts_cover_events() -> None:
 def test_feature_scale_cap() -> None:
     from vlmspec.testbed.train import FEATURE_RMS_CAP, rms_penalty
 
-    assert set(FEATURE_RMS_CAP) == {"llava_onevision"}  # Qwen2-VL's merged features already sit near RMS 1
+    assert set(FEATURE_RMS_CAP) == {"llava_onevision", "internvl"}  # Qwen's merged features sit near RMS 1
     features = torch.ones(2, 3, 8)  # RMS 1 per token
     features[1, 2] *= 4.0  # one token at RMS 4
     assert rms_penalty(features, 4.0) == 0

@@ -56,7 +56,7 @@ from .requests import (
     naming_request,
     request_kwargs,
 )
-from .saving import read_settings, restore_settings, save_pipeline, saved_policy
+from .saving import check_request_settings, read_settings, restore_settings, save_pipeline, saved_policy
 from .scores import ScoreLog, check_output_scores
 from .streaming import StreamPiece, check_stream_kwargs, check_streamer, stream_call
 from .structured import StructuredOutputs
@@ -231,9 +231,10 @@ class VLMSpecPipeline(PromptBuilder):
         policy = policy if policy is not None else DEFAULT_POLICY
         policy = policy_with(policy, policy_options)  # a bad name or option fails before any model loads
         pruning = pruning if pruning is not None else saved.get("pruning", "attention")
+        given = {"mm_processor_kwargs": mm_processor_kwargs, "reasoning_parser": reasoning_parser}
+        check_request_settings(target, saved, given)
         models = load_pair(target, draft, torch_dtype, device_map, trust_remote_code, calibration, **loading)
         pipe = cls(*models, policy=policy, pruning=pruning, prune_ratio=prune_ratio)
-        given = {"mm_processor_kwargs": mm_processor_kwargs, "reasoning_parser": reasoning_parser}
         restore_settings(pipe, target, saved, given)
         return pipe
 

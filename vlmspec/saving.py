@@ -5,8 +5,8 @@
     folder/
       target/                  the target (save_pretrained) and its processor
       draft/                   the draft (with the target's tokenizer; an EDD draft in its own format)
-      vlmspec_pipeline.yaml    the policy, the options the user set, the pruning, the processor settings
-                               (``mm_processor_kwargs``) and the reasoning parser, when set
+      vlmspec_pipeline.yaml    the policy, the options the user set, the pruning, and where they are set, the
+                               processor settings (``mm_processor_kwargs``) and the reasoning parser
       policy_files/            copies of the files the policy's options name (C2T's ``classifier``), if any
 
 Policy options that name a file (:attr:`~vlmspec.policies.PolicyConfig.file_fields`) are saved as copies of the
@@ -25,6 +25,7 @@ import dataclasses
 import numbers
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -34,8 +35,9 @@ from .errors import InputNotFoundError, InvalidInputError, VLMSpecError
 from .models import EDDDraft
 from .named_pairs import PIPELINE_FILE, is_pipeline_folder
 from .policies import TreePolicy, get_policy, policy_class
+from .processor_settings import check_settings_form
 from .pruning import PruningConfig
-from .reasoning import REASONING_PARSERS, ReasoningParser
+from .reasoning import REASONING_PARSERS, ReasoningParser, reasoning_parser
 
 REQUEST_SETTINGS = ("mm_processor_kwargs", "reasoning_parser")
 """The pipeline's settings for every request that a save keeps (set as attributes of the pipeline)."""
@@ -60,18 +62,22 @@ def save_pipeline(pipe: Any, folder: str | Path) -> Path:
     """
     folder = Path(folder).expanduser()
     options, copies = _policy_files(pipe.policy)
-    settings = yaml.safe_dump(
-        _plain(
-            {
-                "policy": pipe.policy.name,
-                "policy_options": options,
-                "pruning": dataclasses.asdict(pipe.pruning),
-                "mm_processor_kwargs": pipe.mm_processor_kwargs,
-                "reasoning_parser": _parser_setting(pipe.reasoning_parser),
-            }
-        ),
-        sort_keys=False,
-    )  # first, so that a value YAML cannot hold fails before anything is written
+    values = {
+        "policy": pipe.policy.name,
+        "policy_options": options,
+        "pruning": dataclasses.asdict(pipe.pruning),
+        "mm_processor_kwargs": pipe.mm_processor_kwargs,
+        "reasoning_parser": _parser_setting(pipe.reasoning_parser),
+    }
+    try:  # first, so that a value YAML cannot hold fails before anything is written
+        settings = yaml.safe_dump(
+            _plain({k: v for k, v in values.items() if v or k not in REQUEST_SETTINGS}), sort_keys=False
+        )
+    except yaml.YAMLError as err:
+        raise InvalidInputError(
+            f"cannot save the pipeline's settings {values!r:.200}: YAML cannot hold a value among them ({err}); "
+            "use plain numbers, strings, lists and dicts"
+        ) from None
     _check_folder(folder)
     real = folder.resolve()  # a linked folder is written where it points
     real.mkdir(parents=True, exist_ok=True)
@@ -166,7 +172,7 @@ def read_settings(folder: str | Path) -> dict[str, Any]:
         raise InvalidInputError(f"{where}: pruning: {err}") from None
     try:
         parser = ReasoningParser(**parser) if isinstance(parser, dict) else parser
-    except TypeError as err:
+    except (TypeError, VLMSpecError) as err:
         raise InvalidInputError(f"{where}: reasoning_parser: {err}") from None
     options = _files_in_folder(folder, policy, dict(options or {}))
     return {
@@ -178,23 +184,54 @@ def read_settings(folder: str | Path) -> dict[str, Any]:
     }
 
 
+def check_request_settings(folder: Any, settings: dict[str, Any], given: dict[str, Any]) -> None:
+    """What can be checked of the :data:`REQUEST_SETTINGS` :func:`restore_settings` will set before any model
+    loads: the processor settings' form (:func:`~vlmspec.processor_settings.check_settings_form`) and the reasoning
+    parser's name.
+
+    Raises:
+        VLMSpecError: naming the argument, or the settings file and key of a saved one.
+    """
+    for name, value, label in _chosen_settings(folder, settings, given):
+        if name == "mm_processor_kwargs":
+            check_settings_form(value, label)
+            continue
+        try:
+            reasoning_parser(value)
+        except VLMSpecError as err:
+            raise type(err)(f"{label}: {err}") from None
+
+
 def restore_settings(pipe: Any, folder: Any, settings: dict[str, Any], given: dict[str, Any]) -> None:
     """Set ``pipe``'s :data:`REQUEST_SETTINGS` (``mm_processor_kwargs``, ``reasoning_parser``): those ``given``
     (not ``None``), else those of a saved pipeline's ``settings`` (:func:`read_settings` of ``folder``; ``{}`` for
-    any other source).
+    any other source). ``reasoning_parser=None`` leaves a saved parser in place (set ``pipe.reasoning_parser =
+    None`` after loading to drop it); ``mm_processor_kwargs={}`` drops saved processor settings.
 
     Raises:
-        VLMSpecError: a setting the pipeline refuses; one of the saved ones names the settings file.
+        VLMSpecError: a setting the pipeline refuses, naming the argument, or the settings file and key.
     """
+    for name, value, label in _chosen_settings(folder, settings, given):
+        if name == "mm_processor_kwargs":
+            pipe.mm_processor_kwargs = pipe.check_mm_processor_kwargs(value, label)
+            continue
+        try:
+            pipe.reasoning_parser = value
+        except VLMSpecError as err:
+            raise type(err)(f"{label}: {err}") from None
+
+
+def _chosen_settings(
+    folder: Any, settings: dict[str, Any], given: dict[str, Any]
+) -> Iterator[tuple[str, Any, str]]:
+    """``(name, value, label)`` of each request setting: the one given, else the saved one, with the name an error
+    about it gives (the argument's, or the settings file's and key)."""
     where = f"saved pipeline settings {str(Path(str(folder)).expanduser() / PIPELINE_FILE)!r}"
     for name in REQUEST_SETTINGS:
         if given.get(name) is not None:
-            setattr(pipe, name, given[name])
-        elif settings.get(name):
-            try:
-                setattr(pipe, name, settings[name])
-            except VLMSpecError as err:
-                raise type(err)(f"{where}: {name}: {err}") from None
+            yield name, given[name], name
+        else:
+            yield name, settings.get(name), f"{where}: {name}"
 
 
 def _parser_setting(parser: ReasoningParser | None) -> str | dict[str, str] | None:
@@ -291,12 +328,14 @@ def _files_in_folder(folder: Path, policy: str, options: dict[str, Any]) -> dict
 
 
 def _plain(value: Any) -> Any:
-    """Tuples as lists and numbers (numpy's too) as Python's, recursively: what ``yaml.safe_dump`` writes and the
-    configs read back."""
+    """Tuples as lists, numbers and numpy's values (scalars, arrays) as Python's, recursively: what
+    ``yaml.safe_dump`` writes and the configs read back."""
     if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):  # numpy's scalars and arrays
+        return _plain(value.tolist())
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return int(value)
     if isinstance(value, numbers.Real) and not isinstance(value, bool):

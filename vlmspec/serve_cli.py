@@ -71,13 +71,14 @@ def add_server_flags(s: argparse.ArgumentParser) -> None:
         "--mm-processor-kwargs",
         type=json_object("--mm-processor-kwargs", '{"max_pixels": 401408}'),
         help="the processor's settings for every request's pictures and videos (vLLM's); a request's "
-        "mm_processor_kwargs win",
+        "mm_processor_kwargs win (default: a saved pipeline's, else none)",
     )
     s.add_argument(
         "--reasoning-parser",
         choices=sorted(REASONING_PARSERS),
         help="a thinking model's tags (vLLM's names): replies carry their reasoning apart from their content "
-        "(reasoning_content), and structured outputs and tool calls apply after it (default: none)",
+        "(reasoning_content), and structured outputs and tool calls apply after it (default: a saved pipeline's, "
+        "else none)",
     )
     s.add_argument(
         "--allowed-media-dir",
@@ -105,10 +106,12 @@ def build_server(args: argparse.Namespace, command: str) -> Any:
     if args.allowed_media_dir is not None and not args.allowed_media_dir.is_dir():
         raise InputNotFoundError(f"--allowed-media-dir {str(args.allowed_media_dir)!r} is not a folder")
     pipe = load_pipeline(args, command)
-    pipe.reasoning_parser = args.reasoning_parser
-    pipe.mm_processor_kwargs = pipe.check_mm_processor_kwargs(
-        args.mm_processor_kwargs, "--mm-processor-kwargs"
-    )
+    if args.reasoning_parser is not None:  # else a saved pipeline's, or none
+        pipe.reasoning_parser = args.reasoning_parser
+    if args.mm_processor_kwargs is not None:
+        pipe.mm_processor_kwargs = pipe.check_mm_processor_kwargs(
+            args.mm_processor_kwargs, "--mm-processor-kwargs"
+        )
     picture = {"type": "image", "image": str(_example_image())}
     warm_up = [{"role": "user", "content": [picture, {"type": "text", "text": "Describe this image."}]}]
     try:  # warm-up: not the first request's wait; and the chat template, with its defaults, tried once

@@ -1,4 +1,4 @@
-"""``testbed build [--size base|mini] [--family qwen2_vl|llava_onevision|internvl|all] [--root DIR] [--force]`` and
+"""``testbed build [--size base|mini] [--family <family>|all] [--root DIR] [--force]`` and
 ``testbed prune [--root DIR] [--dry-run]``.
 
 Run as ``python -m vlmspec.testbed build ...``; :func:`main` takes the arguments after ``testbed`` so the

@@ -63,7 +63,7 @@ class TestbedPair:
     """A built testbed pair.
 
     Attributes:
-        family: One of :data:`FAMILIES` (``"qwen2_vl"``, ``"llava_onevision"``, ``"internvl"``).
+        family: One of :data:`FAMILIES` (``"qwen2_vl"``, ``"qwen2_5_vl"``, ``"llava_onevision"``, ``"internvl"``).
         size: ``"base"`` or ``"mini"``.
         folder: The pair's folder.
         target: Target model folder (``AutoModelForImageTextToText`` / ``AutoProcessor.from_pretrained``).
@@ -274,7 +274,7 @@ def build(
 
     Args:
         size: ``"base"`` (benchmarks, demo; ~15-20 min on 2 CPU cores) or ``"mini"`` (tests; ~1-2 min).
-        family: One of :data:`FAMILIES` (``"qwen2_vl"``, ``"llava_onevision"``, ``"internvl"``).
+        family: One of :data:`FAMILIES` (``"qwen2_vl"``, ``"qwen2_5_vl"``, ``"llava_onevision"``, ``"internvl"``).
         root: Cache folder; naming one skips the shipped pair. Default: the shipped pair, else
             :func:`default_root`.
         force: Train again (into the cache) even if a built or shipped pair exists.
