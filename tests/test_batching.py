@@ -172,7 +172,17 @@ def test_a_batch_stopped_early_ends_every_request(tiny_pairs):
     assert pipe(**mixed_requests()[index]).token_ids == first.token_ids  # the pipeline is still usable
 
 
-def test_ctrl_c_while_a_request_computes_waits_for_its_thread():
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler (KeyboardInterrupt in the main thread), as in a terminal: the Ctrl-C tests below
+    send SIGINT to their own process, and a library an earlier test of the same worker ran may have left SIGINT
+    ignored or handled its own way (once seen in a full run: the batch finished, no KeyboardInterrupt)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_while_a_request_computes_waits_for_its_thread(python_sigint):
     """Ctrl-C lands in the main thread while a request's thread computes: the batch must not return (and the
     interpreter exit) with that thread still inside torch, which aborts the process (SIGABRT, found by QA)."""
     finished: list[int] = []
@@ -266,7 +276,7 @@ def test_a_feed_with_nothing_queued_waits_for_requests_and_ends_when_closed(tiny
     assert [(i, out.token_ids) for i, out in results] == [(0, reference(pipe, request))]
 
 
-def test_ctrl_c_during_a_new_request_s_prefill_still_ends_it():
+def test_ctrl_c_during_a_new_request_s_prefill_still_ends_it(python_sigint):
     """The request is one of the batch before it first runs: Ctrl-C while it runs to its first forward (its
     prefill) must end it there, not leave its thread waiting for a forward forever (found by review)."""
     batcher = Batcher(max_rows=2)

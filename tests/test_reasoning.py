@@ -112,14 +112,17 @@ def reference(pipe, structure, max_new_tokens=24, **options) -> list[int]:
     return out[0, inputs["input_ids"].shape[1] :].tolist()
 
 
-def saved_with_bias(thinking, folder):
+def saved_with_bias(thinking, folder, parser=None):
     """The thinking pair saved with a ``sequence_bias`` towards ``</think>`` in its generation config, so that the
-    commands that load it reach ``</think>`` as the in-process calls do under ``logit_bias``."""
+    commands that load it reach ``</think>`` as the in-process calls do under ``logit_bias``, and with ``parser``
+    as its reasoning parser (none: the commands' flag sets it)."""
     thinking.target.generation_config.sequence_bias = [[[end_id(thinking)], BIAS]]
+    own, thinking.reasoning_parser = thinking.reasoning_parser, parser
     try:
         return thinking.save_pretrained(folder)
     finally:
         thinking.target.generation_config.sequence_bias = None
+        thinking.reasoning_parser = own
 
 
 def batch_command(folder, saved, out, *flags) -> list[str]:
@@ -380,18 +383,20 @@ def test_a_bad_reasoning_parser_in_model_args_is_named():
 
 def test_vlmspec_batch_takes_the_reasoning_parser_flag(thinking, tmp_path):
     """``--reasoning-parser`` (a flag of every server front, ``vlmspec serve`` and ``vlmspec batch``) reaches the
-    server: a thinking pair saved with a bias towards ``</think>`` answers with its reasoning apart."""
+    server: a thinking pair saved with a bias towards ``</think>`` answers with its reasoning apart; so does one saved
+    with its parser, without the flag."""
     from vlmspec.cli import main
 
     saved = saved_with_bias(thinking, tmp_path / "thinking")
     line = {"custom_id": "q", "method": "POST", "url": "/v1/chat/completions", "body": body()}
     (tmp_path / "in.jsonl").write_text(json.dumps(line) + "\n")
     expected = thinking(messages=messages(), max_new_tokens=24, logit_bias={end_id(thinking): BIAS})
-    for flag in ([], ["--reasoning-parser", "qwen3"]):
-        out = tmp_path / f"out{len(flag)}.jsonl"
-        assert main(batch_command(tmp_path, saved, out, *flag)) == 0
+    with_parser = saved_with_bias(thinking, tmp_path / "with-parser", parser="qwen3")
+    for flag, folder in (([], saved), (["--reasoning-parser", "qwen3"], saved), ([], with_parser)):
+        out = tmp_path / f"out{len(flag)}{folder.name}.jsonl"
+        assert main(batch_command(tmp_path, folder, out, *flag)) == 0
         message = json.loads(out.read_text())["response"]["body"]["choices"][0]["message"]
-        if flag:
+        if flag or folder == with_parser:  # the flag, or the saved pipeline's own parser
             assert (message["reasoning_content"], message["content"]) == (
                 expected.reasoning,
                 expected.content,
