@@ -295,22 +295,20 @@ def test_a_saved_pipeline_keeps_its_processor_settings_and_reasoning_parser(qwen
     requests.write_text(
         json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body})
     )
-    command = [
-        "batch",
-        str(requests),
-        "--out",
-        str(replies),
-        "--target",
-        str(folder),
-        "--prefix-cache-gb",
-        "0",
-    ]
-    assert main(command) == 0
+    command = ["batch", str(requests), "--target", str(folder), "--prefix-cache-gb", "0"]
+    assert main([*command, "--out", str(replies)]) == 0
     usage = json.loads(replies.read_text())["response"]["body"]["usage"]
     messages = [
         {"role": "user", "content": [{"type": "image", "image": PICTURE}, {"type": "text", "text": PROMPT}]}
     ]
     assert usage["prompt_tokens"] == loaded(messages=messages, max_new_tokens=2).stats.prompt_tokens
+    flagged_out = tmp_path / "flag.jsonl"
+    flag = ["--mm-processor-kwargs", json.dumps({"max_pixels": 112 * 112}), "--out", str(flagged_out)]
+    assert main([*command, *flag]) == 0
+    flagged = json.loads(flagged_out.read_text())["response"]["body"]["usage"]
+    assert (
+        flagged["prompt_tokens"] == usage["prompt_tokens"] + 12
+    )  # the flag's 16 visual tokens, not the saved 4
     settings = folder / "vlmspec_pipeline.yaml"
     text = settings.read_text()
     assert "mm_processor_kwargs:" in text and "end: </answer>" in text  # a parser of one's own, by its tags
@@ -321,6 +319,11 @@ def test_a_saved_pipeline_keeps_its_processor_settings_and_reasoning_parser(qwen
         VLMSpecPipeline.from_pretrained(folder)
     settings.write_text(text.replace("end: </answer>", "end: ''"))
     with pytest.raises(InvalidInputError, match=r"vlmspec_pipeline.yaml': reasoning_parser: .*end"):
+        VLMSpecPipeline.from_pretrained(folder)
+    settings.write_text("policy: sage\nmm_processor_kwargs: []\n")
+    with pytest.raises(
+        InvalidInputError, match=r"vlmspec_pipeline.yaml': policy must be a name, .* mappings"
+    ):
         VLMSpecPipeline.from_pretrained(folder)
     settings.write_text("policy: sage\n")  # saved before these settings were kept: none set
     assert VLMSpecPipeline.from_pretrained(folder).mm_processor_kwargs == {}

@@ -98,6 +98,7 @@ def load_pipeline(args: argparse.Namespace, command: str) -> Any:
     """The pipeline the pair flags (:func:`add_pair_flags`) name, its policy checked before any model loads."""
     from .named_pairs import is_pair_name, is_pipeline_folder, resolve_pair
     from .pipeline import VLMSpecPipeline
+    from .processor_settings import check_settings_form
 
     if args.target is None and args.draft is not None:
         raise InvalidInputError("--draft needs --target (or name neither for the default pair)")
@@ -115,9 +116,12 @@ def load_pipeline(args: argparse.Namespace, command: str) -> Any:
     if getattr(args, "chat_template", None) is not None:  # the server fronts' --chat-template
         options["chat_template"] = args.chat_template
     saved = is_pipeline_folder(args.target)  # a saved pipeline brings its own settings
+    # the server fronts' flags, in place of a saved pipeline's (their form checked before any model loads)
+    given = {name: getattr(args, name, None) for name in ("mm_processor_kwargs", "reasoning_parser")}
+    check_settings_form(given["mm_processor_kwargs"], "--mm-processor-kwargs")
     pipe = VLMSpecPipeline.from_pretrained(
         args.target if saved else pair.target, args.draft if saved else pair.draft, policy=args.policy,
-        torch_dtype=args.dtype, calibration=pair.calibration, **options,
+        torch_dtype=args.dtype, calibration=pair.calibration, **given, **options,
     )  # fmt: skip
     if pair.calibration:
         from .testbed.calibrate import get_calibration

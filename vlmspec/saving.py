@@ -159,7 +159,7 @@ def read_settings(folder: str | Path) -> dict[str, Any]:
     policy, options, pruning, processing, parser = (values.get(key) for key in SETTINGS)
     if (
         not isinstance(policy, str)
-        or not all(isinstance(value or {}, dict) for value in (options, pruning, processing))
+        or not all(value is None or isinstance(value, dict) for value in (options, pruning, processing))
         or not isinstance(parser, (str, dict, type(None)))
     ):
         raise InvalidInputError(
@@ -192,14 +192,14 @@ def check_request_settings(folder: Any, settings: dict[str, Any], given: dict[st
     Raises:
         VLMSpecError: naming the argument, or the settings file and key of a saved one.
     """
-    for name, value, label in _chosen_settings(folder, settings, given):
+    for name, value, where in _chosen_settings(folder, settings, given):
         if name == "mm_processor_kwargs":
-            check_settings_form(value, label)
+            check_settings_form(value, f"{where}: {name}" if where else name)
             continue
         try:
             reasoning_parser(value)
         except VLMSpecError as err:
-            raise type(err)(f"{label}: {err}") from None
+            raise _saved(err, where) from None
 
 
 def restore_settings(pipe: Any, folder: Any, settings: dict[str, Any], given: dict[str, Any]) -> None:
@@ -211,27 +211,34 @@ def restore_settings(pipe: Any, folder: Any, settings: dict[str, Any], given: di
     Raises:
         VLMSpecError: a setting the pipeline refuses, naming the argument, or the settings file and key.
     """
-    for name, value, label in _chosen_settings(folder, settings, given):
+    for name, value, where in _chosen_settings(folder, settings, given):
         if name == "mm_processor_kwargs":
-            pipe.mm_processor_kwargs = pipe.check_mm_processor_kwargs(value, label)
+            pipe.mm_processor_kwargs = pipe.check_mm_processor_kwargs(
+                value, f"{where}: {name}" if where else name
+            )
             continue
         try:
             pipe.reasoning_parser = value
         except VLMSpecError as err:
-            raise type(err)(f"{label}: {err}") from None
+            raise _saved(err, where) from None
 
 
 def _chosen_settings(
     folder: Any, settings: dict[str, Any], given: dict[str, Any]
 ) -> Iterator[tuple[str, Any, str]]:
-    """``(name, value, label)`` of each request setting: the one given, else the saved one, with the name an error
-    about it gives (the argument's, or the settings file's and key)."""
+    """``(name, value, where)`` of each request setting: the one given (``where`` empty), else the saved one
+    (``where`` names the settings file)."""
     where = f"saved pipeline settings {str(Path(str(folder)).expanduser() / PIPELINE_FILE)!r}"
     for name in REQUEST_SETTINGS:
         if given.get(name) is not None:
-            yield name, given[name], name
+            yield name, given[name], ""
         else:
-            yield name, settings.get(name), f"{where}: {name}"
+            yield name, settings.get(name), where
+
+
+def _saved(err: VLMSpecError, where: str) -> VLMSpecError:
+    """``err``, its message prefixed with ``where`` (the settings file) when the setting was saved there."""
+    return type(err)(f"{where}: {err}") if where else err
 
 
 def _parser_setting(parser: ReasoningParser | None) -> str | dict[str, str] | None:

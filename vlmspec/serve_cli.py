@@ -105,13 +105,7 @@ def build_server(args: argparse.Namespace, command: str) -> Any:
 
     if args.allowed_media_dir is not None and not args.allowed_media_dir.is_dir():
         raise InputNotFoundError(f"--allowed-media-dir {str(args.allowed_media_dir)!r} is not a folder")
-    pipe = load_pipeline(args, command)
-    if args.reasoning_parser is not None:  # else a saved pipeline's, or none
-        pipe.reasoning_parser = args.reasoning_parser
-    if args.mm_processor_kwargs is not None:
-        pipe.mm_processor_kwargs = pipe.check_mm_processor_kwargs(
-            args.mm_processor_kwargs, "--mm-processor-kwargs"
-        )
+    pipe = load_pipeline(args, command)  # with --reasoning-parser and --mm-processor-kwargs, where given
     picture = {"type": "image", "image": str(_example_image())}
     warm_up = [{"role": "user", "content": [picture, {"type": "text", "text": "Describe this image."}]}]
     try:  # warm-up: not the first request's wait; and the chat template, with its defaults, tried once

@@ -301,9 +301,8 @@ def _new_config(model: PreTrainedModel, old: LMShape, new: LMShape) -> Any:
         rope["mrope_section"] = [c * s for s in rope["mrope_section"]]
     text.rope_parameters = rope
     vision = getattr(config, "vision_config", None)
-    if (
-        config.model_type == "qwen2_vl" and vision is not None
-    ):  # the merger's output width: the language model's
+    # the Qwen mergers' output width is the language model's (the others read it from the text config)
+    if config.model_type == "qwen2_vl" and vision is not None:
         vision.hidden_size = new.hidden
     elif config.model_type == "qwen2_5_vl" and vision is not None:
         vision.out_hidden_size = new.hidden

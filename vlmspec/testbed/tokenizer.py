@@ -96,7 +96,8 @@ def build_processor(family: str) -> ProcessorMixin:
         family: One of :data:`FAMILIES`.
 
     Returns:
-        A ``Qwen2VLProcessor`` or ``LlavaOnevisionProcessor``.
+        The family's processor (``Qwen2VLProcessor``, ``Qwen2_5_VLProcessor``, ``LlavaOnevisionProcessor``,
+        ``InternVLProcessor``).
 
     Raises:
         ValueError: If ``family`` is not one of :data:`FAMILIES`.
