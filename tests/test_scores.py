@@ -219,3 +219,33 @@ def test_a_pad_token_beyond_the_logits_leaves_finished_rows_all_minus_infinity(t
     assert out.sequences[0, length:].tolist() == expected and len(out.scores) == len(expected)
     with pytest.raises(TypeError, match=r"pipe.stream\(\) yields text pieces, not scores"):
         tiny.stream(make_image(2), "Hi", output_scores=True)
+
+
+@pytest.mark.parametrize("task", ["image_caption", "video_caption"])
+def test_token_logprobs_are_generate_s_logits_in_one_forward(mini, task):
+    """Teacher forcing on the target's own greedy reply: each row is the log-softmax of the logits ``generate()``
+    computed for that token (a clip's prompt too: its per-token ``mm_token_type_ids`` grow with the text)."""
+    example = sample(task, 7)
+    inputs = mini.prepare_inputs(example.image, example.prompt, video=example.video)
+    out = mini.target.generate(**inputs, max_new_tokens=20, do_sample=False, **SCORED)
+    tokens = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
+    logprobs = mini.token_logprobs(inputs, tokens)  # [n, V]
+    assert logprobs.shape == (len(tokens), out.logits[0].shape[-1]) and logprobs.dtype == torch.float32
+    expected = torch.cat(out.logits).float().log_softmax(-1)
+    torch.testing.assert_close(logprobs, expected, atol=1e-4, rtol=1e-4)
+    assert logprobs.argmax(-1).tolist() == tokens  # greedy: every token is its row's most likely
+    other = mini.token_logprobs(inputs, [tokens[0]] + [tokens[2]] * (len(tokens) - 1))
+    torch.testing.assert_close(other[0], logprobs[0])  # the prompt alone decides the first row
+    assert not torch.allclose(other[2:], logprobs[2:])
+
+
+def test_token_logprobs_refuse_what_is_not_a_continuation(mini):
+    example = sample("image_caption", 1)
+    inputs = mini.prepare_inputs(example.image, example.prompt)
+    with pytest.raises(InvalidInputError, match="token_ids is empty"):
+        mini.token_logprobs(inputs, [])
+    vocab = mini.target.config.get_text_config().vocab_size
+    with pytest.raises(InvalidInputError, match="token_ids"):
+        mini.token_logprobs(inputs, [1, vocab])
+    with pytest.raises(InvalidInputError, match="one prompt"):
+        mini.token_logprobs({**inputs, "input_ids": inputs["input_ids"].repeat(2, 1)}, [1])

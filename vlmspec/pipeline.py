@@ -32,6 +32,7 @@ from .inputs import (
     VideoInput,
     check_num_frames,
     check_prompt_inputs,
+    check_token_ids,
     on_device,
 )
 from .kernels import onednn_linears
@@ -57,7 +58,7 @@ from .requests import (
     request_kwargs,
 )
 from .saving import check_request_settings, read_settings, restore_settings, save_pipeline, saved_policy
-from .scores import ScoreLog, check_output_scores
+from .scores import ScoreLog, check_output_scores, continuation_logits
 from .streaming import StreamPiece, check_stream_kwargs, check_streamer, stream_call
 from .structured import StructuredOutputs
 
@@ -262,6 +263,21 @@ class VLMSpecPipeline(PromptBuilder):
         ``structured_outputs``, after the reasoning as :attr:`reasoning_parser` says): what users run without
         vlmspec, and what greedy speculative output equals."""
         return hf_compat.reference_generate(self, inputs, max_new_tokens, structured_outputs)
+
+    def token_logprobs(self, inputs: Mapping[str, torch.Tensor], token_ids: Sequence[int]) -> torch.Tensor:
+        """``[n, V]`` float32 log-probabilities of the target's next token before each of the ``n`` ``token_ids``,
+        given ``inputs`` (:meth:`prepare_inputs`'s, or a processor's for one prompt): teacher forcing in one forward,
+        the raw distribution (no logits processors or sampling warpers).
+
+        ``out.gather(-1, ids[:, None]).sum()`` is a continuation's log-likelihood (lmms-eval's ``loglikelihood``),
+        ``exp`` of its negative mean the perplexity, ``-(out.exp() * out).sum(-1)`` the target's entropies.
+        """
+        checked = check_prompt_inputs(inputs, self._vocab_size(), hf_compat.model_inputs(self.target))
+        tokens = list(token_ids)
+        if tokens:  # (none: continuation_logits says so)
+            check_token_ids(torch.as_tensor(tokens), self._vocab_size(), "token_ids")
+        on_target = on_device(checked, self._target_adapter.device)
+        return continuation_logits(self.target, on_target, tokens).log_softmax(-1)
 
     @torch.no_grad()
     def __call__(

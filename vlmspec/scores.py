@@ -10,12 +10,13 @@ config's ``renormalize_logits`` asks for it, as ``generate()``'s ``LogitNormaliz
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from .errors import InputTypeError
+from .errors import InputTypeError, InvalidInputError
 from .sampling import SamplingParams
 
 
@@ -114,3 +115,34 @@ def generate_steps(rows: Sequence[TokenScores], field: str, width: int, pad: int
     return tuple(
         torch.stack([table[t] if t < table.shape[0] else filler for table in tables]) for t in range(width)
     )
+
+
+@torch.no_grad()
+def continuation_logits(
+    model: torch.nn.Module, inputs: Mapping[str, Any], token_ids: Sequence[int]
+) -> torch.Tensor:
+    """The model's raw next-token logits before each of ``token_ids``, given the prompt ``inputs``: one forward over
+    the prompt and the continuation (teacher forcing), the logits ``generate()`` would compute one step at a time.
+
+    Args:
+        model: a ``*ForConditionalGeneration`` model.
+        inputs: one prompt's processor outputs (``input_ids`` ``[1, L]``), on the model's device.
+        token_ids: the continuation's ``n`` token ids (at least one).
+
+    Returns:
+        ``[n, V]`` float32: row ``i`` is the distribution ``token_ids[i]`` was drawn from.
+
+    Raises:
+        ValueError: no token ids.
+    """
+    tokens = [int(t) for t in token_ids]
+    if not tokens:
+        raise InvalidInputError("token_ids is empty: give the continuation's token ids (at least one)")
+    ids = inputs["input_ids"]  # [1, L]
+    new = torch.tensor([tokens], dtype=ids.dtype, device=ids.device)  # [1, n]
+    batch = dict(inputs, input_ids=torch.cat([ids, new], dim=1))  # [1, L + n]
+    for key, value in inputs.items():  # per-token inputs grow with the text: attended, and text (type 0)
+        if key != "input_ids" and torch.is_tensor(value) and value.shape == ids.shape:
+            grow = torch.ones_like if key == "attention_mask" else torch.zeros_like
+            batch[key] = torch.cat([value, grow(new, dtype=value.dtype)], dim=1)
+    return model(**batch).logits[0, ids.shape[1] - 1 : -1].float()  # [n, V]

@@ -16,6 +16,7 @@ from vlmspec.errors import InvalidInputError
 from vlmspec.policies.base import is_int
 from vlmspec.policies.dsbd import PAPER_TOP_K, PAPER_TOP_P
 from vlmspec.probe import sync
+from vlmspec.scores import continuation_logits
 from vlmspec.stopping import eos_token_ids, until_eos
 
 
@@ -102,24 +103,7 @@ def perplexity(pipe: Any, inputs: dict[str, Any], token_ids: Sequence[int]) -> f
         inputs: the prompt's processor outputs (``pipe.prepare_inputs(...)``).
         token_ids: the generated tokens (at least one).
     """
-    tokens = list(token_ids)
-    if not tokens:
-        raise InvalidInputError("perplexity: token_ids is empty")
-    ids = inputs["input_ids"]
-    prompt_len = ids.shape[1]
-    new = torch.tensor([tokens], dtype=ids.dtype, device=ids.device)
-    full = torch.cat([ids, new], dim=1)
-    mask = torch.ones_like(full)
-    if "attention_mask" in inputs:
-        mask = torch.cat([inputs["attention_mask"], torch.ones_like(new)], dim=1)
-    batch = {**inputs, "input_ids": full, "attention_mask": mask}
-    # Per-token side inputs (e.g. mm_token_type_ids) grow with the text: generated tokens are text (type 0).
-    for key, value in inputs.items():
-        if key not in batch or key in ("input_ids", "attention_mask") or not torch.is_tensor(value):
-            continue
-        if value.ndim == 2 and value.shape == ids.shape:
-            batch[key] = torch.cat([value, torch.zeros_like(new, dtype=value.dtype)], dim=1)
-    logits = pipe.target(**batch).logits[0, prompt_len - 1 : -1]  # [n, V]: predictions of the new tokens
-    logp = torch.log_softmax(logits.double(), dim=-1)
-    nll = -logp[torch.arange(len(tokens), device=logp.device), new[0].to(logp.device)].mean()
+    logits = continuation_logits(pipe.target, inputs, token_ids).double()  # [n, V]: the new tokens' rows
+    chosen = torch.tensor(list(token_ids), device=logits.device)
+    nll = -logits.log_softmax(-1).gather(-1, chosen[:, None]).mean()
     return float(math.exp(float(nll)))

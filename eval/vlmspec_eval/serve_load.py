@@ -25,6 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from vlmspec import PrefixCache, VLMSpecPipeline
 from vlmspec.cli import gibibytes, positive_int
@@ -121,7 +122,8 @@ def run(
     pipe.prefix_cache = PrefixCache(max_bytes=cache_bytes) if cache_bytes else None
     try:
         with SpecServer(pipe, port=0, batch_size=batch_size) as server:
-            address = server._http.server_address[:2]
+            url = urlsplit(server.url)
+            address = (url.hostname, url.port)
             ask(address, body(make_image(0), "Warm up.", 2))
             start = time.perf_counter()
             with ThreadPoolExecutor(clients) as pool:

@@ -1,20 +1,16 @@
-"""Benchmark inputs and the default model pair: the trained testbed when it is importable, else a fallback.
+"""Benchmark inputs and the default model pair: the trained testbed's, or synthetic inputs when asked for.
 
-The testbed (``vlmspec.testbed``, shipped with the package) offers ``sample(task, seed) -> Example`` with
-``image`` or ``video``, ``prompt``, ``reference`` and ``task``, and ``pair_paths(size, family) -> (target,
-draft)``. When it cannot be imported (or when asked for: ``--inputs synthetic``), the inputs are the deterministic
-synthetic pictures and clips of :mod:`vlmspec.testing` with fixed prompts, and the default pair is the tiny random
-pair of that family.
+The testbed (``vlmspec.testbed``, shipped with the package) draws held-out pictures and clips with their prompts
+and references (``sample(task, seed)``) and holds the default pairs. With ``--inputs synthetic`` the inputs are the
+deterministic synthetic pictures and clips of :mod:`vlmspec.testing` with fixed prompts.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from vlmspec.named_pairs import (
@@ -32,6 +28,7 @@ TASKS: tuple[str, ...] = ("image_caption", "image_qa", "video_caption")
 """The task mix of the bench (SAGE Table 1's image captioning, image QA and video captioning)."""
 
 INPUT_SOURCES: tuple[str, ...] = ("auto", "testbed", "synthetic")
+"""Where the inputs come from: the testbed world (``auto``, the default, is the testbed) or synthetic pictures."""
 
 _QA_PROMPTS: tuple[str, ...] = (
     "What color is the largest shape?",
@@ -69,17 +66,6 @@ class TaskInput:
     source: str = "synthetic"
 
 
-def testbed() -> ModuleType | None:
-    """The ``vlmspec.testbed`` module when it is importable and offers ``sample``/``pair_paths``, else ``None``."""
-    try:
-        module = importlib.import_module("vlmspec.testbed")
-    except ImportError:
-        return None
-    if not (hasattr(module, "sample") and hasattr(module, "pair_paths")):
-        return None
-    return module
-
-
 def check_tasks(tasks: Sequence[str]) -> list[str]:
     """Validate task names (order kept, duplicates dropped).
 
@@ -94,7 +80,7 @@ def check_tasks(tasks: Sequence[str]) -> list[str]:
 
 
 def load_inputs(tasks: Sequence[str], n: int, seed: int, source: str = "auto") -> list[TaskInput]:
-    """``n`` inputs per task, from the testbed (``source`` ``"auto"`` when importable, or ``"testbed"``) or synthetic.
+    """``n`` inputs per task, from the testbed (``source`` ``"auto"`` or ``"testbed"``) or synthetic.
 
     Args:
         tasks: task names (see :data:`TASKS`).
@@ -103,35 +89,21 @@ def load_inputs(tasks: Sequence[str], n: int, seed: int, source: str = "auto") -
         source: ``"auto"``, ``"testbed"`` or ``"synthetic"``.
 
     Raises:
-        ValueError: bad ``n``/``source``, or ``source="testbed"`` while the testbed is not importable.
+        ValueError: bad ``n``/``source``.
     """
     if n < 1:
         raise ValueError(f"n={n} is invalid: use at least 1 input per task")
     if source not in INPUT_SOURCES:
         raise ValueError(f"unknown input source {source!r}; valid: {', '.join(INPUT_SOURCES)}")
-    module = testbed() if source != "synthetic" else None
-    if source == "testbed" and module is None:
-        raise ValueError("--inputs testbed: vlmspec.testbed is not importable here; use --inputs synthetic")
-    inputs = []
-    for task in check_tasks(tasks):
-        for i in range(n):
-            inputs.append(
-                _testbed_input(module, task, i, seed + i) if module else _synthetic_input(task, i, seed + i)
-            )
-    return inputs
+    make = _synthetic_input if source == "synthetic" else _testbed_input
+    return [make(task, i, seed + i) for task in check_tasks(tasks) for i in range(n)]
 
 
-def _testbed_input(module: ModuleType, task: str, index: int, seed: int) -> TaskInput:
-    example = module.sample(task, seed)
-    return TaskInput(
-        task=task,
-        index=index,
-        prompt=example.prompt,
-        image=getattr(example, "image", None),
-        video=getattr(example, "video", None),
-        reference=getattr(example, "reference", None),
-        source="testbed",
-    )
+def _testbed_input(task: str, index: int, seed: int) -> TaskInput:
+    from vlmspec.testbed import sample
+
+    example = sample(task, seed)
+    return TaskInput(task, index, example.prompt, example.image, example.video, example.reference, "testbed")
 
 
 def _synthetic_input(task: str, index: int, seed: int) -> TaskInput:

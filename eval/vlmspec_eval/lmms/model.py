@@ -53,6 +53,7 @@ from vlmspec.errors import InvalidInputError, VLMSpecError
 from vlmspec.named_pairs import ResolvedPair
 from vlmspec.pruning import PruningConfig
 from vlmspec.requests import naming_request
+from vlmspec.scores import continuation_logits
 
 from .generation import check_policy_decoding, generation_settings, sampling_only, truncate_at_stops
 from .media import chat_messages, simple_messages
@@ -544,18 +545,9 @@ def score_continuation(
     ids = tokenizer(continuation, add_special_tokens=False)["input_ids"]
     if not ids:
         return 0.0, True
-    prompt_len = inputs["input_ids"].shape[1]
-    cont = torch.tensor([ids], dtype=inputs["input_ids"].dtype, device=inputs["input_ids"].device)
-    kwargs = dict(inputs)
-    kwargs["input_ids"] = torch.cat([inputs["input_ids"], cont], dim=1)
-    kwargs["attention_mask"] = torch.ones_like(kwargs["input_ids"])
-    if "mm_token_type_ids" in kwargs:  # Qwen families: text positions after the prompt
-        types = inputs["mm_token_type_ids"]
-        kwargs["mm_token_type_ids"] = torch.cat([types, torch.zeros_like(cont, dtype=types.dtype)], dim=1)
-    logits = model(**kwargs).logits[0, prompt_len - 1 : -1].float()
-    logprobs = torch.log_softmax(logits, dim=-1)
-    target = cont[0].to(logprobs.device)
-    total = logprobs.gather(-1, target[:, None]).sum().item()
+    logits = continuation_logits(model, inputs, ids)  # [n, V]
+    target = torch.tensor(ids, device=logits.device)
+    total = torch.log_softmax(logits, dim=-1).gather(-1, target[:, None]).sum().item()
     return float(total), bool((logits.argmax(-1) == target).all().item())
 
 
