@@ -385,23 +385,12 @@ def train(
     """
     _check_settings(lr, neg_ratio, val_fraction, beta, hidden=hidden, epochs=epochs, batch_size=batch_size)
     features, labels, trees = load_trees(data_path)
-    positives_total = int((labels > 0.5).sum())
-    if positives_total in (0, labels.numel()):
-        which = (
-            "no accepted node (every label is 0)"
-            if positives_total == 0
-            else "no rejected node (every label is 1)"
-        )
-        raise InvalidInputError(
-            f"c2t train: the data {', '.join(_names(data_path))} holds {which}: a classifier needs both classes; "
-            "collect more steps (more examples or a larger --max-new-tokens)"
-        )
+    positives_total = _check_both_classes(labels, data_path)
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     tree_ids = trees.unique()
     n_val = max(1, round(val_fraction * tree_ids.numel())) if tree_ids.numel() >= 2 else 0
-    order = tree_ids[torch.randperm(tree_ids.numel(), generator=gen)]
-    val_mask = torch.isin(trees, order[:n_val])
+    val_mask = torch.isin(trees, tree_ids[torch.randperm(tree_ids.numel(), generator=gen)][:n_val])
     train_x, train_y = features[~val_mask], labels[~val_mask]
     val_x, val_y = (features[val_mask], labels[val_mask]) if n_val else (train_x, train_y)
 
@@ -440,6 +429,20 @@ def train(
         **({"description": description} if description else {}),
     )
     return metrics
+
+
+def _check_both_classes(labels: torch.Tensor, data_path: str | Path | Sequence[str | Path]) -> int:
+    """The number of accepted nodes in ``labels``; refuses data with only one class (naming its files)."""
+    positives = int((labels > 0.5).sum())
+    if positives in (0, labels.numel()):
+        which = (
+            "no accepted node (every label is 0)" if positives == 0 else "no rejected node (every label is 1)"
+        )
+        raise InvalidInputError(
+            f"c2t train: the data {', '.join(_names(data_path))} holds {which}: a classifier needs both classes; "
+            "collect more steps (more examples or a larger --max-new-tokens)"
+        )
+    return positives
 
 
 def _names(data_path: str | Path | Sequence[str | Path]) -> list[str]:

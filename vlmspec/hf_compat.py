@@ -52,6 +52,22 @@ def reference_generate(
     return out[0, inputs["input_ids"].shape[1] :].tolist()
 
 
+def _checked_ids_and_pad(pipe: Any, input_ids: Any, pad: Any) -> int | None:
+    """Refuses ``input_ids`` that are not a ``[B, L]`` tensor of the models' token ids, and a pad token that is not
+    one token id; returns the pad token (``None``: none set)."""
+    if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
+        raise InputTypeError(
+            "pipe.generate() needs input_ids, a [B, L] tensor of prompt ids (processor outputs)"
+        )
+    check_token_ids(input_ids, pipe._vocab_size())
+    if pad is not None and (isinstance(pad, bool) or not isinstance(pad, numbers.Integral)):
+        raise InputTypeError(
+            f"pad_token_id={pad!r:.80} is invalid: use one token id (an integer), what rows that stop early are "
+            "padded with, or leave it out (the target's generation_config's)"
+        )
+    return pad
+
+
 def generate(
     pipe: Any, input_ids: torch.Tensor | None = None, **kwargs: Any
 ) -> torch.Tensor | GenerateDecoderOnlyOutput:
@@ -100,17 +116,7 @@ def generate(
     config = call_config(pipe.target, settings, kwargs)
     fields = returned_fields(config)
     given, tensors = split_generate_kwargs(kwargs, GENERATE_OPTIONS, model_inputs(pipe.target))
-    if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
-        raise InputTypeError(
-            "pipe.generate() needs input_ids, a [B, L] tensor of prompt ids (processor outputs)"
-        )
-    check_token_ids(input_ids, pipe._vocab_size())
-    pad = config.pad_token_id
-    if pad is not None and (isinstance(pad, bool) or not isinstance(pad, numbers.Integral)):
-        raise InputTypeError(
-            f"pad_token_id={pad!r:.80} is invalid: use one token id (an integer), what rows that stop early are "
-            "padded with, or leave it out (the target's generation_config's)"
-        )
+    pad = _checked_ids_and_pad(pipe, input_ids, config.pad_token_id)
     if "max_length" in settings:
         given["max_length"] = settings["max_length"]
     seed = check_seed(given.pop("seed", None))
