@@ -243,15 +243,20 @@ def positive_int(text: str, flag: str | None = None, words: str = "") -> int:
     return value
 
 
-def fraction(text: str) -> float:
-    """An argparse ``type``: a number in [0, 1)."""
+def _number(text: str, expected: str, accept: Callable[[float], bool]) -> float:
+    """``text`` as a number that ``accept`` takes, else an ``ArgumentTypeError`` saying what was ``expected``."""
     try:
         value = float(text)
     except ValueError as err:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from err
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {value}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from err
+    if not accept(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
     return value
+
+
+def fraction(text: str) -> float:
+    """An argparse ``type``: a number in [0, 1)."""
+    return _number(text, "a number in [0, 1)", lambda value: 0.0 <= value < 1.0)
 
 
 def json_object(flag: str, example: str) -> Callable[[str], dict[str, Any]]:
@@ -273,13 +278,8 @@ def json_object(flag: str, example: str) -> Callable[[str], dict[str, Any]]:
 
 def gibibytes(text: str) -> int:
     """An argparse ``type``: a size in GiB (a number >= 0, fractions allowed), as bytes."""
-    try:
-        value = float(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"expected a size in GiB (a number >= 0), got {text!r}") from err
-    if not 0.0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a size in GiB (a number >= 0), got {value}")
-    return int(value * 2**30)
+    size = _number(text, "a size in GiB (a number >= 0)", lambda value: 0.0 <= value < float("inf"))
+    return int(size * 2**30)
 
 
 def check_output_path(path: str | Path, flag: str, folder: bool = True) -> None:
