@@ -3,6 +3,8 @@ language-model bodies, padded vocabulary rows that can never win, the shipped pa
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -20,8 +22,15 @@ from vlmspec.testbed.calibrate import (
     inflate,
 )
 from vlmspec.testbed.data import encode
+from vlmspec.testbed.tokenizer import build_processor
+from vlmspec.testbed.train import model_spec
 
 FAMILIES = testbed.FAMILIES
+SMALL_REAL = {
+    family: ("Qwen3-VL-2B", 4) if family == "qwen3_vl" else ("Qwen2-0.5B", None) for family in FAMILIES
+}
+"""Per family, a real body (and how many of its layers) the greedy test inflates to: Qwen3-VL's heads can only
+widen by a factor c with c % 3 == 1 (Qwen2-0.5B's 64-wide heads are 2x its 32), so four layers of Qwen3-VL-2B's."""
 HELD_OUT_SEED = 4242  # below 10^9: never trained on
 
 
@@ -64,11 +73,15 @@ def _body(model) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("family", "shape", "max_new_tokens"),
-    [(family, "cpu", 64) for family in FAMILIES] + [(family, "Qwen2-0.5B", 24) for family in FAMILIES],
+    [(family, "cpu", 64) for family in FAMILIES] + [(family, SMALL_REAL[family], 24) for family in FAMILIES],
 )
 def test_inflated_target_gives_the_trained_targets_greedy_tokens(family, shape, max_new_tokens):
     target, processor = _load("base", family)
-    named = CALIBRATIONS[shape].target if shape in CALIBRATIONS else REAL_BODIES[shape]
+    if shape in CALIBRATIONS:
+        named = CALIBRATIONS[shape].target
+    else:
+        named = REAL_BODIES[shape[0]]
+        named = replace(named, layers=shape[1] or named.layers)
     inflated = inflate(target, named)
     # vocabulary aside: the body (layers + final norm) within 1% of the named shape's
     assert abs(_body(inflated) / body_parameters(named) - 1) < 0.01
@@ -84,41 +97,53 @@ def test_inflated_target_gives_the_trained_targets_greedy_tokens(family, shape, 
     assert compared == {"image_caption", "video_caption", "text"}
 
 
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])  # the Qwen2 shapes, and Qwen3-VL's 32-wide heads
 @pytest.mark.parametrize("size", ["base", "mini"])
 @pytest.mark.parametrize("calibration", list(CALIBRATIONS))
-def test_every_calibration_matches_its_real_body_within_one_percent(size, calibration):
+def test_every_calibration_matches_its_real_body_within_one_percent(size, calibration, family):
     cal = CALIBRATIONS[calibration]
-    spec = testbed.SIZES[size]
+    interleaved = family == "qwen3_vl"
     for role, named in (("target", cal.target), ("draft", cal.draft)):
         if named is None:
             continue
-        model_spec = getattr(spec, role)
+        spec = model_spec(family, testbed.SIZES[size], role)
+        heads = spec.hidden // spec.head_dim
         old = LMShape(
-            model_spec.hidden, model_spec.intermediate, model_spec.layers, model_spec.hidden // model_spec.head_dim,
-            model_spec.kv_heads, model_spec.head_dim,
+            spec.hidden, spec.intermediate, spec.layers, heads, spec.kv_heads, spec.head_dim,
+            interleaved_rope=interleaved,
         )  # fmt: skip
+        if (
+            interleaved and (named.head_dim // spec.head_dim) % 3 != 1
+        ):  # 64-wide heads: Qwen3-VL cannot go there
+            with pytest.raises(ValueError, match="interleaved M-RoPE"):
+                exact_shape(old, named)
+            continue
         exact = exact_shape(old, named)
         assert exact.heads == named.heads and exact.hidden == named.hidden and exact.layers == named.layers
         assert abs(body_parameters(exact) / body_parameters(named) - 1) < 0.01, (role, exact)
 
 
 def test_body_parameter_formula_counts_the_real_transformers_model():
-    """``body_parameters`` is what transformers builds for that shape (checked on the meta device, 7B included)."""
-    from transformers import Qwen2Config, Qwen2Model
+    """``body_parameters`` is what transformers builds for that shape (checked on the meta device, 8B included;
+    Qwen3-VL's language model is a Qwen3)."""
+    from transformers import Qwen2Config, Qwen2Model, Qwen3Config, Qwen3Model
 
     for shape in REAL_BODIES.values():
-        config = Qwen2Config(
+        config_cls, model_cls = (Qwen3Config, Qwen3Model) if shape.qk_norm else (Qwen2Config, Qwen2Model)
+        config = config_cls(
             hidden_size=shape.hidden, intermediate_size=shape.intermediate, num_hidden_layers=shape.layers,
             num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab,
+            head_dim=shape.head_dim,
         )  # fmt: skip
         with torch.device("meta"):
-            model = Qwen2Model(config)
+            model = model_cls(config)
         body = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
         assert body == body_parameters(shape), shape.name
 
 
 def test_known_real_totals():
-    """Body plus vocabulary gives the published sizes (7.6B, 1.5B, 3.1B, 0.49B)."""
+    """Body plus vocabulary gives the published sizes (7.6B, 1.5B, 3.1B, 0.49B; Qwen3-VL's language models are
+    Qwen3-8B's and Qwen3-1.7B's: 8.19B and 1.72B)."""
     totals = {
         name: body_parameters(s) + s.vocab * s.hidden * (1 if s.tied else 2)
         for name, s in REAL_BODIES.items()
@@ -127,13 +152,15 @@ def test_known_real_totals():
     assert round(totals["Qwen2-1.5B"] / 1e9, 2) == 1.54
     assert round(totals["Qwen2.5-3B"] / 1e9, 2) == 3.09
     assert round(totals["Qwen2-0.5B"] / 1e6) == 494
+    assert round(totals["Qwen3-VL-8B"] / 1e9, 2) == 8.19
+    assert round(totals["Qwen3-VL-2B"] / 1e9, 2) == 1.72
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_padded_vocabulary_rows_can_never_win(family):
     target, _ = _load("mini", family)
     old_vocab = target.config.get_text_config().vocab_size
-    inflated = inflate(target, LMShape(512, 512, 4, 8, 4, 64, vocab=old_vocab + 300))
+    inflated = inflate(target, LMShape(512, 512, 4, 4, 2, 128, vocab=old_vocab + 300))
     head = inflated.lm_head.weight.detach()
     never = calibrate._never_emitted_token(target)
     torch.manual_seed(0)
@@ -153,11 +180,18 @@ def test_padded_vocabulary_rows_can_never_win(family):
 
 
 def test_inflate_refuses_a_smaller_shape_with_the_reason():
+    from vlmspec import VLMSpecPipeline
+
     target, _ = _load("mini", "qwen2_vl")
     with pytest.raises(ValueError, match="hidden 128 > 64"):
         inflate(target, LMShape(64, 512, 4, 2, 1, 32))
     with pytest.raises(ValueError, match="heads \\* head_dim"):
         LMShape(100, 512, 4, 2, 1, 32)
+    qwen3, _ = _load("mini", "qwen3_vl")  # 32-wide heads: x2 would move rotary pairs to other axes
+    with pytest.raises(ValueError, match="interleaved M-RoPE .* c % 3 == 1, not 2"):
+        inflate(qwen3, REAL_BODIES["Qwen2-0.5B"])
+    with pytest.raises(ValueError, match="interleaved M-RoPE"):
+        VLMSpecPipeline.from_pretrained("testbed-mini:qwen3_vl@7b-0.5b")  # before building the 7B target
 
 
 def test_calibrated_pair_names_resolve_and_load():
@@ -222,3 +256,31 @@ def test_an_edd_draft_trained_on_the_calibrated_target_loads_as_it_is(tmp_path):
     )
     with pytest.raises(InvalidInputError, match=r"calibration='cpu' contradicts the pair name's '@ci'"):
         VLMSpecPipeline.from_pretrained("testbed-mini@ci", calibration="cpu")
+
+
+def test_deepstack_layers_stay_in_place_and_the_function_with_them():
+    """Qwen3-VL adds each DeepStack level's vision features after language-model layer 0, 1, ...: those layers keep
+    their indices, the others spread (3 levels, 5 -> 9 layers); a random model with them inflates exactly (GQA
+    copies, Qwen3's query/key norms and interleaved M-RoPE included)."""
+    from vlmspec.testbed.models import ModelSpec, build_config, model_class
+
+    assert calibrate._layer_positions(5, 9, 3) == [0, 1, 2, 3, 6]
+    assert calibrate._layer_positions(4, 8) == [0, 2, 4, 6]
+    processor = build_processor("qwen3_vl")
+    spec = ModelSpec(hidden=64, layers=5, kv_heads=1, intermediate=96, vision_hidden=32, vision_layers=3,
+                     vision_heads=2, head_dim=32, init_std=0.2)  # fmt: skip
+    config = build_config("qwen3_vl", spec, processor.tokenizer)
+    config.vision_config.deepstack_visual_indexes = [0, 1, 2]
+    torch.manual_seed(0)
+    model = model_class("qwen3_vl")(config).eval()
+    for param in model.parameters():  # norms and biases away from their initial 1 and 0
+        if param.ndim == 1:
+            param.data.uniform_(0.5, 1.5)
+    inflated = inflate(model, LMShape(256, 256, 9, 2, 2, 128, qk_norm=True))
+    assert (
+        calibrate._deepstack_levels(model) == 3 and inflated.config.get_text_config().num_key_value_heads == 2
+    )
+    inputs = encode(processor, [testbed.sample("image_caption", seed=HELD_OUT_SEED)], with_reply=False)
+    with torch.no_grad():
+        expected, got = model(**inputs).logits, inflated(**inputs).logits
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)

@@ -64,8 +64,8 @@ def test_other_targets_pass_through_and_folders_win(tmp_path, fake_testbed):
 
 
 def test_unknown_family_is_named(fake_testbed):
-    with pytest.raises(ValueError, match=f"no 'qwen3_vl' pair; valid: {', '.join(testbed.FAMILIES)}$"):
-        named_pairs.resolve_pair("testbed-base:qwen3_vl")
+    with pytest.raises(ValueError, match=f"no 'qwen3_vl_moe' pair; valid: {', '.join(testbed.FAMILIES)}$"):
+        named_pairs.resolve_pair("testbed-base:qwen3_vl_moe")
     with pytest.raises(ValueError, match="unknown family 'qwen9'"):
         named_pairs.resolve_pair("tiny:qwen9")
 

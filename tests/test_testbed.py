@@ -28,12 +28,14 @@ VISUAL_TOKENS = {
     "qwen2_5_vl": {"image": 9, "video": 18},
     "llava_onevision": {"image": 21, "video": 17},
     "internvl": {"image": 9, "video": 36},  # one tile a picture, a tile a frame
+    "qwen3_vl": {"image": 9, "video": 18},  # each frame pair in its own vision span, after its timestamp
 }
 PLACEHOLDERS = {
     "qwen2_vl": ("<|image_pad|>", "<|video_pad|>"),
     "qwen2_5_vl": ("<|image_pad|>", "<|video_pad|>"),
     "llava_onevision": ("<image>", "<video>"),
     "internvl": ("<IMG_CONTEXT>", "<IMG_CONTEXT>"),  # a video's frames are written as pictures
+    "qwen3_vl": ("<|image_pad|>", "<|video_pad|>"),
 }
 MAX_NEW = 40
 

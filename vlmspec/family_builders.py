@@ -70,7 +70,7 @@ _MROPE_SECTIONS = {
     32: [4, 6, 6],
     64: [8, 12, 12],
 }  # rotary half-dim split, Qwen2-VL's proportions
-_QWEN3_MROPE_SECTIONS = {16: [4, 2, 2]}  # interleaved
+_QWEN3_MROPE_SECTIONS = {16: [4, 2, 2], 32: [6, 5, 5]}  # interleaved; 32: the real [24, 20, 20] / 4
 _VISION_INIT_STD = 0.02
 
 _CHAT_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")

@@ -10,7 +10,7 @@ turns them into folders.
 * ``@<calibration>`` (``testbed-base@cpu``, ``testbed-base:llava_onevision@7b-0.5b``): the pair inflated on load,
   in memory, to the language-model shapes of :data:`vlmspec.testbed.calibrate.CALIBRATIONS`, with the same
   outputs and a real pair's costs (``cpu``: a 105M target, 15-25x its draft; ``7b-2b``, ``7b-3b``, ``7b-0.5b``,
-  ``8b-1b``: real checkpoints' shapes, for GPUs).
+  ``8b-1b``, ``8b-2b``: real checkpoints' shapes, for GPUs).
 
 The embedded default is ``testbed-base@cpu``: on the testbed's own shapes the target costs only twice its draft, so
 no speculative method could be faster than plain decoding.

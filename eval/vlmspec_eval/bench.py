@@ -422,8 +422,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--calibration",
         default=None,
         help="calibration of the default pair or of a --target pair name that names none: cpu (the default pair's "
-        "default: the target inflated exactly to 15-25x the draft's cost), 7b-2b, 7b-3b, 7b-0.5b, 8b-1b (real checkpoints' "
-        "shapes, for GPUs), or none (the pair as trained)",
+        "default: the target inflated exactly to 15-25x the draft's cost), 7b-2b, 7b-3b, 7b-0.5b, 8b-1b, 8b-2b (real "
+        "checkpoints' shapes, for GPUs), or none (the pair as trained)",
     )
     a("--tasks", type=comma_list(str), default=TASKS,
       help=f"comma-separated tasks (default {','.join(TASKS)})")  # fmt: skip

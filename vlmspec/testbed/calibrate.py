@@ -19,6 +19,17 @@ How each part is kept exact (``h``/``H``: old/new hidden size, ``d``/``D``: old/
   ``d = 16`` becomes Qwen2-VL's real ``[16, 24, 24]`` at ``D = 128``), keeping each pair in its temporal/height/
   width section. ``D`` must be a multiple of ``d``. Attention scales scores by ``D^-0.5``, so the query weights
   and biases are multiplied by ``sqrt(D / d)``. Value heads use their first ``d`` dimensions.
+* **Qwen3-VL** normalises each head's queries and keys (RMSNorm over the head width, with the model's one
+  ``rms_norm_eps``) and interleaves M-RoPE's sections pair by pair (temporal, height, width, temporal, ...). The
+  interleaving keeps old pair ``j`` on its axis at ``c * j`` only when ``c % 3 == 1`` (so the testbed trains its
+  Qwen3-VL heads 32 wide: ``c = 4`` to the real 128; see :data:`~vlmspec.testbed.train.FAMILY_HEAD_DIM`), and the
+  section bounds scale by ``c`` as above (``[6, 5, 5]`` becomes the real ``[24, 20, 20]``). A head's RMS over ``D``
+  dimensions is ``d / D`` of the old one's, but ``eps`` went to ``eps * h / H`` for the hidden size; so the query
+  and key weights are multiplied by ``s = sqrt((h / H) * (D / d))``, which makes the norm's denominator
+  ``sqrt(h / H) * sqrt(mean_d + eps)`` and its output ``sqrt(D / d)`` times the old one: the key norm's weight is
+  scaled by ``sqrt(d / D)`` to cancel it, the query norm's keeps it (it is the ``sqrt(D / d)`` the attention scale
+  needs). The first layers stay in place, one per DeepStack level (the vision tower's features are added to the
+  residual stream after language-model layer ``0``, ``1``, ...); the others are spread over the rest.
 * **Heads and GQA grouping.** Each old key/value head is copied into as many new key/value heads as its query
   group needs (``ceil(old group / new group)``); its query heads fill those groups' slots; all other heads are
   zero (uniform attention over zero values: zero output). Two old key/value heads cannot share one new head,
@@ -83,6 +94,9 @@ class LMShape:
         vocab: Vocabulary rows (``None``: keep the model's own).
         tied: Whether the real model ties its LM head to its embedding (counts only).
         name: What it is (``"Qwen2-7B"``, ...).
+        qk_norm: Qwen3-style attention: RMS norms on each head's queries and keys, no query/key/value biases.
+        interleaved_rope: Qwen3-VL's M-RoPE, its sections interleaved pair by pair (widening limits: see
+            :func:`exact_shape`).
     """
 
     hidden: int
@@ -94,6 +108,8 @@ class LMShape:
     vocab: int | None = None
     tied: bool = False
     name: str = ""
+    qk_norm: bool = False
+    interleaved_rope: bool = False
 
     def __post_init__(self) -> None:
         fields = ("hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim")
@@ -119,11 +135,13 @@ REAL_BODIES: dict[str, LMShape] = {
         LMShape(1536, 8960, 28, 12, 2, 128, vocab=151936, tied=True, name="Qwen2-1.5B"),  # Qwen2-VL-2B
         LMShape(2048, 11008, 36, 16, 2, 128, vocab=151936, tied=True, name="Qwen2.5-3B"),  # Qwen2.5-VL-3B
         LMShape(896, 4864, 24, 14, 2, 64, vocab=151936, tied=True, name="Qwen2-0.5B"),  # LLaVA-OV-0.5B
+        LMShape(4096, 12288, 36, 32, 8, 128, vocab=151936, qk_norm=True, name="Qwen3-VL-8B"),
+        LMShape(2048, 6144, 28, 16, 8, 128, vocab=151936, tied=True, qk_norm=True, name="Qwen3-VL-2B"),
     )
 }
 """Language-model bodies of real checkpoints (their ``config.json`` text settings). LLaVA-OneVision-7B's is
 Qwen2-7B with a 152128-row vocabulary; InternVL3-8B's and -1B's are Qwen2.5-7B's and -0.5B's (the shapes of
-Qwen2-7B and -0.5B) with InternVL's 151674-row vocabulary."""
+Qwen2-7B and -0.5B) with InternVL's 151674-row vocabulary. Qwen3-VL's are Qwen3 bodies (``qk_norm``)."""
 
 CPU_TARGET = LMShape(1024, 2816, 8, 8, 8, 128, name="cpu-105M")
 
@@ -178,6 +196,10 @@ CALIBRATIONS: dict[str, Calibration] = {
             "language models inflated exactly to LLaVA-OneVision-7B's and -0.5B's shapes",
         ),
         Calibration(
+            "8b-2b", _body("Qwen3-VL-8B"), _body("Qwen3-VL-2B"), "Qwen3-VL-8B / Qwen3-VL-2B",
+            "language models inflated exactly to Qwen3-VL-8B's and -2B's shapes",
+        ),
+        Calibration(
             "8b-1b", _body("Qwen2-7B", vocab=151674), _body("Qwen2-0.5B", vocab=151674),
             "InternVL3-8B / InternVL3-1B",
             "language models inflated exactly to InternVL3-8B's and -1B's shapes (Qwen2.5-7B and -0.5B bodies)",
@@ -198,20 +220,24 @@ def get_calibration(name: str) -> Calibration:
 
 
 def lm_shape(model: PreTrainedModel) -> LMShape:
-    """The language-model shape of a testbed model (its language model is a Qwen2)."""
+    """The language-model shape of a testbed model (its language model is a Qwen2, or Qwen3-VL's Qwen3)."""
     t = model.config.get_text_config()
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
     return LMShape(
         t.hidden_size, t.intermediate_size, t.num_hidden_layers, t.num_attention_heads,
         t.num_key_value_heads, head_dim, vocab=t.vocab_size, tied=bool(model.config.tie_word_embeddings),
+        qk_norm=t.model_type.startswith("qwen3"),
+        interleaved_rope=bool((getattr(t, "rope_parameters", None) or {}).get("mrope_interleaved")),
     )  # fmt: skip
 
 
 def body_parameters(shape: LMShape) -> int:
-    """Parameters of a Qwen2 language-model body (layers and final norm; vocabulary aside)."""
+    """Parameters of a Qwen2 (or, with ``qk_norm``, Qwen3) language-model body (layers and final norm; vocabulary
+    aside)."""
     q = shape.heads * shape.head_dim
     kv = shape.kv_heads * shape.head_dim
-    attention = shape.hidden * (q + 2 * kv) + (q + 2 * kv) + q * shape.hidden
+    extra = 2 * shape.head_dim if shape.qk_norm else q + 2 * kv  # query/key norms, or query/key/value biases
+    attention = shape.hidden * (q + 2 * kv) + extra + q * shape.hidden
     layer = attention + 3 * shape.hidden * shape.intermediate + 2 * shape.hidden
     return shape.layers * layer + shape.hidden
 
@@ -231,7 +257,7 @@ def exact_shape(old: LMShape, shape: LMShape) -> LMShape:
 
     Raises:
         ValueError: When ``old`` does not fit in ``shape`` (a smaller dimension, or a head width that is not a
-            multiple of the old one).
+            multiple of the old one, or, with ``old.interleaved_rope``, not ``c`` times it with ``c % 3 == 1``).
     """
     smaller = [
         f"{f} {getattr(old, f)} > {getattr(shape, f)}"
@@ -242,6 +268,13 @@ def exact_shape(old: LMShape, shape: LMShape) -> LMShape:
         raise InvalidInputError(
             f"cannot inflate {old} to {shape.name or shape}: "
             + ("; ".join(smaller) or "head_dim must be a multiple of the old one and vocab not smaller")
+        )
+    c = shape.head_dim // old.head_dim
+    if old.interleaved_rope and c % 3 != 1:
+        raise InvalidInputError(
+            f"cannot inflate heads {old.head_dim} wide to {shape.head_dim} ({shape.name or shape}): interleaved "
+            f"M-RoPE (Qwen3-VL) keeps each rotary pair on its axis only when the width grows by a factor c with "
+            f"c % 3 == 1, not {c}"
         )
     for kv in range(shape.kv_heads, shape.heads + 1):
         if shape.heads % kv == 0 and _kv_copies(old.heads, old.kv_heads, shape.heads, kv):
@@ -304,13 +337,21 @@ def _new_config(model: PreTrainedModel, old: LMShape, new: LMShape) -> Any:
     # the Qwen mergers' output width is the language model's (the others read it from the text config)
     if config.model_type == "qwen2_vl" and vision is not None:
         vision.hidden_size = new.hidden
-    elif config.model_type == "qwen2_5_vl" and vision is not None:
+    elif config.model_type in ("qwen2_5_vl", "qwen3_vl") and vision is not None:
         vision.out_hidden_size = new.hidden
     return config
 
 
-def _layer_positions(old_layers: int, new_layers: int) -> list[int]:
-    return [i * new_layers // old_layers for i in range(old_layers)]
+def _layer_positions(old_layers: int, new_layers: int, fixed: int = 0) -> list[int]:
+    """New index of each old layer: the first ``fixed`` stay in place, the others spread evenly over the rest."""
+    spread = range(old_layers - fixed)
+    return list(range(fixed)) + [fixed + i * (new_layers - fixed) // len(spread) for i in spread]
+
+
+def _deepstack_levels(model: PreTrainedModel) -> int:
+    """Language-model layers after which Qwen3-VL adds vision features (DeepStack); 0 for the other families."""
+    vision = getattr(model.config, "vision_config", None)
+    return len(getattr(vision, "deepstack_visual_indexes", None) or ())
 
 
 class _Filler:
@@ -320,7 +361,11 @@ class _Filler:
         self.old, self.new = old, new
         self.heads = _head_map(old, new)
         self.norm_scale = math.sqrt(old.hidden / new.hidden)
-        self.q_scale = math.sqrt(new.head_dim / old.head_dim)
+        widening = new.head_dim / old.head_dim
+        # queries and keys: see the module docstring (with qk_norm the query norm carries the attention scale)
+        self.q_scale = math.sqrt(old.hidden / new.hidden * widening) if old.qk_norm else math.sqrt(widening)
+        self.k_scale = self.q_scale if old.qk_norm else 1.0
+        self.k_norm_scale = math.sqrt(1 / widening)
 
     def q_rows(self) -> tuple[list[int], list[int]]:
         d, D = self.old.head_dim, self.new.head_dim
@@ -350,14 +395,18 @@ class _Filler:
         """``(rows, cols, scale)`` maps (old indices, new indices) of parameter ``key`` (a name's last parts)."""
         h = (list(range(self.old.hidden)),) * 2
         i = (list(range(self.old.intermediate)),) * 2
+        head = (list(range(self.old.head_dim)), self.heads.rows)
         table = {
+            "q_norm.weight": (head, None, 1.0),
+            "k_norm.weight": (head, None, self.k_norm_scale),
             "q_proj.weight": (self.q_rows(), h, self.q_scale),
             "q_proj.bias": (self.q_rows(), None, self.q_scale),
-            "k_proj.weight": (self.kv_rows(True), h, 1.0),
-            "k_proj.bias": (self.kv_rows(True), None, 1.0),
+            "k_proj.weight": (self.kv_rows(True), h, self.k_scale),
+            "k_proj.bias": (self.kv_rows(True), None, self.k_scale),
             "v_proj.weight": (self.kv_rows(False), h, 1.0),
             "v_proj.bias": (self.kv_rows(False), None, 1.0),
             "o_proj.weight": (h, self.o_cols(), 1.0),
+            "o_proj.bias": (h, None, 1.0),
             "gate_proj.weight": (i, h, 1.0),
             "up_proj.weight": (i, h, 1.0),
             "down_proj.weight": (h, i, 1.0),
@@ -390,7 +439,7 @@ def _fill(
 
     filler = _Filler(old, new)
     old_state = old_model.state_dict()
-    positions = _layer_positions(old.layers, new.layers)
+    positions = _layer_positions(old.layers, new.layers, _deepstack_levels(old_model))
     with torch.no_grad():
         for name, param in new_model.named_parameters():
             param.zero_()
@@ -411,7 +460,8 @@ def _fill(
 
 def _lm_key(name: str) -> str:
     module, kind = name.split(".")[-2:]
-    return "norm.weight" if module.endswith("norm") else f"{module}.{kind}"
+    hidden_norm = module.endswith("norm") and module not in ("q_norm", "k_norm")  # not Qwen3's per-head ones
+    return "norm.weight" if hidden_norm else f"{module}.{kind}"
 
 
 def _source_name(name: str, positions: list[int]) -> str | None:
@@ -503,7 +553,9 @@ def inflate_edd(edd: Any, target: PreTrainedModel, inflated_target: PreTrainedMo
         **{
             **edd.edd_config.__dict__,
             "text_config": inflated.config.get_text_config().to_dict(),
-            "hidden_layer": _layer_positions(old.layers, new.layers)[edd.edd_config.hidden_layer],
+            "hidden_layer": _layer_positions(old.layers, new.layers, _deepstack_levels(target))[
+                edd.edd_config.hidden_layer
+            ],
             "target_layers": new.layers,
             "target_signature": target_signature(inflated_target),
         }
@@ -523,6 +575,9 @@ def calibrate(
     ``kwargs`` go to :func:`inflate` (``dtype``, ``device``).
     """
     cal = get_calibration(calibration)
+    for model, shape in ((target, cal.target), (draft, cal.draft)):
+        if model is not None and shape is not None:  # refuse a shape before building either model
+            exact_shape(lm_shape(model), shape)
     inflated_draft = inflate(draft, cal.draft, **kwargs) if draft is not None and cal.draft else draft
     return inflate(target, cal.target, **kwargs), inflated_draft
 

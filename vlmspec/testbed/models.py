@@ -29,7 +29,8 @@ def build_config(family: str, spec: ModelSpec, tokenizer: Qwen2Tokenizer) -> Any
         tokenizer: The pair's tokenizer (vocabulary size and special-token ids).
 
     Returns:
-        The family's config (``Qwen2VLConfig``, ``Qwen2_5_VLConfig``, ``LlavaOnevisionConfig``, ``InternVLConfig``).
+        The family's config (``Qwen2VLConfig``, ``Qwen2_5_VLConfig``, ``LlavaOnevisionConfig``, ``InternVLConfig``,
+        ``Qwen3VLConfig``).
     """
     return family_builders.build_config(check_family(family), spec, tokenizer, LAYOUTS[family])
 

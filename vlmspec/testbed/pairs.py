@@ -31,6 +31,7 @@ from .train import (
     SizeConfig,
     deterministic,
     get_size,
+    model_spec,
     train_draft,
     train_target,
 )
@@ -63,7 +64,7 @@ class TestbedPair:
     """A built testbed pair.
 
     Attributes:
-        family: One of :data:`FAMILIES` (``"qwen2_vl"``, ``"qwen2_5_vl"``, ``"llava_onevision"``, ``"internvl"``).
+        family: One of :data:`FAMILIES` (``"qwen2_vl"``, ``"qwen2_5_vl"``, ``"llava_onevision"``, ``"internvl"``, ``"qwen3_vl"``).
         size: ``"base"`` or ``"mini"``.
         folder: The pair's folder.
         target: Target model folder (``AutoModelForImageTextToText`` / ``AutoProcessor.from_pretrained``).
@@ -250,11 +251,15 @@ def _train(family: str, config: SizeConfig, out: Path, progress: bool) -> dict[s
         "eval_examples_per_task": config.eval_examples,
         "vocab_size": len(processor.tokenizer),
         "target": {
-            "spec": config.target.to_dict(),
+            "spec": model_spec(family, config, "target").to_dict(),
             "params": count_parameters(target),
             "training": target_info,
         },
-        "draft": {"spec": config.draft.to_dict(), "params": count_parameters(draft), "training": draft_info},
+        "draft": {
+            "spec": model_spec(family, config, "draft").to_dict(),
+            "params": count_parameters(draft),
+            "training": draft_info,
+        },
         "quality": quality,
     }
     manifest["gates"] = check_gates(config, quality)
@@ -274,7 +279,7 @@ def build(
 
     Args:
         size: ``"base"`` (benchmarks, demo; ~15-20 min on 2 CPU cores) or ``"mini"`` (tests; ~1-2 min).
-        family: One of :data:`FAMILIES` (``"qwen2_vl"``, ``"qwen2_5_vl"``, ``"llava_onevision"``, ``"internvl"``).
+        family: One of :data:`FAMILIES` (``"qwen2_vl"``, ``"qwen2_5_vl"``, ``"llava_onevision"``, ``"internvl"``, ``"qwen3_vl"``).
         root: Cache folder; naming one skips the shipped pair. Default: the shipped pair, else
             :func:`default_root`.
         force: Train again (into the cache) even if a built or shipped pair exists.

@@ -4,8 +4,8 @@ The tokenizer is a byte-level BPE whose merges are trained on the world's lexico
 without its leading space) is one token, so world texts tokenize word by word while any other text still
 encodes (byte by byte). It is wrapped in ``Qwen2Tokenizer`` (the tokenizer class of every family) with the
 family's special tokens and a family-style chat template, and handed to the family's real processor class
-(``Qwen2VLProcessor`` / ``Qwen2_5_VLProcessor`` / ``LlavaOnevisionProcessor`` / ``InternVLProcessor``), so ``AutoProcessor.from_pretrained``
-works on a saved pair.
+(``Qwen2VLProcessor`` / ``Qwen2_5_VLProcessor`` / ``LlavaOnevisionProcessor`` / ``InternVLProcessor`` /
+``Qwen3VLProcessor``), so ``AutoProcessor.from_pretrained`` works on a saved pair.
 
 Visual tokens for an ``84 x 84`` testbed picture (see ``tests/test_testbed.py``):
 
@@ -15,15 +15,18 @@ Visual tokens for an ``84 x 84`` testbed picture (see ``tests/test_testbed.py``)
   base crop 9 + tile 9 + 3 row newlines = 21 tokens; a 4-frame clip: 4 x (3x3 pooled to 2x2) + 1 = 17.
 * ``internvl``: one 84-pixel tile (no thumbnail) of 6x6 patches of 14 px, pixel-shuffled 2x2 = 9 tokens in raster
   order (one per grid cell); a 4-frame clip is 4 tiles, 36 tokens.
+* ``qwen3_vl``: Qwen2-VL's grid (14-px patches here; the real tower's are 16 px); a clip is 2 x 9 tokens, each frame
+  pair in a vision span of its own after its timestamp (``<0.1 seconds>``, spelled out byte by byte).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .. import family_builders
 from ..family_builders import VisionLayout
-from .world import IMAGE_SIDE, lexicon
+from .world import IMAGE_SIDE, NUM_FRAMES, lexicon
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from transformers import ProcessorMixin
@@ -31,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 __all__ = ["FAMILIES", "LAYOUTS", "build_processor", "build_tokenizer", "check_family", "special_token_ids"]
 
-FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "llava_onevision", "internvl")
+FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "llava_onevision", "internvl", "qwen3_vl")
 """Families the testbed trains pairs for."""
 
 _QWEN_LAYOUT = VisionLayout(
@@ -42,6 +45,9 @@ _QWEN_LAYOUT = VisionLayout(
 LAYOUTS: dict[str, VisionLayout] = {
     "qwen2_vl": _QWEN_LAYOUT,
     "qwen2_5_vl": _QWEN_LAYOUT,  # the same grid; its tower attends within 56-pixel windows but in its last block
+    # the same grid (Qwen3-VL's real patches are 16 px: 14 keeps one merged token per 28-pixel grid cell); its
+    # video processor bounds the pixels of a whole clip, not of one frame
+    "qwen3_vl": replace(_QWEN_LAYOUT, video_pixels=(NUM_FRAMES * IMAGE_SIDE * IMAGE_SIDE,) * 2),
     "llava_onevision": VisionLayout(patch=28, crop_side=IMAGE_SIDE),  # one pinpoint: the picture itself
     # one tile, the picture itself: 6 x 6 patches, pixel-shuffled 2 x 2 into one token per grid cell
     "internvl": VisionLayout(patch=IMAGE_SIDE // 6, crop_side=IMAGE_SIDE),
@@ -97,7 +103,7 @@ def build_processor(family: str) -> ProcessorMixin:
 
     Returns:
         The family's processor (``Qwen2VLProcessor``, ``Qwen2_5_VLProcessor``, ``LlavaOnevisionProcessor``,
-        ``InternVLProcessor``).
+        ``InternVLProcessor``, ``Qwen3VLProcessor``).
 
     Raises:
         ValueError: If ``family`` is not one of :data:`FAMILIES`.

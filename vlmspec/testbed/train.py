@@ -17,7 +17,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .data import IGNORE, encode
@@ -30,12 +30,14 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from transformers import PreTrainedModel, ProcessorMixin
 
 __all__ = [
+    "FAMILY_HEAD_DIM",
     "QA_RICH_CYCLE",
     "SIZES",
     "TASK_CYCLE",
     "TRAIN_SEED_OFFSET",
     "SizeConfig",
     "get_size",
+    "model_spec",
     "pretrain_vision",
     "rms_penalty",
     "train_draft",
@@ -45,9 +47,16 @@ __all__ = [
 TRAIN_SEED_OFFSET = 1_000_000_000
 """Training scenes use seeds from here up; smaller seeds are held out."""
 
-CLIP_FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl")
+CLIP_FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 """Families whose patch embedding merges frame pairs (Qwen's temporal patches): their towers also learn clips in
 vision pre-training (see :func:`pretrain_vision`)."""
+FAMILY_HEAD_DIM: dict[str, int] = {"qwen3_vl": 32}
+"""Per family, the language models' head width where it differs from the size's (see :func:`model_spec`).
+
+Qwen3-VL interleaves M-RoPE's sections rotary pair by pair (temporal, height, width, temporal, ...), so a
+calibration (:mod:`vlmspec.testbed.calibrate`) widens its heads exactly only by a factor ``c`` with ``c % 3 == 1``,
+which keeps every pair on its axis: 32 -> 128 (x4) does, 16 -> 128 (x8) does not. Its mini pair's heads are 32 wide
+already; the base target gets 4 heads of 32 instead of 8 of 16 (the same width and parameters)."""
 FEATURE_RMS_CAP: dict[str, float] = {"llava_onevision": 1.0, "internvl": 1.0}
 """Per family, the largest RMS a visual feature may reach in vision pre-training (a hinge penalty above it; a
 family not listed is not capped). See :func:`pretrain_vision`."""
@@ -151,6 +160,14 @@ SIZES: dict[str, SizeConfig] = {
     ),
 }  # fmt: skip
 """The testbed sizes: ``base`` (benchmarks, demo; <= ~20 min per pair) and ``mini`` (CI; <= ~2 min)."""
+
+
+def model_spec(family: str, size: SizeConfig, role: str) -> ModelSpec:
+    """The shape of ``family``'s ``role`` (``"target"`` or ``"draft"``) at ``size``: the size's, with the head
+    width of :data:`FAMILY_HEAD_DIM` (and at most one key/value head per query head)."""
+    spec: ModelSpec = getattr(size, role)
+    head_dim = FAMILY_HEAD_DIM.get(family, spec.head_dim)
+    return replace(spec, head_dim=head_dim, kv_heads=min(spec.kv_heads, spec.hidden // head_dim))
 
 
 def get_size(size: str) -> SizeConfig:
@@ -325,7 +342,7 @@ def train_target(
     import torch.nn.functional as F
 
     torch.manual_seed(size.seed)
-    model = build_model(family, size.target, processor.tokenizer)
+    model = build_model(family, model_spec(family, size, "target"), processor.tokenizer)
     vision = pretrain_vision(
         model, family, processor, size.vision_steps[0], size, 2 * TRAIN_SEED_OFFSET, on_step
     )
@@ -358,7 +375,7 @@ def train_draft(
     import torch.nn.functional as F
 
     torch.manual_seed(size.seed + 1)
-    model = build_model(family, size.draft, processor.tokenizer)
+    model = build_model(family, model_spec(family, size, "draft"), processor.tokenizer)
     vision = pretrain_vision(
         model, family, processor, size.vision_steps[1], size, 3 * TRAIN_SEED_OFFSET, on_step
     )
@@ -461,7 +478,7 @@ def _cell_labels(scene: Scene | Clip, late: bool = False) -> list[list[int]]:
 def cell_features(
     model: PreTrainedModel, family: str, pixels: dict[str, Any]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Language-model-ready visual features of the grid cells of a batch of pictures (or Qwen2-VL clips).
+    """Language-model-ready visual features of the grid cells of a batch of pictures (or Qwen clips).
 
     Args:
         model: A testbed model.
@@ -470,10 +487,11 @@ def cell_features(
             ``B`` clips.
 
     Returns:
-        ``(features, cells)``: ``[B, T, hidden]`` features of the ``T`` tokens that cover one grid cell each
+        ``(features, rows)``: ``[B, T, hidden]`` features of the ``T`` tokens that cover one grid cell each
         (Qwen2-VL: the 9 merged tokens, or 2 x 9 for a clip: first half of the frames, then the second;
-        LLaVA-OneVision: 9 base-crop tokens and 9 tile tokens; InternVL: the tile's 9 tokens) and ``[T]`` the cell
-        of each.
+        LLaVA-OneVision: 9 base-crop tokens and 9 tile tokens; InternVL: the tile's 9 tokens; Qwen3-VL: the merged
+        tokens, then its DeepStack features of the same tokens) and ``[T]`` the label row of each (the cell of a
+        picture's token; for a clip, ``cell`` for the first frame pair and ``9 + cell`` for the second).
     """
     import torch
 
@@ -482,10 +500,10 @@ def cell_features(
         out = core.get_video_features(
             pixels["pixel_values_videos"], pixels["video_grid_thw"], return_dict=True
         )
-        return torch.stack(list(out.pooler_output)), torch.arange(2 * GRID * GRID) % (GRID * GRID)
+        return _with_deepstack(out, torch.arange(2 * GRID * GRID))
     if family in CLIP_FAMILIES:
         out = core.get_image_features(pixels["pixel_values"], pixels["image_grid_thw"], return_dict=True)
-        return torch.stack(list(out.pooler_output)), torch.arange(GRID * GRID)
+        return _with_deepstack(out, torch.arange(GRID * GRID))
     if family == "internvl":  # one tile per picture, its 9 pixel-shuffled tokens in raster order
         out = core.get_image_features(pixels["pixel_values"], return_dict=True)
         return out.pooler_output, torch.arange(GRID * GRID)
@@ -497,6 +515,16 @@ def cell_features(
     )
     index = torch.tensor(_LLAVA_CELL_TOKENS)
     return torch.stack([f[index] for f in out.pooler_output]), torch.arange(len(index)) % (GRID * GRID)
+
+
+def _with_deepstack(out: Any, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Qwen tower's merged features ``[B, T, hidden]``, then (Qwen3-VL) each DeepStack level's: the features of
+    earlier vision layers that the language model adds to its first layers' hidden states, probed like the merged
+    ones so that they carry what is in each cell too. ``rows`` (``[T]``) repeats for every level."""
+    import torch
+
+    levels = [out.pooler_output, *(getattr(out, "deepstack_features", None) or ())]
+    return torch.cat([torch.stack(list(level)) for level in levels], dim=1), rows.repeat(len(levels))
 
 
 def pretrain_vision(
@@ -512,8 +540,11 @@ def pretrain_vision(
 
     Real VLMs start from a pre-trained vision encoder; here a linear probe on the features of every grid-cell
     token learns what is in the cell (occupied, colour, kind, size), where the cell is, the background, the
-    shape's rank and count and, on a Qwen2-VL clip's first frame pair, the track's event (see
-    :func:`_cell_labels`). The probe is discarded; only the vision weights keep what it taught them.
+    shape's rank and count and, on a Qwen clip's first frame pair, the track's event (see
+    :func:`_cell_labels`). The probe is discarded; only the vision weights keep what it taught them. Qwen3-VL's
+    DeepStack features (earlier vision layers' tokens, merged by mergers of their own and added to the language
+    model's first layers) are probed with the final ones; otherwise their mergers would stay as initialised, since
+    the tower is frozen while the language model trains.
 
     The probe reads RMS-normalised features, so it leaves their scale free, and LLaVA-OneVision's projector
     (Linear-GELU-Linear; InternVL's is the same behind a LayerNorm) grew them to a norm of about 40 against the text embeddings' 1 and Qwen2-VL's merged
@@ -536,7 +567,6 @@ def pretrain_vision(
         ``{"steps", "seconds", "loss_first", "loss_last"}``.
     """
     import torch
-    import torch.nn.functional as F
 
     if steps <= 0:
         return _info([], 0.0)
@@ -555,28 +585,9 @@ def pretrain_vision(
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = size.lr * _schedule(step, steps, min(size.warmup, steps // 5 + 1))
-        # Qwen merges frame pairs in its patch embedding, so its tower also learns clips (every other step).
-        clips = family in CLIP_FAMILIES and step % 2 == 1
-        task = "video_caption" if clips else "image_caption"
-        examples = [sample(task, seed_offset + step * batch_size + i) for i in range(batch_size)]
-        if clips:
-            pixels = processor.video_processor(videos=[e.video for e in examples], return_tensors="pt")
-            label_rows = [_cell_labels(e.scene) + _cell_labels(e.scene, late=True) for e in examples]
-        else:
-            pixels = processor.image_processor(images=[e.image for e in examples], return_tensors="pt")
-            label_rows = [_cell_labels(e.scene) for e in examples]
-        feats, cells = cell_features(model, family, pixels)  # [B, T, H], [T]
-        labels = torch.tensor(label_rows)  # [B, 9 or 18, 11]
-        labels = labels if clips else labels[:, cells]  # [B, T, 11]
-        counted = (labels != IGNORE).sum((0, 1)).clamp(min=1)  # [11] labelled tokens per column
-        normed = feats.float() * torch.rsqrt(feats.float().pow(2).mean(-1, keepdim=True) + 1e-6)
-        logits = (normed @ probe.T).split(_AUX_CLASSES, dim=-1)
-        loss = sum(  # mean cross-entropy over each column's labelled tokens (0 where a column has none)
-            w * F.cross_entropy(lg.flatten(0, 1), labels[..., i].flatten(), reduction="sum") / counted[i]
-            for i, (lg, w) in enumerate(zip(logits, _AUX_WEIGHTS, strict=True))
-        )
-        if family in FEATURE_RMS_CAP:
-            loss = loss + rms_penalty(feats, FEATURE_RMS_CAP[family])
+        first_seed = seed_offset + step * batch_size
+        feats, labels = _probe_batch(model, family, processor, step, first_seed, batch_size)
+        loss = _probe_loss(feats, labels, probe, FEATURE_RMS_CAP.get(family))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -586,6 +597,50 @@ def pretrain_vision(
             on_step(step, losses[-1])
     model.eval()
     return _info(losses, time.perf_counter() - start)
+
+
+def _probe_batch(
+    model: PreTrainedModel,
+    family: str,
+    processor: ProcessorMixin,
+    step: int,
+    first_seed: int,
+    batch_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step ``step``'s pictures (or clips), seeds from ``first_seed``: their grid-cell features ``[B, T, H]`` and
+    labels ``[B, T, 11]`` (:func:`cell_features`, :func:`_cell_labels`)."""
+    import torch
+
+    # Qwen merges frame pairs in its patch embedding, so its tower also learns clips (every other step).
+    clips = family in CLIP_FAMILIES and step % 2 == 1
+    task = "video_caption" if clips else "image_caption"
+    examples = [sample(task, first_seed + i) for i in range(batch_size)]
+    if clips:
+        pixels = processor.video_processor(videos=[e.video for e in examples], return_tensors="pt")
+        label_rows = [_cell_labels(e.scene) + _cell_labels(e.scene, late=True) for e in examples]
+    else:
+        pixels = processor.image_processor(images=[e.image for e in examples], return_tensors="pt")
+        label_rows = [_cell_labels(e.scene) for e in examples]
+    feats, rows = cell_features(model, family, pixels)  # [B, T, H], [T]
+    return feats, torch.tensor(label_rows)[:, rows]  # [B, T, 11] from [B, 9 or 18, 11]
+
+
+def _probe_loss(
+    feats: torch.Tensor, labels: torch.Tensor, probe: torch.Tensor, rms_cap: float | None
+) -> torch.Tensor:
+    """The fixed probe's loss on RMS-normalised ``feats`` ``[B, T, H]`` (``probe``: ``[C, H]``), plus the
+    :func:`rms_penalty` above ``rms_cap`` when there is one."""
+    import torch
+    import torch.nn.functional as F
+
+    counted = (labels != IGNORE).sum((0, 1)).clamp(min=1)  # [11] labelled tokens per column
+    normed = feats.float() * torch.rsqrt(feats.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+    logits = (normed @ probe.T).split(_AUX_CLASSES, dim=-1)
+    loss = sum(  # mean cross-entropy over each column's labelled tokens (0 where a column has none)
+        w * F.cross_entropy(lg.flatten(0, 1), labels[..., i].flatten(), reduction="sum") / counted[i]
+        for i, (lg, w) in enumerate(zip(logits, _AUX_WEIGHTS, strict=True))
+    )
+    return loss if rms_cap is None else loss + rms_penalty(feats, rms_cap)
 
 
 def _is_vision(name: str) -> bool:
