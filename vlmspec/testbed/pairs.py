@@ -6,7 +6,7 @@ staging folder; the manifest is written last and the folder then renamed into pl
 never used. A folder counts as built only when its manifest exists and names the current version.
 
 **Shipped pairs.** The trained ``base`` and ``mini`` pairs of every family in :data:`FAMILIES` ship inside the package
-(``vlmspec/testbed/weights/``, safetensors with their manifests, and the base targets' EDD drafts: 46 MB), so nothing trains on first use:
+(``vlmspec/testbed/weights/``, safetensors with their manifests, and the base targets' EDD drafts: 60 MB), so nothing trains on first use:
 with no ``root`` named, :func:`build` and :func:`pair_paths` return the shipped pair. ``vlmspec testbed build``
 still trains a pair (into the cache) and :func:`compare_with_shipped` says whether it matches what ships.
 """
