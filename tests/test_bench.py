@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from vlmspec_eval import bench, methods, tasks
+from vlmspec_eval import bench, methods
 from vlmspec_eval.analysis import lagged_autocorrelation, running_tau
 from vlmspec_eval.cost import CostProbe, ideal_terms, run_cost_probe
 from vlmspec_eval.methods import (
@@ -258,15 +258,14 @@ def test_running_tau_and_entropy_autocorrelation():
     assert lagged_autocorrelation([[1.0, 2.0]], lags=(5,)) == {5: None}
 
 
-def test_inputs_and_default_pair_come_from_the_testbed_when_importable(monkeypatch):
+def test_inputs_and_default_pair_come_from_the_testbed(monkeypatch):
     calls = []
 
     def sample(task, seed):
         calls.append((task, seed))
         return SimpleNamespace(task=task, prompt=f"{task} prompt", reference="ref", image="img", video=None)
 
-    fake = SimpleNamespace(sample=sample)
-    monkeypatch.setattr(tasks, "testbed", lambda: fake)
+    monkeypatch.setattr(vlmspec_testbed, "sample", sample)
     monkeypatch.setattr(vlmspec_testbed, "pair_paths", lambda size, family: (f"/t/{size}/{family}", "/d"))
     items = load_inputs(["image_qa", "video_caption"], 2, seed=5)
     assert calls == [("image_qa", 5), ("image_qa", 6), ("video_caption", 5), ("video_caption", 6)]
