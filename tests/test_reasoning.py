@@ -189,6 +189,7 @@ def test_the_streamed_reply_splits_as_the_whole_one_however_it_is_cut(parts, dat
 
 def test_parsers_are_found_by_name_and_bad_ones_refused(thinking):
     assert reasoning_parser("deepseek_r1").end == "</think>" and reasoning_parser(None) is None
+    assert reasoning_parser("none") is None
     with pytest.raises(
         InvalidInputError,
         match=r"reasoning_parser='qwen' is not a parser; did you mean 'qwen3'\?: use a name",
@@ -384,7 +385,7 @@ def test_a_bad_reasoning_parser_in_model_args_is_named():
 def test_vlmspec_batch_takes_the_reasoning_parser_flag(thinking, tmp_path):
     """``--reasoning-parser`` (a flag of every server front, ``vlmspec serve`` and ``vlmspec batch``) reaches the
     server: a thinking pair saved with a bias towards ``</think>`` answers with its reasoning apart; so does one saved
-    with its parser, without the flag."""
+    with its parser, without the flag; ``--reasoning-parser none`` drops a saved one."""
     from vlmspec.cli import main
 
     saved = saved_with_bias(thinking, tmp_path / "thinking")
@@ -392,11 +393,12 @@ def test_vlmspec_batch_takes_the_reasoning_parser_flag(thinking, tmp_path):
     (tmp_path / "in.jsonl").write_text(json.dumps(line) + "\n")
     expected = thinking(messages=messages(), max_new_tokens=24, logit_bias={end_id(thinking): BIAS})
     with_parser = saved_with_bias(thinking, tmp_path / "with-parser", parser="qwen3")
-    for flag, folder in (([], saved), (["--reasoning-parser", "qwen3"], saved), ([], with_parser)):
-        out = tmp_path / f"out{len(flag)}{folder.name}.jsonl"
+    runs = (([], saved), (["--reasoning-parser", "qwen3"], saved), ([], with_parser))
+    for flag, folder in (*runs, (["--reasoning-parser", "none"], with_parser)):
+        out = tmp_path / f"out{len(flag)}{folder.name}{''.join(flag)}.jsonl"
         assert main(batch_command(tmp_path, folder, out, *flag)) == 0
         message = json.loads(out.read_text())["response"]["body"]["choices"][0]["message"]
-        if flag or folder == with_parser:  # the flag, or the saved pipeline's own parser
+        if (flag, folder) in runs[1:]:  # the flag, or the saved pipeline's own parser (`none` drops it)
             assert (message["reasoning_content"], message["content"]) == (
                 expected.reasoning,
                 expected.content,

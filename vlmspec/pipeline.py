@@ -220,7 +220,8 @@ class VLMSpecPipeline(PromptBuilder):
                 :mod:`vlmspec.testbed.calibrate`); a pair name's ``@<calibration>`` sets it too.
             mm_processor_kwargs: the processor settings every request starts from (:attr:`mm_processor_kwargs`;
                 ``None``: a saved pipeline's, else none).
-            reasoning_parser: :attr:`reasoning_parser` (``None``: a saved pipeline's, else none).
+            reasoning_parser: :attr:`reasoning_parser` (``None``: a saved pipeline's, else none; ``"none"``: none,
+                whatever was saved).
             **policy_options: the policy's config options; also ``attn_implementation`` ('sdpa', 'eager') and
                 ``dtype`` (transformers 5's name for ``torch_dtype``), passed to both models' ``from_pretrained``,
                 and ``chat_template`` (a template's text, instead of the processor's own).

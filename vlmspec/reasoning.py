@@ -94,10 +94,12 @@ REASONING_PARSERS = {
     "deepseek_r1": ReasoningParser("deepseek_r1"),
 }
 """The parsers known by name (vLLM's names for the same tags)."""
+NO_PARSER = "none"
+"""The name that sets no parser: a reply is all content (it drops a saved pipeline's parser, where ``None`` keeps it)."""
 
 
 def reasoning_parser(parser: str | ReasoningParser | None) -> ReasoningParser | None:
-    """``parser`` by name (:data:`REASONING_PARSERS`), as it is, or ``None``.
+    """``parser`` by name (:data:`REASONING_PARSERS`), as it is, or ``None`` (for ``None`` or :data:`NO_PARSER`).
 
     Raises:
         InvalidInputError: an unknown name, with the known ones.
@@ -105,12 +107,15 @@ def reasoning_parser(parser: str | ReasoningParser | None) -> ReasoningParser | 
     """
     if parser is None or isinstance(parser, ReasoningParser):
         return parser
+    if parser == NO_PARSER:
+        return None
     if isinstance(parser, str) and parser in REASONING_PARSERS:
         return REASONING_PARSERS[parser]
     named = isinstance(parser, str)
     raise (InvalidInputError if named else InputTypeError)(
         f"reasoning_parser={parser!r:.60} is not a parser{did_you_mean(parser, REASONING_PARSERS) if named else ''}: "
-        f"use a name ({', '.join(REASONING_PARSERS)}) or ReasoningParser(name, start, end) for other tags"
+        f"use a name ({', '.join(REASONING_PARSERS)}), {NO_PARSER!r} for none, or ReasoningParser(name, start, end) "
+        "for other tags"
     )
 
 

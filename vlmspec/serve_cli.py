@@ -13,7 +13,7 @@ from typing import Any
 from .cli import _example_image, add_pair_flags, gibibytes, json_object, load_pipeline, positive_int
 from .errors import InputNotFoundError, InvalidInputError, VLMSpecError
 from .named_pairs import DEFAULT_PAIR
-from .reasoning import REASONING_PARSERS
+from .reasoning import NO_PARSER, REASONING_PARSERS
 
 
 def add_serve_command(sub: Any) -> None:
@@ -75,10 +75,10 @@ def add_server_flags(s: argparse.ArgumentParser) -> None:
     )
     s.add_argument(
         "--reasoning-parser",
-        choices=sorted(REASONING_PARSERS),
+        choices=[*sorted(REASONING_PARSERS), NO_PARSER],
         help="a thinking model's tags (vLLM's names): replies carry their reasoning apart from their content "
         "(reasoning_content), and structured outputs and tool calls apply after it (default: a saved pipeline's, "
-        "else none)",
+        f"else none; {NO_PARSER}: none, whatever was saved)",
     )
     s.add_argument(
         "--allowed-media-dir",
