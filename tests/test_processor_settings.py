@@ -252,6 +252,53 @@ def test_the_caption_job_lays_out_every_video_as_its_settings_say(tiny_pairs, tm
     )
 
 
+def test_the_caption_job_runs_a_saved_pipeline_with_what_it_saved(tiny_pairs, tmp_path):
+    """``vlmspec caption --target <saved pipeline>`` captions as that pipeline does: its policy and options and its
+    processor settings, the same captions as the job given the same settings by flag; each line names the folder and
+    the settings it brought; the job's own flags, where given, win."""
+    import vlmspec_caption
+    from test_video_captioning import _write_clips
+
+    pair = tiny_pairs["qwen2_vl"]
+    pipe = VLMSpecPipeline.from_pretrained(
+        pair.target, pair.draft, policy="chain", gamma=3, torch_dtype=torch.float32
+    )
+    pipe.mm_processor_kwargs = SMALL
+    folder = pipe.save_pretrained(tmp_path / "saved")
+    _write_clips(tmp_path / "videos", 2)
+    argv = [
+        str(tmp_path / "videos"),
+        "--max-new-tokens",
+        "6",
+        "--num-frames",
+        "4",
+        "--no-progress",
+        "--threads",
+        "1",
+    ]
+    by_flags = ["--target", str(pair.target), "--draft", str(pair.draft), "--policy", "chain"]
+    by_flags += ["--policy-options", '{"gamma": 3}', "--mm-processor-kwargs", json.dumps(SMALL)]
+    runs = {}
+    for name, flags in (
+        ("saved", ["--target", str(folder)]),
+        ("flags", by_flags),
+        ("given", ["--target", str(folder), "--policy", "sage", "--mm-processor-kwargs", "{}"]),
+    ):
+        out = tmp_path / f"{name}.jsonl"
+        assert vlmspec_caption.main([*argv, *flags, "--out", str(out)]) == 0
+        runs[name] = [json.loads(line) for line in out.read_text().splitlines()]
+    for saved, flagged, given in zip(runs["saved"], runs["flags"], runs["given"], strict=True):
+        assert saved["caption"] == flagged["caption"] and saved["policy"] == flagged["policy"] == "chain"
+        assert saved["stats"]["target_visual_tokens"] == flagged["stats"]["target_visual_tokens"]
+        assert saved["stats"]["tree_sizes"] == flagged["stats"]["tree_sizes"]  # the saved gamma: chains of 3
+        assert max(saved["stats"]["tree_sizes"]) == 3, saved["stats"]["tree_sizes"]
+        assert (
+            saved["settings"]["pipeline"] == str(folder) and saved["settings"]["mm_processor_kwargs"] == SMALL
+        )
+        assert given["policy"] == "sage" and "mm_processor_kwargs" not in given["settings"]
+        assert given["stats"]["target_visual_tokens"] > saved["stats"]["target_visual_tokens"]
+
+
 def test_a_setting_only_the_image_processor_takes_is_refused_for_a_request_of_videos_only(tiny_pairs):
     """Qwen3-VL's video processor has no ``max_pixels`` (its ``size`` does it): on a video alone the setting would
     do nothing, and is refused saying so; on a picture, or a picture and a video, it applies."""

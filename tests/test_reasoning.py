@@ -572,7 +572,7 @@ def test_the_caption_job_records_the_answer_as_the_caption_and_the_reasoning_apa
     (tmp_path / "job.yaml").write_text("reasoning_parser: qwen\n")
     bad = [*argv, "--out", str(tmp_path / "bad.jsonl"), "--config", str(tmp_path / "job.yaml")]
     assert vlmspec_caption.main(bad) == 1
-    assert "reasoning_parser must be one of qwen3, deepseek_r1, got 'qwen'" in capsys.readouterr().err
+    assert "reasoning_parser must be one of qwen3, deepseek_r1, none, got 'qwen'" in capsys.readouterr().err
     assert not (tmp_path / "bad.jsonl").exists()
 
 

@@ -16,7 +16,7 @@ from vlmspec.cli import (  # the boundary for user errors that `vlmspec caption`
     USER_ERRORS,
     ArgumentParser,
 )
-from vlmspec.reasoning import REASONING_PARSERS
+from vlmspec.reasoning import NO_PARSER, REASONING_PARSERS
 
 from .config import (
     DTYPES,
@@ -51,14 +51,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     a("--draft", default=keep, help="draft folder or hub id (not with testbed-*/tiny)")
     a("--family", default=keep, help="family of a named pair (default qwen2_vl)")
-    a("--policy", default=keep, help="tree policy (default sage; ar: plain decoding)")
+    a(
+        "--policy",
+        default=keep,
+        help="tree policy (default sage, or a saved pipeline's own; ar: plain decoding)",
+    )
     a("--policy-options", default=keep, help="JSON object of policy options, e.g. '{\"n_max\": 32}'")
     a("--prompt", default=keep, help="prompt for videos without their own (manifest) prompt")
     a("--max-new-tokens", type=int, default=keep, help="most tokens per caption (default 256)")
     a("--structured-outputs", default=keep,
       help='JSON: every caption follows this structure, e.g. \'{"json": {...schema...}}\' or \'{"regex": "..."}\' '
       "(pipe(structured_outputs=...))")  # fmt: skip
-    a("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=keep,
+    a("--reasoning-parser", choices=[*sorted(REASONING_PARSERS), NO_PARSER], default=keep,
       help="a thinking model's tags: each caption is the answer after the reasoning, which goes in 'reasoning'")  # fmt: skip
     a("--num-frames", type=int, default=keep, help="frames sampled per video (default 8)")
     a("--mm-processor-kwargs", default=keep,

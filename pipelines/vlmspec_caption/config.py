@@ -14,7 +14,7 @@ import yaml
 
 from vlmspec.errors import VLMSpecError
 from vlmspec.processor_settings import check_settings_form
-from vlmspec.reasoning import REASONING_PARSERS
+from vlmspec.reasoning import NO_PARSER, REASONING_PARSERS
 from vlmspec.structured import StructuredOutputs
 from vlmspec.validation import check_field_types
 
@@ -25,6 +25,8 @@ DEFAULT_CONFIG_PATH = REPO_ROOT / "configs" / "jobs" / "video_captioning.yaml"
 PROG = "vlmspec caption"
 
 MIN_FRAME_PIXELS = 32 * 32
+DEFAULT_POLICY = "sage"
+"""The policy when the config names none and the target is not a saved pipeline (which brings its own)."""
 """The fewest pixels a frame may be resized to (``max_pixels``): one merged patch of the largest family (Qwen3-VL:
 32 x 32); below it the qwen sampler resizes frames to nothing."""
 EXIT_OK = 0
@@ -65,7 +67,7 @@ class JobConfig:
     family: str = "qwen2_vl"
     dtype: Dtype = "auto"
     device_map: str | None = None
-    policy: str = "sage"
+    policy: str | None = None
     policy_options: dict[str, Any] = field(default_factory=dict)
     prune_ratio: float | None = None
     prompt: str = "Describe this video in detail."
@@ -169,8 +171,8 @@ class JobConfig:
             StructuredOutputs.of(self.structured_outputs)
         except VLMSpecError as err:
             problems.append(f"{key('structured_outputs')}: {err}")
-        if self.reasoning_parser not in (None, *REASONING_PARSERS):
-            known = ", ".join(REASONING_PARSERS)
+        if self.reasoning_parser not in (None, NO_PARSER, *REASONING_PARSERS):
+            known = ", ".join((*REASONING_PARSERS, NO_PARSER))
             problems.append(
                 f"{key('reasoning_parser')} must be one of {known}, got {self.reasoning_parser!r}"
             )

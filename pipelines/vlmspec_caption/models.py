@@ -9,7 +9,7 @@ from typing import Any
 
 from vlmspec.named_pairs import ResolvedPair
 
-from .config import JobConfig, JobError
+from .config import DEFAULT_POLICY, JobConfig, JobError
 
 
 def resolve_pair(
@@ -53,13 +53,50 @@ def _quiet_loading() -> Iterator[None]:
 
 def run_meta(config: JobConfig) -> dict[str, Any]:
     """The ``policy``/``settings``/``model`` fields of every line ``config`` writes, without loading a model (names
-    are resolved: a named pair may be built and cached, as for any run).
+    are resolved: a named pair may be built and cached, as for any run). With a saved pipeline as the target, the
+    settings name its folder and hold the processor settings and reasoning parser it brings (where the job's
+    config sets none).
 
     Raises:
         JobError: as :func:`load_pipeline` for an unknown policy, bad options, a missing draft or an unknown pair.
     """
     policy, models = _policy_and_models(config)
-    return {"policy": policy, "settings": config.settings(), "model": models}
+    settings = config.settings()
+    saved = _saved_pipeline(config)
+    if saved is not None:
+        brought = _saved_request_settings(saved)
+        for name in ("mm_processor_kwargs", "reasoning_parser"):  # the job's own, where it sets them
+            if getattr(config, name) is not None:
+                brought.pop(name, None)
+        settings = {"pipeline": saved, **brought, **settings}
+    return {"policy": policy, "settings": settings, "model": models}
+
+
+def _saved_pipeline(config: JobConfig) -> str | None:
+    """The target's folder when it is a pipeline written by ``pipe.save_pretrained``, else ``None``."""
+    from vlmspec.named_pairs import is_pipeline_folder
+
+    return str(Path(config.target).expanduser()) if is_pipeline_folder(config.target) else None
+
+
+def _saved_settings(folder: str) -> dict[str, Any]:
+    from vlmspec.saving import read_settings
+
+    try:
+        return read_settings(folder)
+    except ValueError as err:
+        raise JobError(f"--target {folder}: {err}") from err
+
+
+def _saved_request_settings(folder: str) -> dict[str, Any]:
+    """The processor settings and reasoning parser (by name) a saved pipeline brings, those it sets."""
+    saved = _saved_settings(folder)
+    parser = saved["reasoning_parser"]
+    out: dict[str, Any] = {"reasoning_parser": getattr(parser, "name", parser)} if parser is not None else {}
+    return {
+        **out,
+        **({"mm_processor_kwargs": saved["mm_processor_kwargs"]} if saved["mm_processor_kwargs"] else {}),
+    }
 
 
 def _policy_and_models(config: JobConfig) -> tuple[str, dict[str, Any]]:
@@ -68,10 +105,15 @@ def _policy_and_models(config: JobConfig) -> tuple[str, dict[str, Any]]:
     from vlmspec import get_policy
     from vlmspec.loading import check_model_folder
     from vlmspec.policies import check_greedy
+    from vlmspec.saving import saved_policy
 
-    policy = config.policy
+    saved = _saved_pipeline(config)
+    policy = config.policy or ("the saved pipeline's" if saved else DEFAULT_POLICY)
     try:
-        chosen = get_policy(policy, **config.policy_options)
+        if config.policy is None and saved is not None:  # the saved policy, the job's options on top
+            chosen = saved_policy(saved, _saved_settings(saved), config.policy_options)
+        else:
+            chosen = get_policy(config.policy or DEFAULT_POLICY, **config.policy_options)
         check_greedy(
             chosen, "the caption job decodes greedily", "use a lossless policy such as --policy sage"
         )
@@ -109,11 +151,14 @@ def load_pipeline(
 
     _, models = _policy_and_models(config)
     target, draft, calibration = models["target"], models["draft"], models["calibration"]
+    saved = _saved_pipeline(
+        config
+    )  # loaded whole: its policy, pruning, processor settings and parser come with it
     try:
         with _quiet_loading():
             pipe = VLMSpecPipeline.from_pretrained(
-                target,
-                draft,
+                saved or target,
+                config.draft if saved else draft,
                 policy=config.policy,
                 torch_dtype=_torch_dtype(config.dtype),
                 device_map=device_map if device_map is not None else config.device_map,
@@ -125,9 +170,11 @@ def load_pipeline(
         raise JobError(
             f"could not load the models (target {target!r}, draft {draft!r}): {type(err).__name__}: {err}"
         ) from err
-    try:
-        pipe.reasoning_parser = config.reasoning_parser
-        pipe.mm_processor_kwargs = config.mm_processor_kwargs
+    try:  # the job's, where it sets them (a saved pipeline's stay otherwise)
+        if config.reasoning_parser is not None:
+            pipe.reasoning_parser = config.reasoning_parser
+        if config.mm_processor_kwargs is not None:
+            pipe.mm_processor_kwargs = config.mm_processor_kwargs
     except (
         ValueError,
         TypeError,
