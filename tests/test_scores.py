@@ -234,6 +234,7 @@ def test_token_logprobs_are_generate_s_logits_in_one_forward(mini, task):
     expected = torch.cat(out.logits).float().log_softmax(-1)
     torch.testing.assert_close(logprobs, expected, atol=1e-4, rtol=1e-4)
     assert logprobs.argmax(-1).tolist() == tokens  # greedy: every token is its row's most likely
+    assert torch.equal(mini.token_logprobs(inputs, torch.tensor(tokens)), logprobs)  # a 1-D tensor too
     other = mini.token_logprobs(inputs, [tokens[0]] + [tokens[2]] * (len(tokens) - 1))
     torch.testing.assert_close(other[0], logprobs[0])  # the prompt alone decides the first row
     assert not torch.allclose(other[2:], logprobs[2:])
@@ -244,6 +245,8 @@ def test_token_logprobs_refuse_what_is_not_a_continuation(mini):
     inputs = mini.prepare_inputs(example.image, example.prompt)
     with pytest.raises(InvalidInputError, match="token_ids is empty"):
         mini.token_logprobs(inputs, [])
+    with pytest.raises(InvalidInputError, match=r"token_ids has shape \(1, 2\); give one continuation's ids"):
+        mini.token_logprobs(inputs, torch.tensor([[1, 2]]))
     vocab = mini.target.config.get_text_config().vocab_size
     with pytest.raises(InvalidInputError, match="token_ids"):
         mini.token_logprobs(inputs, [1, vocab])

@@ -274,7 +274,11 @@ class VLMSpecPipeline(PromptBuilder):
         ``exp`` of its negative mean the perplexity, ``-(out.exp() * out).sum(-1)`` the target's entropies.
         """
         checked = check_prompt_inputs(inputs, self._vocab_size(), hf_compat.model_inputs(self.target))
-        tokens = list(token_ids)
+        if torch.is_tensor(token_ids) and token_ids.dim() != 1:
+            raise InvalidInputError(
+                f"token_ids has shape {tuple(token_ids.shape)}; give one continuation's ids, [n] (a row of a batch)"
+            )
+        tokens = token_ids.tolist() if torch.is_tensor(token_ids) else list(token_ids)
         if tokens:  # (none: continuation_logits says so)
             check_token_ids(torch.as_tensor(tokens), self._vocab_size(), "token_ids")
         on_target = on_device(checked, self._target_adapter.device)

@@ -141,8 +141,14 @@ def continuation_logits(
     ids = inputs["input_ids"]  # [1, L]
     new = torch.tensor([tokens], dtype=ids.dtype, device=ids.device)  # [1, n]
     batch = dict(inputs, input_ids=torch.cat([ids, new], dim=1))  # [1, L + n]
-    for key, value in inputs.items():  # per-token inputs grow with the text: attended, and text (type 0)
-        if key != "input_ids" and torch.is_tensor(value) and value.shape == ids.shape:
-            grow = torch.ones_like if key == "attention_mask" else torch.zeros_like
-            batch[key] = torch.cat([value, grow(new, dtype=value.dtype)], dim=1)
-    return model(**batch).logits[0, ids.shape[1] - 1 : -1].float()  # [n, V]
+    for key, fill in _PER_TOKEN_INPUTS.items():  # they grow with the text
+        if torch.is_tensor(inputs.get(key)):
+            batch[key] = torch.cat([inputs[key], torch.full_like(new, fill, dtype=inputs[key].dtype)], dim=1)
+    # the logits of the last n + 1 positions only: the prompt's last predicts token 0, the continuation's last none
+    out = model(**batch, logits_to_keep=len(tokens) + 1, use_cache=False)
+    return out.logits[0, :-1].float()  # [n, V]
+
+
+_PER_TOKEN_INPUTS = {"attention_mask": 1, "mm_token_type_ids": 0, "token_type_ids": 0}
+"""Processor outputs with one entry per token, and what a continuation's text tokens hold there (attended; text,
+not an image or video token)."""

@@ -25,10 +25,10 @@ DEFAULT_CONFIG_PATH = REPO_ROOT / "configs" / "jobs" / "video_captioning.yaml"
 PROG = "vlmspec caption"
 
 MIN_FRAME_PIXELS = 32 * 32
-DEFAULT_POLICY = "sage"
-"""The policy when the config names none and the target is not a saved pipeline (which brings its own)."""
 """The fewest pixels a frame may be resized to (``max_pixels``): one merged patch of the largest family (Qwen3-VL:
 32 x 32); below it the qwen sampler resizes frames to nothing."""
+DEFAULT_POLICY = "sage"
+"""The policy when the config names none and the target is not a saved pipeline (which brings its own)."""
 EXIT_OK = 0
 EXIT_JOB_ERROR = 1
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
@@ -204,7 +204,7 @@ class JobConfig:
         }
         if self.structured_outputs is not None:
             out["structured_outputs"] = self.structured_outputs
-        if self.reasoning_parser is not None:
+        if self.reasoning_parser not in (None, NO_PARSER):  # "none" drops a saved one: no parser either way
             out["reasoning_parser"] = self.reasoning_parser
         if self.mm_processor_kwargs:
             out["mm_processor_kwargs"] = dict(self.mm_processor_kwargs)

@@ -108,12 +108,14 @@ def _policy_and_models(config: JobConfig) -> tuple[str, dict[str, Any]]:
     from vlmspec.saving import saved_policy
 
     saved = _saved_pipeline(config)
-    policy = config.policy or ("the saved pipeline's" if saved else DEFAULT_POLICY)
+    policy = (
+        config.policy if config.policy is not None else "the saved pipeline's" if saved else DEFAULT_POLICY
+    )
     try:
         if config.policy is None and saved is not None:  # the saved policy, the job's options on top
             chosen = saved_policy(saved, _saved_settings(saved), config.policy_options)
         else:
-            chosen = get_policy(config.policy or DEFAULT_POLICY, **config.policy_options)
+            chosen = get_policy(policy, **config.policy_options)
         check_greedy(
             chosen, "the caption job decodes greedily", "use a lossless policy such as --policy sage"
         )
