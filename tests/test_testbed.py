@@ -99,7 +99,7 @@ def test_video_caption_facts_cover_events() -> None:
 
 
 def test_feature_scale_cap() -> None:
-    from vlmspec.testbed.train import FEATURE_RMS_CAP, rms_penalty
+    from vlmspec.testbed.vision import FEATURE_RMS_CAP, rms_penalty
 
     assert set(FEATURE_RMS_CAP) == {"llava_onevision", "internvl"}  # Qwen's merged features sit near RMS 1
     features = torch.ones(2, 3, 8)  # RMS 1 per token
@@ -114,7 +114,7 @@ def test_feature_scale_cap() -> None:
 
 def test_vision_labels_rank_shapes_as_the_caption_orders_them() -> None:
     from vlmspec.testbed.data import IGNORE
-    from vlmspec.testbed.train import _cell_labels
+    from vlmspec.testbed.vision import _cell_labels
     from vlmspec.testbed.world import COLOURS, EVENTS, GRID, ORDINALS, POSITIONS
 
     example = next(e for s in range(50) if len((e := testbed.sample("image_caption", s)).scene.shapes) == 3)

@@ -58,7 +58,7 @@ from .requests import (
     request_kwargs,
 )
 from .saving import check_request_settings, read_settings, restore_settings, save_pipeline, saved_policy
-from .scores import ScoreLog, check_output_scores, continuation_logits
+from .scores import ScoreLog, check_output_scores, continuation_ids, continuation_logits
 from .streaming import StreamPiece, check_stream_kwargs, check_streamer, stream_call
 from .structured import StructuredOutputs
 
@@ -274,13 +274,8 @@ class VLMSpecPipeline(PromptBuilder):
         ``exp`` of its negative mean the perplexity, ``-(out.exp() * out).sum(-1)`` the target's entropies.
         """
         checked = check_prompt_inputs(inputs, self._vocab_size(), hf_compat.model_inputs(self.target))
-        if torch.is_tensor(token_ids) and token_ids.dim() != 1:
-            raise InvalidInputError(
-                f"token_ids has shape {tuple(token_ids.shape)}; give one continuation's ids, [n] (a row of a batch)"
-            )
-        tokens = token_ids.tolist() if torch.is_tensor(token_ids) else list(token_ids)
-        if tokens:  # (none: continuation_logits says so)
-            check_token_ids(torch.as_tensor(tokens), self._vocab_size(), "token_ids")
+        tokens = continuation_ids(token_ids)
+        check_token_ids(torch.as_tensor(tokens), self._vocab_size(), "token_ids")
         on_target = on_device(checked, self._target_adapter.device)
         return continuation_logits(self.target, on_target, tokens).log_softmax(-1)
 

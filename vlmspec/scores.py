@@ -135,9 +135,7 @@ def continuation_logits(
     Raises:
         ValueError: no token ids.
     """
-    tokens = [int(t) for t in token_ids]
-    if not tokens:
-        raise InvalidInputError("token_ids is empty: give the continuation's token ids (at least one)")
+    tokens = continuation_ids(token_ids)
     ids = inputs["input_ids"]  # [1, L]
     new = torch.tensor([tokens], dtype=ids.dtype, device=ids.device)  # [1, n]
     batch = dict(inputs, input_ids=torch.cat([ids, new], dim=1))  # [1, L + n]
@@ -147,6 +145,22 @@ def continuation_logits(
     # the logits of the last n + 1 positions only: the prompt's last predicts token 0, the continuation's last none
     out = model(**batch, logits_to_keep=len(tokens) + 1, use_cache=False)
     return out.logits[0, :-1].float()  # [n, V]
+
+
+def continuation_ids(token_ids: Sequence[int] | torch.Tensor) -> list[int]:
+    """``token_ids`` (a sequence or a 1-D tensor) as a list of at least one id.
+
+    Raises:
+        ValueError: none, or a tensor that is not 1-D (naming its shape).
+    """
+    if torch.is_tensor(token_ids) and token_ids.dim() != 1:
+        raise InvalidInputError(
+            f"token_ids has shape {tuple(token_ids.shape)}; give one continuation's ids, [n] (a row of a batch)"
+        )
+    tokens = token_ids.tolist() if torch.is_tensor(token_ids) else list(token_ids)
+    if not tokens:
+        raise InvalidInputError("token_ids is empty: give the continuation's token ids (at least one)")
+    return tokens
 
 
 _PER_TOKEN_INPUTS = {"attention_mask": 1, "mm_token_type_ids": 0, "token_type_ids": 0}
