@@ -252,7 +252,7 @@ def test_the_caption_job_lays_out_every_video_as_its_settings_say(tiny_pairs, tm
     )
 
 
-def test_the_caption_job_runs_a_saved_pipeline_with_what_it_saved(tiny_pairs, tmp_path):
+def test_the_caption_job_runs_a_saved_pipeline_with_what_it_saved(tiny_pairs, tmp_path, capsys):
     """``vlmspec caption --target <saved pipeline>`` captions as that pipeline does: its policy and options and its
     processor settings, the same captions as the job given the same settings by flag; each line names the folder and
     the settings it brought; the job's own flags, where given, win."""
@@ -292,11 +292,17 @@ def test_the_caption_job_runs_a_saved_pipeline_with_what_it_saved(tiny_pairs, tm
         assert saved["stats"]["target_visual_tokens"] == flagged["stats"]["target_visual_tokens"]
         assert saved["stats"]["tree_sizes"] == flagged["stats"]["tree_sizes"]  # the saved gamma: chains of 3
         assert max(saved["stats"]["tree_sizes"]) == 3, saved["stats"]["tree_sizes"]
+        assert saved["settings"]["pipeline"] == str(folder)
         assert (
-            saved["settings"]["pipeline"] == str(folder) and saved["settings"]["mm_processor_kwargs"] == SMALL
+            saved["settings"]["mm_processor_kwargs"] == SMALL
+            and saved["settings"]["policy_options"]["gamma"] == 3
         )
+        assert saved["settings"]["pruning"]["min_keep"] == 64  # the saved pruning: the pipeline's default
         assert given["policy"] == "sage" and "mm_processor_kwargs" not in given["settings"]
         assert given["stats"]["target_visual_tokens"] > saved["stats"]["target_visual_tokens"]
+    # the same command again: nothing left to do, and no line counts as made with other settings
+    code = vlmspec_caption.main([*argv, "--target", str(folder), "--out", str(tmp_path / "saved.jsonl")])
+    assert code == 0 and "other settings" not in capsys.readouterr().out
 
 
 def test_a_setting_only_the_image_processor_takes_is_refused_for_a_request_of_videos_only(tiny_pairs):

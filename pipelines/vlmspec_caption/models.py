@@ -54,8 +54,7 @@ def _quiet_loading() -> Iterator[None]:
 def run_meta(config: JobConfig) -> dict[str, Any]:
     """The ``policy``/``settings``/``model`` fields of every line ``config`` writes, without loading a model (names
     are resolved: a named pair may be built and cached, as for any run). With a saved pipeline as the target, the
-    settings name its folder and hold the processor settings and reasoning parser it brings (where the job's
-    config sets none).
+    settings name its folder and hold what it brings (:func:`_brought_settings`), so that a resume compares them.
 
     Raises:
         JobError: as :func:`load_pipeline` for an unknown policy, bad options, a missing draft or an unknown pair.
@@ -64,11 +63,7 @@ def run_meta(config: JobConfig) -> dict[str, Any]:
     settings = config.settings()
     saved = _saved_pipeline(config)
     if saved is not None:
-        brought = _saved_request_settings(saved)
-        for name in ("mm_processor_kwargs", "reasoning_parser"):  # the job's own, where it sets them
-            if getattr(config, name) is not None:
-                brought.pop(name, None)
-        settings = {"pipeline": saved, **brought, **settings}
+        settings = {"pipeline": saved, **settings, **_brought_settings(config, saved)}
     return {"policy": policy, "settings": settings, "model": models}
 
 
@@ -88,15 +83,26 @@ def _saved_settings(folder: str) -> dict[str, Any]:
         raise JobError(f"--target {folder}: {err}") from err
 
 
-def _saved_request_settings(folder: str) -> dict[str, Any]:
-    """The processor settings and reasoning parser (by name) a saved pipeline brings, those it sets."""
+def _brought_settings(config: JobConfig, folder: str) -> dict[str, Any]:
+    """What a saved pipeline brings where ``config`` sets nothing of its own: its policy options (the job's on top),
+    pruning, processor settings and reasoning parser (by name), those it has."""
+    import dataclasses
+
     saved = _saved_settings(folder)
     parser = saved["reasoning_parser"]
-    out: dict[str, Any] = {"reasoning_parser": getattr(parser, "name", parser)} if parser is not None else {}
-    return {
-        **out,
-        **({"mm_processor_kwargs": saved["mm_processor_kwargs"]} if saved["mm_processor_kwargs"] else {}),
+    brought = {
+        "policy_options": {**(saved["policy_options"] or {}), **config.policy_options}
+        if config.policy is None
+        else None,
+        "pruning": dataclasses.asdict(saved["pruning"])
+        if config.prune_ratio is None and saved["pruning"] is not None
+        else None,
+        "mm_processor_kwargs": (saved["mm_processor_kwargs"] or None)
+        if config.mm_processor_kwargs is None
+        else None,
+        "reasoning_parser": getattr(parser, "name", parser) if config.reasoning_parser is None else None,
     }
+    return {name: value for name, value in brought.items() if value is not None}
 
 
 def _policy_and_models(config: JobConfig) -> tuple[str, dict[str, Any]]:
