@@ -96,6 +96,8 @@ REASONING_PARSERS = {
 """The parsers known by name (vLLM's names for the same tags)."""
 NO_PARSER = "none"
 """The name that sets no parser: a reply is all content (it drops a saved pipeline's parser, where ``None`` keeps it)."""
+PARSER_NAMES: tuple[str, ...] = (*REASONING_PARSERS, NO_PARSER)
+"""Every name a command line or config takes for the reasoning parser."""
 
 
 def reasoning_parser(parser: str | ReasoningParser | None) -> ReasoningParser | None:

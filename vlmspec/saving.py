@@ -205,8 +205,8 @@ def check_request_settings(folder: Any, settings: dict[str, Any], given: dict[st
 def restore_settings(pipe: Any, folder: Any, settings: dict[str, Any], given: dict[str, Any]) -> None:
     """Set ``pipe``'s :data:`REQUEST_SETTINGS` (``mm_processor_kwargs``, ``reasoning_parser``): those ``given``
     (not ``None``), else those of a saved pipeline's ``settings`` (:func:`read_settings` of ``folder``; ``{}`` for
-    any other source). ``reasoning_parser=None`` leaves a saved parser in place (set ``pipe.reasoning_parser =
-    None`` after loading to drop it); ``mm_processor_kwargs={}`` drops saved processor settings.
+    any other source). ``reasoning_parser=None`` leaves a saved parser in place (``"none"`` drops it);
+    ``mm_processor_kwargs={}`` drops saved processor settings.
 
     Raises:
         VLMSpecError: a setting the pipeline refuses, naming the argument, or the settings file and key.

@@ -13,7 +13,7 @@ from typing import Any
 from .cli import _example_image, add_pair_flags, gibibytes, json_object, load_pipeline, positive_int
 from .errors import InputNotFoundError, InvalidInputError, VLMSpecError
 from .named_pairs import DEFAULT_PAIR
-from .reasoning import NO_PARSER, REASONING_PARSERS
+from .reasoning import NO_PARSER, PARSER_NAMES
 
 
 def add_serve_command(sub: Any) -> None:
@@ -75,7 +75,7 @@ def add_server_flags(s: argparse.ArgumentParser) -> None:
     )
     s.add_argument(
         "--reasoning-parser",
-        choices=[*sorted(REASONING_PARSERS), NO_PARSER],
+        choices=PARSER_NAMES,
         help="a thinking model's tags (vLLM's names): replies carry their reasoning apart from their content "
         "(reasoning_content), and structured outputs and tool calls apply after it (default: a saved pipeline's, "
         f"else none; {NO_PARSER}: none, whatever was saved)",

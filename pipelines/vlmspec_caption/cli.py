@@ -16,7 +16,7 @@ from vlmspec.cli import (  # the boundary for user errors that `vlmspec caption`
     USER_ERRORS,
     ArgumentParser,
 )
-from vlmspec.reasoning import NO_PARSER, REASONING_PARSERS
+from vlmspec.reasoning import PARSER_NAMES
 
 from .config import (
     DTYPES,
@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a("--structured-outputs", default=keep,
       help='JSON: every caption follows this structure, e.g. \'{"json": {...schema...}}\' or \'{"regex": "..."}\' '
       "(pipe(structured_outputs=...))")  # fmt: skip
-    a("--reasoning-parser", choices=[*sorted(REASONING_PARSERS), NO_PARSER], default=keep,
+    a("--reasoning-parser", choices=PARSER_NAMES, default=keep,
       help="a thinking model's tags: each caption is the answer after the reasoning, which goes in 'reasoning'")  # fmt: skip
     a("--num-frames", type=int, default=keep, help="frames sampled per video (default 8)")
     a("--mm-processor-kwargs", default=keep,

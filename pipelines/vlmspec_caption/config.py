@@ -14,7 +14,7 @@ import yaml
 
 from vlmspec.errors import VLMSpecError
 from vlmspec.processor_settings import check_settings_form
-from vlmspec.reasoning import NO_PARSER, REASONING_PARSERS
+from vlmspec.reasoning import NO_PARSER, PARSER_NAMES
 from vlmspec.structured import StructuredOutputs
 from vlmspec.validation import check_field_types
 
@@ -171,8 +171,8 @@ class JobConfig:
             StructuredOutputs.of(self.structured_outputs)
         except VLMSpecError as err:
             problems.append(f"{key('structured_outputs')}: {err}")
-        if self.reasoning_parser not in (None, NO_PARSER, *REASONING_PARSERS):
-            known = ", ".join((*REASONING_PARSERS, NO_PARSER))
+        if self.reasoning_parser not in (None, *PARSER_NAMES):
+            known = ", ".join(PARSER_NAMES)
             problems.append(
                 f"{key('reasoning_parser')} must be one of {known}, got {self.reasoning_parser!r}"
             )

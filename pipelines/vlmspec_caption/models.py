@@ -89,20 +89,17 @@ def _brought_settings(config: JobConfig, folder: str) -> dict[str, Any]:
     import dataclasses
 
     saved = _saved_settings(folder)
-    parser = saved["reasoning_parser"]
-    brought = {
-        "policy_options": {**(saved["policy_options"] or {}), **config.policy_options}
-        if config.policy is None
-        else None,
-        "pruning": dataclasses.asdict(saved["pruning"])
-        if config.prune_ratio is None and saved["pruning"] is not None
-        else None,
-        "mm_processor_kwargs": (saved["mm_processor_kwargs"] or None)
-        if config.mm_processor_kwargs is None
-        else None,
-        "reasoning_parser": getattr(parser, "name", parser) if config.reasoning_parser is None else None,
-    }
-    return {name: value for name, value in brought.items() if value is not None}
+    brought: dict[str, Any] = {}
+    if config.policy is None:
+        brought["policy_options"] = {**(saved["policy_options"] or {}), **config.policy_options}
+    if config.prune_ratio is None and saved["pruning"] is not None:
+        brought["pruning"] = dataclasses.asdict(saved["pruning"])
+    if config.mm_processor_kwargs is None and saved["mm_processor_kwargs"]:
+        brought["mm_processor_kwargs"] = saved["mm_processor_kwargs"]
+    if config.reasoning_parser is None and saved["reasoning_parser"] is not None:
+        parser = saved["reasoning_parser"]  # a name, or a parser of one's own (by its name)
+        brought["reasoning_parser"] = getattr(parser, "name", parser)
+    return brought
 
 
 def _policy_and_models(config: JobConfig) -> tuple[str, dict[str, Any]]:
@@ -159,9 +156,8 @@ def load_pipeline(
 
     _, models = _policy_and_models(config)
     target, draft, calibration = models["target"], models["draft"], models["calibration"]
-    saved = _saved_pipeline(
-        config
-    )  # loaded whole: its policy, pruning, processor settings and parser come with it
+    # a saved pipeline is loaded whole: its policy, pruning, processor settings and parser come with it
+    saved = _saved_pipeline(config)
     try:
         with _quiet_loading():
             pipe = VLMSpecPipeline.from_pretrained(
