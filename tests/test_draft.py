@@ -86,3 +86,36 @@ def test_children_at_the_depth_limit_are_kept():
     assert (
         tree.add(torch.tensor([1]), torch.tensor([5]), torch.tensor([0.9])).numel() == 0
     )  # depth 2: dropped
+
+
+def test_add_best_adds_the_top_scored_candidates_grouped_by_parent():
+    """``add_best``: the ``m`` highest-scored of a frontier's ``[F, k]`` candidates, by parent then column, each
+    below its own parent with its own probability."""
+    from synthetic import peaked, synthetic_tree
+
+    tree, _ = synthetic_tree(peaked(16, 0.9))
+    tree.next_probs(torch.zeros(1, dtype=torch.long))
+    frontier = tree.add(torch.tensor([0, 0]), torch.tensor([2, 3]), torch.tensor([0.6, 0.3]))  # nodes 1, 2
+    tokens = torch.tensor([[4, 5, 6], [7, 8, 9]])
+    probs = torch.tensor([[0.5, 0.3, 0.2], [0.7, 0.2, 0.1]])
+    score = torch.tensor([[0.1, 0.9, 0.2], [0.8, 0.0, 0.3]])
+    ids = tree.add_best(frontier, tokens, probs, score, 3)
+    assert ids.tolist() == [3, 4, 5]
+    assert tree.tokens[3:].tolist() == [5, 7, 9] and tree.parents[3:].tolist() == [1, 2, 2]
+    torch.testing.assert_close(tree.probs[3:], torch.tensor([0.3, 0.7, 0.1]))
+    torch.testing.assert_close(tree.cum_probs[3:], torch.tensor([0.6 * 0.3, 0.3 * 0.7, 0.3 * 0.1]))
+
+
+def test_node_views_are_read_only_and_survive_growth():
+    from synthetic import peaked, synthetic_tree
+
+    tree, _ = synthetic_tree(peaked(16, 0.9))
+    tree.next_probs(torch.zeros(1, dtype=torch.long))
+    n = 100  # past the first capacity: the node arrays grow together
+    tree.add(torch.zeros(n, dtype=torch.long), torch.arange(n) % 16, torch.full((n,), 0.01))
+    assert tree.num_nodes == n and all(
+        len(view) == n + 1 for view in (tree.tokens, tree.parents, tree.depths, tree.probs, tree.cum_probs)
+    )
+    assert tree.parents[0] == -1 and tree.depths[1:].eq(1).all() and tree.probs[0] == 1.0
+    with pytest.raises(AttributeError, match="read-only"):
+        tree.tokens = torch.zeros(1)

@@ -11,6 +11,7 @@ from batches import image_and_text_prompts
 from transformers import GenerationConfig
 
 from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
+from vlmspec.scores import greedy_logits
 from vlmspec.testbed import sample
 from vlmspec.testing import build_tiny_pair, make_image
 
@@ -238,6 +239,18 @@ def test_token_logprobs_are_generate_s_logits_in_one_forward(mini, task):
     other = mini.token_logprobs(inputs, [tokens[0]] + [tokens[2]] * (len(tokens) - 1))
     torch.testing.assert_close(other[0], logprobs[0])  # the prompt alone decides the first row
     assert not torch.allclose(other[2:], logprobs[2:])
+
+
+def test_greedy_logits_are_generate_s_new_ids_and_raw_logits(mini):
+    """``greedy_logits``: the new ids of the model's own greedy ``generate()`` and the float32 ``[B, T, V]`` logits
+    it chose them from (``output_logits``), every token its row's argmax."""
+    example = sample("image_caption", 3)
+    inputs = mini.prepare_inputs(example.image, example.prompt)
+    new, logits = greedy_logits(mini.target, inputs, 12)
+    out = mini.target.generate(**inputs, max_new_tokens=12, do_sample=False, **SCORED)
+    assert torch.equal(new, out.sequences[:, inputs["input_ids"].shape[1] :])
+    assert logits.dtype == torch.float32 and torch.equal(logits, torch.stack(out.logits, dim=1).float())
+    assert torch.equal(logits.argmax(-1), new)
 
 
 def test_token_logprobs_refuse_what_is_not_a_continuation(mini):

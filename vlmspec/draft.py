@@ -97,6 +97,35 @@ def logits_width(model: torch.nn.Module) -> int:
     return (head if head is not None else model.get_input_embeddings()).weight.shape[0]
 
 
+_NODE_ARRAYS: tuple[tuple[str, torch.dtype, float], ...] = (
+    ("_tokens", torch.long, 0),
+    ("_parents", torch.long, -1),
+    ("_depths", torch.long, 0),
+    ("_probs", torch.float32, 1.0),
+    ("_cum", torch.float32, 1.0),
+    ("_slots", torch.long, -1),  # the node's draft cache index once it is forwarded
+)
+"""A :class:`DraftTree`'s per-node arrays, indexed by node id and grown together: attribute, dtype, and what an
+entry holds before its node is added."""
+
+
+class _NodeView:
+    """A read-only :class:`DraftTree` attribute: the nodes' entries of one of its :data:`_NODE_ARRAYS`
+    (``[num_nodes + 1]``, the root first)."""
+
+    def __init__(self, array: str) -> None:
+        self.array = array
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, tree: DraftTree | None, owner: type | None = None) -> Any:
+        return self if tree is None else getattr(tree, self.array)[: tree._n]
+
+    def __set__(self, tree: DraftTree, value: Any) -> None:
+        raise AttributeError(f"DraftTree.{self.name} is read-only")
+
+
 class DraftTree:
     """A token tree under construction, backed by the draft model.
 
@@ -140,12 +169,8 @@ class DraftTree:
         device = root.device
         self._n = 1
         cap = _GROW
-        self._tokens = torch.zeros(cap, dtype=torch.long, device=device)
-        self._parents = torch.full((cap,), -1, dtype=torch.long, device=device)
-        self._depths = torch.zeros(cap, dtype=torch.long, device=device)
-        self._probs = torch.ones(cap, dtype=torch.float32, device=device)
-        self._cum = torch.ones(cap, dtype=torch.float32, device=device)
-        self._slots = torch.full((cap,), -1, dtype=torch.long, device=device)
+        for name, dtype, fill in _NODE_ARRAYS:
+            setattr(self, name, torch.full((cap,), fill, dtype=dtype, device=device))
         self._anc = torch.zeros(cap, cap, dtype=torch.bool, device=device)
         self._tokens[0] = root
         self._anc[0, 0] = True
@@ -162,25 +187,11 @@ class DraftTree:
         """Nodes in the tree, root excluded."""
         return self._n - 1
 
-    @property
-    def tokens(self) -> torch.Tensor:
-        return self._tokens[: self._n]
-
-    @property
-    def parents(self) -> torch.Tensor:
-        return self._parents[: self._n]
-
-    @property
-    def depths(self) -> torch.Tensor:
-        return self._depths[: self._n]
-
-    @property
-    def probs(self) -> torch.Tensor:
-        return self._probs[: self._n]
-
-    @property
-    def cum_probs(self) -> torch.Tensor:
-        return self._cum[: self._n]
+    tokens = _NodeView("_tokens")
+    parents = _NodeView("_parents")
+    depths = _NodeView("_depths")
+    probs = _NodeView("_probs")
+    cum_probs = _NodeView("_cum")
 
     # ---- growing ---------------------------------------------------------------------------------------------
     def add(self, parents: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
@@ -215,6 +226,27 @@ class DraftTree:
         self._n = end
         self._depth_bound = min(self._depth_bound + 1, self.depth_limit)
         return torch.arange(start, end, device=parents.device)
+
+    def add_best(
+        self, frontier: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor, score: torch.Tensor, m: int
+    ) -> torch.Tensor:
+        """Adds the ``m`` candidates of highest ``score``: candidate ``(i, j)`` is child ``tokens[i, j]`` of
+        ``frontier[i]`` with draft probability ``probs[i, j]``. They are added grouped by parent, parents in
+        ``frontier`` order, each parent's in column order.
+
+        Args:
+            frontier: ``[F]`` long, existing node ids.
+            tokens: ``[F, k]`` long, candidate tokens.
+            probs: ``[F, k]`` float, their draft probabilities given their parents.
+            score: ``[F, k]``, what ranks the candidates.
+            m: candidates to add (``1 <= m <= F * k``).
+
+        Returns:
+            :meth:`add`'s ids of the added nodes.
+        """
+        best = score.flatten().topk(m).indices.sort().values  # [m] flat indices: by parent, then column
+        rows, cols = best // score.shape[1], best % score.shape[1]
+        return self.add(frontier[rows], tokens[rows, cols], probs[rows, cols])
 
     def next_probs(self, nodes: torch.Tensor) -> torch.Tensor:
         """The draft's next-token distribution after each of ``nodes``: one batched forward.
@@ -369,12 +401,8 @@ class DraftTree:
             out[:cap] = t
             return out
 
-        self._tokens = grow(self._tokens, 0)
-        self._parents = grow(self._parents, -1)
-        self._depths = grow(self._depths, 0)
-        self._probs = grow(self._probs, 1.0)
-        self._cum = grow(self._cum, 1.0)
-        self._slots = grow(self._slots, -1)
+        for name, _dtype, fill in _NODE_ARRAYS:
+            setattr(self, name, grow(getattr(self, name), fill))
         anc = torch.zeros(new, new, dtype=torch.bool, device=self._anc.device)
         anc[:cap, :cap] = self._anc
         self._anc = anc

@@ -147,6 +147,32 @@ def continuation_logits(
     return out.logits[0, :-1].float()  # [n, V]
 
 
+@torch.no_grad()
+def greedy_logits(
+    model: torch.nn.Module, inputs: Mapping[str, Any], max_new_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's own greedy ``generate()`` on ``inputs`` and the raw logits each new token was chosen from.
+
+    Args:
+        model: a ``*ForConditionalGeneration`` model (its ``generation_config`` says where a row stops).
+        inputs: processor outputs of a batch of prompts (``input_ids`` ``[B, L]``, left-padded when ``B > 1``), on
+            the model's device.
+        max_new_tokens: the most new tokens.
+
+    Returns:
+        ``(new, logits)``: ``[B, T]`` new token ids (a row that stopped early is padded to the longest's ``T``)
+        and ``[B, T, V]`` float32 logits (``generate()``'s ``output_logits``).
+    """
+    out = model.generate(
+        **inputs,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    return out.sequences[:, inputs["input_ids"].shape[1] :], torch.stack(out.logits, dim=1).float()
+
+
 def continuation_ids(token_ids: Sequence[int] | torch.Tensor) -> list[int]:
     """``token_ids`` (a sequence or a 1-D tensor) as a list of at least one id.
 

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,28 +77,41 @@ def plot_tau_vs_length(plt: Any, result: dict[str, Any]) -> Any:
     curves = result.get("tau_vs_length") or {}
     if not curves:
         return None
-    fig, ax = plt.subplots(figsize=(5, 3.4))
-    for method, curve in curves.items():
-        ax.plot(curve["lengths"], curve["tau"], label=method)
-    ax.set(xlabel="generation length (tokens)", ylabel="tau (running mean)")
-    ax.set_title("Acceptance length vs generation length")
-    ax.legend(fontsize=8)
-    return fig
+    lines = [(method, curve["lengths"], curve["tau"], {}) for method, curve in curves.items()]
+    title = "Acceptance length vs generation length"
+    return _line_chart(plt, lines, "generation length (tokens)", "tau (running mean)", title)
 
 
 def plot_entropy_autocorr(plt: Any, result: dict[str, Any]) -> Any:
     report = result.get("entropy_autocorr") or {}
     if not report:
         return None
-    fig, ax = plt.subplots(figsize=(5, 3.4))
+    lines = []
     for task, values in report.items():
         lags = [int(k) for k, v in values["autocorr"].items() if v is not None]
         corr = [v for v in values["autocorr"].values() if v is not None]
         if lags:
-            ax.plot(lags, corr, marker="o", label=task, lw=2.0 if task == "all" else 1.0)
-    ax.axhline(0.0, color="gray", lw=0.8)
-    ax.set(xlabel="lag (tokens)", ylabel="Pearson r of target entropy")
-    ax.set_title("Entropy autocorrelation along generations")
+            lines.append((task, lags, corr, {"marker": "o", "lw": 2.0 if task == "all" else 1.0}))
+    title = "Entropy autocorrelation along generations"
+    return _line_chart(plt, lines, "lag (tokens)", "Pearson r of target entropy", title, zero_line=True)
+
+
+def _line_chart(
+    plt: Any,
+    lines: Sequence[tuple[str, Sequence[float], Sequence[float], dict[str, Any]]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    zero_line: bool = False,
+) -> Any:
+    """A small figure of labelled lines ``(label, xs, ys, plot options)``."""
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    for label, xs, ys, options in lines:
+        ax.plot(xs, ys, label=label, **options)
+    if zero_line:
+        ax.axhline(0.0, color="gray", lw=0.8)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=8)
     return fig
 

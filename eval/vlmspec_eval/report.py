@@ -25,7 +25,7 @@ import math
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -333,37 +333,59 @@ def section(title: str, body: str, note: str = "") -> list[str]:
     return ["", f"## {title}", "", body, *(["", note] if note else [])]
 
 
+def settings_section(
+    result: dict[str, Any],
+    name: str,
+    columns: Sequence[tuple[str, ...]],
+    texts: Callable[[dict[str, Any]], tuple[str, str]],
+) -> list[str]:
+    """Markdown lines of an optional section: the table of ``result["<name>_rows"]`` under the heading and above
+    the note that ``texts`` makes of ``result["<name>_settings"]``; empty when the section did not run."""
+    if f"{name}_rows" not in result:
+        return []
+    heading, note = texts(result[f"{name}_settings"])
+    return section(heading, rows_table(result[f"{name}_rows"], columns), note)
+
+
 def sampling_markdown(result: dict[str, Any]) -> list[str]:
     """Markdown lines of the sampling section (empty when it did not run)."""
-    if "sampling_rows" not in result:
-        return []
-    s = result["sampling_settings"]
-    return section(
+    return settings_section(result, "sampling", SAMPLING_COLUMNS, _sampling_texts)
+
+
+def _sampling_texts(s: dict[str, Any]) -> tuple[str, str]:
+    """The sampling section's heading and note, from its settings."""
+    heading = (
         f"Sampling (temperature {fmt(s['temperature'], 'g')}, top_k {fmt(s['top_k'])}, top_p "
-        f"{fmt(s['top_p'], 'g')}; medians over inputs x repeats)",
-        rows_table(result["sampling_rows"], SAMPLING_COLUMNS),
-        f"Seeds: {s['seeds']}, the same for every method; speed-up: median of each run's tokens/s over ar's "
-        "in the same input and repeat; tau and tok/step over runs with at least one verification step.",
+        f"{fmt(s['top_p'], 'g')}; medians over inputs x repeats)"
     )
+    note = (
+        f"Seeds: {s['seeds']}, the same for every method; speed-up: median of each run's tokens/s over ar's "
+        "in the same input and repeat; tau and tok/step over runs with at least one verification step."
+    )
+    return heading, note
 
 
 def dsbd_markdown(result: dict[str, Any]) -> list[str]:
     """Markdown lines of the DSBD section (empty when it did not run)."""
-    if "dsbd_rows" not in result:
-        return []
-    s = result["dsbd_settings"]
+    return settings_section(result, "dsbd", DSBD_COLUMNS, _dsbd_texts)
+
+
+def _dsbd_texts(s: dict[str, Any]) -> tuple[str, str]:
+    """The DSBD section's heading and note, from its settings."""
     c = s["dsbd_config"]
-    return section(
+    heading = (
         f"DSBD vs beam sampling ({s['task']}, {s['inputs']} {s['inputs_source']} inputs x {s['repeats']} "
-        f"repeats; temperature {fmt(s['temperature'], 'g')}, top_k {s['top_k']}, top_p {fmt(s['top_p'], 'g')})",
-        rows_table(result["dsbd_rows"], DSBD_COLUMNS),
+        f"repeats; temperature {fmt(s['temperature'], 'g')}, top_k {s['top_k']}, top_p {fmt(s['top_p'], 'g')})"
+    )
+    note = (
         f"dsbd: gamma {c['gamma']}, draft width {c['draft_width']}, threshold {fmt(c['threshold'], 'g')}, "
         f"w_min {c['w_min']} (width: mean output beams per drafted step); beam_sampling: the target's "
         f"generate(num_beams=W, do_sample=True), W = {s['beam_width_note']}; multinomial: num_beams=1. "
         "tok/s: median; speed-up: median ratio to beam_sampling in the same input and repeat; perplexity: "
         f"under the target (raw distribution), mean; exact match: reply stripped == reference "
-        f"({s['references']} of {s['inputs']} inputs have one). Seeds: {s['seeds']}.",
+        f"({s['references']} of {s['inputs']} inputs have one). Seeds: {s['seeds']}."
     )
+    return heading, note
 
 
 def _baseline_name(rows: Sequence[dict[str, Any]]) -> str:

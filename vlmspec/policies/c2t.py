@@ -293,9 +293,7 @@ class C2TPolicy(TreePolicy):
             if passed == 0:
                 break
             # Second pruning: the top-K passing candidates by confidence, then in (parent, rank) order.
-            best = confidence.flatten().topk(min(c.top_k, passed)).indices.sort().values
-            rows, cols = best // k, best % k
-            ids = draft.add(frontier[rows], top_tok[rows, cols], top_p[rows, cols])
+            ids = draft.add_best(frontier, top_tok, top_p, confidence, min(c.top_k, passed))
             if ids.numel() == 0:
                 break
             layers.append(ids.numel())

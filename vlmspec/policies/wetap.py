@@ -295,9 +295,7 @@ class WETAPPolicy(TreePolicy):
             m = min(width, int(ok.sum()))
             if m == 0:
                 break
-            best = cum.flatten().topk(m).indices.sort().values  # grouped by parent, parents in order
-            rows, cols = best // cum.shape[1], best % cum.shape[1]
-            ids = draft.add(frontier[rows], top_tok[rows, cols], top_p[rows, cols])
+            ids = draft.add_best(frontier, top_tok, top_p, cum, m)  # grouped by parent, parents in order
             if ids.numel() == 0:
                 break
             widths.append(ids.numel())

@@ -44,23 +44,15 @@ def greedy(
         ``(tokens, entropies)``: per example the reply token ids (without the closing EOS) and a float32
         ``[len(tokens)]`` tensor of entropies (nats) of the distributions they were chosen from.
     """
-    import torch
+    from ..scores import greedy_logits
 
     eos = set(model.generation_config.eos_token_id)
     tokens: list[list[int]] = []
     entropies: list[torch.Tensor] = []
     for start in range(0, len(examples), _EVAL_BATCH):
         batch = encode(processor, examples[start : start + _EVAL_BATCH], with_reply=False)
-        with torch.no_grad():
-            out = model.generate(
-                **batch,
-                do_sample=False,
-                max_new_tokens=max_new_tokens,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
-        new = out.sequences[:, batch["input_ids"].shape[1] :]  # [B, T]
-        logp = torch.stack(out.logits, dim=1).float().log_softmax(-1)  # [B, T, V]
+        new, logits = greedy_logits(model, batch, max_new_tokens)  # [B, T], [B, T, V]
+        logp = logits.log_softmax(-1)
         entropy = -(logp.exp() * logp).sum(-1)  # [B, T]
         for row in range(new.shape[0]):
             ids = new[row].tolist()

@@ -114,13 +114,17 @@ class SizeConfig:
             raise ValueError(f"SizeConfig {self.name!r}: threads must be >= 1, got {self.threads}.")
 
 
+def _spec(**shape: int) -> ModelSpec:
+    """A testbed model of ``shape``: every one has 2 vision heads and starts from weights of std 0.08."""
+    return ModelSpec(**shape, vision_heads=2, init_std=0.08)
+
+
 SIZES: dict[str, SizeConfig] = {
     "base": SizeConfig(
         name="base",
-        target=ModelSpec(hidden=128, layers=4, kv_heads=8, intermediate=384, head_dim=16, vision_hidden=64,
-                         vision_layers=3, vision_heads=2, init_std=0.08),
-        draft=ModelSpec(hidden=64, layers=2, kv_heads=1, intermediate=192, vision_hidden=32, vision_layers=1,
-                        vision_heads=2, init_std=0.08),
+        target=_spec(hidden=128, layers=4, kv_heads=8, intermediate=384, head_dim=16, vision_hidden=64,
+                     vision_layers=3),
+        draft=_spec(hidden=64, layers=2, kv_heads=1, intermediate=192, vision_hidden=32, vision_layers=1),
         target_steps=5400,
         draft_steps=900,
         vision_steps=(800, 150),
@@ -135,10 +139,8 @@ SIZES: dict[str, SizeConfig] = {
     ),
     "mini": SizeConfig(
         name="mini",
-        target=ModelSpec(hidden=128, layers=3, kv_heads=2, intermediate=256, vision_hidden=48, vision_layers=1,
-                         vision_heads=2, init_std=0.08),
-        draft=ModelSpec(hidden=64, layers=1, kv_heads=1, intermediate=128, vision_hidden=32, vision_layers=1,
-                        vision_heads=2, init_std=0.08),
+        target=_spec(hidden=128, layers=3, kv_heads=2, intermediate=256, vision_hidden=48, vision_layers=1),
+        draft=_spec(hidden=64, layers=1, kv_heads=1, intermediate=128, vision_hidden=32, vision_layers=1),
         target_steps=450,
         draft_steps=120,
         vision_steps=(150, 40),

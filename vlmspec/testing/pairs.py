@@ -374,21 +374,6 @@ def make_inputs(processor: ProcessorMixin, kind: str) -> Any:
     return processor(text=[prompt], return_tensors="pt", **media)
 
 
-def _teacher_forced_argmax(model: PreTrainedModel, inputs: Any, continuation: torch.Tensor) -> torch.Tensor:
-    """Argmax predictions for ``continuation`` after ``inputs`` from one forward pass."""
-    import torch
-
-    prompt_len = inputs["input_ids"].shape[1]
-    kwargs = dict(inputs)
-    kwargs["input_ids"] = torch.cat([inputs["input_ids"], continuation[None]], dim=1)
-    kwargs["attention_mask"] = torch.ones_like(kwargs["input_ids"])
-    if "mm_token_type_ids" in kwargs:
-        zeros = torch.zeros(1, len(continuation), dtype=inputs["mm_token_type_ids"].dtype)
-        kwargs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], zeros], dim=1)
-    with torch.no_grad():
-        return model(**kwargs).logits[0, prompt_len - 1 : -1].argmax(-1)
-
-
 def _vet_draw(model: PreTrainedModel, calibration: list[Any]) -> tuple[float, float]:
     """Scores a weight draw on the canonical inputs.
 
@@ -397,26 +382,19 @@ def _vet_draw(model: PreTrainedModel, calibration: list[Any]) -> tuple[float, fl
         deviations) over greedy runs, and the fraction of a run's tokens whose teacher-forced
         prediction changes when the prompt is swapped for another canonical one.
     """
-    import torch
+    from ..scores import continuation_logits, greedy_logits
 
     margins, continuations = [], []
     for inputs in calibration:
-        with torch.no_grad():
-            out = model.generate(
-                **inputs,
-                do_sample=False,
-                max_new_tokens=_CALIBRATION_TOKENS,
-                output_scores=True,
-                return_dict_in_generate=True,
-            )
-        scores = torch.stack(out.scores)[:, 0].float()
+        new, logits = greedy_logits(model, inputs, _CALIBRATION_TOKENS)
+        scores = logits[0]  # [T, V]; greedy with the pair's generation config: no logits processors
         top2 = scores.topk(2, dim=-1).values
         margins.append(((top2[:, 0] - top2[:, 1]) / scores.std(dim=-1)).min().item())
-        continuations.append(out.sequences[0, inputs["input_ids"].shape[1] :])
+        continuations.append(new[0])
     changed = 0
     for i, continuation in enumerate(continuations):
-        other = calibration[(i + 1) % len(calibration)]
-        changed += int((_teacher_forced_argmax(model, other, continuation) != continuation).sum())
+        other = calibration[(i + 1) % len(calibration)]  # teacher-forced on another prompt
+        changed += int((continuation_logits(model, other, continuation).argmax(-1) != continuation).sum())
     return min(margins), changed / sum(len(c) for c in continuations)
 
 

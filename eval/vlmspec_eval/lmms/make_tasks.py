@@ -62,6 +62,8 @@ def make_tasks(out: str | Path, n: int = 20, seed: int = 0, source: str = "auto"
     Raises:
         ValueError: bad ``n``/``source`` or ``source="testbed"`` without the testbed.
     """
+    from datasets import Image, List, Value
+
     from vlmspec_eval.tasks import load_inputs
 
     folder = Path(out)
@@ -71,17 +73,17 @@ def make_tasks(out: str | Path, n: int = 20, seed: int = 0, source: str = "auto"
     write_parquet(
         folder / TASK_FILES["image_qa"],
         _qa_rows(by_task["image_qa"], seed),
-        _image_features("question", "answer"),
+        _features("question", "answer", image=Image()),
     )
     write_parquet(
         folder / TASK_FILES["image_caption"],
         _caption_rows(by_task["image_caption"], seed),
-        _image_features("prompt", "caption"),
+        _features("prompt", "caption", image=Image()),
     )
     write_parquet(
         folder / TASK_FILES["video_caption"],
         _video_rows(by_task["video_caption"], seed, folder),
-        _video_features(),
+        _features("prompt", "caption", video=Value("string"), frames=List(Image())),
     )
     manifest = {
         "source": sorted({i.source for i in inputs}),
@@ -135,33 +137,18 @@ def _video_rows(items: Sequence[Any], seed: int, folder: Path) -> list[dict[str,
     return rows
 
 
-def _image_features(text: str, reference: str) -> Any:
-    from datasets import Features, Image, Value
+def _features(text: str, reference: str, **media: Any) -> Any:
+    """A task file's columns: ``doc_id``, ``seed``, the prompt column ``text``, the ``reference`` column, then
+    ``media`` (name -> ``datasets`` feature)."""
+    from datasets import Features, Value
 
-    return Features(
-        {
-            "doc_id": Value("int32"),
-            "seed": Value("int64"),
-            text: Value("string"),
-            reference: Value("string"),
-            "image": Image(),
-        }
-    )
-
-
-def _video_features() -> Any:
-    from datasets import Features, Image, List, Value
-
-    return Features(
-        {
-            "doc_id": Value("int32"),
-            "seed": Value("int64"),
-            "prompt": Value("string"),
-            "caption": Value("string"),
-            "video": Value("string"),
-            "frames": List(Image()),
-        }
-    )
+    columns = {
+        "doc_id": Value("int32"),
+        "seed": Value("int64"),
+        text: Value("string"),
+        reference: Value("string"),
+    }
+    return Features({**columns, **media})
 
 
 def write_parquet(path: Path, rows: list[dict[str, Any]], features: Any) -> None:
