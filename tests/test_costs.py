@@ -129,12 +129,16 @@ def test_every_tree_policy_takes_a_budget_through_its_config():
 
 
 def test_fit_sets_only_what_the_user_left_out():
-    free = get_policy("sage")
+    free = get_policy("sage", growth="paper")
     free.fit(CPU)
     assert (free.config.n_max, free.config.d_max) == (7, CPU.depth_budget(7))
-    mine = get_policy("sage", n_max=20)
+    mine = get_policy("sage", growth="paper", n_max=20)
     mine.fit(CPU)
     assert mine.config.n_max == 20 and mine.config.d_max == CPU.depth_budget(20)
+    by_cost = get_policy("sage", n_max=20)  # growth="cost": its level rule decides the depth, the budget bounds it
+    by_cost.fit(CPU)
+    assert (by_cost.config.n_max, by_cost.config.d_max) == (20, 20)
+    assert by_cost.expected_speedup(CPU) == pytest.approx(mine.expected_speedup(CPU))
     given = SAGEPolicy(SAGEConfig(n_max=20))  # a config object is used as given
     given.fit(CPU)
     assert given.config == SAGEConfig(n_max=20) and given.free_hardware_options() == ()
@@ -200,6 +204,23 @@ def test_pipeline_warns_when_its_policy_is_expected_to_lose(qwen_pipe):
         warnings.simplefilter("error", SlowSpeculationWarning)
         qwen_pipe.policy = "sage"
         qwen_pipe.policy = "ar"  # no draft, nothing to expect
+
+
+def test_tree_costs_price_a_node_and_a_level_in_plain_decoding_steps():
+    node, level = CPU.tree_costs(7)  # c_t(8) = 1.8: seven nodes add 0.8 of a one-token forward
+    assert node == pytest.approx(0.8 / 7) and level == pytest.approx(0.04)
+    flat_node, launch_bound_level = GPU.tree_costs(63)  # c_t(64) = 1.5
+    assert (
+        flat_node == pytest.approx(0.5 / 63) and flat_node < node and launch_bound_level == pytest.approx(0.4)
+    )
+    # A batch of 4: its nodes delay every row, in units of one batched plain step c_t(4) = 1.3.
+    batch_node, batch_level = CPU.tree_costs(3, rows=4)  # c_t(16) = 2.5
+    assert batch_node == pytest.approx(1.2 / 3.9) and batch_level == pytest.approx(0.04 / 1.3)
+    sage = get_policy("sage")
+    sage.fit(CPU, rows=4)
+    assert sage.config.node_cost == pytest.approx(CPU.tree_costs(sage.config.n_max, rows=4)[0])
+    with pytest.raises(ValueError, match="nodes=0"):
+        CPU.tree_costs(0)
 
 
 def test_pct_s_cost_ratio_is_fitted_at_the_batch_s_rows():

@@ -9,7 +9,9 @@ import pytest
 import torch
 from synthetic import geometric, peaked, synthetic_tree
 
+from vlmspec.costs import ForwardCosts
 from vlmspec.policies import SAGEConfig, SAGEPaperConfig, SAGEPolicy, StepFeedback, confidence, get_policy
+from vlmspec.policies.sage import COST_FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,8 +64,9 @@ def _widths(tree) -> list[int]:
 
 def test_confident_draft_builds_deeper_narrower_tree_than_uncertain():
     vocab = 64
-    confident_tree, confident, _ = _two_steps(SAGEPolicy(SAGEConfig(initial_paths=())), peaked(vocab, 0.97))
-    uncertain_tree, uncertain, _ = _two_steps(SAGEPolicy(SAGEConfig(initial_paths=())), geometric(vocab, 0.8))
+    paper = SAGEConfig(growth="paper")
+    confident_tree, confident, _ = _two_steps(SAGEPolicy(paper), peaked(vocab, 0.97))
+    uncertain_tree, uncertain, _ = _two_steps(SAGEPolicy(paper), geometric(vocab, 0.8))
     assert confident["alpha"] > 0.8 > 0.3 > uncertain["alpha"]
     assert confident["depth"] > uncertain["depth"] and confident["width"] < uncertain["width"]
     assert confident_tree.max_depth > uncertain_tree.max_depth
@@ -72,7 +75,7 @@ def test_confident_draft_builds_deeper_narrower_tree_than_uncertain():
 
 
 def test_lookahead_uses_previous_steps_confidence():
-    policy = SAGEPolicy(SAGEConfig(initial_paths=(), confidence="lookahead"))
+    policy = SAGEPolicy(SAGEConfig(growth="paper", confidence="lookahead"))
     first, _ = synthetic_tree(peaked(32, 0.9))
     policy.build_tree(first)
     assert policy.trace()["alpha"] == 0.5  # Algorithm 1 initialises alpha to 0.5
@@ -83,7 +86,7 @@ def test_lookahead_uses_previous_steps_confidence():
 
 
 def test_root_confidence_shapes_this_steps_tree():
-    policy = SAGEPolicy(SAGEConfig(initial_paths=(), confidence="root"))
+    policy = SAGEPolicy(SAGEConfig(growth="paper", confidence="root"))
     assert SAGEConfig().confidence == "lookahead" == get_policy("sage_paper").config.confidence
     for dist in (peaked(32, 0.9), geometric(32, 0.7), peaked(32, 0.5)):
         draft, _ = synthetic_tree(dist)
@@ -96,7 +99,7 @@ def test_root_confidence_shapes_this_steps_tree():
 
 @pytest.mark.parametrize("n_max", [5, 17, 64])
 def test_n_max_theta_and_widths_are_respected(n_max):
-    policy = SAGEPolicy(SAGEConfig(initial_paths=(), n_max=n_max, init_alpha=0.0, confidence="lookahead"))
+    policy = SAGEPolicy(SAGEConfig(growth="paper", n_max=n_max, init_alpha=0.0, confidence="lookahead"))
     draft, _ = synthetic_tree(geometric(64, 0.85))
     tree = policy.build_tree(draft)
     trace = policy.trace()
@@ -119,14 +122,76 @@ def test_n_max_theta_and_widths_are_respected(n_max):
         assert rank < limit  # path index p_l < W_l (Eq. 12)
 
 
-def test_one_forward_per_level():
-    policy = SAGEPolicy(SAGEConfig(initial_paths=(), init_alpha=0.3, confidence="lookahead"))
+@pytest.mark.parametrize("growth", ["paper", "cost"])
+def test_one_forward_per_level(growth):
+    policy = SAGEPolicy(SAGEConfig(growth=growth, init_alpha=0.3, node_cost=0.01, level_cost=0.01))
     draft, adapter = synthetic_tree(geometric(64, 0.6))
     tree = policy.build_tree(draft)
     # The root's forward, then each forward covers one whole level (all its nodes at once).
     assert adapter.calls[0] == 1
     assert adapter.calls[1:] == _widths(tree)[: len(adapter.calls) - 1]
     assert len(adapter.calls) >= tree.max_depth
+
+
+def _grown_by_cost(dist_fn, **options):
+    policy = SAGEPolicy(SAGEConfig(**options))
+    draft, adapter = synthetic_tree(dist_fn)
+    return policy.build_tree(draft), draft, adapter
+
+
+def test_cost_growth_keeps_what_repays_its_verification():
+    dist = geometric(64, 0.6)
+    sizes = [
+        _grown_by_cost(dist, node_cost=cost, level_cost=0.05)[0].num_nodes for cost in (0.0, 0.03, 0.1, 0.2)
+    ]
+    assert sizes[0] == SAGEConfig().n_max  # free verification: the node budget fills
+    assert sizes[0] > sizes[1] > sizes[2] > sizes[3] >= 1  # dearer nodes: fewer of them
+    tree, draft, _ = _grown_by_cost(dist, node_cost=0.05, level_cost=0.02)
+    # The root's children: every token whose probability beats the first bar, (V / T) * node_cost with V = 1 and
+    # T = 1 + one draft forward, and no other.
+    root_probs = dist(torch.tensor([1]), torch.tensor([0]))[0]
+    expected = int((root_probs * (1 + 0.02) > 0.05).sum())
+    kept = draft.probs[1:][tree.parents[1:] == 0]
+    assert 1 < len(kept) == expected < 10 and float(kept.min()) * 1.02 > 0.05
+
+
+def test_cost_growth_follows_each_node_s_confidence():
+    confident, _, _ = _grown_by_cost(peaked(64, 0.97), node_cost=0.02, level_cost=0.05)
+    uncertain, _, _ = _grown_by_cost(geometric(64, 0.5), node_cost=0.02, level_cost=0.05)
+    # A peaked draft: one child per node, as deep as D_max allows; a flat one: wider and shallower.
+    assert _widths(confident) == [1] * SAGEConfig().d_max
+    assert uncertain.max_depth < confident.max_depth and max(_widths(uncertain)) > 1
+
+
+def test_cost_growth_runs_the_draft_again_only_when_a_level_pays():
+    forwards = []
+    for level_cost in (0.0, 0.05, 0.3, 1.0):
+        tree, _, adapter = _grown_by_cost(peaked(64, 0.8), node_cost=0.03, level_cost=level_cost)
+        assert len(adapter.calls) == tree.max_depth  # no forward whose level was not kept
+        forwards.append(len(adapter.calls))
+    assert forwards[0] == SAGEConfig().d_max  # free forwards: as deep as allowed
+    assert forwards == sorted(forwards, reverse=True) and forwards[-1] < forwards[1]  # dearer: fewer
+
+
+def test_a_pipeline_fits_the_node_and_level_costs_unless_set():
+    costs = ForwardCosts(sizes=(1, 2, 4, 8, 16, 32), target_s=(1.0, 1.0, 1.1, 1.2, 1.6, 2.0), draft_s=(0.1,) * 6,
+                         prefix_tokens=8, runs=1)  # fmt: skip
+    policy = get_policy("sage")
+    assert set(COST_FIELDS) <= set(policy.free_hardware_options())
+    policy.fit(costs)
+    node, level = costs.tree_costs(policy.config.n_max)
+    assert (policy.config.node_cost, policy.config.level_cost) == (node, level) and level == pytest.approx(
+        0.1
+    )
+    user = get_policy("sage", node_cost=0.3)
+    user.fit(costs)
+    assert (user.config.node_cost, user.config.level_cost) == (0.3, level)
+    paper = get_policy("sage_paper")
+    assert not set(COST_FIELDS) & set(paper.free_hardware_options())
+    with pytest.raises(ValueError, match="growth='wide'"):
+        get_policy("sage", growth="wide")
+    with pytest.raises(ValueError, match="node_cost=-1"):
+        get_policy("sage", node_cost=-1)
 
 
 def test_first_step_uses_static_initial_tree():

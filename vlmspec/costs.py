@@ -197,6 +197,21 @@ class ForwardCosts:
         is expected to be slower than plain decoding on this machine (the draft costs too much of the target)."""
         return self.step_rate(nodes, depth, acceptance, rows) / self.step_rate(0, 0, acceptance, rows)
 
+    def tree_costs(self, nodes: int, rows: int = 1) -> tuple[float, float]:
+        """What one more tree node and one more tree level cost a request, in plain decoding steps (``c_t(rows)``).
+
+        Returns ``(node, level)``: ``node = (c_t(rows * (nodes + 1)) - c_t(rows)) / (nodes * c_t(rows))``, the
+        verification's mean cost per node over a budget of ``nodes`` (every request's extra token delays the whole
+        batch, so a request's node costs what the batch's verification grows by); ``level = c_d(rows) / c_t(rows)``,
+        one draft forward. SAGE's cost-driven growth (:mod:`vlmspec.policies.sage`) keeps a node only where its
+        chance of acceptance repays ``node`` and weighs every level's forward by ``level``.
+        """
+        if nodes < 1:
+            raise InvalidInputError(f"nodes={nodes} is invalid: use at least 1")
+        base = self.target_cost(rows)
+        node = (self.target_cost(rows * (nodes + 1)) - base) / (nodes * base)
+        return node, self.draft_cost(rows) / base
+
     def batch_size(
         self,
         factor: float = DEFAULT_BUDGET_FACTOR,

@@ -25,10 +25,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "eagle2": ("eagle2", {}),
     "pct": ("pct", {}),
     "sage_paper": ("sage_paper", {}),
-    "sage, this step's root confidence": ("sage", {"confidence": "root"}),
-    "sage w2-8": ("sage", {"w_max": 8}),
-    "sage n32": ("sage", {"n_max": 32}),
-    "sage (default: the paper's lookahead confidence)": ("sage", {}),
+    "sage, Eq. 10-12 growth (vlmspec's ranges)": ("sage", {"growth": "paper"}),
+    "sage, Eq. 10-12 growth, this step's root confidence": ("sage", {"growth": "paper", "confidence": "root"}),
+    "sage, cost growth, n32": ("sage", {"n_max": 32}),
+    "sage (default: cost growth)": ("sage", {}),
 }
 """Variant name -> (policy, options). Options left out (node budgets, depths) are fitted to the machine, as in a
 pipeline: every variant runs at the same automatic budget unless it names its own."""

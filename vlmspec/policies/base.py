@@ -371,9 +371,14 @@ class TreePolicy:
             return
         nodes = costs.node_budget(factor, rows) if c.budget_field in free else None
         tree_nodes = nodes or c.node_budget or costs.node_budget(factor, rows)
-        depth = costs.depth_budget(tree_nodes, rows=rows) if c.depth_field in free else None
+        depth = self.fitted_depth(costs, tree_nodes, rows) if c.depth_field in free else None
         self.config = c.with_budget(nodes, depth, self.fixed)
         self.reset()
+
+    def fitted_depth(self, costs: ForwardCosts, nodes: int, rows: int = 1) -> int:
+        """The depth :meth:`fit` gives a tree of ``nodes`` nodes when the user left it to the machine:
+        :meth:`ForwardCosts.depth_budget`, the depth with the most expected tokens per second."""
+        return costs.depth_budget(nodes, rows=rows)
 
     def expected_speedup(self, costs: ForwardCosts, rows: int = 1) -> float:
         """This policy's expected tokens per second over plain decoding's on hardware with ``costs``

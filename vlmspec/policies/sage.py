@@ -52,12 +52,35 @@ captions) but grows deeper trees on confident roots and wider ones on the others
 than the extra tokens repay on the CPU (2.13-2.66x vs 2.41-2.72x over ``generate()`` in three sweeps,
 ``docs/sage.md``).
 
-Two registered names: ``sage`` (the default policy: the paper's algorithm in ranges measured to suit the verifier's
-cost, :class:`SAGEConfig`) and ``sage_paper`` (the paper's literal settings, :class:`SAGEPaperConfig`).
+Beyond the paper, and ``sage``'s default: ``growth="cost"`` shapes each tree node by node from what a node is
+worth on this machine, where Eq. 10-12 shape it level by level from one alpha per step. A candidate (one of a
+node's top-k draft tokens) is verified when its cumulative draft probability, the draft's estimate that the target
+accepts it, repays what it adds to the step::
+
+    keep c  iff  cum(c) > (V / T) * node_cost
+    V = 1 + sum(cum) of the nodes kept          T = 1 + N * node_cost + L * level_cost
+
+``V`` is the step's expected tokens so far and ``T`` its cost so far in plain decoding steps (``N`` nodes, ``L``
+draft forwards), so ``V / T`` is the rate an extra node has to beat. The draft runs another level only when that
+level's expected tokens, each new node's own probability standing for its best child's (the entropy's lag-1
+memory), repay a draft forward: ``sum(cum * p) > (V / T) * level_cost``. So a node gets as many children as its
+own distribution supports (a peaked one: one; a flat one: several) and a branch ends where its own confidence runs
+out: SAGE's entropy-guided width and depth, per node instead of per step. ``node_cost`` and ``level_cost`` come
+from the pipeline's cost probe (:meth:`~vlmspec.costs.ForwardCosts.tree_costs`): where verification is nearly
+free (a GPU) the same rule fills the node budget; on a CPU it keeps the few nodes likely to be accepted. ``D_max``
+(moved by the history, Step 5) bounds the depth and ``N_max`` the nodes; alpha, the widths and ``theta_l`` are
+not used. Why: on the calibrated pairs the paper's step-wide shape spends its nodes and draft forwards where
+acceptance is unlikely (the previous step's alpha barely predicts this step's, and Eq. 12 gives every node of a
+level the same width); growing by cost accepts more tokens with fewer draft forwards at about the same node count
+(``docs/sage.md`` has the figures and commands). ``growth="paper"`` keeps Algorithm 1 as written.
+
+Two registered names: ``sage`` (the default policy: SAGE's history and budgets, grown by cost, :class:`SAGEConfig`)
+and ``sage_paper`` (the paper's algorithm with its literal settings, :class:`SAGEPaperConfig`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Collection
@@ -66,6 +89,7 @@ from typing import Any
 
 import torch
 
+from ..costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
 from ..draft import DraftTree
 from ..tree import TokenTree
 from .base import (
@@ -81,6 +105,9 @@ from .base import (
 from .static import MC_SIM_7B_63, grow_planned, plan_levels
 
 CONFIDENCE_SOURCES: tuple[str, ...] = ("lookahead", "root")
+GROWTH_RULES: tuple[str, ...] = ("cost", "paper")
+COST_FIELDS: tuple[str, ...] = ("node_cost", "level_cost")
+"""The options :meth:`SAGEPolicy.fit` measures for ``growth="cost"`` (:meth:`ForwardCosts.tree_costs`)."""
 
 
 def confidence(probs: torch.Tensor, k: int) -> torch.Tensor:
@@ -115,8 +142,9 @@ def _round_half_up(x: float) -> int:
 class SAGEConfig(PolicyConfig):
     """SAGE hyper-parameters: vlmspec's measured defaults; :class:`SAGEPaperConfig` holds the paper's (section 5.1).
 
-    The mechanics are the paper's (Eq. 7-12, lookahead, history); the ranges they move in are fitted to what a
-    verification costs. The paper's ranges (depth 3-8, width 2-10, 64 nodes, a 63-node static first tree) assume a
+    By default the tree grows by cost (``growth="cost"``, module docstring); with ``growth="paper"`` the mechanics
+    are the paper's (Eq. 7-12, lookahead, history) and the ranges they move in are fitted to what a verification
+    costs. The paper's ranges (depth 3-8, width 2-10, 64 nodes, a 63-node static first tree) assume a
     GPU, where verifying 64 tokens costs about one. On the calibrated CPU pair c_t(33)/c_t(1) = 2.7 and
     c_t(64)/c_t(1) = 4.0, so wide trees cost more than their extra accepted tokens repay, while the draft's
     confident runs reward depth; a lower cumulative-probability threshold (``theta_scale`` 0.05) lets the deeper
@@ -137,6 +165,12 @@ class SAGEConfig(PolicyConfig):
             ``init_alpha`` like every later step; the paper uses the 63-node Medusa/EAGLE tree).
         confidence: whose alpha shapes a step's tree: ``"lookahead"`` (the previous step's root, the paper's
             Algorithm 1; default) or ``"root"`` (this step's root); see the module docstring.
+        growth: ``"cost"`` (default: each node kept for what it is worth on this machine) or ``"paper"`` (Eq.
+            10-12 at the step's alpha); ``d_min``, ``w_min``, ``w_max``, ``theta_scale``, ``init_alpha`` and
+            ``confidence`` shape ``"paper"`` trees only (``d_min`` also bounds the history's ``D_max``).
+        node_cost, level_cost: for ``growth="cost"``, one more verified node and one more draft forward in plain
+            decoding steps; a pipeline measures them (:meth:`~vlmspec.costs.ForwardCosts.tree_costs`) unless set.
+            The defaults (0.02, 0.05) are the calibrated CPU pair's, for a policy used without a pipeline.
     """
 
     budget_field = "n_max"
@@ -156,6 +190,9 @@ class SAGEConfig(PolicyConfig):
     upper: float = 3.0
     initial_paths: tuple[tuple[int, ...], ...] = ()
     confidence: str = "lookahead"
+    growth: str = "cost"
+    node_cost: float = 0.02
+    level_cost: float = 0.05
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "initial_paths", rank_paths(self, "initial_paths"))
@@ -172,6 +209,9 @@ class SAGEConfig(PolicyConfig):
         check(self.lower <= self.upper, self, "lower", self.lower, f"a number <= upper ({self.upper})")
         check(self.confidence in CONFIDENCE_SOURCES, self, "confidence", self.confidence,
               f"one of {', '.join(CONFIDENCE_SOURCES)}")  # fmt: skip
+        check(self.growth in GROWTH_RULES, self, "growth", self.growth, f"one of {', '.join(GROWTH_RULES)}")
+        for field in COST_FIELDS:
+            check(getattr(self, field) >= 0, self, field, getattr(self, field), "a number >= 0")
         if self.initial_paths:
             check(len(self.initial_paths) <= self.n_max, self, "initial_paths", len(self.initial_paths),
                   f"at most n_max ({self.n_max}) paths")  # fmt: skip
@@ -236,9 +276,14 @@ class SAGEPolicy(TreePolicy):
         c = self.config
         root = torch.zeros(1, dtype=torch.long, device=draft.tokens.device)
         root_probs = draft.next_probs(root)  # [1, V]
+        d_max = self._max_depth
+        if c.growth == "cost" and not (self._first and self._plan is not None):
+            self._grow_by_cost(draft, root_probs, d_max)
+            self._first = False
+            self._last = {"depth": d_max, "max_depth": d_max}
+            return draft.tree()
         root_alpha = float(confidence(root_probs[0], c.top_k))  # host sync (needed: it sets the tree's shape)
         alpha = root_alpha if c.confidence == "root" else self._alpha
-        d_max = self._max_depth
         depth, width = c.depth(alpha, d_max), c.width(alpha)
         if self._first and self._plan is not None:
             grow_planned(draft, self._plan, root_probs)
@@ -281,6 +326,75 @@ class SAGEPolicy(TreePolicy):
             frontier = ids
             probs = draft.next_probs(frontier)  # one batched draft forward for the whole level
 
+    def _grow_by_cost(self, draft: DraftTree, probs: torch.Tensor, depth: int) -> None:
+        """``growth="cost"``: up to ``depth`` levels, each keeping every candidate whose chance of acceptance repays
+        its verification (module docstring)."""
+        c = self.config
+        frontier = torch.zeros(1, dtype=torch.long, device=probs.device)  # node ids whose `probs` we hold
+        value = probs.new_ones(
+            (), dtype=torch.float32
+        )  # expected tokens of the step: 1 + the nodes' cum probs
+        for level in range(1, depth + 1):
+            k = min(c.top_k, probs.shape[-1])
+            top_p, top_tok = probs.topk(k, dim=-1)  # [F, k]
+            cum = (
+                draft.cum_probs[frontier][:, None] * top_p
+            )  # [F, k] cumulative probability of each candidate
+            cost = 1.0 + draft.num_nodes * c.node_cost + level * c.level_cost  # the step so far, in AR steps
+            keep = cum * cost > value * c.node_cost  # [F, k]: cum > (value / cost) * node_cost
+            rows, cols = keep.nonzero(as_tuple=True)  # host sync (needed: the kept set depends on the values)
+            budget = c.n_max - draft.num_nodes
+            if rows.numel() > budget:  # N_max: the most probable candidates of this level
+                best = cum[rows, cols].topk(budget).indices.sort().values
+                rows, cols = rows[best], cols[best]
+            if rows.numel() == 0:
+                break
+            kept_p, kept_cum = top_p[rows, cols], cum[rows, cols]  # [m]
+            ids = draft.add(frontier[rows], top_tok[rows, cols], kept_p)
+            value = value + kept_cum.sum()
+            if ids.numel() == 0 or level == depth or draft.num_nodes >= c.n_max:
+                break
+            # Another level pays when its expected tokens, each node's own probability standing for its child's,
+            # repay a draft forward: sum(cum * p) > (value / cost) * level_cost.
+            cost = 1.0 + draft.num_nodes * c.node_cost + (level + 1) * c.level_cost
+            if not bool(
+                (kept_cum * kept_p).sum() * cost > value * c.level_cost
+            ):  # host sync (needed: it decides
+                break  # whether the draft runs again)
+            frontier = ids
+            probs = draft.next_probs(frontier)  # one batched draft forward for the whole level
+
+    # ---- hardware --------------------------------------------------------------------------------------------
+    def free_hardware_options(self) -> tuple[str, ...]:
+        """The base's, plus the cost of a node and of a level for ``growth="cost"`` unless the user set them."""
+        free = super().free_hardware_options()
+        if self.config.growth != "cost":
+            return free
+        return (*free, *(f for f in COST_FIELDS if f not in self.fixed))
+
+    def fitted_depth(self, costs: ForwardCosts, nodes: int, rows: int = 1) -> int:
+        """The base's for ``growth="paper"``; the node budget for ``growth="cost"``, whose level rule decides how
+        deep each step goes (``D_max`` then only bounds it: a tree is never deeper than its nodes)."""
+        return nodes if self.config.growth == "cost" else super().fitted_depth(costs, nodes, rows)
+
+    def expected_speedup(self, costs: ForwardCosts, rows: int = 1) -> float:
+        """The base's, with ``growth="cost"`` trees priced at the machine's depth for their node budget (the level
+        rule's depth, which follows the draft's confidence, is not known in advance)."""
+        c = self.config
+        if c.growth != "cost":
+            return super().expected_speedup(costs, rows)
+        return costs.expected_speedup(c.n_max, min(c.d_max, costs.depth_budget(c.n_max, rows=rows)), rows=rows)
+
+    def fit(self, costs: ForwardCosts, factor: float = DEFAULT_BUDGET_FACTOR, rows: int = 1) -> None:
+        """The base's node budget and depth, and ``node_cost`` / ``level_cost`` from ``costs``
+        (:meth:`ForwardCosts.tree_costs` at that budget) where the user left them to the machine."""
+        super().fit(costs, factor, rows)
+        free = [f for f in COST_FIELDS if f in self.free_hardware_options()]
+        if free:
+            measured = dict(zip(COST_FIELDS, costs.tree_costs(self.config.n_max, rows), strict=True))
+            self.config = dataclasses.replace(self.config, **{f: measured[f] for f in free})
+            self.reset()
+
     # ---- feedback --------------------------------------------------------------------------------------------
     def feedback(self, step: StepFeedback) -> None:
         """Adaptive history tracking: move the maximum depth when the window mean leaves [lower, upper]."""
@@ -313,6 +427,7 @@ class SAGEPaperConfig(SAGEConfig):
     n_max: int = 64
     theta_scale: float = 0.1
     initial_paths: tuple[tuple[int, ...], ...] = MC_SIM_7B_63
+    growth: str = "paper"
 
 
 @register_policy("sage_paper")
