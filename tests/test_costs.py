@@ -135,7 +135,9 @@ def test_fit_sets_only_what_the_user_left_out():
     mine = get_policy("sage", growth="paper", n_max=20)
     mine.fit(CPU)
     assert mine.config.n_max == 20 and mine.config.d_max == CPU.depth_budget(20)
-    by_cost = get_policy("sage", n_max=20)  # growth="cost": its level rule decides the depth, the budget bounds it
+    by_cost = get_policy(
+        "sage", n_max=20
+    )  # growth="cost": its level rule decides the depth, the budget bounds it
     by_cost.fit(CPU)
     assert (by_cost.config.n_max, by_cost.config.d_max) == (20, 20)
     assert by_cost.expected_speedup(CPU) == pytest.approx(mine.expected_speedup(CPU))

@@ -26,7 +26,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "pct": ("pct", {}),
     "sage_paper": ("sage_paper", {}),
     "sage, Eq. 10-12 growth (vlmspec's ranges)": ("sage", {"growth": "paper"}),
-    "sage, Eq. 10-12 growth, this step's root confidence": ("sage", {"growth": "paper", "confidence": "root"}),
+    "sage, Eq. 10-12 growth, this step's root confidence": (
+        "sage",
+        {"growth": "paper", "confidence": "root"},
+    ),
     "sage, cost growth, n32": ("sage", {"n_max": 32}),
     "sage (default: cost growth)": ("sage", {}),
 }

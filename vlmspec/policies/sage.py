@@ -383,7 +383,9 @@ class SAGEPolicy(TreePolicy):
         c = self.config
         if c.growth != "cost":
             return super().expected_speedup(costs, rows)
-        return costs.expected_speedup(c.n_max, min(c.d_max, costs.depth_budget(c.n_max, rows=rows)), rows=rows)
+        return costs.expected_speedup(
+            c.n_max, min(c.d_max, costs.depth_budget(c.n_max, rows=rows)), rows=rows
+        )
 
     def fit(self, costs: ForwardCosts, factor: float = DEFAULT_BUDGET_FACTOR, rows: int = 1) -> None:
         """The base's node budget and depth, and ``node_cost`` / ``level_cost`` from ``costs``
