@@ -215,9 +215,10 @@ def test_tree_costs_price_a_node_and_a_level_in_plain_decoding_steps():
     assert (
         flat_node == pytest.approx(0.5 / 63) and flat_node < node and launch_bound_level == pytest.approx(0.4)
     )
-    # A batch of 4: its nodes delay every row, in units of one batched plain step c_t(4) = 1.3.
-    batch_node, batch_level = CPU.tree_costs(3, rows=4)  # c_t(16) = 2.5
-    assert batch_node == pytest.approx(1.2 / 3.9) and batch_level == pytest.approx(0.04 / 1.3)
+    # A batch of 4: a node is priced on one request's curve (the batch pads every tree to its largest), a level
+    # as one batched draft forward against one batched plain step, c_t(4) = 1.3.
+    batch_node, batch_level = CPU.tree_costs(3, rows=4)  # c_t(4) = 1.3 for three nodes of one request
+    assert batch_node == pytest.approx(0.3 / 3) and batch_level == pytest.approx(0.04 / 1.3)
     sage = get_policy("sage")
     sage.fit(CPU, rows=4)
     assert sage.config.node_cost == pytest.approx(CPU.tree_costs(sage.config.n_max, rows=4)[0])
