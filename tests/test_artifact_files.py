@@ -210,7 +210,12 @@ def _nan_draft(tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("source", ["lookahead", "root"])
 def test_sage_takes_a_nan_draft_distribution_as_zero_confidence(source):
     assert float(confidence(torch.full((32,), float("nan")), 10)) == 0.0
-    policy = SAGEPolicy(SAGEConfig(initial_paths=(), confidence=source))
+    by_cost = SAGEPolicy(
+        SAGEConfig(confidence=source)
+    )  # growth by cost: NaN clears no bar, the tree is empty
+    draft, _ = synthetic_tree(_nan_draft)
+    assert by_cost.build_tree(draft).num_nodes == 0 and by_cost.trace()["depth"] == 0
+    policy = SAGEPolicy(SAGEConfig(growth="paper", confidence=source))
     for _ in range(2):  # under lookahead the second step's shape comes from the first's (NaN) confidence
         draft, _ = synthetic_tree(_nan_draft)
         tree = policy.build_tree(draft)

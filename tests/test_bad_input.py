@@ -76,10 +76,12 @@ def test_eagle2_working_set_is_bounded():
 
 
 def test_top_k_above_the_vocabulary_is_the_vocabulary():
-    policy = SAGEPolicy(SAGEConfig(top_k=500, w_max=6))
-    draft, _ = synthetic_tree(peaked(16, 0.6))  # a 16-token vocabulary
-    tree = policy.build_tree(draft)
-    assert tree.num_nodes > 0 and 0.0 <= policy.trace()["alpha"] <= 1.0
+    for growth in ("cost", "paper"):
+        policy = SAGEPolicy(SAGEConfig(top_k=500, w_max=6, growth=growth))
+        draft, _ = synthetic_tree(peaked(16, 0.6))  # a 16-token vocabulary
+        tree = policy.build_tree(draft)
+        assert tree.num_nodes > 0 and policy.trace()["width"] <= 16
+    assert 0.0 <= policy.trace()["alpha"] <= 1.0
 
 
 # ---- inputs mean what users mean ---------------------------------------------------------------------------------

@@ -91,12 +91,14 @@ def test_testbed_batch_with_early_eos_equals_generate(family):
 
 
 def test_sampling_same_seed_same_reply_at_any_batch_size(tiny_pairs):
-    """With the tree's budget and depth set (automatic ones are refitted per batch size, and another tree draws
-    other random numbers: a different sample of the same distribution), the same seed gives the same reply."""
+    """With the tree's budget, depth and (sage's) node and level prices set (automatic ones are refitted per batch
+    size, and another tree draws other random numbers: a different sample of the same distribution), the same seed
+    gives the same reply."""
     pair = tiny_pairs["qwen2_vl"]
     pipe = VLMSpecPipeline.from_pretrained(
-        pair.target, pair.draft, policy="sage", n_max=12, d_max=5, d_min=3, torch_dtype=torch.float32
-    )
+        pair.target, pair.draft, policy="sage", n_max=12, d_max=5, d_min=3, node_cost=0.02, level_cost=0.05,
+        torch_dtype=torch.float32,
+    )  # fmt: skip
     requests = [
         dict(r, do_sample=True, seed=10 + i, temperature=0.9) for i, r in enumerate(mixed_requests()[:5])
     ]

@@ -138,7 +138,8 @@ def test_a_batch_verifies_every_live_request_in_each_target_forward(tiny_pairs, 
     import vlmspec.batching as batching
 
     pair = tiny_pairs["qwen2_vl"]
-    policy = get_policy("sage", d_min=2, d_max=8, n_max=16)  # set, not fitted: depths 2-8 on any machine
+    # Set, not fitted: up to 8 levels, each node priced low enough that a confident branch runs deep on any machine.
+    policy = get_policy("sage", d_min=2, d_max=8, n_max=16, node_cost=0.01, level_cost=0.01)
     pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy=policy, torch_dtype=torch.float32)
     merged: list[tuple[bool, int, int]] = []
     run_merged = batching.run_merged

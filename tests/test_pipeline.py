@@ -62,7 +62,8 @@ def test_stats_fields_and_trace(pipe):
     assert s.tokens_per_second > 0 and s.prefill_seconds > 0 and s.verify_seconds > 0 and s.draft_seconds > 0
     assert s.target_visual_tokens > 0 and s.draft_visual_tokens > 0
     for entry in s.trace:
-        assert {"alpha", "depth", "width", "tree_size", "accepted", "max_depth"} <= set(entry)
+        assert {"depth", "width", "tree_size", "accepted", "max_depth"} <= set(entry)
+        assert entry["width"] <= entry["tree_size"] and entry["depth"] <= entry["max_depth"]
     assert sum(t["accepted"] for t in s.trace) == s.accepted_tokens
     as_dict = s.to_dict()
     assert json.loads(json.dumps(as_dict))["new_tokens"] == 40 and as_dict["lossless"] is True
@@ -342,7 +343,9 @@ def test_generate_refuses_what_it_cannot_do_naming_it(pipe):
 
 def test_save_pretrained_loads_back_with_the_settings_set_on_it(pipe, tmp_path, capsys):
     """The pair, the policy with the options the user set (not the machine-fitted ones) and the pruning."""
-    pipe.policy = get_policy("sage", w_max=4, d_min=9)  # n_max and d_max left to the machine
+    pipe.policy = get_policy(
+        "sage", w_max=4, d_min=9
+    )  # n_max, d_max and the node and level costs: the machine's
     pipe.pruning = PruningConfig(
         image_ratio=np.float64(0.5), min_keep=0
     )  # numpy numbers are saved as numbers
@@ -355,7 +358,9 @@ def test_save_pretrained_loads_back_with_the_settings_set_on_it(pipe, tmp_path, 
         loaded = VLMSpecPipeline.from_pretrained(folder)
         assert loaded.policy.name == "sage" and loaded.policy.config.w_max == 4
         assert (
-            loaded.policy.free_hardware_options() == pipe.policy.free_hardware_options() == ("n_max", "d_max")
+            loaded.policy.free_hardware_options()
+            == pipe.policy.free_hardware_options()
+            == ("n_max", "d_max", "node_cost", "level_cost")
         )
         assert loaded.pruning == pipe.pruning
         image, prompt = make_image(4), PROMPTS[2]

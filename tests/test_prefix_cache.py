@@ -298,8 +298,9 @@ def test_a_server_conversation_reports_the_cached_prompt_and_equals_the_pipeline
 
 def test_a_server_s_sampled_choices_prefill_their_prompt_once(tiny_pairs):
     """``n`` sampled choices decode together: the later draws take the prompt from the first's batch row, and each
-    is still the draw ``pipe(..., seed=seed + i)`` makes alone."""
-    pipe = _pipe(tiny_pairs, "qwen2_vl", policy="sage")
+    is still the draw ``pipe(..., seed=seed + i)`` makes alone (the tree's sizes and prices set, so that batch 1 and
+    batch 3 grow the same trees: automatic ones are fitted per batch size)."""
+    pipe = _pipe(tiny_pairs, "qwen2_vl", policy="sage", n_max=12, d_max=6, node_cost=0.02, level_cost=0.3)
     content = [{"type": "image_url", "image_url": {"url": _png_uri(make_image(0))}},
                {"type": "text", "text": "Describe this image."}]  # fmt: skip
     body = {"messages": [{"role": "user", "content": content}], "n": 3, "temperature": 0.9, "seed": 5}

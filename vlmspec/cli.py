@@ -24,16 +24,20 @@ def _example_image() -> Path:
 
 
 def trace_summary(trace: list[dict]) -> str:
-    """A short summary of a SAGE trace: alpha, depth and width ranges, acceptance."""
-    if not trace or "alpha" not in trace[0]:
+    """A short summary of a SAGE trace: depth and width ranges (alpha too where the tree followed it), tree sizes."""
+    if not trace or "width" not in trace[0]:
         return ""
-    alphas = [t["alpha"] for t in trace]
     depths = [t["depth"] for t in trace]
     widths = [t["width"] for t in trace]
     sizes = [t["tree_size"] for t in trace]
+    alphas = [t["alpha"] for t in trace if "alpha" in t]
+    alpha = (
+        f"alpha {min(alphas):.2f}..{max(alphas):.2f} (mean {sum(alphas) / len(alphas):.2f}), "
+        if alphas
+        else ""
+    )
     return (
-        f"SAGE trace over {len(trace)} steps: alpha {min(alphas):.2f}..{max(alphas):.2f} "
-        f"(mean {sum(alphas) / len(alphas):.2f}), depth {min(depths)}..{max(depths)}, "
+        f"SAGE trace over {len(trace)} steps: {alpha}depth {min(depths)}..{max(depths)}, "
         f"width {min(widths)}..{max(widths)}, tree size {min(sizes)}..{max(sizes)}, "
         f"max depth now {trace[-1]['max_depth']}"
     )

@@ -58,14 +58,16 @@ CONFIDENCE_BUCKETS: tuple[float, ...] = (0.0, 0.5, 0.8, 0.95, 1.0 + 1e-9)
 
 
 def policies(budget: int = BUDGET) -> dict[str, TreePolicy]:
-    """The compared policies at ``budget`` draft nodes: sage (``n_max``), static (the first ``budget`` paths of the
-    Medusa/EAGLE tree, closed under prefixes) and eagle2 (``total_tokens``).
+    """The compared policies at ``budget`` draft nodes: sage with the paper's Eq. 10-12 growth (``n_max``; the
+    study asks how well its lookahead alpha predicts a step, the analysis that led to ``sage``'s growth by cost),
+    static (the first ``budget`` paths of the Medusa/EAGLE tree, closed under prefixes) and eagle2
+    (``total_tokens``).
 
     Every size option is given explicitly (sage's ``d_max`` and eagle2's ``depth`` at their config defaults), so
     no machine-dependent fitting of the options one leaves out changes the trees being compared.
     """
     return {
-        "sage": get_policy("sage", n_max=budget, d_max=SAGEConfig().d_max),
+        "sage": get_policy("sage", growth="paper", n_max=budget, d_max=SAGEConfig().d_max),
         "static": get_policy("static", paths=truncate_paths(MC_SIM_7B_63, budget)),
         "eagle2": get_policy("eagle2", total_tokens=budget, depth=EAGLE2Config().depth),
     }

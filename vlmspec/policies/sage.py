@@ -278,9 +278,9 @@ class SAGEPolicy(TreePolicy):
         root_probs = draft.next_probs(root)  # [1, V]
         d_max = self._max_depth
         if c.growth == "cost" and not (self._first and self._plan is not None):
-            self._grow_by_cost(draft, root_probs, d_max)
+            depth, width = self._grow_by_cost(draft, root_probs, d_max)
             self._first = False
-            self._last = {"depth": d_max, "max_depth": d_max}
+            self._last = {"depth": depth, "width": width, "max_depth": d_max}
             return draft.tree()
         root_alpha = float(confidence(root_probs[0], c.top_k))  # host sync (needed: it sets the tree's shape)
         alpha = root_alpha if c.confidence == "root" else self._alpha
@@ -326,10 +326,11 @@ class SAGEPolicy(TreePolicy):
             frontier = ids
             probs = draft.next_probs(frontier)  # one batched draft forward for the whole level
 
-    def _grow_by_cost(self, draft: DraftTree, probs: torch.Tensor, depth: int) -> None:
+    def _grow_by_cost(self, draft: DraftTree, probs: torch.Tensor, depth: int) -> tuple[int, int]:
         """``growth="cost"``: up to ``depth`` levels, each keeping every candidate whose chance of acceptance repays
-        its verification (module docstring)."""
+        its verification (module docstring). Returns the levels grown and the widest one's node count."""
         c = self.config
+        grown, widest = 0, 0
         frontier = torch.zeros(1, dtype=torch.long, device=probs.device)  # node ids whose `probs` we hold
         value = probs.new_ones(
             (), dtype=torch.float32
@@ -351,6 +352,8 @@ class SAGEPolicy(TreePolicy):
                 break
             kept_p, kept_cum = top_p[rows, cols], cum[rows, cols]  # [m]
             ids = draft.add(frontier[rows], top_tok[rows, cols], kept_p)
+            if ids.numel():
+                grown, widest = level, max(widest, ids.numel())
             value = value + kept_cum.sum()
             if ids.numel() == 0 or level == depth or draft.num_nodes >= c.n_max:
                 break
@@ -363,6 +366,7 @@ class SAGEPolicy(TreePolicy):
                 break  # whether the draft runs again)
             frontier = ids
             probs = draft.next_probs(frontier)  # one batched draft forward for the whole level
+        return grown, widest
 
     # ---- hardware --------------------------------------------------------------------------------------------
     def free_hardware_options(self) -> tuple[str, ...]:
