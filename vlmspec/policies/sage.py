@@ -134,6 +134,38 @@ def confidence(probs: torch.Tensor, k: int) -> torch.Tensor:
     return torch.nan_to_num(alpha, nan=0.0)
 
 
+def _add_kept(
+    draft: DraftTree,
+    frontier: torch.Tensor,
+    tokens: torch.Tensor,
+    probs: torch.Tensor,
+    cum: torch.Tensor,
+    keep: torch.Tensor,
+    budget: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Add the candidates ``keep`` marks, the ``budget`` most probable of them when there are more (``N_max``).
+
+    Args:
+        draft: the tree being grown.
+        frontier: ``[F]`` node ids; candidate ``(i, j)`` is child ``tokens[i, j]`` of ``frontier[i]``.
+        tokens, probs, cum: ``[F, k]`` candidate tokens, their draft probabilities given their parents and their
+            cumulative probabilities.
+        keep: ``[F, k]`` bool, the candidates a rule keeps.
+        budget: the most nodes to add (``<= 0``: none).
+
+    Returns:
+        ``[m]`` each: the added node ids, their probabilities and their cumulative probabilities.
+    """
+    rows, cols = keep.nonzero(as_tuple=True)  # host sync (needed: the kept set depends on the values)
+    if rows.numel() > max(budget, 0):  # N_max: the most probable candidates of this level
+        best = cum[rows, cols].topk(max(budget, 0)).indices.sort().values
+        rows, cols = rows[best], cols[best]
+    if rows.numel() == 0:
+        return rows, probs.new_zeros(0), cum.new_zeros(0)
+    kept_p = probs[rows, cols]
+    return draft.add(frontier[rows], tokens[rows, cols], kept_p), kept_p, cum[rows, cols]
+
+
 def _round_half_up(x: float) -> int:
     return int(math.floor(x + 0.5))
 
@@ -309,18 +341,11 @@ class SAGEPolicy(TreePolicy):
                 widths = (width / level * (0.5 + draft.probs[frontier])).ceil()  # [F]
             k = min(math.ceil(width / level * 1.5), c.top_k, probs.shape[-1])  # >= every W_l (P_parent <= 1)
             top_p, top_tok = probs.topk(k, dim=-1)  # [F, k]
-            cum = (
-                draft.cum_probs[frontier][:, None] * top_p
-            )  # [F, k] cumulative probability of each candidate
+            # [F, k] cumulative probability of each candidate
+            cum = draft.cum_probs[frontier][:, None] * top_p
             ranks = torch.arange(k, device=probs.device)[None, :]
             keep = (ranks < widths[:, None]) & (cum > c.threshold(level, depth))  # [F, k]
-            rows, cols = keep.nonzero(as_tuple=True)
-            if rows.numel() > budget:  # N_max: the most probable candidates of this level
-                best = cum[rows, cols].topk(budget).indices.sort().values
-                rows, cols = rows[best], cols[best]
-            if rows.numel() == 0:
-                break
-            ids = draft.add(frontier[rows], top_tok[rows, cols], top_p[rows, cols])
+            ids, _, _ = _add_kept(draft, frontier, top_tok, top_p, cum, keep, budget)
             if ids.numel() == 0 or level == depth or draft.num_nodes >= c.n_max:
                 break
             frontier = ids
@@ -332,38 +357,29 @@ class SAGEPolicy(TreePolicy):
         c = self.config
         grown, widest = 0, 0
         frontier = torch.zeros(1, dtype=torch.long, device=probs.device)  # node ids whose `probs` we hold
-        value = probs.new_ones(
-            (), dtype=torch.float32
-        )  # expected tokens of the step: 1 + the nodes' cum probs
+        # The step's expected tokens: the bonus token and the kept nodes' cumulative probabilities.
+        value = probs.new_ones((), dtype=torch.float32)
         for level in range(1, depth + 1):
-            k = min(c.top_k, probs.shape[-1])
-            top_p, top_tok = probs.topk(k, dim=-1)  # [F, k]
-            cum = (
-                draft.cum_probs[frontier][:, None] * top_p
-            )  # [F, k] cumulative probability of each candidate
+            top_p, top_tok = probs.topk(min(c.top_k, probs.shape[-1]), dim=-1)  # [F, k]
+            # [F, k] cumulative probability of each candidate
+            cum = draft.cum_probs[frontier][:, None] * top_p
             cost = 1.0 + draft.num_nodes * c.node_cost + level * c.level_cost  # the step so far, in AR steps
             keep = cum * cost > value * c.node_cost  # [F, k]: cum > (value / cost) * node_cost
-            rows, cols = keep.nonzero(as_tuple=True)  # host sync (needed: the kept set depends on the values)
-            budget = c.n_max - draft.num_nodes
-            if rows.numel() > budget:  # N_max: the most probable candidates of this level
-                best = cum[rows, cols].topk(budget).indices.sort().values
-                rows, cols = rows[best], cols[best]
-            if rows.numel() == 0:
+            ids, kept_p, kept_cum = _add_kept(
+                draft, frontier, top_tok, top_p, cum, keep, c.n_max - draft.num_nodes
+            )
+            if ids.numel() == 0:
                 break
-            kept_p, kept_cum = top_p[rows, cols], cum[rows, cols]  # [m]
-            ids = draft.add(frontier[rows], top_tok[rows, cols], kept_p)
-            if ids.numel():
-                grown, widest = level, max(widest, ids.numel())
+            grown, widest = level, max(widest, ids.numel())
             value = value + kept_cum.sum()
-            if ids.numel() == 0 or level == depth or draft.num_nodes >= c.n_max:
+            if level == depth or draft.num_nodes >= c.n_max:
                 break
             # Another level pays when its expected tokens, each node's own probability standing for its child's,
-            # repay a draft forward: sum(cum * p) > (value / cost) * level_cost.
+            # repay a draft forward: sum(cum * p) > (value / cost) * level_cost. A host sync (needed: it decides
+            # whether the draft runs again).
             cost = 1.0 + draft.num_nodes * c.node_cost + (level + 1) * c.level_cost
-            if not bool(
-                (kept_cum * kept_p).sum() * cost > value * c.level_cost
-            ):  # host sync (needed: it decides
-                break  # whether the draft runs again)
+            if not bool((kept_cum * kept_p).sum() * cost > value * c.level_cost):
+                break
             frontier = ids
             probs = draft.next_probs(frontier)  # one batched draft forward for the whole level
         return grown, widest
