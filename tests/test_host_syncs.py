@@ -4,7 +4,8 @@ What a step needs: one read of what the target accepted (the path's length depen
 it come the tokens to emit and where the path sits in the draft cache), all a plain ``ar`` step makes too.
 On top of that, per policy: the paper's SAGE reads this step's alpha (1 per step) and PCT its kept leaves (1 per
 step); SAGE, PCT and C2T keep a value-dependent set of candidates per level (1 per draft forward), and ``sage``'s
-cost growth also reads whether another level pays (1 per draft forward, and the one that stops). Static, chain and EAGLE-2
+cost growth also reads whether another level pays (1 per draft forward at most, the read that stops it
+included) and no alpha. Static, chain and EAGLE-2
 grow their trees with no host sync at all. Near ``max_new_tokens`` the draft drops children past the depth limit
 (a host sync per level in the last steps only: :data:`END_OF_GENERATION`).
 """
@@ -26,7 +27,7 @@ PER_STEP = {
     "chain": STEP,
     "static": STEP,
     "eagle2": STEP,
-    "sage": STEP + 1,
+    "sage": STEP,
     "sage_paper": STEP + 1,
     "pct": STEP + 1,
     "c2t": STEP,
@@ -84,7 +85,7 @@ def test_an_edd_draft_adds_no_host_sync(tiny_pairs, policy):
     with HostSyncCounter() as run:
         out = pipe(image, "Describe.", max_new_tokens=40)
     levels = sum(step.get("depth", 0) for step in out.stats.trace) if policy == "sage" else 0
-    bound = (STEP + (policy == "sage")) * out.stats.steps + PER_DRAFT_FORWARD.get(policy, 0) * levels
+    bound = PER_STEP[policy] * out.stats.steps + PER_DRAFT_FORWARD.get(policy, 0) * levels
     assert out.stats.steps > 0 and run.total - prefill.total <= bound + END_OF_GENERATION, run.counts
 
 

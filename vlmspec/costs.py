@@ -198,11 +198,12 @@ class ForwardCosts:
         return self.step_rate(nodes, depth, acceptance, rows) / self.step_rate(0, 0, acceptance, rows)
 
     def tree_costs(self, nodes: int, rows: int = 1) -> tuple[float, float]:
-        """What one more tree node and one more tree level cost a request, in plain decoding steps of its batch.
+        """What one more tree node and one more tree level cost a request, in plain decoding steps.
 
         Returns ``(node, level)``: ``node = (c_t(nodes + 1) - c_t(1)) / (nodes * c_t(1))``, the verification's mean
-        cost per node over a budget of ``nodes``; ``level = c_d(rows) / c_t(rows)``, one draft forward of the batch
-        against one plain decoding step of it. The node is priced on one request's curve whatever ``rows``: a
+        cost per node over a budget of ``nodes``, in one request's plain steps; ``level = c_d(rows) / c_t(rows)``,
+        one draft forward of the batch (one token a request, whatever a level's width) against one plain decoding
+        step of it. The node is priced on one request's curve whatever ``rows``: a
         batched verification pads every request's tree to the batch's largest (:mod:`vlmspec.batching`), so a node
         costs nothing until its tree is the largest, and the batch's node budget (:meth:`node_budget` with
         ``rows``) already bounds that one. (Priced on the batch's own curve, 0.14 of a batched step at 8 requests

@@ -377,7 +377,7 @@ class VLMSpecPipeline(PromptBuilder):
         floating-point differences of batched kernels). Sampling: each reply is drawn from the target's own
         distribution, and a seeded request gives the same reply at the same batch size. At another batch size it
         is the same reply only when the policy leaves nothing to the machine (every node budget and depth option
-        set: ``policy.free_hardware_options()`` is empty); otherwise :meth:`batch_policy` refits those options
+        set, and ``sage``'s node and level prices: ``policy.free_hardware_options()`` is empty); otherwise :meth:`batch_policy` refits those options
         for each batch size, the trees differ, and the reply is another draw from the same distribution, not the
         same draw (see docs/batching.md). As a request ends, the next one takes its place.
 

@@ -16,7 +16,7 @@ original files.
 
 ``VLMSpecPipeline.from_pretrained(folder)`` and ``vlmspec demo --target folder`` load it back; every other entry
 point that takes a target (``bench``, ``caption``, lmms-eval's ``target=``) takes its pair. Options the user left to the machine (node budget,
-depth, PCT's cost ratio) are not saved: they are fitted again, by the cost probe, on the machine that loads it.
+depth, PCT's cost ratio, SAGE's node and level prices) are not saved: they are fitted again, by the cost probe, on the machine that loads it.
 """
 
 from __future__ import annotations

@@ -60,16 +60,20 @@ accepts it, repays what it adds to the step::
     keep c  iff  cum(c) > (V / T) * node_cost
     V = 1 + sum(cum) of the nodes kept          T = 1 + N * node_cost + L * level_cost
 
-``V`` is the step's expected tokens so far and ``T`` its cost so far in plain decoding steps (``N`` nodes, ``L``
-draft forwards), so ``V / T`` is the rate an extra node has to beat. The draft runs another level only when that
-level's expected tokens, each new node's own probability standing for its best child's (the entropy's lag-1
-memory), repay a draft forward: ``sum(cum * p) > (V / T) * level_cost``. So a node gets as many children as its
-own distribution supports (a peaked one: one; a flat one: several) and a branch ends where its own confidence runs
+``V`` is the step's expected tokens before the level and ``T`` its cost so far in plain decoding steps (``N``
+nodes, ``L`` draft forwards, this level's included), so ``V / T`` is the rate an extra node has to beat (fixed for
+a level's candidates, so siblings do not raise each other's bar). A level keeps at most half the node budget left,
+so that where nodes are nearly free the first levels leave room for the deeper ones. The draft runs another level
+only when that level's expected tokens, each new node's own probability standing for its best child's (the
+entropy's lag-1 memory), repay a draft forward, ``sum(cum * p) > (V / T) * level_cost``, and its best node is
+likely to clear the node rule, ``max(cum * p) > (V / T) * node_cost``. So a node gets as many children as its own
+distribution supports (a peaked one: one; a flat one: several) and a branch ends where its own confidence runs
 out: SAGE's entropy-guided width and depth, per node instead of per step. ``node_cost`` and ``level_cost`` come
 from the pipeline's cost probe (:meth:`~vlmspec.costs.ForwardCosts.tree_costs`): where verification is nearly
-free (a GPU) the same rule fills the node budget; on a CPU it keeps the few nodes likely to be accepted. ``D_max``
-(moved by the history, Step 5) bounds the depth and ``N_max`` the nodes; alpha, the widths and ``theta_l`` are
-not used. Why: on the calibrated pairs the paper's step-wide shape spends its nodes and draft forwards where
+free (a GPU) the same rule keeps more of the budget; on a CPU it keeps the few nodes likely to be accepted.
+``N_max`` bounds the nodes; a pipeline fits ``D_max`` to the node budget, so the level rule sets the depth and
+``D_max`` (which Step 5's history still moves, one level per window) is a safety cap; alpha, the widths and
+``theta_l`` are not used. Why: on the calibrated pairs the paper's step-wide shape spends its nodes and draft forwards where
 acceptance is unlikely (the previous step's alpha barely predicts this step's, and Eq. 12 gives every node of a
 level the same width); growing by cost accepts more tokens with fewer draft forwards at about the same node count
 (``docs/sage.md`` has the figures and commands). ``growth="paper"`` keeps Algorithm 1 as written.
@@ -187,7 +191,7 @@ class SAGEConfig(PolicyConfig):
         d_min, d_max: depth range (6, 10; paper 3, 8). ``d_min`` 6: with an accurate draft the shallow trees
             lose accepted tokens (tau 3.62 -> 3.84 and 3.47 -> 3.72 at the same nodes per step, ``docs/sage.md``).
         w_min, w_max: width range (2, 6; paper 2, 10).
-        top_k: k of the top-k entropy (10).
+        top_k: k of the top-k entropy (10); with ``growth="cost"``, the most children a node may get.
         n_max: most draft nodes per tree (32; paper 64).
         theta_scale: the factor in ``theta_l = theta_scale * l / D(alpha)`` (0.05; paper 0.1).
         init_alpha: alpha before any measurement (0.5, Algorithm 1).
@@ -233,7 +237,8 @@ class SAGEConfig(PolicyConfig):
         check(self.w_min >= 1, self, "w_min", self.w_min, "an integer >= 1")
         check(self.w_max >= self.w_min, self, "w_max", self.w_max, f"an integer >= w_min ({self.w_min})")
         check(self.top_k >= 2, self, "top_k", self.top_k, "an integer >= 2 (entropy is normalised by log k)")
-        check(self.top_k >= self.w_max, self, "top_k", self.top_k, f"at least w_max ({self.w_max})")
+        if self.growth == "paper":
+            check(self.top_k >= self.w_max, self, "top_k", self.top_k, f"at least w_max ({self.w_max})")
         check(self.n_max >= 1, self, "n_max", self.n_max, "an integer >= 1")
         check(self.theta_scale >= 0, self, "theta_scale", self.theta_scale, "a number >= 0")
         check(0.0 <= self.init_alpha <= 1.0, self, "init_alpha", self.init_alpha, "a number in [0, 1]")
@@ -310,7 +315,7 @@ class SAGEPolicy(TreePolicy):
         root_probs = draft.next_probs(root)  # [1, V]
         d_max = self._max_depth
         if c.growth == "cost" and not (self._first and self._plan is not None):
-            depth, width = self._grow_by_cost(draft, root_probs, d_max)
+            depth, width = self._grow_by_cost(draft, root_probs, min(d_max, draft.depth_limit))
             self._first = False
             self._last = {"depth": depth, "width": width, "max_depth": d_max}
             return draft.tree()
@@ -365,9 +370,10 @@ class SAGEPolicy(TreePolicy):
             cum = draft.cum_probs[frontier][:, None] * top_p
             cost = 1.0 + draft.num_nodes * c.node_cost + level * c.level_cost  # the step so far, in AR steps
             keep = cum * cost > value * c.node_cost  # [F, k]: cum > (value / cost) * node_cost
-            ids, kept_p, kept_cum = _add_kept(
-                draft, frontier, top_tok, top_p, cum, keep, c.n_max - draft.num_nodes
-            )
+            # At most half the budget left, so that where nodes are nearly free (a flat verification curve) the
+            # first levels leave room for the deeper ones the accepted path runs on.
+            room = (c.n_max - draft.num_nodes + 1) // 2
+            ids, kept_p, kept_cum = _add_kept(draft, frontier, top_tok, top_p, cum, keep, room)
             if ids.numel() == 0:
                 break
             grown, widest = level, max(widest, ids.numel())
@@ -375,10 +381,14 @@ class SAGEPolicy(TreePolicy):
             if level == depth or draft.num_nodes >= c.n_max:
                 break
             # Another level pays when its expected tokens, each node's own probability standing for its child's,
-            # repay a draft forward: sum(cum * p) > (value / cost) * level_cost. A host sync (needed: it decides
-            # whether the draft runs again).
-            cost = 1.0 + draft.num_nodes * c.node_cost + (level + 1) * c.level_cost
-            if not bool((kept_cum * kept_p).sum() * cost > value * c.level_cost):
+            # repay a draft forward, sum(cum * p) > (value / cost) * level_cost, and when its best node is likely
+            # to clear the node rule. A host sync (needed: it decides whether the draft runs again).
+            cost = 1.0 + draft.num_nodes * c.node_cost + level * c.level_cost
+            expected = kept_cum * kept_p  # [m]
+            pays = (expected.sum() * cost > value * c.level_cost) & (
+                expected.max() * cost > value * c.node_cost
+            )
+            if not bool(pays):
                 break
             frontier = ids
             probs = draft.next_probs(frontier)  # one batched draft forward for the whole level
