@@ -78,7 +78,7 @@ acceptance is unlikely (the previous step's alpha barely predicts this step's, a
 level the same width); growing by cost accepts more tokens with fewer draft forwards at about the same node count
 (``docs/sage.md`` has the figures and commands). ``growth="paper"`` keeps Algorithm 1 as written.
 
-Two registered names: ``sage`` (the default policy: SAGE's history and budgets, grown by cost, :class:`SAGEConfig`)
+Two registered names: ``sage`` (the default policy: SAGE's budgets, grown by cost, :class:`SAGEConfig`)
 and ``sage_paper`` (the paper's algorithm with its literal settings, :class:`SAGEPaperConfig`).
 """
 
