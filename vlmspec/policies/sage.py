@@ -73,8 +73,8 @@ from the pipeline's cost probe (:meth:`~vlmspec.costs.ForwardCosts.tree_costs`):
 free (a GPU) the same rule keeps more of the budget; on a CPU it keeps the few nodes likely to be accepted.
 ``N_max`` bounds the nodes; a pipeline fits ``D_max`` to the node budget, so the level rule sets the depth and
 ``D_max`` (which Step 5's history still moves, one level per window) is a safety cap; alpha, the widths and
-``theta_l`` are not used. Why: on the calibrated pairs the paper's step-wide shape spends its nodes and draft forwards where
-acceptance is unlikely (the previous step's alpha barely predicts this step's, and Eq. 12 gives every node of a
+``theta_l`` are not used. Why: on the calibrated pairs the paper's step-wide shape spends its nodes and draft
+forwards where acceptance is unlikely (the previous step's alpha barely predicts this step's, and Eq. 12 gives every node of a
 level the same width); growing by cost accepts more tokens with fewer draft forwards at about the same node count
 (``docs/sage.md`` has the figures and commands). ``growth="paper"`` keeps Algorithm 1 as written.
 
