@@ -74,9 +74,9 @@ free (a GPU) the same rule keeps more of the budget; on a CPU it keeps the few n
 ``N_max`` bounds the nodes; a pipeline fits ``D_max`` to the node budget, so the level rule sets the depth and
 ``D_max`` (which Step 5's history still moves, one level per window) is a safety cap; alpha, the widths and
 ``theta_l`` are not used. Why: on the calibrated pairs the paper's step-wide shape spends its nodes and draft
-forwards where acceptance is unlikely (the previous step's alpha barely predicts this step's, and Eq. 12 gives every node of a
-level the same width); growing by cost accepts more tokens with fewer draft forwards at about the same node count
-(``docs/sage.md`` has the figures and commands). ``growth="paper"`` keeps Algorithm 1 as written.
+forwards where acceptance is unlikely (the previous step's alpha barely predicts this step's, and Eq. 12 gives
+every node of a level the same width); growing by cost accepts more tokens with fewer draft forwards at about the
+same node count (``docs/sage.md`` has the figures and commands). ``growth="paper"`` keeps Algorithm 1 as written.
 
 Two registered names: ``sage`` (the default policy: SAGE's budgets, grown by cost, :class:`SAGEConfig`)
 and ``sage_paper`` (the paper's algorithm with its literal settings, :class:`SAGEPaperConfig`).
