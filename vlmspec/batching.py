@@ -16,9 +16,12 @@ scheduler out of the way (a forward runs at once).
 
 The KV caches are :class:`~vlmspec.cache.KVStore` rows: each request keeps its own length and writes in place,
 so requests at different lengths share a forward without copying or padding their caches (see that class).
-Prefills are not batched: a request joins by prefilling at batch 1 (exactly ``generate()``'s prefill) and copying
-its cache into a free row; a finished request leaves at once and a queued one takes its row (continuous
-batching), so one long reply never holds up the rest.
+A request joins by prefilling and copying its cache into a free row; a finished request leaves at once and a
+queued one takes its row (continuous batching), so one long reply never holds up the rest. Prefills are merged
+too, and run before any decoding forward: the requests that join together (a whole batch at the start, several
+rows freed by one step) prefill each model in one forward (:meth:`~vlmspec.models.VLMAdapter.prefill_many`); a
+request joining alone prefills exactly as ``generate()`` does. A prefill that also asks for visual scores or
+hidden states, or that prunes the draft's prompt, runs on its own.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import torch
 from .cache import BatchCache, KVStore, RowCache
 from .errors import InvalidInputError
 from .models import Prefill, VLMAdapter
-from .models.base import DecodeState
+from .models.base import DecodeState, pad_positions
 from .requests import END, RequestFeed
 
 DRAFT_FIRST, TARGET = 0, 1  # order in which waiting forwards run when several models are waited on
@@ -53,13 +56,44 @@ class _Forward:
     result: tuple[torch.Tensor, torch.Tensor | None] | None = None
     error: BaseException | None = None
 
+    rank = property(lambda self: (1, self.order))
+    """Of the calls waiting, the first with the smallest rank runs (prefills first, then the draft's forwards)."""
+    group = property(lambda self: (self.adapter, self.hidden_layer))
+    """Calls of one group run as one forward."""
+
+    @staticmethod
+    def run_merged(calls: list[_Forward]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        return run_merged(calls)
+
+
+@dataclass
+class _PrefillCall:
+    """One joining request's prefill (its prompt's processor outputs), waiting to be merged with the others'."""
+
+    adapter: VLMAdapter
+    order: int
+    inputs: dict[str, torch.Tensor]
+    result: Prefill | None = None
+    error: BaseException | None = None
+
+    rank = property(lambda self: (0, self.order))
+    group = property(lambda self: (self.adapter, "prefill"))
+
+    @staticmethod
+    def run_merged(calls: list[_PrefillCall]) -> list[Prefill]:
+        """One prefill exactly as ``generate()``'s; several in one forward."""
+        adapter = calls[0].adapter
+        if len(calls) == 1:
+            return [adapter.prefill(calls[0].inputs)]
+        return adapter.prefill_many([call.inputs for call in calls])
+
 
 @dataclass
 class _Request:
     index: int
     job: Callable[[], Any]
     resume: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
-    forward: _Forward | None = None
+    forward: _Forward | _PrefillCall | None = None
     caches: list[RowCache] = field(default_factory=list)
     done: bool = False
     output: Any = None
@@ -83,14 +117,18 @@ class Batcher:
 
     Args:
         max_rows: the batch size: how many requests decode together.
+        merge_prefills: prefill the requests that join together in one forward per model. Off, each request
+            prefills as it joins: a prefix cache (:mod:`vlmspec.prefix_cache`) needs that, for a request sharing
+            a prompt's prefix with one that joined just before it copies that prefix out of the other's row.
     """
 
-    def __init__(self, max_rows: int) -> None:
+    def __init__(self, max_rows: int, merge_prefills: bool = True) -> None:
         if not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1:
             raise InvalidInputError(
                 f"batch_size={max_rows!r} is invalid: use an integer >= 1 (how many requests decode together)"
             )
         self.max_rows = max_rows
+        self.merge_prefills = merge_prefills
         self.stores: dict[int, KVStore] = {}
         self._running: _Request | None = None
         self._threaded = max_rows > 1  # a batch of one runs each request straight through, forwards at once
@@ -107,10 +145,21 @@ class Batcher:
 
     def run(self, adapter: VLMAdapter, order: int, cache: RowCache, *args: Any) -> Any:
         """``adapter.run`` for one request: at once for a batch of one, else merged with the other requests'."""
-        request = self._running
         if not self._threaded:
             return adapter.run(cache, *args)
-        request.forward = call = _Forward(adapter, order, cache, *args)
+        return self._merged(_Forward(adapter, order, cache, *args))
+
+    def prefill(self, adapter: VLMAdapter, order: int, inputs: dict[str, torch.Tensor]) -> Prefill:
+        """``adapter.prefill(inputs)`` for one request: at once for a batch of one, else merged with the prefills
+        of the requests joining with it."""
+        if not self._threaded or not self.merge_prefills:
+            return adapter.prefill(inputs)
+        return self._merged(_PrefillCall(adapter, order, inputs))
+
+    def _merged(self, call: _Forward | _PrefillCall) -> Any:
+        """Hand ``call`` to the scheduler, wait for the merged forward it joins; its share of the result."""
+        request = self._running
+        request.forward = call
         self._turn.release()  # give the turn back and wait for the merged forward
         request.resume.acquire()
         request.forward = None
@@ -225,12 +274,11 @@ class Batcher:
 
     def _merged_forward(self, waiting: list[_Request]) -> None:
         """One forward of one model for every request waiting on it; then those requests run on."""
-        first = min(waiting, key=lambda r: r.forward.order).forward
-        key = (first.adapter, first.hidden_layer)
-        group = [r for r in waiting if (r.forward.adapter, r.forward.hidden_layer) == key]
+        first = min(waiting, key=lambda r: r.forward.rank).forward
+        group = [r for r in waiting if r.forward.group == first.group]
         calls = [r.forward for r in group]
         try:
-            results = run_merged(calls)
+            results = first.run_merged(calls)
             for call, result in zip(calls, results, strict=True):
                 call.result = result
         except Exception as error:
@@ -268,14 +316,14 @@ def run_merged(calls: list[_Forward]) -> list[tuple[torch.Tensor, torch.Tensor |
         call = by_row.get(row)
         if call is None:
             counts.append(0)
-            positions.append(_pad_positions(first.position_ids[..., :1] * 0, n))
+            positions.append(pad_positions(first.position_ids[..., :1] * 0, n))
             continue
         k = call.rows.shape[1]
         counts.append(k)
         rows[row, :k] = call.rows[0].to(dtype)
         keys = call.bias.shape[-1]  # L_b + n_b
         bias[row, :, :k, :keys] = call.bias[0]
-        positions.append(_pad_positions(call.position_ids, n))
+        positions.append(pad_positions(call.position_ids, n))
     position_ids = torch.cat(positions, dim=-2)  # [B, n] or [3, B, n]
     logits, hidden = first.adapter.run(
         BatchCache(store, counts), rows, position_ids, bias, first.hidden_layer
@@ -285,14 +333,6 @@ def run_merged(calls: list[_Forward]) -> list[tuple[torch.Tensor, torch.Tensor |
         row, k = call.cache.row, call.rows.shape[1]
         results.append((logits[row : row + 1, :k], None if hidden is None else hidden[row : row + 1, :k]))
     return results
-
-
-def _pad_positions(position_ids: torch.Tensor, n: int) -> torch.Tensor:
-    """Right-pad rotary ``position_ids`` (``[..., 1, k]``) to ``n`` by repeating the last one."""
-    k = position_ids.shape[-1]
-    if k == n:
-        return position_ids
-    return torch.cat([position_ids, position_ids[..., -1:].expand(*position_ids.shape[:-1], n - k)], dim=-1)
 
 
 class RowAdapter:
@@ -320,7 +360,16 @@ class RowAdapter:
         return getattr(self.adapter, name)
 
     def prefill(self, inputs: dict[str, torch.Tensor], **kwargs: Any) -> Prefill:
-        return self._adopted(self.adapter.prefill(inputs, **kwargs))
+        """:meth:`VLMAdapter.prefill` (same arguments); a plain one (no ``keep``, scores or hidden states) merged
+        with the prefills of the requests joining with this one."""
+        plain = (
+            kwargs.get("keep") is None
+            and not kwargs.get("score_visual")
+            and kwargs.get("hidden_layer") is None
+        )
+        if not plain:
+            return self._adopted(self.adapter.prefill(inputs, **kwargs))
+        return self._adopted(self.batcher.prefill(self.adapter, self.order, inputs))
 
     def extend(self, *args: Any, **kwargs: Any) -> Prefill:
         """:meth:`VLMAdapter.extend` (same arguments) of a cache of its own (a prefix cache's copy); the result

@@ -97,6 +97,19 @@ def copy_cache(cache: Cache, length: int | None = None) -> DynamicCache:
     return copy
 
 
+def split_rows(cache: DynamicCache, lengths: list[int]) -> list[DynamicCache]:
+    """A batch cache's rows as caches of their own (batch 1): row ``b``'s first ``lengths[b]`` entries, as views
+    (a right-padded batch prefill's rows, each before its padding)."""
+    layers = _initialized(cache)
+    rows = []
+    for row, length in enumerate(lengths):
+        own = DynamicCache()
+        for index, layer in enumerate(layers):
+            own.update(layer.keys[row : row + 1, :, :length], layer.values[row : row + 1, :, :length], index)
+        rows.append(own)
+    return rows
+
+
 def standalone(cache: Cache) -> DynamicCache:
     """``cache`` as a cache of its own, for a request that is done with it: a batch row's entries copied out of its
     store (the row goes to another request), a dynamic cache as it is."""

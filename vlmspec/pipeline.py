@@ -422,7 +422,8 @@ class VLMSpecPipeline(PromptBuilder):
         batch decodes (a server), ``requests`` is a :class:`~vlmspec.requests.RequestFeed`.
         """
         check_requests(requests, "pipe.batch_iter")
-        batcher = Batcher(batch_rows(requests, batch_size))  # trees fitted to batch_size all the same
+        # trees fitted to batch_size all the same; prefills merged unless a prefix cache shares them instead
+        batcher = Batcher(batch_rows(requests, batch_size), merge_prefills=self.prefix_cache is None)
         policy = self.batch_policy(batch_size)
         row = lambda adapter, order: RowAdapter(adapter, batcher, order)  # noqa: E731
         job = lambda i, request: partial(self._decode, request, policy, i, row, self.prefix_cache)  # noqa: E731

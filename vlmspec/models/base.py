@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import torch
 from transformers.cache_utils import Cache, DynamicCache
 
-from ..cache import cache_kwarg, new_cache, pop_tail, push_tail, truncate
+from ..cache import cache_kwarg, new_cache, pop_tail, push_tail, split_rows, truncate
 from ..errors import InvalidInputError
 from ..tree import tree_attention_bias
 from .attention import AttentionProbe, model_lock
@@ -282,6 +282,60 @@ class VLMAdapter:
                 "score_visual and hidden_layer are for the full (target) prefill; they cannot be combined with keep"
             )
         return self._pruned_prefill(inputs, keep)
+
+    @torch.no_grad()
+    def prefill_many(self, prompts: list[dict[str, torch.Tensor]]) -> list[Prefill]:
+        """:meth:`prefill` (no ``keep``, scores or hidden states) of several prompts in one decoder forward: the
+        prefills of the requests that join a batch together (:mod:`vlmspec.batching`).
+
+        Each prompt is embedded on its own (its media through the vision tower, its rotary positions), exactly as
+        :meth:`prefill` embeds it; the decoder then runs once over the prompts right-padded to the longest, under
+        a padding mask, so every prompt position sees its own prompt only and sits at its own position. Row ``b``'s
+        cache is its first ``L_b`` entries and its logits those of position ``L_b - 1``. The results are what
+        :meth:`prefill` gives, up to the float rounding of batched kernels (as a batched ``generate()``'s).
+
+        Args:
+            prompts: processor outputs, one prompt (batch 1) each, on the model's device.
+
+        Returns:
+            One :class:`Prefill` per prompt, in order.
+        """
+        embedded = [self.embed_prompt(inputs) for inputs in prompts]
+        ropes = [self.prompt_rope(inputs) for inputs in prompts]
+        lengths = [inputs["input_ids"].shape[1] for inputs in prompts]
+        n = max(lengths)
+        positions = [
+            torch.arange(length, device=self.device)[None] if ids is None else ids
+            for (ids, _), length in zip(ropes, lengths, strict=True)
+        ]
+        position_ids = torch.cat([pad_positions(ids, n) for ids in positions], dim=-2)  # [B, n] or [3, B, n]
+        ends = torch.tensor(lengths, device=self.device)  # [B]
+        mask = (
+            torch.arange(n, device=self.device)[None] < ends[:, None]
+        ).long()  # [B, n] 1 = prompt, 0 = padding
+        cache = new_cache(self.model)
+        with model_lock(self.model):
+            hidden = self._run_language_model(self.join_prompts(embedded, n), position_ids, cache, mask)
+            last = hidden[torch.arange(len(prompts), device=self.device), ends - 1]  # [B, D]
+            logits = self.model.get_output_embeddings()(last)  # [B, V]
+        return [
+            Prefill(logits=logits[b], state=DecodeState(row, rope, self.prompt_layout(inputs).num_visual))
+            for b, (row, (_, rope), inputs) in enumerate(
+                zip(split_rows(cache, lengths), ropes, prompts, strict=True)
+            )
+        ]
+
+    def join_prompts(self, prompts: list[dict[str, Any]], length: int) -> dict[str, Any]:
+        """Embedded prompts (:meth:`embed_prompt`, batch 1 each) as one batch right-padded to ``length``
+        positions: ``inputs_embeds`` ``[B, length, D]``. Families whose :meth:`extra_prompt_inputs` adds inputs
+        override this to join them too."""
+        first = prompts[0]["inputs_embeds"]
+        embeds = first.new_zeros(len(prompts), length, first.shape[-1])
+        for row, prompt in enumerate(prompts):
+            if set(prompt) != {"inputs_embeds"}:
+                raise TypeError(f"{type(self).__name__}.join_prompts cannot join the inputs {sorted(prompt)}")
+            embeds[row, : prompt["inputs_embeds"].shape[1]] = prompt["inputs_embeds"][0]
+        return {"inputs_embeds": embeds}
 
     def _pruned_prefill(self, inputs: dict[str, torch.Tensor], keep: torch.Tensor) -> Prefill:
         """:meth:`prefill` of the prompt positions ``keep`` only (the pruned draft).
@@ -560,6 +614,14 @@ class VLMAdapter:
         """
         rope = self.rope_ids(positions, state.rope_delta)
         return self.run(state.cache, self.embed(tokens)[None], rope, bias)[0][0]
+
+
+def pad_positions(position_ids: torch.Tensor, n: int) -> torch.Tensor:
+    """Right-pad rotary ``position_ids`` (``[..., 1, k]``) to ``n`` by repeating the last one."""
+    k = position_ids.shape[-1]
+    if k == n:
+        return position_ids
+    return torch.cat([position_ids, position_ids[..., -1:].expand(*position_ids.shape[:-1], n - k)], dim=-1)
 
 
 def _check_keep(keep: torch.Tensor, length: int) -> torch.Tensor:

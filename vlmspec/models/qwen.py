@@ -127,6 +127,26 @@ class QwenVLAdapter(VLMAdapter):
                 out[rows] = layer.to(out.dtype)
         return {"visual_pos_masks": visual, "deepstack_visual_embeds": joint}
 
+    def join_prompts(self, prompts: list[dict[str, Any]], length: int) -> dict[str, Any]:
+        """Qwen3-VL: ``visual_pos_masks`` right-padded to ``[B, length]`` and each deepstack layer's rows of all
+        prompts in row order, the order the mask's visual slots take (a prompt without media adds none)."""
+        deep = [p for p in prompts if "visual_pos_masks" in p]
+        joined = super().join_prompts([{"inputs_embeds": p["inputs_embeds"]} for p in prompts], length)
+        if not deep:
+            return joined
+        visual = torch.zeros(
+            len(prompts), length, dtype=torch.bool, device=deep[0]["visual_pos_masks"].device
+        )
+        for row, prompt in enumerate(prompts):
+            if "visual_pos_masks" in prompt:
+                visual[row, : prompt["visual_pos_masks"].shape[1]] = prompt["visual_pos_masks"][0]
+        layers = zip(*(p["deepstack_visual_embeds"] for p in deep), strict=True)
+        return {
+            **joined,
+            "visual_pos_masks": visual,
+            "deepstack_visual_embeds": [torch.cat(x) for x in layers],
+        }
+
     def select_prompt(self, prompt: dict[str, Any], index: torch.Tensor) -> dict[str, Any]:
         selected = super().select_prompt(prompt, index)
         visual = prompt.get("visual_pos_masks")
