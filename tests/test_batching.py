@@ -306,7 +306,9 @@ def test_prompts_prefilled_together_are_each_prompt_s_own_prefill(tiny_pairs, fa
     pair = tiny_pairs[family]
     pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
     prompts = [pipe.prepare_inputs(r["image"], r["prompt"], r["video"]) for r in mixed_requests()[:4]]
-    assert len({p["input_ids"].shape[1] for p in prompts}) > 1  # rows of different lengths: padding is exercised
+    assert (
+        len({p["input_ids"].shape[1] for p in prompts}) > 1
+    )  # rows of different lengths: padding is exercised
     for adapter in (pipe._target_adapter, pipe._draft_adapter):
         for inputs, together in zip(prompts, adapter.prefill_many(prompts), strict=True):
             alone = adapter.prefill(inputs)
