@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import torch
 from transformers.cache_utils import Cache, DynamicCache
 
-from ..cache import cache_kwarg, new_cache, pop_tail, push_tail, split_rows, truncate
+from ..cache import cache_kwarg, new_cache, pop_tail, push_tail, row_caches, truncate
 from ..errors import InvalidInputError
 from ..tree import tree_attention_bias
 from .attention import AttentionProbe, model_lock
@@ -321,7 +321,7 @@ class VLMAdapter:
         return [
             Prefill(logits=logits[b], state=DecodeState(row, rope, self.prompt_layout(inputs).num_visual))
             for b, (row, (_, rope), inputs) in enumerate(
-                zip(split_rows(cache, lengths), ropes, prompts, strict=True)
+                zip(row_caches(cache, lengths), ropes, prompts, strict=True)
             )
         ]
 
