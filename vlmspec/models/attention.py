@@ -1,14 +1,24 @@
-"""What the adapters' forwards and the pruning probe share: one lock per model (the probe switches a model's
-attention and hooks its layers for one side pass, and no other forward of that model may run meanwhile), and the
-probe's accumulator of attention paid to the visual tokens."""
+"""Attention-guided scoring of the visual tokens (the draft's pruning probe), and what it shares with the
+adapters' forwards: one lock per model (the probe switches a model's attention and hooks its layers for one side
+pass, and no other forward of that model may run meanwhile), the probe's accumulator of attention paid to the
+visual tokens, and the side pass itself (:func:`visual_scores`)."""
 
 from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from ..cache import pop_tail, push_tail, truncate
+from ..tree import tree_attention_bias
+from .data import DecodeState, PromptLayout
+
+if TYPE_CHECKING:
+    from .base import VLMAdapter
 
 _MODEL_LOCKS: weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
 _MODEL_LOCKS_GUARD = threading.Lock()
@@ -51,3 +61,71 @@ class AttentionProbe:
         if self.total is None:
             raise RuntimeError("no attention layer ran inside the visual attention probe")
         return self.total / self.layers
+
+
+def visual_scores(
+    adapter: VLMAdapter,
+    inputs: dict[str, torch.Tensor],
+    layout: PromptLayout,
+    position_ids: torch.Tensor | None,
+    state: DecodeState,
+) -> torch.Tensor | None:
+    """Attention the text after the last visual token pays to each visual token: ``[num_visual]`` float32 (``None``
+    when no text follows the last visual token).
+
+    Re-runs that text (``m`` tokens, text only) under eager attention on top of ``adapter``'s cache ``state`` cut
+    back to the visual prefix, with hooks reducing each layer's ``[1, H, m, keys]`` weights at once; the cache's own
+    entries for those positions are set aside first and put back afterwards, so ``state`` ends unchanged.
+    """
+    device = adapter.device
+    visual_idx = layout.visual.nonzero().flatten().to(device)  # [num_visual]
+    length = layout.visual.shape[0]
+    if visual_idx.numel() == 0 or int(visual_idx[-1]) == length - 1:
+        return None
+    split = int(visual_idx[-1]) + 1
+    suffix = torch.arange(split, length, device=device)  # [m] text positions
+    if position_ids is None:
+        position_ids = torch.arange(length, device=device)[None]
+    embeds = adapter.model.get_input_embeddings()(inputs["input_ids"][:, split:])  # [1, m, D]
+    causal = torch.ones(suffix.shape[0], suffix.shape[0], dtype=torch.bool, device=device).tril()
+    bias = tree_attention_bias(causal, split, adapter.dtype)  # [1, 1, m, split + m]
+    tail = pop_tail(state.cache, split)
+    try:
+        with visual_attention_probe(adapter.model, visual_idx) as probe:
+            adapter._run_language_model(
+                {"inputs_embeds": embeds}, position_ids[..., suffix], state.cache, bias
+            )
+    finally:
+        truncate(state.cache, split)
+        push_tail(state.cache, tail)
+    return probe.scores()
+
+
+@contextmanager
+def visual_attention_probe(model: torch.nn.Module, visual_idx: torch.Tensor) -> Iterator[AttentionProbe]:
+    """Record the attention paid to ``visual_idx`` key positions during ``model``'s forwards inside the block.
+
+    Attention weights only exist under eager attention, so the decoder is switched to ``"eager"`` with the
+    public ``set_attn_implementation`` for the block and switched back afterwards; forward hooks on every
+    decoder layer's ``self_attn`` reduce each layer's weights ``[1, H, m, keys]`` to ``[num_visual]`` right
+    away (only one layer's weights are alive at a time) and are removed afterwards. The model is left exactly
+    as it was; :func:`model_lock` keeps other threads' forwards of the model out of the block.
+    """
+    decoder = model.get_decoder()
+    with model_lock(model):
+        yield from _probe_layers(decoder, AttentionProbe(visual_idx))
+
+
+def _probe_layers(decoder: torch.nn.Module, probe: AttentionProbe) -> Iterator[AttentionProbe]:
+    """The probe's block, under the lock: eager attention and the layers' hooks, undone on exit."""
+    previous = decoder.config._attn_implementation
+    handles = [layer.self_attn.register_forward_hook(probe.hook) for layer in decoder.layers]
+    try:
+        if previous != "eager":
+            decoder.set_attn_implementation("eager")
+        yield probe
+    finally:
+        if decoder.config._attn_implementation != previous:
+            decoder.set_attn_implementation(previous)
+        for handle in handles:
+            handle.remove()

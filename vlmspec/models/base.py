@@ -38,10 +38,9 @@ from typing import Any, ClassVar
 import torch
 from transformers.cache_utils import Cache, DynamicCache
 
-from ..cache import cache_kwarg, new_cache, pop_tail, push_tail, row_caches, truncate
+from ..cache import cache_kwarg, new_cache, row_caches
 from ..errors import InvalidInputError
-from ..tree import tree_attention_bias
-from .attention import AttentionProbe, model_lock
+from .attention import model_lock, visual_scores
 from .data import DecodeState, Prefill, PromptLayout, VisualFeatures
 
 
@@ -269,7 +268,7 @@ class VLMAdapter:
                 )
             layout = self.prompt_layout(inputs)
             state = DecodeState(cache, rope_delta, layout.num_visual)
-            scores = self._visual_scores(inputs, layout, position_ids, state) if score_visual else None
+            scores = visual_scores(self, inputs, layout, position_ids, state) if score_visual else None
             prefill = Prefill(logits=out.logits[0, -1], state=state, visual_scores=scores)
             if hidden_layer is not None:
                 length = inputs["input_ids"].shape[1]
@@ -410,45 +409,10 @@ class VLMAdapter:
         prefill = Prefill(logits=logits, state=state, cached=start)
         layout = self.prompt_layout(inputs)
         if score_visual and bool(layout.visual[start:].any()):  # earlier visual tokens were scored before
-            prefill.visual_scores = self._visual_scores(inputs, layout, position_ids, state)
+            prefill.visual_scores = visual_scores(self, inputs, layout, position_ids, state)
         if hidden_layer is not None:
             prefill.hidden, prefill.position_ids = hidden[0][0], position_ids[..., run]
         return prefill
-
-    def _visual_scores(
-        self,
-        inputs: dict[str, torch.Tensor],
-        layout: PromptLayout,
-        position_ids: torch.Tensor | None,
-        state: DecodeState,
-    ) -> torch.Tensor | None:
-        """Attention the text after the last visual token pays to each visual token: ``[num_visual]`` float32.
-
-        Re-runs that text (``m`` tokens, text only) under eager attention on top of the cache cut back to the
-        visual prefix, with hooks reducing each layer's ``[1, H, m, keys]`` weights at once; the cache's own
-        entries for those positions are set aside first and put back afterwards, so ``state`` ends unchanged.
-        """
-        visual_idx = layout.visual.nonzero().flatten().to(self.device)  # [num_visual]
-        length = layout.visual.shape[0]
-        if visual_idx.numel() == 0 or int(visual_idx[-1]) == length - 1:
-            return None
-        split = int(visual_idx[-1]) + 1
-        suffix = torch.arange(split, length, device=self.device)  # [m] text positions
-        if position_ids is None:
-            position_ids = torch.arange(length, device=self.device)[None]
-        embeds = self.model.get_input_embeddings()(inputs["input_ids"][:, split:])  # [1, m, D]
-        causal = torch.ones(suffix.shape[0], suffix.shape[0], dtype=torch.bool, device=self.device).tril()
-        bias = tree_attention_bias(causal, split, self.dtype)  # [1, 1, m, split + m]
-        tail = pop_tail(state.cache, split)
-        try:
-            with self._visual_attention_probe(visual_idx) as probe:
-                self._run_language_model(
-                    {"inputs_embeds": embeds}, position_ids[..., suffix], state.cache, bias
-                )
-        finally:
-            truncate(state.cache, split)
-            push_tail(state.cache, tail)
-        return probe.scores()
 
     def _run_language_model(
         self,
@@ -471,34 +435,6 @@ class VLMAdapter:
             use_cache=True,
         )
         return out.last_hidden_state
-
-    @contextmanager
-    def _visual_attention_probe(self, visual_idx: torch.Tensor) -> Iterator[AttentionProbe]:
-        """Record the attention paid to ``visual_idx`` key positions during the forwards run inside the block.
-
-        Attention weights only exist under eager attention, so the decoder is switched to ``"eager"`` with the
-        public ``set_attn_implementation`` for the block and switched back afterwards; forward hooks on every
-        decoder layer's ``self_attn`` reduce each layer's weights ``[1, H, m, keys]`` to ``[num_visual]`` right
-        away (only one layer's weights are alive at a time) and are removed afterwards. The model is left exactly
-        as it was; :func:`model_lock` keeps other threads' forwards of the model out of the block.
-        """
-        decoder = self.model.get_decoder()
-        with model_lock(self.model):
-            yield from self._probe_layers(decoder, AttentionProbe(visual_idx))
-
-    def _probe_layers(self, decoder: torch.nn.Module, probe: AttentionProbe) -> Iterator[AttentionProbe]:
-        """The probe's block, under the lock: eager attention and the layers' hooks, undone on exit."""
-        previous = decoder.config._attn_implementation
-        handles = [layer.self_attn.register_forward_hook(probe.hook) for layer in decoder.layers]
-        try:
-            if previous != "eager":
-                decoder.set_attn_implementation("eager")
-            yield probe
-        finally:
-            if decoder.config._attn_implementation != previous:
-                decoder.set_attn_implementation(previous)
-            for handle in handles:
-                handle.remove()
 
     @contextmanager
     def _layer_output(self, layer: int | None) -> Iterator[list[torch.Tensor]]:
