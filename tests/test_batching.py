@@ -298,44 +298,72 @@ def test_ctrl_c_during_a_new_request_s_prefill_still_ends_it(python_sigint):
     assert not [t.name for t in threads if t.is_alive()]
 
 
+def _half_the_visual_tokens(adapter, inputs: dict) -> torch.Tensor | None:
+    """Prompt positions keeping the text and every other visual token (``None`` for a prompt without media)."""
+    visual = adapter.prompt_layout(inputs).visual
+    if not bool(visual.any()):
+        return None
+    every_other = (visual.long().cumsum(0) % 2 == 0) & visual
+    return (~visual | every_other).nonzero().flatten()
+
+
+def _assert_same_prefill(together, alone, length: int) -> None:
+    torch.testing.assert_close(together.logits, alone.logits, rtol=1e-4, atol=1e-4)
+    assert int(together.state.rope_delta) == int(alone.state.rope_delta)
+    assert together.state.visual_tokens == alone.state.visual_tokens
+    assert together.state.length == alone.state.length == length
+    for mine, own in zip(together.state.cache.layers, alone.state.cache.layers, strict=True):
+        torch.testing.assert_close(mine.keys, own.keys, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(mine.values, own.values, rtol=1e-4, atol=1e-4)
+    if alone.visual_scores is None:
+        assert together.visual_scores is None
+    else:
+        torch.testing.assert_close(together.visual_scores, alone.visual_scores, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_prompts_prefilled_together_are_each_prompt_s_own_prefill(tiny_pairs, family):
     """``prefill_many`` over prompts of every input kind and length (a text-only one beside Qwen3-VL's deepstack
-    rows): each row's logits, cache, rotary offset and visual count are that prompt's own ``prefill``'s, up to the
-    rounding of batched kernels."""
+    rows): each row's logits, cache, rotary offset, visual count and visual scores are that prompt's own
+    ``prefill``'s, up to the rounding of batched kernels; so are pruned prompts' (the draft's ``keep``)."""
     pair = tiny_pairs[family]
     pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
     prompts = [pipe.prepare_inputs(r["image"], r["prompt"], r["video"]) for r in mixed_requests()[:4]]
     assert (
         len({p["input_ids"].shape[1] for p in prompts}) > 1
     )  # rows of different lengths: padding is exercised
-    for adapter in (pipe._target_adapter, pipe._draft_adapter):
-        for inputs, together in zip(prompts, adapter.prefill_many(prompts), strict=True):
-            alone = adapter.prefill(inputs)
-            torch.testing.assert_close(together.logits, alone.logits, rtol=1e-4, atol=1e-4)
-            assert int(together.state.rope_delta) == int(alone.state.rope_delta)
-            assert together.state.visual_tokens == alone.state.visual_tokens
-            assert together.state.length == alone.state.length == inputs["input_ids"].shape[1]
-            for mine, own in zip(together.state.cache.layers, alone.state.cache.layers, strict=True):
-                torch.testing.assert_close(mine.keys, own.keys, rtol=1e-4, atol=1e-4)
-                torch.testing.assert_close(mine.values, own.values, rtol=1e-4, atol=1e-4)
+    target, draft = pipe._target_adapter, pipe._draft_adapter
+    for inputs, together in zip(prompts, target.prefill_many(prompts, score_visual=True), strict=True):
+        alone = target.prefill(inputs, score_visual=True)
+        _assert_same_prefill(together, alone, inputs["input_ids"].shape[1])
+    assert sum(p.visual_scores is not None for p in target.prefill_many(prompts, score_visual=True)) >= 3
+    keeps = [_half_the_visual_tokens(draft, inputs) for inputs in prompts]
+    assert sum(keep is not None for keep in keeps) == 3  # image, two images, video pruned; text whole
+    for inputs, keep, together in zip(prompts, keeps, draft.prefill_many(prompts, keeps), strict=True):
+        length = inputs["input_ids"].shape[1] if keep is None else keep.numel()
+        _assert_same_prefill(together, draft.prefill(inputs, keep=keep), length)
 
 
 def test_requests_joining_together_prefill_each_model_in_one_forward(tiny_pairs, monkeypatch):
-    """Six requests start a batch of six: one merged prefill per model, six prompts each; the queued ones prefill
-    as rows free (alone, as ``generate()`` does, or together when rows free together). Replies stay each
-    request's own."""
+    """Six requests start a batch of six: one merged prefill per model, six prompts each (the target's with
+    visual scores, the draft's pruned by them); the queued ones prefill as rows free (alone, as ``generate()``
+    does, or together when rows free together). Replies stay each request's own."""
     from vlmspec.models import VLMAdapter
 
     pair = tiny_pairs["qwen2_vl"]
-    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain", torch_dtype=torch.float32)
+    pipe = VLMSpecPipeline.from_pretrained(
+        pair.target, pair.draft, policy="chain", prune_ratio=0.5, torch_dtype=torch.float32
+    )
     requests = mixed_requests()
     expected = [reference(pipe, r) for r in requests]
     merged, alone = [], []
     many, one = VLMAdapter.prefill_many, VLMAdapter.prefill
-    monkeypatch.setattr(VLMAdapter, "prefill_many", lambda self, p: merged.append(len(p)) or many(self, p))
+    monkeypatch.setattr(
+        VLMAdapter, "prefill_many", lambda self, p, *a, **k: merged.append(len(p)) or many(self, p, *a, **k)
+    )
     monkeypatch.setattr(VLMAdapter, "prefill", lambda self, *a, **k: alone.append(1) or one(self, *a, **k))
     outputs = pipe.batch(requests, batch_size=6)
     assert [o.token_ids for o in outputs] == expected
     assert merged[:2] == [6, 6]  # the target's six prompts, then the draft's
+    assert any(o.stats.draft_visual_tokens < o.stats.target_visual_tokens for o in outputs)  # pruned drafts
     assert sum(merged) + len(alone) == 2 * len(requests)  # every prompt prefilled once per model

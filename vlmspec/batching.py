@@ -20,8 +20,8 @@ A request joins by prefilling and copying its cache into a free row; a finished 
 queued one takes its row (continuous batching), so one long reply never holds up the rest. Prefills are merged
 too, and run before any decoding forward: the requests that join together (a whole batch at the start, several
 rows freed by one step) prefill each model in one forward (:meth:`~vlmspec.models.VLMAdapter.prefill_many`); a
-request joining alone prefills exactly as ``generate()`` does. A prefill that also asks for visual scores or
-hidden states, or that prunes the draft's prompt, runs on its own.
+request joining alone prefills exactly as ``generate()`` does. A prefill that reads hidden states (for an EDD
+draft) runs on its own.
 """
 
 from __future__ import annotations
@@ -73,6 +73,8 @@ class _PrefillCall:
     adapter: VLMAdapter
     order: int
     inputs: dict[str, torch.Tensor]
+    keep: torch.Tensor | None = None
+    score_visual: bool = False
     result: Prefill | None = None
     error: BaseException | None = None
 
@@ -81,11 +83,12 @@ class _PrefillCall:
 
     @staticmethod
     def run_merged(calls: list[_PrefillCall]) -> list[Prefill]:
-        """One prefill exactly as ``generate()``'s; several in one forward."""
-        adapter = calls[0].adapter
+        """One prefill exactly as ``generate()``'s (or the draft's pruned one); several in one forward."""
+        first = calls[0]
         if len(calls) == 1:
-            return [adapter.prefill(calls[0].inputs)]
-        return adapter.prefill_many([call.inputs for call in calls])
+            return [first.adapter.prefill(first.inputs, keep=first.keep, score_visual=first.score_visual)]
+        inputs, keeps = [call.inputs for call in calls], [call.keep for call in calls]
+        return first.adapter.prefill_many(inputs, keeps, score_visual=[call.score_visual for call in calls])
 
 
 @dataclass
@@ -149,12 +152,19 @@ class Batcher:
             return adapter.run(cache, *args)
         return self._merged(_Forward(adapter, order, cache, *args))
 
-    def prefill(self, adapter: VLMAdapter, order: int, inputs: dict[str, torch.Tensor]) -> Prefill:
-        """``adapter.prefill(inputs)`` for one request: at once for a batch of one, else merged with the prefills
-        of the requests joining with it."""
+    def prefill(
+        self,
+        adapter: VLMAdapter,
+        order: int,
+        inputs: dict[str, torch.Tensor],
+        keep: torch.Tensor | None = None,
+        score_visual: bool = False,
+    ) -> Prefill:
+        """``adapter.prefill(inputs, keep=keep, score_visual=score_visual)`` for one request: at once for a batch of
+        one, else merged with the prefills of the requests joining with it."""
         if not self._threaded or not self.merge_prefills:
-            return adapter.prefill(inputs)
-        return self._merged(_PrefillCall(adapter, order, inputs))
+            return adapter.prefill(inputs, keep=keep, score_visual=score_visual)
+        return self._merged(_PrefillCall(adapter, order, inputs, keep, score_visual))
 
     def _merged(self, call: _Forward | _PrefillCall) -> Any:
         """Hand ``call`` to the scheduler, wait for the merged forward it joins; its share of the result."""
@@ -359,17 +369,18 @@ class RowAdapter:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.adapter, name)
 
-    def prefill(self, inputs: dict[str, torch.Tensor], **kwargs: Any) -> Prefill:
-        """:meth:`VLMAdapter.prefill` (same arguments); a plain one (no ``keep``, scores or hidden states) merged
-        with the prefills of the requests joining with this one."""
-        plain = (
-            kwargs.get("keep") is None
-            and not kwargs.get("score_visual")
-            and kwargs.get("hidden_layer") is None
-        )
-        if not plain:
-            return self._adopted(self.adapter.prefill(inputs, **kwargs))
-        return self._adopted(self.batcher.prefill(self.adapter, self.order, inputs))
+    def prefill(
+        self,
+        inputs: dict[str, torch.Tensor],
+        keep: torch.Tensor | None = None,
+        score_visual: bool = False,
+        hidden_layer: int | None = None,
+    ) -> Prefill:
+        """:meth:`VLMAdapter.prefill` (same arguments), merged with the prefills of the requests joining with this
+        one; one that reads a hidden layer (for an EDD draft) runs at once."""
+        if hidden_layer is not None:
+            return self._adopted(self.adapter.prefill(inputs, keep, score_visual, hidden_layer))
+        return self._adopted(self.batcher.prefill(self.adapter, self.order, inputs, keep, score_visual))
 
     def extend(self, *args: Any, **kwargs: Any) -> Prefill:
         """:meth:`VLMAdapter.extend` (same arguments) of a cache of its own (a prefix cache's copy); the result

@@ -33,7 +33,7 @@ import functools
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from transformers.cache_utils import Cache, DynamicCache
@@ -42,6 +42,17 @@ from ..cache import cache_kwarg, new_cache, row_caches
 from ..errors import InvalidInputError
 from .attention import model_lock, visual_scores
 from .data import DecodeState, Prefill, PromptLayout, VisualFeatures
+
+
+class _PromptRows(NamedTuple):
+    """A prompt as the decoder takes it (:meth:`VLMAdapter._prompt_rows`)."""
+
+    prompt: dict[str, Any]  # inputs_embeds [1, K, D] and the family's extra inputs
+    positions: torch.Tensor  # [1, K] or [3, 1, K] rotary positions of the K positions run
+    rope_ids: torch.Tensor | None  # prompt_rope's position ids of the whole prompt (None: plain positions)
+    rope_delta: torch.Tensor
+    layout: PromptLayout
+    visual_tokens: int  # visual tokens among the K
 
 
 class VLMAdapter:
@@ -283,46 +294,78 @@ class VLMAdapter:
         return self._pruned_prefill(inputs, keep)
 
     @torch.no_grad()
-    def prefill_many(self, prompts: list[dict[str, torch.Tensor]]) -> list[Prefill]:
-        """:meth:`prefill` (no ``keep``, scores or hidden states) of several prompts in one decoder forward: the
-        prefills of the requests that join a batch together (:mod:`vlmspec.batching`).
+    def prefill_many(
+        self,
+        prompts: list[dict[str, torch.Tensor]],
+        keeps: list[torch.Tensor | None] | None = None,
+        score_visual: bool | list[bool] = False,
+    ) -> list[Prefill]:
+        """:meth:`prefill` (no ``hidden_layer``) of several prompts in one decoder forward: the prefills of the
+        requests that join a batch together (:mod:`vlmspec.batching`).
 
-        Each prompt is embedded on its own (its media through the vision tower, its rotary positions), exactly as
-        :meth:`prefill` embeds it; the decoder then runs once over the prompts right-padded to the longest, under
-        a padding mask, so every prompt position sees its own prompt only and sits at its own position. Row ``b``'s
-        cache is its first ``L_b`` entries and its logits those of position ``L_b - 1``. The results are what
-        :meth:`prefill` gives, up to the float rounding of batched kernels (as a batched ``generate()``'s).
+        Each prompt is embedded on its own (its media through the vision tower, its rotary positions, its kept
+        positions), exactly as :meth:`prefill` embeds it; the decoder then runs once over the prompts right-padded
+        to the longest, under a padding mask, so every position sees its own prompt only and sits at its own
+        position. Row ``b``'s cache is its first ``L_b`` entries and its logits those of its last position; its
+        visual scores come from :meth:`prefill`'s side pass on that cache. The results are :meth:`prefill`'s, up
+        to the float rounding of batched kernels (as a batched ``generate()``'s).
 
         Args:
             prompts: processor outputs, one prompt (batch 1) each, on the model's device.
+            keeps: per prompt, :meth:`prefill`'s ``keep`` (``None`` runs the whole prompt); ``None``: none pruned.
+            score_visual: also return ``visual_scores``, as :meth:`prefill` (not with a ``keep``): for every prompt,
+                or per prompt.
 
         Returns:
             One :class:`Prefill` per prompt, in order.
         """
-        embedded = [self.embed_prompt(inputs) for inputs in prompts]
-        ropes = [self.prompt_rope(inputs) for inputs in prompts]
-        lengths = [inputs["input_ids"].shape[1] for inputs in prompts]
+        keeps = keeps or [None] * len(prompts)
+        scores = score_visual if isinstance(score_visual, list) else [score_visual] * len(prompts)
+        if any(score and keep is not None for score, keep in zip(scores, keeps, strict=True)):
+            raise InvalidInputError(
+                "score_visual is for the full (target) prefill; it cannot be combined with keep"
+            )
+        rows = [self._prompt_rows(inputs, keep) for inputs, keep in zip(prompts, keeps, strict=True)]
+        lengths = [row.positions.shape[-1] for row in rows]
         n = max(lengths)
-        positions = [
-            torch.arange(length, device=self.device)[None] if ids is None else ids
-            for (ids, _), length in zip(ropes, lengths, strict=True)
-        ]
-        position_ids = torch.cat([pad_positions(ids, n) for ids in positions], dim=-2)  # [B, n] or [3, B, n]
+        position_ids = torch.cat(
+            [pad_positions(row.positions, n) for row in rows], dim=-2
+        )  # [B, n] or [3, B, n]
         ends = torch.tensor(lengths, device=self.device)  # [B]
         mask = (
             torch.arange(n, device=self.device)[None] < ends[:, None]
-        ).long()  # [B, n] 1 = prompt, 0 = padding
+        ).long()  # [B, n] 1: prompt, 0: padding
         cache = new_cache(self.model)
         with model_lock(self.model):
-            hidden = self._run_language_model(self.join_prompts(embedded, n), position_ids, cache, mask)
+            hidden = self._run_language_model(
+                self.join_prompts([r.prompt for r in rows], n), position_ids, cache, mask
+            )
             last = hidden[torch.arange(len(prompts), device=self.device), ends - 1]  # [B, D]
             logits = self.model.get_output_embeddings()(last)  # [B, V]
-        return [
-            Prefill(logits=logits[b], state=DecodeState(row, rope, self.prompt_layout(inputs).num_visual))
-            for b, (row, (_, rope), inputs) in enumerate(
-                zip(row_caches(cache, lengths), ropes, prompts, strict=True)
-            )
-        ]
+        prefills = []
+        for b, (row, own, inputs) in enumerate(zip(rows, row_caches(cache, lengths), prompts, strict=True)):
+            state = DecodeState(own, row.rope_delta, row.visual_tokens)
+            paid = visual_scores(self, inputs, row.layout, row.rope_ids, state) if scores[b] else None
+            prefills.append(Prefill(logits=logits[b], state=state, visual_scores=paid))
+        return prefills
+
+    def _prompt_rows(self, inputs: dict[str, torch.Tensor], keep: torch.Tensor | None) -> _PromptRows:
+        """One prompt ready for the decoder: its embedded inputs and rotary positions, of the positions ``keep``
+        (all of them for ``None``)."""
+        length = inputs["input_ids"].shape[1]
+        rope_ids, rope_delta = self.prompt_rope(inputs)
+        positions = (
+            torch.arange(length, device=self.device)[None] if rope_ids is None else rope_ids
+        )  # [.., 1, L]
+        layout = self.prompt_layout(inputs)
+        prompt = self.embed_prompt(inputs)
+        if keep is None:
+            return _PromptRows(prompt, positions, rope_ids, rope_delta, layout, layout.num_visual)
+        keep = _check_keep(keep, length).to(self.device)
+        visual = int(layout.visual.to(self.device)[keep].sum())
+        return _PromptRows(
+            self.select_prompt(prompt, keep), positions[..., keep], rope_ids, rope_delta, layout, visual
+        )
 
     def join_prompts(self, prompts: list[dict[str, Any]], length: int) -> dict[str, Any]:
         """Embedded prompts (:meth:`embed_prompt`, batch 1 each) as one batch right-padded to ``length``
@@ -344,18 +387,12 @@ class VLMAdapter:
         eager attention and hooks its layers; run under that switch, this forward would add its own attention to
         the probe's scores, or run eager attention with the mask sdpa built (not causal).
         """
-        length = inputs["input_ids"].shape[1]
-        position_ids, rope_delta = self.prompt_rope(inputs)
-        if position_ids is None:
-            position_ids = torch.arange(length, device=self.device)[None]  # [1, L]
-        keep = _check_keep(keep, length).to(self.device)
-        visual = self.prompt_layout(inputs).visual.to(self.device)[keep]
         cache = new_cache(self.model)
         with model_lock(self.model):
-            prompt = self.select_prompt(self.embed_prompt(inputs), keep)
-            hidden = self._run_language_model(prompt, position_ids[..., keep], cache)
+            row = self._prompt_rows(inputs, keep)
+            hidden = self._run_language_model(row.prompt, row.positions, cache)
             logits = self.model.get_output_embeddings()(hidden[:, -1])[0]  # [V]
-        state = DecodeState(cache=cache, rope_delta=rope_delta, visual_tokens=int(visual.sum()))
+        state = DecodeState(cache=cache, rope_delta=row.rope_delta, visual_tokens=row.visual_tokens)
         return Prefill(logits=logits, state=state)
 
     @torch.no_grad()
