@@ -197,22 +197,19 @@ class KVStore:
         """Copy a prefill's cache (batch 1) into a new row; returns the row's cache handle."""
         if self.rows >= self.max_rows:
             raise RuntimeError(f"KVStore: all {self.max_rows} rows are in use")
-        entries = torch.stack(
-            [torch.stack([layer.keys[0], layer.values[0]]) for layer in _dynamic_layers(prefill)]
-        )
-        entries = entries.transpose(0, 1)  # [2, layers, H, length, D]
-        length = entries.shape[3]
+        layers = _dynamic_layers(prefill)
+        first = layers[0].keys  # [1, H, length, D]
+        _, heads, length, dim = first.shape
+        shape = (2, len(layers), heads, length, dim)  # the row's entries, copied layer by layer (no stacking)
         if self.kv is None:
-            two, layers, heads, _, dim = entries.shape
-            shape = (two, layers, self.max_rows, heads, length + _SPARE, dim)
-            self.kv = entries.new_zeros(shape)
-        elif entries.shape[:3] != self.kv.shape[:2] + self.kv.shape[3:4]:
-            raise ValueError(
-                f"KVStore: a prefill cache of shape {tuple(entries.shape)} does not fit this store"
-            )
+            self.kv = first.new_zeros(2, len(layers), self.max_rows, heads, length + _SPARE, dim)
+        elif shape[:3] != self.kv.shape[:2] + self.kv.shape[3:4] or dim != self.kv.shape[5]:
+            raise ValueError(f"KVStore: a prefill cache of shape {shape} does not fit this store")
         self.reserve(length)
         row = self.rows
-        self.kv[:, :, row, :, :length] = entries
+        for index, layer in enumerate(layers):
+            self.kv[0, index, row, :, :length] = layer.keys[0]
+            self.kv[1, index, row, :, :length] = layer.values[0]
         view = RowCache(self, row)
         self.lengths.append(length)
         self.views.append(view)
