@@ -370,17 +370,13 @@ class RowAdapter:
         return getattr(self.adapter, name)
 
     def prefill(
-        self,
-        inputs: dict[str, torch.Tensor],
-        keep: torch.Tensor | None = None,
-        score_visual: bool = False,
-        hidden_layer: int | None = None,
+        self, inputs: dict[str, torch.Tensor], hidden_layer: int | None = None, **options: Any
     ) -> Prefill:
-        """:meth:`VLMAdapter.prefill` (same arguments), merged with the prefills of the requests joining with this
-        one; one that reads a hidden layer (for an EDD draft) runs at once."""
+        """:meth:`VLMAdapter.prefill` (same keyword arguments), merged with the prefills of the requests joining
+        with this one; one that reads a hidden layer (for an EDD draft) runs at once."""
         if hidden_layer is not None:
-            return self._adopted(self.adapter.prefill(inputs, keep, score_visual, hidden_layer))
-        return self._adopted(self.batcher.prefill(self.adapter, self.order, inputs, keep, score_visual))
+            return self._adopted(self.adapter.prefill(inputs, hidden_layer=hidden_layer, **options))
+        return self._adopted(self.batcher.prefill(self.adapter, self.order, inputs, **options))
 
     def extend(self, *args: Any, **kwargs: Any) -> Prefill:
         """:meth:`VLMAdapter.extend` (same arguments) of a cache of its own (a prefix cache's copy); the result

@@ -98,7 +98,7 @@ def copy_cache(cache: Cache, length: int | None = None) -> DynamicCache:
 
 
 def row_caches(cache: DynamicCache, lengths: list[int]) -> list[DynamicCache]:
-    """A batch cache's rows as caches of their own (batch 1): row ``b``'s first ``lengths[b]`` entries, as views
+    """A batch cache's rows as caches of their own (batch 1): row ``b``'s first ``lengths[b]`` entries, copied
     (a right-padded batch prefill's rows, each before its padding)."""
     layers = _initialized(cache)
     rows = []
