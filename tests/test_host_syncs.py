@@ -3,9 +3,9 @@
 What a step needs: one read of what the target accepted (the path's length depends on the target's choices; with
 it come the tokens to emit and where the path sits in the draft cache), all a plain ``ar`` step makes too.
 On top of that, per policy: the paper's SAGE reads this step's alpha (1 per step) and PCT its kept leaves (1 per
-step); SAGE, PCT and C2T keep a value-dependent set of candidates per level (1 per draft forward), and ``sage``'s
-cost growth also reads whether another level pays (1 per draft forward at most, the read that stops it
-included) and no alpha. Static, chain and EAGLE-2
+step); SAGE, PCT and C2T keep a value-dependent set of candidates per level (1 per draft forward; ``sage``'s cost
+growth decides on the host from that one read whether another level pays, and reads no alpha). Static, chain and
+EAGLE-2
 grow their trees with no host sync at all. Near ``max_new_tokens`` the draft drops children past the depth limit
 (a host sync per level in the last steps only: :data:`END_OF_GENERATION`).
 """
@@ -32,7 +32,7 @@ PER_STEP = {
     "pct": STEP + 1,
     "c2t": STEP,
 }
-PER_DRAFT_FORWARD = {"sage": 2, "sage_paper": 1, "pct": 1, "c2t": 1}
+PER_DRAFT_FORWARD = {"sage": 1, "sage_paper": 1, "pct": 1, "c2t": 1}
 END_OF_GENERATION = 12
 CPU_LIKE = ForwardCosts(
     sizes=(1, 2, 4, 8, 16, 32, 64),

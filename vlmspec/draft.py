@@ -245,8 +245,23 @@ class DraftTree:
             :meth:`add`'s ids of the added nodes.
         """
         best = score.flatten().topk(m).indices.sort().values  # [m] flat indices: by parent, then column
-        rows, cols = best // score.shape[1], best % score.shape[1]
-        return self.add(frontier[rows], tokens[rows, cols], probs[rows, cols])
+        return self.add_candidates(frontier, tokens, probs, best)
+
+    def add_candidates(
+        self, frontier: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor, flat: torch.Tensor
+    ) -> torch.Tensor:
+        """Adds the candidates at ``flat``: candidate ``(i, j)`` (flat index ``i * k + j``) is child ``tokens[i, j]``
+        of ``frontier[i]`` with draft probability ``probs[i, j]``.
+
+        Args:
+            frontier: ``[F]`` long, existing node ids.
+            tokens, probs: ``[F, k]`` candidate tokens and their draft probabilities given their parents.
+            flat: ``[m]`` long flat indices into ``[F, k]``, ascending (grouped by parent, parents in order).
+
+        Returns:
+            :meth:`add`'s ids of the added nodes.
+        """
+        return self.add(frontier[flat // tokens.shape[1]], tokens.flatten()[flat], probs.flatten()[flat])
 
     def next_probs(self, nodes: torch.Tensor) -> torch.Tensor:
         """The draft's next-token distribution after each of ``nodes``: one batched forward.

@@ -91,6 +91,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
@@ -168,6 +169,14 @@ def _add_kept(
         return rows, probs.new_zeros(0), cum.new_zeros(0)
     kept_p = probs[rows, cols]
     return draft.add(frontier[rows], tokens[rows, cols], kept_p), kept_p, cum[rows, cols]
+
+
+def _most_probable(kept: np.ndarray, cum: np.ndarray, budget: int) -> np.ndarray:
+    """``kept`` (ascending flat candidate indices), or its ``budget`` of highest ``cum`` when it holds more
+    (``N_max``), still ascending."""
+    if kept.size <= max(budget, 0):
+        return kept
+    return np.sort(kept[np.argsort(-cum[kept], kind="stable")[: max(budget, 0)]])
 
 
 def _round_half_up(x: float) -> int:
@@ -358,37 +367,45 @@ class SAGEPolicy(TreePolicy):
 
     def _grow_by_cost(self, draft: DraftTree, probs: torch.Tensor, depth: int) -> tuple[int, int]:
         """``growth="cost"``: up to ``depth`` levels, each keeping every candidate whose chance of acceptance repays
-        its verification (module docstring). Returns the levels grown and the widest one's node count."""
+        its verification (module docstring). Returns the levels grown and the widest one's node count.
+
+        A level reads its candidates' probabilities on the host once (the kept set and whether the draft runs again
+        depend on them) and decides there: no other host sync, and no device op per decision."""
         c = self.config
         grown, widest = 0, 0
         frontier = torch.zeros(1, dtype=torch.long, device=probs.device)  # node ids whose `probs` we hold
-        # The step's expected tokens: the bonus token and the kept nodes' cumulative probabilities.
-        value = probs.new_ones((), dtype=torch.float32)
+        value = (
+            1.0  # the step's expected tokens: the bonus token and the kept nodes' cumulative probabilities
+        )
         for level in range(1, depth + 1):
             top_p, top_tok = probs.topk(min(c.top_k, probs.shape[-1]), dim=-1)  # [F, k]
-            # [F, k] cumulative probability of each candidate
-            cum = draft.cum_probs[frontier][:, None] * top_p
+            cum = (
+                draft.cum_probs[frontier][:, None] * top_p
+            )  # [F, k] cumulative probability of each candidate
+            host_cum, host_p = (
+                torch.stack([cum, top_p]).numpy(force=True).reshape(2, -1)
+            )  # the level's host sync
             cost = 1.0 + draft.num_nodes * c.node_cost + level * c.level_cost  # the step so far, in AR steps
-            keep = cum * cost > value * c.node_cost  # [F, k]: cum > (value / cost) * node_cost
-            # At most half the budget left, so that where nodes are nearly free (a flat verification curve) the
-            # first levels leave room for the deeper ones the accepted path runs on.
-            room = (c.n_max - draft.num_nodes + 1) // 2
-            ids, kept_p, kept_cum = _add_kept(draft, frontier, top_tok, top_p, cum, keep, room)
-            if ids.numel() == 0:
+            # cum > (value / cost) * node_cost; at most half the budget left, so that where nodes are nearly free
+            # (a flat verification curve) the first levels leave room for the deeper ones the accepted path runs on.
+            kept = _most_probable((host_cum * cost > value * c.node_cost).nonzero()[0], host_cum,
+                                  (c.n_max - draft.num_nodes + 1) // 2)  # fmt: skip
+            if kept.size == 0:
                 break
-            grown, widest = level, max(widest, ids.numel())
-            value = value + kept_cum.sum()
+            ids = draft.add_candidates(frontier, top_tok, top_p, torch.from_numpy(kept).to(probs.device))
+            grown, widest = level, max(widest, kept.size)
+            kept_cum, kept_p = host_cum[kept], host_p[kept]
+            value += float(kept_cum.sum())
             if level == depth or draft.num_nodes >= c.n_max:
                 break
             # Another level pays when its expected tokens, each node's own probability standing for its child's,
             # repay a draft forward, sum(cum * p) > (value / cost) * level_cost, and when its best node is likely
-            # to clear the node rule. A host sync (needed: it decides whether the draft runs again).
+            # to clear the node rule.
             cost = 1.0 + draft.num_nodes * c.node_cost + level * c.level_cost
             expected = kept_cum * kept_p  # [m]
-            pays = (expected.sum() * cost > value * c.level_cost) & (
-                expected.max() * cost > value * c.node_cost
-            )
-            if not bool(pays):
+            if not (
+                expected.sum() * cost > value * c.level_cost and expected.max() * cost > value * c.node_cost
+            ):
                 break
             frontier = ids
             probs = draft.next_probs(frontier)  # one batched draft forward for the whole level
