@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from vlmspec import SlowSpeculationWarning, VLMSpecPipeline, get_policy
+from vlmspec import probe as probe_module
 from vlmspec.costs import BATCH_RATE_SHARE, BATCH_SIZES, MAX_NODE_BUDGET, ForwardCosts, monotone_envelope
 from vlmspec.policies import MC_SIM_7B_63, SAGEConfig, SAGEPolicy, available_policies, policy_class
 from vlmspec.policies.base import truncate_paths
@@ -180,6 +181,57 @@ def test_probe_measures_both_models_and_the_cache_reuses_it(qwen_pipe, tmp_path)
         1,
         2,
     ]  # measured, rewritten
+
+
+def scripted_timings(monkeypatch, pipe, slow_rounds, sizes):
+    """The probe's forwards take scripted seconds: the target ``n * 1e-3 + 0.01``, the draft a fifth of that, with
+    a small jitter per round, 4x slower in the rounds ``slow_rounds(round)`` says the machine was busy."""
+    calls = []
+
+    def forward(prefixed, n):
+        round_ = len(calls) // (2 * len(sizes))
+        calls.append(n)
+        seconds = (n * 1e-3 + 0.01) * (1.0 if prefixed.adapter.model is pipe.target else 0.2)
+        return seconds * (1.0 + 0.01 * (round_ % 3)) * (4.0 if slow_rounds(round_) else 1.0)
+
+    monkeypatch.setattr(probe_module._Prefixed, "__call__", forward)
+    return calls
+
+
+def test_probe_leaves_out_the_rounds_a_busy_machine_slowed(qwen_pipe, monkeypatch):
+    # Busy through the first two rounds: a median of the first three would be the busy machine's (4x); the probe
+    # times two more rounds and takes the median of the three undisturbed ones.
+    sizes = (1, 2, 4)
+    calls = scripted_timings(monkeypatch, qwen_pipe, lambda round_: round_ < 2, sizes)
+    measured = probe_costs(qwen_pipe.target, qwen_pipe.draft, sizes=sizes, runs=3, context=8, warmup=0)
+    assert len(calls) == 5 * 2 * len(sizes)  # 5 rounds of both models at every size
+    calm = [(n * 1e-3 + 0.01) * 1.01 for n in sizes]  # the rounds 2, 3, 4: jitter 1.02, 1.0, 1.01
+    assert measured.target_s == pytest.approx(calm) and measured.draft_s == pytest.approx(
+        [t * 0.2 for t in calm]
+    )
+    assert measured.settled and measured.runs == 3
+    # A quiet machine: the three rounds asked for, nothing more.
+    calls = scripted_timings(monkeypatch, qwen_pipe, lambda round_: False, sizes)
+    assert probe_costs(qwen_pipe.target, qwen_pipe.draft, sizes=sizes, runs=3, context=8, warmup=0).settled
+    assert len(calls) == 3 * 2 * len(sizes)
+
+
+def test_a_probe_on_a_machine_that_stays_busy_is_used_but_not_cached(qwen_pipe, monkeypatch, tmp_path):
+    sizes = (1, 2)
+    args = dict(folder=tmp_path, sizes=sizes, runs=2, context=8)
+    # Quiet through the warmup (round 0) and the first timed round, busy from then on.
+    calls = scripted_timings(monkeypatch, qwen_pipe, lambda round_: round_ > 1, sizes)
+    with pytest.warns(
+        UserWarning, match=r"the machine was busy .* \(1 of the 2 rounds wanted ran undisturbed\)"
+    ):
+        busy = cached_costs(qwen_pipe.target, qwen_pipe.draft, **args)
+    assert len(calls) == (1 + 3 * 2) * 2 * len(sizes)  # the warmup, then up to 3x the rounds asked for
+    assert not busy.settled and busy.runs == 1 and list(tmp_path.glob("*.json")) == []
+    assert busy.target_s == pytest.approx([(n * 1e-3 + 0.01) * 1.01 for n in sizes])  # the quiet round's
+    # The next pipeline measures again; on a quiet machine its reading is cached.
+    scripted_timings(monkeypatch, qwen_pipe, lambda round_: False, sizes)
+    quiet = cached_costs(qwen_pipe.target, qwen_pipe.draft, **args)
+    assert quiet.settled and quiet.runs == 2 and len(list(tmp_path.glob("*.json"))) == 1
 
 
 def test_pipeline_fits_the_policy_to_its_costs(qwen_pipe):

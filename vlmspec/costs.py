@@ -98,6 +98,8 @@ class ForwardCosts:
         prefix_tokens: tokens in the cache the forwards attended to.
         runs: timed rounds per size (the median is taken).
         machine: what was measured (device, dtype, models' shapes, kernels), as the cache key saw it.
+        settled: whether the probe found ``runs`` rounds that nothing else on the machine disturbed
+            (:func:`vlmspec.probe.calm_rounds`); an unsettled reading is used but never cached.
     """
 
     sizes: tuple[int, ...]
@@ -106,6 +108,7 @@ class ForwardCosts:
     prefix_tokens: int
     runs: int
     machine: str = ""
+    settled: bool = True
 
     def __post_init__(self) -> None:
         if not self.sizes or self.sizes[0] != 1 or list(self.sizes) != sorted(set(self.sizes)):
@@ -253,6 +256,7 @@ class ForwardCosts:
             prefix_tokens=int(values["prefix_tokens"]),
             runs=int(values["runs"]),
             machine=str(values.get("machine", "")),
+            settled=bool(values.get("settled", True)),
         )
 
 

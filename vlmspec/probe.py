@@ -12,6 +12,17 @@ interleaved within each round (target ``N``, draft ``N``, next size, ...) so tha
 machine hits them alike; each cost is the median of ``runs`` rounds after ``warmup`` untimed ones. CUDA is
 synchronised around each timed call. Run it in the context the models generate in (``pipe.kernels()``).
 
+**Disturbed rounds.** Something else loading the machine (another job, a build, a test run) slows the forwards of
+the rounds it overlaps, and a median over a few rounds can still land in it: one session's cached probe read
+``c_t(1)`` at 10x its real cost and sized every later tree from that. Interference only ever slows a forward
+down, so the fastest reading of each model and size is the reference: a round whose forwards ran, as a median,
+more than :data:`DISTURBED_LOAD` times their fastest readings was disturbed and is left out
+(:func:`calm_rounds`). The probe runs more rounds, up to :data:`MAX_ROUNDS_FACTOR` times ``runs``, until ``runs``
+calm ones are in hand; if the machine stays busy it returns the calm rounds it has (all rounds when none is),
+marked unsettled (``ForwardCosts.settled``), and :func:`cached_costs` uses that reading without caching it, with a
+warning, so the next pipeline measures again. A machine loaded evenly through the whole probe is not detected
+(every round looks alike); its ratios ``c(N)/c(1)``, which the budgets use, suffer least from an even load.
+
 **Cache.** :func:`cached_costs` keys the result by what decides it: the device (CPU model and thread count, or
 GPU name), torch's version, each model's dtype and language-model shape (layers, widths, heads, vocabulary), the
 kernels in use and the probe settings. The file is JSON under ``$VLMSPEC_CACHE/costs`` (default
@@ -27,6 +38,7 @@ import os
 import platform
 import statistics
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +57,10 @@ BUILD_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 BUILD_CONTEXT = 128
 """Random text tokens in the cache before the build-time probe's forwards (a short captioning prompt's length)."""
 BUILD_RUNS = 3
+DISTURBED_LOAD = 1.25
+"""A round whose forwards took, as a median, more than this times their fastest readings was disturbed."""
+MAX_ROUNDS_FACTOR = 3
+"""The most timed rounds the probe runs to find ``runs`` calm ones: this times ``runs``."""
 _PROBE_ARITY = 4
 _SHAPE_KEYS = (
     "hidden_size",
@@ -158,22 +174,39 @@ def probe_costs(
             f"context={context}"
         )
     models = [_Prefixed(adapter_for(m), inputs, context) for m in (target, draft) if m is not None]
-    times: list[dict[int, list[float]]] = [{n: [] for n in sizes} for _ in models]
-    for round_ in range(warmup + runs):
-        for n in sizes:
-            for model, per_size in zip(models, times, strict=True):
-                seconds = model(n)
-                if round_ >= warmup:
-                    per_size[n].append(seconds)
-    medians = [tuple(statistics.median(t[n]) for n in sizes) for t in times]
+
+    def timed_round() -> list[float]:  # [size 1: target, draft | size 2: target, draft | ...]
+        return [model(n) for n in sizes for model in models]
+
+    for _ in range(warmup):
+        timed_round()
+    rounds = [timed_round() for _ in range(runs)]
+    while len(calm := calm_rounds(rounds)) < runs and len(rounds) < MAX_ROUNDS_FACTOR * runs:
+        rounds.append(timed_round())
+    used = calm or rounds
+    medians = [statistics.median(column) for column in zip(*used, strict=True)]  # per (size, model)
+    per_model = [tuple(medians[i :: len(models)]) for i in range(len(models))]
     return ForwardCosts(
         sizes=sizes,
-        target_s=medians[0],
-        draft_s=medians[1] if draft is not None else None,
+        target_s=per_model[0],
+        draft_s=per_model[1] if draft is not None else None,
         prefix_tokens=models[0].past,
-        runs=runs,
+        runs=len(used),
         machine=machine,
+        settled=len(calm) >= runs,
     )
+
+
+def calm_rounds(rounds: Sequence[Sequence[float]], limit: float = DISTURBED_LOAD) -> list[Sequence[float]]:
+    """The rounds nothing else on the machine disturbed (module docstring).
+
+    Args:
+        rounds: per round, the seconds of each timed forward, in the same order every round.
+        limit: the most a calm round's forwards may take, as the median of each one's time over the fastest
+            reading of the same forward in any round.
+    """
+    fastest = [min(column) for column in zip(*rounds, strict=True)]
+    return [r for r in rounds if statistics.median(t / f for t, f in zip(r, fastest, strict=True)) <= limit]
 
 
 def measure_cost_ratio(
@@ -232,7 +265,7 @@ def cached_costs(
         kernels_name: its name in the cache key (e.g. ``"onednn"``).
         folder: the cache folder (default :func:`default_costs_dir`).
     """
-    settings = {"sizes": list(check_sizes(sizes)), "runs": runs, "context": context}
+    settings = {"sizes": list(check_sizes(sizes)), "runs": runs, "context": context, "calm": DISTURBED_LOAD}
     description = machine_description(target, draft, kernels_name, settings)
     text = json.dumps(description, sort_keys=True)
     path = Path(folder) if folder is not None else default_costs_dir()
@@ -244,6 +277,14 @@ def cached_costs(
             pass  # a damaged or older file: measure again and overwrite it
     with kernels if kernels is not None else contextlib.nullcontext():
         costs = probe_costs(target, draft, sizes=sizes, runs=runs, context=context, machine=text)
+    if not costs.settled:
+        warnings.warn(
+            f"cost probe: the machine was busy while it timed the models ({costs.runs} of the {runs} rounds wanted "
+            f"ran undisturbed); the tree budgets use this reading for now, and it is not cached, so the next "
+            f"pipeline built on this machine measures again",
+            stacklevel=2,
+        )
+        return costs
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = path.with_suffix(f".{os.getpid()}.tmp")
     scratch.write_text(json.dumps(costs.to_dict(), indent=1))

@@ -437,10 +437,18 @@ def markdown(result: dict[str, Any]) -> str:
     if result.get("cost_probe"):
         probe = result["cost_probe"]
         parts += section(
-            f"Cost probe (after a {probe['prefix_tokens']}-token {probe['task']} prompt, median of {probe['runs']})",
+            f"Cost probe (after a {probe['prefix_tokens']}-token {probe['task']} prompt, median of {probe['runs']} "
+            "undisturbed rounds)",
             probe_table(probe),
             "c(N)/c(1) uses the medians' non-decreasing envelope (noise spikes removed); it prices the ideal "
-            "speed-up and --budget auto. " + roofline_note(probe),
+            "speed-up and --budget auto. "
+            + roofline_note(probe)
+            + (
+                ""
+                if probe.get("settled", True)
+                else " **The machine was busy during the probe: too few rounds "
+                "ran undisturbed, so these costs are unreliable; run the bench again on a quiet machine.**"
+            ),
         )
     if result.get("edd_cost_probe"):
         edd = result["edd_cost_probe"]
