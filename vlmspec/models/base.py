@@ -42,6 +42,7 @@ from ..cache import cache_kwarg, new_cache, row_caches
 from ..errors import InvalidInputError
 from .attention import model_lock, visual_scores
 from .data import DecodeState, Prefill, PromptLayout, VisualFeatures
+from .media import MediaRows
 
 
 class _PromptRows(NamedTuple):
@@ -55,7 +56,7 @@ class _PromptRows(NamedTuple):
     visual_tokens: int  # visual tokens among the K
 
 
-class VLMAdapter:
+class VLMAdapter(MediaRows):
     """Base adapter; subclasses set ``model_types`` and override the position/embedding hooks."""
 
     model_types: ClassVar[tuple[str, ...]] = ()
@@ -69,14 +70,25 @@ class VLMAdapter:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
+        table = model.get_input_embeddings()
+        self._embeddings_path = next((name for name, m in model.named_modules() if m is table), None)
+
+    @property
+    def embeddings(self) -> torch.nn.Module:
+        """The language model's input table, ``model.get_input_embeddings()``, reached by its attribute path (found
+        once): transformers' lookup costs tens of microseconds, and every decoding forward embeds its tokens. A
+        table swapped in later (``resize_token_embeddings``) sits at the same path, so it is the one found."""
+        if not self._embeddings_path:
+            return self.model.get_input_embeddings()
+        return functools.reduce(getattr, self._embeddings_path.split("."), self.model)
 
     @property
     def device(self) -> torch.device:
-        return self.model.get_input_embeddings().weight.device
+        return self.embeddings.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.get_input_embeddings().weight.dtype
+        return self.embeddings.weight.dtype
 
     @property
     def config(self) -> Any:
@@ -142,57 +154,6 @@ class VLMAdapter:
             The inputs of the ``k`` positions (``inputs_embeds``: ``[1, k, D]``).
         """
         return {"inputs_embeds": prompt["inputs_embeds"][:, index]}
-
-    def media_items(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
-        """The visual inputs (pixels and their per-item metadata) of the prompt's images ``images`` and videos
-        ``videos`` (slices of their order in the inputs): the later media :meth:`extend` sends through the vision
-        tower, or one row's media in :meth:`split_rows`. Modalities with nothing selected are left out.
-
-        The pixels are cut as the family's processor lays them out: Qwen ``pixel_values`` ``[patches, D]`` with
-        ``image_grid_thw`` ``[items, 3]`` (``t * h * w`` patches per item); LLaVA-OneVision ``pixel_values``
-        ``[items, tiles, C, H, W]`` with ``image_sizes`` ``[items, 2]``.
-        """
-        raise NotImplementedError(f"{type(self).__name__} cannot select a prompt's media yet")
-
-    def media_counts(self, inputs: dict[str, Any], keep: torch.Tensor) -> list[tuple[int, int]]:
-        """``(images, videos)`` of each of the ``B`` rows of a batch of processor outputs, in order (``keep``:
-        ``[B, L]`` bool, the rows' real tokens; the rest is padding).
-
-        Raises:
-            ValueError: the media cannot be matched to the rows' placeholders (the message says what to do).
-        """
-        raise NotImplementedError(f"{type(self).__name__} cannot split a batch of prompts yet")
-
-    def row_media(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
-        """One row's visual inputs in :meth:`split_rows` (:meth:`media_items` unless a family adds per-row data)."""
-        return self.media_items(inputs, images, videos)
-
-    def split_rows(self, inputs: dict[str, Any]) -> list[dict[str, Any]]:
-        """One prompt's processor outputs per row of a (padded) batch of them: each row's real tokens and its own
-        images and videos, as the processor gives them for that prompt alone.
-
-        Args:
-            inputs: processor outputs for ``B`` prompts (``input_ids`` ``[B, L]``, ``attention_mask`` marking padding).
-
-        Returns:
-            ``B`` dicts of batch-1 inputs (per-token tensors ``[1, L_b]``).
-        """
-        ids = inputs["input_ids"]
-        mask = inputs.get("attention_mask")
-        keep = mask.bool() if mask is not None else torch.ones_like(ids, dtype=torch.bool)  # [B, L]
-        per_token = [k for k, v in inputs.items() if torch.is_tensor(v) and v.shape == ids.shape]
-        rows, image, video = [], 0, 0
-        for b, (images, videos) in enumerate(self.media_counts(inputs, keep)):
-            row = {k: inputs[k][b][keep[b]][None] for k in per_token}
-            row.update(self.row_media(inputs, slice(image, image + images), slice(video, video + videos)))
-            rows.append(row)
-            image, video = image + images, video + videos
-        if self.media_items(inputs, slice(image, None), slice(video, None)):  # items no placeholder took
-            raise InvalidInputError(
-                f"the inputs hold more images or videos than the {len(rows)} prompts' placeholders take; build them "
-                "with the model's processor, each prompt's images and videos in its own list"
-            )
-        return rows
 
     # ---- shared ---------------------------------------------------------------------------------------------
     def prompt_layout(self, inputs: dict[str, torch.Tensor]) -> PromptLayout:
@@ -499,7 +460,7 @@ class VLMAdapter:
     # ---- decoding ---------------------------------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """``[n]`` token ids -> ``[n, D]`` input rows of the language model."""
-        return self.model.get_input_embeddings()(tokens)
+        return self.embeddings(tokens)
 
     def root_rows(self, pending: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
         """Input rows ``[p + 1, D]`` of a draft's first forward of a step: the ``[p]`` pending tokens, the root."""
