@@ -394,6 +394,15 @@ def test_the_serve_command_refuses_a_missing_media_folder_before_loading(capsys)
     assert "--allowed-media-dir '/no/such/folder' is not a folder" in capsys.readouterr().err
 
 
+def test_the_serve_command_names_its_flag_for_a_setting_the_processor_refuses(capsys):
+    # Only the loaded processor knows its settings; the error still names the flag that gave the setting.
+    argv = ["serve", "--pair", "tiny", "--mm-processor-kwargs", '{"max_patches": 1}', "--port", "0"]
+    assert main(argv) == 1
+    assert "--mm-processor-kwargs sets max_patches, which the target's processor does not take" in (
+        capsys.readouterr().err
+    )
+
+
 def test_the_openai_client_talks_to_it_whole_and_streamed(server, pipe):
     from openai import OpenAI
 

@@ -121,12 +121,15 @@ def load_pipeline(args: argparse.Namespace, command: str) -> Any:
         options["chat_template"] = args.chat_template
     saved = is_pipeline_folder(args.target)  # a saved pipeline brings its own settings
     # the server fronts' flags, in place of a saved pipeline's (their form checked before any model loads)
-    given = {name: getattr(args, name, None) for name in ("mm_processor_kwargs", "reasoning_parser")}
-    check_settings_form(given["mm_processor_kwargs"], "--mm-processor-kwargs")
+    settings = getattr(args, "mm_processor_kwargs", None)
+    check_settings_form(settings, "--mm-processor-kwargs")
     pipe = VLMSpecPipeline.from_pretrained(
         args.target if saved else pair.target, args.draft if saved else pair.draft, policy=args.policy,
-        torch_dtype=args.dtype, calibration=pair.calibration, **given, **options,
+        torch_dtype=args.dtype, calibration=pair.calibration, reasoning_parser=getattr(args, "reasoning_parser", None),
+        **options,
     )  # fmt: skip
+    if settings is not None:  # checked against the loaded processor under the flag's name
+        pipe.mm_processor_kwargs = pipe.check_mm_processor_kwargs(settings, "--mm-processor-kwargs")
     if pair.calibration:
         from .testbed.calibrate import get_calibration
 
