@@ -70,15 +70,18 @@ class VLMAdapter(MediaRows):
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        table = model.get_input_embeddings()
-        self._embeddings_path = next((name for name, m in model.named_modules() if m is table), None)
+        self._embeddings_path: str | None = None  # found on first use
 
     @property
     def embeddings(self) -> torch.nn.Module:
         """The language model's input table, ``model.get_input_embeddings()``, reached by its attribute path (found
         once): transformers' lookup costs tens of microseconds, and every decoding forward embeds its tokens. A
         table swapped in later (``resize_token_embeddings``) sits at the same path, so it is the one found."""
-        if not self._embeddings_path:
+        if self._embeddings_path is None:
+            table = self.model.get_input_embeddings()
+            self._embeddings_path = next((name for name, m in self.model.named_modules() if m is table), "")
+            return table
+        if not self._embeddings_path:  # not a submodule (a model that builds its table on the fly)
             return self.model.get_input_embeddings()
         return functools.reduce(getattr, self._embeddings_path.split("."), self.model)
 
