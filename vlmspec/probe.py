@@ -18,9 +18,9 @@ the rounds it overlaps, and a median over a few rounds can still land in it: one
 down, so the fastest reading of each model and size is the reference: a round whose forwards ran, as a median,
 more than :data:`DISTURBED_LOAD` times their fastest readings was disturbed and is left out
 (:func:`calm_rounds`). The probe runs more rounds, up to :data:`MAX_ROUNDS_FACTOR` times ``runs``, until ``runs``
-calm ones are in hand; if the machine stays busy it returns the calm rounds it has (all rounds when none is),
-marked unsettled (``ForwardCosts.settled``), and :func:`cached_costs` uses that reading without caching it, with a
-warning, so the next pipeline measures again. A machine loaded evenly through the whole probe is not detected
+calm ones are in hand; if the machine stays busy it returns the calm rounds it has (the least disturbed one when
+none is), marked unsettled (``ForwardCosts.settled``), and :func:`cached_costs` uses that reading without caching
+it, with a warning, so the next pipeline measures again. A machine loaded evenly through the whole probe is not detected
 (every round looks alike); its ratios ``c(N)/c(1)``, which the budgets use, suffer least from an even load.
 
 **Cache.** :func:`cached_costs` keys the result by what decides it: the device (CPU model and thread count, or
@@ -39,7 +39,7 @@ import platform
 import statistics
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +183,7 @@ def probe_costs(
     rounds = [timed_round() for _ in range(runs)]
     while len(calm := calm_rounds(rounds)) < runs and len(rounds) < MAX_ROUNDS_FACTOR * runs:
         rounds.append(timed_round())
-    used = calm or rounds
+    used = calm or [min(rounds, key=_load(rounds))]  # none calm: the least disturbed round
     medians = [statistics.median(column) for column in zip(*used, strict=True)]  # per (size, model)
     per_model = [tuple(medians[i :: len(models)]) for i in range(len(models))]
     return ForwardCosts(
@@ -205,8 +205,14 @@ def calm_rounds(rounds: Sequence[Sequence[float]], limit: float = DISTURBED_LOAD
         limit: the most a calm round's forwards may take, as the median of each one's time over the fastest
             reading of the same forward in any round.
     """
+    load = _load(rounds)
+    return [r for r in rounds if load(r) <= limit]
+
+
+def _load(rounds: Sequence[Sequence[float]]) -> Callable[[Sequence[float]], float]:
+    """How much a round of ``rounds`` was slowed: the median of its forwards' times over their fastest readings."""
     fastest = [min(column) for column in zip(*rounds, strict=True)]
-    return [r for r in rounds if statistics.median(t / f for t, f in zip(r, fastest, strict=True)) <= limit]
+    return lambda r: statistics.median(t / f for t, f in zip(r, fastest, strict=True))
 
 
 def measure_cost_ratio(

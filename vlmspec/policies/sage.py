@@ -144,39 +144,29 @@ def _add_kept(
     frontier: torch.Tensor,
     tokens: torch.Tensor,
     probs: torch.Tensor,
-    cum: torch.Tensor,
-    keep: torch.Tensor,
+    kept: np.ndarray,
+    cum: np.ndarray,
     budget: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Add the candidates ``keep`` marks, the ``budget`` most probable of them when there are more (``N_max``).
+) -> tuple[torch.Tensor, np.ndarray]:
+    """Add the candidates a rule keeps, the ``budget`` most probable of them when there are more (``N_max``).
 
     Args:
         draft: the tree being grown.
-        frontier: ``[F]`` node ids; candidate ``(i, j)`` is child ``tokens[i, j]`` of ``frontier[i]``.
-        tokens, probs, cum: ``[F, k]`` candidate tokens, their draft probabilities given their parents and their
-            cumulative probabilities.
-        keep: ``[F, k]`` bool, the candidates a rule keeps.
+        frontier: ``[F]`` node ids; candidate ``(i, j)`` (flat index ``i * k + j``) is child ``tokens[i, j]`` of
+            ``frontier[i]``.
+        tokens, probs: ``[F, k]`` candidate tokens and their draft probabilities given their parents.
+        kept: ``[n]`` ascending flat indices of the candidates the rule keeps (on the host).
+        cum: ``[F * k]`` the candidates' cumulative probabilities (on the host; the level's one read).
         budget: the most nodes to add (``<= 0``: none).
 
     Returns:
-        ``[m]`` each: the added node ids, their probabilities and their cumulative probabilities.
+        The added node ids ``[m]`` and their flat indices ``[m]`` (on the host).
     """
-    rows, cols = keep.nonzero(as_tuple=True)  # host sync (needed: the kept set depends on the values)
-    if rows.numel() > max(budget, 0):  # N_max: the most probable candidates of this level
-        best = cum[rows, cols].topk(max(budget, 0)).indices.sort().values
-        rows, cols = rows[best], cols[best]
-    if rows.numel() == 0:
-        return rows, probs.new_zeros(0), cum.new_zeros(0)
-    kept_p = probs[rows, cols]
-    return draft.add(frontier[rows], tokens[rows, cols], kept_p), kept_p, cum[rows, cols]
-
-
-def _most_probable(kept: np.ndarray, cum: np.ndarray, budget: int) -> np.ndarray:
-    """``kept`` (ascending flat candidate indices), or its ``budget`` of highest ``cum`` when it holds more
-    (``N_max``), still ascending."""
-    if kept.size <= max(budget, 0):
-        return kept
-    return np.sort(kept[np.argsort(-cum[kept], kind="stable")[: max(budget, 0)]])
+    if kept.size > max(budget, 0):  # N_max: the most probable candidates of this level, still ascending
+        kept = np.sort(kept[np.argsort(-cum[kept], kind="stable")[: max(budget, 0)]])
+    if kept.size == 0:
+        return frontier[:0], kept
+    return draft.add_candidates(frontier, tokens, probs, torch.from_numpy(kept).to(frontier.device)), kept
 
 
 def _round_half_up(x: float) -> int:
@@ -359,7 +349,9 @@ class SAGEPolicy(TreePolicy):
             cum = draft.cum_probs[frontier][:, None] * top_p
             ranks = torch.arange(k, device=probs.device)[None, :]
             keep = (ranks < widths[:, None]) & (cum > c.threshold(level, depth))  # [F, k]
-            ids, _, _ = _add_kept(draft, frontier, top_tok, top_p, cum, keep, budget)
+            # the level's host sync (needed: the kept set depends on the values)
+            host_cum, host_keep = torch.stack([cum, keep.float()]).numpy(force=True).reshape(2, -1)
+            ids, _ = _add_kept(draft, frontier, top_tok, top_p, np.flatnonzero(host_keep), host_cum, budget)
             if ids.numel() == 0 or level == depth or draft.num_nodes >= c.n_max:
                 break
             frontier = ids
@@ -374,25 +366,22 @@ class SAGEPolicy(TreePolicy):
         c = self.config
         grown, widest = 0, 0
         frontier = torch.zeros(1, dtype=torch.long, device=probs.device)  # node ids whose `probs` we hold
-        value = (
-            1.0  # the step's expected tokens: the bonus token and the kept nodes' cumulative probabilities
-        )
+        # The step's expected tokens: the bonus token and the kept nodes' cumulative probabilities.
+        value = 1.0
         for level in range(1, depth + 1):
             top_p, top_tok = probs.topk(min(c.top_k, probs.shape[-1]), dim=-1)  # [F, k]
-            cum = (
-                draft.cum_probs[frontier][:, None] * top_p
-            )  # [F, k] cumulative probability of each candidate
-            host_cum, host_p = (
-                torch.stack([cum, top_p]).numpy(force=True).reshape(2, -1)
-            )  # the level's host sync
+            # [F, k] cumulative probability of each candidate
+            cum = draft.cum_probs[frontier][:, None] * top_p
+            # the level's host sync (needed: the kept set and whether the draft runs again depend on the values)
+            host_cum, host_p = torch.stack([cum, top_p]).numpy(force=True).reshape(2, -1)
             cost = 1.0 + draft.num_nodes * c.node_cost + level * c.level_cost  # the step so far, in AR steps
-            # cum > (value / cost) * node_cost; at most half the budget left, so that where nodes are nearly free
+            # Keep cum > (value / cost) * node_cost; at most half the budget left, so that where nodes are nearly free
             # (a flat verification curve) the first levels leave room for the deeper ones the accepted path runs on.
-            kept = _most_probable((host_cum * cost > value * c.node_cost).nonzero()[0], host_cum,
-                                  (c.n_max - draft.num_nodes + 1) // 2)  # fmt: skip
+            room = (c.n_max - draft.num_nodes + 1) // 2
+            worth = np.flatnonzero(host_cum * cost > value * c.node_cost)
+            ids, kept = _add_kept(draft, frontier, top_tok, top_p, worth, host_cum, room)
             if kept.size == 0:
                 break
-            ids = draft.add_candidates(frontier, top_tok, top_p, torch.from_numpy(kept).to(probs.device))
             grown, widest = level, max(widest, kept.size)
             kept_cum, kept_p = host_cum[kept], host_p[kept]
             value += float(kept_cum.sum())
