@@ -18,6 +18,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/synthetic.py helpers
 
+# Two test processes (pytest-xdist) share CI's two cores, and the commands some tests start (caption jobs, lmms-eval,
+# EDD training) inherit this environment: one OpenMP thread each, or a child's second thread fights the other test
+# process for its core (OpenMP threads spin while they wait; under that contention such tests ran up to 3x slower).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # The models under test are tiny: one thread per test process is fastest, and `make test` runs two processes
 # (pytest-xdist) on CI's two cores.
 torch.set_num_threads(1)

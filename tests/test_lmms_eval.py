@@ -199,17 +199,12 @@ def test_cli_two_processes_give_the_same_scores(cli_runs: dict[str, Any]) -> Non
         assert {s["doc_id"]: s["output_sha1"] for s in report["samples"]} == single
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        ("colour=red", "unknown --model_args key(s) for the vlmspec model: 'colour'"),
-        ("prune_ratio=1.5", "prune_ratio=1.5 is invalid"),
-    ],
-)
-def test_cli_bad_model_args_fail_naming_them(workspace: dict[str, Any], extra: str, message: str) -> None:
-    out = workspace["root"] / f"bad_{extra.split('=')[0]}"
-    code, log = _run_lmms_eval(workspace, f"{workspace['pair']},{extra}", out, tasks=("vlmspec_image_qa",))
-    assert message in log and code != 0, f"exit code {code}"
+def test_cli_bad_model_args_fail_naming_them(workspace: dict[str, Any]) -> None:
+    """lmms-eval's command line shows the plugin's message; every bad value's own message is checked in process
+    (``test_bad_model_args_name_the_key_or_value``), without an lmms-eval start (~20 s) each."""
+    out = workspace["root"] / "bad_colour"
+    code, log = _run_lmms_eval(workspace, f"{workspace['pair']},colour=red", out, tasks=("vlmspec_image_qa",))
+    assert "unknown --model_args key(s) for the vlmspec model: 'colour'" in log and code != 0, f"exit code {code}"
     assert not list(out.glob("**/*_results.json"))
 
 

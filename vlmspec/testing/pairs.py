@@ -96,6 +96,18 @@ _MIN_MARGIN = 0.1  # logit standard deviations
 _MIN_SENSITIVITY = 0.03
 _MAX_SENSITIVITY = 0.3
 _MAX_DRAWS = 32
+# The draw the search accepted for each (family, seed) with today's pinned dependencies, vetted first: when it
+# still passes, a build vets one draw instead of up to 28 (qwen2_5_vl's is draw 27: ~20 s of greedy runs on a
+# 2-core CPU, paid again by every fresh test session). A known draw that fails the vetting (other dependency
+# versions) only costs its one vetting: the search then runs as if it were not known.
+_KNOWN_DRAWS: dict[tuple[str, int], int] = {
+    ("qwen2_vl", 0): 4,
+    ("qwen2_5_vl", 0): 27,
+    ("qwen3_vl", 0): 20,
+    ("llava_onevision", 0): 2,
+    ("internvl", 0): 14,
+    ("qwen3_vl_moe", 0): 14,
+}
 
 _CORPUS = """
 Describe this image. Describe the image in detail. Describe this video. What is in the image?
@@ -425,7 +437,8 @@ def _build_models(
     # vetted on the canonical inputs and re-drawn (deterministically) until both are fine.
     calibration = [make_inputs(processor, kind) for kind in INPUT_KINDS]
     best: tuple[tuple[bool, float], int] | None = None
-    for draw in range(_MAX_DRAWS):
+    known = _KNOWN_DRAWS.get((family, seed))
+    for draw in ([known] if known is not None else []) + [d for d in range(_MAX_DRAWS) if d != known]:
         draw_seed = (seed + 1) * 1_000_003 + draw
         _shape_weights(target, special_ids, draw_seed)
         margin, sensitivity = _vet_draw(target, calibration)

@@ -159,19 +159,31 @@ def write_parquet(path: Path, rows: list[dict[str, Any]], features: Any) -> None
     Dataset.from_dict(columns, features=features).to_parquet(str(path))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line entry point."""
+def data_command(module: str, doc: str, out: str, n: int, what: str) -> argparse.ArgumentParser:
+    """The flags of a command that writes data for lmms-eval: ``--out`` (default ``out``), ``--n`` (``what``,
+    default ``n``) and ``--seed`` (the first testbed seed)."""
     parser = argparse.ArgumentParser(
-        prog="python -m vlmspec_eval.lmms.make_tasks", description=__doc__.split("\n")[0]
+        prog=f"python -m vlmspec_eval.lmms.{module}", description=doc.split("\n")[0]
     )
-    parser.add_argument("--out", default="eval/tasks/data", help="data folder (default eval/tasks/data)")
-    parser.add_argument("--n", type=int, default=20, help="examples per task (default 20)")
+    parser.add_argument("--out", default=out, help=f"folder to write to (default {out})")
+    parser.add_argument("--n", type=int, default=n, help=f"{what} (default {n})")
     parser.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
-    parser.add_argument("--source", default="auto", choices=("auto", "testbed", "synthetic"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def quiet_datasets() -> None:
+    """No progress bars from ``datasets``: a data command's output is its one summary line."""
     from datasets.utils.logging import disable_progress_bar
 
-    disable_progress_bar()  # this command's output is its one summary line
+    disable_progress_bar()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point."""
+    parser = data_command("make_tasks", __doc__, out="eval/tasks/data", n=20, what="examples per task")
+    parser.add_argument("--source", default="auto", choices=("auto", "testbed", "synthetic"))
+    args = parser.parse_args(argv)
+    quiet_datasets()
     manifest = make_tasks(args.out, n=args.n, seed=args.seed, source=args.source)
     print(f"wrote {args.n} examples per task ({', '.join(manifest['source'])}) to {args.out}")
     return 0

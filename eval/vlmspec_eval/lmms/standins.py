@@ -41,13 +41,12 @@ What is written into ``out`` (``n`` documents per dataset, ``2n`` for MME, drawn
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .make_tasks import write_parquet
+from .make_tasks import data_command, quiet_datasets, write_parquet
 
 __all__ = ["DATASETS", "HF_HOME", "expected_seedbench_ppl_acc", "main", "make_standins"]
 
@@ -304,16 +303,10 @@ def _write(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point."""
-    parser = argparse.ArgumentParser(
-        prog="python -m vlmspec_eval.lmms.standins", description=__doc__.split("\n")[0]
+    args = data_command("standins", __doc__, out="standins", n=4, what="documents per dataset").parse_args(
+        argv
     )
-    parser.add_argument("--out", default="standins", help="folder to run lmms-eval in (default standins)")
-    parser.add_argument("--n", type=int, default=4, help="documents per dataset (default 4)")
-    parser.add_argument("--seed", type=int, default=0, help="first testbed seed (default 0)")
-    args = parser.parse_args(argv)
-    from datasets.utils.logging import disable_progress_bar
-
-    disable_progress_bar()
+    quiet_datasets()
     make_standins(args.out, n=args.n, seed=args.seed)
     tasks = ",".join(DATASETS)
     print(f"wrote {args.n} stand-in documents for {tasks} to {args.out}; run lmms-eval there with "
