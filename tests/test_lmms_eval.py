@@ -204,7 +204,8 @@ def test_cli_bad_model_args_fail_naming_them(workspace: dict[str, Any]) -> None:
     (``test_bad_model_args_name_the_key_or_value``), without an lmms-eval start (~20 s) each."""
     out = workspace["root"] / "bad_colour"
     code, log = _run_lmms_eval(workspace, f"{workspace['pair']},colour=red", out, tasks=("vlmspec_image_qa",))
-    assert "unknown --model_args key(s) for the vlmspec model: 'colour'" in log and code != 0, f"exit code {code}"
+    message = "unknown --model_args key(s) for the vlmspec model: 'colour'"
+    assert message in log and code != 0, f"exit code {code}"
     assert not list(out.glob("**/*_results.json"))
 
 
