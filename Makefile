@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml eval/requirements-lmms.txt
 	$(VENV)/bin/python -m pip install -q --no-deps lmms-eval==0.7.3
 	touch $(STAMP)
 
-.PHONY: install demo test
+.PHONY: install demo test test-slow
 install: $(STAMP)
 
 demo: $(STAMP)
@@ -19,3 +19,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n $(or $(JOBS),2) tests
+
+# the suite plus the tests that train a testbed pair to its quality gates (a few minutes more)
+test-slow: $(STAMP)
+	VLMSPEC_SLOW_TESTS=1 $(VENV)/bin/python -m pytest -q -n $(or $(JOBS),2) tests
