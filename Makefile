@@ -21,5 +21,5 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n $(or $(JOBS),2) tests
 
 # the suite plus the tests that train a testbed pair to its quality gates (a few minutes more)
-test-slow: $(STAMP)
-	VLMSPEC_SLOW_TESTS=1 $(VENV)/bin/python -m pytest -q -n $(or $(JOBS),2) tests
+test-slow: export VLMSPEC_SLOW_TESTS = 1
+test-slow: test

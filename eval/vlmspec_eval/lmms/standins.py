@@ -303,9 +303,8 @@ def _write(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point."""
-    args = data_command("standins", __doc__, out="standins", n=4, what="documents per dataset").parse_args(
-        argv
-    )
+    parser = data_command("standins", __doc__, out="standins", n=4, what="documents per dataset")
+    args = parser.parse_args(argv)
     quiet_datasets()
     make_standins(args.out, n=args.n, seed=args.seed)
     tasks = ",".join(DATASETS)
