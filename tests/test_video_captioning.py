@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import vlmspec_caption
+from job_forks import JobForks
 from vlmspec_caption import store
 
 from vlmspec import InvalidInputError, testbed
@@ -28,9 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "pipelines" / "video_captioning.py"
 COMMON = ["--max-new-tokens", "16", "--num-frames", "4", "--threads", "1", "--no-progress"]
 TIMEOUT = 240
-SLOW_JOB = (
-    "import runpy, sys, time\n"
-    "import vlmspec_caption\n"  # the job's own imports, done before the marker: a Ctrl-C there is Python's
+SLOW_SETUP = (
+    "import time\n"
+    "import vlmspec_caption\n"
     "from vlmspec.pipeline import VLMSpecPipeline\n"
     "results = VLMSpecPipeline.batch_iter\n"
     "def slow(self, *a, **k):\n"
@@ -38,13 +39,10 @@ SLOW_JOB = (
     "        yield result\n"
     "        time.sleep(0.4)\n"
     "VLMSpecPipeline.batch_iter = slow\n"
-    "open(sys.argv[1], 'w').close()\n"
-    "sys.argv = sys.argv[2:]\n"
-    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
 )
-"""Runs the job script given after ``-c <marker file>`` with 0.4 s between captions (the job waits that long after
-writing each line, whatever its batch size), so a kill lands mid-run; the marker file appears once this harness's
-own imports and the job package's are done, before the job starts."""
+"""The job's imports, and 0.4 s between captions (the job waits that long after writing each line, whatever its
+batch size), so a kill lands mid-run. Run once in a fork server (``slow_job``): each run of the job is forked from
+it, past the imports, so a kill lands in the job itself, never in Python's start-up."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -54,6 +52,13 @@ own imports and the job package's are done, before the job starts."""
 def vc():
     """The job package (``pipelines/vlmspec_caption``, installed with vlmspec)."""
     return vlmspec_caption
+
+
+@pytest.fixture(scope="module")
+def slow_job():
+    """Runs of the job slowed down by ``SLOW_SETUP``, forked from one interpreter (``job_forks.JobForks``)."""
+    with JobForks(SLOW_SETUP, _env()) as forks:
+        yield forks
 
 
 @pytest.fixture(scope="session")
@@ -205,7 +210,7 @@ def test_resuming_with_other_settings_warns_and_the_summary_names_who_made_the_l
 
 @pytest.mark.parametrize("batch_size", ["1", "8"])
 def test_killed_job_resumes_without_loss_or_duplicates(
-    caption_pair, six_videos, reference, tmp_path, batch_size
+    caption_pair, six_videos, reference, tmp_path, batch_size, slow_job
 ):
     out = tmp_path / "captions.jsonl"
     argv = [
@@ -218,19 +223,14 @@ def test_killed_job_resumes_without_loss_or_duplicates(
         batch_size,
     ]
     # The first run is slowed down (0.4 s per video, in the child only) so that it is surely killed part-way.
-    child = subprocess.Popen(
-        [sys.executable, "-c", SLOW_JOB, str(tmp_path / "started"), str(SCRIPT), *argv],
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    child = slow_job.start([str(SCRIPT), *argv], tmp_path / "first-run.log", TIMEOUT)
     deadline = time.monotonic() + TIMEOUT
     while not (out.exists() and out.read_bytes().count(b"\n") >= 1):
-        assert child.poll() is None, child.communicate()[1].decode()[-3000:]
+        assert child.poll() is None, child.output()[-3000:]
         assert time.monotonic() < deadline, "the job wrote no line in time"
         time.sleep(0.02)
-    child.send_signal(signal.SIGKILL)
-    child.communicate(timeout=60)
+    os.kill(child.pid, signal.SIGKILL)
+    assert child.wait(timeout=60) == -signal.SIGKILL
     done = out.read_bytes().count(b"\n")
     assert 1 <= done < 6, "the job must be killed part-way"
     with open(out, "ab") as handle:  # what a kill in the middle of a write would leave: a torn last line
@@ -250,7 +250,7 @@ def test_killed_job_resumes_without_loss_or_duplicates(
 
 @pytest.mark.slow
 def test_killed_ten_times_with_every_signal_still_captions_each_video_once(
-    caption_pair, six_videos, reference, tmp_path
+    caption_pair, six_videos, reference, tmp_path, slow_job
 ):
     """Killed at random points 10 times in a row (kill -9, SIGTERM, Ctrl-C in turn), each time started again on
     the same output: the last run finishes, every video is there exactly once, with the clean run's caption."""
@@ -263,24 +263,20 @@ def test_killed_ten_times_with_every_signal_still_captions_each_video_once(
     killed_mid_run = 0
     for round_ in range(10):
         before = _line_count(out)
-        started = tmp_path / f"started-{round_}"
-        child = subprocess.Popen([sys.executable, "-c", SLOW_JOB, str(started), *job], env=_env(),
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        child = slow_job.start(job, tmp_path / f"round-{round_}.log", TIMEOUT)
         # A random point once the job runs: while loading, or just after one more caption is written (never all six
-        # in 10 rounds). Not during this harness's imports: transformers may turn a Ctrl-C there into an error.
+        # in 10 rounds). Not during Python's imports (the child starts past them): transformers may turn a Ctrl-C
+        # there into an error.
         wanted = before + rng.choice([0, 0, 1])
         deadline = time.monotonic() + TIMEOUT
-        while (
-            (_line_count(out) < wanted or not started.exists())
-            and child.poll() is None
-            and time.monotonic() < deadline
-        ):
+        while _line_count(out) < wanted and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(rng.uniform(0.0, 0.3))
         if child.poll() is None:
             killed_mid_run += 1
-            child.send_signal(signals[round_ % 3])
-        _, err = child.communicate(timeout=TIMEOUT)
+            os.kill(child.pid, signals[round_ % 3])
+        child.wait(timeout=TIMEOUT)
+        err = child.log.read_bytes()
         # Once the job runs, a signal ends it without a traceback (or it dies of the signal). A Ctrl-C that lands in
         # an object's __del__ is reported and swallowed by Python itself ("Exception ignored in"): the job goes on.
         err = re.sub(rb"Exception ignored in.*?\nKeyboardInterrupt: ?\n", b"", err, flags=re.S)
