@@ -24,7 +24,11 @@ class JobForks:
 
     def __init__(self, setup: str, env: dict[str, str]):
         self.server = subprocess.Popen(
-            [sys.executable, __file__, setup], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [sys.executable, __file__, setup],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
 
     def start(self, argv: list[str], log: Path, timeout: float) -> ForkedRun:
@@ -36,7 +40,9 @@ class JobForks:
     def _answer(self, timeout: float) -> dict[str, int]:
         answer = self._answer_within(timeout)
         if answer is None:
-            raise TimeoutError(f"the fork server gave no answer in {timeout} s (exit code {self.server.poll()})")
+            raise TimeoutError(
+                f"the fork server gave no answer in {timeout} s (exit code {self.server.poll()})"
+            )
         return answer
 
     def _answer_within(self, timeout: float) -> dict[str, int] | None:
