@@ -28,8 +28,13 @@ def _cache_keyword(model_class: type) -> str:
 
 
 def new_cache(model: torch.nn.Module) -> DynamicCache:
-    """An empty dynamic KV cache for ``model`` (text config decides the layer layout)."""
+    """An empty dynamic KV cache for ``model`` (text config decides the layer layout), every layer holding every
+    entry: a model with sliding-window layers (Gemma 3's local layers) gets full layers too, since tree surgery
+    moves entries in place, which a rolling window buffer would not allow; its adapter hides the keys outside the
+    window with the attention mask instead."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        return DynamicCache()
     return DynamicCache(config=config)
 
 

@@ -205,6 +205,11 @@ def encode_chat(
     ``processor.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
     add_generation_prompt=True, **template_kwargs)`` gives for the same media; videos padded to
     ``min_video_frames``; the processor run with ``settings`` (checked: :mod:`vlmspec.processor_settings`)."""
+    if videos and getattr(processor, "video_processor", None) is None:
+        raise InvalidInputError(
+            f"a video was given, but this model's processor ({type(processor).__name__}) takes no video: the model "
+            "reads pictures only; give some of the video's frames as images instead"
+        )
     tools, variables = check_tools(tools), check_template_kwargs(template_kwargs)
     used = template_variables(processor)
     variables = {name: value for name, value in variables.items() if used is None or name in used}

@@ -1,4 +1,4 @@
-"""The five VLM families' real tokenizer, processor and config classes, built small and offline.
+"""The six VLM families' real tokenizer, processor and config classes, built small and offline.
 
 One builder per piece, shared by the two model fixtures of the project: the tiny random pairs of
 :mod:`vlmspec.testing` and the trained pairs of :mod:`vlmspec.testbed`. What the two choose
@@ -29,6 +29,8 @@ __all__ = [
     "LLAVA_SPECIAL_TOKENS",
     "INTERNVL_CHAT_TEMPLATE",
     "INTERNVL_NAMED_TOKENS",
+    "GEMMA3_CHAT_TEMPLATE",
+    "GEMMA3_NAMED_TOKENS",
     "QWEN3_CHAT_TEMPLATE",
     "QWEN_CHAT_TEMPLATE",
     "ModelSpec",
@@ -44,7 +46,9 @@ __all__ = [
 ]
 
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_onevision", "internvl")
-"""The dense families these builders know (the fixtures' test matrix)."""
+"""The dense families with pictures and videos these builders know (the fixtures' test matrix)."""
+IMAGE_ONLY_FAMILIES: tuple[str, ...] = ("gemma3",)
+"""Families these builders know whose models read pictures only (Gemma 3: no video input), tested on their own."""
 MOE_FAMILIES: tuple[str, ...] = ("qwen3_vl_moe",)
 """Mixture-of-experts families these builders know too: Qwen3-VL-30B-A3B's and -235B-A22B's architecture, the
 Qwen3-VL vision tower and processor with a sparse language model (every layer routes each token to
@@ -64,6 +68,7 @@ _CLASS_NAMES = {  # family: (config, model, processor) classes of transformers
         "LlavaOnevisionProcessor",
     ),
     "internvl": ("InternVLConfig", "InternVLForConditionalGeneration", "InternVLProcessor"),
+    "gemma3": ("Gemma3Config", "Gemma3ForConditionalGeneration", "Gemma3Processor"),
 }
 _MROPE_SECTIONS = {
     16: [2, 3, 3],
@@ -99,6 +104,13 @@ INTERNVL_NAMED_TOKENS = {
 """InternVL's named special tokens (its tokenizer's attributes, which its processor reads): a picture is written
 ``<img>`` + one ``<IMG_CONTEXT>`` per visual token + ``</img>``, a video ``<video>`` until the processor writes
 its frames so."""
+GEMMA3_NAMED_TOKENS = {
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+    "image_token": "<image_soft_token>",
+}
+"""Gemma 3's named special tokens: a picture is written ``<start_of_image>`` in the text, which the processor
+expands to ``<start_of_image>`` + one ``<image_soft_token>`` per visual token + ``<end_of_image>``."""
 
 QWEN_CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
@@ -162,6 +174,21 @@ INTERNVL_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+# Gemma 3's turn layout (each picture its ``<start_of_image>`` before the text) with the builders' chat tokens: the
+# fixtures' tokenizers share ``<|im_start|>``/``<|im_end|>`` (the end of a reply) across families.
+GEMMA3_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + ('model' if message['role'] == 'assistant' else message['role']) + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}{{ '<start_of_image>' }}"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>model\\n' }}{% endif %}"
+)
+
 _CHAT_TEMPLATES = {
     "qwen2_vl": QWEN_CHAT_TEMPLATE,
     "qwen2_5_vl": QWEN_CHAT_TEMPLATE,
@@ -169,6 +196,7 @@ _CHAT_TEMPLATES = {
     "qwen3_vl_moe": QWEN3_CHAT_TEMPLATE,
     "llava_onevision": LLAVA_CHAT_TEMPLATE,
     "internvl": INTERNVL_CHAT_TEMPLATE,
+    "gemma3": GEMMA3_CHAT_TEMPLATE,
 }
 
 
@@ -186,6 +214,7 @@ class ModelSpec:
         vision_heads: Vision-tower attention heads.
         head_dim: Language-model attention head width (16, 32 or 64).
         init_std: Standard deviation of the language model's initial weights.
+        sliding_window: Gemma 3: the local layers' attention window in tokens.
     """
 
     hidden: int
@@ -197,6 +226,7 @@ class ModelSpec:
     vision_heads: int
     head_dim: int = 32
     init_std: float = 0.02
+    sliding_window: int = 1024
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -249,6 +279,8 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return LLAVA_SPECIAL_TOKENS
     if family == "internvl":
         return (*_CHAT_TOKENS, *INTERNVL_NAMED_TOKENS.values())
+    if family == "gemma3":
+        return (*_CHAT_TOKENS, *GEMMA3_NAMED_TOKENS.values())
     return (*_CHAT_TOKENS, *(_GROUNDING_TOKENS if grounding else ()), *_QWEN_VISION_TOKENS)
 
 
@@ -337,7 +369,7 @@ def build_tokenizer(
         chat_template=_CHAT_TEMPLATES[family],
         vocab_size=vocab_size,
         model_max_length=model_max_length,
-        named=INTERNVL_NAMED_TOKENS if family == "internvl" else None,
+        named={"internvl": INTERNVL_NAMED_TOKENS, "gemma3": GEMMA3_NAMED_TOKENS}.get(family),
     )
 
 
@@ -352,6 +384,16 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
         ``InternVLProcessor`` with the tokenizer's chat template.
     """
     processor_cls = _transformers_class(family, 2)
+    if family == "gemma3":
+        from transformers import Gemma3ImageProcessor
+
+        side = {"height": layout.crop_side, "width": layout.crop_side}
+        return processor_cls(
+            image_processor=Gemma3ImageProcessor(size=side),
+            tokenizer=tokenizer,
+            image_seq_length=_gemma3_tokens_per_image(layout),
+            chat_template=tokenizer.chat_template,
+        )
     if family == "internvl":
         from transformers import GotOcr2ImageProcessor, InternVLVideoProcessor
 
@@ -407,6 +449,12 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
 
 def _internvl_tokens_per_tile(layout: VisionLayout) -> int:
     """Visual tokens of one InternVL tile: its patches, 2 x 2 of them merged into one by the pixel shuffle."""
+    return (layout.crop_side // layout.patch) ** 2 // 4
+
+
+def _gemma3_tokens_per_image(layout: VisionLayout) -> int:
+    """Visual tokens of one Gemma 3 picture: its patches average-pooled 2 x 2 into one (the real model pools 64 x
+    64 patches into 16 x 16)."""
     return (layout.crop_side // layout.patch) ** 2 // 4
 
 
@@ -466,6 +514,8 @@ def build_config(
         return config_cls(**_llava_config_kwargs(spec, text, tid, layout))
     if family == "internvl":
         return config_cls(**_internvl_config_kwargs(spec, text, tid, layout))
+    if family == "gemma3":
+        return config_cls(**_gemma3_config_kwargs(spec, text, tid, layout))
     return config_cls(
         text_config={**text, "rope_parameters": _mrope(family, spec.head_dim)},
         vision_config={
@@ -541,6 +591,39 @@ def _internvl_config_kwargs(
         "image_token_id": tid(INTERNVL_NAMED_TOKENS["context_image_token"]),
         "image_seq_length": _internvl_tokens_per_tile(layout),
         "downsample_ratio": 0.5,
+        "tie_word_embeddings": False,
+    }
+
+
+def _gemma3_config_kwargs(
+    spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
+) -> dict[str, Any]:
+    """``Gemma3Config``'s arguments: a Gemma 3 language model (local sliding-window layers, the last layer global,
+    as the real models interleave five local layers per global one) behind a SigLIP tower whose patches are
+    average-pooled and projected, the local layers' window :attr:`ModelSpec.sliding_window` tokens."""
+    layer_types = ["sliding_attention"] * (spec.layers - 1) + ["full_attention"]
+    return {
+        "text_config": {
+            **text,
+            "head_dim": spec.head_dim,
+            "query_pre_attn_scalar": spec.head_dim,
+            "sliding_window": spec.sliding_window,
+            "layer_types": layer_types,
+        },
+        "vision_config": {
+            "model_type": "siglip_vision_model",
+            "hidden_size": spec.vision_hidden,
+            "intermediate_size": 2 * spec.vision_hidden,
+            "num_hidden_layers": spec.vision_layers,
+            "num_attention_heads": spec.vision_heads,
+            "image_size": layout.crop_side,
+            "patch_size": layout.patch,
+            "vision_use_head": False,
+        },
+        "mm_tokens_per_image": _gemma3_tokens_per_image(layout),
+        "boi_token_index": tid(GEMMA3_NAMED_TOKENS["boi_token"]),
+        "eoi_token_index": tid(GEMMA3_NAMED_TOKENS["eoi_token"]),
+        "image_token_index": tid(GEMMA3_NAMED_TOKENS["image_token"]),
         "tie_word_embeddings": False,
     }
 

@@ -207,11 +207,11 @@ def _resolve_name(target: str, draft: str | Path | None, family: str | None, nam
             f"draft={EDD_DRAFT!r}: no EDD draft ships with the random tiny pairs; use a testbed target, or train one"
         )
     if name == "tiny":
-        from .testing import FAMILIES, MOE_FAMILIES, build_tiny_pair
+        from .testing import TINY_FAMILIES, build_tiny_pair
 
-        if family not in (*FAMILIES, *MOE_FAMILIES):
+        if family not in TINY_FAMILIES:
             raise InvalidInputError(
-                f"target {target!r}: unknown family {family!r}; valid: {', '.join((*FAMILIES, *MOE_FAMILIES))}"
+                f"target {target!r}: unknown family {family!r}; valid: {', '.join(TINY_FAMILIES)}"
             )
         pair = build_tiny_pair(family)
         pair_target, pair_draft, source = pair.target, pair.draft, f"tiny:{family}"

@@ -8,13 +8,14 @@ import torch
 from ..errors import InvalidInputError
 from .base import DecodeState, Prefill, PromptLayout, VLMAdapter
 from .edd import EDDAdapter, EDDDraft
+from .gemma3 import Gemma3Adapter
 from .internvl import InternVLAdapter
 from .llava import LlavaOnevisionAdapter
 from .qwen import QwenVLAdapter
 
 _ADAPTERS: dict[str, type[VLMAdapter]] = {
     model_type: cls
-    for cls in (QwenVLAdapter, LlavaOnevisionAdapter, InternVLAdapter)
+    for cls in (QwenVLAdapter, LlavaOnevisionAdapter, InternVLAdapter, Gemma3Adapter)
     for model_type in cls.model_types
 }
 

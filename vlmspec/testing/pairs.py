@@ -38,9 +38,19 @@ FAMILIES: tuple[str, ...] = family_builders.FAMILIES
 """The dense model families :func:`build_tiny_pair` builds: the test matrix."""
 MOE_FAMILIES: tuple[str, ...] = family_builders.MOE_FAMILIES
 """The mixture-of-experts families it builds too (a Qwen3-VL-MoE pair; its tests are its own)."""
+IMAGE_ONLY_FAMILIES: tuple[str, ...] = family_builders.IMAGE_ONLY_FAMILIES
+"""The families without video it builds too (a Gemma 3 pair; its tests are its own)."""
+TINY_FAMILIES: tuple[str, ...] = (*FAMILIES, *MOE_FAMILIES, *IMAGE_ONLY_FAMILIES)
+"""Every family :func:`build_tiny_pair` builds (``tiny:<family>`` names one)."""
 
 INPUT_KINDS: tuple[str, ...] = ("image", "two_images", "video", "text")
 """Canonical input kinds of :func:`make_inputs`."""
+
+
+def input_kinds(family: str) -> tuple[str, ...]:
+    """The canonical input kinds ``family``'s models take (no ``"video"`` for a pictures-only family)."""
+    return tuple(k for k in INPUT_KINDS if k != "video") if family in IMAGE_ONLY_FAMILIES else INPUT_KINDS
+
 
 FIXTURE_VERSION = "3"
 """Bumped whenever the fixture recipe changes, so stale cached folders are not reused."""
@@ -77,7 +87,11 @@ _LAYOUTS = {
     "llava_onevision": VisionLayout(patch=14, crop_side=28, anyres_tiles=(1, 2)),
     # tiles of 28: 4x4 patches of 7 -> 4 tokens per tile; a picture is cut into up to 4 tiles (plus a thumbnail)
     "internvl": VisionLayout(patch=7, crop_side=28, max_tiles=4),
+    # SigLIP input side 28: 4x4 patches of 7, average-pooled 2x2 -> 4 tokens per picture
+    "gemma3": VisionLayout(patch=7, crop_side=28),
 }
+_SLIDING_WINDOW = 24
+"""Gemma 3's local window in the fixtures: a prompt with a picture is ~30 tokens, so 48 new tokens run past it."""
 _BPE_VOCAB = 960  # byte-level BPE size before special tokens
 
 # Weight shaping (see _shape_weights). _QK_STD/_OV_GAIN trade context sensitivity against
@@ -90,6 +104,10 @@ _OV_GAIN = 0.8
 _MLP_STD = 0.02
 _DRAFT_HEAD_NOISE = 1.2  # draft greedy agreement with the target ~0.75 (plain copy: ~0.97)
 _VISION_OUT_RMS = 1.0
+_GEMMA_MLP_GAIN = (
+    0.05  # Gemma normalises the MLP's output: this keeps it the smooth noise the others' small MLPs add
+)
+_GEMMA_ATTENTION_GAIN = 0.8
 # Weight draws are vetted on calibration prompts (see _build_models).
 _CALIBRATION_TOKENS = 48
 _MIN_MARGIN = 0.1  # logit standard deviations
@@ -107,6 +125,7 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("llava_onevision", 0): 2,
     ("internvl", 0): 14,
     ("qwen3_vl_moe", 0): 14,
+    ("gemma3", 0): 6,
 }
 
 _CORPUS = """
@@ -164,9 +183,9 @@ class TinyPair:
 # Validation helpers
 # ---------------------------------------------------------------------------------------------
 def _check_family(family: str) -> str:
-    if family not in (*FAMILIES, *MOE_FAMILIES):
+    if family not in TINY_FAMILIES:
         raise ValueError(
-            f"Unknown model family {family!r}; expected one of {', '.join((*FAMILIES, *MOE_FAMILIES))}. "
+            f"Unknown model family {family!r}; expected one of {', '.join(TINY_FAMILIES)}. "
             "Pass one of these names to build_tiny_pair()/build_processor()."
         )
     return family
@@ -208,7 +227,7 @@ def build_processor(family: str) -> ProcessorMixin:
 
 def _build_config(family: str, tokenizer: Qwen2Tokenizer, num_layers: int) -> Any:
     """Builds a tiny config of the family's real config class."""
-    spec = dataclasses.replace(_SPEC, layers=num_layers)
+    spec = dataclasses.replace(_SPEC, layers=num_layers, sliding_window=_SLIDING_WINDOW)
     return build_config(family, spec, tokenizer, _LAYOUTS[family], explicit_head_dim=False)
 
 
@@ -254,19 +273,29 @@ def _shape_weights(model: PreTrainedModel, special_ids: list[int], draw_seed: in
         perm = torch.randperm(vocab, generator=gen)
         lm_head.copy_(_LM_HEAD_SCALE * embed[perm] / hidden**0.5)
         lm_head[special_ids] = 0.0
+        embed.div_(getattr(model.get_input_embeddings(), "scalar_embed_scale", 1.0))  # Gemma scales at lookup
         for layer in model.model.language_model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             qk_std = _QK_STD
             if hasattr(attn, "q_norm"):  # q/k are RMS-normalised per head after the projection
                 for norm in (attn.q_norm, attn.k_norm):
-                    norm.weight.fill_(_QK_STD * hidden**0.5)
+                    _set_gain(norm, _QK_STD * hidden**0.5)
                 qk_std = 0.1
+            if hasattr(layer, "post_feedforward_layernorm"):  # Gemma normalises each block's output too
+                _set_gain(layer.post_attention_layernorm, _GEMMA_ATTENTION_GAIN)
+                _set_gain(layer.post_feedforward_layernorm, _GEMMA_MLP_GAIN)
             attn.q_proj.weight.normal_(0.0, qk_std, generator=gen)
             attn.k_proj.weight.normal_(0.0, qk_std, generator=gen)
             attn.v_proj.weight.normal_(0.0, ov_std, generator=gen)
             attn.o_proj.weight.normal_(0.0, ov_std, generator=gen)
             for weight, std in _mlp_weights(mlp, hidden):
                 weight.normal_(0.0, std, generator=gen)
+
+
+def _set_gain(norm: torch.nn.Module, gain: float) -> None:
+    """Make an RMS norm scale its output by ``gain`` (Gemma's norms multiply by ``1 + weight``, others by
+    ``weight``)."""
+    norm.weight.fill_(gain - 1.0 if type(norm).__name__.startswith("Gemma") else gain)
 
 
 def _mlp_weights(mlp: torch.nn.Module, hidden: int) -> list[tuple[torch.Tensor, float]]:
@@ -301,13 +330,18 @@ def _perturb_draft_head(draft: PreTrainedModel, special_ids: list[int], seed: in
         weight.add_(noise)
 
 
-def _vision_output_linears(model: PreTrainedModel, family: str) -> list[torch.nn.Linear]:
-    """Returns the last linear layer(s) producing the visual embeddings fed to the language model."""
+def _vision_output_linears(model: PreTrainedModel, family: str) -> list[torch.nn.Module]:
+    """Returns the last linear layer(s) producing the visual embeddings fed to the language model (Gemma 3: its
+    projector, whose projection is the weight ``mm_input_projection_weight``)."""
     inner = model.model
     if family in ("qwen2_vl", "qwen2_5_vl"):
         return [inner.visual.merger.mlp[-1]]
     if family in family_builders.QWEN3_FAMILIES:
         return [inner.visual.merger.linear_fc2] + [m.linear_fc2 for m in inner.visual.deepstack_merger_list]
+    if (
+        family == "gemma3"
+    ):  # its projection is a bare weight: the projector is the module whose output is scaled
+        return [inner.multi_modal_projector]
     return [inner.multi_modal_projector.linear_2]
 
 
@@ -320,9 +354,13 @@ def _calibrate_vision(model: PreTrainedModel, family: str, processor: ProcessorM
     import torch
 
     image_token = {"llava_onevision": "<image>", "internvl": processor.image_token}.get(
-        family, "<|vision_start|><|image_pad|><|vision_end|>"
+        family, "<start_of_image>" if family == "gemma3" else "<|vision_start|><|image_pad|><|vision_end|>"
     )
     inputs = processor(text=[image_token + "hi"], images=[make_image(0)], return_tensors="pt")
+    if family == "gemma3":  # transformers initialises Gemma 3's projection to zeros
+        with torch.no_grad():
+            projection = model.model.multi_modal_projector.mm_input_projection_weight
+            projection.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(0))
     for linear in _vision_output_linears(model, family):
         captured: list[torch.Tensor] = []
         handle = linear.register_forward_hook(lambda _m, _i, out, acc=captured: acc.append(out.detach()))
@@ -333,8 +371,9 @@ def _calibrate_vision(model: PreTrainedModel, family: str, processor: ProcessorM
             handle.remove()
         rms = torch.cat([c.reshape(-1) for c in captured]).pow(2).mean().sqrt().item()
         with torch.no_grad():
-            linear.weight.mul_(_VISION_OUT_RMS / rms)
-            if linear.bias is not None:
+            weight = linear.mm_input_projection_weight if family == "gemma3" else linear.weight
+            weight.mul_(_VISION_OUT_RMS / rms)
+            if getattr(linear, "bias", None) is not None:
                 linear.bias.mul_(_VISION_OUT_RMS / rms)
     if family == "llava_onevision":
         with torch.no_grad():
@@ -435,7 +474,7 @@ def _build_models(
     # (right after the assistant header; it would hit every test) or, the other way round, let the
     # embeddings drown the context (outputs then ignore images and KV-cache contents). Draws are
     # vetted on the canonical inputs and re-drawn (deterministically) until both are fine.
-    calibration = [make_inputs(processor, kind) for kind in INPUT_KINDS]
+    calibration = [make_inputs(processor, kind) for kind in input_kinds(family)]
     best: tuple[tuple[bool, float], int] | None = None
     known = _KNOWN_DRAWS.get((family, seed))
     for draw in ([known] if known is not None else []) + [d for d in range(_MAX_DRAWS) if d != known]:

@@ -1,0 +1,144 @@
+"""Gemma 3 (``gemma-3-4b-it`` drafting for ``-12b-it`` / ``-27b-it``): the tiny ``gemma3`` pair is lossless like
+the other families, and the two things only Gemma 3 has are exercised, not just present:
+
+* its local layers attend over a window (24 tokens in the fixture, so that every reply runs past it): the replies
+  checked here differ from what the same model gives without the window;
+* a picture's tokens attend to each other both ways in the prefill: the prefills vlmspec builds itself (batched,
+  pruned, a conversation's later turns) rebuild that mask, and a batch differs without it.
+
+Pictures only: a video is refused with a message that says so."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import PROMPTS
+from test_batching import reference as batch_reference
+
+from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
+from vlmspec.models import gemma3
+from vlmspec.testing import build_tiny_pair, input_kinds, make_image, make_video_frames
+
+POLICIES = ("ar", "chain", "static", "sage", "eagle2")
+MAX_NEW = 48
+MEDIA = {"image": make_image(0), "two_images": [make_image(1), make_image(2)], "text": None}
+
+
+@pytest.fixture(scope="module")
+def gemma(tiny_root):
+    """The pair's pipeline, and ``generate()``'s reply to every input kind x two prompts."""
+    pair = build_tiny_pair("gemma3", root=tiny_root)
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
+    cases = []
+    for kind in input_kinds("gemma3"):
+        for prompt in PROMPTS[:2]:
+            inputs = pipe.prepare_inputs(MEDIA[kind], prompt)
+            cases.append((kind, prompt, MEDIA[kind], pipe.reference_generate(inputs, MAX_NEW), inputs))
+    return pipe, cases
+
+
+def test_the_pair_has_local_and_global_layers_and_replies_run_past_the_window(gemma):
+    pipe, cases = gemma
+    assert input_kinds("gemma3") == ("image", "two_images", "text")
+    for model in (pipe.target, pipe.draft):
+        text = model.config.get_text_config()
+        assert type(model).__name__ == "Gemma3ForConditionalGeneration"
+        assert set(text.layer_types) == {"sliding_attention", "full_attention"}
+        assert text.sliding_window == 24
+    for kind, _, _, expected, inputs in cases:
+        assert inputs["input_ids"].shape[1] + len(expected) > 2 * 24, kind
+
+
+def test_the_window_and_the_pictures_masks_decide_the_replies(gemma):
+    """Without the window (or with a causal prefill) the same weights give other replies: the lossless tests below
+    check both masks, not a model on which they make no difference."""
+    pipe, cases = gemma
+    text = pipe.target.config.get_text_config()
+    text.sliding_window = 10_000
+    try:
+        unwindowed = [pipe.reference_generate(inputs, MAX_NEW) for *_, inputs in cases]
+    finally:
+        text.sliding_window = 24
+    assert sum(got != case[3] for got, case in zip(unwindowed, cases, strict=True)) >= 3
+    pictures = [case for case in cases if case[2] is not None]
+    causal = [
+        pipe.reference_generate({k: v for k, v in inputs.items() if k != "token_type_ids"}, MAX_NEW)
+        for *_, inputs in pictures
+    ]
+    assert any(got != case[3] for got, case in zip(causal, pictures, strict=True))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_greedy_equals_generate(gemma, policy):
+    pipe, cases = gemma
+    pipe.policy = get_policy(policy)
+    accepted = 0
+    for kind, prompt, image, expected, _ in cases:
+        out = pipe(image, prompt, max_new_tokens=MAX_NEW)
+        assert out.token_ids == expected, f"{policy}/{kind}/{prompt!r}"
+        accepted += out.stats.accepted_tokens
+    assert (accepted == 0) == (policy == "ar")
+
+
+def test_a_pruned_draft_keeps_the_replies(gemma):
+    """The draft sees half of each picture's tokens (its prefill rebuilt by vlmspec, pictures' blocks cut too)."""
+    pipe, cases = gemma
+    pipe.policy = get_policy("sage")
+    for kind, prompt, image, expected, _ in cases:
+        if image is None:
+            continue
+        out = pipe(image, prompt, max_new_tokens=MAX_NEW, prune_ratio=0.5)
+        assert out.token_ids == expected, f"pruned/{kind}/{prompt!r}"
+        assert out.stats.draft_visual_tokens == out.stats.target_visual_tokens // 2
+
+
+def _requests() -> list[dict]:
+    """Mixed requests: one or two pictures or none, prompts of different lengths, replies of 12 to 40 tokens."""
+    kinds = input_kinds("gemma3") * 2
+    return [
+        {"image": MEDIA[kind], "video": None, "prompt": PROMPTS[i % 5], "max_new_tokens": 12 + 4 * i}
+        for i, kind in enumerate(kinds)
+    ]
+
+
+@pytest.mark.parametrize("policy", ["chain", "sage"])
+def test_a_batch_equals_each_request_s_generate(gemma, policy):
+    pipe, _ = gemma
+    pipe.policy = get_policy(policy)
+    requests = _requests()
+    outputs = pipe.batch(requests, batch_size=6)
+    for i, (request, out) in enumerate(zip(requests, outputs, strict=True)):
+        assert out.token_ids == batch_reference(pipe, request), f"{policy}: request {i}"
+
+
+def test_a_batch_needs_the_pictures_both_way_mask(gemma, monkeypatch):
+    """The batched prefill is vlmspec's own: without each position's picture it would be causal, and some reply
+    would not be the target's (so the batch test above checks the mask it rebuilds)."""
+    pipe, _ = gemma
+    pipe.policy = get_policy("chain")
+    requests = _requests()
+    monkeypatch.setattr(gemma3.Gemma3Adapter, "extra_prompt_inputs", lambda self, masks, features: {})
+    outputs = pipe.batch(requests, batch_size=6)
+    assert any(out.token_ids != batch_reference(pipe, r) for r, out in zip(requests, outputs, strict=True))
+
+
+def test_a_conversation_with_pictures_in_two_turns(gemma):
+    """Later turns prefill on the caches of the earlier ones (their pictures' blocks included)."""
+    pipe, _ = gemma
+    pipe.policy = get_policy("sage")
+    chat = pipe.chat(max_new_tokens=32)
+    turns = (
+        ("Describe this image.", make_image(1)),
+        ("And this one?", make_image(2)),
+        ("Which is larger?", None),
+    )
+    for turn, (text, image) in enumerate(turns):
+        out = chat.send(text, images=image)
+        assert out.token_ids == pipe.reference_generate(pipe.prepare_messages(chat.messages[:-1]), 32), turn
+        assert (out.stats.cached_prompt_tokens > 0) == (turn > 0)
+
+
+def test_a_video_is_refused_naming_the_processor(gemma):
+    pipe, _ = gemma
+    with pytest.raises(InvalidInputError, match=r"\(Gemma3Processor\) takes no video.*pictures only"):
+        pipe(None, "What happens?", video=make_video_frames(0), max_new_tokens=8)

@@ -1,0 +1,186 @@
+"""Gemma 3 (``gemma-3-4b-it`` drafting for ``-12b-it`` or ``-27b-it``): a SigLIP tower whose patches are
+average-pooled and projected, in front of a Gemma 3 language model with 1-D RoPE whose layers are local (a
+sliding attention window) or global, five local per global one.
+
+Pictures only: Gemma 3 takes no video. The processor writes a picture as ``<start_of_image>`` +
+``mm_tokens_per_image`` ``<image_soft_token>`` + ``<end_of_image>``, one row of ``pixel_values`` ``[n, C, H, W]``
+per such block (pan-and-scan crops are blocks too, each its own row): a prompt's media items are its blocks.
+
+Two things the other families do not have, and what this adapter does about them:
+
+* **A picture's tokens see each other both ways.** In the prompt, the tokens of one picture attend to every token
+  of that picture, later ones included (``token_type_ids`` mark them); everything else is causal. The full prefill
+  is the model's own forward, which builds that mask from ``token_type_ids`` exactly as ``generate()``'s prefill
+  does. The prefills vlmspec builds itself (batched, pruned, extended prompts) carry each position's picture
+  (``image_blocks``) with the embedded prompt and build the same masks with transformers' own
+  ``create_masks_for_vision_model``. Generated tokens are text: the engine's tree mask is all they need.
+* **Local layers see a window.** A local layer's query at logical position ``q`` sees the keys at ``q - W + 1 ..
+  q`` (``W``: ``sliding_window``). vlmspec keeps every layer's keys in one full cache (its tree surgery moves
+  entries in place, which a rolling window buffer would not allow) and gives the local layers the tree mask with
+  the keys outside the window hidden. A cache entry's index is its logical position for every committed token of
+  the target (the target is never pruned, and only accepted paths stay), so the window is taken on cache indices:
+  key ``j`` is hidden from query ``q`` when ``j <= q - W``. A tree's own nodes sit past the committed entries,
+  within ``depth < W`` of their queries, so the window never hides them (trees are far shallower than Gemma 3's
+  1024-token window). This is what ``generate()``'s rolling window computes. A pruned draft's cache is shorter
+  than its sequence, so its local layers see a few more tokens than the target's would; only the target decides
+  the output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicCache
+from transformers.models.gemma3.modeling_gemma3 import (
+    create_masks_for_vision_model,
+    get_block_sequence_ids_for_mask,
+)
+
+from ..cache import cache_kwarg, cache_length
+from ..errors import InvalidInputError
+from .base import VisualFeatures, VLMAdapter
+from .data import PromptLayout
+
+_NO_VIDEO = -1  # no token has this id: Gemma 3 has no video placeholder
+
+
+class Gemma3Adapter(VLMAdapter):
+    model_types = ("gemma3",)
+    layout_fields = (  # pictures of image_size pixels, patch_size patches each, pooled to mm_tokens_per_image
+        "vision_config.image_size",
+        "vision_config.patch_size",
+        "vision_config.num_channels",
+        "mm_tokens_per_image",
+    )
+    fixed_processor_settings = frozenset({"size", "do_resize"})  # SigLIP's input side
+
+    def visual_token_ids(self) -> tuple[int, int]:
+        return self.config.image_token_id, _NO_VIDEO
+
+    def prompt_layout(self, inputs: dict[str, torch.Tensor]) -> PromptLayout:
+        visual = inputs["input_ids"][0] == self.config.image_token_id
+        return PromptLayout(visual=visual, is_video=torch.zeros_like(visual))
+
+    def visual_features(self, inputs: dict[str, torch.Tensor]) -> dict[str, VisualFeatures]:
+        if inputs.get("pixel_values") is None:
+            return {}
+        out = self.model.model.get_image_features(inputs["pixel_values"], return_dict=True)
+        return {"image": VisualFeatures(embeds=out.pooler_output.flatten(0, 1))}  # [blocks * tokens, D]
+
+    def placeholder_mask(
+        self, ids: torch.Tensor, embeds: torch.Tensor, modality: str, values: torch.Tensor
+    ) -> torch.Tensor:
+        return self.model.model.get_placeholder_mask(ids, inputs_embeds=embeds, image_features=values)
+
+    # ---- a picture's tokens, both ways --------------------------------------------------------------------------
+    def extra_prompt_inputs(
+        self, masks: dict[str, torch.Tensor], features: dict[str, VisualFeatures]
+    ) -> dict[str, Any]:
+        """``image_blocks`` ``[1, L]``: each position's picture (``0, 1, ..`` in order; ``-1``: text)."""
+        image = masks.get("image")
+        if image is None:
+            return {}
+        return {"image_blocks": get_block_sequence_ids_for_mask(image.long(), device=image.device)}
+
+    def select_prompt(self, prompt: dict[str, Any], index: torch.Tensor) -> dict[str, Any]:
+        selected = {"inputs_embeds": prompt["inputs_embeds"][:, index]}
+        if "image_blocks" in prompt:
+            selected["image_blocks"] = prompt["image_blocks"][:, index]
+        return selected
+
+    def join_prompts(self, prompts: list[dict[str, Any]], length: int) -> dict[str, Any]:
+        joined = super().join_prompts([{"inputs_embeds": p["inputs_embeds"]} for p in prompts], length)
+        if any("image_blocks" in p for p in prompts):
+            device = joined["inputs_embeds"].device
+            blocks = torch.full((len(prompts), length), -1, dtype=torch.long, device=device)  # [B, length]
+            for row, prompt in enumerate(prompts):
+                if "image_blocks" in prompt:
+                    blocks[row, : prompt["image_blocks"].shape[1]] = prompt["image_blocks"][0]
+            joined["image_blocks"] = blocks
+        return joined
+
+    def _run_language_model(
+        self,
+        prompt: dict[str, Any],
+        position_ids: torch.Tensor,
+        cache: DynamicCache,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The decoder on prompt positions under Gemma 3's own prefill masks: causal, each picture's tokens seeing
+        the whole picture, the local layers' window (the cache's earlier entries belong to no picture here)."""
+        prompt = dict(prompt)
+        blocks = prompt.pop("image_blocks", None)
+        if blocks is None:
+            return super()._run_language_model(prompt, position_ids, cache, bias)
+        embeds = prompt["inputs_embeds"]
+        before = cache_length(cache)
+        if before:  # the cached entries (earlier pictures included) lie before every query: causal is right
+            blocks = torch.cat([blocks.new_full((blocks.shape[0], before), -1), blocks], dim=-1)
+        masks = create_masks_for_vision_model(
+            config=self.config.get_text_config(),
+            inputs_embeds=embeds,
+            attention_mask=bias,
+            cache=cache,
+            position_ids=position_ids,
+            block_sequence_ids=blocks,
+        )
+        decoder = self.model.get_decoder()
+        out = decoder(
+            **prompt,
+            position_ids=position_ids,
+            attention_mask=masks,
+            **cache_kwarg(decoder, cache),
+            use_cache=True,
+        )
+        return out.last_hidden_state
+
+    # ---- the local layers' window -------------------------------------------------------------------------------
+    def _logits(
+        self, cache: Any, rows: torch.Tensor, position_ids: torch.Tensor, bias: torch.Tensor
+    ) -> torch.Tensor:
+        """The tree mask for the global layers; for the local ones, the same with the keys outside the window
+        hidden (see the module docstring)."""
+        keys = torch.arange(bias.shape[-1], device=bias.device)  # [K] cache indices
+        window = self.config.get_text_config().sliding_window
+        outside = keys[None, None, :] <= position_ids[:, :, None] - window  # [B, n, K]
+        local = bias.masked_fill(outside[:, None], torch.finfo(bias.dtype).min)
+        masks = {"full_attention": bias, "sliding_attention": local}
+        return self.model(
+            inputs_embeds=rows,
+            position_ids=position_ids,
+            attention_mask=masks,
+            **cache_kwarg(self.model, cache),
+            use_cache=True,
+        ).logits
+
+    # ---- media ------------------------------------------------------------------------------------------------------
+    def media_items(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
+        """The rows of the picture blocks ``images`` (``videos`` selects nothing)."""
+        pixels = inputs.get("pixel_values")
+        if pixels is None:
+            return {}
+        blocks = self._blocks(inputs["input_ids"])
+        if blocks != pixels.shape[0]:
+            raise InvalidInputError(
+                f"the prompts' <image_soft_token> placeholders make {blocks} pictures of "
+                f"{self.config.mm_tokens_per_image} tokens but pixel_values holds {pixels.shape[0]}; build the "
+                "inputs with the model's processor"
+            )
+        return {"pixel_values": pixels[images]} if range(blocks)[images] else {}
+
+    def media_counts(self, inputs: dict[str, Any], keep: torch.Tensor) -> list[tuple[int, int]]:
+        """Each row's picture blocks, as images."""
+        ids = inputs["input_ids"]
+        return [(self._blocks(ids[row][keep[row]]), 0) for row in range(ids.shape[0])]
+
+    def _blocks(self, ids: torch.Tensor) -> int:
+        """Picture blocks of the prompt ids ``ids``, ``mm_tokens_per_image`` placeholders each."""
+        per_block = self.config.mm_tokens_per_image
+        placeholders = int((ids == self.config.image_token_id).sum())
+        if placeholders % per_block:
+            raise InvalidInputError(
+                f"a prompt holds {placeholders} <image_soft_token> placeholders, not a whole number of pictures of "
+                f"{per_block}; write each picture in the prompt as <start_of_image> and let the processor expand it"
+            )
+        return placeholders // per_block
