@@ -646,6 +646,8 @@ EXPECTED_PAIRS = {
     ("Qwen/Qwen3-VL-8B-Instruct", "Qwen/Qwen3-VL-2B-Instruct"),
     ("OpenGVLab/InternVL3-78B-hf", "OpenGVLab/InternVL3-8B-hf"),
     ("OpenGVLab/InternVL3-8B-hf", "OpenGVLab/InternVL3-1B-hf"),
+    ("google/gemma-3-27b-it", "google/gemma-3-4b-it"),
+    ("google/gemma-3-12b-it", "google/gemma-3-4b-it"),
     ("testbed-mini", None),
     ("testbed-base@cpu", None),
 }
@@ -712,6 +714,9 @@ def test_family_from_name() -> None:
     assert options.family_from_name("tiny:llava_onevision") == "llava_onevision"
     assert options.family_from_name("OpenGVLab/InternVL3_5-8B-HF") == "internvl"
     assert options.family_from_name("tiny:internvl") == "internvl"
+    assert options.family_from_name("google/gemma-3-27b-it") == "gemma3"
+    assert options.family_from_name("tiny:gemma3") == "gemma3"
+    assert options.family_from_name("google/gemma-3n-E4B-it") is None
     assert options.family_from_name("/some/folder") is None
 
 

@@ -7,7 +7,7 @@ family's processor and config (:class:`VisionLayout`), the tokenizer's training 
 Qwen vocabulary carries the grounding tokens.
 
 The tokenizer is a byte-level BPE (so *any* text encodes) wrapped in ``Qwen2Tokenizer``, the tokenizer
-class of all five families, with the family's special tokens and a family-style chat template.
+class of all six families, with the family's special tokens and a family-style chat template.
 """
 
 from __future__ import annotations
@@ -300,7 +300,7 @@ def byte_level_tokenizer(
     model_max_length: int,
     named: dict[str, str] | None = None,
 ) -> Qwen2Tokenizer:
-    """Trains a byte-level BPE on ``lines`` and wraps it in ``Qwen2Tokenizer`` (the class all five families use).
+    """Trains a byte-level BPE on ``lines`` and wraps it in ``Qwen2Tokenizer`` (the class all six families use).
 
     Args:
         lines: Training text, one line per item.
