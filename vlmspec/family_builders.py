@@ -545,16 +545,7 @@ def _llava_config_kwargs(
             "model_type": "qwen2",
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
         },
-        "vision_config": {
-            "model_type": "siglip_vision_model",
-            "hidden_size": spec.vision_hidden,
-            "intermediate_size": 2 * spec.vision_hidden,
-            "num_hidden_layers": spec.vision_layers,
-            "num_attention_heads": spec.vision_heads,
-            "image_size": layout.crop_side,
-            "patch_size": layout.patch,
-            "vision_use_head": False,
-        },
+        "vision_config": _siglip_config(spec, layout),
         "image_token_index": tid("<image>"),
         "video_token_index": tid("<video>"),
         "vision_feature_select_strategy": "full",
@@ -562,6 +553,20 @@ def _llava_config_kwargs(
         "image_grid_pinpoints": layout.pinpoints(),
         "vision_aspect_ratio": "anyres_max_9",
         "tie_word_embeddings": False,
+    }
+
+
+def _siglip_config(spec: ModelSpec, layout: VisionLayout) -> dict[str, Any]:
+    """A SigLIP vision tower's config (LLaVA-OneVision's and Gemma 3's): crops of ``crop_side`` pixels, no head."""
+    return {
+        "model_type": "siglip_vision_model",
+        "hidden_size": spec.vision_hidden,
+        "intermediate_size": 2 * spec.vision_hidden,
+        "num_hidden_layers": spec.vision_layers,
+        "num_attention_heads": spec.vision_heads,
+        "image_size": layout.crop_side,
+        "patch_size": layout.patch,
+        "vision_use_head": False,
     }
 
 
@@ -610,16 +615,7 @@ def _gemma3_config_kwargs(
             "sliding_window": spec.sliding_window,
             "layer_types": layer_types,
         },
-        "vision_config": {
-            "model_type": "siglip_vision_model",
-            "hidden_size": spec.vision_hidden,
-            "intermediate_size": 2 * spec.vision_hidden,
-            "num_hidden_layers": spec.vision_layers,
-            "num_attention_heads": spec.vision_heads,
-            "image_size": layout.crop_side,
-            "patch_size": layout.patch,
-            "vision_use_head": False,
-        },
+        "vision_config": _siglip_config(spec, layout),
         "mm_tokens_per_image": _gemma3_tokens_per_image(layout),
         "boi_token_index": tid(GEMMA3_NAMED_TOKENS["boi_token"]),
         "eoi_token_index": tid(GEMMA3_NAMED_TOKENS["eoi_token"]),

@@ -420,12 +420,13 @@ class VLMAdapter(MediaRows):
         prompt: dict[str, Any],
         position_ids: torch.Tensor,
         cache: DynamicCache,
-        bias: torch.Tensor | None = None,
+        bias: torch.Tensor | dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Run the decoder on ``n`` prompt positions on top of ``cache``; ``[1, n, D]`` last hidden states.
 
         ``bias`` ``None`` lets the model build its causal mask (the cache is always passed, so transformers never
-        mistakes the gaps of pruned positions for packed sequences).
+        mistakes the gaps of pruned positions for packed sequences); a 2-D padding mask, or the models' own masks
+        per layer type (``{"full_attention": ..., "sliding_attention": ...}``), are passed on as they are.
         """
         decoder = self.model.get_decoder()
         out = decoder(
@@ -495,9 +496,14 @@ class VLMAdapter(MediaRows):
         return logits, (hidden[0] if hidden else None)
 
     def _logits(
-        self, cache: Cache, rows: torch.Tensor, position_ids: torch.Tensor, bias: torch.Tensor
+        self,
+        cache: Cache,
+        rows: torch.Tensor,
+        position_ids: torch.Tensor,
+        bias: torch.Tensor | dict[str, torch.Tensor],
     ) -> torch.Tensor:
-        """The model call of :meth:`run`: ``[B, n, V]`` logits of ``rows`` on top of ``cache``."""
+        """The model call of :meth:`run`: ``[B, n, V]`` logits of ``rows`` on top of ``cache`` (``bias``: the
+        additive mask, or one per layer type for a model whose layers differ, as transformers takes them)."""
         return self.model(
             inputs_embeds=rows,
             position_ids=position_ids,

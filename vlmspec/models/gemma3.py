@@ -37,15 +37,14 @@ from transformers.models.gemma3.modeling_gemma3 import (
     get_block_sequence_ids_for_mask,
 )
 
-from ..cache import cache_kwarg, cache_length
-from ..errors import InvalidInputError
-from .base import VisualFeatures, VLMAdapter
-from .data import PromptLayout
+from ..cache import cache_length
+from .base import VisualFeatures
+from .blocks import PlaceholderBlocks
 
 _NO_VIDEO = -1  # no token has this id: Gemma 3 has no video placeholder
 
 
-class Gemma3Adapter(VLMAdapter):
+class Gemma3Adapter(PlaceholderBlocks):
     model_types = ("gemma3",)
     layout_fields = (  # pictures of image_size pixels, patch_size patches each, pooled to mm_tokens_per_image
         "vision_config.image_size",
@@ -54,24 +53,16 @@ class Gemma3Adapter(VLMAdapter):
         "mm_tokens_per_image",
     )
     fixed_processor_settings = frozenset({"size", "do_resize"})  # SigLIP's input side
+    placeholder, block = "<image_soft_token>", "picture"
+    write_hint = "write each picture in the prompt as <start_of_image> and let the processor expand it"
 
     def visual_token_ids(self) -> tuple[int, int]:
         return self.config.image_token_id, _NO_VIDEO
 
-    def prompt_layout(self, inputs: dict[str, torch.Tensor]) -> PromptLayout:
-        visual = inputs["input_ids"][0] == self.config.image_token_id
-        return PromptLayout(visual=visual, is_video=torch.zeros_like(visual))
-
-    def visual_features(self, inputs: dict[str, torch.Tensor]) -> dict[str, VisualFeatures]:
-        if inputs.get("pixel_values") is None:
-            return {}
-        out = self.model.model.get_image_features(inputs["pixel_values"], return_dict=True)
-        return {"image": VisualFeatures(embeds=out.pooler_output.flatten(0, 1))}  # [blocks * tokens, D]
-
-    def placeholder_mask(
-        self, ids: torch.Tensor, embeds: torch.Tensor, modality: str, values: torch.Tensor
-    ) -> torch.Tensor:
-        return self.model.model.get_placeholder_mask(ids, inputs_embeds=embeds, image_features=values)
+    @property
+    def block_tokens(self) -> int:
+        """Placeholders per picture (or pan-and-scan crop): the patches pooled to ``mm_tokens_per_image``."""
+        return self.config.mm_tokens_per_image
 
     # ---- a picture's tokens, both ways --------------------------------------------------------------------------
     def extra_prompt_inputs(
@@ -111,29 +102,21 @@ class Gemma3Adapter(VLMAdapter):
         the whole picture, the local layers' window (the cache's earlier entries belong to no picture here)."""
         prompt = dict(prompt)
         blocks = prompt.pop("image_blocks", None)
-        if blocks is None:
-            return super()._run_language_model(prompt, position_ids, cache, bias)
-        embeds = prompt["inputs_embeds"]
-        before = cache_length(cache)
-        if before:  # the cached entries (earlier pictures included) lie before every query: causal is right
-            blocks = torch.cat([blocks.new_full((blocks.shape[0], before), -1), blocks], dim=-1)
-        masks = create_masks_for_vision_model(
-            config=self.config.get_text_config(),
-            inputs_embeds=embeds,
-            attention_mask=bias,
-            cache=cache,
-            position_ids=position_ids,
-            block_sequence_ids=blocks,
-        )
-        decoder = self.model.get_decoder()
-        out = decoder(
-            **prompt,
-            position_ids=position_ids,
-            attention_mask=masks,
-            **cache_kwarg(decoder, cache),
-            use_cache=True,
-        )
-        return out.last_hidden_state
+        if blocks is not None:
+            before = cache_length(cache)
+            if (
+                before
+            ):  # the cached entries (earlier pictures included) lie before every query: causal is right
+                blocks = torch.cat([blocks.new_full((blocks.shape[0], before), -1), blocks], dim=-1)
+            bias = create_masks_for_vision_model(
+                config=self.config.get_text_config(),
+                inputs_embeds=prompt["inputs_embeds"],
+                attention_mask=bias,
+                cache=cache,
+                position_ids=position_ids,
+                block_sequence_ids=blocks,
+            )
+        return super()._run_language_model(prompt, position_ids, cache, bias)
 
     # ---- the local layers' window -------------------------------------------------------------------------------
     def _logits(
@@ -145,42 +128,6 @@ class Gemma3Adapter(VLMAdapter):
         window = self.config.get_text_config().sliding_window
         outside = keys[None, None, :] <= position_ids[:, :, None] - window  # [B, n, K]
         local = bias.masked_fill(outside[:, None], torch.finfo(bias.dtype).min)
-        masks = {"full_attention": bias, "sliding_attention": local}
-        return self.model(
-            inputs_embeds=rows,
-            position_ids=position_ids,
-            attention_mask=masks,
-            **cache_kwarg(self.model, cache),
-            use_cache=True,
-        ).logits
-
-    # ---- media ------------------------------------------------------------------------------------------------------
-    def media_items(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
-        """The rows of the picture blocks ``images`` (``videos`` selects nothing)."""
-        pixels = inputs.get("pixel_values")
-        if pixels is None:
-            return {}
-        blocks = self._blocks(inputs["input_ids"])
-        if blocks != pixels.shape[0]:
-            raise InvalidInputError(
-                f"the prompts' <image_soft_token> placeholders make {blocks} pictures of "
-                f"{self.config.mm_tokens_per_image} tokens but pixel_values holds {pixels.shape[0]}; build the "
-                "inputs with the model's processor"
-            )
-        return {"pixel_values": pixels[images]} if range(blocks)[images] else {}
-
-    def media_counts(self, inputs: dict[str, Any], keep: torch.Tensor) -> list[tuple[int, int]]:
-        """Each row's picture blocks, as images."""
-        ids = inputs["input_ids"]
-        return [(self._blocks(ids[row][keep[row]]), 0) for row in range(ids.shape[0])]
-
-    def _blocks(self, ids: torch.Tensor) -> int:
-        """Picture blocks of the prompt ids ``ids``, ``mm_tokens_per_image`` placeholders each."""
-        per_block = self.config.mm_tokens_per_image
-        placeholders = int((ids == self.config.image_token_id).sum())
-        if placeholders % per_block:
-            raise InvalidInputError(
-                f"a prompt holds {placeholders} <image_soft_token> placeholders, not a whole number of pictures of "
-                f"{per_block}; write each picture in the prompt as <start_of_image> and let the processor expand it"
-            )
-        return placeholders // per_block
+        return super()._logits(
+            cache, rows, position_ids, {"full_attention": bias, "sliding_attention": local}
+        )

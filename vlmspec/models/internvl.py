@@ -19,16 +19,11 @@ the original 1-D prompt indices.
 from __future__ import annotations
 
 import functools
-from typing import Any
 
-import torch
-
-from ..errors import InvalidInputError
-from .base import VisualFeatures, VLMAdapter
-from .data import PromptLayout
+from .blocks import PlaceholderBlocks
 
 
-class InternVLAdapter(VLMAdapter):
+class InternVLAdapter(PlaceholderBlocks):
     model_types = ("internvl",)
     layout_fields = (  # tiles of image_size pixels, patch_size patches each, shuffled into fewer tokens
         "vision_config.image_size",
@@ -38,62 +33,21 @@ class InternVLAdapter(VLMAdapter):
         "vision_feature_select_strategy",
     )
     fixed_processor_settings = frozenset({"size", "crop_size", "do_resize", "do_center_crop"})  # the tile
+    placeholder, block = "<IMG_CONTEXT>", "tile"
+    write_hint = "write pictures and videos in the prompt as the model's processor does"
 
     def visual_token_ids(self) -> tuple[int, int]:
         """The one placeholder, ``<IMG_CONTEXT>``, for pictures and video frames alike."""
         return self.config.image_token_id, self.config.image_token_id
 
-    def prompt_layout(self, inputs: dict[str, torch.Tensor]) -> PromptLayout:
-        visual = inputs["input_ids"][0] == self.config.image_token_id
-        return PromptLayout(visual=visual, is_video=torch.zeros_like(visual))
-
-    def visual_features(self, inputs: dict[str, torch.Tensor]) -> dict[str, VisualFeatures]:
-        if inputs.get("pixel_values") is None:
-            return {}
-        out = self.model.model.get_image_features(inputs["pixel_values"], return_dict=True)
-        return {"image": VisualFeatures(embeds=out.pooler_output.flatten(0, 1))}  # [tiles * tokens, D]
-
-    def placeholder_mask(
-        self, ids: torch.Tensor, embeds: torch.Tensor, modality: str, values: torch.Tensor
-    ) -> torch.Tensor:
-        return self.model.model.get_placeholder_mask(ids, inputs_embeds=embeds, image_features=values)
-
-    def media_items(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
-        """The rows of the tiles ``images`` (``videos`` selects nothing: a video is its frames' tiles)."""
-        pixels = inputs.get("pixel_values")
-        if pixels is None:
-            return {}
-        tiles = self._tiles(inputs["input_ids"])  # every row's: one count, one read on the host
-        if tiles != pixels.shape[0]:
-            raise InvalidInputError(
-                f"the prompts' <IMG_CONTEXT> placeholders make {tiles} tiles of {self.tokens_per_tile} but "
-                f"pixel_values holds {pixels.shape[0]}; build the inputs with the model's processor"
-            )
-        return {"pixel_values": pixels[images]} if range(tiles)[images] else {}
-
-    def media_counts(self, inputs: dict[str, Any], keep: torch.Tensor) -> list[tuple[int, int]]:
-        """Each row's tiles (of pictures and video frames), as images."""
-        ids = inputs["input_ids"]
-        return [(self._tiles(ids[row][keep[row]]), 0) for row in range(ids.shape[0])]
-
     @functools.cached_property
-    def tokens_per_tile(self) -> int:
+    def block_tokens(self) -> int:
         """Placeholders per tile, as the model makes them: the tower's patches, shuffled ``downsample_ratio`` per
         side (a 448-pixel tile of 14-pixel patches: 1024 patches, 256 tokens)."""
         vision = self.config.vision_config
         side, patch = (_pair(getattr(vision, name)) for name in ("image_size", "patch_size"))
         patches = (side[0] // patch[0]) * (side[1] // patch[1])
         return round(patches * self.config.downsample_ratio**2)
-
-    def _tiles(self, ids: torch.Tensor) -> int:
-        """Tiles of the prompt ids ``ids`` (one row ``[L]`` or several), ``tokens_per_tile`` placeholders each."""
-        placeholders = int((ids == self.config.image_token_id).sum())
-        if placeholders % self.tokens_per_tile:
-            raise InvalidInputError(
-                f"a prompt holds {placeholders} <IMG_CONTEXT> placeholders, not a whole number of tiles of "
-                f"{self.tokens_per_tile}; write pictures and videos in the prompt as the model's processor does"
-            )
-        return placeholders // self.tokens_per_tile
 
 
 def _pair(value: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
