@@ -10,6 +10,8 @@ Pictures only: a video is refused with a message that says so."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import PROMPTS
@@ -142,3 +144,27 @@ def test_a_video_is_refused_naming_the_processor(gemma):
     pipe, _ = gemma
     with pytest.raises(InvalidInputError, match=r"\(Gemma3Processor\) takes no video.*pictures only"):
         pipe(None, "What happens?", video=make_video_frames(0), max_new_tokens=8)
+
+
+def test_a_template_that_writes_the_bos_token_gets_no_second_one(gemma):
+    """Gemma's chat template starts with ``{{ bos_token }}``, and its tokenizer adds one more unless told not to: a
+    prompt then has one, as ``processor.apply_chat_template(tokenize=True)`` gives it."""
+    pipe, _ = gemma
+    processor = copy.deepcopy(pipe.processor)
+    processor.tokenizer.bos_token = "<|endoftext|>"
+    processor.tokenizer.add_bos_token = True  # the tokenizer adds it to what it encodes, as Gemma's does
+    processor.chat_template = "{{ bos_token }}" + processor.chat_template
+    bos = processor.tokenizer.bos_token_id
+    assert processor.tokenizer("hi")["input_ids"][0] == bos
+    with_bos = VLMSpecPipeline(pipe.target, pipe.draft, processor, policy="chain")
+    ids = with_bos.prepare_inputs(MEDIA["image"], PROMPTS[0])["input_ids"][0].tolist()
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": MEDIA["image"]}, {"type": "text", "text": PROMPTS[0]}],
+        }
+    ]
+    expected = processor.apply_chat_template(
+        messages, tokenize=True, return_dict=True, add_generation_prompt=True, return_tensors="pt"
+    )["input_ids"][0].tolist()
+    assert ids == expected and ids.count(bos) == 1
