@@ -10,9 +10,9 @@ UV := $(VENV)/bin/uv pip install -q --python $(VENV)/bin/python --compile-byteco
 
 $(STAMP): pyproject.toml eval/requirements-lmms.txt
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
-	$(PIP) --upgrade pip
 	($(PIP) uv && $(UV) -e ".[dev]" -r eval/requirements-lmms.txt && $(UV) --no-deps lmms-eval==0.7.3) || \
-	  ($(PIP) -e ".[dev]" && $(PIP) -r eval/requirements-lmms.txt && $(PIP) --no-deps lmms-eval==0.7.3)
+	  ($(PIP) --upgrade pip && $(PIP) -e ".[dev]" && $(PIP) -r eval/requirements-lmms.txt && \
+	   $(PIP) --no-deps lmms-eval==0.7.3)
 	touch $(STAMP)
 
 # The project's own modules compiled once (an editable install leaves them as sources): every process the tests
