@@ -92,11 +92,7 @@ class Gemma3Adapter(PlaceholderBlocks):
         return joined
 
     def _run_language_model(
-        self,
-        prompt: dict[str, Any],
-        position_ids: torch.Tensor,
-        cache: DynamicCache,
-        bias: torch.Tensor | None = None,
+        self, prompt: dict[str, Any], position_ids: torch.Tensor, cache: DynamicCache, bias: Any = None
     ) -> torch.Tensor:
         """The decoder on prompt positions under Gemma 3's own prefill masks: causal, each picture's tokens seeing
         the whole picture, the local layers' window (the cache's earlier entries belong to no picture here)."""
