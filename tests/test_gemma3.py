@@ -15,6 +15,7 @@ import copy
 import pytest
 import torch
 from conftest import PROMPTS
+from test_batching import check_batch_equals_generate, mixed_requests
 from test_batching import reference as batch_reference
 
 from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
@@ -94,23 +95,11 @@ def test_a_pruned_draft_keeps_the_replies(gemma):
         assert out.stats.draft_visual_tokens == out.stats.target_visual_tokens // 2
 
 
-def _requests() -> list[dict]:
-    """Mixed requests: one or two pictures or none, prompts of different lengths, replies of 12 to 40 tokens."""
-    kinds = input_kinds("gemma3") * 2
-    return [
-        {"image": MEDIA[kind], "video": None, "prompt": PROMPTS[i % 5], "max_new_tokens": 12 + 4 * i}
-        for i, kind in enumerate(kinds)
-    ]
-
-
 @pytest.mark.parametrize("policy", ["chain", "sage"])
 def test_a_batch_equals_each_request_s_generate(gemma, policy):
     pipe, _ = gemma
     pipe.policy = get_policy(policy)
-    requests = _requests()
-    outputs = pipe.batch(requests, batch_size=6)
-    for i, (request, out) in enumerate(zip(requests, outputs, strict=True)):
-        assert out.token_ids == batch_reference(pipe, request), f"{policy}: request {i}"
+    check_batch_equals_generate(pipe, mixed_requests(without=("video",)), policy)
 
 
 def test_a_batch_needs_the_pictures_both_way_mask(gemma, monkeypatch):
@@ -118,7 +107,7 @@ def test_a_batch_needs_the_pictures_both_way_mask(gemma, monkeypatch):
     would not be the target's (so the batch test above checks the mask it rebuilds)."""
     pipe, _ = gemma
     pipe.policy = get_policy("chain")
-    requests = _requests()
+    requests = mixed_requests(without=("video",))
     monkeypatch.setattr(gemma3.Gemma3Adapter, "extra_prompt_inputs", lambda self, masks, features: {})
     outputs = pipe.batch(requests, batch_size=6)
     assert any(out.token_ids != batch_reference(pipe, r) for r, out in zip(requests, outputs, strict=True))

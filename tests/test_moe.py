@@ -14,8 +14,7 @@ import copy
 import pytest
 import torch
 from conftest import PROMPTS, input_kinds
-from test_batching import mixed_requests
-from test_batching import reference as batch_reference
+from test_batching import check_batch_equals_generate, mixed_requests
 
 from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
 from vlmspec.testing import MOE_FAMILIES, build_tiny_pair
@@ -69,10 +68,7 @@ def test_greedy_equals_generate_on_a_sparse_target(moe, policy):
 def test_a_batch_on_a_sparse_target_equals_each_request_s_generate(moe, policy):
     pipe, _ = moe
     pipe.policy = get_policy(policy)
-    requests = mixed_requests()
-    outputs = pipe.batch(requests, batch_size=6)
-    for i, (request, out) in enumerate(zip(requests, outputs, strict=True)):
-        assert out.token_ids == batch_reference(pipe, request), f"{policy}: request {i}"
+    check_batch_equals_generate(pipe, mixed_requests(), policy)
 
 
 def test_the_dense_qwen3_vl_draft_drafts_for_the_sparse_target(moe_pair, tiny_pairs, moe):

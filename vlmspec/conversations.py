@@ -226,7 +226,7 @@ def encode_chat(
     check_placeholders(processor, text, len(images), len(videos))
     kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
     bos = getattr(processor.tokenizer, "bos_token", None)
-    if bos is not None and text.startswith(bos):  # the template wrote it (Gemma's): the tokenizer adds no second
+    if bos is not None and text.startswith(bos):  # the template wrote it (Gemma's): the tokenizer adds none
         kwargs["add_special_tokens"] = False
     if images:
         kwargs["images"] = [images]  # nested per prompt: several images belong to one prompt

@@ -391,7 +391,7 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
         return processor_cls(
             image_processor=Gemma3ImageProcessor(size=side),
             tokenizer=tokenizer,
-            image_seq_length=_gemma3_tokens_per_image(layout),
+            image_seq_length=_pooled_tokens_per_crop(layout),
             chat_template=tokenizer.chat_template,
         )
     if family == "internvl":
@@ -404,7 +404,7 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
             ),
             tokenizer=tokenizer,
             video_processor=InternVLVideoProcessor(size=side, do_sample_frames=False),
-            image_seq_length=_internvl_tokens_per_tile(layout),
+            image_seq_length=_pooled_tokens_per_crop(layout),
             chat_template=tokenizer.chat_template,
         )
     if family == "llava_onevision":
@@ -447,14 +447,9 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
     )
 
 
-def _internvl_tokens_per_tile(layout: VisionLayout) -> int:
-    """Visual tokens of one InternVL tile: its patches, 2 x 2 of them merged into one by the pixel shuffle."""
-    return (layout.crop_side // layout.patch) ** 2 // 4
-
-
-def _gemma3_tokens_per_image(layout: VisionLayout) -> int:
-    """Visual tokens of one Gemma 3 picture: its patches average-pooled 2 x 2 into one (the real model pools 64 x
-    64 patches into 16 x 16)."""
+def _pooled_tokens_per_crop(layout: VisionLayout) -> int:
+    """Visual tokens of one crop (an InternVL tile, a Gemma 3 picture): its patches, 2 x 2 of them merged into one
+    (InternVL's pixel shuffle; Gemma 3's average pool, which takes the real model's 64 x 64 patches to 16 x 16)."""
     return (layout.crop_side // layout.patch) ** 2 // 4
 
 
@@ -594,7 +589,7 @@ def _internvl_config_kwargs(
             "layer_scale_init_value": 1.0,
         },
         "image_token_id": tid(INTERNVL_NAMED_TOKENS["context_image_token"]),
-        "image_seq_length": _internvl_tokens_per_tile(layout),
+        "image_seq_length": _pooled_tokens_per_crop(layout),
         "downsample_ratio": 0.5,
         "tie_word_embeddings": False,
     }
@@ -616,7 +611,7 @@ def _gemma3_config_kwargs(
             "layer_types": layer_types,
         },
         "vision_config": _siglip_config(spec, layout),
-        "mm_tokens_per_image": _gemma3_tokens_per_image(layout),
+        "mm_tokens_per_image": _pooled_tokens_per_crop(layout),
         "boi_token_index": tid(GEMMA3_NAMED_TOKENS["boi_token"]),
         "eoi_token_index": tid(GEMMA3_NAMED_TOKENS["eoi_token"]),
         "image_token_index": tid(GEMMA3_NAMED_TOKENS["image_token"]),
