@@ -6,21 +6,24 @@ the other families, and the two things only Gemma 3 has are exercised, not just 
 * a picture's tokens attend to each other both ways in the prefill: the prefills vlmspec builds itself (batched,
   pruned, a conversation's later turns) rebuild that mask, and a batch differs without it.
 
-Pictures only: a video is refused with a message that says so."""
+Pictures only: a video reaches the model as its frames, each a picture after a label with its time (the caption job
+included)."""
 
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
+import vlmspec_caption
 from conftest import PROMPTS
 from test_batching import check_batch_equals_generate, mixed_requests
 from test_batching import reference as batch_reference
 
-from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
+from vlmspec import VLMSpecPipeline, get_policy
 from vlmspec.models import gemma3
-from vlmspec.testing import build_tiny_pair, input_kinds, make_image, make_video_frames
+from vlmspec.testing import build_tiny_pair, input_kinds, make_image, make_video_frames, write_video
 
 POLICIES = ("ar", "chain", "static", "sage", "eagle2")
 MAX_NEW = 48
@@ -129,10 +132,81 @@ def test_a_conversation_with_pictures_in_two_turns(gemma):
         assert (out.stats.cached_prompt_tokens > 0) == (turn > 0)
 
 
-def test_a_video_is_refused_naming_the_processor(gemma):
+def _frames_as_pictures_chat(frames: list, times: list[float], text: str) -> list[dict]:
+    """By hand, what vlmspec gives Gemma 3 for a video: each frame a picture after its time."""
+    content = [{"type": "image", "image": make_image(3)}]
+    for frame, seconds in zip(frames, times, strict=True):
+        content += [{"type": "text", "text": f"Frame at {seconds} s:"}, {"type": "image", "image": frame}]
+    return [{"role": "user", "content": [*content, {"type": "text", "text": text}]}]
+
+
+@pytest.mark.parametrize("policy", ["sage", "chain"])
+def test_a_video_is_given_as_its_frames_pictures_each_after_its_time(gemma, policy):
+    """Gemma 3 takes no video: a video reaches it as its frames, each a picture after a label with its time (frames
+    given as a list: consecutive at 2 frames a second), in place among the turn's other pictures."""
     pipe, _ = gemma
-    with pytest.raises(InvalidInputError, match=r"\(Gemma3Processor\) takes no video.*pictures only"):
-        pipe(None, "What happens?", video=make_video_frames(0), max_new_tokens=8)
+    frames = make_video_frames(0)
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": make_image(3)},
+                {"type": "video", "video": frames},
+                {"type": "text", "text": "What happens?"},
+            ],
+        }
+    ]
+    inputs = pipe.prepare_messages(messages)
+    by_hand = pipe.processor.apply_chat_template(
+        _frames_as_pictures_chat(frames, [0.0, 0.5, 1.0, 1.5], "What happens?"),
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        return_tensors="pt",
+    )
+    assert inputs["input_ids"].tolist() == by_hand["input_ids"].tolist()
+    assert torch.equal(inputs["pixel_values"], by_hand["pixel_values"])
+    assert inputs["pixel_values"].shape[0] == 1 + len(frames)
+    pipe.policy = get_policy(policy)
+    try:
+        out = pipe(messages=messages, max_new_tokens=MAX_NEW)
+    finally:
+        pipe.policy = get_policy("ar")
+    assert out.token_ids == pipe.reference_generate(inputs, MAX_NEW)
+    assert out.stats.mean_accepted > 0
+
+
+def test_the_caption_job_captions_videos_with_a_gemma_3_target(gemma, tiny_root, tmp_path):
+    """The caption job (video only) works with a family that reads pictures only: each caption is the target's own
+    greedy reply to the video's sampled frames (times from the file's frame rate)."""
+    pipe, _ = gemma
+    pair = build_tiny_pair("gemma3", root=tiny_root)
+    for i in range(2):
+        write_video(tmp_path / "videos" / f"clip{i}.mp4", make_video_frames(i, num_frames=6), fps=4)
+    out = tmp_path / "captions.jsonl"
+    args = [
+        str(tmp_path / "videos"),
+        "--out",
+        str(out),
+        "--target",
+        str(pair.target),
+        "--draft",
+        str(pair.draft),
+    ]
+    assert vlmspec_caption.main([*args, "--max-new-tokens", "16", "--num-frames", "4", "--no-progress"]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == ["clip0.mp4", "clip1.mp4"]
+    for record in records:
+        inputs = pipe.prepare_inputs(
+            None, record["prompt"], video=str(tmp_path / "videos" / record["id"]), num_frames=4
+        )
+        prompt = pipe.processor.tokenizer.decode(inputs["input_ids"][0])
+        # frames 0, 2, 3 and 5 of 6 at 4 frames a second
+        labels = [f"Frame at {seconds} s:" for seconds in (0.0, 0.5, 0.8, 1.2)]
+        positions = [prompt.find(label) for label in labels]
+        assert min(positions) > 0 and positions == sorted(positions)
+        reply = pipe.reference_generate(inputs, 16)
+        assert record["caption"] == pipe.tokenizer.decode(reply, skip_special_tokens=True)
 
 
 def test_a_template_that_writes_the_bos_token_gets_no_second_one(gemma):

@@ -190,6 +190,48 @@ def _undeclared_variables(template: Any) -> frozenset[str] | None:
         return None
 
 
+def frames_as_pictures(
+    chat: list[dict], images: list[Image.Image], videos: list[tuple[list[Image.Image], VideoMetadata]]
+) -> tuple[list[dict], list[Image.Image]]:
+    """``chat`` for a model that reads pictures only (its processor has no video processor: Gemma 3): each video
+    item becomes the video's sampled frames, each a picture after a label with its time in the video::
+
+        {"type": "video"}  ->  {"type": "text", "text": "Frame at 0.0 s:"}, {"type": "image"},
+                               {"type": "text", "text": "Frame at 1.5 s:"}, {"type": "image"}, ...
+
+    Why: such a model has no video input, and giving it a video's frames as pictures is how these models are
+    shown videos (Gemma 3's own video examples do it); the label keeps what a video processor would have told the
+    model, the frames' order and times (the frame's index in the file over its frame rate, as Qwen3-VL's
+    timestamps are), where bare pictures would read as unrelated images.
+
+    Args:
+        chat: :func:`normalize_messages`' messages; ``images`` and ``videos`` its media in order of appearance.
+
+    Returns:
+        The messages and their pictures (the images and the videos' frames) in the order they now appear.
+    """
+    pictures: list[Image.Image] = []
+    image_list, video_list = iter(images), iter(videos)
+    converted = []
+    for message in chat:
+        if isinstance(message["content"], str):
+            converted.append(message)
+            continue
+        items: list[dict] = []
+        for item in message["content"]:
+            if item["type"] == "video":
+                frames, metadata = next(video_list)
+                for frame, seconds in zip(frames, metadata.timestamps, strict=True):
+                    items += [{"type": "text", "text": f"Frame at {seconds:.1f} s:"}, {"type": "image"}]
+                    pictures.append(frame)
+                continue
+            if item["type"] == "image":
+                pictures.append(next(image_list))
+            items.append(item)
+        converted.append({**message, "content": items})
+    return converted, pictures
+
+
 def encode_chat(
     processor: Any,
     chat: list[dict],
@@ -204,12 +246,10 @@ def encode_chat(
     ``template_kwargs`` for the template, checked here: :func:`check_tools`, :func:`check_template_kwargs`): what
     ``processor.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
     add_generation_prompt=True, **template_kwargs)`` gives for the same media; videos padded to
-    ``min_video_frames``; the processor run with ``settings`` (checked: :mod:`vlmspec.processor_settings`)."""
+    ``min_video_frames``, or given as their frames' pictures where the processor takes no video
+    (:func:`frames_as_pictures`); the processor run with ``settings`` (checked: :mod:`vlmspec.processor_settings`)."""
     if videos and getattr(processor, "video_processor", None) is None:
-        raise InvalidInputError(
-            f"a video was given, but this model's processor ({type(processor).__name__}) takes no video: the model "
-            "reads pictures only; give some of the video's frames as images instead"
-        )
+        chat, images, videos = *frames_as_pictures(chat, images, videos), []
     tools, variables = check_tools(tools), check_template_kwargs(template_kwargs)
     used = template_variables(processor)
     variables = {name: value for name, value in variables.items() if used is None or name in used}

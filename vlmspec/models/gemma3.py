@@ -2,7 +2,8 @@
 average-pooled and projected, in front of a Gemma 3 language model with 1-D RoPE whose layers are local (a
 sliding attention window) or global, five local per global one.
 
-Pictures only: Gemma 3 takes no video. The processor writes a picture as ``<start_of_image>`` +
+Pictures only: Gemma 3 takes no video (a video reaches it as its frames' pictures, each after a label with its time:
+:func:`vlmspec.conversations.frames_as_pictures`). The processor writes a picture as ``<start_of_image>`` +
 ``mm_tokens_per_image`` ``<image_soft_token>`` + ``<end_of_image>``, one row of ``pixel_values`` ``[n, C, H, W]``
 per such block (pan-and-scan crops are blocks too, each its own row): a prompt's media items are its blocks.
 
