@@ -98,6 +98,27 @@ def test_a_pruned_draft_keeps_the_replies(gemma):
         assert out.stats.draft_visual_tokens == out.stats.target_visual_tokens // 2
 
 
+def test_pan_and_scan_crops_alone_pruned_and_in_a_batch(gemma):
+    """Pan-and-scan (a processor setting): a wide picture becomes the picture and its crops, each a block of its
+    own; the replies stay the target's alone, with a pruned draft and beside another request in a batch."""
+    pipe, _ = gemma
+    pipe.policy = get_policy("sage")
+    wide = make_image(0).resize((900, 300))
+    settings = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 64, "pan_and_scan_max_num_crops": 4}
+    inputs = pipe.prepare_inputs(wide, "Describe.", mm_processor_kwargs=settings)
+    assert inputs["pixel_values"].shape[0] == 4  # the picture and three crops
+    expected = pipe.reference_generate(inputs, MAX_NEW)
+    assert pipe(wide, "Describe.", mm_processor_kwargs=settings, max_new_tokens=MAX_NEW).token_ids == expected
+    pruned = pipe(wide, "Describe.", mm_processor_kwargs=settings, max_new_tokens=MAX_NEW, prune_ratio=0.5)
+    assert pruned.token_ids == expected
+    assert pruned.stats.draft_visual_tokens == pruned.stats.target_visual_tokens // 2
+    requests = [
+        {"image": wide, "prompt": "Describe.", "mm_processor_kwargs": settings, "max_new_tokens": MAX_NEW},
+        {"image": make_image(1), "prompt": PROMPTS[0], "max_new_tokens": MAX_NEW},
+    ]
+    assert pipe.batch(requests, batch_size=2)[0].token_ids == expected
+
+
 @pytest.mark.parametrize("policy", ["chain", "sage"])
 def test_a_batch_equals_each_request_s_generate(gemma, policy):
     pipe, _ = gemma
@@ -168,10 +189,7 @@ def test_a_video_is_given_as_its_frames_pictures_each_after_its_time(gemma, poli
     assert torch.equal(inputs["pixel_values"], by_hand["pixel_values"])
     assert inputs["pixel_values"].shape[0] == 1 + len(frames)
     pipe.policy = get_policy(policy)
-    try:
-        out = pipe(messages=messages, max_new_tokens=MAX_NEW)
-    finally:
-        pipe.policy = get_policy("ar")
+    out = pipe(messages=messages, max_new_tokens=MAX_NEW)
     assert out.token_ids == pipe.reference_generate(inputs, MAX_NEW)
     assert out.stats.mean_accepted > 0
 
