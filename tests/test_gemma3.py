@@ -27,6 +27,8 @@ from vlmspec.testing import build_tiny_pair, input_kinds, make_image, make_video
 
 POLICIES = ("ar", "chain", "static", "sage", "eagle2")
 MAX_NEW = 48
+PAN_AND_SCAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 64, "pan_and_scan_max_num_crops": 4}
+"""Processor settings that cut a wide picture into crops (a 900x300 picture: itself and three crops)."""
 MEDIA = {"image": make_image(0), "two_images": [make_image(1), make_image(2)], "text": None}
 
 
@@ -104,7 +106,7 @@ def test_pan_and_scan_crops_alone_pruned_and_in_a_batch(gemma):
     pipe, _ = gemma
     pipe.policy = get_policy("sage")
     wide = make_image(0).resize((900, 300))
-    settings = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 64, "pan_and_scan_max_num_crops": 4}
+    settings = PAN_AND_SCAN
     inputs = pipe.prepare_inputs(wide, "Describe.", mm_processor_kwargs=settings)
     assert inputs["pixel_values"].shape[0] == 4  # the picture and three crops
     expected = pipe.reference_generate(inputs, MAX_NEW)
@@ -192,6 +194,9 @@ def test_a_video_is_given_as_its_frames_pictures_each_after_its_time(gemma, poli
     out = pipe(messages=messages, max_new_tokens=MAX_NEW)
     assert out.token_ids == pipe.reference_generate(inputs, MAX_NEW)
     assert out.stats.mean_accepted > 0
+    wide = [frame.resize((900, 300)) for frame in frames]  # the pictures' settings apply to the frames
+    inputs = pipe.prepare_inputs(None, "What happens?", video=wide, mm_processor_kwargs=PAN_AND_SCAN)
+    assert inputs["pixel_values"].shape[0] == 4 * len(frames)
 
 
 def test_the_caption_job_captions_videos_with_a_gemma_3_target(gemma, tiny_root, tmp_path):

@@ -246,10 +246,8 @@ def encode_chat(
     ``template_kwargs`` for the template, checked here: :func:`check_tools`, :func:`check_template_kwargs`): what
     ``processor.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
     add_generation_prompt=True, **template_kwargs)`` gives for the same media; videos padded to
-    ``min_video_frames``, or given as their frames' pictures where the processor takes no video
-    (:func:`frames_as_pictures`); the processor run with ``settings`` (checked: :mod:`vlmspec.processor_settings`)."""
-    if videos and getattr(processor, "video_processor", None) is None:
-        chat, images, videos = *frames_as_pictures(chat, images, videos), []
+    ``min_video_frames`` (a processor that takes no video gets them as pictures first:
+    :func:`frames_as_pictures`); the processor run with ``settings`` (checked: :mod:`vlmspec.processor_settings`)."""
     tools, variables = check_tools(tools), check_template_kwargs(template_kwargs)
     used = template_variables(processor)
     variables = {name: value for name, value in variables.items() if used is None or name in used}

@@ -1,7 +1,9 @@
 """How a pipeline turns a request into the target's processor inputs: a picture, pictures or a video and a prompt
 (:meth:`PromptBuilder.prepare_inputs`), or a conversation (:meth:`PromptBuilder.prepare_messages`), through the
 processor's chat template and the processor, run with the request's processor settings
-(:mod:`vlmspec.processor_settings`). The draft reads the same inputs."""
+(:mod:`vlmspec.processor_settings`). A video given to a model that reads pictures only reaches it as its frames'
+pictures (:func:`~vlmspec.conversations.frames_as_pictures`), the pictures' settings applying to them. The draft
+reads the same inputs."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .conversations import encode_chat, normalize_messages
+from .conversations import encode_chat, frames_as_pictures, normalize_messages
 from .errors import InputTypeError
 from .inputs import ImageInput, VideoInput, load_images, load_video, on_device
 from .processor_settings import ProcessorSettingsAttribute, check_processor_kwargs
@@ -72,6 +74,8 @@ class PromptBuilder:
         return check_processor_kwargs(self.processor, settings, name, fixed, media)
 
     def _encode(self, chat: list, images: list, videos: list, tools=None, kwargs=None, settings=None) -> dict:
+        if videos and getattr(self.processor, "video_processor", None) is None:  # a model of pictures only
+            chat, images, videos = *frames_as_pictures(chat, images, videos), []
         media = [kind for kind, items in (("images", images), ("videos", videos)) if items] or [
             "images",
             "videos",
