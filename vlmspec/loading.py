@@ -8,10 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    AutoTokenizer,
+)
 
 from .errors import InputNotFoundError, InvalidInputError
-from .models import EDDDraft, adapter_for, check_model_type
+from .models import TEXT_DRAFT_TYPES, EDDDraft, adapter_for, check_model_type
 from .models.edd import is_edd_folder
 from .named_pairs import is_local_path, is_pipeline_folder, resolve_pair
 
@@ -99,8 +105,12 @@ def load_pair(
     calibration = pair.calibration if calibration is None else calibration
     edd = draft is not None and is_edd_folder(draft)
     target_type = check_source(target, "target", trust_remote_code)
+    text_draft = False
     if draft is not None and not edd:
-        check_series(target_type, check_source(draft, "draft", trust_remote_code))
+        draft_type = check_source(draft, "draft", trust_remote_code)
+        text_draft = draft_type in TEXT_DRAFT_TYPES
+        if not text_draft:
+            check_series(target_type, draft_type)
     processor = load_processor(target, trust_remote_code, chat_template)
     draft_tokenizer = _load_tokenizer(draft, trust_remote_code) if draft is not None and not edd else None
     load = dict(
@@ -109,7 +119,7 @@ def load_pair(
     if attn_implementation is not None:
         load["attn_implementation"] = attn_implementation
     target_model = _load_model(target, "target", load)
-    draft_model = _load_model(draft, "draft", load) if draft is not None and not edd else None
+    draft_model = _load_model(draft, "draft", load, text_draft) if draft is not None and not edd else None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     base_target = target_model
     if calibration is not None:
@@ -248,7 +258,8 @@ def check_compatible(
     draft_tokenizer: Any = None,
 ) -> None:
     """Refuse a draft that cannot draft for ``target``: another family, another vocabulary or another visual-token
-    layout (:func:`check_visual_layout`).
+    layout (:func:`check_visual_layout`). A language model (:data:`~vlmspec.models.TEXT_DRAFT_TYPES`) reads no
+    pictures: only its vocabulary and tokenizer are checked.
 
     Embedding tables may differ in size: checkpoints of one series pad their vocabularies differently (Qwen2-VL-7B
     has 152064 rows, Qwen2-VL-2B 151936, with the same tokenizer). What must hold is that both share the tokenizer
@@ -258,15 +269,17 @@ def check_compatible(
     Raises:
         ValueError: naming what differs and what to do.
     """
-    check_series(target.config.model_type, draft.config.model_type)
-    t_rows = target.get_input_embeddings().weight.shape[0]
-    d_rows = draft.get_input_embeddings().weight.shape[0]
-    tokens = len(target_tokenizer) if target_tokenizer is not None else t_rows
-    if d_rows < tokens:
-        raise InvalidInputError(
-            f"the draft's vocabulary has {d_rows} entries but the target's tokenizer has {tokens} tokens; the draft "
-            "must share the target's tokenizer"
+    if draft.config.model_type in TEXT_DRAFT_TYPES:
+        _check_vocabulary(
+            target,
+            draft,
+            target_tokenizer,
+            draft_tokenizer,
+            frozenset(adapter_for(target).visual_token_ids()),
         )
+        return
+    check_series(target.config.model_type, draft.config.model_type)
+    _check_vocabulary(target, draft, target_tokenizer, draft_tokenizer)
     for key in ("image_token_id", "video_token_id"):
         t_id, d_id = getattr(target.config, key, None), getattr(draft.config, key, None)
         if t_id != d_id:
@@ -274,11 +287,35 @@ def check_compatible(
                 f"the draft's {key} is {d_id} but the target's is {t_id}; they must share a tokenizer"
             )
     check_visual_layout(target, draft)
-    if (
-        target_tokenizer is not None
-        and draft_tokenizer is not None
-        and target_tokenizer.get_vocab() != draft_tokenizer.get_vocab()
-    ):
+
+
+def _check_vocabulary(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    target_tokenizer: Any,
+    draft_tokenizer: Any,
+    unread: frozenset[int] = frozenset(),
+) -> None:
+    """Refuse a draft whose table does not cover the target's tokenizer, or whose tokenizer differs from the
+    target's; ``unread``: ids the draft never reads (a language model's: the target's visual placeholders, which
+    its table and tokenizer need not hold, as ``gemma-3-1b``'s table holds no ``<image_soft_token>``)."""
+    t_rows = target.get_input_embeddings().weight.shape[0]
+    d_rows = draft.get_input_embeddings().weight.shape[0]
+    tokens = len(target_tokenizer) if target_tokenizer is not None else t_rows
+    while tokens - 1 in unread:
+        tokens -= 1
+    if d_rows < tokens:
+        raise InvalidInputError(
+            f"the draft's vocabulary has {d_rows} entries but the target's tokenizer has {tokens} tokens; the draft "
+            "must share the target's tokenizer"
+        )
+    if target_tokenizer is None or draft_tokenizer is None:
+        return
+    vocabularies = [
+        {token: i for token, i in tokenizer.get_vocab().items() if i not in unread}
+        for tokenizer in (target_tokenizer, draft_tokenizer)
+    ]
+    if vocabularies[0] != vocabularies[1]:
         raise InvalidInputError(
             "the draft's tokenizer differs from the target's (different vocabulary); use a draft that shares "
             "the target's tokenizer"
@@ -354,7 +391,7 @@ def check_source(source: str | Path, role: str, trust_remote_code: bool = False)
             ).model_type
         except OSError as err:
             raise _hub_error(source, role, err) from err
-    check_model_type(model_type, f"the {role} model {str(source)!r}")
+    check_model_type(model_type, f"the {role} model {str(source)!r}", draft=role == "draft")
     return model_type
 
 
@@ -451,10 +488,11 @@ def load_processor(
     return processor
 
 
-def _load_model(source: str | Path, role: str, load: dict[str, Any]) -> torch.nn.Module:
-    """The model at ``source`` (safetensors only), a hub failure named with its role."""
+def _load_model(source: str | Path, role: str, load: dict[str, Any], text: bool = False) -> torch.nn.Module:
+    """The model at ``source`` (safetensors only; ``text``: a language model), a hub failure named with its role."""
+    auto = AutoModelForCausalLM if text else AutoModelForImageTextToText
     try:
-        return AutoModelForImageTextToText.from_pretrained(str(source), **load)
+        return auto.from_pretrained(str(source), **load)
     except OSError as err:
         if is_local_path(source):
             raise

@@ -123,7 +123,7 @@ class VLMSpecPipeline(PromptBuilder):
         self.draft = draft.eval() if draft is not None else None
         self.processor = processor
         self._target_adapter = adapter_for(target)
-        self._draft_adapter = adapter_for(draft) if draft is not None else None
+        self._draft_adapter = adapter_for(draft, self._target_adapter) if draft is not None else None
         check_attention(target, "target")
         if isinstance(draft, EDDDraft):
             check_target(draft.edd_config, target)

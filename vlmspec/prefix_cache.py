@@ -155,12 +155,11 @@ class TurnCache:
         matching it."""
         ids, media = self._current()
         start = self._resume(ids, len(ids) - 1)
+        run = self.adapter.run_positions(inputs, keep, start).cpu()
         if start == 0:
             prefill = self.adapter.prefill(inputs, keep=keep, **options)
             self.state = prefill.state
-            run = torch.arange(len(ids)) if keep is None else keep.cpu()
         else:
-            run = torch.arange(start, len(ids)) if keep is None else keep[keep >= start].cpu()
             given = None if keep is None else run
             prefill = self.adapter.extend(self.state, inputs, start, self.media, keep=given, **options)
             self.state = prefill.state

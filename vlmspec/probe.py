@@ -173,7 +173,10 @@ def probe_costs(
             f"cost probe: need runs >= 1, warmup >= 0 and context >= 1; got runs={runs}, warmup={warmup}, "
             f"context={context}"
         )
-    models = [_Prefixed(adapter_for(m), inputs, context) for m in (target, draft) if m is not None]
+    adapters = [adapter_for(target)] + (
+        [adapter_for(draft, adapter_for(target))] if draft is not None else []
+    )
+    models = [_Prefixed(adapter, inputs, context) for adapter in adapters]
 
     def timed_round() -> list[float]:  # [size 1: target, draft | size 2: target, draft | ...]
         return [model(n) for n in sizes for model in models]
@@ -301,7 +304,7 @@ def cached_costs(
 def _model_shape(model: torch.nn.Module) -> dict[str, Any]:
     text = model.config.get_text_config()
     shape = {key: getattr(text, key, None) for key in _SHAPE_KEYS}
-    return {"type": model.config.model_type, "dtype": str(adapter_for(model).dtype), **shape}
+    return {"type": model.config.model_type, "dtype": str(model.get_input_embeddings().weight.dtype), **shape}
 
 
 def _cpu_name() -> str:

@@ -306,9 +306,10 @@ class PruningConfig:
         self, adapter: Any, inputs: dict[str, Any]
     ) -> Callable[[torch.Tensor | None], torch.Tensor] | None:
         """How a draft (``adapter``) prunes the prompt ``inputs``: :meth:`select` on its layout, or ``None`` when
-        nothing would be pruned (pruning off, a prompt whose every modality is under the floor, or an EDD draft,
-        which sees the prompt through the target's hidden states), so that no scoring pass is run for nothing."""
-        if not self.enabled or adapter.reads_target_layer is not None:
+        nothing would be pruned (pruning off, a prompt whose every modality is under the floor, an EDD draft, which
+        sees the prompt through the target's hidden states, or a language-model draft, which reads no visual token
+        at all), so that no scoring pass is run for nothing."""
+        if not self.enabled or adapter.reads_target_layer is not None or not adapter.reads_pictures:
             return None
         layout = adapter.prompt_layout(inputs)
         if layout is None or not self.prunes(layout):

@@ -12,6 +12,7 @@ from .gemma3 import Gemma3Adapter
 from .internvl import InternVLAdapter
 from .llava import LlavaOnevisionAdapter
 from .qwen import QwenVLAdapter
+from .text import TEXT_DRAFT_TYPES, TextDraftAdapter
 
 _ADAPTERS: dict[str, type[VLMAdapter]] = {
     model_type: cls
@@ -27,27 +28,41 @@ _NATIVE_VERSIONS = {
 }
 
 
-def adapter_for(model: torch.nn.Module) -> VLMAdapter:
-    """The adapter for a loaded VLM.
+def adapter_for(model: torch.nn.Module, target: VLMAdapter | None = None) -> VLMAdapter:
+    """The adapter for a loaded VLM, or for a draft of ``target`` (the target's adapter): an EDD draft, or a
+    language model (:class:`~vlmspec.models.text.TextDraftAdapter`).
 
     Raises:
-        ValueError: the model's ``model_type`` is not a supported family.
+        ValueError: the model's ``model_type`` is not a supported family, or it is a language model and no
+            ``target`` is given (a language model only drafts).
     """
     if isinstance(model, EDDDraft):
         return EDDAdapter(model, _ADAPTERS[model.edd_config.target_model_type])
     model_type = getattr(model.config, "model_type", None)
+    if model_type in TEXT_DRAFT_TYPES:
+        if target is None:
+            raise InvalidInputError(
+                f"a {model_type!r} model reads no pictures: it can only draft for a VLM target (give it as the draft)"
+            )
+        return TextDraftAdapter(model, target)
     check_model_type(model_type)
     return _ADAPTERS[model_type](model)
 
 
-def check_model_type(model_type: str | None, model: str = "") -> None:
-    """Refuse a ``model_type`` no adapter takes (``model``: which model and where from, for the message).
+def check_model_type(model_type: str | None, model: str = "", draft: bool = False) -> None:
+    """Refuse a ``model_type`` no adapter takes (``model``: which model and where from, for the message; ``draft``:
+    the model is a draft, which may also be a language model of :data:`TEXT_DRAFT_TYPES`).
 
     Raises:
         InvalidInputError: naming the model type, the supported ones and, where one exists, the checkpoint to use.
     """
-    if model_type in _ADAPTERS:
+    if model_type in _ADAPTERS or (draft and model_type in TEXT_DRAFT_TYPES):
         return
+    if model_type in TEXT_DRAFT_TYPES:
+        raise InvalidInputError(
+            f"{model + ': ' if model else ''}model_type {model_type!r} is a language model, which reads no pictures: "
+            f"it can be the draft of a VLM target, not the target; supported targets: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
     native = _NATIVE_VERSIONS.get(model_type)
     raise InvalidInputError(
         f"{model + ': ' if model else ''}model_type {model_type!r} is not supported by vlmspec; supported families: "
@@ -57,11 +72,13 @@ def check_model_type(model_type: str | None, model: str = "") -> None:
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
+    "TEXT_DRAFT_TYPES",
     "DecodeState",
     "EDDAdapter",
     "EDDDraft",
     "Prefill",
     "PromptLayout",
+    "TextDraftAdapter",
     "VLMAdapter",
     "adapter_for",
     "check_model_type",

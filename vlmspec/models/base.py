@@ -64,6 +64,8 @@ class VLMAdapter(MediaRows):
     """Config fields (dotted paths) that decide how many visual tokens a picture or video becomes and how its
     pixels are laid out: the draft reads the target's processor outputs, so a draft must agree on each (its
     vision tower may be smaller). :func:`vlmspec.loading.check_compatible` compares them."""
+    reads_pictures: ClassVar[bool] = True
+    """Whether the model reads the prompt's pictures and videos (a language-model draft reads its text only)."""
     fixed_processor_settings: ClassVar[frozenset[str]] = frozenset()
     """Processor settings a request may not change (:mod:`vlmspec.processor_settings`) because the family's model
     fixes them: the vision tower's input size, the patch grid the pixels must be resized to."""
@@ -330,6 +332,15 @@ class VLMAdapter(MediaRows):
         return _PromptRows(
             self.select_prompt(prompt, keep), positions[..., keep], rope_ids, rope_delta, layout, visual
         )
+
+    def run_positions(
+        self, inputs: dict[str, torch.Tensor], keep: torch.Tensor | None, start: int = 0
+    ) -> torch.Tensor:
+        """``[K]`` the prompt positions a prefill (:meth:`prefill`, or :meth:`extend` from ``start``) puts in the
+        cache: those of ``keep`` from ``start`` on, or all of them (``keep`` ``None``)."""
+        if keep is None:
+            return torch.arange(start, inputs["input_ids"].shape[1], device=self.device)
+        return keep[keep >= start]
 
     def join_prompts(self, prompts: list[dict[str, Any]], length: int) -> dict[str, Any]:
         """Embedded prompts (:meth:`embed_prompt`, batch 1 each) as one batch right-padded to ``length``

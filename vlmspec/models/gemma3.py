@@ -121,10 +121,16 @@ class Gemma3Adapter(PlaceholderBlocks):
     ) -> torch.Tensor:
         """The tree mask for the global layers; for the local ones, the same with the keys outside the window
         hidden (see the module docstring)."""
-        keys = torch.arange(bias.shape[-1], device=bias.device)  # [K] cache indices
         window = self.config.get_text_config().sliding_window
-        outside = keys[None, None, :] <= position_ids[:, :, None] - window  # [B, n, K]
-        local = bias.masked_fill(outside[:, None], torch.finfo(bias.dtype).min)
-        return super()._logits(
-            cache, rows, position_ids, {"full_attention": bias, "sliding_attention": local}
-        )
+        return super()._logits(cache, rows, position_ids, window_masks(bias, position_ids, window))
+
+
+def window_masks(bias: torch.Tensor, position_ids: torch.Tensor, window: int) -> dict[str, torch.Tensor]:
+    """The masks of a model whose layers are global or local (the local ones seeing ``window`` positions), as
+    transformers takes them per layer type: ``bias`` ``[B, 1, n, K]`` for the global layers and, for the local ones,
+    the same with the keys outside the window of each query hidden, read on cache indices (``position_ids``
+    ``[B, n]``: the queries' positions; a cache entry's index is its position, see the module docstring)."""
+    keys = torch.arange(bias.shape[-1], device=bias.device)  # [K] cache indices
+    outside = keys[None, None, :] <= position_ids[:, :, None] - window  # [B, n, K]
+    local = bias.masked_fill(outside[:, None], torch.finfo(bias.dtype).min)
+    return {"full_attention": bias, "sliding_attention": local}

@@ -612,3 +612,65 @@ def _write_pair(family: str, seed: int, out: Path) -> None:
         **draw_info,
     }
     (out / _COMPLETE_MARKER).write_text(json.dumps(info, indent=2) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# A language-model draft: the tiny draft's language model on its own
+# ---------------------------------------------------------------------------------------------
+_LANGUAGE_MODEL_TYPES = {
+    "qwen2_vl_text": "qwen2",
+    "qwen2_5_vl_text": "qwen2",
+    "qwen2": "qwen2",
+    "qwen3_vl_text": "qwen3",
+    "qwen3": "qwen3",
+    "gemma3_text": "gemma3_text",
+}
+"""The ``model_type`` of the language model a VLM's text config describes, as a model of its own."""
+
+
+def language_model_of(vlm: PreTrainedModel) -> PreTrainedModel:
+    """``vlm``'s language model as a ``*ForCausalLM`` of its series (Qwen2, Qwen3, Gemma 3 text), with ``vlm``'s
+    weights: the same text predictions for a text-only prompt. M-RoPE becomes plain rotary positions, which it is
+    for text tokens (their three position ids are equal)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    text = vlm.config.get_text_config()
+    kind = _LANGUAGE_MODEL_TYPES[text.model_type]
+    values = {k: v for k, v in text.to_dict().items() if k not in ("model_type", "architectures")}
+    head, table = vlm.get_output_embeddings().weight, vlm.get_input_embeddings().weight
+    values["tie_word_embeddings"] = head.data_ptr() == table.data_ptr()  # the fixtures' heads are their own
+    if kind != "gemma3_text":  # one rotary table, without the M-RoPE sections
+        rope = values.get("rope_parameters") or {}
+        values["rope_parameters"] = {"rope_type": "default", "rope_theta": rope.get("rope_theta", 10000.0)}
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **values)).eval()
+    prefix = "model.language_model."
+    state = {
+        ("model." + k[len(prefix) :] if k.startswith(prefix) else k): v
+        for k, v in vlm.state_dict().items()
+        if k.startswith(prefix) or k.startswith("lm_head.")
+    }
+    model.load_state_dict(state, strict=True)
+    model.generation_config = vlm.generation_config
+    return model
+
+
+def build_tiny_text_draft(family: str, root: str | Path | None = None, seed: int = 0) -> Path:
+    """A language-model draft for the tiny ``family`` pair's target: its draft's language model on its own
+    (:func:`language_model_of`), saved with the pair's tokenizer into ``<pair folder>-text`` (built once, as
+    :func:`build_tiny_pair` builds). Its replies to text-only prompts are the tiny draft's."""
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    pair = build_tiny_pair(family, root, seed)
+    folder = pair.target.parent.with_name(pair.target.parent.name + "-text")
+    if (folder / "config.json").is_file():
+        return folder
+    with FileLock(str(folder.parent / f".{folder.name}.lock")):
+        if not (folder / "config.json").is_file():
+            staging = folder.with_name(f".{folder.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            with _build_environment():
+                language_model_of(AutoModelForImageTextToText.from_pretrained(pair.draft)).save_pretrained(
+                    staging
+                )
+                AutoTokenizer.from_pretrained(pair.target).save_pretrained(staging)
+            staging.rename(folder)
+    return folder

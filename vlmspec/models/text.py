@@ -1,0 +1,136 @@
+"""A language model drafting for a VLM: the draft reads the prompt's text and none of its pictures or videos.
+
+The smallest model of a series is often a language model only: ``gemma-3-1b-it`` under the Gemma 3 VLMs (4B is
+their smallest), ``Qwen3-0.6B`` and ``Qwen2.5-0.5B-Instruct`` under Qwen3-VL and Qwen2.5-VL (2B and 3B are
+theirs), sharing their tokenizers. Such a draft costs less per forward than any VLM of the series, and its prefill
+runs no vision tower and no visual token. What it gives up is what the pictures tell: where the reply reads them
+(a caption), it proposes less of what the target says (``docs/text_drafts.md`` has the figures).
+
+How it reads a prompt: it is the draft's visual-token pruning taken to the end. The prompt's visual placeholder
+tokens (the target's image and video placeholders) are left out, whatever the pipeline's prune ratio; the
+tokens around them (``<|vision_start|>``, ``<start_of_image>``, ...) stay, so the draft knows that a picture was
+there. The text tokens sit at *consecutive* positions ``0 .. T-1``, and the reply's tokens after them, so the
+draft reads exactly the text-only prompt it was trained on; the engine's logical positions (which count the
+target's visual tokens too) map to the draft's with ``rope_delta`` = minus the number of visual tokens left out.
+Why consecutive rather than each token at the target's place (a VLM draft's pruning keeps the gaps, since its
+rotary positions were trained with the pictures there): a language model has never seen a gap of hundreds of
+positions inside its context, and nothing in its training says what one would mean.
+
+A model with local layers (Gemma 3's text models) gets its window in the tree mask as a Gemma 3 VLM does
+(:func:`~vlmspec.models.gemma3.window_masks`): its cache holds only its own tokens, at consecutive positions, so a
+cache entry's index is its position, which is what the window rule reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache
+
+from ..errors import InvalidInputError
+from .base import VLMAdapter
+from .data import Prefill
+from .gemma3 import window_masks
+
+TEXT_DRAFT_TYPES: tuple[str, ...] = ("qwen2", "qwen3", "gemma3_text")
+"""``model_type`` of the language models that draft for a VLM: the language models of the families vlmspec takes
+(Qwen2 under Qwen2-VL, Qwen2.5-VL, LLaVA-OneVision and InternVL3; Qwen3 under Qwen3-VL and InternVL3.5; Gemma 3's
+text models under Gemma 3). A draft must also share the target's tokenizer (:func:`vlmspec.loading.check_compatible`)."""
+
+
+class TextDraftAdapter(VLMAdapter):
+    """The engine's handle on a language model drafting for a VLM (see the module docstring).
+
+    Args:
+        model: the ``*ForCausalLM`` draft.
+        target: the target's adapter, whose visual placeholder ids mark the tokens the draft leaves out.
+    """
+
+    reads_pictures = False
+
+    def __init__(self, model: torch.nn.Module, target: VLMAdapter) -> None:
+        super().__init__(model)
+        self._visual_ids = target.visual_token_ids()
+
+    def visual_token_ids(self) -> tuple[int, int]:
+        return self._visual_ids
+
+    def prompt_rope(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[1, L]`` positions that count the text tokens only (a visual token gets the position of the text token
+        after it; none is ever run), and ``rope_delta`` = minus the number of visual tokens."""
+        visual = self.prompt_layout(inputs).visual.to(self.device)  # [L] bool
+        before = torch.cumsum(visual.long(), dim=0) - visual.long()  # visual tokens before each position
+        positions = torch.arange(visual.numel(), device=self.device) - before
+        return positions[None], -visual.sum()
+
+    @staticmethod
+    def rope_ids(positions: torch.Tensor, rope_delta: torch.Tensor) -> torch.Tensor:
+        return (positions + rope_delta)[None]  # [1, n]
+
+    def embed_prompt(self, inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """Token embeddings only (the visual placeholders, which no run keeps, embedded as id 0: a language
+        model's table need not hold them, as ``gemma-3-1b``'s holds no ``<image_soft_token>``)."""
+        ids = inputs["input_ids"]
+        visual = self.prompt_layout(inputs).visual.to(ids.device)[None]  # [1, L]
+        return {"inputs_embeds": self.embeddings(ids.masked_fill(visual, 0))}
+
+    def media_items(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
+        return {}  # no media: the draft reads the text only
+
+    def run_positions(
+        self, inputs: dict[str, torch.Tensor], keep: torch.Tensor | None, start: int = 0
+    ) -> torch.Tensor:
+        """The prompt's text positions from ``start`` on, among ``keep`` when given (the pipeline's pruning may keep
+        visual tokens; this draft leaves every one out)."""
+        text = ~self.prompt_layout(inputs).visual.to(self.device)
+        text[:start] = False
+        if keep is not None:
+            text &= torch.zeros_like(text).index_fill(0, keep.to(self.device).long(), True)
+        return text.nonzero().flatten()
+
+    def _prompt_rows(self, inputs: dict[str, torch.Tensor], keep: torch.Tensor | None) -> Any:
+        return super()._prompt_rows(inputs, self.run_positions(inputs, keep))
+
+    @torch.no_grad()
+    def prefill(
+        self,
+        inputs: dict[str, torch.Tensor],
+        keep: torch.Tensor | None = None,
+        score_visual: bool = False,
+        hidden_layer: int | None = None,
+    ) -> Prefill:
+        """The prompt's text tokens (:meth:`VLMAdapter.prefill` with every visual token left out)."""
+        _refuse_target_reads(score_visual, hidden_layer)
+        return self._pruned_prefill(inputs, self.run_positions(inputs, keep))
+
+    @torch.no_grad()
+    def extend(
+        self,
+        state: Any,
+        inputs: dict[str, torch.Tensor],
+        start: int,
+        media: tuple[int, int],
+        keep: torch.Tensor | None = None,
+        score_visual: bool = False,
+        hidden_layer: int | None = None,
+    ) -> Prefill:
+        """:meth:`VLMAdapter.extend` of the text tokens from ``start`` on."""
+        _refuse_target_reads(score_visual, hidden_layer)
+        return super().extend(state, inputs, start, media, self.run_positions(inputs, keep, start))
+
+    def _logits(
+        self, cache: Cache, rows: torch.Tensor, position_ids: torch.Tensor, bias: torch.Tensor
+    ) -> torch.Tensor:
+        window = getattr(self.config, "sliding_window", None)
+        if window is not None and "sliding_attention" in (getattr(self.config, "layer_types", None) or ()):
+            bias = window_masks(bias, position_ids, window)
+        return super()._logits(cache, rows, position_ids, bias)
+
+
+def _refuse_target_reads(score_visual: bool, hidden_layer: int | None) -> None:
+    if score_visual or hidden_layer is not None:
+        raise InvalidInputError(
+            "score_visual and hidden_layer are read off a target's prefill; a language-model draft reads no "
+            "pictures and gives no target hidden states"
+        )
