@@ -207,15 +207,7 @@ def test_the_caption_job_captions_videos_with_a_gemma_3_target(gemma, tiny_root,
     for i in range(2):
         write_video(tmp_path / "videos" / f"clip{i}.mp4", make_video_frames(i, num_frames=6), fps=4)
     out = tmp_path / "captions.jsonl"
-    args = [
-        str(tmp_path / "videos"),
-        "--out",
-        str(out),
-        "--target",
-        str(pair.target),
-        "--draft",
-        str(pair.draft),
-    ]
+    args = [str(tmp_path / "videos"), f"--out={out}", f"--target={pair.target}", f"--draft={pair.draft}"]
     assert vlmspec_caption.main([*args, "--max-new-tokens", "16", "--num-frames", "4", "--no-progress"]) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in records] == ["clip0.mp4", "clip1.mp4"]

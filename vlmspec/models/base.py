@@ -210,7 +210,7 @@ class VLMAdapter(MediaRows):
         Args:
             inputs: processor outputs for one prompt (batch 1), already on the model's device.
             keep: ``[K]`` ascending prompt positions to keep (all text positions plus the kept visual ones);
-                ``None`` keeps everything. Only the kept positions enter the cache, each at its original (rotary)
+                ``None`` keeps everything (what :meth:`run_positions` gives, for a model that reads no pictures). Only the kept positions enter the cache, each at its original (rotary)
                 position; the decode ``rope_delta`` stays the full prompt's, since generated tokens continue from
                 the full prompt's logical length.
             score_visual: also return ``visual_scores`` (attention-guided pruning of the draft), only with
@@ -231,7 +231,7 @@ class VLMAdapter(MediaRows):
         Raises:
             ValueError: ``keep`` is not a 1-D ascending set of positions inside the prompt.
         """
-        if keep is None:
+        if keep is None and self.reads_pictures:
             cache = new_cache(self.model)
             position_ids, rope_delta = self.prompt_rope(inputs)
             with self._layer_output(hidden_layer) as hidden:
@@ -255,7 +255,8 @@ class VLMAdapter(MediaRows):
             return prefill
         if score_visual or hidden_layer is not None:
             raise InvalidInputError(
-                "score_visual and hidden_layer are for the full (target) prefill; they cannot be combined with keep"
+                "score_visual and hidden_layer are for the full (target) prefill; they cannot be combined with keep "
+                "or read off a model that reads no pictures"
             )
         return self._pruned_prefill(inputs, keep)
 
@@ -404,7 +405,7 @@ class VLMAdapter(MediaRows):
         position_ids, rope_delta = self.prompt_rope(inputs)
         if position_ids is None:
             position_ids = torch.arange(length, device=self.device)[None]  # [1, L]
-        run = torch.arange(start, length, device=self.device) if keep is None else keep.to(self.device)
+        run = self.run_positions(inputs, None, start) if keep is None else keep.to(self.device)
         if run.numel() == 0 or int(run[0]) < start:
             raise InvalidInputError(f"extend runs positions from start={start} on, got {run.tolist()[:8]}")
         run = _check_keep(run, length)

@@ -28,9 +28,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
-from ..errors import InvalidInputError
 from .base import VLMAdapter
-from .data import Prefill
 from .gemma3 import window_masks
 
 TEXT_DRAFT_TYPES: tuple[str, ...] = ("qwen2", "qwen3", "gemma3_text")
@@ -82,7 +80,7 @@ class TextDraftAdapter(VLMAdapter):
         self, inputs: dict[str, torch.Tensor], keep: torch.Tensor | None, start: int = 0
     ) -> torch.Tensor:
         """The prompt's text positions from ``start`` on, among ``keep`` when given (the pipeline's pruning may keep
-        visual tokens; this draft leaves every one out)."""
+        visual tokens; this draft leaves every one out): what a prefill, or an :meth:`extend` of a later turn, runs."""
         text = ~self.prompt_layout(inputs).visual.to(self.device)
         text[:start] = False
         if keep is not None:
@@ -92,33 +90,6 @@ class TextDraftAdapter(VLMAdapter):
     def _prompt_rows(self, inputs: dict[str, torch.Tensor], keep: torch.Tensor | None) -> Any:
         return super()._prompt_rows(inputs, self.run_positions(inputs, keep))
 
-    @torch.no_grad()
-    def prefill(
-        self,
-        inputs: dict[str, torch.Tensor],
-        keep: torch.Tensor | None = None,
-        score_visual: bool = False,
-        hidden_layer: int | None = None,
-    ) -> Prefill:
-        """The prompt's text tokens (:meth:`VLMAdapter.prefill` with every visual token left out)."""
-        _refuse_target_reads(score_visual, hidden_layer)
-        return self._pruned_prefill(inputs, self.run_positions(inputs, keep))
-
-    @torch.no_grad()
-    def extend(
-        self,
-        state: Any,
-        inputs: dict[str, torch.Tensor],
-        start: int,
-        media: tuple[int, int],
-        keep: torch.Tensor | None = None,
-        score_visual: bool = False,
-        hidden_layer: int | None = None,
-    ) -> Prefill:
-        """:meth:`VLMAdapter.extend` of the text tokens from ``start`` on."""
-        _refuse_target_reads(score_visual, hidden_layer)
-        return super().extend(state, inputs, start, media, self.run_positions(inputs, keep, start))
-
     def _logits(
         self, cache: Cache, rows: torch.Tensor, position_ids: torch.Tensor, bias: torch.Tensor
     ) -> torch.Tensor:
@@ -126,11 +97,3 @@ class TextDraftAdapter(VLMAdapter):
         if window is not None and "sliding_attention" in (getattr(self.config, "layer_types", None) or ()):
             bias = window_masks(bias, position_ids, window)
         return super()._logits(cache, rows, position_ids, bias)
-
-
-def _refuse_target_reads(score_visual: bool, hidden_layer: int | None) -> None:
-    if score_visual or hidden_layer is not None:
-        raise InvalidInputError(
-            "score_visual and hidden_layer are read off a target's prefill; a language-model draft reads no "
-            "pictures and gives no target hidden states"
-        )
