@@ -7,6 +7,9 @@ Gemma 3's 24-token window of local layers)."""
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import PROMPTS
@@ -23,13 +26,17 @@ MAX_NEW = 32
 MEDIA = {kind: (image, video) for kind, image, video in media_kinds()}
 
 
+@functools.cache
+def _text_pipe(family: str, root: Path) -> VLMSpecPipeline:
+    """A family's tiny target with its draft's language model as the draft (built once per module run)."""
+    pair = build_tiny_pair(family, root=root)
+    draft = build_tiny_text_draft(family, root=root)
+    return VLMSpecPipeline.from_pretrained(pair.target, draft, policy="sage", torch_dtype=torch.float32)
+
+
 @pytest.fixture(scope="module", params=TEXT_DRAFT_FAMILIES)
 def text_pipe(request, tiny_root):
-    """A family's tiny target with its draft's language model as the draft."""
-    pair = build_tiny_pair(request.param, root=tiny_root)
-    draft = build_tiny_text_draft(request.param, root=tiny_root)
-    pipe = VLMSpecPipeline.from_pretrained(pair.target, draft, policy="sage", torch_dtype=torch.float32)
-    return request.param, pipe
+    return request.param, _text_pipe(request.param, tiny_root)
 
 
 def test_greedy_equals_generate_and_the_draft_reads_no_visual_token(text_pipe):
@@ -74,8 +81,11 @@ def test_the_draft_reads_the_text_only_prompt_at_consecutive_positions(text_pipe
     torch.testing.assert_close(logits, expected[-40:-1], rtol=1e-4, atol=1e-4)
 
 
-def test_a_batch_and_a_conversation_equal_generate(text_pipe):
-    family, pipe = text_pipe
+@pytest.mark.parametrize("family", ["qwen3_vl", "gemma3"])
+def test_a_batch_and_a_conversation_equal_generate(family, tiny_root):
+    """On two families (Qwen3-VL's M-RoPE target, Gemma 3's local layers): the batched prefill and the turn cache
+    run the adapter's prefill and positions, which the tests above check for every family."""
+    pipe = _text_pipe(family, tiny_root)
     pipe.policy = get_policy("chain")
     check_batch_equals_generate(pipe, mixed_requests(), family)
     chat = pipe.chat(max_new_tokens=24)

@@ -173,9 +173,8 @@ def probe_costs(
             f"cost probe: need runs >= 1, warmup >= 0 and context >= 1; got runs={runs}, warmup={warmup}, "
             f"context={context}"
         )
-    adapters = [adapter_for(target)] + (
-        [adapter_for(draft, adapter_for(target))] if draft is not None else []
-    )
+    target_adapter = adapter_for(target)
+    adapters = [target_adapter] + ([adapter_for(draft, target_adapter)] if draft is not None else [])
     models = [_Prefixed(adapter, inputs, context) for adapter in adapters]
 
     def timed_round() -> list[float]:  # [size 1: target, draft | size 2: target, draft | ...]

@@ -210,9 +210,10 @@ class VLMAdapter(MediaRows):
         Args:
             inputs: processor outputs for one prompt (batch 1), already on the model's device.
             keep: ``[K]`` ascending prompt positions to keep (all text positions plus the kept visual ones);
-                ``None`` keeps everything (what :meth:`run_positions` gives, for a model that reads no pictures). Only the kept positions enter the cache, each at its original (rotary)
-                position; the decode ``rope_delta`` stays the full prompt's, since generated tokens continue from
-                the full prompt's logical length.
+                ``None`` keeps everything (what :meth:`run_positions` gives, for a model that reads no pictures).
+                Only the kept positions enter the cache, each at its original (rotary) position; the decode
+                ``rope_delta`` stays the full prompt's, since generated tokens continue from the full prompt's
+                logical length.
             score_visual: also return ``visual_scores`` (attention-guided pruning of the draft), only with
                 ``keep=None``. The prefill itself is the model's own full forward, exactly what ``generate()`` runs
                 (so the target's cache and first token are bit-identical to ``generate()``'s, in every dtype, up to
