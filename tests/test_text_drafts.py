@@ -133,3 +133,14 @@ def test_a_language_model_of_another_tokenizer_is_refused(tiny_root):
     other = build_tiny_text_draft("gemma3", root=tiny_root)
     with pytest.raises(InvalidInputError, match=r"draft's (tokenizer differs|vocabulary has)"):
         VLMSpecPipeline.from_pretrained(pair.target, other)
+
+
+def test_the_bench_s_assisted_generation_row_says_why_it_cannot_run(tiny_root):
+    """transformers' assisted generation hands its assistant the target's processor outputs, pixels included: the
+    bench's ``hf_assisted`` row names that instead of transformers' unused-kwargs error."""
+    from vlmspec_eval import methods
+
+    pipe = _text_pipe("qwen2_vl", tiny_root)
+    inputs = pipe.prepare_inputs(make_image(0), PROMPTS[0])
+    with pytest.raises(TypeError, match="a language-model draft does not take"):
+        methods.assisted_generate(pipe, inputs, 4)

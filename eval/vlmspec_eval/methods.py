@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from vlmspec.costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
-from vlmspec.models import EDDDraft
+from vlmspec.models import TEXT_DRAFT_TYPES, EDDDraft
 from vlmspec.policies import TreePolicy, available_policies, check_greedy, get_policy, policy_class
 from vlmspec.probe import sync
 
@@ -434,11 +434,17 @@ def assisted_generate(pipe: Any, inputs: dict[str, torch.Tensor], max_new_tokens
 
     Raises:
         TypeError: the draft is an EDD draft (a layer reading the target's hidden states), which transformers'
-            assisted generation cannot run: it takes a whole model as the assistant.
+            assisted generation cannot run: it takes a whole model as the assistant; or a language model, to
+            which it would give the target's processor outputs.
     """
     if isinstance(pipe.draft, EDDDraft):
         raise TypeError(
             "hf_assisted needs a separate draft model; an EDD draft reads the target's hidden states"
+        )
+    if pipe.draft.config.model_type in TEXT_DRAFT_TYPES:
+        raise TypeError(
+            "hf_assisted gives the assistant the target's inputs, pictures included, which a language-model "
+            "draft does not take"
         )
     out = pipe.target.generate(
         **inputs, assistant_model=pipe.draft, do_sample=False, max_new_tokens=max_new_tokens
