@@ -144,3 +144,14 @@ def test_the_bench_s_assisted_generation_row_says_why_it_cannot_run(tiny_root):
     inputs = pipe.prepare_inputs(make_image(0), PROMPTS[0])
     with pytest.raises(TypeError, match="a language-model draft does not take"):
         methods.assisted_generate(pipe, inputs, 4)
+
+
+def test_a_saved_pipeline_loads_back_with_its_language_model_draft(tiny_root, tmp_path):
+    pipe = _text_pipe("qwen3_vl", tiny_root)
+    pipe.save_pretrained(tmp_path / "saved")
+    back = VLMSpecPipeline.from_pretrained(tmp_path / "saved", torch_dtype=torch.float32)
+    assert isinstance(back._draft_adapter, TextDraftAdapter)
+    image = make_image(4)
+    out = back(image, PROMPTS[3], max_new_tokens=MAX_NEW)
+    assert out.token_ids == pipe.reference_generate(pipe.prepare_inputs(image, PROMPTS[3]), MAX_NEW)
+    assert out.stats.mean_accepted > 0
