@@ -48,6 +48,20 @@ def reference(pipe: VLMSpecPipeline, request: dict) -> list[int]:
     return pipe.reference_generate(inputs, request["max_new_tokens"])
 
 
+def check_replies_equal_generate(
+    pipe: VLMSpecPipeline, policy: str, cases: list[tuple[str, dict, list[int]]]
+) -> None:
+    """Under ``policy``, each ``(label, call keywords, generate()'s reply)`` case's reply is ``generate()``'s, and the
+    draft's proposals were accepted somewhere (none with ``ar``)."""
+    pipe.policy = get_policy(policy)
+    accepted = 0
+    for label, call, expected in cases:
+        out = pipe(**call)
+        assert out.token_ids == expected, f"{policy}/{label}"
+        accepted += out.stats.accepted_tokens
+    assert (accepted == 0) == (policy == "ar")
+
+
 def check_batch_equals_generate(pipe: VLMSpecPipeline, requests: list[dict], label: str) -> None:
     """``pipe.batch`` at batch 6: each reply is that request's own ``generate()``, token for token."""
     outputs = pipe.batch(requests, batch_size=6)
