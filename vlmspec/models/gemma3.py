@@ -101,9 +101,8 @@ class Gemma3Adapter(PlaceholderBlocks):
         blocks = prompt.pop("image_blocks", None)
         if blocks is not None:
             before = cache_length(cache)
-            if (
-                before
-            ):  # the cached entries (earlier pictures included) lie before every query: causal is right
+            # the cached entries (earlier pictures included) lie before every query: causal is right for them
+            if before:
                 blocks = torch.cat([blocks.new_full((blocks.shape[0], before), -1), blocks], dim=-1)
             bias = create_masks_for_vision_model(
                 config=self.config.get_text_config(),
