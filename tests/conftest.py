@@ -68,3 +68,21 @@ def input_kinds():
         ("video", None, make_video_frames(0)),
         ("text", None, None),
     ]
+
+
+def check_a_conversation_with_pictures_equals_generate(pipe) -> None:
+    """A ``sage`` chat of three turns (a picture, another picture, text): each reply is ``generate()``'s on the whole
+    conversation so far, and the later turns prefill on the earlier ones' caches."""
+    from vlmspec import get_policy
+
+    pipe.policy = get_policy("sage")
+    chat = pipe.chat(max_new_tokens=32)
+    turns = (
+        ("Describe this image.", make_image(1)),
+        ("And this one?", make_image(2)),
+        ("Which is larger?", None),
+    )
+    for turn, (text, image) in enumerate(turns):
+        out = chat.send(text, images=image)
+        assert out.token_ids == pipe.reference_generate(pipe.prepare_messages(chat.messages[:-1]), 32), turn
+        assert (out.stats.cached_prompt_tokens > 0) == (turn > 0)

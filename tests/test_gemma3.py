@@ -17,7 +17,7 @@ import json
 import pytest
 import torch
 import vlmspec_caption
-from conftest import PROMPTS
+from conftest import PROMPTS, check_a_conversation_with_pictures_equals_generate
 from test_batching import check_batch_equals_generate, check_replies_equal_generate, mixed_requests
 from test_batching import reference as batch_reference
 
@@ -139,18 +139,7 @@ def test_a_batch_needs_the_pictures_both_way_mask(gemma, monkeypatch):
 
 def test_a_conversation_with_pictures_in_two_turns(gemma):
     """Later turns prefill on the caches of the earlier ones (their pictures' blocks included)."""
-    pipe, _ = gemma
-    pipe.policy = get_policy("sage")
-    chat = pipe.chat(max_new_tokens=32)
-    turns = (
-        ("Describe this image.", make_image(1)),
-        ("And this one?", make_image(2)),
-        ("Which is larger?", None),
-    )
-    for turn, (text, image) in enumerate(turns):
-        out = chat.send(text, images=image)
-        assert out.token_ids == pipe.reference_generate(pipe.prepare_messages(chat.messages[:-1]), 32), turn
-        assert (out.stats.cached_prompt_tokens > 0) == (turn > 0)
+    check_a_conversation_with_pictures_equals_generate(gemma[0])
 
 
 def _frames_as_pictures_chat(frames: list, times: list[float], text: str) -> list[dict]:

@@ -648,6 +648,7 @@ EXPECTED_PAIRS = {
     ("OpenGVLab/InternVL3-8B-hf", "OpenGVLab/InternVL3-1B-hf"),
     ("google/gemma-3-27b-it", "google/gemma-3-4b-it"),
     ("google/gemma-3-12b-it", "google/gemma-3-4b-it"),
+    ("llava-hf/llava-1.5-13b-hf", "llava-hf/llava-1.5-7b-hf"),
     ("testbed-mini", None),
     ("testbed-base@cpu", None),
 }
@@ -717,6 +718,9 @@ def test_family_from_name() -> None:
     assert options.family_from_name("google/gemma-3-27b-it") == "gemma3"
     assert options.family_from_name("tiny:gemma3") == "gemma3"
     assert options.family_from_name("google/gemma-3n-E4B-it") is None
+    assert options.family_from_name("llava-hf/llava-1.5-13b-hf") == "llava"
+    assert options.family_from_name("liuhaotian/llava-v1.5-7b") == "llava"
+    assert options.family_from_name("tiny:llava") == "llava"
     assert options.family_from_name("/some/folder") is None
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "MOE_FAMILIES",
     "QWEN3_FAMILIES",
     "LLAVA_CHAT_TEMPLATE",
+    "LLAVA15_CHAT_TEMPLATE",
     "LLAVA_SPECIAL_TOKENS",
     "INTERNVL_CHAT_TEMPLATE",
     "INTERNVL_NAMED_TOKENS",
@@ -47,8 +48,9 @@ __all__ = [
 
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_onevision", "internvl")
 """The dense families with pictures and videos these builders know (the fixtures' test matrix)."""
-IMAGE_ONLY_FAMILIES: tuple[str, ...] = ("gemma3",)
-"""Families these builders know whose models read pictures only (Gemma 3: no video input), tested on their own."""
+IMAGE_ONLY_FAMILIES: tuple[str, ...] = ("gemma3", "llava")
+"""Families these builders know whose models read pictures only (Gemma 3, LLaVA-1.5: no video input), tested on
+their own."""
 MOE_FAMILIES: tuple[str, ...] = ("qwen3_vl_moe",)
 """Mixture-of-experts families these builders know too: Qwen3-VL-30B-A3B's and -235B-A22B's architecture, the
 Qwen3-VL vision tower and processor with a sparse language model (every layer routes each token to
@@ -69,6 +71,7 @@ _CLASS_NAMES = {  # family: (config, model, processor) classes of transformers
     ),
     "internvl": ("InternVLConfig", "InternVLForConditionalGeneration", "InternVLProcessor"),
     "gemma3": ("Gemma3Config", "Gemma3ForConditionalGeneration", "Gemma3Processor"),
+    "llava": ("LlavaConfig", "LlavaForConditionalGeneration", "LlavaProcessor"),
 }
 _MROPE_SECTIONS = {
     16: [2, 3, 3],
@@ -158,6 +161,24 @@ LLAVA_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# LLaVA-1.5's (``llava-hf/llava-1.5-7b-hf``'s): ``USER: `` then the turn's pictures, each ``<image>`` on a line of
+# its own, then its texts; ``ASSISTANT:`` opens the reply. A reply ends with the builders' ``<|im_end|>`` (LLaVA's
+# own ends with ``</s>``, its tokenizer's end of sequence).
+LLAVA15_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] != 'system' %}{{ message['role'].upper() + ': ' }}{% endif %}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
+    "{{ '<image>\\n' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ content['text'] }}{% if not loop.last %}{{ ' ' }}{% endif %}{% endfor %}"
+    "{% endif %}"
+    "{{ '<|im_end|>' if message['role'] == 'assistant' else ' ' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
+
 # InternVL3/3.5's (the hub's ``-hf`` checkpoints'), without the default system prompt: each picture or video is
 # its processor's placeholder on a line of its own, before the text.
 INTERNVL_CHAT_TEMPLATE = (
@@ -197,6 +218,7 @@ _CHAT_TEMPLATES = {
     "llava_onevision": LLAVA_CHAT_TEMPLATE,
     "internvl": INTERNVL_CHAT_TEMPLATE,
     "gemma3": GEMMA3_CHAT_TEMPLATE,
+    "llava": LLAVA15_CHAT_TEMPLATE,
 }
 
 
@@ -281,6 +303,8 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return (*_CHAT_TOKENS, *INTERNVL_NAMED_TOKENS.values())
     if family == "gemma3":
         return (*_CHAT_TOKENS, *GEMMA3_NAMED_TOKENS.values())
+    if family == "llava":
+        return (*_CHAT_TOKENS, "<image>")
     return (*_CHAT_TOKENS, *(_GROUNDING_TOKENS if grounding else ()), *_QWEN_VISION_TOKENS)
 
 
@@ -384,6 +408,20 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
         ``InternVLProcessor`` with the tokenizer's chat template.
     """
     processor_cls = _transformers_class(family, 2)
+    if family == "llava":
+        from transformers import CLIPImageProcessor
+
+        side = layout.crop_side
+        return processor_cls(  # CLIP's CLS token goes ("default" strategy): one token per patch
+            image_processor=CLIPImageProcessor(
+                size={"shortest_edge": side}, crop_size={"height": side, "width": side}
+            ),
+            tokenizer=tokenizer,
+            patch_size=layout.patch,
+            vision_feature_select_strategy="default",
+            num_additional_image_tokens=1,
+            chat_template=tokenizer.chat_template,
+        )
     if family == "gemma3":
         from transformers import Gemma3ImageProcessor
 
@@ -511,6 +549,8 @@ def build_config(
         return config_cls(**_internvl_config_kwargs(spec, text, tid, layout))
     if family == "gemma3":
         return config_cls(**_gemma3_config_kwargs(spec, text, tid, layout))
+    if family == "llava":
+        return config_cls(**_llava15_config_kwargs(spec, text, tid, layout))
     return config_cls(
         text_config={**text, "rope_parameters": _mrope(family, spec.head_dim)},
         vision_config={
@@ -547,6 +587,34 @@ def _llava_config_kwargs(
         "vision_feature_layer": -1,
         "image_grid_pinpoints": layout.pinpoints(),
         "vision_aspect_ratio": "anyres_max_9",
+        "tie_word_embeddings": False,
+    }
+
+
+def _llava15_config_kwargs(
+    spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
+) -> dict[str, Any]:
+    """``LlavaConfig``'s arguments, LLaVA-1.5's: a Llama language model behind a CLIP tower whose second-to-last
+    layer's patch features (CLS dropped) go through a two-layer projector, one token per patch."""
+    return {
+        "text_config": {
+            **text,
+            "model_type": "llama",
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        "vision_config": {
+            "model_type": "clip_vision_model",
+            "hidden_size": spec.vision_hidden,
+            "intermediate_size": 2 * spec.vision_hidden,
+            "num_hidden_layers": spec.vision_layers,
+            "num_attention_heads": spec.vision_heads,
+            "image_size": layout.crop_side,
+            "patch_size": layout.patch,
+        },
+        "image_token_index": tid("<image>"),
+        "image_seq_length": (layout.crop_side // layout.patch) ** 2,
+        "vision_feature_select_strategy": "default",
+        "vision_feature_layer": -2,
         "tie_word_embeddings": False,
     }
 

@@ -10,19 +10,21 @@ from .base import DecodeState, Prefill, PromptLayout, VLMAdapter
 from .edd import EDDAdapter, EDDDraft
 from .gemma3 import Gemma3Adapter
 from .internvl import InternVLAdapter
-from .llava import LlavaOnevisionAdapter
+from .llava import LlavaAdapter, LlavaOnevisionAdapter
 from .qwen import QwenVLAdapter
 from .text import TEXT_DRAFT_TYPES, TextDraftAdapter
 
 _ADAPTERS: dict[str, type[VLMAdapter]] = {
     model_type: cls
-    for cls in (QwenVLAdapter, LlavaOnevisionAdapter, InternVLAdapter, Gemma3Adapter)
+    for cls in (QwenVLAdapter, LlavaOnevisionAdapter, LlavaAdapter, InternVLAdapter, Gemma3Adapter)
     for model_type in cls.model_types
 }
 
 SUPPORTED_MODEL_TYPES = tuple(sorted(_ADAPTERS))
 
 _NATIVE_VERSIONS = {
+    "llava_llama": "the original LLaVA-1.5 checkpoints (model_type 'llava_llama', liuhaotian/llava-v1.5-7b) run their "
+    "own code; load the transformers-native version (llava-hf/llava-1.5-7b-hf)",
     "internvl_chat": "OpenGVLab's InternVL checkpoints that run their own code (model_type 'internvl_chat') have "
     "transformers-native versions: load the '-hf' one (OpenGVLab/InternVL3-8B-hf, OpenGVLab/InternVL3_5-8B-HF)",
 }

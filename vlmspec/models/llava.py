@@ -1,4 +1,6 @@
-"""LLaVA-OneVision: a SigLIP tower + projector in front of a Qwen2 language model with 1-D RoPE.
+"""The LLaVA families: LLaVA-OneVision (:class:`LlavaOnevisionAdapter`) and LLaVA-1.5 (:class:`LlavaAdapter`).
+
+LLaVA-OneVision: a SigLIP tower + projector in front of a Qwen2 language model with 1-D RoPE.
 
 Pruned/scored prefills (see :mod:`vlmspec.models.base`) take the visual features from the model's own
 ``get_image_features`` (anyres tiles, unpadding and ``image_newline`` packed as ``forward`` does) and
@@ -14,6 +16,11 @@ import torch
 
 from ..errors import InvalidInputError
 from .base import VisualFeatures, VLMAdapter
+from .blocks import PlaceholderBlocks
+
+_PATCH_GRID_TOWERS = ("clip_vision_model", "siglip_vision_model")
+"""Vision towers that read a picture as one fixed grid of patches (LLaVA's checkpoints with a Pixtral tower read
+each picture at its own size: another layout, not supported)."""
 
 
 class LlavaOnevisionAdapter(VLMAdapter):
@@ -93,3 +100,53 @@ class LlavaOnevisionAdapter(VLMAdapter):
             per_video = int(video_tokens.sum()) // inputs["pixel_values_videos"].shape[0]
             videos = (video_tokens // per_video).tolist()
         return list(zip(images, videos, strict=True))
+
+
+class LlavaAdapter(PlaceholderBlocks):
+    """LLaVA-1.5 (``llava-hf/llava-1.5-7b-hf`` drafting for ``-13b-hf``; or a LLaMA language model drafting, see
+    :mod:`vlmspec.models.text`): a CLIP tower whose second-to-last layer's patch features go through a two-layer
+    projector, one token per patch (576 for a 336-pixel picture), in front of a Llama language model with 1-D RoPE.
+
+    Pictures only (a video reaches it as its frames: :func:`vlmspec.conversations.frames_as_pictures`). The processor
+    resizes and centre-crops every picture to the tower's input and writes it as that many ``<image>`` tokens, one row
+    of ``pixel_values`` ``[n, C, H, W]`` each: a prompt's media items are its pictures, blocks of a fixed size.
+    Pruned/scored prefills take the features from the model's own ``get_image_features`` (the config's feature layer
+    and strategy apply, as in ``forward``). Positions are the original 1-D prompt indices.
+    """
+
+    model_types = ("llava",)
+    layout_fields = (  # pictures of image_size pixels, patch_size patches each, the CLS token dropped or kept
+        "vision_config.model_type",
+        "vision_config.image_size",
+        "vision_config.patch_size",
+        "vision_config.num_channels",
+        "vision_feature_select_strategy",
+    )
+    fixed_processor_settings = frozenset({"size", "crop_size", "do_resize", "do_center_crop"})  # CLIP's input
+    placeholder, block = "<image>", "picture"
+    write_hint = "write each picture in the prompt as one <image> and let the processor expand it"
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__(model)
+        tower = self.config.vision_config.model_type
+        if tower not in _PATCH_GRID_TOWERS:
+            raise InvalidInputError(
+                f"a LLaVA model with a {tower!r} vision tower reads each picture at its own size, which vlmspec does "
+                f"not support; LLaVA checkpoints with a {' or '.join(_PATCH_GRID_TOWERS)} tower (LLaVA-1.5) are"
+            )
+
+    def visual_token_ids(self) -> tuple[int, int]:
+        return self.config.image_token_id, self.config.image_token_id
+
+    @property
+    def block_tokens(self) -> int:
+        """Placeholders per picture: one per patch, plus the CLS token under the ``"full"`` strategy."""
+        vision = self.config.vision_config
+        patches = (vision.image_size // vision.patch_size) ** 2
+        return patches + (self.config.vision_feature_select_strategy == "full")
+
+    def visual_features(self, inputs: dict[str, torch.Tensor]) -> dict[str, VisualFeatures]:
+        if inputs.get("pixel_values") is None:
+            return {}
+        out = self.model.model.get_image_features(inputs["pixel_values"], return_dict=True)
+        return {"image": VisualFeatures(embeds=torch.cat(list(out.pooler_output)))}  # [pictures * tokens, D]

@@ -4,7 +4,8 @@ The smallest model of a series is often a language model only: ``gemma-3-1b-it``
 their smallest), ``Qwen3-0.6B`` and ``Qwen2.5-0.5B-Instruct`` under Qwen3-VL and Qwen2.5-VL (2B and 3B are
 theirs), sharing their tokenizers. Such a draft costs less per forward than any VLM of the series, and its prefill
 runs no vision tower and no visual token. What it gives up is what the pictures tell: where the reply reads them
-(a caption), it proposes less of what the target says (``docs/text_drafts.md`` has the figures).
+(a caption), it proposes less of what the target says (``docs/text_drafts.md`` has the figures). Under LLaVA-1.5,
+whose series has no VLM below 7B, a small LLaMA is the usual draft.
 
 How it reads a prompt: it is the draft's visual-token pruning taken to the end. The prompt's visual placeholder
 tokens (the target's image and video placeholders) are left out, whatever the pipeline's prune ratio; the
@@ -31,10 +32,11 @@ from transformers.cache_utils import Cache
 from .base import VLMAdapter
 from .gemma3 import window_masks
 
-TEXT_DRAFT_TYPES: tuple[str, ...] = ("qwen2", "qwen3", "gemma3_text")
+TEXT_DRAFT_TYPES: tuple[str, ...] = ("qwen2", "qwen3", "gemma3_text", "llama")
 """``model_type`` of the language models that draft for a VLM: the language models of the families vlmspec takes
 (Qwen2 under Qwen2-VL, Qwen2.5-VL, LLaVA-OneVision and InternVL3; Qwen3 under Qwen3-VL and InternVL3.5; Gemma 3's
-text models under Gemma 3). A draft must also share the target's tokenizer (:func:`vlmspec.loading.check_compatible`)."""
+text models under Gemma 3; LLaMA under LLaVA-1.5, e.g. a Vicuna-tokenizer LLaMA of 68M-160M parameters, the draft of
+Gagrani et al., "On Speculative Decoding for Multimodal Large Language Models", 2024). A draft must also share the target's tokenizer (:func:`vlmspec.loading.check_compatible`)."""
 
 
 class TextDraftAdapter(VLMAdapter):

@@ -89,6 +89,8 @@ _LAYOUTS = {
     "internvl": VisionLayout(patch=7, crop_side=28, max_tiles=4),
     # SigLIP input side 28: 4x4 patches of 7, average-pooled 2x2 -> 4 tokens per picture
     "gemma3": VisionLayout(patch=7, crop_side=28),
+    # CLIP input side 28: 2x2 patches of 14 -> 4 tokens per picture (the CLS token dropped, as LLaVA-1.5 does)
+    "llava": VisionLayout(patch=14, crop_side=28),
 }
 _SLIDING_WINDOW = 24
 """Gemma 3's local window in the fixtures: a prompt with a picture is ~30 tokens, so 48 new tokens run past it."""
@@ -126,6 +128,7 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("internvl", 0): 14,
     ("qwen3_vl_moe", 0): 14,
     ("gemma3", 0): 6,
+    ("llava", 0): 11,
 }
 
 _CORPUS = """
@@ -353,7 +356,7 @@ def _calibrate_vision(model: PreTrainedModel, family: str, processor: ProcessorM
     """
     import torch
 
-    image_token = {"llava_onevision": "<image>", "internvl": processor.image_token}.get(
+    image_token = {"llava_onevision": "<image>", "llava": "<image>", "internvl": processor.image_token}.get(
         family, "<start_of_image>" if family == "gemma3" else "<|vision_start|><|image_pad|><|vision_end|>"
     )
     inputs = processor(text=[image_token + "hi"], images=[make_image(0)], return_tensors="pt")
@@ -624,12 +627,13 @@ _LANGUAGE_MODEL_TYPES = {
     "qwen3_vl_text": "qwen3",
     "qwen3": "qwen3",
     "gemma3_text": "gemma3_text",
+    "llama": "llama",
 }
 """The ``model_type`` of the language model a VLM's text config describes, as a model of its own."""
 
 
 def language_model_of(vlm: PreTrainedModel) -> PreTrainedModel:
-    """``vlm``'s language model as a ``*ForCausalLM`` of its series (Qwen2, Qwen3, Gemma 3 text), with ``vlm``'s
+    """``vlm``'s language model as a ``*ForCausalLM`` of its series (Qwen2, Qwen3, Gemma 3 text, LLaMA), with ``vlm``'s
     weights: the same text predictions for a text-only prompt. M-RoPE becomes plain rotary positions, which it is
     for text tokens (their three position ids are equal)."""
     from transformers import AutoConfig, AutoModelForCausalLM

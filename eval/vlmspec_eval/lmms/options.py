@@ -113,6 +113,7 @@ _FAMILY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("qwen2_5_vl", re.compile(r"qwen2\.5[-_]vl|qwen2_5[-_]vl", re.I)),
     ("qwen2_vl", re.compile(r"qwen2[-_]vl", re.I)),
     ("llava_onevision", re.compile(r"llava[-_]onevision", re.I)),
+    ("llava", re.compile(r"llava[-_]v?1\.5", re.I)),
     ("internvl", re.compile(r"internvl", re.I)),
     ("gemma3", re.compile(r"gemma[-_]?3(?!n)", re.I)),  # not Gemma 3n, another architecture
 )
