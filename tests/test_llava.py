@@ -1,7 +1,9 @@
-"""LLaVA-1.5 (``llava-hf/llava-1.5-7b-hf`` drafting for ``-13b-hf``): the tiny ``llava`` pair (a CLIP tower whose
-second-to-last layer's patches, CLS dropped, become the picture's tokens; a Llama language model) is lossless like
-the other families, alone, with a pruned draft, in batches and conversations; a video reaches it as its frames'
-pictures. LLaVA models that read pictures another way are refused with what to load instead."""
+"""LLaVA-1.5 (``llava-hf/llava-1.5-7b-hf`` drafting for ``-13b-hf``) and LLaVA-NeXT (``llava-v1.6-vicuna-7b-hf``
+drafting for ``-13b-hf``): the tiny ``llava`` pair (a CLIP tower whose second-to-last layer's patches, CLS dropped,
+become the picture's tokens; a Llama language model) and ``llava_next`` pair (the same, each picture also cut into
+the anyres grid of crops that fits it, unpadded to its aspect) are lossless like the other families, alone, with a
+pruned draft, in batches and conversations; a video reaches them as its frames' pictures. LLaVA models that read
+pictures another way are refused with what to load instead."""
 
 from __future__ import annotations
 
@@ -21,30 +23,37 @@ MAX_NEW = 48
 MEDIA = {"image": make_image(0), "two_images": [make_image(1), make_image(2)], "text": None}
 
 
-@pytest.fixture(scope="module")
-def llava(tiny_root):
+@pytest.fixture(scope="module", params=["llava", "llava_next"])
+def llava(request, tiny_root):
     """The pair's pipeline, and ``generate()``'s reply to every input kind x two prompts."""
-    pair = build_tiny_pair("llava", root=tiny_root)
+    pair = build_tiny_pair(request.param, root=tiny_root)
     pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
     cases = []
-    for kind in input_kinds("llava"):
+    for kind in input_kinds(request.param):
         for prompt in PROMPTS[:2]:
             inputs = pipe.prepare_inputs(MEDIA[kind], prompt)
             cases.append((kind, prompt, MEDIA[kind], pipe.reference_generate(inputs, MAX_NEW), inputs))
     return pipe, cases
 
 
-def test_the_pair_is_llava_1_5_s_architecture_and_its_pictures_steer_the_replies(llava):
+def test_the_pair_is_llava_s_architecture_and_its_pictures_steer_the_replies(llava):
     pipe, cases = llava
-    assert input_kinds("llava") == ("image", "two_images", "text")
+    family = pipe.target.config.model_type
+    assert input_kinds(family) == ("image", "two_images", "text")
     for model in (pipe.target, pipe.draft):
-        assert type(model).__name__ == "LlavaForConditionalGeneration"
+        assert (
+            type(model).__name__
+            == {"llava": "Llava", "llava_next": "LlavaNext"}[family] + "ForConditionalGeneration"
+        )
         assert model.config.vision_config.model_type == "clip_vision_model"
         assert model.config.get_text_config().model_type == "llama"
         assert model.config.vision_feature_select_strategy == "default"
     image_id = pipe.target.config.image_token_id
     tokens = {kind: int((inputs["input_ids"] == image_id).sum()) for kind, _, _, _, inputs in cases}
-    assert tokens == {"image": 4, "two_images": 8, "text": 0}  # 2 x 2 patches of 14 pixels a picture
+    # 2 x 2 patches of 14 pixels a crop; LLaVA-NeXT: a 56-pixel picture is the base crop and a 2 x 2 grid of crops,
+    # 4 x 4 patches, each row of them followed by a newline
+    picture = {"llava": 4, "llava_next": 4 + 4 * (4 + 1)}[family]
+    assert tokens == {"image": picture, "two_images": 2 * picture, "text": 0}
     other = pipe.reference_generate(pipe.prepare_inputs(make_image(5), PROMPTS[0]), MAX_NEW)
     assert other != cases[0][3]  # another picture, same prompt: another reply
 
@@ -116,3 +125,29 @@ def test_llava_checkpoints_that_read_pictures_another_way_are_refused():
     )
     with pytest.raises(InvalidInputError, match=r"'pixtral' vision tower reads each picture at its own size"):
         adapter_for(LlavaForConditionalGeneration(config))
+
+
+def test_llava_next_pictures_of_other_sizes_alone_and_in_a_batch(tiny_root):
+    """A LLaVA-NeXT picture's token count follows its size (the grid that fits it, unpadded to its aspect): wide,
+    tall and square pictures alone, with a pruned draft, and together in one batch (each row's pictures told apart by
+    their sizes) give ``generate()``'s replies."""
+    pair = build_tiny_pair("llava_next", root=tiny_root)
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
+    pictures = [
+        make_image(0).resize((90, 30)),
+        make_image(1).resize((30, 80)),
+        [make_image(2), make_image(3)],
+    ]
+    requests = [{"image": p, "prompt": PROMPTS[i], "max_new_tokens": 24} for i, p in enumerate(pictures)]
+    requests.append({"prompt": PROMPTS[3], "max_new_tokens": 24})
+    image_id = pipe.target.config.image_token_id
+    expected, counts = [], []
+    for request in requests:
+        inputs = pipe.prepare_inputs(request.get("image"), request["prompt"])
+        counts.append(int((inputs["input_ids"] == image_id).sum()))
+        expected.append(pipe.reference_generate(inputs, 24))
+        pruned = pipe(request.get("image"), request["prompt"], max_new_tokens=24, prune_ratio=0.5)
+        assert pruned.token_ids == expected[-1]
+    assert len(set(counts[:2])) == 2 and counts[3] == 0  # wide and tall: other grids, other counts
+    for request, want, out in zip(requests, expected, pipe.batch(requests, batch_size=4), strict=True):
+        assert out.token_ids == want, request["prompt"]

@@ -649,6 +649,7 @@ EXPECTED_PAIRS = {
     ("google/gemma-3-27b-it", "google/gemma-3-4b-it"),
     ("google/gemma-3-12b-it", "google/gemma-3-4b-it"),
     ("llava-hf/llava-1.5-13b-hf", "llava-hf/llava-1.5-7b-hf"),
+    ("llava-hf/llava-v1.6-vicuna-13b-hf", "llava-hf/llava-v1.6-vicuna-7b-hf"),
     ("testbed-mini", None),
     ("testbed-base@cpu", None),
 }
@@ -721,6 +722,9 @@ def test_family_from_name() -> None:
     assert options.family_from_name("llava-hf/llava-1.5-13b-hf") == "llava"
     assert options.family_from_name("liuhaotian/llava-v1.5-7b") == "llava"
     assert options.family_from_name("tiny:llava") == "llava"
+    assert options.family_from_name("llava-hf/llava-v1.6-vicuna-13b-hf") == "llava_next"
+    assert options.family_from_name("llava-hf/llama3-llava-next-8b-hf") == "llava_next"
+    assert options.family_from_name("llava-hf/LLaVA-NeXT-Video-7B-hf") is None
     assert options.family_from_name("/some/folder") is None
 
 

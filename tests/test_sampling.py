@@ -12,7 +12,7 @@ from scipy.stats import chisquare
 
 from vlmspec import VLMSpecPipeline
 from vlmspec.models import adapter_for
-from vlmspec.sampling import SamplingParams
+from vlmspec.sampling import SamplingParams, draw
 from vlmspec.testing import make_image
 from vlmspec.tree import TokenTree
 from vlmspec.verify import sample_accept
@@ -129,6 +129,21 @@ def test_first_token_follows_warped_target_distribution(real_logits, params, rul
     fn = _vectorised if rule == "vectorised" else sequential_accept
     counts = _first_token_counts(fn, tree, probs, seed=1)
     assert _p_value(counts, probs[0]) > ALPHA
+
+
+def test_draw_follows_the_distribution_and_never_gives_a_token_without_mass(real_logits):
+    """``draw`` (inverse transform sampling, the engine's one way to sample): rows drawn at once and many draws from
+    one unnormalised distribution both follow it, and tokens outside top-k (no mass) never come up."""
+    probs = SETTINGS[3].probs(real_logits)[0]  # [V], top-k 8 then top-p 0.9: most tokens have no mass
+    gen = torch.Generator().manual_seed(3)
+    by_rows = draw(probs.expand(DRAWS, -1), gen).squeeze(1)  # [DRAWS]: one draw from each of DRAWS equal rows
+    by_count = draw(3.0 * probs, gen, DRAWS)  # [DRAWS] draws from one row, not normalised
+    for tokens in (by_rows, by_count):
+        assert tokens.shape == (DRAWS,)
+        assert _p_value(torch.bincount(tokens, minlength=probs.shape[0]), probs) > ALPHA
+    skewed = torch.bincount(by_count, minlength=probs.shape[0]).float()
+    skewed[probs.argmax()] *= 1.1  # the same test rejects a distribution 10% off on its likeliest token
+    assert _p_value(skewed, probs) < ALPHA
 
 
 def test_planted_bug_without_residual_renormalisation_fails(real_logits):

@@ -48,9 +48,9 @@ __all__ = [
 
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_onevision", "internvl")
 """The dense families with pictures and videos these builders know (the fixtures' test matrix)."""
-IMAGE_ONLY_FAMILIES: tuple[str, ...] = ("gemma3", "llava")
-"""Families these builders know whose models read pictures only (Gemma 3, LLaVA-1.5: no video input), tested on
-their own."""
+IMAGE_ONLY_FAMILIES: tuple[str, ...] = ("gemma3", "llava", "llava_next")
+"""Families these builders know whose models read pictures only (Gemma 3, LLaVA-1.5, LLaVA-NeXT: no video input),
+tested on their own."""
 MOE_FAMILIES: tuple[str, ...] = ("qwen3_vl_moe",)
 """Mixture-of-experts families these builders know too: Qwen3-VL-30B-A3B's and -235B-A22B's architecture, the
 Qwen3-VL vision tower and processor with a sparse language model (every layer routes each token to
@@ -72,6 +72,7 @@ _CLASS_NAMES = {  # family: (config, model, processor) classes of transformers
     "internvl": ("InternVLConfig", "InternVLForConditionalGeneration", "InternVLProcessor"),
     "gemma3": ("Gemma3Config", "Gemma3ForConditionalGeneration", "Gemma3Processor"),
     "llava": ("LlavaConfig", "LlavaForConditionalGeneration", "LlavaProcessor"),
+    "llava_next": ("LlavaNextConfig", "LlavaNextForConditionalGeneration", "LlavaNextProcessor"),
 }
 _MROPE_SECTIONS = {
     16: [2, 3, 3],
@@ -219,6 +220,7 @@ _CHAT_TEMPLATES = {
     "internvl": INTERNVL_CHAT_TEMPLATE,
     "gemma3": GEMMA3_CHAT_TEMPLATE,
     "llava": LLAVA15_CHAT_TEMPLATE,
+    "llava_next": LLAVA15_CHAT_TEMPLATE,  # LLaVA-NeXT-Vicuna's is LLaVA-1.5's
 }
 
 
@@ -303,7 +305,7 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return (*_CHAT_TOKENS, *INTERNVL_NAMED_TOKENS.values())
     if family == "gemma3":
         return (*_CHAT_TOKENS, *GEMMA3_NAMED_TOKENS.values())
-    if family == "llava":
+    if family in ("llava", "llava_next"):
         return (*_CHAT_TOKENS, "<image>")
     return (*_CHAT_TOKENS, *(_GROUNDING_TOKENS if grounding else ()), *_QWEN_VISION_TOKENS)
 
@@ -408,14 +410,15 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
         ``InternVLProcessor`` with the tokenizer's chat template.
     """
     processor_cls = _transformers_class(family, 2)
-    if family == "llava":
-        from transformers import CLIPImageProcessor
+    if family in ("llava", "llava_next"):
+        from transformers import CLIPImageProcessor, LlavaNextImageProcessor
 
         side = layout.crop_side
+        crops = {"size": {"shortest_edge": side}, "crop_size": {"height": side, "width": side}}
         return processor_cls(  # CLIP's CLS token goes ("default" strategy): one token per patch
-            image_processor=CLIPImageProcessor(
-                size={"shortest_edge": side}, crop_size={"height": side, "width": side}
-            ),
+            image_processor=LlavaNextImageProcessor(**crops, image_grid_pinpoints=layout.pinpoints())
+            if family == "llava_next"
+            else CLIPImageProcessor(**crops),
             tokenizer=tokenizer,
             patch_size=layout.patch,
             vision_feature_select_strategy="default",
@@ -549,8 +552,8 @@ def build_config(
         return config_cls(**_internvl_config_kwargs(spec, text, tid, layout))
     if family == "gemma3":
         return config_cls(**_gemma3_config_kwargs(spec, text, tid, layout))
-    if family == "llava":
-        return config_cls(**_llava15_config_kwargs(spec, text, tid, layout))
+    if family in ("llava", "llava_next"):
+        return config_cls(**_llava15_config_kwargs(family, spec, text, tid, layout))
     return config_cls(
         text_config={**text, "rope_parameters": _mrope(family, spec.head_dim)},
         vision_config={
@@ -592,11 +595,14 @@ def _llava_config_kwargs(
 
 
 def _llava15_config_kwargs(
-    spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
+    family: str, spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
 ) -> dict[str, Any]:
     """``LlavaConfig``'s arguments, LLaVA-1.5's: a Llama language model behind a CLIP tower whose second-to-last
-    layer's patch features (CLS dropped) go through a two-layer projector, one token per patch."""
+    layer's patch features (CLS dropped) go through a two-layer projector, one token per patch; ``LlavaNextConfig``'s
+    the same with the anyres grids (``layout``'s pinpoints)."""
+    grids = {"image_grid_pinpoints": layout.pinpoints()} if family == "llava_next" else {}
     return {
+        **grids,
         "text_config": {
             **text,
             "model_type": "llama",

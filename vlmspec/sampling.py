@@ -193,6 +193,22 @@ class SamplingParams:
         return gen
 
 
+def draw(probs: torch.Tensor, generator: torch.Generator | None, n: int = 1) -> torch.Tensor:
+    """``n`` independent draws from each distribution of ``probs`` ``[..., V]`` (non-negative, not necessarily
+    normalised): ``[..., n]`` token ids, each ``v`` with probability ``probs[..., v] / probs.sum(-1)``.
+
+    Inverse transform sampling: one uniform ``u`` per draw, scaled to the row's total, and the first token whose
+    cumulative mass exceeds it (``searchsorted``; a token with no mass is never the first to exceed anything). The
+    cumulative sums are float64, so the law is the distribution's to ~1e-12. Why not ``torch.multinomial``: on a CPU
+    it spends an exponential draw on every vocabulary entry, ~4x this for 13 rows of Qwen's 152k-token vocabulary
+    (57 ms against 17 ms a verification step) and ~7x for the fixtures' 1k; the law is the same.
+    """
+    cdf = probs.double().cumsum(-1)  # [..., V]
+    u = torch.rand((*probs.shape[:-1], n), dtype=torch.float64, generator=generator, device=probs.device)
+    # u * total < total (u < 1); the clamp only guards the rounding of that product, a ~1e-16 event
+    return torch.searchsorted(cdf, u * cdf[..., -1:], right=True).clamp_(max=probs.shape[-1] - 1)
+
+
 @dataclass
 class Sampler:
     """A request's sampling state: the settings and the seeded generator on the target's device."""
@@ -206,4 +222,4 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor) -> torch.Tensor:
         """One token ``[]`` from the warped distribution of ``[V]`` logits."""
-        return torch.multinomial(self.probs(logits[None]), 1, generator=self.generator).reshape(())
+        return draw(self.probs(logits[None]), self.generator).reshape(())

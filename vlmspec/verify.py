@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .sampling import draw
 from .tree import TokenTree
 
 
@@ -85,7 +86,7 @@ def sample_accept(tree: TokenTree, target_probs: torch.Tensor, generator: torch.
 
     The same law is obtained by drawing ONE token ``y_u ~ p_u`` and accepting the child whose token is ``y_u`` (if
     any, else emitting ``y_u``): each branch above has exactly the probability ``p_u(token)``. That is what this
-    function does, for all nodes at once (one multinomial over ``[N+1, V]``, no per-child host sync), and then walks
+    function does, for all nodes at once (one draw over ``[N+1, V]``, no per-child host sync), and then walks
     the tree as the greedy rule does with ``y`` in place of the argmax. Only the samples along the accepted path
     are used, each once, so drawing the others changes nothing.
 
@@ -94,7 +95,7 @@ def sample_accept(tree: TokenTree, target_probs: torch.Tensor, generator: torch.
         target_probs: ``[N+1, V]`` the target's warped next-token distributions at every node.
         generator: the sampling generator (seeded runs repeat exactly).
     """
-    choice = torch.multinomial(target_probs, 1, generator=generator).squeeze(1)  # y: [N+1]
+    choice = draw(target_probs, generator).squeeze(1)  # y: [N+1]
     return accept_choices(tree, choice)
 
 
@@ -368,10 +369,10 @@ def verify_beam_layer(
             residual = _beam_residual(residual, q)
     complete = len(accepted) == width
     if not complete:  # lines 25-28
-        outputs.append(int(torch.multinomial(residual, 1, generator=generator)))
+        outputs.append(int(draw(residual, generator)))
         rest = width - len(outputs)
         if rest > 0:
-            outputs.extend(torch.multinomial(p_beam, rest, replacement=True, generator=generator).tolist())
+            outputs.extend(draw(p_beam, generator, rest).tolist())
     return BeamLayer(
         outputs=torch.tensor(outputs, dtype=torch.long, device=device),
         accepted=torch.tensor(accepted, dtype=torch.long, device=device),

@@ -10,13 +10,20 @@ from .base import DecodeState, Prefill, PromptLayout, VLMAdapter
 from .edd import EDDAdapter, EDDDraft
 from .gemma3 import Gemma3Adapter
 from .internvl import InternVLAdapter
-from .llava import LlavaAdapter, LlavaOnevisionAdapter
+from .llava import LlavaAdapter, LlavaNextAdapter, LlavaOnevisionAdapter
 from .qwen import QwenVLAdapter
 from .text import TEXT_DRAFT_TYPES, TextDraftAdapter
 
 _ADAPTERS: dict[str, type[VLMAdapter]] = {
     model_type: cls
-    for cls in (QwenVLAdapter, LlavaOnevisionAdapter, LlavaAdapter, InternVLAdapter, Gemma3Adapter)
+    for cls in (
+        QwenVLAdapter,
+        LlavaOnevisionAdapter,
+        LlavaAdapter,
+        LlavaNextAdapter,
+        InternVLAdapter,
+        Gemma3Adapter,
+    )
     for model_type in cls.model_types
 }
 

@@ -56,6 +56,11 @@ class _PromptRows(NamedTuple):
     visual_tokens: int  # visual tokens among the K
 
 
+NO_VIDEO_TOKEN = -1
+"""The video placeholder id of a family that reads pictures only (:meth:`VLMAdapter.visual_token_ids`): no token has
+it."""
+
+
 class VLMAdapter(MediaRows):
     """Base adapter; subclasses set ``model_types`` and override the position/embedding hooks."""
 

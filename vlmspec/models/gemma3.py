@@ -39,10 +39,8 @@ from transformers.models.gemma3.modeling_gemma3 import (
 )
 
 from ..cache import cache_length
-from .base import VisualFeatures
+from .base import NO_VIDEO_TOKEN, VisualFeatures
 from .blocks import PlaceholderBlocks
-
-_NO_VIDEO = -1  # no token has this id: Gemma 3 has no video placeholder
 
 
 class Gemma3Adapter(PlaceholderBlocks):
@@ -58,7 +56,7 @@ class Gemma3Adapter(PlaceholderBlocks):
     write_hint = "write each picture in the prompt as <start_of_image> and let the processor expand it"
 
     def visual_token_ids(self) -> tuple[int, int]:
-        return self.config.image_token_id, _NO_VIDEO
+        return self.config.image_token_id, NO_VIDEO_TOKEN
 
     @property
     def block_tokens(self) -> int:

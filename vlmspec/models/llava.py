@@ -1,4 +1,5 @@
-"""The LLaVA families: LLaVA-OneVision (:class:`LlavaOnevisionAdapter`) and LLaVA-1.5 (:class:`LlavaAdapter`).
+"""The LLaVA families: LLaVA-OneVision (:class:`LlavaOnevisionAdapter`), LLaVA-1.5 (:class:`LlavaAdapter`) and
+LLaVA-NeXT (:class:`LlavaNextAdapter`).
 
 LLaVA-OneVision: a SigLIP tower + projector in front of a Qwen2 language model with 1-D RoPE.
 
@@ -13,9 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
 
 from ..errors import InvalidInputError
-from .base import VisualFeatures, VLMAdapter
+from .base import NO_VIDEO_TOKEN, VisualFeatures, VLMAdapter
 from .blocks import PlaceholderBlocks
 
 _PATCH_GRID_TOWERS = ("clip_vision_model", "siglip_vision_model")
@@ -128,12 +130,7 @@ class LlavaAdapter(PlaceholderBlocks):
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__(model)
-        tower = self.config.vision_config.model_type
-        if tower not in _PATCH_GRID_TOWERS:
-            raise InvalidInputError(
-                f"a LLaVA model with a {tower!r} vision tower reads each picture at its own size, which vlmspec does "
-                f"not support; LLaVA checkpoints with a {' or '.join(_PATCH_GRID_TOWERS)} tower (LLaVA-1.5) are"
-            )
+        _check_tower(self.config)
 
     def visual_token_ids(self) -> tuple[int, int]:
         return self.config.image_token_id, self.config.image_token_id
@@ -141,12 +138,119 @@ class LlavaAdapter(PlaceholderBlocks):
     @property
     def block_tokens(self) -> int:
         """Placeholders per picture: one per patch, plus the CLS token under the ``"full"`` strategy."""
-        vision = self.config.vision_config
-        patches = (vision.image_size // vision.patch_size) ** 2
-        return patches + (self.config.vision_feature_select_strategy == "full")
+        return _crop_tokens(self.config)
 
     def visual_features(self, inputs: dict[str, torch.Tensor]) -> dict[str, VisualFeatures]:
         if inputs.get("pixel_values") is None:
             return {}
         out = self.model.model.get_image_features(inputs["pixel_values"], return_dict=True)
         return {"image": VisualFeatures(embeds=torch.cat(list(out.pooler_output)))}  # [pictures * tokens, D]
+
+
+class LlavaNextAdapter(VLMAdapter):
+    """LLaVA-NeXT (LLaVA-1.6: ``llava-hf/llava-v1.6-vicuna-7b-hf`` drafting for ``-13b-hf``; a LLaMA language model
+    for ``llama3-llava-next-8b-hf``): LLaVA-1.5's CLIP tower and projector, each picture read as a base crop of the
+    whole plus the anyres grid of crops that best fits its size, whose features are unpadded to the picture's aspect
+    with an ``image_newline`` after each row (``pack_image_features``). A picture's token count depends on its size.
+
+    Pictures only (a video reaches it as its frames' pictures). ``pixel_values`` is ``[pictures, crops, C, H, W]``
+    (padded to the most crops) with ``image_sizes`` ``[pictures, 2]``: a prompt's media items are its pictures. The
+    pruned/scored prefills take the features from the model's own ``get_image_features`` (tiling, unpadding and
+    newlines as ``forward`` packs them). Positions are the original 1-D prompt indices.
+    """
+
+    model_types = ("llava_next",)
+    layout_fields = (  # crops of image_size pixels, patch_size patches each; the anyres grids
+        "vision_config.model_type",
+        "vision_config.image_size",
+        "vision_config.patch_size",
+        "vision_config.num_channels",
+        "vision_feature_select_strategy",
+        "image_grid_pinpoints",
+    )
+    fixed_processor_settings = frozenset(
+        {"size", "crop_size", "do_resize", "do_center_crop", "image_grid_pinpoints"}
+    )  # CLIP's input and the grids the model unpads with
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__(model)
+        _check_tower(self.config)
+
+    def visual_token_ids(self) -> tuple[int, int]:
+        return self.config.image_token_id, NO_VIDEO_TOKEN
+
+    def visual_features(self, inputs: dict[str, torch.Tensor]) -> dict[str, VisualFeatures]:
+        if inputs.get("pixel_values") is None:
+            return {}
+        out = self.model.model.get_image_features(
+            inputs["pixel_values"], inputs["image_sizes"], return_dict=True
+        )
+        return {
+            "image": VisualFeatures(embeds=torch.cat(out.pooler_output, dim=0))
+        }  # [tokens of all pictures, D]
+
+    def placeholder_mask(
+        self, ids: torch.Tensor, embeds: torch.Tensor, modality: str, values: torch.Tensor
+    ) -> torch.Tensor:
+        return self.model.model.get_placeholder_mask(ids, inputs_embeds=embeds, image_features=values)
+
+    def media_items(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
+        """The pixel rows and sizes of the pictures ``images`` (``videos`` selects nothing: no video input)."""
+        pixels = inputs.get("pixel_values")
+        if pixels is None or not range(pixels.shape[0])[images]:
+            return {}
+        return {"pixel_values": pixels[images], "image_sizes": inputs["image_sizes"][images]}
+
+    def media_counts(self, inputs: dict[str, Any], keep: torch.Tensor) -> list[tuple[int, int]]:
+        """Each row's pictures: the pictures in order, as many as make up the row's placeholders (a picture's
+        count from its size, :meth:`picture_tokens`)."""
+        rows = ((inputs["input_ids"] == self.config.image_token_id) & keep).sum(-1).tolist()  # [B]
+        sizes = inputs.get("image_sizes")
+        tokens = iter(self.picture_tokens(sizes) if sizes is not None else [])
+        counts = []
+        for placeholders in rows:
+            pictures = 0
+            while placeholders > 0:
+                placeholders -= next(tokens, placeholders + 1)  # no picture left: overshoot
+                pictures += 1
+            if placeholders:
+                raise InvalidInputError(
+                    "a prompt's <image> placeholders do not add up to whole pictures of the given image_sizes; build "
+                    "the inputs with the model's processor, each prompt's pictures in its own list"
+                )
+            counts.append((pictures, 0))
+        return counts
+
+    def picture_tokens(self, image_sizes: torch.Tensor) -> list[int]:
+        """Placeholders of each picture of ``image_sizes`` ``[n, 2]``: the model's own packing
+        (``pack_image_features``: the base crop, the grid's crops unpadded to the picture's aspect, a newline after
+        each row) run on features one value wide."""
+        vision, pinpoints = self.config.vision_config, self.config.image_grid_pinpoints
+        crops = [
+            image_size_to_num_patches(size, pinpoints, vision.image_size) for size in image_sizes.tolist()
+        ]
+        features = [torch.zeros(n, _crop_tokens(self.config), 1) for n in crops]  # [crops, tokens, 1] each
+        packed, _ = self.model.model.pack_image_features(
+            features,
+            image_sizes.cpu(),
+            self.config.vision_feature_select_strategy,
+            image_newline=torch.zeros(1),
+        )
+        return [picture.shape[0] for picture in packed]
+
+
+def _crop_tokens(config: Any) -> int:
+    """Visual tokens of one crop: one per patch, plus the CLS token under the ``"full"`` strategy."""
+    vision = config.vision_config
+    return (vision.image_size // vision.patch_size) ** 2 + (config.vision_feature_select_strategy == "full")
+
+
+def _check_tower(config: Any) -> None:
+    """Refuse a LLaVA model whose tower reads each picture at its own size (Pixtral): it has another layout."""
+    tower = config.vision_config.model_type
+    if tower not in _PATCH_GRID_TOWERS:
+        raise InvalidInputError(
+            f"a LLaVA model with a {tower!r} vision tower reads each picture at its own size, which vlmspec does "
+            f"not support; LLaVA checkpoints with a {' or '.join(_PATCH_GRID_TOWERS)} tower (LLaVA-1.5, LLaVA-NeXT) "
+            "are"
+        )

@@ -86,7 +86,7 @@ import torch
 
 from ..draft import DraftTree
 from ..errors import InvalidInputError
-from ..sampling import Sampler, SamplingParams
+from ..sampling import Sampler, SamplingParams, draw
 from ..tree import TokenTree
 from ..verify import (
     Acceptance,
@@ -199,7 +199,7 @@ class DSBDPolicy(TreePolicy):
             prev = slot_nodes[-1]  # [S]
             # q_beam over (slot of the previous layer) x (token): Q(s) q~(x | s), normalised.
             q_beam = beam_distribution(_layer_weights(slot_logq[-1]), rows[slot_rows[-1]])  # [S * V]
-            picks = torch.multinomial(q_beam.to(gen.device), c.draft_width, replacement=True, generator=gen)
+            picks = draw(q_beam.to(gen.device), gen, c.draft_width)
             picks = picks.to(device)
             parent_slot, token = picks // vocab, picks % vocab  # [W_S]
             parent_node = prev[parent_slot]
@@ -283,7 +283,7 @@ class DSBDPolicy(TreePolicy):
         if outputs is None:  # every drafted layer passed (or none was drafted): sample layer gamma + 1
             width = widths[-1] if widths else c.w_min
             p_beam = beam_distribution(_layer_weights(beam_logp[a_nodes]), p_next[a_nodes])
-            outputs = torch.multinomial(p_beam, width, replacement=True, generator=gen)
+            outputs = draw(p_beam, gen, width)
             widths.append(width)
         # Memory mode: carry the output beam with the lowest perplexity (highest raw likelihood, first on ties).
         out_parents, out_tokens = a_nodes[outputs // vocab], outputs % vocab

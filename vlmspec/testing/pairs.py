@@ -91,6 +91,8 @@ _LAYOUTS = {
     "gemma3": VisionLayout(patch=7, crop_side=28),
     # CLIP input side 28: 2x2 patches of 14 -> 4 tokens per picture (the CLS token dropped, as LLaVA-1.5 does)
     "llava": VisionLayout(patch=14, crop_side=28),
+    # LLaVA-1.5's, a picture also cut into the anyres grid of 1x1 to 2x2 crops that fits it best
+    "llava_next": VisionLayout(patch=14, crop_side=28, anyres_tiles=(1, 2)),
 }
 _SLIDING_WINDOW = 24
 """Gemma 3's local window in the fixtures: a prompt with a picture is ~30 tokens, so 48 new tokens run past it."""
@@ -129,6 +131,7 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("qwen3_vl_moe", 0): 14,
     ("gemma3", 0): 6,
     ("llava", 0): 11,
+    ("llava_next", 0): 9,
 }
 
 _CORPUS = """
@@ -356,9 +359,13 @@ def _calibrate_vision(model: PreTrainedModel, family: str, processor: ProcessorM
     """
     import torch
 
-    image_token = {"llava_onevision": "<image>", "llava": "<image>", "internvl": processor.image_token}.get(
-        family, "<start_of_image>" if family == "gemma3" else "<|vision_start|><|image_pad|><|vision_end|>"
-    )
+    image_token = getattr(
+        processor, "image_token", "<image>"
+    )  # as a prompt writes a picture: LLaVA's, InternVL's
+    if family == "gemma3":
+        image_token = "<start_of_image>"
+    elif family.startswith("qwen"):
+        image_token = "<|vision_start|><|image_pad|><|vision_end|>"
     inputs = processor(text=[image_token + "hi"], images=[make_image(0)], return_tensors="pt")
     if family == "gemma3":  # transformers initialises Gemma 3's projection to zeros
         with torch.no_grad():
@@ -378,7 +385,7 @@ def _calibrate_vision(model: PreTrainedModel, family: str, processor: ProcessorM
             weight.mul_(_VISION_OUT_RMS / rms)
             if getattr(linear, "bias", None) is not None:
                 linear.bias.mul_(_VISION_OUT_RMS / rms)
-    if family == "llava_onevision":
+    if family in ("llava_onevision", "llava_next"):
         with torch.no_grad():
             newline = model.model.image_newline
             newline.mul_(_VISION_OUT_RMS / newline.pow(2).mean().sqrt())
