@@ -22,7 +22,7 @@ import vlmspec_caption
 from job_forks import JobForks
 from vlmspec_caption import store
 
-from vlmspec import InvalidInputError, testbed
+from vlmspec import InvalidInputError, VLMSpecPipeline, testbed
 from vlmspec.testing import write_video
 
 REPO = Path(__file__).resolve().parents[1]
@@ -472,6 +472,45 @@ def test_manifests_with_prompts_and_ids(vc, tmp_path):
     table.write_text("id,path\nx,a.mp4\nx,sub/b.MP4\n")
     with pytest.raises(vc.JobError, match="duplicate ids"):
         vc.discover_inputs(table)
+
+
+def test_pictures_are_captioned_as_images_beside_videos(vc, caption_pair, tmp_path):
+    """``--extensions videos,images``: a folder's pictures are captioned as images, with the image prompt, each
+    caption the target's own greedy reply to the picture; its videos as before; a picture that cannot be read gets
+    an error line and the job goes on. A manifest row bounding a picture in time is refused, naming the row."""
+    folder = tmp_path / "media"
+    _write_clips(folder, 1)
+    for i in range(2):
+        testbed.sample("image_caption", 600 + i).image.save(folder / f"pic{i}.png")
+    (folder / "broken.jpg").write_bytes(b"not a picture")
+    out = tmp_path / "captions.jsonl"
+    args = [
+        str(folder),
+        "--out",
+        str(out),
+        "--extensions",
+        "videos,images",
+        *_pair_args(caption_pair),
+        *COMMON,
+    ]
+    assert vc.main(args) == 2
+    records = {r["id"]: r for r in _records(out)}
+    assert sorted(records) == ["broken.jpg", "clip0.mp4", "pic0.png", "pic1.png"]
+    assert "error" in records["broken.jpg"] and "caption" not in records["broken.jpg"]
+    assert (
+        records["clip0.mp4"]["prompt"] == "Describe this video in detail." and records["clip0.mp4"]["caption"]
+    )
+    pipe = VLMSpecPipeline.from_pretrained(*caption_pair, policy="ar")
+    for name in ("pic0.png", "pic1.png"):
+        assert records[name]["prompt"] == "Describe this image in detail."
+        reply = pipe.reference_generate(pipe.prepare_inputs(str(folder / name), records[name]["prompt"]), 16)
+        assert records[name]["caption"] == pipe.tokenizer.decode(reply, skip_special_tokens=True)
+    assert vc.main(args) == 2  # a rerun tries the broken picture again (one line still) and keeps the rest
+    assert sorted(r["id"] for r in _records(out)) == sorted(records)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text('{"image": "media/pic0.png", "start": 1}\n')
+    with pytest.raises(vc.JobError, match=r"line 1: 'media/pic0.png' is a picture"):
+        vc.discover_inputs(manifest)
 
 
 def test_a_folder_input_follows_symlinked_subfolders_once(vc, tmp_path):

@@ -29,6 +29,11 @@ under it (``pipe(structured_outputs=...)``, :mod:`vlmspec.structured`); each lin
 A thinking model's captions: ``--reasoning-parser qwen3`` (the config's ``reasoning_parser``) makes each line's
 ``caption`` the answer after ``</think>`` and puts the reasoning under ``reasoning`` (:mod:`vlmspec.reasoning`).
 
+Pictures too: ``--extensions images`` (or ``videos,images``; a group's name stands for its extensions) takes a
+folder's pictures (``.jpg .jpeg .png .webp .bmp .gif .tif .tiff``), each captioned as an image
+(``VLMSpecPipeline.__call__(path, prompt)``) with ``--image-prompt`` (default "Describe this image in detail.")
+unless its manifest row (``path`` or ``image``) has a prompt of its own; a row may not bound a picture in time.
+
 Settings come from ``configs/jobs/video_captioning.yaml`` (or ``--config``; read with ``yaml.safe_load``; unknown
 keys are an error that lists the valid ones); command-line flags override the file.
 

@@ -58,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     a("--policy-options", default=keep, help="JSON object of policy options, e.g. '{\"n_max\": 32}'")
     a("--prompt", default=keep, help="prompt for videos without their own (manifest) prompt")
+    a("--image-prompt", default=keep, help="prompt for pictures without their own (manifest) prompt")
     a("--max-new-tokens", type=int, default=keep, help="most tokens per caption (default 256)")
     a("--structured-outputs", default=keep,
       help='JSON: every caption follows this structure, e.g. \'{"json": {...schema...}}\' or \'{"regex": "..."}\' '
@@ -89,7 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="device_map for from_pretrained, e.g. auto (a large target over GPUs)",
     )
     a("--cpu", action="store_true", help="keep the models on the CPU (also ACCELERATE_USE_CPU=1)")
-    a("--extensions", default=keep, help="comma-separated video extensions for folder inputs")
+    a("--extensions", default=keep,
+      help="comma-separated extensions for folder inputs; 'videos' and 'images' name groups (default videos); "
+           "pictures are captioned as images, with --image-prompt")  # fmt: skip
     a("--retry-errors", action=argparse.BooleanOptionalAction, default=keep,
       help="on restart, retry videos that have an error line (default yes)")  # fmt: skip
     a(

@@ -37,6 +37,10 @@ EXIT_PARTIAL = 2
 VIDEO_EXTENSIONS: tuple[str, ...] = (
     ".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v", ".mpg", ".mpeg", ".flv", ".wmv", ".ts", ".3gp",
 )  # fmt: skip
+IMAGE_EXTENSIONS: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+"""Files captioned as pictures (with ``image_prompt``); every other file is read as a video."""
+EXTENSION_GROUPS: dict[str, tuple[str, ...]] = {"videos": VIDEO_EXTENSIONS, "images": IMAGE_EXTENSIONS}
+"""Names ``extensions`` may give for a group of extensions (``--extensions images``, ``videos,images``)."""
 FrameSampler = Literal["auto", "decord", "qwen"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 FRAME_SAMPLERS: tuple[str, ...] = get_args(FrameSampler)
@@ -71,6 +75,7 @@ class JobConfig:
     policy_options: dict[str, Any] = field(default_factory=dict)
     prune_ratio: float | None = None
     prompt: str = "Describe this video in detail."
+    image_prompt: str = "Describe this image in detail."
     max_new_tokens: int = 256
     num_frames: int = 8
     segment: float | None = None
@@ -219,15 +224,20 @@ class JobConfig:
 
 
 def _extensions(value: str | Sequence[Any], source: str) -> tuple[str, ...]:
+    """File extensions, lower case with the dot; a group's name (:data:`EXTENSION_GROUPS`) stands for its own."""
     items = value.split(",") if isinstance(value, str) else list(value)
-    out = []
+    out: list[str] = []
     for item in items:
         if not isinstance(item, str):
-            raise JobError(f"{source}: extensions must be strings like '.mp4', got {item!r}")
+            raise JobError(
+                f"{source}: extensions must be strings like '.mp4' (or 'videos', 'images'), got {item!r}"
+            )
         item = item.strip().lower()
-        if item:
+        if item in EXTENSION_GROUPS:
+            out += EXTENSION_GROUPS[item]
+        elif item:
             out.append(item if item.startswith(".") else f".{item}")
-    return tuple(out)
+    return tuple(dict.fromkeys(out))
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

@@ -15,12 +15,12 @@ from typing import Any
 from vlmspec import VideoClip, VLMSpecError
 from vlmspec.inputs import undecodable_video
 
-from .config import VIDEO_EXTENSIONS, JobConfig, JobError, json_object
+from .config import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, JobConfig, JobError, json_object
 
 
 @dataclass(frozen=True)
 class VideoItem:
-    """One video to caption.
+    """One video (or picture: :attr:`is_image`) to caption.
 
     Attributes:
         id: unique, stable id (what resuming keys on).
@@ -44,15 +44,21 @@ class VideoItem:
         """``{"start": ..., "end": ...}`` for the bounds that are set (empty for a whole video)."""
         return {k: v for k, v in (("start", self.start), ("end", self.end)) if v is not None}
 
+    @property
+    def is_image(self) -> bool:
+        """The file is a picture (its extension is one of :data:`IMAGE_EXTENSIONS`): captioned as an image."""
+        return Path(self.path).suffix.lower() in IMAGE_EXTENSIONS
+
 
 def discover_inputs(
     source: str | Path, extensions: Sequence[str] = VIDEO_EXTENSIONS, segment: float | None = None
 ) -> list[VideoItem]:
-    """The videos named by ``source``: a folder, a glob, or a ``.jsonl`` / ``.csv`` manifest.
+    """The videos (and pictures) named by ``source``: a folder, a glob, or a ``.jsonl`` / ``.csv`` manifest.
 
     Args:
         source: the job's input.
-        extensions: video file extensions (folders only; lower case with the dot).
+        extensions: file extensions (folders only; lower case with the dot): videos, or pictures
+            (:data:`IMAGE_EXTENSIONS`), which are captioned as images.
         segment: seconds: split every whole video into windows this long (:func:`segment_items`).
 
     Returns:
@@ -126,9 +132,9 @@ def _glob_items(pattern: str) -> list[VideoItem]:
 
 
 def _manifest_item(row: dict[str, Any], base: Path, where: str) -> VideoItem:
-    video = row.get("path", row.get("video"))
+    video = row.get("path", row.get("video", row.get("image")))
     if not isinstance(video, str) or not video.strip():
-        raise JobError(f"{where}: needs a 'path' (or 'video') with the video file, got {row!r}")
+        raise JobError(f"{where}: needs a 'path' (or 'video', 'image') with the file to caption, got {row!r}")
     prompt = row.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
         raise JobError(f"{where}: 'prompt' must be a string, got {prompt!r}")
@@ -136,6 +142,10 @@ def _manifest_item(row: dict[str, Any], base: Path, where: str) -> VideoItem:
     if item_id not in (None, "") and (not isinstance(item_id, (str, int)) or isinstance(item_id, bool)):
         raise JobError(f"{where}: 'id' must be a string or an integer, got {item_id!r}")
     start, end = (_seconds(row.get(key), key, where) for key in ("start", "end"))
+    if (start, end) != (None, None) and Path(video).suffix.lower() in IMAGE_EXTENSIONS:
+        raise JobError(
+            f"{where}: {video!r} is a picture: 'start'/'end' bound a video's frames; leave them out"
+        )
     try:
         VideoClip(video, start, end)  # the window's own checks, named for this row
     except VLMSpecError as err:
@@ -174,9 +184,9 @@ def _jsonl_items(manifest: Path) -> list[VideoItem]:
 def _csv_items(manifest: Path) -> list[VideoItem]:
     reader = csv.DictReader(_read_text(manifest).splitlines())
     columns = reader.fieldnames or []
-    if "path" not in columns and "video" not in columns:
+    if not {"path", "video", "image"} & set(columns):
         raise JobError(
-            f"manifest {str(manifest)!r} needs a header row with a 'path' (or 'video') column, got {columns}"
+            f"manifest {str(manifest)!r} needs a header row with a 'path' (or 'video', 'image') column, got {columns}"
         )
     return [
         _manifest_item(dict(row), manifest.parent, f"manifest {str(manifest)!r} row {number}")
@@ -214,7 +224,7 @@ def segment_items(items: Sequence[VideoItem], seconds: float) -> list[VideoItem]
     out: list[VideoItem] = []
     for item in items:
         try:
-            last, fps = (None, None) if item.window else video_span(item.path)
+            last, fps = (None, None) if item.window or item.is_image else video_span(item.path)
         except (OSError, ValueError):
             last = None
         if last is None:

@@ -42,8 +42,14 @@ def _error_message(err: BaseException) -> str:
     return text if len(text) <= 4000 else text[:4000] + " ..."
 
 
+def item_prompt(item: VideoItem, config: JobConfig) -> str:
+    """The item's own prompt, else the job's for its kind (``image_prompt`` for a picture)."""
+    return item.prompt or (config.image_prompt if item.is_image else config.prompt)
+
+
 def caption_request(item: VideoItem, config: JobConfig, frames: Callable[[VideoItem], Any]) -> dict[str, Any]:
-    """The pipeline call for one video (its frames are read here, when the video's turn in the batch comes).
+    """The pipeline call for one video (its frames are read here, when the video's turn in the batch comes) or
+    picture (read by the pipeline, at its turn too).
 
     Args:
         item: the video.
@@ -55,13 +61,14 @@ def caption_request(item: VideoItem, config: JobConfig, frames: Callable[[VideoI
     """
     if item.problem is not None:
         raise InvalidInputError(item.problem)
-    return {
-        "prompt": item.prompt or config.prompt,
-        "video": frames(item),
+    common = {
+        "prompt": item_prompt(item, config),
         "max_new_tokens": config.max_new_tokens,
-        "num_frames": config.num_frames,
         "structured_outputs": config.structured_outputs,
     }
+    if item.is_image:
+        return {**common, "image": item.path}
+    return {**common, "video": frames(item), "num_frames": config.num_frames}
 
 
 def _error_type(error: BaseException) -> str:
@@ -84,7 +91,7 @@ def caption_record(item: VideoItem, config: JobConfig, meta: dict[str, Any], res
         meta: ``policy``/``settings``/``model`` fields shared by every record.
         result: a :class:`~vlmspec.pipeline.SpecOutput`, or the exception its request raised.
     """
-    base = {"id": item.id, "path": item.path, **item.window, "prompt": item.prompt or config.prompt}
+    base = {"id": item.id, "path": item.path, **item.window, "prompt": item_prompt(item, config)}
     if not isinstance(result, BaseException) and result.reasoning is not None and not result.content.strip():
         result = InvalidInputError(  # a failure, so that a rerun tries the video again
             f"no caption: the reply ended while reasoning, after {len(result.token_ids)} tokens; give the model "

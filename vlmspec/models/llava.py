@@ -133,7 +133,7 @@ class LlavaAdapter(PlaceholderBlocks):
         _check_tower(self.config)
 
     def visual_token_ids(self) -> tuple[int, int]:
-        return self.config.image_token_id, self.config.image_token_id
+        return self.config.image_token_id, NO_VIDEO_TOKEN
 
     @property
     def block_tokens(self) -> int:
@@ -182,12 +182,10 @@ class LlavaNextAdapter(VLMAdapter):
     def visual_features(self, inputs: dict[str, torch.Tensor]) -> dict[str, VisualFeatures]:
         if inputs.get("pixel_values") is None:
             return {}
-        out = self.model.model.get_image_features(
-            inputs["pixel_values"], inputs["image_sizes"], return_dict=True
-        )
-        return {
-            "image": VisualFeatures(embeds=torch.cat(out.pooler_output, dim=0))
-        }  # [tokens of all pictures, D]
+        pixels, sizes = inputs["pixel_values"], inputs["image_sizes"]
+        out = self.model.model.get_image_features(pixels, sizes, return_dict=True)
+        # one [tokens, D] per picture, as forward packs them
+        return {"image": VisualFeatures(embeds=torch.cat(out.pooler_output, dim=0))}
 
     def placeholder_mask(
         self, ids: torch.Tensor, embeds: torch.Tensor, modality: str, values: torch.Tensor
@@ -251,6 +249,6 @@ def _check_tower(config: Any) -> None:
     if tower not in _PATCH_GRID_TOWERS:
         raise InvalidInputError(
             f"a LLaVA model with a {tower!r} vision tower reads each picture at its own size, which vlmspec does "
-            f"not support; LLaVA checkpoints with a {' or '.join(_PATCH_GRID_TOWERS)} tower (LLaVA-1.5, LLaVA-NeXT) "
-            "are"
+            f"not support; it takes LLaVA checkpoints whose tower is a {' or '.join(_PATCH_GRID_TOWERS)} "
+            "(LLaVA-1.5, LLaVA-NeXT)"
         )
