@@ -143,13 +143,13 @@ def _speed(out: Path, task: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def cli_runs(workspace: dict[str, Any]) -> dict[str, Any]:
-    """policy=ar, then sage (with the AR run as speed reference), then sage on 2 processes (run once per session)."""
+    """policy=ar, then sage on 2 processes with the AR run as speed reference (run once per session): each of the two
+    processes is the single-process path on its shard, so one sage run checks both (an lmms-eval start is ~20 s)."""
     from filelock import FileLock
 
     ws, pair, root = workspace, workspace["pair"], workspace["root"]
     plan = (
         ("ar", f"{pair},policy=ar", 1),
-        ("sage", f"{pair},policy=sage,ar_reference={root / 'ar'}", 1),
         ("sage_2proc", f"{pair},policy=sage,ar_reference={root / 'ar'}", 2),
     )
     with FileLock(f"{root}/runs.lock"):
@@ -168,9 +168,10 @@ def cli_runs(workspace: dict[str, Any]) -> dict[str, Any]:
 # End to end (lmms-eval CLI, offline)
 # ---------------------------------------------------------------------------------------------------------------
 def test_cli_sage_is_lossless_and_writes_speed_files(cli_runs: dict[str, Any]) -> None:
-    ar, sage = cli_runs["ar"], cli_runs["sage"]
+    ar, sage = cli_runs["ar"], cli_runs["sage_2proc"]
     assert set(sage["scores"]) == set(TASKS)
-    assert sage["scores"] == ar["scores"], "SAGE's accuracy differs from plain AR decoding's"
+    for task, metrics in ar["scores"].items():  # means over another document order: equal up to rounding
+        assert sage["scores"][task] == pytest.approx(metrics, rel=1e-12, abs=1e-12), task
     for task in TASKS:
         report = _speed(sage["out"], task)
         metrics, reference = report["metrics"], report["reference"]
@@ -184,12 +185,9 @@ def test_cli_sage_is_lossless_and_writes_speed_files(cli_runs: dict[str, Any]) -
     assert "avg_vlmspec_tau" in results["throughput"]
 
 
-def test_cli_two_processes_give_the_same_scores(cli_runs: dict[str, Any]) -> None:
-    one, two = cli_runs["sage"], cli_runs["sage_2proc"]
+def test_cli_two_processes_give_the_same_outputs(cli_runs: dict[str, Any]) -> None:
+    one, two = cli_runs["ar"], cli_runs["sage_2proc"]
     assert "Running on rank 1" in two["log"], "accelerate did not start a second process"
-    assert set(two["scores"]) == set(one["scores"])
-    for task, metrics in one["scores"].items():  # means over another document order: equal up to rounding
-        assert two["scores"][task] == pytest.approx(metrics, rel=1e-12, abs=1e-12), task
     for task in TASKS:
         report = _speed(two["out"], task)
         assert report["run"]["world_size"] == 2
