@@ -1,4 +1,4 @@
-"""The six VLM families' real tokenizer, processor and config classes, built small and offline.
+"""The VLM families' real tokenizer, processor and config classes, built small and offline.
 
 One builder per piece, shared by the two model fixtures of the project: the tiny random pairs of
 :mod:`vlmspec.testing` and the trained pairs of :mod:`vlmspec.testbed`. What the two choose
@@ -7,7 +7,7 @@ family's processor and config (:class:`VisionLayout`), the tokenizer's training 
 Qwen vocabulary carries the grounding tokens.
 
 The tokenizer is a byte-level BPE (so *any* text encodes) wrapped in ``Qwen2Tokenizer``, the tokenizer
-class of all six families, with the family's special tokens and a family-style chat template.
+class of all the families, with the family's special tokens and a family-style chat template.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ __all__ = [
     "QWEN3_FAMILIES",
     "LLAVA_CHAT_TEMPLATE",
     "LLAVA15_CHAT_TEMPLATE",
+    "OWN_TEST_FAMILIES",
+    "SMOLVLM_NAMED_TOKENS",
     "LLAVA_SPECIAL_TOKENS",
     "INTERNVL_CHAT_TEMPLATE",
     "INTERNVL_NAMED_TOKENS",
@@ -51,6 +53,9 @@ FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_onevis
 IMAGE_ONLY_FAMILIES: tuple[str, ...] = ("gemma3", "llava", "llava_next")
 """Families these builders know whose models read pictures only (Gemma 3, LLaVA-1.5, LLaVA-NeXT: no video input),
 tested on their own."""
+OWN_TEST_FAMILIES: tuple[str, ...] = ("smolvlm",)
+"""Families with pictures and videos these builders know that are tested on their own (SmolVLM2: pictures cut into
+tiles, a video's frames written as pictures with their times)."""
 MOE_FAMILIES: tuple[str, ...] = ("qwen3_vl_moe",)
 """Mixture-of-experts families these builders know too: Qwen3-VL-30B-A3B's and -235B-A22B's architecture, the
 Qwen3-VL vision tower and processor with a sparse language model (every layer routes each token to
@@ -73,6 +78,7 @@ _CLASS_NAMES = {  # family: (config, model, processor) classes of transformers
     "gemma3": ("Gemma3Config", "Gemma3ForConditionalGeneration", "Gemma3Processor"),
     "llava": ("LlavaConfig", "LlavaForConditionalGeneration", "LlavaProcessor"),
     "llava_next": ("LlavaNextConfig", "LlavaNextForConditionalGeneration", "LlavaNextProcessor"),
+    "smolvlm": ("SmolVLMConfig", "SmolVLMForConditionalGeneration", "SmolVLMProcessor"),
 }
 _MROPE_SECTIONS = {
     16: [2, 3, 3],
@@ -115,6 +121,17 @@ GEMMA3_NAMED_TOKENS = {
 }
 """Gemma 3's named special tokens: a picture is written ``<start_of_image>`` in the text, which the processor
 expands to ``<start_of_image>`` + one ``<image_soft_token>`` per visual token + ``<end_of_image>``."""
+SMOLVLM_NAMED_TOKENS = {
+    "fake_image_token": "<fake_token_around_image>",
+    "image_token": "<image>",
+    "end_of_utterance_token": "<end_of_utterance>",
+    "global_image_token": "<global-img>",
+}
+"""SmolVLM's named special tokens: a picture is written ``<image>`` in the text, which the processor expands to each
+tile's ``<fake_token_around_image><row_r_col_c>`` + ``<image>`` per visual token, then the whole picture's
+``<global-img>`` tile; a turn ends with ``<end_of_utterance>``."""
+_SMOLVLM_GRID = 2
+"""Tiles per side of the largest SmolVLM picture the builders lay out (the ``<row_r_col_c>`` tokens they name)."""
 
 QWEN_CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
@@ -307,6 +324,13 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return (*_CHAT_TOKENS, *GEMMA3_NAMED_TOKENS.values())
     if family in ("llava", "llava_next"):
         return (*_CHAT_TOKENS, "<image>")
+    if family == "smolvlm":
+        grid = range(1, _SMOLVLM_GRID + 1)
+        return (
+            *_CHAT_TOKENS,
+            *SMOLVLM_NAMED_TOKENS.values(),
+            *(f"<row_{r}_col_{c}>" for r in grid for c in grid),
+        )
     return (*_CHAT_TOKENS, *(_GROUNDING_TOKENS if grounding else ()), *_QWEN_VISION_TOKENS)
 
 
@@ -385,6 +409,16 @@ def byte_level_tokenizer(
     return tokenizer
 
 
+def chat_template(family: str) -> str:
+    """The family's chat template: SmolVLM2's own (transformers' ``DEFAULT_CHAT_TEMPLATE``, which its processor takes
+    for every chat with a video whatever its own), the others' written here."""
+    if family == "smolvlm":
+        from transformers.models.smolvlm.processing_smolvlm import DEFAULT_CHAT_TEMPLATE
+
+        return DEFAULT_CHAT_TEMPLATE
+    return _CHAT_TEMPLATES[family]
+
+
 def build_tokenizer(
     family: str, lines: list[str], *, grounding: bool, vocab_size: int, model_max_length: int
 ) -> Qwen2Tokenizer:
@@ -392,10 +426,14 @@ def build_tokenizer(
     return byte_level_tokenizer(
         lines=lines,
         specials=special_tokens(family, grounding),
-        chat_template=_CHAT_TEMPLATES[family],
+        chat_template=chat_template(family),
         vocab_size=vocab_size,
         model_max_length=model_max_length,
-        named={"internvl": INTERNVL_NAMED_TOKENS, "gemma3": GEMMA3_NAMED_TOKENS}.get(family),
+        named={
+            "internvl": INTERNVL_NAMED_TOKENS,
+            "gemma3": GEMMA3_NAMED_TOKENS,
+            "smolvlm": SMOLVLM_NAMED_TOKENS,
+        }.get(family),
     )
 
 
@@ -410,6 +448,23 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
         ``InternVLProcessor`` with the tokenizer's chat template.
     """
     processor_cls = _transformers_class(family, 2)
+    if family == "smolvlm":
+        from transformers import SmolVLMImageProcessor, SmolVLMVideoProcessor
+
+        tile = {"longest_edge": layout.crop_side}
+        return (
+            processor_cls(  # a picture resized to at most a grid of tiles and cut into them; a frame one tile
+                image_processor=SmolVLMImageProcessor(
+                    do_image_splitting=True,
+                    size={"longest_edge": _SMOLVLM_GRID * layout.crop_side},
+                    max_image_size=tile,
+                ),
+                tokenizer=tokenizer,
+                video_processor=SmolVLMVideoProcessor(size=tile, max_image_size=tile, do_sample_frames=False),
+                image_seq_len=_pooled_tokens_per_crop(layout),
+                chat_template=tokenizer.chat_template,
+            )
+        )
     if family in ("llava", "llava_next"):
         from transformers import CLIPImageProcessor, LlavaNextImageProcessor
 
@@ -554,6 +609,22 @@ def build_config(
         return config_cls(**_gemma3_config_kwargs(spec, text, tid, layout))
     if family in ("llava", "llava_next"):
         return config_cls(**_llava15_config_kwargs(family, spec, text, tid, layout))
+    if family == "smolvlm":
+        return config_cls(
+            text_config={**text, "model_type": "llama"},
+            vision_config={
+                "hidden_size": spec.vision_hidden,
+                "intermediate_size": 2 * spec.vision_hidden,
+                "num_hidden_layers": spec.vision_layers,
+                "num_attention_heads": spec.vision_heads,
+                "image_size": layout.crop_side,
+                "patch_size": layout.patch,
+            },
+            scale_factor=2,  # 2 x 2 patches shuffled into one token (the real models: 4 x 4)
+            image_token_id=tid(SMOLVLM_NAMED_TOKENS["image_token"]),
+            pad_token_id=text["pad_token_id"],
+            tie_word_embeddings=False,
+        )
     return config_cls(
         text_config={**text, "rope_parameters": _mrope(family, spec.head_dim)},
         vision_config={

@@ -12,6 +12,7 @@ from .gemma3 import Gemma3Adapter
 from .internvl import InternVLAdapter
 from .llava import LlavaAdapter, LlavaNextAdapter, LlavaOnevisionAdapter
 from .qwen import QwenVLAdapter
+from .smolvlm import SmolVLMAdapter
 from .text import TEXT_DRAFT_TYPES, TextDraftAdapter
 
 _ADAPTERS: dict[str, type[VLMAdapter]] = {
@@ -23,6 +24,7 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
         LlavaNextAdapter,
         InternVLAdapter,
         Gemma3Adapter,
+        SmolVLMAdapter,
     )
     for model_type in cls.model_types
 }

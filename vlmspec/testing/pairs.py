@@ -40,7 +40,9 @@ MOE_FAMILIES: tuple[str, ...] = family_builders.MOE_FAMILIES
 """The mixture-of-experts families it builds too (a Qwen3-VL-MoE pair; its tests are its own)."""
 IMAGE_ONLY_FAMILIES: tuple[str, ...] = family_builders.IMAGE_ONLY_FAMILIES
 """The families without video it builds too (a Gemma 3 pair; its tests are its own)."""
-TINY_FAMILIES: tuple[str, ...] = (*FAMILIES, *MOE_FAMILIES, *IMAGE_ONLY_FAMILIES)
+OWN_TEST_FAMILIES: tuple[str, ...] = family_builders.OWN_TEST_FAMILIES
+"""The families with pictures and videos it builds whose tests are their own (a SmolVLM2 pair)."""
+TINY_FAMILIES: tuple[str, ...] = (*FAMILIES, *MOE_FAMILIES, *IMAGE_ONLY_FAMILIES, *OWN_TEST_FAMILIES)
 """Every family :func:`build_tiny_pair` builds (``tiny:<family>`` names one)."""
 
 INPUT_KINDS: tuple[str, ...] = ("image", "two_images", "video", "text")
@@ -93,6 +95,8 @@ _LAYOUTS = {
     "llava": VisionLayout(patch=14, crop_side=28),
     # LLaVA-1.5's, a picture also cut into the anyres grid of 1x1 to 2x2 crops that fits it best
     "llava_next": VisionLayout(patch=14, crop_side=28, anyres_tiles=(1, 2)),
+    # tiles of 28: 4x4 patches of 7, shuffled 2x2 into one -> 4 tokens per tile; a picture up to 2x2 tiles + itself
+    "smolvlm": VisionLayout(patch=7, crop_side=28),
 }
 _SLIDING_WINDOW = 24
 """Gemma 3's local window in the fixtures: a prompt with a picture is ~30 tokens, so 48 new tokens run past it."""
@@ -130,8 +134,9 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("internvl", 0): 14,
     ("qwen3_vl_moe", 0): 14,
     ("gemma3", 0): 6,
-    ("llava", 0): 11,
-    ("llava_next", 0): 9,
+    ("llava", 0): 53,  # 53 and 41: no draw below _MAX_DRAWS passes; found by searching further
+    ("llava_next", 0): 41,
+    ("smolvlm", 0): 19,
 }
 
 _CORPUS = """
@@ -280,7 +285,7 @@ def _shape_weights(model: PreTrainedModel, special_ids: list[int], draw_seed: in
         lm_head.copy_(_LM_HEAD_SCALE * embed[perm] / hidden**0.5)
         lm_head[special_ids] = 0.0
         embed.div_(getattr(model.get_input_embeddings(), "scalar_embed_scale", 1.0))  # Gemma scales at lookup
-        for layer in model.model.language_model.layers:
+        for layer in model.get_decoder().layers:
             attn, mlp = layer.self_attn, layer.mlp
             qk_std = _QK_STD
             if hasattr(attn, "q_norm"):  # q/k are RMS-normalised per head after the projection
@@ -342,6 +347,8 @@ def _vision_output_linears(model: PreTrainedModel, family: str) -> list[torch.nn
     inner = model.model
     if family in ("qwen2_vl", "qwen2_5_vl"):
         return [inner.visual.merger.mlp[-1]]
+    if family == "smolvlm":
+        return [inner.connector.modality_projection.proj]
     if family in family_builders.QWEN3_FAMILIES:
         return [inner.visual.merger.linear_fc2] + [m.linear_fc2 for m in inner.visual.deepstack_merger_list]
     if (
