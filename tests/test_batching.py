@@ -62,6 +62,21 @@ def check_replies_equal_generate(
     assert (accepted == 0) == (policy == "ar")
 
 
+def check_a_pruned_draft_keeps_the_replies(
+    pipe: VLMSpecPipeline, cases: list[tuple[str, dict, list[int]]]
+) -> None:
+    """Under ``sage``, with the draft seeing half of the visual tokens (its prefill built by vlmspec from the model's
+    own features), each ``(label, call keywords, generate()'s reply)`` case with a picture or video replies as
+    ``generate()`` does."""
+    pipe.policy = get_policy("sage")
+    for label, call, expected in cases:
+        if call.get("image") is None and call.get("video") is None:
+            continue
+        out = pipe(**call, prune_ratio=0.5)
+        assert out.token_ids == expected, f"pruned/{label}"
+        assert out.stats.draft_visual_tokens == out.stats.target_visual_tokens // 2, label
+
+
 def check_batch_equals_generate(pipe: VLMSpecPipeline, requests: list[dict], label: str) -> None:
     """``pipe.batch`` at batch 6: each reply is that request's own ``generate()``, token for token."""
     outputs = pipe.batch(requests, batch_size=6)

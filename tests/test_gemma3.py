@@ -17,8 +17,10 @@ import json
 import pytest
 import torch
 import vlmspec_caption
-from conftest import PROMPTS, check_a_conversation_with_pictures_equals_generate
-from test_batching import check_batch_equals_generate, check_replies_equal_generate, mixed_requests
+from conftest import PROMPTS
+from test_batching import (
+    mixed_requests,
+)
 from test_batching import reference as batch_reference
 
 from vlmspec import VLMSpecPipeline, get_policy
@@ -76,28 +78,6 @@ def test_the_window_and_the_pictures_masks_decide_the_replies(gemma):
     assert any(got != case[3] for got, case in zip(causal, pictures, strict=True))
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-def test_greedy_equals_generate(gemma, policy):
-    pipe, cases = gemma
-    calls = [
-        (f"{kind}/{prompt!r}", {"image": image, "prompt": prompt, "max_new_tokens": MAX_NEW}, expected)
-        for kind, prompt, image, expected, _ in cases
-    ]
-    check_replies_equal_generate(pipe, policy, calls)
-
-
-def test_a_pruned_draft_keeps_the_replies(gemma):
-    """The draft sees half of each picture's tokens (its prefill rebuilt by vlmspec, pictures' blocks cut too)."""
-    pipe, cases = gemma
-    pipe.policy = get_policy("sage")
-    for kind, prompt, image, expected, _ in cases:
-        if image is None:
-            continue
-        out = pipe(image, prompt, max_new_tokens=MAX_NEW, prune_ratio=0.5)
-        assert out.token_ids == expected, f"pruned/{kind}/{prompt!r}"
-        assert out.stats.draft_visual_tokens == out.stats.target_visual_tokens // 2
-
-
 def test_pan_and_scan_crops_alone_pruned_and_in_a_batch(gemma):
     """Pan-and-scan (a processor setting): a wide picture becomes the picture and its crops, each a block of its
     own; the replies stay the target's alone, with a pruned draft and beside another request in a batch."""
@@ -119,13 +99,6 @@ def test_pan_and_scan_crops_alone_pruned_and_in_a_batch(gemma):
     assert pipe.batch(requests, batch_size=2)[0].token_ids == expected
 
 
-@pytest.mark.parametrize("policy", ["chain", "sage"])
-def test_a_batch_equals_each_request_s_generate(gemma, policy):
-    pipe, _ = gemma
-    pipe.policy = get_policy(policy)
-    check_batch_equals_generate(pipe, mixed_requests(without=("video",)), policy)
-
-
 def test_a_batch_needs_the_pictures_both_way_mask(gemma, monkeypatch):
     """The batched prefill is vlmspec's own: without each position's picture it would be causal, and some reply
     would not be the target's (so the batch test above checks the mask it rebuilds)."""
@@ -135,11 +108,6 @@ def test_a_batch_needs_the_pictures_both_way_mask(gemma, monkeypatch):
     monkeypatch.setattr(gemma3.Gemma3Adapter, "extra_prompt_inputs", lambda self, masks, features: {})
     outputs = pipe.batch(requests, batch_size=6)
     assert any(out.token_ids != batch_reference(pipe, r) for r, out in zip(requests, outputs, strict=True))
-
-
-def test_a_conversation_with_pictures_in_two_turns(gemma):
-    """Later turns prefill on the caches of the earlier ones (their pictures' blocks included)."""
-    check_a_conversation_with_pictures_equals_generate(gemma[0])
 
 
 def _frames_as_pictures_chat(frames: list, times: list[float], text: str) -> list[dict]:

@@ -1,44 +1,30 @@
 """LLaVA-1.5 (``llava-hf/llava-1.5-7b-hf`` drafting for ``-13b-hf``) and LLaVA-NeXT (``llava-v1.6-vicuna-7b-hf``
 drafting for ``-13b-hf``): the tiny ``llava`` pair (a CLIP tower whose second-to-last layer's patches, CLS dropped,
 become the picture's tokens; a Llama language model) and ``llava_next`` pair (the same, each picture also cut into
-the anyres grid of crops that fits it, unpadded to its aspect) are lossless like the other families, alone, with a
-pruned draft, in batches and conversations; a video reaches them as its frames' pictures. LLaVA models that read
-pictures another way are refused with what to load instead."""
+the anyres grid of crops that fits it, unpadded to its aspect) are lossless like the other families
+(``test_more_families.py``). Here: their layouts, pictures of other sizes, and the LLaVA models that read pictures
+another way, refused with what to load instead."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import PROMPTS, check_a_conversation_with_pictures_equals_generate
-from test_batching import check_batch_equals_generate, check_replies_equal_generate, mixed_requests
+from conftest import PROMPTS
 from transformers import LlavaConfig, LlavaForConditionalGeneration
 
-from vlmspec import VLMSpecPipeline, get_policy
+from vlmspec import VLMSpecPipeline
 from vlmspec.errors import InvalidInputError
 from vlmspec.models import adapter_for, check_model_type
-from vlmspec.testing import build_tiny_pair, input_kinds, make_image, make_video_frames
+from vlmspec.testing import build_tiny_pair, input_kinds, make_image
 
-POLICIES = ("ar", "chain", "static", "sage", "eagle2")
 MAX_NEW = 48
 MEDIA = {"image": make_image(0), "two_images": [make_image(1), make_image(2)], "text": None}
 
 
-@pytest.fixture(scope="module", params=["llava", "llava_next"])
-def llava(request, tiny_root):
-    """The pair's pipeline, and ``generate()``'s reply to every input kind x two prompts."""
-    pair = build_tiny_pair(request.param, root=tiny_root)
+@pytest.mark.parametrize("family", ["llava", "llava_next"])
+def test_the_pair_is_llava_s_architecture_and_its_pictures_steer_the_replies(family, tiny_root):
+    pair = build_tiny_pair(family, root=tiny_root)
     pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
-    cases = []
-    for kind in input_kinds(request.param):
-        for prompt in PROMPTS[:2]:
-            inputs = pipe.prepare_inputs(MEDIA[kind], prompt)
-            cases.append((kind, prompt, MEDIA[kind], pipe.reference_generate(inputs, MAX_NEW), inputs))
-    return pipe, cases
-
-
-def test_the_pair_is_llava_s_architecture_and_its_pictures_steer_the_replies(llava):
-    pipe, cases = llava
-    family = pipe.target.config.model_type
     assert input_kinds(family) == ("image", "two_images", "text")
     for model in (pipe.target, pipe.draft):
         assert (
@@ -49,67 +35,16 @@ def test_the_pair_is_llava_s_architecture_and_its_pictures_steer_the_replies(lla
         assert model.config.get_text_config().model_type == "llama"
         assert model.config.vision_feature_select_strategy == "default"
     image_id = pipe.target.config.image_token_id
-    tokens = {kind: int((inputs["input_ids"] == image_id).sum()) for kind, _, _, _, inputs in cases}
+    inputs = {kind: pipe.prepare_inputs(MEDIA[kind], PROMPTS[0]) for kind in input_kinds(family)}
+    tokens = {kind: int((given["input_ids"] == image_id).sum()) for kind, given in inputs.items()}
     # 2 x 2 patches of 14 pixels a crop; LLaVA-NeXT: a 56-pixel picture is the base crop and a 2 x 2 grid of crops,
     # 4 x 4 patches, each row of them followed by a newline
     picture = {"llava": 4, "llava_next": 4 + 4 * (4 + 1)}[family]
     assert tokens == {"image": picture, "two_images": 2 * picture, "text": 0}
     other = pipe.reference_generate(pipe.prepare_inputs(make_image(5), PROMPTS[0]), MAX_NEW)
-    assert other != cases[0][3]  # another picture, same prompt: another reply
-
-
-@pytest.mark.parametrize("policy", POLICIES)
-def test_greedy_equals_generate(llava, policy):
-    pipe, cases = llava
-    calls = [
-        (f"{kind}/{prompt!r}", {"image": image, "prompt": prompt, "max_new_tokens": MAX_NEW}, expected)
-        for kind, prompt, image, expected, _ in cases
-    ]
-    check_replies_equal_generate(pipe, policy, calls)
-
-
-def test_a_pruned_draft_keeps_the_replies(llava):
-    """The draft sees half of each picture's tokens (its prefill built by vlmspec from the model's own features)."""
-    pipe, cases = llava
-    pipe.policy = get_policy("sage")
-    for kind, prompt, image, expected, _ in cases:
-        if image is None:
-            continue
-        out = pipe(image, prompt, max_new_tokens=MAX_NEW, prune_ratio=0.5)
-        assert out.token_ids == expected, f"pruned/{kind}/{prompt!r}"
-        assert out.stats.draft_visual_tokens == out.stats.target_visual_tokens // 2
-
-
-@pytest.mark.parametrize("policy", ["chain", "sage"])
-def test_a_batch_equals_each_request_s_generate(llava, policy):
-    pipe, _ = llava
-    pipe.policy = get_policy(policy)
-    check_batch_equals_generate(pipe, mixed_requests(without=("video",)), policy)
-
-
-def test_a_conversation_with_pictures_in_two_turns(llava):
-    """Later turns prefill on the caches of the earlier ones (their pictures included)."""
-    check_a_conversation_with_pictures_equals_generate(llava[0])
-
-
-def test_a_video_is_given_as_its_frames_pictures(llava):
-    """LLaVA-1.5 takes no video: a video's frames reach it as pictures, each with a label of its time (the template
-    writes a turn's pictures before its text, as LLaVA-1.5's does)."""
-    pipe, _ = llava
-    frames = make_video_frames(0)
-    messages = [
-        {"role": "user", "content": [{"type": "video", "video": frames}, {"type": "text", "text": "Why?"}]}
-    ]
-    inputs = pipe.prepare_messages(messages)
-    assert inputs["pixel_values"].shape[0] == len(frames)
-    prompt = pipe.tokenizer.decode(inputs["input_ids"][0])
-    assert (
-        prompt.startswith("USER: <image>") and "Frame at 1.5 s:" in prompt and prompt.endswith("ASSISTANT:")
-    )
-    pipe.policy = get_policy("sage")
-    out = pipe(messages=messages, max_new_tokens=MAX_NEW)
-    assert out.token_ids == pipe.reference_generate(inputs, MAX_NEW)
-    assert out.stats.mean_accepted > 0
+    assert other != pipe.reference_generate(
+        inputs["image"], MAX_NEW
+    )  # another picture, same prompt: another reply
 
 
 def test_llava_checkpoints_that_read_pictures_another_way_are_refused():

@@ -612,14 +612,7 @@ def build_config(
     if family == "smolvlm":
         return config_cls(
             text_config={**text, "model_type": "llama"},
-            vision_config={
-                "hidden_size": spec.vision_hidden,
-                "intermediate_size": 2 * spec.vision_hidden,
-                "num_hidden_layers": spec.vision_layers,
-                "num_attention_heads": spec.vision_heads,
-                "image_size": layout.crop_side,
-                "patch_size": layout.patch,
-            },
+            vision_config=_vision_tower(spec, layout),
             scale_factor=2,  # 2 x 2 patches shuffled into one token (the real models: 4 x 4)
             image_token_id=tid(SMOLVLM_NAMED_TOKENS["image_token"]),
             pad_token_id=text["pad_token_id"],
@@ -679,15 +672,7 @@ def _llava15_config_kwargs(
             "model_type": "llama",
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
         },
-        "vision_config": {
-            "model_type": "clip_vision_model",
-            "hidden_size": spec.vision_hidden,
-            "intermediate_size": 2 * spec.vision_hidden,
-            "num_hidden_layers": spec.vision_layers,
-            "num_attention_heads": spec.vision_heads,
-            "image_size": layout.crop_side,
-            "patch_size": layout.patch,
-        },
+        "vision_config": _vision_tower(spec, layout, model_type="clip_vision_model"),
         "image_token_index": tid("<image>"),
         "image_seq_length": (layout.crop_side // layout.patch) ** 2,
         "vision_feature_select_strategy": "default",
@@ -698,15 +683,19 @@ def _llava15_config_kwargs(
 
 def _siglip_config(spec: ModelSpec, layout: VisionLayout) -> dict[str, Any]:
     """A SigLIP vision tower's config (LLaVA-OneVision's and Gemma 3's): crops of ``crop_side`` pixels, no head."""
+    return _vision_tower(spec, layout, model_type="siglip_vision_model", vision_use_head=False)
+
+
+def _vision_tower(spec: ModelSpec, layout: VisionLayout, **extra: Any) -> dict[str, Any]:
+    """A ViT tower's config (SigLIP, CLIP, SmolVLM's): ``spec``'s widths, crops of ``crop_side`` pixels."""
     return {
-        "model_type": "siglip_vision_model",
         "hidden_size": spec.vision_hidden,
         "intermediate_size": 2 * spec.vision_hidden,
         "num_hidden_layers": spec.vision_layers,
         "num_attention_heads": spec.vision_heads,
         "image_size": layout.crop_side,
         "patch_size": layout.patch,
-        "vision_use_head": False,
+        **extra,
     }
 
 

@@ -197,9 +197,13 @@ class VLMAdapter(MediaRows):
         self, ids: torch.Tensor, embeds: torch.Tensor, modality: str, values: torch.Tensor
     ) -> torch.Tensor:
         """``[1, L, 1]`` bool: the placeholders of ``modality`` among ``ids``, by the model's own
-        ``get_placeholder_mask``, which checks that they match the ``[n, D]`` features ``values``."""
+        ``get_placeholder_mask``, which checks that they match the ``[n, D]`` features ``values`` (a model with one
+        kind of placeholder gives its one mask; one with pictures and videos, both)."""
         given = {f"{modality}_features": values}
-        image_mask, video_mask = self.model.model.get_placeholder_mask(ids, inputs_embeds=embeds, **given)
+        masks = self.model.model.get_placeholder_mask(ids, inputs_embeds=embeds, **given)
+        if not isinstance(masks, tuple):
+            return masks
+        image_mask, video_mask = masks
         return image_mask if modality == "image" else video_mask
 
     @torch.no_grad()

@@ -42,11 +42,6 @@ class PlaceholderBlocks(VLMAdapter):
         out = self.model.model.get_image_features(inputs["pixel_values"], return_dict=True)
         return {"image": VisualFeatures(embeds=out.pooler_output.flatten(0, 1))}  # [blocks * tokens, D]
 
-    def placeholder_mask(
-        self, ids: torch.Tensor, embeds: torch.Tensor, modality: str, values: torch.Tensor
-    ) -> torch.Tensor:
-        return self.model.model.get_placeholder_mask(ids, inputs_embeds=embeds, image_features=values)
-
     def media_items(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
         """The rows of the blocks ``images`` (``videos`` selects nothing: the model has no other kind)."""
         pixels = inputs.get("pixel_values")

@@ -187,11 +187,6 @@ class LlavaNextAdapter(VLMAdapter):
         # one [tokens, D] per picture, as forward packs them
         return {"image": VisualFeatures(embeds=torch.cat(out.pooler_output, dim=0))}
 
-    def placeholder_mask(
-        self, ids: torch.Tensor, embeds: torch.Tensor, modality: str, values: torch.Tensor
-    ) -> torch.Tensor:
-        return self.model.model.get_placeholder_mask(ids, inputs_embeds=embeds, image_features=values)
-
     def media_items(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
         """The pixel rows and sizes of the pictures ``images`` (``videos`` selects nothing: no video input)."""
         pixels = inputs.get("pixel_values")

@@ -1,0 +1,79 @@
+"""The families tested outside the main lossless matrix (``tests/test_lossless.py``), each with ways of its own:
+Gemma 3 (local layers, pictures only), LLaVA-1.5 and LLaVA-NeXT (pictures only; NeXT's anyres grids) and SmolVLM2
+(tiles; a video's frames as tiles). Every one is lossless for every tree policy alone, with a pruned draft, in
+batches of mixed requests and in a conversation; what only one family has is tested in its own file
+(``test_gemma3.py``, ``test_llava.py``, ``test_smolvlm.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import PROMPTS, check_a_conversation_with_pictures_equals_generate
+from test_batching import (
+    check_a_pruned_draft_keeps_the_replies,
+    check_batch_equals_generate,
+    check_replies_equal_generate,
+    mixed_requests,
+)
+
+from vlmspec import VLMSpecPipeline, get_policy
+from vlmspec.testing import (
+    IMAGE_ONLY_FAMILIES,
+    OWN_TEST_FAMILIES,
+    build_tiny_pair,
+    input_kinds,
+    make_image,
+    make_video_frames,
+)
+
+FAMILIES = (*IMAGE_ONLY_FAMILIES, *OWN_TEST_FAMILIES)
+POLICIES = ("ar", "chain", "static", "sage", "eagle2")
+MAX_NEW = 48
+MEDIA = {
+    "image": {"image": make_image(0)},
+    "two_images": {"image": [make_image(1), make_image(2)]},
+    "video": {"video": make_video_frames(3)},
+    "text": {},
+}
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_case(request, tiny_root):
+    """The family's pair pipeline and its cases: ``(label, call keywords, generate()'s reply)`` for every input kind
+    it takes x two prompts."""
+    pair = build_tiny_pair(request.param, root=tiny_root)
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
+    cases = []
+    for kind in input_kinds(request.param):
+        for prompt in PROMPTS[:2]:
+            call = {**MEDIA[kind], "prompt": prompt, "max_new_tokens": MAX_NEW}
+            inputs = pipe.prepare_inputs(call.get("image"), prompt, video=call.get("video"))
+            cases.append(
+                (f"{request.param}/{kind}/{prompt!r}", call, pipe.reference_generate(inputs, MAX_NEW))
+            )
+    return request.param, pipe, cases
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_greedy_equals_generate(family_case, policy):
+    _, pipe, cases = family_case
+    check_replies_equal_generate(pipe, policy, cases)
+
+
+def test_a_pruned_draft_keeps_the_replies(family_case):
+    """The draft sees half of each picture's (or tile's, or frame's) tokens, its prefill built by vlmspec."""
+    _, pipe, cases = family_case
+    check_a_pruned_draft_keeps_the_replies(pipe, cases)
+
+
+@pytest.mark.parametrize("policy", ["chain", "sage"])
+def test_a_batch_equals_each_request_s_generate(family_case, policy):
+    family, pipe, _ = family_case
+    pipe.policy = get_policy(policy)
+    without = ("video",) if family in IMAGE_ONLY_FAMILIES else ()
+    check_batch_equals_generate(pipe, mixed_requests(without=without), f"{family}/{policy}")
+
+
+def test_a_conversation_with_pictures_in_two_turns(family_case):
+    """Later turns prefill on the caches of the earlier ones (their pictures included)."""
+    check_a_conversation_with_pictures_equals_generate(family_case[1])
