@@ -86,3 +86,37 @@ def test_llava_next_pictures_of_other_sizes_alone_and_in_a_batch(tiny_root):
     assert len(set(counts[:2])) == 2 and counts[3] == 0  # wide and tall: other grids, other counts
     for request, want, out in zip(requests, expected, pipe.batch(requests, batch_size=4), strict=True):
         assert out.token_ids == want, request["prompt"]
+
+
+def test_a_padded_llava_next_batch_splits_into_each_prompt_s_own_pictures(tiny_root):
+    """A processor batch of prompts whose pictures have other sizes (other grids, other token counts): each row's
+    inputs are its prompt's own, its pictures told apart by their sizes, and ``pipe.generate`` on the batch gives
+    each prompt's reply."""
+    pair = build_tiny_pair("llava_next", root=tiny_root)
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
+    content = [
+        ([{"type": "image"}, {"type": "text", "text": PROMPTS[0]}], [make_image(4).resize((90, 30))]),
+        ([{"type": "image"}, {"type": "image"}, {"type": "text", "text": PROMPTS[3]}],
+         [make_image(5).resize((30, 80)), make_image(6)]),
+        ([{"type": "text", "text": PROMPTS[2]}], []),
+    ]  # fmt: skip
+    texts = [
+        pipe.processor.apply_chat_template(
+            [{"role": "user", "content": c}], add_generation_prompt=True, tokenize=False
+        )
+        for c, _ in content
+    ]
+    batch = pipe.processor(text=texts, images=[i for _, pictures in content for i in pictures], padding=True,
+                           return_tensors="pt")  # fmt: skip
+    rows = pipe._target_adapter.split_rows(dict(batch))
+    width = batch["input_ids"].shape[1]
+    replies = pipe.generate(**batch, max_new_tokens=24)
+    for b, (row, text, (_, pictures)) in enumerate(zip(rows, texts, content, strict=True)):
+        alone = pipe.processor(text=[text], images=pictures or None, return_tensors="pt")
+        assert torch.equal(row["input_ids"], alone["input_ids"]), b
+        if pictures:
+            crops = alone["pixel_values"].shape[1]  # the batch pads every picture to its most crops
+            assert torch.equal(row["pixel_values"][:, :crops], alone["pixel_values"]), b
+            assert torch.equal(row["image_sizes"], alone["image_sizes"]), b
+        expected = pipe.reference_generate(dict(alone), 24)
+        assert replies[b, width : width + len(expected)].tolist() == expected, b

@@ -143,8 +143,9 @@ def _speed(out: Path, task: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def cli_runs(workspace: dict[str, Any]) -> dict[str, Any]:
-    """policy=ar, then sage on 2 processes with the AR run as speed reference (run once per session): each of the two
-    processes is the single-process path on its shard, so one sage run checks both (an lmms-eval start is ~20 s)."""
+    """policy=ar, then sage on 2 processes with the AR run as speed reference (run once per session). Each process
+    decodes its shard as a single process decodes all (the shards' results are then gathered), so the one sage run
+    checks speculative decoding through the CLI and data parallelism (an lmms-eval start costs ~20 s)."""
     from filelock import FileLock
 
     ws, pair, root = workspace, workspace["pair"], workspace["root"]

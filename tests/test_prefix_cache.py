@@ -200,14 +200,13 @@ def test_an_entry_counts_its_caches_and_media_and_the_bytes_bound_holds(tiny_pai
     """An entry's size is its caches' and media's; a new entry pushes out as many old ones as it must, and one
     bigger than the bound is not kept at all (it would push out every other one, then itself)."""
     from vlmspec.cache import cache_nbytes
-    from vlmspec.prefix_cache import _media_tensors
 
     pipe = _pipe(tiny_pairs, "qwen2_vl", policy="sage")
     a, b = make_image(0), make_image(3)
     pipe.prefix_cache = store = PrefixCache()
     pipe(a, "Describe this image.", max_new_tokens=8)
     (entry,) = store._entries
-    media = _media_tensors(pipe.prepare_inputs(a, "Describe this image."))
+    media = pipe._target_adapter.media_rows(pipe.prepare_inputs(a, "Describe this image."))
     caches = sum(cache_nbytes(held.state.cache) for held in entry.held.values())
     assert entry.nbytes == store.nbytes == caches + sum(t.numel() * t.element_size() for t in media.values())
     assert set(entry.held) == {DRAFT_FIRST, TARGET} and caches > 0

@@ -136,7 +136,8 @@ def test_draw_follows_the_distribution_and_never_gives_a_token_without_mass(real
     one unnormalised distribution both follow it, and tokens outside top-k (no mass) never come up."""
     probs = SETTINGS[3].probs(real_logits)[0]  # [V], top-k 8 then top-p 0.9: most tokens have no mass
     gen = torch.Generator().manual_seed(3)
-    by_rows = draw(probs.expand(DRAWS, -1), gen).squeeze(1)  # [DRAWS]: one draw from each of DRAWS equal rows
+    rows = probs.expand(DRAWS // 10, -1)  # one draw from each of these equal rows, ten times
+    by_rows = torch.cat([draw(rows, gen).squeeze(1) for _ in range(10)])  # [DRAWS]
     by_count = draw(3.0 * probs, gen, DRAWS)  # [DRAWS] draws from one row, not normalised
     for tokens in (by_rows, by_count):
         assert tokens.shape == (DRAWS,)
@@ -144,6 +145,8 @@ def test_draw_follows_the_distribution_and_never_gives_a_token_without_mass(real
     skewed = torch.bincount(by_count, minlength=probs.shape[0]).float()
     skewed[probs.argmax()] *= 1.1  # the same test rejects a distribution 10% off on its likeliest token
     assert _p_value(skewed, probs) < ALPHA
+    with pytest.raises(ValueError, match="without mass"):
+        draw(torch.zeros(2, 5), gen)
 
 
 def test_planted_bug_without_residual_renormalisation_fails(real_logits):

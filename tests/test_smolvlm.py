@@ -65,7 +65,7 @@ def test_a_padded_batch_splits_into_each_prompt_s_own_tiles(smolvlm):
         for c, _ in content
     ]
     batch = pipe.processor(text=texts, images=[i for _, i in content], padding=True, return_tensors="pt")
-    assert batch["pixel_values"].shape[:2] == (3, 10)  # 1 tile (a small picture), 2 x 5, none: padded to 10
+    assert batch["pixel_values"].shape[:2] == (3, 10)  # 5 tiles, 2 x 5, none: padded to 10
     rows = pipe._target_adapter.split_rows(dict(batch))
     for row, text, (_, images) in zip(rows, texts, content, strict=True):
         alone = pipe.processor(text=[text], images=[images] if images else None, return_tensors="pt")

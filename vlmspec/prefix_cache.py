@@ -277,7 +277,7 @@ class PrefixCache:
         except (InvalidInputError, NotImplementedError):
             return None
         # The media as this prompt has them: a caller may write other pixels into its tensors later.
-        media = {key: tensor.clone() for key, tensor in _media_tensors(inputs).items()}
+        media = {key: tensor.clone() for key, tensor in adapter.media_rows(inputs).items()}
         placeholders = adapter.visual_token_ids()
         with self._lock:
             live = [turn.prompt_entry() for turn in self._live if batch is not None and turn.batch is batch]
@@ -424,13 +424,6 @@ def _visual(ids: Sequence[int], placeholders: torch.Tensor) -> int:
 def _placeholders(ids: Sequence[int], placeholders: torch.Tensor) -> torch.Tensor:
     """``[len(ids)]`` bool: the visual placeholders among ``ids``."""
     return torch.isin(torch.as_tensor(list(ids), dtype=torch.long), placeholders)
-
-
-def _media_tensors(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The processed media of a prompt's processor outputs: every tensor but the per-token ones (``input_ids``'
-    shape), i.e. pixels, grids, sizes, frame timings, one row (or patch) per medium along dim 0, in prompt order."""
-    shape = inputs["input_ids"].shape
-    return {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.shape != shape}
 
 
 def _extends(held: dict[str, torch.Tensor], media: dict[str, torch.Tensor]) -> bool:

@@ -204,6 +204,8 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None, n: int = 1) -> 
     (57 ms against 17 ms a verification step) and ~7x for the fixtures' 1k; the law is the same.
     """
     cdf = probs.double().cumsum(-1)  # [..., V]
+    if cdf.device.type == "cpu" and not bool((cdf[..., -1] > 0).all() & cdf[..., -1].isfinite().all()):
+        raise ValueError(f"cannot sample from a distribution without mass or with inf/nan entries: {probs}")
     u = torch.rand((*probs.shape[:-1], n), dtype=torch.float64, generator=generator, device=probs.device)
     # u * total < total (u < 1); the clamp only guards the rounding of that product, a ~1e-16 event
     return torch.searchsorted(cdf, u * cdf[..., -1:], right=True).clamp_(max=probs.shape[-1] - 1)

@@ -91,9 +91,12 @@ def discover_inputs(
             if glob.glob(literal)
             else ""
         )
+        pictures = (
+            "" if set(extensions) & set(IMAGE_EXTENSIONS) else "; for pictures give --extensions images"
+        )
         raise JobError(
             f"input {text!r} holds no videos"
-            + (f" (extensions {' '.join(extensions)})" if path.is_dir() else "")
+            + (f" (extensions {' '.join(extensions)}{pictures})" if path.is_dir() else "")
             + (hint if "[" in text else "")
         )
     if segment is not None:
@@ -132,7 +135,10 @@ def _glob_items(pattern: str) -> list[VideoItem]:
 
 
 def _manifest_item(row: dict[str, Any], base: Path, where: str) -> VideoItem:
-    video = row.get("path", row.get("video", row.get("image")))
+    named = [row[key] for key in ("path", "video", "image") if row.get(key) not in (None, "")]
+    if len(set(named)) > 1:
+        raise JobError(f"{where}: names more than one file ({', '.join(map(repr, named))}); give one per row")
+    video = named[0] if named else None
     if not isinstance(video, str) or not video.strip():
         raise JobError(f"{where}: needs a 'path' (or 'video', 'image') with the file to caption, got {row!r}")
     prompt = row.get("prompt")

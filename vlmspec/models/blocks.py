@@ -1,5 +1,6 @@
 """Families whose prompts hold one kind of visual placeholder, in blocks of a fixed size, one row of
-``pixel_values`` ``[blocks, C, H, W]`` per block: InternVL's tiles, Gemma 3's pictures.
+``pixel_values`` ``[blocks, C, H, W]`` per block: InternVL's tiles, Gemma 3's and LLaVA-1.5's pictures (SmolVLM2's
+tiles too, its ``pixel_values`` ``[prompts, tiles, C, H, W]`` padded with all-zero tiles: :mod:`.smolvlm`).
 
 A prompt's media items are then its blocks, counted as images, in the order of the prompt: a block goes through the
 vision tower on its own, so a prompt's later items are its later blocks, and a batch's rows split by their

@@ -208,11 +208,25 @@ class LlavaNextAdapter(VLMAdapter):
                 pictures += 1
             if placeholders:
                 raise InvalidInputError(
-                    "a prompt's <image> placeholders do not add up to whole pictures of the given image_sizes; build "
+                    "a prompt's <image> placeholders do not add up to whole pictures of the inputs' image_sizes; build "
                     "the inputs with the model's processor, each prompt's pictures in its own list"
                 )
             counts.append((pictures, 0))
         return counts
+
+    def media_rows(self, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The prompt's pictures' own crops, one row each (``[crops, C, H, W]``, without the padding to the most
+        crops of a picture) and their sizes: a later turn's picture adds rows after them."""
+        pixels = inputs.get("pixel_values")
+        if pixels is None or pixels.dim() != 5:  # none, or crops given flat already
+            return super().media_rows(inputs)
+        vision, sizes = self.config.vision_config, inputs["image_sizes"]
+        crops = [
+            image_size_to_num_patches(s, self.config.image_grid_pinpoints, vision.image_size)
+            for s in sizes.tolist()
+        ]
+        own = torch.cat([picture[:n] for picture, n in zip(pixels, crops, strict=True)])
+        return {"pixel_values": own, "image_sizes": sizes}
 
     def picture_tokens(self, image_sizes: torch.Tensor) -> list[int]:
         """Placeholders of each picture of ``image_sizes`` ``[n, 2]``: the model's own packing

@@ -35,6 +35,14 @@ class MediaRows:
         """
         raise NotImplementedError(f"{type(self).__name__} cannot split a batch of prompts yet")
 
+    def media_rows(self, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The processed media of one prompt's processor outputs, one row (or patch) per medium along dim 0 in the
+        order of the prompt, so that a prompt's media start with another's exactly when its rows do (what the
+        prefix cache compares): every tensor but the per-token ones (``input_ids``' shape). Families whose
+        processor pads a prompt's media to the largest one lay them out without that padding."""
+        shape = inputs["input_ids"].shape
+        return {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.shape != shape}
+
     def row_media(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
         """One row's visual inputs in :meth:`split_rows` (:meth:`media_items` unless a family adds per-row data)."""
         return self.media_items(inputs, images, videos)

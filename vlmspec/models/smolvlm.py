@@ -76,6 +76,18 @@ class SmolVLMAdapter(PlaceholderBlocks):
             found["pixel_attention_mask"] = inputs["pixel_attention_mask"].flatten(0, 1)[real][images][None]
         return found
 
+    def media_rows(self, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The prompt's real tiles, one row each (``[tiles, C, H, W]`` and their pixel masks): a later turn's
+        picture adds tiles after them."""
+        pixels = inputs.get("pixel_values")
+        if pixels is None:
+            return {}
+        real = _real_tiles(pixels)
+        rows = {"pixel_values": pixels.flatten(0, 1)[real]}
+        if inputs.get("pixel_attention_mask") is not None:
+            rows["pixel_attention_mask"] = inputs["pixel_attention_mask"].flatten(0, 1)[real]
+        return rows
+
 
 def _real_tiles(pixels: torch.Tensor) -> torch.Tensor:
     """Which tiles of ``pixels`` ``[prompts, tiles, C, H, W]`` are real, by the model's rule: a padding tile is all

@@ -39,9 +39,9 @@ FAMILIES: tuple[str, ...] = family_builders.FAMILIES
 MOE_FAMILIES: tuple[str, ...] = family_builders.MOE_FAMILIES
 """The mixture-of-experts families it builds too (a Qwen3-VL-MoE pair; its tests are its own)."""
 IMAGE_ONLY_FAMILIES: tuple[str, ...] = family_builders.IMAGE_ONLY_FAMILIES
-"""The families without video it builds too (a Gemma 3 pair; its tests are its own)."""
+"""The families without video it builds too (Gemma 3, LLaVA-1.5 and LLaVA-NeXT pairs; tested on their own)."""
 OWN_TEST_FAMILIES: tuple[str, ...] = family_builders.OWN_TEST_FAMILIES
-"""The families with pictures and videos it builds whose tests are their own (a SmolVLM2 pair)."""
+"""The families with pictures and videos it builds that are tested on their own (a SmolVLM2 pair)."""
 TINY_FAMILIES: tuple[str, ...] = (*FAMILIES, *MOE_FAMILIES, *IMAGE_ONLY_FAMILIES, *OWN_TEST_FAMILIES)
 """Every family :func:`build_tiny_pair` builds (``tiny:<family>`` names one)."""
 
