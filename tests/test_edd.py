@@ -176,9 +176,9 @@ def test_a_draft_for_another_target_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_training_runs_end_to_end_and_resumes_after_a_kill(tmp_path):
-    """`vlmspec edd train` on 96 testbed examples (tiny size): killed after its first checkpoint and started again,
+    """`vlmspec edd train` on 48 testbed examples (tiny size): killed after its first checkpoint and started again,
     it resumes there and ends with exactly the weights of an uninterrupted run."""
-    args = ["--target", "testbed-mini", "--data", "testbed", "--examples", "96", "--max-new-tokens", "24",
+    args = ["--target", "testbed-mini", "--data", "testbed", "--examples", "48", "--max-new-tokens", "16",
             "--batch-size", "4", "--epochs", "2", "--lr", "1e-3", "--checkpoint-every", "1", "--quiet"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     killed = tmp_path / "killed"
@@ -191,7 +191,7 @@ def test_training_runs_end_to_end_and_resumes_after_a_kill(tmp_path):
     process.send_signal(signal.SIGKILL)
     process.wait()
     stopped_at = json.loads(progress.read_text())["step"]
-    assert stopped_at < 47, "the run finished before it could be killed"  # 96 / 4 * 2 = 48 steps
+    assert stopped_at < 23, "the run finished before it could be killed"  # 48 / 4 * 2 = 24 steps
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "wrote" in done.stdout
@@ -202,13 +202,13 @@ def test_training_runs_end_to_end_and_resumes_after_a_kill(tmp_path):
         (killed / "data.safetensors").read_bytes()
     )  # same replies, reused
     pipe = VLMSpecPipeline.from_pretrained("testbed-mini", policy="ar", torch_dtype=torch.float32)
-    config = EDDTrainConfig(max_new_tokens=24, batch_size=4, epochs=2, lr=1e-3, checkpoint_every=1000)
-    reference_draft = train(pipe, examples_from_testbed(96), clean, config, progress=False)
+    config = EDDTrainConfig(max_new_tokens=16, batch_size=4, epochs=2, lr=1e-3, checkpoint_every=1000)
+    reference_draft = train(pipe, examples_from_testbed(48), clean, config, progress=False)
     resumed = EDDDraft.from_pretrained(killed, pipe.target)
     for (name, a), b in zip(resumed.state_dict().items(), reference_draft.state_dict().values(), strict=True):
         assert torch.allclose(a, b, atol=1e-6), name
     saved = json.loads((killed / "edd_config.json").read_text())
-    assert saved["training"]["steps"] == 48 and saved["target_name"] == "testbed-mini"
+    assert saved["training"]["steps"] == 24 and saved["target_name"] == "testbed-mini"
     # A trained draft proposes tokens the target accepts.
     with_edd = VLMSpecPipeline(pipe.target, resumed, pipe.processor, policy="chain")
     out = with_edd(make_image(5), "Describe this image.", max_new_tokens=32)
