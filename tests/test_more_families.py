@@ -31,6 +31,9 @@ POLICIES = ("ar", "chain", "static", "sage", "eagle2")
 MAX_NEW = {"gemma3": 48}
 """New tokens per reply: 48 where the replies must run past Gemma 3's 24-token window, else 32 (``DEFAULT_NEW``)."""
 DEFAULT_NEW = 32
+PROMPTS_PER_KIND = {"gemma3": 2}
+"""Prompts per input kind: two for Gemma 3 (its matrix before the others joined), else one (the main matrix,
+``test_lossless.py``, varies the prompts; these families' own ways are in their inputs)."""
 MEDIA = {
     "image": {"image": make_image(0)},
     "two_images": {"image": [make_image(1), make_image(2)]},
@@ -42,12 +45,12 @@ MEDIA = {
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_case(request, tiny_root):
     """The family's pair pipeline and its cases: ``(label, call keywords, generate()'s reply)`` for every input kind
-    it takes x two prompts."""
+    it takes x its prompts."""
     pair = build_tiny_pair(request.param, root=tiny_root)
     pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
     cases, new = [], MAX_NEW.get(request.param, DEFAULT_NEW)
     for kind in input_kinds(request.param):
-        for prompt in PROMPTS[:2]:
+        for prompt in PROMPTS[: PROMPTS_PER_KIND.get(request.param, 1)]:
             call = {**MEDIA[kind], "prompt": prompt, "max_new_tokens": new}
             inputs = pipe.prepare_inputs(call.get("image"), prompt, video=call.get("video"))
             cases.append((f"{request.param}/{kind}/{prompt!r}", call, pipe.reference_generate(inputs, new)))
