@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..errors import InvalidInputError
-from .base import VisualFeatures, VLMAdapter
+from .base import NO_VIDEO_TOKEN, VisualFeatures, VLMAdapter
 from .data import PromptLayout
 
 
@@ -27,6 +27,17 @@ class PlaceholderBlocks(VLMAdapter):
     """What a block is to the model, e.g. ``tile``."""
     write_hint: ClassVar[str] = "build them with the model's processor"
     """How to write the placeholders right, for the error a wrong count gets."""
+    frames_as_blocks: ClassVar[bool] = False
+    """The processor writes a video as its frames, each block(s) of the one placeholder (InternVL, SmolVLM2); else
+    the model takes no video (Gemma 3, LLaVA-1.5)."""
+
+    def visual_token_ids(self) -> tuple[int, int]:
+        """The one placeholder for pictures, and for video frames where :attr:`frames_as_blocks` (else no token is a
+        video's)."""
+        return (
+            self.config.image_token_id,
+            self.config.image_token_id if self.frames_as_blocks else NO_VIDEO_TOKEN,
+        )
 
     @property
     def block_tokens(self) -> int:

@@ -39,7 +39,7 @@ from transformers.models.gemma3.modeling_gemma3 import (
 )
 
 from ..cache import cache_length
-from .base import NO_VIDEO_TOKEN, VisualFeatures
+from .base import VisualFeatures
 from .blocks import PlaceholderBlocks
 
 
@@ -54,9 +54,6 @@ class Gemma3Adapter(PlaceholderBlocks):
     fixed_processor_settings = frozenset({"size", "do_resize"})  # SigLIP's input side
     placeholder, block = "<image_soft_token>", "picture"
     write_hint = "write each picture in the prompt as <start_of_image> and let the processor expand it"
-
-    def visual_token_ids(self) -> tuple[int, int]:
-        return self.config.image_token_id, NO_VIDEO_TOKEN
 
     @property
     def block_tokens(self) -> int:

@@ -35,10 +35,7 @@ class InternVLAdapter(PlaceholderBlocks):
     fixed_processor_settings = frozenset({"size", "crop_size", "do_resize", "do_center_crop"})  # the tile
     placeholder, block = "<IMG_CONTEXT>", "tile"
     write_hint = "write pictures and videos in the prompt as the model's processor does"
-
-    def visual_token_ids(self) -> tuple[int, int]:
-        """The one placeholder, ``<IMG_CONTEXT>``, for pictures and video frames alike."""
-        return self.config.image_token_id, self.config.image_token_id
+    frames_as_blocks = True  # the one placeholder, <IMG_CONTEXT>, for pictures and video frames alike
 
     @functools.cached_property
     def block_tokens(self) -> int:

@@ -132,9 +132,6 @@ class LlavaAdapter(PlaceholderBlocks):
         super().__init__(model)
         _check_tower(self.config)
 
-    def visual_token_ids(self) -> tuple[int, int]:
-        return self.config.image_token_id, NO_VIDEO_TOKEN
-
     @property
     def block_tokens(self) -> int:
         """Placeholders per picture: one per patch, plus the CLS token under the ``"full"`` strategy."""

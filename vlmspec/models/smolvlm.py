@@ -36,10 +36,7 @@ class SmolVLMAdapter(PlaceholderBlocks):
     fixed_processor_settings = frozenset({"max_image_size"})  # the tile: the tower's input
     placeholder, block = "<image>", "tile"
     write_hint = "write pictures and videos in the prompt as the model's processor does"
-
-    def visual_token_ids(self) -> tuple[int, int]:
-        """The one placeholder, ``<image>``, for pictures' tiles and video frames alike."""
-        return self.config.image_token_id, self.config.image_token_id
+    frames_as_blocks = True  # the one placeholder, <image>, for pictures' tiles and video frames alike
 
     @functools.cached_property
     def block_tokens(self) -> int:
