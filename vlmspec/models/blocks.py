@@ -81,3 +81,19 @@ class PlaceholderBlocks(VLMAdapter):
                 f"of {self.block_tokens}; {self.write_hint}"
             )
         return placeholders // self.block_tokens
+
+
+class Tiles(PlaceholderBlocks):
+    """Families that cut pictures into tiles and write a video as its frames, each a tile of the same one placeholder
+    (InternVL, SmolVLM2): a prompt's media items are its tiles, pictures' and frames' alike."""
+
+    tile_fields: ClassVar[tuple[str, ...]] = (
+        "vision_config.image_size",
+        "vision_config.patch_size",
+        "vision_config.num_channels",
+    )
+    """The tile's geometry: tiles of ``image_size`` pixels, ``patch_size`` patches each (a subclass's
+    :attr:`layout_fields` add how the patches shuffle into fewer tokens)."""
+    block = "tile"
+    write_hint = "write pictures and videos in the prompt as the model's processor does"
+    frames_as_blocks = True

@@ -20,22 +20,14 @@ from __future__ import annotations
 
 import functools
 
-from .blocks import PlaceholderBlocks
+from .blocks import Tiles
 
 
-class InternVLAdapter(PlaceholderBlocks):
+class InternVLAdapter(Tiles):
     model_types = ("internvl",)
-    layout_fields = (  # tiles of image_size pixels, patch_size patches each, shuffled into fewer tokens
-        "vision_config.image_size",
-        "vision_config.patch_size",
-        "vision_config.num_channels",
-        "downsample_ratio",
-        "vision_feature_select_strategy",
-    )
+    layout_fields = (*Tiles.tile_fields, "downsample_ratio", "vision_feature_select_strategy")
     fixed_processor_settings = frozenset({"size", "crop_size", "do_resize", "do_center_crop"})  # the tile
-    placeholder, block = "<IMG_CONTEXT>", "tile"
-    write_hint = "write pictures and videos in the prompt as the model's processor does"
-    frames_as_blocks = True  # the one placeholder, <IMG_CONTEXT>, for pictures and video frames alike
+    placeholder = "<IMG_CONTEXT>"
 
     @functools.cached_property
     def block_tokens(self) -> int:

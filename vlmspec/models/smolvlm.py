@@ -22,21 +22,14 @@ import torch
 
 from ..errors import InvalidInputError
 from .base import VisualFeatures
-from .blocks import PlaceholderBlocks
+from .blocks import Tiles
 
 
-class SmolVLMAdapter(PlaceholderBlocks):
+class SmolVLMAdapter(Tiles):
     model_types = ("smolvlm",)
-    layout_fields = (  # tiles of image_size pixels, patch_size patches each, shuffled into fewer tokens
-        "vision_config.image_size",
-        "vision_config.patch_size",
-        "vision_config.num_channels",
-        "scale_factor",
-    )
+    layout_fields = (*Tiles.tile_fields, "scale_factor")
     fixed_processor_settings = frozenset({"max_image_size"})  # the tile: the tower's input
-    placeholder, block = "<image>", "tile"
-    write_hint = "write pictures and videos in the prompt as the model's processor does"
-    frames_as_blocks = True  # the one placeholder, <image>, for pictures' tiles and video frames alike
+    placeholder = "<image>"
 
     @functools.cached_property
     def block_tokens(self) -> int:
