@@ -650,6 +650,7 @@ EXPECTED_PAIRS = {
     ("llava-hf/llava-1.5-13b-hf", "llava-hf/llava-1.5-7b-hf"),
     ("llava-hf/llava-v1.6-vicuna-13b-hf", "llava-hf/llava-v1.6-vicuna-7b-hf"),
     ("HuggingFaceTB/SmolVLM2-500M-Video-Instruct", "HuggingFaceTB/SmolVLM2-256M-Video-Instruct"),
+    ("HuggingFaceTB/SmolVLM-500M-Instruct", "HuggingFaceTB/SmolVLM-256M-Instruct"),
     ("testbed-mini", None),
     ("testbed-base@cpu", None),
 }
@@ -726,7 +727,9 @@ def test_family_from_name() -> None:
     assert options.family_from_name("llava-hf/llama3-llava-next-8b-hf") == "llava_next"
     assert options.family_from_name("llava-hf/LLaVA-NeXT-Video-7B-hf") is None
     assert options.family_from_name("HuggingFaceTB/SmolVLM2-256M-Video-Instruct") == "smolvlm"
-    assert options.family_from_name("HuggingFaceTB/SmolVLM-256M-Instruct") is None
+    assert options.family_from_name("HuggingFaceTB/SmolVLM-256M-Instruct") == "idefics3"
+    assert options.family_from_name("HuggingFaceM4/Idefics3-8B-Llama3") == "idefics3"
+    assert options.family_from_name("HuggingFaceM4/idefics2-8b") is None
     assert options.family_from_name("/some/folder") is None
 
 

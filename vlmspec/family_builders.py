@@ -50,8 +50,9 @@ __all__ = [
 
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_onevision", "internvl")
 """The dense families with pictures and videos these builders know (the fixtures' test matrix)."""
-IMAGE_ONLY_FAMILIES: tuple[str, ...] = ("gemma3", "llava", "llava_next")
-"""Families these builders know whose models read pictures only (Gemma 3, LLaVA-1.5, LLaVA-NeXT: no video input),
+IMAGE_ONLY_FAMILIES: tuple[str, ...] = ("gemma3", "llava", "llava_next", "idefics3")
+"""Families these builders know whose models read pictures only (Gemma 3, LLaVA-1.5, LLaVA-NeXT, Idefics3: no video
+input),
 tested on their own."""
 OWN_TEST_FAMILIES: tuple[str, ...] = ("smolvlm",)
 """Families with pictures and videos these builders know that are tested on their own (SmolVLM2: pictures cut into
@@ -79,7 +80,10 @@ _CLASS_NAMES = {  # family: (config, model, processor) classes of transformers
     "llava": ("LlavaConfig", "LlavaForConditionalGeneration", "LlavaProcessor"),
     "llava_next": ("LlavaNextConfig", "LlavaNextForConditionalGeneration", "LlavaNextProcessor"),
     "smolvlm": ("SmolVLMConfig", "SmolVLMForConditionalGeneration", "SmolVLMProcessor"),
+    "idefics3": ("Idefics3Config", "Idefics3ForConditionalGeneration", "Idefics3Processor"),
 }
+_TILE_FAMILIES = ("smolvlm", "idefics3")
+"""SmolVLM2 and Idefics3 (SmolVLM 1): the same tokens, tiles and chat template; Idefics3 has no video processor."""
 _MROPE_SECTIONS = {
     16: [2, 3, 3],
     32: [4, 6, 6],
@@ -324,7 +328,7 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return (*_CHAT_TOKENS, *GEMMA3_NAMED_TOKENS.values())
     if family in ("llava", "llava_next"):
         return (*_CHAT_TOKENS, "<image>")
-    if family == "smolvlm":
+    if family in _TILE_FAMILIES:
         grid = range(1, _SMOLVLM_GRID + 1)
         return (
             *_CHAT_TOKENS,
@@ -411,8 +415,9 @@ def byte_level_tokenizer(
 
 def chat_template(family: str) -> str:
     """The family's chat template: SmolVLM2's own (transformers' ``DEFAULT_CHAT_TEMPLATE``, which its processor takes
-    for every chat with a video whatever its own), the others' written here."""
-    if family == "smolvlm":
+    for every chat with a video whatever its own; SmolVLM 1's, Idefics3's, is the same without videos), the others'
+    written here."""
+    if family in _TILE_FAMILIES:
         from transformers.models.smolvlm.processing_smolvlm import DEFAULT_CHAT_TEMPLATE
 
         return DEFAULT_CHAT_TEMPLATE
@@ -433,6 +438,7 @@ def build_tokenizer(
             "internvl": INTERNVL_NAMED_TOKENS,
             "gemma3": GEMMA3_NAMED_TOKENS,
             "smolvlm": SMOLVLM_NAMED_TOKENS,
+            "idefics3": SMOLVLM_NAMED_TOKENS,
         }.get(family),
     )
 
@@ -448,22 +454,28 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
         ``InternVLProcessor`` with the tokenizer's chat template.
     """
     processor_cls = _transformers_class(family, 2)
-    if family == "smolvlm":
-        from transformers import SmolVLMImageProcessor, SmolVLMVideoProcessor
+    if family in _TILE_FAMILIES:
+        import transformers
 
         tile = {"longest_edge": layout.crop_side}
-        return (
-            processor_cls(  # a picture resized to at most a grid of tiles and cut into them; a frame one tile
-                image_processor=SmolVLMImageProcessor(
-                    do_image_splitting=True,
-                    size={"longest_edge": _SMOLVLM_GRID * layout.crop_side},
-                    max_image_size=tile,
-                ),
-                tokenizer=tokenizer,
-                video_processor=SmolVLMVideoProcessor(size=tile, max_image_size=tile, do_sample_frames=False),
-                image_seq_len=_pooled_tokens_per_crop(layout),
-                chat_template=tokenizer.chat_template,
+        image_processor = getattr(
+            transformers, "SmolVLMImageProcessor" if family == "smolvlm" else "Idefics3ImageProcessor"
+        )
+        videos = {}
+        if family == "smolvlm":  # a frame: one tile
+            videos["video_processor"] = transformers.SmolVLMVideoProcessor(
+                size=tile, max_image_size=tile, do_sample_frames=False
             )
+        return processor_cls(  # a picture resized to at most a grid of tiles and cut into them
+            image_processor=image_processor(
+                do_image_splitting=True,
+                size={"longest_edge": _SMOLVLM_GRID * layout.crop_side},
+                max_image_size=tile,
+            ),
+            tokenizer=tokenizer,
+            image_seq_len=_pooled_tokens_per_crop(layout),
+            chat_template=tokenizer.chat_template,
+            **videos,
         )
     if family in ("llava", "llava_next"):
         from transformers import CLIPImageProcessor, LlavaNextImageProcessor
@@ -609,7 +621,7 @@ def build_config(
         return config_cls(**_gemma3_config_kwargs(spec, text, tid, layout))
     if family in ("llava", "llava_next"):
         return config_cls(**_llava15_config_kwargs(family, spec, text, tid, layout))
-    if family == "smolvlm":
+    if family in _TILE_FAMILIES:
         return config_cls(
             text_config={**text, "model_type": "llama"},
             vision_config=_vision_tower(spec, layout),

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .conversations import encode_chat, frames_as_pictures, normalize_messages
-from .errors import InputTypeError
+from .errors import InputTypeError, InvalidInputError
 from .inputs import ImageInput, VideoInput, load_images, load_video, on_device
 from .processor_settings import ProcessorSettingsAttribute, check_processor_kwargs
 
@@ -80,6 +80,12 @@ class PromptBuilder:
             "images",
             "videos",
         ]
+        if images and videos and self._target_adapter.pictures_apart_from_videos:
+            raise InvalidInputError(
+                f"the prompt holds {len(images)} picture(s) and {len(videos)} video(s), but "
+                f"{self._target_adapter.pictures_apart_from_videos}; ask about the pictures and the videos in separate "
+                "conversations, or give the video's frames as pictures"
+            )
         settings = {**self.mm_processor_kwargs, **self.check_mm_processor_kwargs(settings, media=media)}
         least = self._target_adapter.min_video_frames
         inputs = encode_chat(self.processor, chat, images, videos, least, tools, kwargs, settings)

@@ -12,7 +12,7 @@ from .gemma3 import Gemma3Adapter
 from .internvl import InternVLAdapter
 from .llava import LlavaAdapter, LlavaNextAdapter, LlavaOnevisionAdapter
 from .qwen import QwenVLAdapter
-from .smolvlm import SmolVLMAdapter
+from .smolvlm import Idefics3Adapter, SmolVLMAdapter
 from .text import TEXT_DRAFT_TYPES, TextDraftAdapter
 
 _ADAPTERS: dict[str, type[VLMAdapter]] = {
@@ -25,6 +25,7 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
         InternVLAdapter,
         Gemma3Adapter,
         SmolVLMAdapter,
+        Idefics3Adapter,
     )
     for model_type in cls.model_types
 }

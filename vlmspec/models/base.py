@@ -71,6 +71,9 @@ class VLMAdapter(MediaRows):
     vision tower may be smaller). :func:`vlmspec.loading.check_compatible` compares them."""
     reads_pictures: ClassVar[bool] = True
     """Whether the model reads the prompt's pictures and videos (a language-model draft reads its text only)."""
+    pictures_apart_from_videos: ClassVar[str] = ""
+    """Why a prompt (a whole conversation) may not hold both pictures and videos, for the family whose processor
+    cannot give both ("" where it can)."""
     fixed_processor_settings: ClassVar[frozenset[str]] = frozenset()
     """Processor settings a request may not change (:mod:`vlmspec.processor_settings`) because the family's model
     fixes them: the vision tower's input size, the patch grid the pixels must be resized to."""

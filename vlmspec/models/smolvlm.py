@@ -11,6 +11,8 @@ prompts pads each prompt's tiles with all-zero ones, which the model drops (``ge
 are full 0"). So vlmspec reads it as InternVL's tiles (:mod:`vlmspec.models.blocks`): a prompt's media items are its
 real tiles, in order, counted as images (a video's frames are pruned with the image ratio), found by the model's own
 rule.
+
+Idefics3 (SmolVLM 1, Idefics3-8B) is the same architecture without videos: :class:`Idefics3Adapter`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ class SmolVLMAdapter(Tiles):
     layout_fields = (*Tiles.tile_fields, "scale_factor")
     fixed_processor_settings = frozenset({"max_image_size"})  # the tile: the tower's input
     placeholder = "<image>"
+    pictures_apart_from_videos = (  # transformers' SmolVLMProcessor (5.x) returns the video's rows in their place
+        "SmolVLM2's processor returns a prompt's pictures and its videos' frames under one name, pixel_values, so the "
+        "frames' replace the pictures'"
+    )
 
     @functools.cached_property
     def block_tokens(self) -> int:
@@ -77,6 +83,33 @@ class SmolVLMAdapter(Tiles):
         if inputs.get("pixel_attention_mask") is not None:
             rows["pixel_attention_mask"] = inputs["pixel_attention_mask"].flatten(0, 1)[real]
         return rows
+
+
+class Idefics3Adapter(SmolVLMAdapter):
+    """Idefics3 (``model_type`` ``idefics3``): SmolVLM (1) (``SmolVLM-256M-Instruct`` drafting for
+    ``SmolVLM-500M-Instruct``, the same tiles and tokenizer), SmolVLM-Instruct and Idefics3-8B-Llama3. SmolVLM2's
+    architecture, its processor and model the same tiles read the same way (SmolVLM2's classes are copies of these),
+    without a video processor: a video reaches it as its frames' pictures
+    (:func:`vlmspec.conversations.frames_as_pictures`)."""
+
+    model_types = ("idefics3",)
+    write_hint = "write each picture in the prompt as one <image> and let the processor expand it"
+    frames_as_blocks = False
+    pictures_apart_from_videos = ""  # a video is its frames' pictures
+
+    def placeholder_mask(
+        self, ids: torch.Tensor, embeds: torch.Tensor, modality: str, values: torch.Tensor
+    ) -> torch.Tensor:
+        """``[1, L, 1]`` bool: the ``<image>`` placeholders among ``ids``, found as the model's ``inputs_merger``
+        finds them (Idefics3's model has no ``get_placeholder_mask``), with the same check against the ``[n, D]``
+        features ``values``."""
+        mask = (ids == self.config.image_token_id)[..., None]
+        if int(mask.sum()) != values.shape[0]:
+            raise InvalidInputError(
+                f"the prompt holds {int(mask.sum())} {self.placeholder} placeholders for {values.shape[0]} visual "
+                f"features; {self.write_hint}"
+            )
+        return mask
 
 
 def _real_tiles(pixels: torch.Tensor) -> torch.Tensor:

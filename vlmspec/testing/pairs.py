@@ -97,6 +97,7 @@ _LAYOUTS = {
     "llava_next": VisionLayout(patch=14, crop_side=28, anyres_tiles=(1, 2)),
     # tiles of 28: 4x4 patches of 7, shuffled 2x2 into one -> 4 tokens per tile; a picture up to 2x2 tiles + itself
     "smolvlm": VisionLayout(patch=7, crop_side=28),
+    "idefics3": VisionLayout(patch=7, crop_side=28),  # SmolVLM2's
 }
 _SLIDING_WINDOW = 24
 """Gemma 3's local window in the fixtures: a prompt with a picture is ~30 tokens, so 48 new tokens run past it."""
@@ -137,6 +138,7 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("llava", 0): 53,  # 53 and 41: no draw below _MAX_DRAWS passes; found by searching further
     ("llava_next", 0): 41,
     ("smolvlm", 0): 19,
+    ("idefics3", 0): 5,
 }
 
 _CORPUS = """
@@ -347,7 +349,7 @@ def _vision_output_linears(model: PreTrainedModel, family: str) -> list[torch.nn
     inner = model.model
     if family in ("qwen2_vl", "qwen2_5_vl"):
         return [inner.visual.merger.mlp[-1]]
-    if family == "smolvlm":
+    if family in ("smolvlm", "idefics3"):
         return [inner.connector.modality_projection.proj]
     if family in family_builders.QWEN3_FAMILIES:
         return [inner.visual.merger.linear_fc2] + [m.linear_fc2 for m in inner.visual.deepstack_merger_list]

@@ -117,7 +117,8 @@ _FAMILY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("llava_next", re.compile(r"llava[-_]v1\.6|llava[-_]next(?![-_]video)", re.I)),  # not LLaVA-NeXT-Video
     ("internvl", re.compile(r"internvl", re.I)),
     ("gemma3", re.compile(r"gemma[-_]?3(?!n)", re.I)),  # not Gemma 3n, another architecture
-    ("smolvlm", re.compile(r"smolvlm2", re.I)),  # SmolVLM (1) is Idefics3's architecture
+    ("smolvlm", re.compile(r"smolvlm2", re.I)),
+    ("idefics3", re.compile(r"smolvlm(?!2)|idefics3", re.I)),  # SmolVLM (1) is Idefics3's architecture
 )
 
 
