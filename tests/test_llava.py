@@ -2,7 +2,8 @@
 drafting for ``-13b-hf``): the tiny ``llava`` pair (a CLIP tower whose second-to-last layer's patches, CLS dropped,
 become the picture's tokens; a Llama language model) and ``llava_next`` pair (the same, each picture also cut into
 the anyres grid of crops that fits it, unpadded to its aspect) are lossless like the other families
-(``test_more_families.py``). Here: their layouts, pictures of other sizes, and the LLaVA models that read pictures
+(``test_more_families.py``), and so is LLaVA-NeXT-Video's (``tiny:llava_next_video``: LLaVA-NeXT's pictures, videos
+whose frames are pooled). Here: their layouts, pictures of other sizes, and the LLaVA models that read pictures
 another way, refused with what to load instead."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from transformers import LlavaConfig, LlavaForConditionalGeneration
 from vlmspec import VLMSpecPipeline
 from vlmspec.errors import InvalidInputError
 from vlmspec.models import adapter_for, check_model_type
-from vlmspec.testing import build_tiny_pair, input_kinds, make_image
+from vlmspec.testing import build_tiny_pair, input_kinds, make_image, make_video_frames
 
 MAX_NEW = 48
 MEDIA = {"image": make_image(0), "two_images": [make_image(1), make_image(2)], "text": None}
@@ -88,35 +89,69 @@ def test_llava_next_pictures_of_other_sizes_alone_and_in_a_batch(tiny_root):
         assert out.token_ids == want, request["prompt"]
 
 
-def test_a_padded_llava_next_batch_splits_into_each_prompt_s_own_pictures(tiny_root):
-    """A processor batch of prompts whose pictures have other sizes (other grids, other token counts): each row's
-    inputs are its prompt's own, its pictures told apart by their sizes, and ``pipe.generate`` on the batch gives
-    each prompt's reply."""
-    pair = build_tiny_pair("llava_next", root=tiny_root)
+def test_llava_next_video_pools_each_frame_and_reads_pictures_as_llava_next(tiny_root):
+    """LLaVA-NeXT-Video (``tiny:llava_next_video``): LLaVA-NeXT's pictures, and videos whose frames' patch grids are
+    average-pooled 2 x 2 (a 28-pixel frame: 2 x 2 patches, one token), which steer the replies."""
+    pair = build_tiny_pair("llava_next_video", root=tiny_root)
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
+    assert type(pipe.target).__name__ == "LlavaNextVideoForConditionalGeneration"
+    assert (pipe.target.config.spatial_pool_mode, pipe.target.config.spatial_pool_stride) == ("average", 2)
+    image_id, video_id = pipe.target.config.image_token_id, pipe.target.config.video_token_id
+    picture = pipe.prepare_inputs(make_image(0), PROMPTS[0])
+    assert int((picture["input_ids"] == image_id).sum()) == 4 + 4 * (4 + 1)  # LLaVA-NeXT's, as above
+    frames = make_video_frames(0)
+    video = pipe.prepare_inputs(None, PROMPTS[2], video=frames)
+    assert video["pixel_values_videos"].shape[:2] == (1, len(frames))
+    assert int((video["input_ids"] == video_id).sum()) == len(frames)
+    other = pipe.prepare_inputs(None, PROMPTS[2], video=make_video_frames(1))
+    assert pipe.reference_generate(other, MAX_NEW) != pipe.reference_generate(video, MAX_NEW)
+
+
+@pytest.mark.parametrize("family", ["llava_next", "llava_next_video"])
+def test_a_padded_llava_next_batch_splits_into_each_prompt_s_own_pictures(family, tiny_root):
+    """A processor batch of prompts whose pictures have other sizes (other grids, other token counts), and for
+    LLaVA-NeXT-Video prompts with a video too: each row's inputs are its prompt's own, its pictures told apart by
+    their sizes, and ``pipe.generate`` on the batch gives each prompt's reply."""
+    pair = build_tiny_pair(family, root=tiny_root)
     pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
     content = [
-        ([{"type": "image"}, {"type": "text", "text": PROMPTS[0]}], [make_image(4).resize((90, 30))]),
+        ([{"type": "image"}, {"type": "text", "text": PROMPTS[0]}], [make_image(4).resize((90, 30))], None),
         ([{"type": "image"}, {"type": "image"}, {"type": "text", "text": PROMPTS[3]}],
-         [make_image(5).resize((30, 80)), make_image(6)]),
-        ([{"type": "text", "text": PROMPTS[2]}], []),
+         [make_image(5).resize((30, 80)), make_image(6)], None),
+        ([{"type": "text", "text": PROMPTS[2]}], [], None),
     ]  # fmt: skip
+    if family == "llava_next_video":
+        content.insert(
+            1, ([{"type": "video"}, {"type": "text", "text": PROMPTS[1]}], [], make_video_frames(2))
+        )
+        content.append(
+            ([{"type": "image"}, {"type": "video"}, {"type": "text", "text": PROMPTS[4]}], [make_image(7)],
+             make_video_frames(3))
+        )  # fmt: skip
     texts = [
         pipe.processor.apply_chat_template(
             [{"role": "user", "content": c}], add_generation_prompt=True, tokenize=False
         )
-        for c, _ in content
+        for c, _, _ in content
     ]
-    batch = pipe.processor(text=texts, images=[i for _, pictures in content for i in pictures], padding=True,
-                           return_tensors="pt")  # fmt: skip
+    videos = {"videos": [v for _, _, v in content if v is not None]} if family == "llava_next_video" else {}
+    batch = pipe.processor(text=texts, images=[i for _, pictures, _ in content for i in pictures], padding=True,
+                           return_tensors="pt", **videos)  # fmt: skip
     rows = pipe._target_adapter.split_rows(dict(batch))
     width = batch["input_ids"].shape[1]
     replies = pipe.generate(**batch, max_new_tokens=24)
-    for b, (row, text, (_, pictures)) in enumerate(zip(rows, texts, content, strict=True)):
-        alone = pipe.processor(text=[text], images=pictures or None, return_tensors="pt")
+    for b, (row, text, (_, pictures, video)) in enumerate(zip(rows, texts, content, strict=True)):
+        alone = pipe.processor(
+            text=[text], images=pictures or None, videos=[video] if video else None, return_tensors="pt"
+        )
         assert torch.equal(row["input_ids"], alone["input_ids"]), b
         if pictures:
             crops = alone["pixel_values"].shape[1]  # the batch pads every picture to its most crops
             assert torch.equal(row["pixel_values"][:, :crops], alone["pixel_values"]), b
             assert torch.equal(row["image_sizes"], alone["image_sizes"]), b
+        if video:
+            assert torch.equal(row["pixel_values_videos"], alone["pixel_values_videos"]), b
+        else:
+            assert "pixel_values_videos" not in row, b
         expected = pipe.reference_generate(dict(alone), 24)
         assert replies[b, width : width + len(expected)].tolist() == expected, b

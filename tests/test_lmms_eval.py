@@ -725,7 +725,7 @@ def test_family_from_name() -> None:
     assert options.family_from_name("tiny:llava") == "llava"
     assert options.family_from_name("llava-hf/llava-v1.6-vicuna-13b-hf") == "llava_next"
     assert options.family_from_name("llava-hf/llama3-llava-next-8b-hf") == "llava_next"
-    assert options.family_from_name("llava-hf/LLaVA-NeXT-Video-7B-hf") is None
+    assert options.family_from_name("llava-hf/LLaVA-NeXT-Video-7B-hf") == "llava_next_video"
     assert options.family_from_name("HuggingFaceTB/SmolVLM2-256M-Video-Instruct") == "smolvlm"
     assert options.family_from_name("HuggingFaceTB/SmolVLM-256M-Instruct") == "idefics3"
     assert options.family_from_name("HuggingFaceM4/Idefics3-8B-Llama3") == "idefics3"

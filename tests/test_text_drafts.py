@@ -21,7 +21,11 @@ from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
 from vlmspec.models import TextDraftAdapter, adapter_for, base
 from vlmspec.testing import FAMILIES, build_tiny_pair, build_tiny_text_draft, input_kinds, make_image
 
-TEXT_DRAFT_FAMILIES = (*FAMILIES, "gemma3", "llava")
+TEXT_DRAFT_FAMILIES = (
+    *FAMILIES,
+    "gemma3",
+    "llava_next_video",
+)  # LLaVA-NeXT-Video: a LLaMA draft, pictures and video
 MAX_NEW = 32
 MEDIA = {kind: (image, video) for kind, image, video in media_kinds()}
 

@@ -54,9 +54,10 @@ IMAGE_ONLY_FAMILIES: tuple[str, ...] = ("gemma3", "llava", "llava_next", "idefic
 """Families these builders know whose models read pictures only (Gemma 3, LLaVA-1.5, LLaVA-NeXT, Idefics3: no video
 input),
 tested on their own."""
-OWN_TEST_FAMILIES: tuple[str, ...] = ("smolvlm",)
+OWN_TEST_FAMILIES: tuple[str, ...] = ("smolvlm", "llava_next_video")
 """Families with pictures and videos these builders know that are tested on their own (SmolVLM2: pictures cut into
-tiles, a video's frames written as pictures with their times)."""
+tiles, a video's frames written as pictures with their times; LLaVA-NeXT-Video: LLaVA-NeXT's pictures, a video's
+frames pooled)."""
 MOE_FAMILIES: tuple[str, ...] = ("qwen3_vl_moe",)
 """Mixture-of-experts families these builders know too: Qwen3-VL-30B-A3B's and -235B-A22B's architecture, the
 Qwen3-VL vision tower and processor with a sparse language model (every layer routes each token to
@@ -79,11 +80,18 @@ _CLASS_NAMES = {  # family: (config, model, processor) classes of transformers
     "gemma3": ("Gemma3Config", "Gemma3ForConditionalGeneration", "Gemma3Processor"),
     "llava": ("LlavaConfig", "LlavaForConditionalGeneration", "LlavaProcessor"),
     "llava_next": ("LlavaNextConfig", "LlavaNextForConditionalGeneration", "LlavaNextProcessor"),
+    "llava_next_video": (
+        "LlavaNextVideoConfig",
+        "LlavaNextVideoForConditionalGeneration",
+        "LlavaNextVideoProcessor",
+    ),
     "smolvlm": ("SmolVLMConfig", "SmolVLMForConditionalGeneration", "SmolVLMProcessor"),
     "idefics3": ("Idefics3Config", "Idefics3ForConditionalGeneration", "Idefics3Processor"),
 }
 _TILE_FAMILIES = ("smolvlm", "idefics3")
 """SmolVLM2 and Idefics3 (SmolVLM 1): the same tokens, tiles and chat template; Idefics3 has no video processor."""
+_LLAVA15_FAMILIES = ("llava", "llava_next", "llava_next_video")
+"""LLaVA-1.5 and its successors: a CLIP tower, a Llama language model, LLaVA-1.5's chat (NeXT-Video's with videos)."""
 _MROPE_SECTIONS = {
     16: [2, 3, 3],
     32: [4, 6, 6],
@@ -186,13 +194,14 @@ LLAVA_CHAT_TEMPLATE = (
 # LLaVA-1.5's (``llava-hf/llava-1.5-7b-hf``'s): ``USER: `` then the turn's pictures, each ``<image>`` on a line of
 # its own, then its texts; ``ASSISTANT:`` opens the reply. A reply ends with the builders' ``<|im_end|>`` (LLaVA's
 # own ends with ``</s>``, its tokenizer's end of sequence).
+_LLAVA15_MEDIA = "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\\n' }}{% endfor %}"
+_LLAVA_NEXT_VIDEO_MEDIA = "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}{{ '<video>\\n' }}{% endfor %}"
 LLAVA15_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] != 'system' %}{{ message['role'].upper() + ': ' }}{% endif %}"
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
-    "{{ '<image>\\n' }}{% endfor %}"
+    f"{_LLAVA15_MEDIA}"
     "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
     "{{ content['text'] }}{% if not loop.last %}{{ ' ' }}{% endif %}{% endfor %}"
     "{% endif %}"
@@ -242,6 +251,10 @@ _CHAT_TEMPLATES = {
     "gemma3": GEMMA3_CHAT_TEMPLATE,
     "llava": LLAVA15_CHAT_TEMPLATE,
     "llava_next": LLAVA15_CHAT_TEMPLATE,  # LLaVA-NeXT-Vicuna's is LLaVA-1.5's
+    # LLaVA-NeXT-Video's: LLaVA-1.5's with each video a <video> line after the pictures'
+    "llava_next_video": LLAVA15_CHAT_TEMPLATE.replace(
+        _LLAVA15_MEDIA, _LLAVA15_MEDIA + _LLAVA_NEXT_VIDEO_MEDIA
+    ),
 }
 
 
@@ -328,6 +341,8 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return (*_CHAT_TOKENS, *GEMMA3_NAMED_TOKENS.values())
     if family in ("llava", "llava_next"):
         return (*_CHAT_TOKENS, "<image>")
+    if family == "llava_next_video":
+        return LLAVA_SPECIAL_TOKENS
     if family in _TILE_FAMILIES:
         grid = range(1, _SMOLVLM_GRID + 1)
         return (
@@ -477,15 +492,19 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
             chat_template=tokenizer.chat_template,
             **videos,
         )
-    if family in ("llava", "llava_next"):
-        from transformers import CLIPImageProcessor, LlavaNextImageProcessor
+    if family in _LLAVA15_FAMILIES:
+        from transformers import CLIPImageProcessor, LlavaNextImageProcessor, LlavaNextVideoVideoProcessor
 
         side = layout.crop_side
         crops = {"size": {"shortest_edge": side}, "crop_size": {"height": side, "width": side}}
+        videos = (
+            {"video_processor": LlavaNextVideoVideoProcessor(**crops)} if family == "llava_next_video" else {}
+        )
         return processor_cls(  # CLIP's CLS token goes ("default" strategy): one token per patch
-            image_processor=LlavaNextImageProcessor(**crops, image_grid_pinpoints=layout.pinpoints())
-            if family == "llava_next"
-            else CLIPImageProcessor(**crops),
+            image_processor=CLIPImageProcessor(**crops)
+            if family == "llava"
+            else LlavaNextImageProcessor(**crops, image_grid_pinpoints=layout.pinpoints()),
+            **videos,
             tokenizer=tokenizer,
             patch_size=layout.patch,
             vision_feature_select_strategy="default",
@@ -619,7 +638,7 @@ def build_config(
         return config_cls(**_internvl_config_kwargs(spec, text, tid, layout))
     if family == "gemma3":
         return config_cls(**_gemma3_config_kwargs(spec, text, tid, layout))
-    if family in ("llava", "llava_next"):
+    if family in _LLAVA15_FAMILIES:
         return config_cls(**_llava15_config_kwargs(family, spec, text, tid, layout))
     if family in _TILE_FAMILIES:
         return config_cls(
@@ -675,10 +694,17 @@ def _llava15_config_kwargs(
 ) -> dict[str, Any]:
     """``LlavaConfig``'s arguments, LLaVA-1.5's: a Llama language model behind a CLIP tower whose second-to-last
     layer's patch features (CLS dropped) go through a two-layer projector, one token per patch; ``LlavaNextConfig``'s
-    the same with the anyres grids (``layout``'s pinpoints)."""
-    grids = {"image_grid_pinpoints": layout.pinpoints()} if family == "llava_next" else {}
+    the same with the anyres grids (``layout``'s pinpoints); ``LlavaNextVideoConfig``'s with a video's frames'
+    patches average-pooled 2 x 2."""
+    extra = {} if family == "llava" else {"image_grid_pinpoints": layout.pinpoints()}
+    if family == "llava_next_video":
+        extra |= {
+            "video_token_index": tid("<video>"),
+            "spatial_pool_mode": "average",
+            "spatial_pool_stride": 2,
+        }
     return {
-        **grids,
+        **extra,
         "text_config": {
             **text,
             "model_type": "llama",

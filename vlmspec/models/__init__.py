@@ -10,7 +10,7 @@ from .base import DecodeState, Prefill, PromptLayout, VLMAdapter
 from .edd import EDDAdapter, EDDDraft
 from .gemma3 import Gemma3Adapter
 from .internvl import InternVLAdapter
-from .llava import LlavaAdapter, LlavaNextAdapter, LlavaOnevisionAdapter
+from .llava import LlavaAdapter, LlavaNextAdapter, LlavaNextVideoAdapter, LlavaOnevisionAdapter
 from .qwen import QwenVLAdapter
 from .smolvlm import Idefics3Adapter, SmolVLMAdapter
 from .text import TEXT_DRAFT_TYPES, TextDraftAdapter
@@ -22,6 +22,7 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
         LlavaOnevisionAdapter,
         LlavaAdapter,
         LlavaNextAdapter,
+        LlavaNextVideoAdapter,
         InternVLAdapter,
         Gemma3Adapter,
         SmolVLMAdapter,

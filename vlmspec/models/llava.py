@@ -1,5 +1,5 @@
-"""The LLaVA families: LLaVA-OneVision (:class:`LlavaOnevisionAdapter`), LLaVA-1.5 (:class:`LlavaAdapter`) and
-LLaVA-NeXT (:class:`LlavaNextAdapter`).
+"""The LLaVA families: LLaVA-OneVision (:class:`LlavaOnevisionAdapter`), LLaVA-1.5 (:class:`LlavaAdapter`),
+LLaVA-NeXT (:class:`LlavaNextAdapter`) and LLaVA-NeXT-Video (:class:`LlavaNextVideoAdapter`).
 
 LLaVA-OneVision: a SigLIP tower + projector in front of a Qwen2 language model with 1-D RoPE.
 
@@ -96,12 +96,7 @@ class LlavaOnevisionAdapter(VLMAdapter):
             )
         counts = iter(per_prompt)
         images = [next(counts) if has else 0 for has in with_images]
-        videos = [0] * len(images)
-        if inputs.get("pixel_values_videos") is not None:
-            video_tokens = ((ids == video_id) & keep).sum(-1)  # [B]
-            per_video = int(video_tokens.sum()) // inputs["pixel_values_videos"].shape[0]
-            videos = (video_tokens // per_video).tolist()
-        return list(zip(images, videos, strict=True))
+        return list(zip(images, _video_counts(inputs, keep, video_id), strict=True))
 
 
 class LlavaAdapter(PlaceholderBlocks):
@@ -241,6 +236,58 @@ class LlavaNextAdapter(VLMAdapter):
             image_newline=torch.zeros(1),
         )
         return [picture.shape[0] for picture in packed]
+
+
+class LlavaNextVideoAdapter(LlavaNextAdapter):
+    """LLaVA-NeXT-Video (``llava-hf/LLaVA-NeXT-Video-7B-hf``; a LLaMA language model drafting, see
+    :mod:`vlmspec.models.text`, or a smaller checkpoint of its tokenizer): LLaVA-NeXT's pictures, plus videos. A
+    video's frames go through the same tower, each frame's patch grid average-pooled ``spatial_pool_stride`` x
+    ``spatial_pool_stride`` (``vision_resampler``) and projected: ``pixel_values_videos`` ``[videos, frames, C, H,
+    W]``, one ``<video>`` placeholder per pooled patch. A prompt's media items are its pictures and its videos.
+    """
+
+    model_types = ("llava_next_video",)
+    layout_fields = (*LlavaNextAdapter.layout_fields, "spatial_pool_mode", "spatial_pool_stride")
+
+    def visual_token_ids(self) -> tuple[int, int]:
+        return self.config.image_token_id, self.config.video_token_id
+
+    def visual_features(self, inputs: dict[str, torch.Tensor]) -> dict[str, VisualFeatures]:
+        found = super().visual_features(inputs)
+        if inputs.get("pixel_values_videos") is not None:
+            out = self.model.model.get_video_features(inputs["pixel_values_videos"], return_dict=True)
+            found["video"] = VisualFeatures(embeds=out.pooler_output.flatten(0, 1))  # [videos * tokens, D]
+        return found
+
+    def media_items(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
+        """The pictures ``images`` (pixel rows and sizes) and the videos ``videos`` (one row each)."""
+        found = super().media_items(inputs, images, videos)
+        frames = inputs.get("pixel_values_videos")
+        if frames is not None and range(frames.shape[0])[videos]:
+            found["pixel_values_videos"] = frames[videos]
+        return found
+
+    def media_counts(self, inputs: dict[str, Any], keep: torch.Tensor) -> list[tuple[int, int]]:
+        """Each row's pictures (LLaVA-NeXT's) and videos (a batch's videos share their frame count and size)."""
+        pictures = [images for images, _ in super().media_counts(inputs, keep)]
+        return list(zip(pictures, _video_counts(inputs, keep, self.config.video_token_id), strict=True))
+
+    def media_rows(self, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """LLaVA-NeXT's picture rows, then one row per video."""
+        rows = super().media_rows(inputs)
+        if inputs.get("pixel_values_videos") is not None:
+            rows["pixel_values_videos"] = inputs["pixel_values_videos"]
+        return rows
+
+
+def _video_counts(inputs: dict[str, Any], keep: torch.Tensor, video_id: int) -> list[int]:
+    """Videos of each of the ``B`` rows: the videos of a batch share their frame count and size
+    (``pixel_values_videos`` ``[N, F, C, H, W]``), so each has as many placeholders as any other."""
+    if inputs.get("pixel_values_videos") is None:
+        return [0] * keep.shape[0]
+    video_tokens = ((inputs["input_ids"] == video_id) & keep).sum(-1)  # [B]
+    per_video = int(video_tokens.sum()) // inputs["pixel_values_videos"].shape[0]
+    return (video_tokens // per_video).tolist()
 
 
 def _crop_tokens(config: Any) -> int:

@@ -95,6 +95,8 @@ _LAYOUTS = {
     "llava": VisionLayout(patch=14, crop_side=28),
     # LLaVA-1.5's, a picture also cut into the anyres grid of 1x1 to 2x2 crops that fits it best
     "llava_next": VisionLayout(patch=14, crop_side=28, anyres_tiles=(1, 2)),
+    # LLaVA-NeXT's; a video frame one crop of 2x2 patches, pooled 2x2 -> 1 token per frame
+    "llava_next_video": VisionLayout(patch=14, crop_side=28, anyres_tiles=(1, 2)),
     # tiles of 28: 4x4 patches of 7, shuffled 2x2 into one -> 4 tokens per tile; a picture up to 2x2 tiles + itself
     "smolvlm": VisionLayout(patch=7, crop_side=28),
     "idefics3": VisionLayout(patch=7, crop_side=28),  # SmolVLM2's
@@ -139,6 +141,7 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("llava_next", 0): 41,
     ("smolvlm", 0): 19,
     ("idefics3", 0): 5,
+    ("llava_next_video", 0): 10,
 }
 
 _CORPUS = """
@@ -394,7 +397,7 @@ def _calibrate_vision(model: PreTrainedModel, family: str, processor: ProcessorM
             weight.mul_(_VISION_OUT_RMS / rms)
             if getattr(linear, "bias", None) is not None:
                 linear.bias.mul_(_VISION_OUT_RMS / rms)
-    if family in ("llava_onevision", "llava_next"):
+    if family in ("llava_onevision", "llava_next", "llava_next_video"):
         with torch.no_grad():
             newline = model.model.image_newline
             newline.mul_(_VISION_OUT_RMS / newline.pow(2).mean().sqrt())

@@ -114,7 +114,8 @@ _FAMILY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("qwen2_vl", re.compile(r"qwen2[-_]vl", re.I)),
     ("llava_onevision", re.compile(r"llava[-_]onevision", re.I)),
     ("llava", re.compile(r"llava[-_]v?1\.5", re.I)),
-    ("llava_next", re.compile(r"llava[-_]v1\.6|llava[-_]next(?![-_]video)", re.I)),  # not LLaVA-NeXT-Video
+    ("llava_next_video", re.compile(r"llava[-_]next[-_]video", re.I)),
+    ("llava_next", re.compile(r"llava[-_]v1\.6|llava[-_]next", re.I)),
     ("internvl", re.compile(r"internvl", re.I)),
     ("gemma3", re.compile(r"gemma[-_]?3(?!n)", re.I)),  # not Gemma 3n, another architecture
     ("smolvlm", re.compile(r"smolvlm2", re.I)),
