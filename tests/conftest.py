@@ -70,16 +70,18 @@ def input_kinds():
     ]
 
 
-def check_a_conversation_with_pictures_equals_generate(pipe) -> None:
-    """A ``sage`` chat of three turns (a picture, another picture, text): each reply is ``generate()``'s on the whole
-    conversation so far, and the later turns prefill on the earlier ones' caches."""
+def check_a_conversation_with_pictures_equals_generate(pipe, pictures=None) -> None:
+    """A ``sage`` chat of three turns (a picture, another picture, text; ``pictures``: the two, two 56-pixel
+    squares by default): each reply is ``generate()``'s on the whole conversation so far, and the later turns
+    prefill on the earlier ones' caches."""
     from vlmspec import get_policy
 
     pipe.policy = get_policy("sage")
     chat = pipe.chat(max_new_tokens=32)
+    first, second = pictures or (make_image(1), make_image(2))
     turns = (
-        ("Describe this image.", make_image(1)),
-        ("And this one?", make_image(2)),
+        ("Describe this image.", first),
+        ("And this one?", second),
         ("Which is larger?", None),
     )
     previous = 0  # the last turn's prompt: its pictures are reused with it

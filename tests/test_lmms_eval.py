@@ -651,6 +651,7 @@ EXPECTED_PAIRS = {
     ("llava-hf/llava-v1.6-vicuna-13b-hf", "llava-hf/llava-v1.6-vicuna-7b-hf"),
     ("HuggingFaceTB/SmolVLM2-500M-Video-Instruct", "HuggingFaceTB/SmolVLM2-256M-Video-Instruct"),
     ("HuggingFaceTB/SmolVLM-500M-Instruct", "HuggingFaceTB/SmolVLM-256M-Instruct"),
+    ("mistralai/Ministral-3-14B-Instruct-2512", "mistralai/Ministral-3-3B-Instruct-2512"),
     ("testbed-mini", None),
     ("testbed-base@cpu", None),
 }
@@ -730,6 +731,9 @@ def test_family_from_name() -> None:
     assert options.family_from_name("HuggingFaceTB/SmolVLM-256M-Instruct") == "idefics3"
     assert options.family_from_name("HuggingFaceM4/Idefics3-8B-Llama3") == "idefics3"
     assert options.family_from_name("HuggingFaceM4/idefics2-8b") is None
+    assert options.family_from_name("mistralai/Ministral-3-14B-Instruct-2512") == "mistral3"
+    assert options.family_from_name("mistralai/Mistral-Small-3.1-24B-Instruct-2503") == "mistral3"
+    assert options.family_from_name("mistralai/Ministral-8B-Instruct-2410") is None
     assert options.family_from_name("/some/folder") is None
 
 

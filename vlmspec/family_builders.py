@@ -50,9 +50,9 @@ __all__ = [
 
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_onevision", "internvl")
 """The dense families with pictures and videos these builders know (the fixtures' test matrix)."""
-IMAGE_ONLY_FAMILIES: tuple[str, ...] = ("gemma3", "llava", "llava_next", "idefics3")
-"""Families these builders know whose models read pictures only (Gemma 3, LLaVA-1.5, LLaVA-NeXT, Idefics3: no video
-input),
+IMAGE_ONLY_FAMILIES: tuple[str, ...] = ("gemma3", "llava", "llava_next", "idefics3", "mistral3")
+"""Families these builders know whose models read pictures only (Gemma 3, LLaVA-1.5, LLaVA-NeXT, Idefics3, Mistral 3: no
+video input),
 tested on their own."""
 OWN_TEST_FAMILIES: tuple[str, ...] = ("smolvlm", "llava_next_video")
 """Families with pictures and videos these builders know that are tested on their own (SmolVLM2: pictures cut into
@@ -87,9 +87,12 @@ _CLASS_NAMES = {  # family: (config, model, processor) classes of transformers
     ),
     "smolvlm": ("SmolVLMConfig", "SmolVLMForConditionalGeneration", "SmolVLMProcessor"),
     "idefics3": ("Idefics3Config", "Idefics3ForConditionalGeneration", "Idefics3Processor"),
+    "mistral3": ("Mistral3Config", "Mistral3ForConditionalGeneration", "PixtralProcessor"),
 }
 _TILE_FAMILIES = ("smolvlm", "idefics3")
 """SmolVLM2 and Idefics3 (SmolVLM 1): the same tokens, tiles and chat template; Idefics3 has no video processor."""
+_MISTRAL3_MERGE = 2
+"""Mistral 3's ``spatial_merge_size`` in the fixtures (the real models': 2)."""
 _LLAVA15_FAMILIES = ("llava", "llava_next", "llava_next_video")
 """LLaVA-1.5 and its successors: a CLIP tower, a Llama language model, LLaVA-1.5's chat (NeXT-Video's with videos)."""
 _MROPE_SECTIONS = {
@@ -241,6 +244,31 @@ GEMMA3_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>model\\n' }}{% endif %}"
 )
 
+MISTRAL3_SPECIAL_TOKENS = (
+    "[INST]",
+    "[/INST]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+    "[IMG]",
+    "[IMG_BREAK]",
+    "[IMG_END]",
+)
+# Mistral's instruct turns ([INST] ... [/INST], then the reply), each picture its [IMG] where it stands, with the
+# builders' end of a reply (<|im_end|>).
+MISTRAL3_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ '[SYSTEM_PROMPT]' }}{% elif message['role'] == 'user' %}{{ '[INST]' }}"
+    "{% endif %}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}{{ '[IMG]' }}"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{% if message['role'] == 'system' %}{{ '[/SYSTEM_PROMPT]' }}{% elif message['role'] == 'user' %}{{ '[/INST]' }}"
+    "{% else %}{{ '<|im_end|>' }}{% endif %}"
+    "{% endfor %}"
+)
+
 _CHAT_TEMPLATES = {
     "qwen2_vl": QWEN_CHAT_TEMPLATE,
     "qwen2_5_vl": QWEN_CHAT_TEMPLATE,
@@ -255,6 +283,7 @@ _CHAT_TEMPLATES = {
     "llava_next_video": LLAVA15_CHAT_TEMPLATE.replace(
         _LLAVA15_MEDIA, _LLAVA15_MEDIA + _LLAVA_NEXT_VIDEO_MEDIA
     ),
+    "mistral3": MISTRAL3_CHAT_TEMPLATE,
 }
 
 
@@ -343,6 +372,8 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return (*_CHAT_TOKENS, "<image>")
     if family == "llava_next_video":
         return LLAVA_SPECIAL_TOKENS
+    if family == "mistral3":
+        return (*_CHAT_TOKENS, *MISTRAL3_SPECIAL_TOKENS)
     if family in _TILE_FAMILIES:
         grid = range(1, _SMOLVLM_GRID + 1)
         return (
@@ -492,6 +523,16 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
             chat_template=tokenizer.chat_template,
             **videos,
         )
+    if family == "mistral3":
+        from transformers import PixtralImageProcessor
+
+        return processor_cls(  # a picture resized to whole merged patches, its longest side at most crop_side
+            image_processor=PixtralImageProcessor(size={"longest_edge": layout.crop_side}),
+            tokenizer=tokenizer,
+            patch_size=layout.patch,
+            spatial_merge_size=_MISTRAL3_MERGE,
+            chat_template=tokenizer.chat_template,
+        )
     if family in _LLAVA15_FAMILIES:
         from transformers import CLIPImageProcessor, LlavaNextImageProcessor, LlavaNextVideoVideoProcessor
 
@@ -640,6 +681,8 @@ def build_config(
         return config_cls(**_gemma3_config_kwargs(spec, text, tid, layout))
     if family in _LLAVA15_FAMILIES:
         return config_cls(**_llava15_config_kwargs(family, spec, text, tid, layout))
+    if family == "mistral3":
+        return config_cls(**_mistral3_config_kwargs(spec, text, tid, layout))
     if family in _TILE_FAMILIES:
         return config_cls(
             text_config={**text, "model_type": "llama"},
@@ -715,6 +758,39 @@ def _llava15_config_kwargs(
         "image_seq_length": (layout.crop_side // layout.patch) ** 2,
         "vision_feature_select_strategy": "default",
         "vision_feature_layer": -2,
+        "tie_word_embeddings": False,
+    }
+
+
+def _mistral3_config_kwargs(
+    spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
+) -> dict[str, Any]:
+    """``Mistral3Config``'s arguments, Ministral 3's: a Pixtral tower reading pictures of up to ``crop_side`` pixels,
+    2 x 2 patches merged into one token, and a Ministral 3 language model whose YaRN RoPE starts from 32 positions, so
+    that its queries' scale (Llama 4's, which grows past ``original_max_position_embeddings``) changes within a reply."""
+    rope = {
+        "rope_type": "yarn",
+        "rope_theta": 1_000_000.0,
+        "factor": 128.0,  # max_position_embeddings / original_max_position_embeddings
+        "original_max_position_embeddings": 32,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "llama_4_scaling_beta": 0.1,
+    }
+    return {
+        "text_config": {  # Ministral 3's head_dim defaults to 128, not hidden // heads
+            **text,
+            "model_type": "ministral3",
+            "head_dim": spec.head_dim,
+            "rope_parameters": rope,
+            "sliding_window": None,
+        },
+        "vision_config": _vision_tower(spec, layout, model_type="pixtral"),
+        "image_token_index": tid("[IMG]"),
+        "spatial_merge_size": _MISTRAL3_MERGE,
+        "vision_feature_layer": -1,
         "tie_word_embeddings": False,
     }
 

@@ -11,6 +11,7 @@ from .edd import EDDAdapter, EDDDraft
 from .gemma3 import Gemma3Adapter
 from .internvl import InternVLAdapter
 from .llava import LlavaAdapter, LlavaNextAdapter, LlavaNextVideoAdapter, LlavaOnevisionAdapter
+from .mistral3 import Mistral3Adapter
 from .qwen import QwenVLAdapter
 from .smolvlm import Idefics3Adapter, SmolVLMAdapter
 from .text import TEXT_DRAFT_TYPES, TextDraftAdapter
@@ -27,6 +28,7 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
         Gemma3Adapter,
         SmolVLMAdapter,
         Idefics3Adapter,
+        Mistral3Adapter,
     )
     for model_type in cls.model_types
 }

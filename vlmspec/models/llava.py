@@ -19,6 +19,7 @@ from transformers.models.llava_next.modeling_llava_next import image_size_to_num
 from ..errors import InvalidInputError
 from .base import NO_VIDEO_TOKEN, VisualFeatures, VLMAdapter
 from .blocks import PlaceholderBlocks
+from .media import pictures_per_row
 
 _PATCH_GRID_TOWERS = ("clip_vision_model", "siglip_vision_model")
 """Vision towers that read a picture as one fixed grid of patches (LLaVA's checkpoints with a Pixtral tower read
@@ -191,20 +192,9 @@ class LlavaNextAdapter(VLMAdapter):
         count from its size, :meth:`picture_tokens`)."""
         rows = ((inputs["input_ids"] == self.config.image_token_id) & keep).sum(-1).tolist()  # [B]
         sizes = inputs.get("image_sizes")
-        tokens = iter(self.picture_tokens(sizes) if sizes is not None else [])
-        counts = []
-        for placeholders in rows:
-            pictures = 0
-            while placeholders > 0:
-                placeholders -= next(tokens, placeholders + 1)  # no picture left: overshoot
-                pictures += 1
-            if placeholders:
-                raise InvalidInputError(
-                    "a prompt's <image> placeholders do not add up to whole pictures of the inputs' image_sizes; build "
-                    "the inputs with the model's processor, each prompt's pictures in its own list"
-                )
-            counts.append((pictures, 0))
-        return counts
+        return [
+            (n, 0) for n in pictures_per_row(rows, self.picture_tokens(sizes) if sizes is not None else [])
+        ]
 
     def media_rows(self, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
         """The prompt's pictures' own crops, one row each (``[crops, C, H, W]``, without the padding to the most

@@ -73,3 +73,27 @@ class MediaRows:
                 "with the model's processor, each prompt's images and videos in its own list"
             )
         return rows
+
+
+def pictures_per_row(placeholders: list[int], picture_tokens: list[int]) -> list[int]:
+    """Pictures of each row of a batch whose pictures' token counts depend on their sizes (LLaVA-NeXT, Mistral 3):
+    the pictures ``picture_tokens`` (placeholders each, in order) dealt to the rows in order, as many as make up each
+    row's ``placeholders``.
+
+    Raises:
+        InvalidInputError: a row's placeholders are not whole pictures.
+    """
+    tokens = iter(picture_tokens)
+    counts = []
+    for left in placeholders:
+        pictures = 0
+        while left > 0:
+            left -= next(tokens, left + 1)  # no picture left: overshoot
+            pictures += 1
+        if left:
+            raise InvalidInputError(
+                "a prompt's picture placeholders do not add up to whole pictures of the inputs' image_sizes; build "
+                "the inputs with the model's processor, each prompt's pictures in its own list"
+            )
+        counts.append(pictures)
+    return counts
