@@ -15,9 +15,10 @@ import torch
 from conftest import PROMPTS
 from conftest import input_kinds as media_kinds
 from test_batching import check_batch_equals_generate, mixed_requests
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
+from vlmspec.loading import check_compatible
 from vlmspec.models import TextDraftAdapter, adapter_for, base
 from vlmspec.testing import FAMILIES, build_tiny_pair, build_tiny_text_draft, input_kinds, make_image
 
@@ -129,6 +130,35 @@ def test_a_language_model_is_refused_as_a_target_and_without_one(tiny_root):
         VLMSpecPipeline.from_pretrained(text, pair.draft)
     with pytest.raises(InvalidInputError, match=r"reads no pictures: it can only draft for a VLM target"):
         adapter_for(AutoModelForCausalLM.from_pretrained(text))
+
+
+def test_a_language_model_without_the_vlm_s_added_tokens_drafts_for_it(tiny_root):
+    """SmolLM2 under SmolVLM (49152 rows, 49280 tokens), Vicuna under LLaVA-1.5 (32000, 32002): the VLM's tokenizer
+    added special tokens past the language model's table, here SmolVLM2's tile markup, ``<end_of_utterance>`` and the
+    chat tokens after them. The draft is fed a stand-in for each and never proposes one: replies to pictures, a video
+    and text are ``generate()``'s. A table that misses an ordinary token is still refused."""
+    pair = build_tiny_pair("smolvlm", root=tiny_root)
+    draft = build_tiny_text_draft("smolvlm", root=tiny_root, base_vocabulary=True)
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, draft, policy="sage", torch_dtype=torch.float32)
+    rows = pipe.draft.get_input_embeddings().weight.shape[0]
+    added = [i for i in pipe.tokenizer.added_tokens_decoder if i >= rows]
+    assert len(pipe.tokenizer) - rows == len(added) == 10
+    im_start = pipe.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    accepted = 0.0
+    for kind in input_kinds("smolvlm"):
+        image, video = MEDIA[kind]
+        inputs = pipe.prepare_inputs(image, PROMPTS[1], video=video)
+        assert (
+            im_start in inputs["input_ids"][0].tolist() and im_start >= rows
+        )  # fed to the draft as a stand-in
+        out = pipe(image, PROMPTS[1], video=video, max_new_tokens=MAX_NEW)
+        assert out.token_ids == pipe.reference_generate(inputs, MAX_NEW), kind
+        accepted += out.stats.mean_accepted
+    assert accepted > 0
+    short = AutoModelForCausalLM.from_pretrained(draft)
+    short.resize_token_embeddings(rows - 20)  # ordinary tokens cut off too
+    with pytest.raises(InvalidInputError, match=r"draft's vocabulary has \d+ entries"):
+        check_compatible(pipe.target, short, pipe.tokenizer, AutoTokenizer.from_pretrained(draft))
 
 
 def test_a_language_model_of_another_tokenizer_is_refused(tiny_root):

@@ -28,6 +28,7 @@ __all__ = [
     "LLAVA_CHAT_TEMPLATE",
     "LLAVA15_CHAT_TEMPLATE",
     "OWN_TEST_FAMILIES",
+    "CHAT_TOKENS",
     "SMOLVLM_NAMED_TOKENS",
     "LLAVA_SPECIAL_TOKENS",
     "INTERNVL_CHAT_TEMPLATE",
@@ -103,7 +104,8 @@ _MROPE_SECTIONS = {
 _QWEN3_MROPE_SECTIONS = {16: [4, 2, 2], 32: [6, 5, 5]}  # interleaved; 32: the real [24, 20, 20] / 4
 _VISION_INIT_STD = 0.02
 
-_CHAT_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHAT_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+"""The special tokens every family's fixture tokenizer starts with (its end of text, turns and replies)."""
 _GROUNDING_TOKENS = (
     "<|object_ref_start|>",
     "<|object_ref_end|>",
@@ -119,7 +121,7 @@ _QWEN_VISION_TOKENS = (
     "<|image_pad|>",
     "<|video_pad|>",
 )
-LLAVA_SPECIAL_TOKENS = (*_CHAT_TOKENS, "<image>", "<video>")
+LLAVA_SPECIAL_TOKENS = (*CHAT_TOKENS, "<image>", "<video>")
 INTERNVL_NAMED_TOKENS = {
     "start_image_token": "<img>",
     "end_image_token": "</img>",
@@ -365,23 +367,23 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
     if family == "llava_onevision":
         return LLAVA_SPECIAL_TOKENS
     if family == "internvl":
-        return (*_CHAT_TOKENS, *INTERNVL_NAMED_TOKENS.values())
+        return (*CHAT_TOKENS, *INTERNVL_NAMED_TOKENS.values())
     if family == "gemma3":
-        return (*_CHAT_TOKENS, *GEMMA3_NAMED_TOKENS.values())
+        return (*CHAT_TOKENS, *GEMMA3_NAMED_TOKENS.values())
     if family in ("llava", "llava_next"):
-        return (*_CHAT_TOKENS, "<image>")
+        return (*CHAT_TOKENS, "<image>")
     if family == "llava_next_video":
         return LLAVA_SPECIAL_TOKENS
     if family == "mistral3":
-        return (*_CHAT_TOKENS, *MISTRAL3_SPECIAL_TOKENS)
+        return (*CHAT_TOKENS, *MISTRAL3_SPECIAL_TOKENS)
     if family in _TILE_FAMILIES:
         grid = range(1, _SMOLVLM_GRID + 1)
         return (
-            *_CHAT_TOKENS,
+            *CHAT_TOKENS,
             *SMOLVLM_NAMED_TOKENS.values(),
             *(f"<row_{r}_col_{c}>" for r in grid for c in grid),
         )
-    return (*_CHAT_TOKENS, *(_GROUNDING_TOKENS if grounding else ()), *_QWEN_VISION_TOKENS)
+    return (*CHAT_TOKENS, *(_GROUNDING_TOKENS if grounding else ()), *_QWEN_VISION_TOKENS)
 
 
 def special_token_ids(tokenizer: Qwen2Tokenizer, specials: tuple[str, ...]) -> dict[str, int]:
@@ -452,8 +454,10 @@ def byte_level_tokenizer(
     tokenizer.add_special_tokens(
         {"extra_special_tokens": [AddedToken(t, special=True, normalized=False) for t in specials]}
     )
-    # Re-register eos/pad now that both exist as added tokens with their final ids.
-    tokenizer.eos_token = "<|im_end|>"
+    # Re-register eos/pad now that both exist as added tokens with their final ids (eos stays <|endoftext|> for a
+    # tokenizer without <|im_end|>: setting it would add the token).
+    if "<|im_end|>" in specials:
+        tokenizer.eos_token = "<|im_end|>"
     tokenizer.pad_token = "<|endoftext|>"
     tokenizer.chat_template = chat_template
     return tokenizer

@@ -259,7 +259,10 @@ def check_compatible(
 ) -> None:
     """Refuse a draft that cannot draft for ``target``: another family, another vocabulary or another visual-token
     layout (:func:`check_visual_layout`). A language model (:data:`~vlmspec.models.TEXT_DRAFT_TYPES`) reads no
-    pictures: only its vocabulary and tokenizer are checked.
+    pictures: only its vocabulary and tokenizer are checked, without the target's visual placeholders and without
+    the special tokens the VLM's tokenizer added past the language model's table (LLaVA-1.5's ``<pad>`` after
+    Vicuna's 32000, SmolVLM's tile markup after SmolLM2's 49152): the draft is fed a stand-in for those and never
+    proposes them (:class:`vlmspec.draft.DraftVocab`), so the reply stays the target's.
 
     Embedding tables may differ in size: checkpoints of one series pad their vocabularies differently (Qwen2-VL-7B
     has 152064 rows, Qwen2-VL-2B 151936, with the same tokenizer). What must hold is that both share the tokenizer
@@ -270,13 +273,10 @@ def check_compatible(
         ValueError: naming what differs and what to do.
     """
     if draft.config.model_type in TEXT_DRAFT_TYPES:
-        _check_vocabulary(
-            target,
-            draft,
-            target_tokenizer,
-            draft_tokenizer,
-            frozenset(adapter_for(target).visual_token_ids()),
-        )
+        rows = draft.get_input_embeddings().weight.shape[0]
+        added = getattr(target_tokenizer, "added_tokens_decoder", {})
+        unread = frozenset(adapter_for(target).visual_token_ids()) | {i for i in added if i >= rows}
+        _check_vocabulary(target, draft, target_tokenizer, draft_tokenizer, unread)
         return
     check_series(target.config.model_type, draft.config.model_type)
     _check_vocabulary(target, draft, target_tokenizer, draft_tokenizer)
@@ -298,7 +298,8 @@ def _check_vocabulary(
 ) -> None:
     """Refuse a draft whose table does not cover the target's tokenizer, or whose tokenizer differs from the
     target's; ``unread``: ids the draft never reads (a language model's: the target's visual placeholders, which
-    its table and tokenizer need not hold, as ``gemma-3-1b``'s table holds no ``<image_soft_token>``)."""
+    its table and tokenizer need not hold, as ``gemma-3-1b``'s table holds no ``<image_soft_token>``, and the special
+    tokens the target's tokenizer added past the draft's table)."""
     t_rows = target.get_input_embeddings().weight.shape[0]
     d_rows = draft.get_input_embeddings().weight.shape[0]
     tokens = len(target_tokenizer) if target_tokenizer is not None else t_rows

@@ -70,10 +70,13 @@ class TextDraftAdapter(VLMAdapter):
 
     def embed_prompt(self, inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
         """Token embeddings only (the visual placeholders, which no run keeps, embedded as id 0: a language
-        model's table need not hold them, as ``gemma-3-1b``'s holds no ``<image_soft_token>``)."""
+        model's table need not hold them, as ``gemma-3-1b``'s holds no ``<image_soft_token>``). A token the VLM's
+        tokenizer added past the table (LLaVA-1.5's ``<pad>``, SmolVLM's tile markup) is read as the table's last
+        row, the stand-in :meth:`vlmspec.draft.DraftVocab.feed` gives the reply's tokens."""
         ids = inputs["input_ids"]
         visual = self.prompt_layout(inputs).visual.to(ids.device)[None]  # [1, L]
-        return {"inputs_embeds": self.embeddings(ids.masked_fill(visual, 0))}
+        rows = self.model.get_input_embeddings().weight.shape[0]
+        return {"inputs_embeds": self.embeddings(ids.masked_fill(visual, 0).clamp(max=rows - 1))}
 
     def media_items(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
         return {}  # no media: the draft reads the text only

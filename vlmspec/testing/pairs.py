@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import shutil
@@ -216,12 +217,25 @@ def _check_family(family: str) -> str:
 def _build_tokenizer(family: str) -> Qwen2Tokenizer:
     """The fixtures' tokenizer: a small byte-level BPE on :data:`_CORPUS` with the family's specials and template."""
     return build_tokenizer(
-        family,
-        [line.strip() for line in _CORPUS.strip().splitlines() if line.strip()],
-        grounding=True,
-        vocab_size=_BPE_VOCAB,
-        model_max_length=32768,
+        family, _corpus_lines(), grounding=True, vocab_size=_BPE_VOCAB, model_max_length=32768
     )
+
+
+def _build_base_tokenizer(family: str) -> Qwen2Tokenizer:
+    """The fixtures' tokenizer before the family's special tokens were added: the same BPE and the chat tokens that
+    come before the family's first own token (what a VLM's language model had before its tokenizer learnt the
+    pictures' tokens; SmolVLM's tokenizer names its own tokens before ``<|im_start|>``)."""
+    from ..family_builders import CHAT_TOKENS, byte_level_tokenizer, chat_template
+
+    full = _build_tokenizer(family).added_tokens_decoder
+    chat = tuple(
+        itertools.takewhile(lambda token: token in CHAT_TOKENS, (full[i].content for i in sorted(full)))
+    )
+    return byte_level_tokenizer(_corpus_lines(), chat, chat_template(family), _BPE_VOCAB, 32768)
+
+
+def _corpus_lines() -> list[str]:
+    return [line.strip() for line in _CORPUS.strip().splitlines() if line.strip()]
 
 
 def build_processor(family: str) -> ProcessorMixin:
@@ -669,7 +683,7 @@ def language_model_of(vlm: PreTrainedModel) -> PreTrainedModel:
         rope = values.get("rope_parameters") or {}
         values["rope_parameters"] = {"rope_type": "default", "rope_theta": rope.get("rope_theta", 10000.0)}
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **values)).eval()
-    prefix = "model.language_model."
+    prefix = "model.text_model." if hasattr(vlm.model, "text_model") else "model.language_model."  # SmolVLM's
     state = {
         ("model." + k[len(prefix) :] if k.startswith(prefix) else k): v
         for k, v in vlm.state_dict().items()
@@ -680,23 +694,33 @@ def language_model_of(vlm: PreTrainedModel) -> PreTrainedModel:
     return model
 
 
-def build_tiny_text_draft(family: str, root: str | Path | None = None, seed: int = 0) -> Path:
+def build_tiny_text_draft(
+    family: str, root: str | Path | None = None, seed: int = 0, base_vocabulary: bool = False
+) -> Path:
     """A language-model draft for the tiny ``family`` pair's target: its draft's language model on its own
     (:func:`language_model_of`), saved with the pair's tokenizer into ``<pair folder>-text`` (built once, as
-    :func:`build_tiny_pair` builds). Its replies to text-only prompts are the tiny draft's."""
+    :func:`build_tiny_pair` builds). Its replies to text-only prompts are the tiny draft's.
+
+    ``base_vocabulary``: the language model as it was before the VLM's tokenizer added the family's special tokens
+    (SmolLM2's 49152 rows under SmolVLM's 49280 tokens, Vicuna's 32000 under LLaVA-1.5's 32002): its table and
+    tokenizer stop after the chat tokens (``<pair folder>-text-base``)."""
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
     pair = build_tiny_pair(family, root, seed)
-    folder = pair.target.parent.with_name(pair.target.parent.name + "-text")
+    suffix = "-text-base" if base_vocabulary else "-text"
+    folder = pair.target.parent.with_name(pair.target.parent.name + suffix)
     if (folder / "config.json").is_file():
         return folder
     with FileLock(str(folder.parent / f".{folder.name}.lock")):
         if not (folder / "config.json").is_file():
             staging = folder.with_name(f".{folder.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
             with _build_environment():
-                language_model_of(AutoModelForImageTextToText.from_pretrained(pair.draft)).save_pretrained(
-                    staging
-                )
-                AutoTokenizer.from_pretrained(pair.target).save_pretrained(staging)
+                model = language_model_of(AutoModelForImageTextToText.from_pretrained(pair.draft))
+                tokenizer = AutoTokenizer.from_pretrained(pair.target)
+                if base_vocabulary:
+                    tokenizer = _build_base_tokenizer(family)
+                    model.resize_token_embeddings(len(tokenizer))  # the rows past the chat tokens dropped
+                model.save_pretrained(staging)
+                tokenizer.save_pretrained(staging)
             staging.rename(folder)
     return folder
