@@ -734,6 +734,9 @@ def test_family_from_name() -> None:
     assert options.family_from_name("mistralai/Ministral-3-14B-Instruct-2512") == "mistral3"
     assert options.family_from_name("mistralai/Mistral-Small-3.1-24B-Instruct-2503") == "mistral3"
     assert options.family_from_name("mistralai/Ministral-8B-Instruct-2410") is None
+    assert options.family_from_name("zai-org/GLM-4.6V-Flash") == "glm46v"
+    assert options.family_from_name("zai-org/GLM-4.5V") == "glm4v_moe"
+    assert options.family_from_name("zai-org/GLM-4.1V-9B-Thinking") == "glm4v"
     assert options.family_from_name("/some/folder") is None
 
 

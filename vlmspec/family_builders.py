@@ -55,10 +55,10 @@ IMAGE_ONLY_FAMILIES: tuple[str, ...] = ("gemma3", "llava", "llava_next", "idefic
 """Families these builders know whose models read pictures only (Gemma 3, LLaVA-1.5, LLaVA-NeXT, Idefics3, Mistral 3: no
 video input),
 tested on their own."""
-OWN_TEST_FAMILIES: tuple[str, ...] = ("smolvlm", "llava_next_video")
+OWN_TEST_FAMILIES: tuple[str, ...] = ("smolvlm", "llava_next_video", "glm46v")
 """Families with pictures and videos these builders know that are tested on their own (SmolVLM2: pictures cut into
 tiles, a video's frames written as pictures with their times; LLaVA-NeXT-Video: LLaVA-NeXT's pictures, a video's
-frames pooled)."""
+frames pooled; GLM-4.6V: Qwen2-VL's design, a video's frames written with the pictures' placeholder)."""
 MOE_FAMILIES: tuple[str, ...] = ("qwen3_vl_moe",)
 """Mixture-of-experts families these builders know too: Qwen3-VL-30B-A3B's and -235B-A22B's architecture, the
 Qwen3-VL vision tower and processor with a sparse language model (every layer routes each token to
@@ -89,6 +89,7 @@ _CLASS_NAMES = {  # family: (config, model, processor) classes of transformers
     "smolvlm": ("SmolVLMConfig", "SmolVLMForConditionalGeneration", "SmolVLMProcessor"),
     "idefics3": ("Idefics3Config", "Idefics3ForConditionalGeneration", "Idefics3Processor"),
     "mistral3": ("Mistral3Config", "Mistral3ForConditionalGeneration", "PixtralProcessor"),
+    "glm46v": ("Glm46VConfig", "Glm46VForConditionalGeneration", "Glm46VProcessor"),
 }
 _TILE_FAMILIES = ("smolvlm", "idefics3")
 """SmolVLM2 and Idefics3 (SmolVLM 1): the same tokens, tiles and chat template; Idefics3 has no video processor."""
@@ -271,6 +272,30 @@ MISTRAL3_CHAT_TEMPLATE = (
     "{% endfor %}"
 )
 
+GLM_V_SPECIAL_TOKENS = (
+    "<|begin_of_image|>",
+    "<|end_of_image|>",
+    "<|image|>",
+    "<|begin_of_video|>",
+    "<|end_of_video|>",
+    "<|video|>",
+)
+# GLM-4.xV's media markers (each picture <|begin_of_image|><|image|><|end_of_image|>, each video
+# <|begin_of_video|><|video|><|end_of_video|>, which its processor expands) in the builders' turns.
+GLM_V_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}{{ '<|begin_of_image|><|image|><|end_of_image|>' }}"
+    "{% elif content['type'] == 'video' %}{{ '<|begin_of_video|><|video|><|end_of_video|>' }}"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
 _CHAT_TEMPLATES = {
     "qwen2_vl": QWEN_CHAT_TEMPLATE,
     "qwen2_5_vl": QWEN_CHAT_TEMPLATE,
@@ -286,6 +311,7 @@ _CHAT_TEMPLATES = {
         _LLAVA15_MEDIA, _LLAVA15_MEDIA + _LLAVA_NEXT_VIDEO_MEDIA
     ),
     "mistral3": MISTRAL3_CHAT_TEMPLATE,
+    "glm46v": GLM_V_CHAT_TEMPLATE,
 }
 
 
@@ -376,6 +402,8 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return LLAVA_SPECIAL_TOKENS
     if family == "mistral3":
         return (*CHAT_TOKENS, *MISTRAL3_SPECIAL_TOKENS)
+    if family == "glm46v":
+        return (*CHAT_TOKENS, *GLM_V_SPECIAL_TOKENS)
     if family in _TILE_FAMILIES:
         grid = range(1, _SMOLVLM_GRID + 1)
         return (
@@ -526,6 +554,21 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
             image_seq_len=_pooled_tokens_per_crop(layout),
             chat_template=tokenizer.chat_template,
             **videos,
+        )
+    if family == "glm46v":
+        from transformers import Glm46VImageProcessor, Glm46VVideoProcessor
+
+        geometry = {"patch_size": layout.patch, "temporal_patch_size": 2, "merge_size": 2}
+        return processor_cls(  # Qwen2-VL's resizing: whole merged patches within the pixel ranges
+            image_processor=Glm46VImageProcessor(size=_pixel_range(layout.image_pixels), **geometry),
+            tokenizer=tokenizer,
+            video_processor=Glm46VVideoProcessor(
+                size=_pixel_range(layout.video_pixels),
+                max_image_size={"longest_edge": layout.video_pixels[1]},
+                do_sample_frames=False,
+                **geometry,
+            ),
+            chat_template=tokenizer.chat_template,
         )
     if family == "mistral3":
         from transformers import PixtralImageProcessor
@@ -687,6 +730,8 @@ def build_config(
         return config_cls(**_llava15_config_kwargs(family, spec, text, tid, layout))
     if family == "mistral3":
         return config_cls(**_mistral3_config_kwargs(spec, text, tid, layout))
+    if family == "glm46v":
+        return config_cls(**_glm_v_config_kwargs(spec, text, tid, layout))
     if family in _TILE_FAMILIES:
         return config_cls(
             text_config={**text, "model_type": "llama"},
@@ -795,6 +840,43 @@ def _mistral3_config_kwargs(
         "image_token_index": tid("[IMG]"),
         "spatial_merge_size": _MISTRAL3_MERGE,
         "vision_feature_layer": -1,
+        "tie_word_embeddings": False,
+    }
+
+
+def _glm_v_config_kwargs(
+    spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
+) -> dict[str, Any]:
+    """``Glm46VConfig``'s arguments, GLM-4.6V-Flash's: a ViT of ``patch`` pixels, 2 x 2 patches merged, in front of a
+    GLM-4 language model whose M-RoPE turns half of each head, as GLM's does (``partial_rotary_factor`` 0.5)."""
+    half = spec.head_dim // 4  # rotary pairs: half the head turns
+    rope = {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "mrope_section": [half // 2, half // 4, half - half // 2 - half // 4],
+    }
+    return {
+        "text_config": {**text, "model_type": "glm4v_text", "rope_parameters": rope},
+        "vision_config": {
+            "depth": spec.vision_layers,
+            "hidden_size": spec.vision_hidden,
+            "intermediate_size": 2 * spec.vision_hidden,
+            "num_heads": spec.vision_heads,
+            "out_hidden_size": spec.hidden,
+            "patch_size": layout.patch,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "image_size": 4
+            * layout.patch,  # its learnt position table: 4 x 4 patches, interpolated to each grid
+            "initializer_range": _VISION_INIT_STD,
+        },
+        "image_token_id": tid("<|image|>"),
+        "video_token_id": tid("<|video|>"),
+        "image_start_token_id": tid("<|begin_of_image|>"),
+        "image_end_token_id": tid("<|end_of_image|>"),
+        "video_start_token_id": tid("<|begin_of_video|>"),
+        "video_end_token_id": tid("<|end_of_video|>"),
         "tie_word_embeddings": False,
     }
 

@@ -9,6 +9,7 @@ from ..errors import InvalidInputError
 from .base import DecodeState, Prefill, PromptLayout, VLMAdapter
 from .edd import EDDAdapter, EDDDraft
 from .gemma3 import Gemma3Adapter
+from .glm import GlmVAdapter
 from .internvl import InternVLAdapter
 from .llava import LlavaAdapter, LlavaNextAdapter, LlavaNextVideoAdapter, LlavaOnevisionAdapter
 from .mistral3 import Mistral3Adapter
@@ -29,6 +30,7 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
         SmolVLMAdapter,
         Idefics3Adapter,
         Mistral3Adapter,
+        GlmVAdapter,
     )
     for model_type in cls.model_types
 }

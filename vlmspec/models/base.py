@@ -191,19 +191,19 @@ class VLMAdapter(MediaRows):
         masks: dict[str, torch.Tensor] = {}
         for modality, feats in features.items():
             values = feats.embeds.to(embeds.device, embeds.dtype)
-            mask = self.placeholder_mask(ids, embeds, modality, values)
+            mask = self.placeholder_mask(inputs, embeds, modality, values)
             embeds = embeds.masked_scatter(mask, values)
             masks[modality] = mask[..., 0]
         return {"inputs_embeds": embeds, **self.extra_prompt_inputs(masks, features)}
 
     def placeholder_mask(
-        self, ids: torch.Tensor, embeds: torch.Tensor, modality: str, values: torch.Tensor
+        self, inputs: dict[str, torch.Tensor], embeds: torch.Tensor, modality: str, values: torch.Tensor
     ) -> torch.Tensor:
-        """``[1, L, 1]`` bool: the placeholders of ``modality`` among ``ids``, by the model's own
+        """``[1, L, 1]`` bool: the placeholders of ``modality`` among the prompt ``inputs``' ids, by the model's own
         ``get_placeholder_mask``, which checks that they match the ``[n, D]`` features ``values`` (a model with one
         kind of placeholder gives its one mask; one with pictures and videos, both)."""
         given = {f"{modality}_features": values}
-        masks = self.model.model.get_placeholder_mask(ids, inputs_embeds=embeds, **given)
+        masks = self.model.model.get_placeholder_mask(inputs["input_ids"], inputs_embeds=embeds, **given)
         if not isinstance(masks, tuple):
             return masks
         image_mask, video_mask = masks
@@ -423,9 +423,9 @@ class VLMAdapter(MediaRows):
             raise InvalidInputError(f"extend runs positions from start={start} on, got {run.tolist()[:8]}")
         run = _check_keep(run, length)
         images, videos = media
-        suffix = {
+        suffix = {  # the per-token inputs from start on (ids; GLM-V's mm_token_type_ids) and the later media
+            **{k: v[:, start:] for k, v in inputs.items() if torch.is_tensor(v) and v.shape == ids.shape},
             **self.media_items(inputs, slice(images, None), slice(videos, None)),
-            "input_ids": ids[:, start:],
         }
         prompt = self.select_prompt(self.embed_prompt(suffix), run - start)
         with self._layer_output(hidden_layer) as hidden:

@@ -100,13 +100,19 @@ class QwenVLAdapter(VLMAdapter):
         """Item ``i`` of a modality has ``t * h * w / merge**2`` placeholder tokens (its ``*_grid_thw`` row): rows
         take the items in order until their placeholders are covered."""
         merge = self.config.vision_config.spatial_merge_size**2
-        image_id, video_id = self.visual_token_ids()
         per_modality = []
-        for token, grid in ((image_id, "image_grid_thw"), (video_id, "video_grid_thw")):
+        for placeholders, grid in zip(
+            self.placeholders(inputs), ("image_grid_thw", "video_grid_thw"), strict=True
+        ):
             tokens = (inputs[grid].prod(-1) // merge).tolist() if inputs.get(grid) is not None else []
-            wanted = ((inputs["input_ids"] == token) & keep).sum(-1).tolist()  # [B] placeholders per row
-            per_modality.append(_take_items(tokens, wanted, grid))
+            wanted = (placeholders & keep).sum(-1).tolist()  # [B] placeholders per row
+            per_modality.append(take_items(tokens, wanted, grid))
         return list(zip(*per_modality, strict=True))
+
+    def placeholders(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B, L]`` bool each: the prompts' picture placeholders and their video placeholders."""
+        image_id, video_id = self.visual_token_ids()
+        return inputs["input_ids"] == image_id, inputs["input_ids"] == video_id
 
     def extra_prompt_inputs(
         self, masks: dict[str, torch.Tensor], features: dict[str, VisualFeatures]
@@ -171,7 +177,7 @@ def _features(out: Any) -> VisualFeatures:
     )
 
 
-def _take_items(tokens: list[int], wanted: list[int], grid: str) -> list[int]:
+def take_items(tokens: list[int], wanted: list[int], grid: str) -> list[int]:
     """How many consecutive items (``tokens[i]`` placeholders each) cover each row's ``wanted[b]`` placeholders."""
     counts, item = [], 0
     for b, need in enumerate(wanted):

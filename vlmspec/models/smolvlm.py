@@ -98,12 +98,12 @@ class Idefics3Adapter(SmolVLMAdapter):
     pictures_apart_from_videos = ""  # a video is its frames' pictures
 
     def placeholder_mask(
-        self, ids: torch.Tensor, embeds: torch.Tensor, modality: str, values: torch.Tensor
+        self, inputs: dict[str, torch.Tensor], embeds: torch.Tensor, modality: str, values: torch.Tensor
     ) -> torch.Tensor:
-        """``[1, L, 1]`` bool: the ``<image>`` placeholders among ``ids``, found as the model's ``inputs_merger``
-        finds them (Idefics3's model has no ``get_placeholder_mask``), with the same check against the ``[n, D]``
-        features ``values``."""
-        mask = (ids == self.config.image_token_id)[..., None]
+        """``[1, L, 1]`` bool: the ``<image>`` placeholders among the prompt's ids, found as the model's
+        ``inputs_merger`` finds them (Idefics3's model has no ``get_placeholder_mask``), with the same check against
+        the ``[n, D]`` features ``values``."""
+        mask = (inputs["input_ids"] == self.config.image_token_id)[..., None]
         if int(mask.sum()) != values.shape[0]:
             raise InvalidInputError(
                 f"the prompt holds {int(mask.sum())} {self.placeholder} placeholders for {values.shape[0]} visual "

@@ -121,6 +121,9 @@ _FAMILY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("smolvlm", re.compile(r"smolvlm2", re.I)),
     ("idefics3", re.compile(r"smolvlm(?!2)|idefics3", re.I)),  # SmolVLM (1) is Idefics3's architecture
     ("mistral3", re.compile(r"ministral[-_]3[-_]|mistral[-_]small[-_]3\.[12]", re.I)),  # the vision ones
+    ("glm46v", re.compile(r"glm[-_]4\.6v", re.I)),
+    ("glm4v_moe", re.compile(r"glm[-_]4\.5v", re.I)),
+    ("glm4v", re.compile(r"glm[-_]4\.1v", re.I)),
 )
 
 

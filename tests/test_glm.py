@@ -1,0 +1,96 @@
+"""GLM-4.6V (``GLM-4.6V-Flash`` drafting for ``GLM-4.6V``; GLM-4.1V and GLM-4.5V are the same design): the tiny
+``glm46v`` pair (a ViT of 14-pixel patches merged 2 x 2, a GLM-4 language model whose M-RoPE turns half of each
+head) is lossless like the other families (``test_more_families.py``). Here, its own way: a video is written as its
+frames, each with its time, in the pictures' placeholder token, told apart from the pictures by the processor's
+``mm_token_type_ids`` only, in one prompt, in pruning and in a padded batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import PROMPTS
+
+from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
+from vlmspec.pruning import PruningConfig
+from vlmspec.testing import build_tiny_pair, make_image, make_video_frames
+
+
+@pytest.fixture(scope="module")
+def glm(tiny_root):
+    pair = build_tiny_pair("glm46v", root=tiny_root)
+    return VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
+
+
+def test_a_video_s_frames_are_written_with_the_pictures_placeholder(glm):
+    pipe = glm
+    for model in (pipe.target, pipe.draft):
+        assert type(model).__name__ == "Glm46VForConditionalGeneration"
+        text = model.config.get_text_config()
+        assert (text.model_type, text.rope_parameters["partial_rotary_factor"]) == ("glm4v_text", 0.5)
+    image_id, video_id = pipe.target.config.image_token_id, pipe.target.config.video_token_id
+    for image, video, seen in ((make_image(0), None, (4, 0)), (None, make_video_frames(1), (0, 8))):
+        inputs = pipe.prepare_inputs(image, PROMPTS[1], video=video)
+        ids, types = inputs["input_ids"][0], inputs["mm_token_type_ids"][0]
+        assert int((ids == video_id).sum()) == 0  # no video token: the frames' placeholders are the pictures'
+        assert set(ids[types > 0].tolist()) == {image_id}
+        assert (int((types == 1).sum()), int((types == 2).sum())) == seen  # 56 pixels; 4 frames, 2 at a time
+    assert pipe.tokenizer.decode(ids).count(" seconds") == 2
+
+
+def test_a_video_is_pruned_by_the_video_ratio_and_refused_beside_pictures(glm):
+    """The draft keeps every picture token and half a video's: only ``mm_token_type_ids`` tells them apart. A prompt
+    with both is refused, as the model's own forward refuses it (its video mask is its picture mask)."""
+    pipe = glm
+    pipe.policy = get_policy("sage")
+    pipe.pruning = PruningConfig(method="uniform", image_ratio=0.0, video_ratio=0.5, min_keep=0)
+    try:
+        for image, video, kept in ((make_image(2), None, 4), (None, make_video_frames(3), 4)):
+            expected = pipe.reference_generate(pipe.prepare_inputs(image, PROMPTS[4], video=video), 32)
+            out = pipe(image, PROMPTS[4], video=video, max_new_tokens=32)
+            assert out.token_ids == expected
+            assert (out.stats.target_visual_tokens, out.stats.draft_visual_tokens) == (
+                4 if image else 8,
+                kept,
+            )
+        with pytest.raises(InvalidInputError, match=r"1 picture\(s\) and 1 video\(s\).*GLM-V"):
+            pipe(make_image(2), PROMPTS[4], video=make_video_frames(3), max_new_tokens=8)
+    finally:
+        pipe.pruning = PruningConfig()
+
+
+def test_a_padded_processor_batch_splits_into_each_prompt_s_pictures_and_video(glm):
+    pipe = glm
+    content = [
+        ([{"type": "image"}, {"type": "text", "text": PROMPTS[0]}], [make_image(4)], None),
+        ([{"type": "video"}, {"type": "text", "text": PROMPTS[2]}], [], make_video_frames(2)),
+        ([{"type": "text", "text": PROMPTS[3]}], [], None),
+        ([{"type": "video"}, {"type": "text", "text": PROMPTS[1]}], [], make_video_frames(4)),
+    ]  # fmt: skip
+    texts = [
+        pipe.processor.apply_chat_template(
+            [{"role": "user", "content": c}], add_generation_prompt=True, tokenize=False
+        )
+        for c, _, _ in content
+    ]
+    batch = pipe.processor(
+        text=texts,
+        images=[i for _, pictures, _ in content for i in pictures],
+        videos=[v for _, _, v in content if v is not None],
+        padding=True,
+        return_tensors="pt",
+    )
+    rows = pipe._target_adapter.split_rows(dict(batch))
+    width = batch["input_ids"].shape[1]
+    replies = pipe.generate(**batch, max_new_tokens=24)
+    for b, (row, text, (_, pictures, video)) in enumerate(zip(rows, texts, content, strict=True)):
+        alone = pipe.processor(
+            text=[text], images=pictures or None, videos=[video] if video else None, return_tensors="pt"
+        )
+        assert torch.equal(row["input_ids"], alone["input_ids"]), b
+        assert torch.equal(row["mm_token_type_ids"], alone["mm_token_type_ids"]), b
+        for key in ("pixel_values", "pixel_values_videos", "video_grid_thw"):
+            assert (key in row) == (key in alone), (b, key)
+            if key in alone:
+                assert torch.equal(row[key], alone[key]), (b, key)
+        expected = pipe.reference_generate(dict(alone), 24)
+        assert replies[b, width : width + len(expected)].tolist() == expected, b
