@@ -93,3 +93,38 @@ def check_a_conversation_with_pictures_equals_generate(pipe, pictures=None) -> N
             turn
         )
         previous = inputs["input_ids"].shape[1]
+
+
+def check_a_padded_batch_splits_into_its_prompts(pipe, prompts, same_media, nested_images=False) -> dict:
+    """One processor batch of ``prompts`` (``(content, pictures, video or None)`` each, as one user turn), padded by
+    the processor: each row of ``split_rows`` has its prompt's own ids and media (``same_media(row, alone, b)``
+    compares the media with the prompt's processed alone), and ``pipe.generate`` on the batch gives each prompt's
+    ``generate()`` reply. ``nested_images``: the processor takes one list of pictures per prompt. Returns the batch."""
+    texts = [
+        pipe.processor.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+        )
+        for content, _, _ in prompts
+    ]
+    pictures = [p for _, p, _ in prompts] if nested_images else [i for _, p, _ in prompts for i in p]
+    videos = [v for _, _, v in prompts if v is not None]
+    media = {
+        "images": pictures if any(p for _, p, _ in prompts) else None,
+        **({"videos": videos} if videos else {}),
+    }
+    batch = pipe.processor(text=texts, padding=True, return_tensors="pt", **media)
+    rows = pipe._target_adapter.split_rows(dict(batch))
+    width = batch["input_ids"].shape[1]
+    replies = pipe.generate(**batch, max_new_tokens=24)
+    for b, (row, text, (_, own, video)) in enumerate(zip(rows, texts, prompts, strict=True)):
+        alone = pipe.processor(
+            text=[text],
+            images=([own] if nested_images else own) if own else None,
+            videos=[video] if video is not None else None,
+            return_tensors="pt",
+        )
+        assert torch.equal(row["input_ids"], alone["input_ids"]), b
+        same_media(row, alone, b)
+        expected = pipe.reference_generate(dict(alone), 24)
+        assert replies[b, width : width + len(expected)].tolist() == expected, b
+    return batch

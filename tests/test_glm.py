@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import PROMPTS
+from conftest import PROMPTS, check_a_padded_batch_splits_into_its_prompts
 
 from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
 from vlmspec.pruning import PruningConfig
@@ -59,38 +59,18 @@ def test_a_video_is_pruned_by_the_video_ratio_and_refused_beside_pictures(glm):
 
 
 def test_a_padded_processor_batch_splits_into_each_prompt_s_pictures_and_video(glm):
-    pipe = glm
-    content = [
+    prompts = [
         ([{"type": "image"}, {"type": "text", "text": PROMPTS[0]}], [make_image(4)], None),
         ([{"type": "video"}, {"type": "text", "text": PROMPTS[2]}], [], make_video_frames(2)),
         ([{"type": "text", "text": PROMPTS[3]}], [], None),
         ([{"type": "video"}, {"type": "text", "text": PROMPTS[1]}], [], make_video_frames(4)),
-    ]  # fmt: skip
-    texts = [
-        pipe.processor.apply_chat_template(
-            [{"role": "user", "content": c}], add_generation_prompt=True, tokenize=False
-        )
-        for c, _, _ in content
     ]
-    batch = pipe.processor(
-        text=texts,
-        images=[i for _, pictures, _ in content for i in pictures],
-        videos=[v for _, _, v in content if v is not None],
-        padding=True,
-        return_tensors="pt",
-    )
-    rows = pipe._target_adapter.split_rows(dict(batch))
-    width = batch["input_ids"].shape[1]
-    replies = pipe.generate(**batch, max_new_tokens=24)
-    for b, (row, text, (_, pictures, video)) in enumerate(zip(rows, texts, content, strict=True)):
-        alone = pipe.processor(
-            text=[text], images=pictures or None, videos=[video] if video else None, return_tensors="pt"
-        )
-        assert torch.equal(row["input_ids"], alone["input_ids"]), b
+
+    def same_media(row, alone, b):
         assert torch.equal(row["mm_token_type_ids"], alone["mm_token_type_ids"]), b
         for key in ("pixel_values", "pixel_values_videos", "video_grid_thw"):
             assert (key in row) == (key in alone), (b, key)
             if key in alone:
                 assert torch.equal(row[key], alone[key]), (b, key)
-        expected = pipe.reference_generate(dict(alone), 24)
-        assert replies[b, width : width + len(expected)].tolist() == expected, b
+
+    check_a_padded_batch_splits_into_its_prompts(glm, prompts, same_media)

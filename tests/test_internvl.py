@@ -18,7 +18,8 @@ from vlmspec import InvalidInputError, PrefixCache, VLMSpecPipeline, get_policy
 from vlmspec.models import adapter_for
 from vlmspec.pruning import PruningConfig
 from vlmspec.testing import make_image, make_video_frames
-from vlmspec.testing.pairs import _shape_weights, _special_token_ids
+from vlmspec.testing.pairs import _special_token_ids
+from vlmspec.testing.weights import shape_weights
 
 MAX_NEW = 32
 WIDE = (112, 28)  # four tiles side by side, plus the thumbnail
@@ -167,7 +168,7 @@ def test_internvl3_5_s_qwen3_language_models_are_lossless(pipe, language_model):
     )
     target.model.vision_tower.load_state_dict(pipe.target.model.vision_tower.state_dict())
     target.model.multi_modal_projector.load_state_dict(pipe.target.model.multi_modal_projector.state_dict())
-    _shape_weights(target, _special_token_ids(pipe.processor.tokenizer, "internvl"), draw_seed=7)
+    shape_weights(target, _special_token_ids(pipe.processor.tokenizer, "internvl"), draw_seed=7)
     draft.load_state_dict({k: v for k, v in target.state_dict().items() if k in draft.state_dict()})
     for model in (target, draft):
         model.generation_config = pipe.target.generation_config

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import PROMPTS
+from conftest import PROMPTS, check_a_padded_batch_splits_into_its_prompts
 from transformers import LlavaConfig, LlavaForConditionalGeneration
 
 from vlmspec import VLMSpecPipeline
@@ -114,44 +114,28 @@ def test_a_padded_llava_next_batch_splits_into_each_prompt_s_own_pictures(family
     their sizes, and ``pipe.generate`` on the batch gives each prompt's reply."""
     pair = build_tiny_pair(family, root=tiny_root)
     pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
-    content = [
+    prompts = [
         ([{"type": "image"}, {"type": "text", "text": PROMPTS[0]}], [make_image(4).resize((90, 30))], None),
         ([{"type": "image"}, {"type": "image"}, {"type": "text", "text": PROMPTS[3]}],
          [make_image(5).resize((30, 80)), make_image(6)], None),
         ([{"type": "text", "text": PROMPTS[2]}], [], None),
     ]  # fmt: skip
     if family == "llava_next_video":
-        content.insert(
+        prompts.insert(
             1, ([{"type": "video"}, {"type": "text", "text": PROMPTS[1]}], [], make_video_frames(2))
         )
-        content.append(
+        prompts.append(
             ([{"type": "image"}, {"type": "video"}, {"type": "text", "text": PROMPTS[4]}], [make_image(7)],
              make_video_frames(3))
         )  # fmt: skip
-    texts = [
-        pipe.processor.apply_chat_template(
-            [{"role": "user", "content": c}], add_generation_prompt=True, tokenize=False
-        )
-        for c, _, _ in content
-    ]
-    videos = {"videos": [v for _, _, v in content if v is not None]} if family == "llava_next_video" else {}
-    batch = pipe.processor(text=texts, images=[i for _, pictures, _ in content for i in pictures], padding=True,
-                           return_tensors="pt", **videos)  # fmt: skip
-    rows = pipe._target_adapter.split_rows(dict(batch))
-    width = batch["input_ids"].shape[1]
-    replies = pipe.generate(**batch, max_new_tokens=24)
-    for b, (row, text, (_, pictures, video)) in enumerate(zip(rows, texts, content, strict=True)):
-        alone = pipe.processor(
-            text=[text], images=pictures or None, videos=[video] if video else None, return_tensors="pt"
-        )
-        assert torch.equal(row["input_ids"], alone["input_ids"]), b
-        if pictures:
+
+    def same_media(row, alone, b):
+        if "pixel_values" in alone:
             crops = alone["pixel_values"].shape[1]  # the batch pads every picture to its most crops
             assert torch.equal(row["pixel_values"][:, :crops], alone["pixel_values"]), b
             assert torch.equal(row["image_sizes"], alone["image_sizes"]), b
-        if video:
+        assert ("pixel_values_videos" in row) == ("pixel_values_videos" in alone), b
+        if "pixel_values_videos" in alone:
             assert torch.equal(row["pixel_values_videos"], alone["pixel_values_videos"]), b
-        else:
-            assert "pixel_values_videos" not in row, b
-        expected = pipe.reference_generate(dict(alone), 24)
-        assert replies[b, width : width + len(expected)].tolist() == expected, b
+
+    check_a_padded_batch_splits_into_its_prompts(pipe, prompts, same_media)

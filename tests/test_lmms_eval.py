@@ -710,34 +710,39 @@ def test_pair_configs_load_and_validate() -> None:
     assert pairs == EXPECTED_PAIRS
 
 
+FAMILY_BY_NAME = {  # checkpoint or pair name: the family vlmspec reads it as (None: none it takes)
+    "Qwen/Qwen2.5-VL-7B-Instruct": "qwen2_5_vl",
+    "Qwen/Qwen2-VL-2B-Instruct": "qwen2_vl",
+    "Qwen/Qwen3-VL-8B-Instruct": "qwen3_vl",
+    "llava-hf/llava-onevision-qwen2-7b-ov-hf": "llava_onevision",
+    "tiny:llava_onevision": "llava_onevision",
+    "OpenGVLab/InternVL3_5-8B-HF": "internvl",
+    "tiny:internvl": "internvl",
+    "google/gemma-3-27b-it": "gemma3",
+    "tiny:gemma3": "gemma3",
+    "google/gemma-3n-E4B-it": None,
+    "llava-hf/llava-1.5-13b-hf": "llava",
+    "liuhaotian/llava-v1.5-7b": "llava",
+    "tiny:llava": "llava",
+    "llava-hf/llava-v1.6-vicuna-13b-hf": "llava_next",
+    "llava-hf/llama3-llava-next-8b-hf": "llava_next",
+    "llava-hf/LLaVA-NeXT-Video-7B-hf": "llava_next_video",
+    "HuggingFaceTB/SmolVLM2-256M-Video-Instruct": "smolvlm",
+    "HuggingFaceTB/SmolVLM-256M-Instruct": "idefics3",
+    "HuggingFaceM4/Idefics3-8B-Llama3": "idefics3",
+    "HuggingFaceM4/idefics2-8b": None,
+    "mistralai/Ministral-3-14B-Instruct-2512": "mistral3",
+    "mistralai/Mistral-Small-3.1-24B-Instruct-2503": "mistral3",
+    "mistralai/Ministral-8B-Instruct-2410": None,
+    "zai-org/GLM-4.6V-Flash": "glm46v",
+    "zai-org/GLM-4.5V": "glm4v_moe",
+    "zai-org/GLM-4.1V-9B-Thinking": "glm4v",
+    "/some/folder": None,
+}
+
+
 def test_family_from_name() -> None:
-    assert options.family_from_name("Qwen/Qwen2.5-VL-7B-Instruct") == "qwen2_5_vl"
-    assert options.family_from_name("Qwen/Qwen2-VL-2B-Instruct") == "qwen2_vl"
-    assert options.family_from_name("Qwen/Qwen3-VL-8B-Instruct") == "qwen3_vl"
-    assert options.family_from_name("llava-hf/llava-onevision-qwen2-7b-ov-hf") == "llava_onevision"
-    assert options.family_from_name("tiny:llava_onevision") == "llava_onevision"
-    assert options.family_from_name("OpenGVLab/InternVL3_5-8B-HF") == "internvl"
-    assert options.family_from_name("tiny:internvl") == "internvl"
-    assert options.family_from_name("google/gemma-3-27b-it") == "gemma3"
-    assert options.family_from_name("tiny:gemma3") == "gemma3"
-    assert options.family_from_name("google/gemma-3n-E4B-it") is None
-    assert options.family_from_name("llava-hf/llava-1.5-13b-hf") == "llava"
-    assert options.family_from_name("liuhaotian/llava-v1.5-7b") == "llava"
-    assert options.family_from_name("tiny:llava") == "llava"
-    assert options.family_from_name("llava-hf/llava-v1.6-vicuna-13b-hf") == "llava_next"
-    assert options.family_from_name("llava-hf/llama3-llava-next-8b-hf") == "llava_next"
-    assert options.family_from_name("llava-hf/LLaVA-NeXT-Video-7B-hf") == "llava_next_video"
-    assert options.family_from_name("HuggingFaceTB/SmolVLM2-256M-Video-Instruct") == "smolvlm"
-    assert options.family_from_name("HuggingFaceTB/SmolVLM-256M-Instruct") == "idefics3"
-    assert options.family_from_name("HuggingFaceM4/Idefics3-8B-Llama3") == "idefics3"
-    assert options.family_from_name("HuggingFaceM4/idefics2-8b") is None
-    assert options.family_from_name("mistralai/Ministral-3-14B-Instruct-2512") == "mistral3"
-    assert options.family_from_name("mistralai/Mistral-Small-3.1-24B-Instruct-2503") == "mistral3"
-    assert options.family_from_name("mistralai/Ministral-8B-Instruct-2410") is None
-    assert options.family_from_name("zai-org/GLM-4.6V-Flash") == "glm46v"
-    assert options.family_from_name("zai-org/GLM-4.5V") == "glm4v_moe"
-    assert options.family_from_name("zai-org/GLM-4.1V-9B-Thinking") == "glm4v"
-    assert options.family_from_name("/some/folder") is None
+    assert {name: options.family_from_name(name) for name in FAMILY_BY_NAME} == FAMILY_BY_NAME
 
 
 # ---------------------------------------------------------------------------------------------------------------

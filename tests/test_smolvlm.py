@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import PROMPTS
+from conftest import PROMPTS, check_a_padded_batch_splits_into_its_prompts
 
 from vlmspec import VLMSpecPipeline, get_policy
 from vlmspec.errors import InvalidInputError
@@ -121,33 +121,18 @@ def test_a_padded_batch_splits_into_each_prompt_s_own_tiles(family, request):
     """The processor pads a batch's prompts to the most tiles with all-zero tiles: each row's inputs are its prompt's
     own (padding dropped as the model drops it), and ``pipe.generate`` on the batch gives each prompt's reply."""
     pipe = request.getfixturevalue(family)
-    content = [
-        ([{"type": "image"}, {"type": "text", "text": PROMPTS[0]}], [make_image(4).resize((28, 20))]),
-        (
-            [{"type": "image"}, {"type": "image"}, {"type": "text", "text": PROMPTS[3]}],
-            [make_image(5), make_image(6)],
-        ),
-        ([{"type": "text", "text": PROMPTS[2]}], []),
-    ]
-    texts = [
-        pipe.processor.apply_chat_template(
-            [{"role": "user", "content": c}], add_generation_prompt=True, tokenize=False
-        )
-        for c, _ in content
-    ]
-    batch = pipe.processor(text=texts, images=[i for _, i in content], padding=True, return_tensors="pt")
-    assert batch["pixel_values"].shape[:2] == (3, 10)  # 5 tiles, 2 x 5, none: padded to 10
-    rows = pipe._target_adapter.split_rows(dict(batch))
-    for row, text, (_, images) in zip(rows, texts, content, strict=True):
-        alone = pipe.processor(text=[text], images=[images] if images else None, return_tensors="pt")
-        assert torch.equal(row["input_ids"], alone["input_ids"])
-        if images:
-            assert torch.equal(row["pixel_values"], alone["pixel_values"])
-        else:
-            assert "pixel_values" not in row
     pipe.policy = get_policy("sage")
-    replies = pipe.generate(**batch, max_new_tokens=24)
-    for b, row in enumerate(rows):
-        expected = pipe.reference_generate(dict(row), 24)
-        width = batch["input_ids"].shape[1]
-        assert replies[b, width : width + len(expected)].tolist() == expected, b
+    prompts = [
+        ([{"type": "image"}, {"type": "text", "text": PROMPTS[0]}], [make_image(4).resize((28, 20))], None),
+        ([{"type": "image"}, {"type": "image"}, {"type": "text", "text": PROMPTS[3]}],
+         [make_image(5), make_image(6)], None),
+        ([{"type": "text", "text": PROMPTS[2]}], [], None),
+    ]  # fmt: skip
+
+    def same_tiles(row, alone, b):
+        assert ("pixel_values" in row) == ("pixel_values" in alone), b
+        if "pixel_values" in alone:
+            assert torch.equal(row["pixel_values"], alone["pixel_values"]), b
+
+    batch = check_a_padded_batch_splits_into_its_prompts(pipe, prompts, same_tiles, nested_images=True)
+    assert batch["pixel_values"].shape[:2] == (3, 10)  # 5 tiles, 2 x 5, none: padded to 10

@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 import torch
 
 from ..errors import InvalidInputError
-from .base import NO_VIDEO_TOKEN, VisualFeatures, VLMAdapter
-from .data import PromptLayout
+from .base import NO_VIDEO_TOKEN, VLMAdapter
+from .data import PromptLayout, VisualFeatures
 
 
 class PlaceholderBlocks(VLMAdapter):

@@ -39,8 +39,8 @@ from transformers.models.gemma3.modeling_gemma3 import (
 )
 
 from ..cache import cache_length
-from .base import VisualFeatures
 from .blocks import PlaceholderBlocks
+from .data import VisualFeatures
 
 
 class Gemma3Adapter(PlaceholderBlocks):

@@ -17,9 +17,10 @@ import torch
 from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
 
 from ..errors import InvalidInputError
-from .base import NO_VIDEO_TOKEN, VisualFeatures, VLMAdapter
+from .base import NO_VIDEO_TOKEN, VLMAdapter
 from .blocks import PlaceholderBlocks
-from .media import pictures_per_row
+from .data import VisualFeatures
+from .media import pictures_per_row, pictures_with_sizes
 
 _PATCH_GRID_TOWERS = ("clip_vision_model", "siglip_vision_model")
 """Vision towers that read a picture as one fixed grid of patches (LLaVA's checkpoints with a Pixtral tower read
@@ -182,10 +183,7 @@ class LlavaNextAdapter(VLMAdapter):
 
     def media_items(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
         """The pixel rows and sizes of the pictures ``images`` (``videos`` selects nothing: no video input)."""
-        pixels = inputs.get("pixel_values")
-        if pixels is None or not range(pixels.shape[0])[images]:
-            return {}
-        return {"pixel_values": pixels[images], "image_sizes": inputs["image_sizes"][images]}
+        return pictures_with_sizes(inputs, images)
 
     def media_counts(self, inputs: dict[str, Any], keep: torch.Tensor) -> list[tuple[int, int]]:
         """Each row's pictures: the pictures in order, as many as make up the row's placeholders (a picture's

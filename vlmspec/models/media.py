@@ -97,3 +97,12 @@ def pictures_per_row(placeholders: list[int], picture_tokens: list[int]) -> list
             )
         counts.append(pictures)
     return counts
+
+
+def pictures_with_sizes(inputs: dict[str, Any], images: slice) -> dict[str, Any]:
+    """The pictures ``images`` of processor outputs with one ``pixel_values`` row and one ``image_sizes`` row per
+    picture (LLaVA-NeXT, Mistral 3); ``{}`` when that selects none."""
+    pixels = inputs.get("pixel_values")
+    if pixels is None or not range(pixels.shape[0])[images]:
+        return {}
+    return {"pixel_values": pixels[images], "image_sizes": inputs["image_sizes"][images]}

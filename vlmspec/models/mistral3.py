@@ -20,8 +20,9 @@ from typing import Any
 
 import torch
 
-from .base import NO_VIDEO_TOKEN, VisualFeatures, VLMAdapter
-from .media import pictures_per_row
+from .base import NO_VIDEO_TOKEN, VLMAdapter
+from .data import VisualFeatures
+from .media import pictures_per_row, pictures_with_sizes
 
 
 class Mistral3Adapter(VLMAdapter):
@@ -52,10 +53,7 @@ class Mistral3Adapter(VLMAdapter):
 
     def media_items(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
         """The pixel rows and sizes of the pictures ``images`` (``videos`` selects nothing: no video input)."""
-        pixels = inputs.get("pixel_values")
-        if pixels is None or not range(pixels.shape[0])[images]:
-            return {}
-        return {"pixel_values": pixels[images], "image_sizes": inputs["image_sizes"][images]}
+        return pictures_with_sizes(inputs, images)
 
     def media_counts(self, inputs: dict[str, Any], keep: torch.Tensor) -> list[tuple[int, int]]:
         """Each row's pictures: the pictures in order, as many as make up the row's ``[IMG]`` placeholders (a

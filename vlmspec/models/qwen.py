@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from ..errors import InvalidInputError
-from .base import VisualFeatures, VLMAdapter
+from .base import VLMAdapter
+from .data import VisualFeatures
 
 _ROPE_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts", "attention_mask")
 

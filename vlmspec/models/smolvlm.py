@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from ..errors import InvalidInputError
-from .base import VisualFeatures
 from .blocks import Tiles
+from .data import VisualFeatures
 
 
 class SmolVLMAdapter(Tiles):

@@ -32,7 +32,7 @@ Guarantees (checked by ``tests/test_fixtures.py``):
   placeholders, ...) are zero, so their logit is exactly 0 while the best ordinary token's is
   positive; greedy decoding never emits EOS/special tokens and always runs to ``max_new_tokens``.
   Tests that need an EOS stop can pass ``eos_token_id=<a token the model emits>`` to ``generate``.
-* **Peaked but context-driven greedy decoding** (see :func:`_shape_weights`): each token strongly
+* **Peaked but context-driven greedy decoding** (see :func:`~vlmspec.testing.weights.shape_weights`): each token strongly
   predicts a "successor" (``lm_head`` = permuted embeddings) and sharp attention lets the
   context (text, images, video, i.e. the KV cache) override that for a few percent of the
   tokens. Median top1-top2 gap ~1.8 logit std (random init: ~0.25). Every weight draw is vetted

@@ -1,0 +1,165 @@
+"""The families' real processor classes around a fixture tokenizer, with a :class:`VisionLayout`'s geometry."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from transformers import ProcessorMixin
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
+from .chat import SMOLVLM_GRID
+from .specs import (
+    LLAVA15_FAMILIES,
+    MISTRAL3_MERGE,
+    QWEN3_FAMILIES,
+    TILE_FAMILIES,
+    VisionLayout,
+    pooled_tokens_per_crop,
+    transformers_class,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Processor
+# ---------------------------------------------------------------------------------------------
+def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout) -> ProcessorMixin:
+    """Builds the family's real processor class around ``tokenizer`` with ``layout``'s geometry.
+
+    Returns:
+        A ``Qwen2VLProcessor``, ``Qwen2_5_VLProcessor``, ``Qwen3VLProcessor``, ``LlavaOnevisionProcessor`` or
+        ``InternVLProcessor`` with the tokenizer's chat template.
+    """
+    processor_cls = transformers_class(family, 2)
+    if family in TILE_FAMILIES:
+        import transformers
+
+        tile = {"longest_edge": layout.crop_side}
+        image_processor = getattr(
+            transformers, "SmolVLMImageProcessor" if family == "smolvlm" else "Idefics3ImageProcessor"
+        )
+        videos = {}
+        if family == "smolvlm":  # a frame: one tile
+            videos["video_processor"] = transformers.SmolVLMVideoProcessor(
+                size=tile, max_image_size=tile, do_sample_frames=False
+            )
+        return processor_cls(  # a picture resized to at most a grid of tiles and cut into them
+            image_processor=image_processor(
+                do_image_splitting=True,
+                size={"longest_edge": SMOLVLM_GRID * layout.crop_side},
+                max_image_size=tile,
+            ),
+            tokenizer=tokenizer,
+            image_seq_len=pooled_tokens_per_crop(layout),
+            chat_template=tokenizer.chat_template,
+            **videos,
+        )
+    if family == "glm46v":
+        from transformers import Glm46VImageProcessor, Glm46VVideoProcessor
+
+        geometry = {"patch_size": layout.patch, "temporal_patch_size": 2, "merge_size": 2}
+        return processor_cls(  # Qwen2-VL's resizing: whole merged patches within the pixel ranges
+            image_processor=Glm46VImageProcessor(size=_pixel_range(layout.image_pixels), **geometry),
+            tokenizer=tokenizer,
+            video_processor=Glm46VVideoProcessor(
+                size=_pixel_range(layout.video_pixels),
+                max_image_size={"longest_edge": layout.video_pixels[1]},
+                do_sample_frames=False,
+                **geometry,
+            ),
+            chat_template=tokenizer.chat_template,
+        )
+    if family == "mistral3":
+        from transformers import PixtralImageProcessor
+
+        return processor_cls(  # a picture resized to whole merged patches, its longest side at most crop_side
+            image_processor=PixtralImageProcessor(size={"longest_edge": layout.crop_side}),
+            tokenizer=tokenizer,
+            patch_size=layout.patch,
+            spatial_merge_size=MISTRAL3_MERGE,
+            chat_template=tokenizer.chat_template,
+        )
+    if family in LLAVA15_FAMILIES:
+        from transformers import CLIPImageProcessor, LlavaNextImageProcessor, LlavaNextVideoVideoProcessor
+
+        side = layout.crop_side
+        crops = {"size": {"shortest_edge": side}, "crop_size": {"height": side, "width": side}}
+        videos = (
+            {"video_processor": LlavaNextVideoVideoProcessor(**crops)} if family == "llava_next_video" else {}
+        )
+        return processor_cls(  # CLIP's CLS token goes ("default" strategy): one token per patch
+            image_processor=CLIPImageProcessor(**crops)
+            if family == "llava"
+            else LlavaNextImageProcessor(**crops, image_grid_pinpoints=layout.pinpoints()),
+            **videos,
+            tokenizer=tokenizer,
+            patch_size=layout.patch,
+            vision_feature_select_strategy="default",
+            num_additional_image_tokens=1,
+            chat_template=tokenizer.chat_template,
+        )
+    if family == "gemma3":
+        from transformers import Gemma3ImageProcessor
+
+        side = {"height": layout.crop_side, "width": layout.crop_side}
+        return processor_cls(
+            image_processor=Gemma3ImageProcessor(size=side),
+            tokenizer=tokenizer,
+            image_seq_length=pooled_tokens_per_crop(layout),
+            chat_template=tokenizer.chat_template,
+        )
+    if family == "internvl":
+        from transformers import GotOcr2ImageProcessor, InternVLVideoProcessor
+
+        side = {"height": layout.crop_side, "width": layout.crop_side}
+        return processor_cls(
+            image_processor=GotOcr2ImageProcessor(
+                size=side, crop_to_patches=True, max_patches=layout.max_tiles
+            ),
+            tokenizer=tokenizer,
+            video_processor=InternVLVideoProcessor(size=side, do_sample_frames=False),
+            image_seq_length=pooled_tokens_per_crop(layout),
+            chat_template=tokenizer.chat_template,
+        )
+    if family == "llava_onevision":
+        from transformers import LlavaOnevisionImageProcessor, LlavaOnevisionVideoProcessor
+
+        side = layout.crop_side
+        return processor_cls(
+            image_processor=LlavaOnevisionImageProcessor(
+                size={"height": side, "width": side}, image_grid_pinpoints=layout.pinpoints()
+            ),
+            tokenizer=tokenizer,
+            video_processor=LlavaOnevisionVideoProcessor(
+                size={"height": side, "width": side}, do_sample_frames=False
+            ),
+            num_image_tokens=(side // layout.patch) ** 2,
+            vision_feature_select_strategy="full",
+            chat_template=tokenizer.chat_template,
+            vision_aspect_ratio="anyres_max_9",
+        )
+    from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor, Qwen3VLVideoProcessor
+
+    geometry: dict[str, Any] = {"patch_size": layout.patch, "temporal_patch_size": 2, "merge_size": 2}
+    qwen3 = family in QWEN3_FAMILIES
+    normalisation = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]} if qwen3 else {}
+    video_cls = Qwen3VLVideoProcessor if qwen3 else Qwen2VLVideoProcessor
+    return processor_cls(
+        image_processor=Qwen2VLImageProcessor(
+            size=_pixel_range(layout.image_pixels), **geometry, **normalisation
+        ),
+        tokenizer=tokenizer,
+        video_processor=video_cls(
+            size=_pixel_range(layout.video_pixels),
+            **geometry,
+            min_frames=2,
+            max_frames=16,
+            do_sample_frames=False,
+            cap_pixels_per_frame=False,
+        ),
+        chat_template=tokenizer.chat_template,
+    )
+
+
+def _pixel_range(pixels: tuple[int, int]) -> dict[str, int]:
+    return {"shortest_edge": pixels[0], "longest_edge": pixels[1]}
