@@ -27,7 +27,7 @@ demo: $(STAMP)
 	$(VENV)/bin/vlmspec demo
 
 test: compile
-	$(VENV)/bin/python -m pytest -q -n $(or $(JOBS),2) --dist worksteal tests
+	$(VENV)/bin/python -m pytest -q -n $(or $(JOBS),2) tests
 
 # the suite plus the tests that train a testbed pair to its quality gates (a few minutes more)
 test-slow: export VLMSPEC_SLOW_TESTS = 1
