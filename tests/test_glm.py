@@ -6,6 +6,9 @@ frames, each with its time, in the pictures' placeholder token, told apart from 
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 from conftest import PROMPTS, check_a_padded_batch_splits_into_its_prompts
@@ -74,3 +77,28 @@ def test_a_padded_processor_batch_splits_into_each_prompt_s_pictures_and_video(g
                 assert torch.equal(row[key], alone[key]), (b, key)
 
     check_a_padded_batch_splits_into_its_prompts(glm, prompts, same_media)
+
+
+def test_a_glm_4_1v_model_drafts_for_a_glm_4_6v_target(glm, tiny_root, tmp_path):
+    """GLM-4.1V (``glm4v``) and GLM-4.6V (``glm46v``) differ in ``model_type`` only where vlmspec looks (the same
+    processor, placeholders and tower layout), so one drafts for the other (``vlmspec.loading.SERIES``): the tiny
+    draft written as a ``glm4v`` model drafts for the ``glm46v`` target, and the replies stay ``generate()``'s."""
+    pair = build_tiny_pair("glm46v", root=tiny_root)
+    draft = tmp_path / "glm4v-draft"
+    shutil.copytree(pair.draft, draft)
+    config = json.loads((draft / "config.json").read_text())
+    config.update(model_type="glm4v", architectures=["Glm4vForConditionalGeneration"])
+    (draft / "config.json").write_text(json.dumps(config))
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, draft, policy="sage", torch_dtype=torch.float32)
+    assert (type(pipe.target).__name__, type(pipe.draft).__name__) == (
+        "Glm46VForConditionalGeneration",
+        "Glm4vForConditionalGeneration",
+    )
+    accepted = 0
+    for image, video in ((make_image(0), None), (None, make_video_frames(1))):
+        inputs = pipe.prepare_inputs(image, PROMPTS[0], video=video)
+        expected = glm.reference_generate(inputs, max_new_tokens=24)
+        out = pipe(image, PROMPTS[0], video=video, max_new_tokens=24)
+        assert out.token_ids == expected
+        accepted += out.stats.accepted_tokens
+    assert accepted > 0

@@ -652,6 +652,7 @@ EXPECTED_PAIRS = {
     ("HuggingFaceTB/SmolVLM2-500M-Video-Instruct", "HuggingFaceTB/SmolVLM2-256M-Video-Instruct"),
     ("HuggingFaceTB/SmolVLM-500M-Instruct", "HuggingFaceTB/SmolVLM-256M-Instruct"),
     ("mistralai/Ministral-3-14B-Instruct-2512", "mistralai/Ministral-3-3B-Instruct-2512"),
+    ("zai-org/GLM-4.6V", "zai-org/GLM-4.6V-Flash"),
     ("testbed-mini", None),
     ("testbed-base@cpu", None),
 }
