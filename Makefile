@@ -26,10 +26,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/vlmspec demo
 
-# --dist loadscope: each test module on one worker, so a module's fixtures (pipelines, reference replies) are built
-# once, not once per worker (measured: 764 s against 808 s for the suite on this 2-core machine).
 test: compile
-	$(VENV)/bin/python -m pytest -q -n $(or $(JOBS),2) --dist loadscope tests
+	$(VENV)/bin/python -m pytest -q -n $(or $(JOBS),2) tests
 
 # the suite plus the tests that train a testbed pair to its quality gates (a few minutes more)
 test-slow: export VLMSPEC_SLOW_TESTS = 1
