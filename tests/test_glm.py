@@ -79,7 +79,7 @@ def test_a_padded_processor_batch_splits_into_each_prompt_s_pictures_and_video(g
     check_a_padded_batch_splits_into_its_prompts(glm, prompts, same_media)
 
 
-def test_a_glm_4_1v_model_drafts_for_a_glm_4_6v_target(glm, tiny_root, tmp_path):
+def test_a_glm_4_1v_model_drafts_for_a_glm_4_6v_target(tiny_root, tmp_path):
     """GLM-4.1V (``glm4v``) and GLM-4.6V (``glm46v``) differ in ``model_type`` only where vlmspec looks (the same
     processor, placeholders and tower layout), so one drafts for the other (``vlmspec.loading.SERIES``): the tiny
     draft written as a ``glm4v`` model drafts for the ``glm46v`` target, and the replies stay ``generate()``'s."""
@@ -97,7 +97,7 @@ def test_a_glm_4_1v_model_drafts_for_a_glm_4_6v_target(glm, tiny_root, tmp_path)
     accepted = 0
     for image, video in ((make_image(0), None), (None, make_video_frames(1))):
         inputs = pipe.prepare_inputs(image, PROMPTS[0], video=video)
-        expected = glm.reference_generate(inputs, max_new_tokens=24)
+        expected = pipe.reference_generate(inputs, max_new_tokens=24)
         out = pipe(image, PROMPTS[0], video=video, max_new_tokens=24)
         assert out.token_ids == expected
         accepted += out.stats.accepted_tokens
