@@ -653,6 +653,7 @@ EXPECTED_PAIRS = {
     ("HuggingFaceTB/SmolVLM-500M-Instruct", "HuggingFaceTB/SmolVLM-256M-Instruct"),
     ("mistralai/Ministral-3-14B-Instruct-2512", "mistralai/Ministral-3-3B-Instruct-2512"),
     ("zai-org/GLM-4.6V", "zai-org/GLM-4.6V-Flash"),
+    ("CohereLabs/aya-vision-32b", "CohereLabs/aya-vision-8b"),
     ("testbed-mini", None),
     ("testbed-base@cpu", None),
 }
@@ -738,6 +739,9 @@ FAMILY_BY_NAME = {  # checkpoint or pair name: the family vlmspec reads it as (N
     "zai-org/GLM-4.6V-Flash": "glm46v",
     "zai-org/GLM-4.5V": "glm4v_moe",
     "zai-org/GLM-4.1V-9B-Thinking": "glm4v",
+    "CohereLabs/aya-vision-8b": "aya_vision",
+    "tiny:aya_vision": "aya_vision",
+    "CohereLabs/aya-expanse-8b": None,
     "/some/folder": None,
 }
 

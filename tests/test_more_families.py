@@ -28,8 +28,9 @@ from vlmspec.testing import (
 
 FAMILIES = (*IMAGE_ONLY_FAMILIES, *OWN_TEST_FAMILIES)
 POLICIES = ("ar", "chain", "static", "sage", "eagle2")
-MAX_NEW = {"gemma3": 48}
-"""New tokens per reply: 48 where the replies must run past Gemma 3's 24-token window, else 32 (``DEFAULT_NEW``)."""
+MAX_NEW = {"gemma3": 48, "aya_vision": 48}
+"""New tokens per reply: 48 where the replies must run past the 24-token window of Gemma 3's local layers (Aya
+Vision's Cohere2 sliding-window layers), else 32 (``DEFAULT_NEW``)."""
 DEFAULT_NEW = 32
 PROMPTS_PER_KIND = {"gemma3": 2}
 """Prompts per input kind: two for Gemma 3 (its matrix before the others joined), else one (the main matrix,

@@ -44,6 +44,18 @@ GEMMA3_NAMED_TOKENS = {
 }
 """Gemma 3's named special tokens: a picture is written ``<start_of_image>`` in the text, which the processor
 expands to ``<start_of_image>`` + one ``<image_soft_token>`` per visual token + ``<end_of_image>``."""
+AYA_VISION_SPECIAL_TOKENS = (
+    "<image>",
+    "<|START_OF_IMG|>",
+    "<|END_OF_IMG|>",
+    "<|IMG_PATCH|>",
+    "<|IMG_LINE_BREAK|>",
+    "TILE",
+    "TILE_GLOBAL",
+)
+"""Aya Vision's special tokens: a picture is written ``<image>`` in the text, which the processor expands to
+``<|START_OF_IMG|>``, each tile's ``TILE_i`` + one ``<|IMG_PATCH|>`` per visual token, the whole picture's
+``TILE_GLOBAL`` + its tokens, and ``<|END_OF_IMG|>``."""
 SMOLVLM_NAMED_TOKENS = {
     "fake_image_token": "<fake_token_around_image>",
     "image_token": "<image>",
@@ -152,6 +164,11 @@ GEMMA3_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>model\\n' }}{% endif %}"
 )
 
+# Aya Vision's turn layout (the pictures, then the text) with the builders' chat tokens, not Cohere's turn tokens.
+AYA_VISION_CHAT_TEMPLATE = GEMMA3_CHAT_TEMPLATE.replace("<start_of_image>", "<image>").replace(
+    "model", "assistant"
+)
+
 MISTRAL3_SPECIAL_TOKENS = (
     "[INST]",
     "[/INST]",
@@ -217,6 +234,7 @@ _CHAT_TEMPLATES = {
     ),
     "mistral3": MISTRAL3_CHAT_TEMPLATE,
     "glm46v": GLM_V_CHAT_TEMPLATE,
+    "aya_vision": AYA_VISION_CHAT_TEMPLATE,
 }
 
 
@@ -239,6 +257,8 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return (*CHAT_TOKENS, *MISTRAL3_SPECIAL_TOKENS)
     if family == "glm46v":
         return (*CHAT_TOKENS, *GLM_V_SPECIAL_TOKENS)
+    if family == "aya_vision":
+        return (*CHAT_TOKENS, *AYA_VISION_SPECIAL_TOKENS)
     if family in TILE_FAMILIES:
         grid = range(1, SMOLVLM_GRID + 1)
         return (

@@ -94,6 +94,8 @@ def build_config(
         return config_cls(**_mistral3_config_kwargs(spec, text, tid, layout))
     if family == "glm46v":
         return config_cls(**_glm_v_config_kwargs(spec, text, tid, layout))
+    if family == "aya_vision":
+        return config_cls(**_aya_vision_config_kwargs(spec, text, tid, layout))
     if family in TILE_FAMILIES:
         return config_cls(
             text_config={**text, "model_type": "llama"},
@@ -311,6 +313,31 @@ def _gemma3_config_kwargs(
         "boi_token_index": tid(GEMMA3_NAMED_TOKENS["boi_token"]),
         "eoi_token_index": tid(GEMMA3_NAMED_TOKENS["eoi_token"]),
         "image_token_index": tid(GEMMA3_NAMED_TOKENS["image_token"]),
+        "tie_word_embeddings": False,
+    }
+
+
+def _aya_vision_config_kwargs(
+    spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
+) -> dict[str, Any]:
+    """``AyaVisionConfig``'s arguments: a Cohere2 language model (Command R7B's: three sliding-window layers per
+    global one, the window :attr:`ModelSpec.sliding_window` tokens) behind a SigLIP tower whose patch features are
+    pixel-shuffled (2 x 2 into one) and projected by a SwiGLU, as Aya Vision 8B's. The logits are not scaled down
+    (the real model's ``logit_scale`` 0.0625 would leave a random fixture's greedy choices near ties)."""
+    layer_types = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(spec.layers)]
+    return {
+        "text_config": {
+            **text,
+            "model_type": "cohere2",
+            "head_dim": spec.head_dim,
+            "sliding_window": spec.sliding_window,
+            "layer_types": layer_types,
+            "logit_scale": 1.0,
+        },
+        "vision_config": _siglip_config(spec, layout),
+        "downsample_factor": 2,
+        "vision_feature_select_strategy": "full",
+        "image_token_index": tid("<|IMG_PATCH|>"),
         "tie_word_embeddings": False,
     }
 

@@ -121,6 +121,20 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
             image_seq_length=pooled_tokens_per_crop(layout),
             chat_template=tokenizer.chat_template,
         )
+    if family == "aya_vision":  # tiles of crop_side pixels (plus the whole picture), patches merged 2 x 2
+        from transformers import GotOcr2ImageProcessor
+
+        side = {"height": layout.crop_side, "width": layout.crop_side}
+        return processor_cls(
+            image_processor=GotOcr2ImageProcessor(
+                size=side, crop_to_patches=True, max_patches=layout.max_tiles
+            ),
+            tokenizer=tokenizer,
+            patch_size=layout.patch,
+            img_size=layout.crop_side,
+            downsample_factor=2,
+            chat_template=tokenizer.chat_template,
+        )
     if family == "llava_onevision":
         from transformers import LlavaOnevisionImageProcessor, LlavaOnevisionVideoProcessor
 

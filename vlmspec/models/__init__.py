@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import InvalidInputError
+from .aya_vision import AyaVisionAdapter
 from .base import DecodeState, Prefill, PromptLayout, VLMAdapter
 from .edd import EDDAdapter, EDDDraft
 from .gemma3 import Gemma3Adapter
@@ -31,6 +32,7 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
         Idefics3Adapter,
         Mistral3Adapter,
         GlmVAdapter,
+        AyaVisionAdapter,
     )
     for model_type in cls.model_types
 }

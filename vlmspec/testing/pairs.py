@@ -104,6 +104,8 @@ _LAYOUTS = {
     "idefics3": VisionLayout(patch=7, crop_side=28),  # SmolVLM2's
     # patches of 7 merged 2x2 -> a token per 14 pixels; a picture's longest side at most 56: up to 4x4 tokens
     "mistral3": VisionLayout(patch=7, crop_side=56),
+    # tiles of 28: 4x4 patches of 7, shuffled 2x2 -> 4 tokens per tile; a picture up to 4 tiles (plus the whole)
+    "aya_vision": VisionLayout(patch=7, crop_side=28, max_tiles=4),
 }
 _SLIDING_WINDOW = 24
 """Gemma 3's local window in the fixtures: a prompt with a picture is ~30 tokens, so 48 new tokens run past it."""
@@ -137,6 +139,7 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("llava_next_video", 0): 10,
     ("mistral3", 0): 34,  # found by searching past _MAX_DRAWS, as llava's
     ("glm46v", 0): 93,  # the best of the first 120 (_FAMILY_MIN_MARGIN)
+    ("aya_vision", 0): 34,  # found by searching past _MAX_DRAWS, as llava's
 }
 
 _CORPUS = """

@@ -124,6 +124,7 @@ _FAMILY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("glm46v", re.compile(r"glm[-_]4\.6v", re.I)),
     ("glm4v_moe", re.compile(r"glm[-_]4\.5v", re.I)),
     ("glm4v", re.compile(r"glm[-_]4\.1v", re.I)),
+    ("aya_vision", re.compile(r"aya[-_]vision", re.I)),
 )
 
 
