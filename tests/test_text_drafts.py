@@ -26,7 +26,8 @@ TEXT_DRAFT_FAMILIES = (
     *FAMILIES,
     "gemma3",
     "llava_next_video",
-)  # LLaVA-NeXT-Video: a LLaMA draft, pictures and video
+    "aya_vision",
+)  # LLaVA-NeXT-Video: a LLaMA draft, pictures and video; Aya Vision: a Cohere2 draft with its sliding window
 MAX_NEW = 32
 MEDIA = {kind: (image, video) for kind, image, video in media_kinds()}
 

@@ -509,6 +509,7 @@ _LANGUAGE_MODEL_TYPES = {
     "qwen3": "qwen3",
     "gemma3_text": "gemma3_text",
     "llama": "llama",
+    "cohere2": "cohere2",
 }
 """The ``model_type`` of the language model a VLM's text config describes, as a model of its own."""
 
