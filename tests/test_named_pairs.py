@@ -94,3 +94,20 @@ def test_the_demo_and_the_bench_honour_the_default_pair_variable(monkeypatch, ca
     assert "VLMSPEC_DEFAULT_PAIR='bogus' is not a pair name" in capsys.readouterr().err
     assert cli_main(["demo", "--pair", "nope"]) == 1
     assert "vlmspec demo: error: --pair 'nope' is not a pair name" in capsys.readouterr().err
+
+
+def test_a_command_whose_policy_drafts_nothing_loads_no_draft(capsys):
+    """``vlmspec demo`` and ``vlmspec serve`` keep the policy they start with: under ``--policy ar`` the pair's draft
+    is never run, so it is not loaded; a policy that drafts loads it."""
+    from vlmspec.cli import build_parser, load_pipeline
+    from vlmspec.cli import main as cli_main
+
+    def loaded(policy: str):
+        return load_pipeline(
+            build_parser().parse_args(["demo", "--pair", "testbed-mini", "--policy", policy]), "x"
+        )
+
+    assert loaded("ar").draft is None
+    assert loaded("chain").draft is not None
+    assert cli_main(["demo", "--pair", "testbed-mini", "--policy", "ar", "--max-new-tokens", "8"]) == 0
+    assert "output vs generate(): identical" in capsys.readouterr().out

@@ -106,7 +106,7 @@ def load_pipeline(args: argparse.Namespace, command: str) -> Any:
 
     if args.target is None and args.draft is not None:
         raise InvalidInputError("--draft needs --target (or name neither for the default pair)")
-    _check_policy(args, command)
+    policy = _check_policy(args, command)
     if args.target is None and args.pair is not None and not is_pair_name(args.pair):
         raise InvalidInputError(
             f"--pair {args.pair!r} is not a pair name (e.g. testbed-base@cpu, testbed-mini)"
@@ -120,11 +120,13 @@ def load_pipeline(args: argparse.Namespace, command: str) -> Any:
     if getattr(args, "chat_template", None) is not None:  # the server fronts' --chat-template
         options["chat_template"] = args.chat_template
     saved = is_pipeline_folder(args.target)  # a saved pipeline brings its own settings
+    # the command keeps its policy, so a draft it never runs (--policy ar) is not loaded
+    draft = args.draft if saved else (pair.draft if policy.uses_draft else None)
     # the server fronts' flags, in place of a saved pipeline's (their form checked before any model loads)
     settings = getattr(args, "mm_processor_kwargs", None)
     check_settings_form(settings, "--mm-processor-kwargs")
     pipe = VLMSpecPipeline.from_pretrained(
-        args.target if saved else pair.target, args.draft if saved else pair.draft, policy=args.policy,
+        args.target if saved else pair.target, draft, policy=args.policy,
         torch_dtype=args.dtype, calibration=pair.calibration, reasoning_parser=getattr(args, "reasoning_parser", None),
         **options,
     )  # fmt: skip
@@ -172,8 +174,8 @@ def _check_files(args: argparse.Namespace) -> None:
         raise InvalidInputError(f"--max-new-tokens {args.max_new_tokens} is invalid: use an integer >= 1")
 
 
-def _check_policy(args: argparse.Namespace, command: str) -> None:
-    """The policy and its options are valid (before any model loads)."""
+def _check_policy(args: argparse.Namespace, command: str) -> Any:
+    """The policy the flags name, its options checked (before any model loads)."""
     from .named_pairs import is_pipeline_folder
     from .policies import check_greedy, get_policy
     from .saving import read_settings, saved_policy
@@ -195,6 +197,7 @@ def _check_policy(args: argparse.Namespace, command: str) -> None:
         policy = get_policy(args.policy or "sage", **options)
     instead = "use a lossless policy such as --policy sage, or the pipeline with do_sample=True from Python"
     check_greedy(policy, f"{command} decodes greedily", instead)
+    return policy
 
 
 def _compare_with_generate(
