@@ -1,7 +1,8 @@
-"""Qwen3-VL mixture-of-experts targets (Qwen3-VL-30B-A3B's and -235B-A22B's architecture): the tiny
+"""Mixture-of-experts targets. Qwen3-VL's (Qwen3-VL-30B-A3B's and -235B-A22B's architecture): the tiny
 ``qwen3_vl_moe`` pair (every layer routes each token to 2 of 4 experts; the draft a truncated copy of the target, so
 itself sparse) is lossless like the dense families, alone and in batches, and the dense Qwen3-VL draft drafts for
-the sparse target (same tokenizer, vision tower and processor), as Qwen3-VL-2B drafts for Qwen3-VL-30B-A3B.
+the sparse target (same tokenizer, vision tower and processor), as Qwen3-VL-2B drafts for Qwen3-VL-30B-A3B. InternVL3.5's (``tiny:internvl_moe``): the same with its own sparse
+draft and the dense InternVL draft.
 
 A tree verification routes every node's token on its own, as sequential decoding routes it, so the tree's output is
 the target's own; the fixture's router is drawn so that each token's top experts win by clear margins (a router on
@@ -45,7 +46,7 @@ def moe(moe_pair):
 
 def test_the_tiny_pair_is_sparse(moe):
     pipe, _ = moe
-    assert MOE_FAMILIES == ("qwen3_vl_moe",)
+    assert MOE_FAMILIES == ("qwen3_vl_moe", "internvl_moe")
     for model in (pipe.target, pipe.draft):
         text = model.config.get_text_config()
         assert (text.num_experts, text.num_experts_per_tok, text.mlp_only_layers) == (4, 2, [])
@@ -150,3 +151,27 @@ def test_an_edd_draft_copies_a_dense_or_a_sparse_layer_as_it_finds_it(moe, dense
     assert spec(image, prompt, video=video, max_new_tokens=24).token_ids == spec.reference_generate(
         inputs, 24
     )
+
+
+def test_internvl3_5_s_sparse_target_takes_its_sparse_and_its_dense_drafts(tiny_root, tiny_pairs):
+    """InternVL3.5-30B-A3B's architecture (model type ``internvl``, a sparse Qwen3 language model behind InternVL's
+    tiles): lossless with its own sparse draft, whose proposals are accepted, and with the dense ``tiny:internvl``
+    draft (same tokenizer, tower and processor), as InternVL3.5-2B drafts for the 30B-A3B."""
+    sparse = build_tiny_pair("internvl_moe", root=tiny_root)
+    pipe = VLMSpecPipeline.from_pretrained(
+        sparse.target, sparse.draft, policy="ar", torch_dtype=torch.float32
+    )
+    assert type(pipe.target.model.language_model).__name__ == "Qwen3MoeModel"
+    calls = []
+    for kind, image, video in input_kinds():
+        call = {"image": image, "prompt": PROMPTS[0], "video": video, "max_new_tokens": MAX_NEW}
+        expected = pipe.reference_generate(pipe.prepare_inputs(image, PROMPTS[0], video), MAX_NEW)
+        calls.append((f"internvl_moe/{kind}", call, expected))
+    for policy in ("chain", "sage"):
+        check_replies_equal_generate(pipe, policy, calls)
+    dense = VLMSpecPipeline.from_pretrained(
+        sparse.target, tiny_pairs["internvl"].draft, policy="sage", torch_dtype=torch.float32
+    )
+    assert type(dense.draft.model.language_model).__name__ == "Qwen2Model"
+    for label, call, expected in calls:
+        assert dense(**call).token_ids == expected, f"dense draft/{label}"

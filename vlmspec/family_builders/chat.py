@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
-from .specs import TILE_FAMILIES
+from .specs import INTERNVL_FAMILIES, TILE_FAMILIES
 
 CHAT_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 """The special tokens every family's fixture tokenizer starts with (its end of text, turns and replies)."""
@@ -225,6 +225,7 @@ _CHAT_TEMPLATES = {
     "qwen3_vl_moe": QWEN3_CHAT_TEMPLATE,
     "llava_onevision": LLAVA_CHAT_TEMPLATE,
     "internvl": INTERNVL_CHAT_TEMPLATE,
+    "internvl_moe": INTERNVL_CHAT_TEMPLATE,
     "gemma3": GEMMA3_CHAT_TEMPLATE,
     "llava": LLAVA15_CHAT_TEMPLATE,
     "llava_next": LLAVA15_CHAT_TEMPLATE,  # LLaVA-NeXT-Vicuna's is LLaVA-1.5's
@@ -245,7 +246,7 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
     """The family's special tokens in vocabulary order (Qwen: with the grounding tokens or without)."""
     if family == "llava_onevision":
         return LLAVA_SPECIAL_TOKENS
-    if family == "internvl":
+    if family in INTERNVL_FAMILIES:
         return (*CHAT_TOKENS, *INTERNVL_NAMED_TOKENS.values())
     if family == "gemma3":
         return (*CHAT_TOKENS, *GEMMA3_NAMED_TOKENS.values())
@@ -369,6 +370,7 @@ def build_tokenizer(
         model_max_length=model_max_length,
         named={
             "internvl": INTERNVL_NAMED_TOKENS,
+            "internvl_moe": INTERNVL_NAMED_TOKENS,
             "gemma3": GEMMA3_NAMED_TOKENS,
             "smolvlm": SMOLVLM_NAMED_TOKENS,
             "idefics3": SMOLVLM_NAMED_TOKENS,

@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 from .chat import GEMMA3_NAMED_TOKENS, INTERNVL_NAMED_TOKENS, SMOLVLM_NAMED_TOKENS, special_token_ids
 from .specs import (
+    INTERNVL_FAMILIES,
     LLAVA15_FAMILIES,
     MISTRAL3_MERGE,
     MOE_EXPERTS,
@@ -84,8 +85,8 @@ def build_config(
     config_cls = transformers_class(family, 0)
     if family == "llava_onevision":
         return config_cls(**_llava_config_kwargs(spec, text, tid, layout))
-    if family == "internvl":
-        return config_cls(**_internvl_config_kwargs(spec, text, tid, layout))
+    if family in INTERNVL_FAMILIES:
+        return config_cls(**_internvl_config_kwargs(spec, text, tid, layout, sparse=family in MOE_FAMILIES))
     if family == "gemma3":
         return config_cls(**_gemma3_config_kwargs(spec, text, tid, layout))
     if family in LLAVA15_FAMILIES:
@@ -264,14 +265,22 @@ def _vision_tower(spec: ModelSpec, layout: VisionLayout, **extra: Any) -> dict[s
 
 
 def _internvl_config_kwargs(
-    spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
+    spec: ModelSpec,
+    text: dict[str, Any],
+    tid: Callable[[str], int],
+    layout: VisionLayout,
+    sparse: bool = False,
 ) -> dict[str, Any]:
     """``InternVLConfig``'s arguments: a Qwen2 language model behind an InternViT tower, whose patch features are
-    pixel-shuffled (2 x 2 into one) and projected (InternVL3's; InternVL3.5's language model is Qwen3)."""
+    pixel-shuffled (2 x 2 into one) and projected (InternVL3's; InternVL3.5's language model is Qwen3); ``sparse``:
+    a Qwen3 mixture-of-experts language model (InternVL3.5-30B-A3B's)."""
+    sparse_text = (
+        {"model_type": "qwen3_moe", "head_dim": spec.head_dim} if sparse else {"model_type": "qwen2"}
+    )
     return {
         "text_config": {
             **text,
-            "model_type": "qwen2",
+            **sparse_text,
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
         },
         "vision_config": {

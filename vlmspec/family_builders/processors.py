@@ -10,6 +10,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 from .chat import SMOLVLM_GRID
 from .specs import (
+    INTERNVL_FAMILIES,
     LLAVA15_FAMILIES,
     MISTRAL3_MERGE,
     QWEN3_FAMILIES,
@@ -108,7 +109,7 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
             image_seq_length=pooled_tokens_per_crop(layout),
             chat_template=tokenizer.chat_template,
         )
-    if family == "internvl":
+    if family in INTERNVL_FAMILIES:
         from transformers import GotOcr2ImageProcessor, InternVLVideoProcessor
 
         side = {"height": layout.crop_side, "width": layout.crop_side}

@@ -18,10 +18,13 @@ OWN_TEST_FAMILIES: tuple[str, ...] = ("smolvlm", "llava_next_video", "glm46v")
 """Families with pictures and videos these builders know that are tested on their own (SmolVLM2: pictures cut into
 tiles, a video's frames written as pictures with their times; LLaVA-NeXT-Video: LLaVA-NeXT's pictures, a video's
 frames pooled; GLM-4.6V: Qwen2-VL's design, a video's frames written with the pictures' placeholder)."""
-MOE_FAMILIES: tuple[str, ...] = ("qwen3_vl_moe",)
+MOE_FAMILIES: tuple[str, ...] = ("qwen3_vl_moe", "internvl_moe")
 """Mixture-of-experts families these builders know too: Qwen3-VL-30B-A3B's and -235B-A22B's architecture, the
-Qwen3-VL vision tower and processor with a sparse language model (every layer routes each token to
-:data:`MOE_EXPERTS_PER_TOKEN` of :data:`MOE_EXPERTS` experts)."""
+Qwen3-VL vision tower and processor with a sparse language model, and InternVL3.5-30B-A3B's and -241B-A28B's (model
+type ``internvl``), InternVL's tower and processor with a sparse Qwen3 language model (every layer routes each token
+to :data:`MOE_EXPERTS_PER_TOKEN` of :data:`MOE_EXPERTS` experts)."""
+INTERNVL_FAMILIES: tuple[str, ...] = ("internvl", "internvl_moe")
+"""The families with InternVL's tiles, tower and processor (dense and sparse language models)."""
 QWEN3_FAMILIES: tuple[str, ...] = ("qwen3_vl", "qwen3_vl_moe")
 """The families with Qwen3-VL's vision tower, processor and interleaved M-RoPE."""
 MOE_EXPERTS, MOE_EXPERTS_PER_TOKEN = 4, 2
@@ -33,6 +36,7 @@ _CLASS_PREFIXES = {  # family: the name of its transformers classes, <prefix>Con
     "qwen3_vl_moe": "Qwen3VLMoe",
     "llava_onevision": "LlavaOnevision",
     "internvl": "InternVL",
+    "internvl_moe": "InternVL",
     "gemma3": "Gemma3",
     "llava": "Llava",
     "llava_next": "LlavaNext",

@@ -91,6 +91,7 @@ _LAYOUTS = {
     "llava_onevision": VisionLayout(patch=14, crop_side=28, anyres_tiles=(1, 2)),
     # tiles of 28: 4x4 patches of 7 -> 4 tokens per tile; a picture is cut into up to 4 tiles (plus a thumbnail)
     "internvl": VisionLayout(patch=7, crop_side=28, max_tiles=4),
+    "internvl_moe": VisionLayout(patch=7, crop_side=28, max_tiles=4),  # InternVL's, a sparse language model
     # SigLIP input side 28: 4x4 patches of 7, average-pooled 2x2 -> 4 tokens per picture
     "gemma3": VisionLayout(patch=7, crop_side=28),
     # CLIP input side 28: 2x2 patches of 14 -> 4 tokens per picture (the CLS token dropped, as LLaVA-1.5 does)
@@ -139,6 +140,7 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("llava_next_video", 0): 10,
     ("mistral3", 0): 34,  # found by searching past _MAX_DRAWS, as llava's
     ("glm46v", 0): 93,  # the best of the first 120 (_FAMILY_MIN_MARGIN)
+    ("internvl_moe", 0): 19,
     ("aya_vision", 0): 34,  # found by searching past _MAX_DRAWS, as llava's
 }
 
