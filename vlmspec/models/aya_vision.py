@@ -7,7 +7,7 @@ there are several) and writes it as ``<|START_OF_IMG|>``, each tile's ``TILE_i``
 token, ``TILE_GLOBAL`` + the thumbnail's, ``<|END_OF_IMG|>``; the model reads every tile as a row of
 ``pixel_values`` ``[tiles, C, H, W]``. A prompt's media items are its tiles (:class:`~.blocks.PlaceholderBlocks`),
 as InternVL's. Positions are the original 1-D prompt indices; the sliding-window layers see the tree through
-:func:`~.gemma3.window_masks`, as Gemma 3's local layers do.
+:func:`~.gemma3.layer_masks`, as Gemma 3's local layers do.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .blocks import PlaceholderBlocks
-from .gemma3 import window_masks
+from .gemma3 import layer_masks
 
 
 class AyaVisionAdapter(PlaceholderBlocks):
@@ -48,7 +48,4 @@ class AyaVisionAdapter(PlaceholderBlocks):
     ) -> torch.Tensor:
         """The tree mask for the global layers; for the sliding-window ones (Cohere2's), the same with the keys
         outside the window hidden."""
-        text = self.config.get_text_config()
-        if "sliding_attention" in (getattr(text, "layer_types", None) or ()):
-            bias = window_masks(bias, position_ids, text.sliding_window)
-        return super()._logits(cache, rows, position_ids, bias)
+        return super()._logits(cache, rows, position_ids, layer_masks(bias, position_ids, self.config))

@@ -115,8 +115,18 @@ class Gemma3Adapter(PlaceholderBlocks):
     ) -> torch.Tensor:
         """The tree mask for the global layers; for the local ones, the same with the keys outside the window
         hidden (see the module docstring)."""
-        window = self.config.get_text_config().sliding_window
-        return super()._logits(cache, rows, position_ids, window_masks(bias, position_ids, window))
+        return super()._logits(cache, rows, position_ids, layer_masks(bias, position_ids, self.config))
+
+
+def layer_masks(
+    bias: torch.Tensor, position_ids: torch.Tensor, config: Any
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The tree mask ``bias`` for a model of ``config``: per layer type (:func:`window_masks`) where its language
+    model has sliding-window layers (Gemma 3's local ones, Cohere2's), else ``bias`` itself."""
+    text = config.get_text_config()
+    if "sliding_attention" not in (getattr(text, "layer_types", None) or ()):
+        return bias
+    return window_masks(bias, position_ids, text.sliding_window)
 
 
 def window_masks(bias: torch.Tensor, position_ids: torch.Tensor, window: int) -> dict[str, torch.Tensor]:

@@ -30,7 +30,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from .base import VLMAdapter
-from .gemma3 import window_masks
+from .gemma3 import layer_masks
 
 TEXT_DRAFT_TYPES: tuple[str, ...] = ("qwen2", "qwen3", "gemma3_text", "llama", "cohere2", "cohere")
 """``model_type`` of the language models that draft for a VLM: the language models of the families vlmspec takes
@@ -99,7 +99,4 @@ class TextDraftAdapter(VLMAdapter):
     def _logits(
         self, cache: Cache, rows: torch.Tensor, position_ids: torch.Tensor, bias: torch.Tensor
     ) -> torch.Tensor:
-        window = getattr(self.config, "sliding_window", None)
-        if window is not None and "sliding_attention" in (getattr(self.config, "layer_types", None) or ()):
-            bias = window_masks(bias, position_ids, window)
-        return super()._logits(cache, rows, position_ids, bias)
+        return super()._logits(cache, rows, position_ids, layer_masks(bias, position_ids, self.config))
