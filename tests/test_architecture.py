@@ -95,14 +95,18 @@ def test_a_wheel_installed_without_the_checkout_captions(tmp_path):
 
     write_video(videos / "a.mp4", testbed.sample("video_caption", 1).video)
     env = {**os.environ, "PYTHONPATH": str(site)}
-    command = "import sys; from vlmspec.cli import main; sys.exit(main())"
+    # the caption command, then where the modules it ran came from (one interpreter start, ~10 s of imports)
+    command = (
+        "import sys; from vlmspec.cli import main; code = main(); "
+        "import vlmspec, vlmspec_caption, vlmspec_batch; "
+        "print(vlmspec.__file__, vlmspec_caption.__file__, vlmspec_batch.__file__); sys.exit(code)"
+    )
     argv = ["caption", str(videos), "--out", "x.jsonl", "--target", "testbed-mini", "--max-new-tokens", "8",
             "--num-frames", "4", "--threads", "1", "--no-progress"]  # fmt: skip
     run = subprocess.run(
         [sys.executable, "-c", command, *argv], cwd=work, env=env, capture_output=True, text=True, timeout=600
     )
     assert run.returncode == 0, run.stderr
-    probe = "import vlmspec, vlmspec_caption, vlmspec_batch; print(vlmspec.__file__, vlmspec_caption.__file__, vlmspec_batch.__file__)"
-    where = subprocess.run([sys.executable, "-c", probe], cwd=work, env=env, capture_output=True, text=True)
-    assert all(path.startswith(str(site)) for path in where.stdout.split())  # the wheel's, not the checkout's
+    where = run.stdout.splitlines()[-1].split()
+    assert len(where) == 3 and all(path.startswith(str(site)) for path in where), run.stdout  # the wheel's
     assert '"caption": ' in (work / "x.jsonl").read_text()

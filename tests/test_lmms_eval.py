@@ -655,6 +655,7 @@ EXPECTED_PAIRS = {
     ("mistralai/Ministral-3-14B-Instruct-2512", "mistralai/Ministral-3-3B-Instruct-2512"),
     ("zai-org/GLM-4.6V", "zai-org/GLM-4.6V-Flash"),
     ("CohereLabs/aya-vision-32b", "CohereLabs/aya-vision-8b"),
+    ("thisisiron/Ovis2-8B-hf", "thisisiron/Ovis2-1B-hf"),
     ("testbed-mini", None),
     ("testbed-base@cpu", None),
 }
@@ -744,6 +745,9 @@ FAMILY_BY_NAME = {  # checkpoint or pair name: the family vlmspec reads it as (N
     "CohereLabs/aya-vision-8b": "aya_vision",
     "tiny:aya_vision": "aya_vision",
     "CohereLabs/aya-expanse-8b": None,
+    "thisisiron/Ovis2-1B-hf": "ovis2",
+    "tiny:ovis2": "ovis2",
+    "ovis-community/Ovis2.5-2B": None,
     "/some/folder": None,
 }
 

@@ -27,7 +27,9 @@ TEXT_DRAFT_FAMILIES = (
     "gemma3",
     "llava_next_video",
     "aya_vision",
-)  # LLaVA-NeXT-Video: a LLaMA draft, pictures and video; Aya Vision: a Cohere2 draft with its sliding window
+    "ovis2",
+)  # LLaVA-NeXT-Video: a LLaMA draft, pictures and video; Aya Vision: a Cohere2 draft with its sliding window; Ovis2: a
+# Qwen2 draft with the picture's indicator tokens (text to it)
 MAX_NEW = 32
 MEDIA = {kind: (image, video) for kind, image, video in media_kinds()}
 

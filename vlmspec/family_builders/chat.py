@@ -56,6 +56,12 @@ AYA_VISION_SPECIAL_TOKENS = (
 """Aya Vision's special tokens: a picture is written ``<image>`` in the text, which the processor expands to
 ``<|START_OF_IMG|>``, each tile's ``TILE_i`` + one ``<|IMG_PATCH|>`` per visual token, the whole picture's
 ``TILE_GLOBAL`` + its tokens, and ``<|END_OF_IMG|>``."""
+OVIS2_INDICATOR_TOKENS = ("<IMG_START>", "<IMG_GRID>", "<IMG_COL>", "<IMG_ROW>", "<IMG_END>")
+"""Ovis2's visual indicator tokens, in the order of the model's ``visual_indicator_token_ids``: the processor writes a
+picture as ``<IMG_START>``, the whole picture's ``<IMG_ATOM>`` tokens, ``<IMG_GRID>``, then (when it is cut into
+several tiles) each tile's, ``<IMG_COL>`` between the tiles of a row and ``<IMG_ROW>`` between rows, and
+``<IMG_END>``; the model embeds each indicator with its own row of the visual embedding table."""
+OVIS2_SPECIAL_TOKENS = ("<image>", "<IMG_ATOM>", *OVIS2_INDICATOR_TOKENS)
 SMOLVLM_NAMED_TOKENS = {
     "fake_image_token": "<fake_token_around_image>",
     "image_token": "<image>",
@@ -218,6 +224,9 @@ GLM_V_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+# Ovis2's turn layout is Aya Vision's (a ChatML turn, its pictures first), in Qwen2.5's ChatML, its language model's
+OVIS2_CHAT_TEMPLATE = AYA_VISION_CHAT_TEMPLATE
+
 _CHAT_TEMPLATES = {
     "qwen2_vl": QWEN_CHAT_TEMPLATE,
     "qwen2_5_vl": QWEN_CHAT_TEMPLATE,
@@ -236,6 +245,7 @@ _CHAT_TEMPLATES = {
     "mistral3": MISTRAL3_CHAT_TEMPLATE,
     "glm46v": GLM_V_CHAT_TEMPLATE,
     "aya_vision": AYA_VISION_CHAT_TEMPLATE,
+    "ovis2": OVIS2_CHAT_TEMPLATE,
 }
 
 
@@ -260,6 +270,8 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return (*CHAT_TOKENS, *GLM_V_SPECIAL_TOKENS)
     if family == "aya_vision":
         return (*CHAT_TOKENS, *AYA_VISION_SPECIAL_TOKENS)
+    if family == "ovis2":
+        return (*CHAT_TOKENS, *OVIS2_SPECIAL_TOKENS)
     if family in TILE_FAMILIES:
         grid = range(1, SMOLVLM_GRID + 1)
         return (

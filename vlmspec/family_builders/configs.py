@@ -10,7 +10,13 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from transformers import GenerationConfig
     from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
-from .chat import GEMMA3_NAMED_TOKENS, INTERNVL_NAMED_TOKENS, SMOLVLM_NAMED_TOKENS, special_token_ids
+from .chat import (
+    GEMMA3_NAMED_TOKENS,
+    INTERNVL_NAMED_TOKENS,
+    OVIS2_INDICATOR_TOKENS,
+    SMOLVLM_NAMED_TOKENS,
+    special_token_ids,
+)
 from .specs import (
     INTERNVL_FAMILIES,
     LLAVA15_FAMILIES,
@@ -33,6 +39,8 @@ _MROPE_SECTIONS = {
 }  # rotary half-dim split, Qwen2-VL's proportions
 _QWEN3_MROPE_SECTIONS = {16: [4, 2, 2], 32: [6, 5, 5]}  # interleaved; 32: the real [24, 20, 20] / 4
 _VISION_INIT_STD = 0.02
+OVIS2_VISUAL_VOCAB = 64
+"""Rows of the fixtures' Ovis2 visual embedding table (the real models': 65,536)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,6 +105,8 @@ def build_config(
         return config_cls(**_glm_v_config_kwargs(spec, text, tid, layout))
     if family == "aya_vision":
         return config_cls(**_aya_vision_config_kwargs(spec, text, tid, layout))
+    if family == "ovis2":
+        return config_cls(**_ovis2_config_kwargs(spec, text, tid, layout))
     if family in TILE_FAMILIES:
         return config_cls(
             text_config={**text, "model_type": "llama"},
@@ -347,6 +357,33 @@ def _aya_vision_config_kwargs(
         "downsample_factor": 2,
         "vision_feature_select_strategy": "full",
         "image_token_index": tid("<|IMG_PATCH|>"),
+        "tie_word_embeddings": False,
+    }
+
+
+def _ovis2_config_kwargs(
+    spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
+) -> dict[str, Any]:
+    """``Ovis2Config``'s arguments: a Qwen2 language model (Qwen2.5's, as every Ovis2 size's) behind Ovis2's tower,
+    whose patch features are strided 2 x 2 into one and read as a distribution over a visual vocabulary, each token
+    the expected row of the visual embedding table (:data:`OVIS2_VISUAL_VOCAB` rows, the last five the indicators')."""
+    return {
+        "text_config": {**text, "model_type": "qwen2"},
+        "vision_config": {
+            "hidden_size": spec.vision_hidden,
+            "intermediate_size": 2 * spec.vision_hidden,
+            "num_hidden_layers": spec.vision_layers,
+            "num_attention_heads": spec.vision_heads,
+            "image_size": layout.crop_side,
+            "patch_size": layout.patch,
+            "hidden_stride": 2,
+            "vocab_size": OVIS2_VISUAL_VOCAB,
+            "initializer_range": _VISION_INIT_STD,
+        },
+        "image_token_id": tid("<IMG_ATOM>"),
+        "visual_indicator_token_ids": [tid(token) for token in OVIS2_INDICATOR_TOKENS],
+        "vocab_size": text["vocab_size"],
+        "hidden_size": spec.hidden,
         "tie_word_embeddings": False,
     }
 

@@ -136,6 +136,18 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
             downsample_factor=2,
             chat_template=tokenizer.chat_template,
         )
+    if family == "ovis2":  # the whole picture, then (when it is cut into several) tiles of crop_side pixels
+        from transformers import Ovis2ImageProcessor
+
+        side = {"height": layout.crop_side, "width": layout.crop_side}
+        return processor_cls(
+            image_processor=Ovis2ImageProcessor(
+                size=side, crop_to_patches=True, max_patches=layout.max_tiles
+            ),
+            tokenizer=tokenizer,
+            image_seq_length=(layout.crop_side // (layout.patch * 2)) ** 2,  # patches strided 2 x 2
+            chat_template=tokenizer.chat_template,
+        )
     if family == "llava_onevision":
         from transformers import LlavaOnevisionImageProcessor, LlavaOnevisionVideoProcessor
 

@@ -14,6 +14,7 @@ from .glm import GlmVAdapter
 from .internvl import InternVLAdapter
 from .llava import LlavaAdapter, LlavaNextAdapter, LlavaNextVideoAdapter, LlavaOnevisionAdapter
 from .mistral3 import Mistral3Adapter
+from .ovis2 import Ovis2Adapter
 from .qwen import QwenVLAdapter
 from .smolvlm import Idefics3Adapter, SmolVLMAdapter
 from .text import TEXT_DRAFT_TYPES, TextDraftAdapter
@@ -33,6 +34,7 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
         Mistral3Adapter,
         GlmVAdapter,
         AyaVisionAdapter,
+        Ovis2Adapter,
     )
     for model_type in cls.model_types
 }

@@ -34,7 +34,7 @@ from .gemma3 import layer_masks
 
 TEXT_DRAFT_TYPES: tuple[str, ...] = ("qwen2", "qwen3", "gemma3_text", "llama", "cohere2", "cohere")
 """``model_type`` of the language models that draft for a VLM: the language models of the families vlmspec takes
-(Qwen2 under Qwen2-VL, Qwen2.5-VL, LLaVA-OneVision and InternVL3; Qwen3 under Qwen3-VL and InternVL3.5; Gemma 3's
+(Qwen2 under Qwen2-VL, Qwen2.5-VL, LLaVA-OneVision, InternVL3 and Ovis2; Qwen3 under Qwen3-VL and InternVL3.5; Gemma 3's
 text models under Gemma 3; LLaMA under LLaVA-1.5 and LLaVA-NeXT-Video, e.g. a Vicuna-tokenizer LLaMA of 68M-160M
 parameters, the draft of Gagrani et al., "On Speculative Decoding for Multimodal Large Language Models", 2024; SmolLM2
 under SmolVLM; Cohere2 and Cohere under Aya Vision, e.g. Command R7B or Aya Expanse 8B for aya-vision-32b). A draft must also share the target's tokenizer (:func:`vlmspec.loading.check_compatible`)."""

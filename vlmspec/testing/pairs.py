@@ -107,6 +107,8 @@ _LAYOUTS = {
     "mistral3": VisionLayout(patch=7, crop_side=56),
     # tiles of 28: 4x4 patches of 7, shuffled 2x2 -> 4 tokens per tile; a picture up to 4 tiles (plus the whole)
     "aya_vision": VisionLayout(patch=7, crop_side=28, max_tiles=4),
+    # tiles of 28: 4x4 patches of 7, strided 2x2 -> 4 tokens per tile; the whole picture, then up to 4 tiles
+    "ovis2": VisionLayout(patch=7, crop_side=28, max_tiles=4),
 }
 _SLIDING_WINDOW = 24
 """Gemma 3's local window in the fixtures: a prompt with a picture is ~30 tokens, so 48 new tokens run past it."""
@@ -142,6 +144,7 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("glm46v", 0): 93,  # the best of the first 120 (_FAMILY_MIN_MARGIN)
     ("internvl_moe", 0): 19,
     ("aya_vision", 0): 34,  # found by searching past _MAX_DRAWS, as llava's
+    ("ovis2", 0): 28,
 }
 
 _CORPUS = """

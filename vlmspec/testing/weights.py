@@ -23,6 +23,9 @@ _OV_GAIN = 0.8
 _MLP_STD = 0.02
 _DRAFT_HEAD_NOISE = 1.2  # draft greedy agreement with the target ~0.75 (plain copy: ~0.97)
 _VISION_OUT_RMS = 1.0
+_OVIS2_VISUAL_SHARPNESS = 4.0
+"""Ovis2: the gain on the tower's normalised visual-vocabulary logits (a random tower's unit-variance logits spread a
+token over most of the vocabulary, so its expected row would be about the same for every patch)."""
 _GEMMA_MLP_GAIN = (
     0.05  # Gemma normalises the MLP's output: this keeps it the smooth noise the others' small MLPs add
 )
@@ -136,6 +139,8 @@ def _vision_output_linears(model: PreTrainedModel, family: str) -> list[torch.nn
         return [inner.visual.merger.down_proj]
     if family in ("smolvlm", "idefics3"):
         return [inner.connector.modality_projection.proj]
+    if family == "ovis2":  # a visual token is the expected row of this table (an indicator token, one row)
+        return [inner.visual_embeddings_table]
     if family in family_builders.QWEN3_FAMILIES:
         return [inner.visual.merger.linear_fc2] + [m.linear_fc2 for m in inner.visual.deepstack_merger_list]
     if (
@@ -165,6 +170,9 @@ def calibrate_vision(model: PreTrainedModel, family: str, processor: ProcessorMi
         with torch.no_grad():
             projection = model.model.multi_modal_projector.mm_input_projection_weight
             projection.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(0))
+    if family == "ovis2":  # sharper visual-vocabulary distributions: averaged rows would make tokens alike
+        with torch.no_grad():
+            model.model.vision_tower.head_norm.weight.mul_(_OVIS2_VISUAL_SHARPNESS)
     for linear in _vision_output_linears(model, family):
         captured: list[torch.Tensor] = []
         handle = linear.register_forward_hook(lambda _m, _i, out, acc=captured: acc.append(out.detach()))
