@@ -656,6 +656,7 @@ EXPECTED_PAIRS = {
     ("zai-org/GLM-4.6V", "zai-org/GLM-4.6V-Flash"),
     ("CohereLabs/aya-vision-32b", "CohereLabs/aya-vision-8b"),
     ("thisisiron/Ovis2-8B-hf", "thisisiron/Ovis2-1B-hf"),
+    ("deepseek-community/Janus-Pro-7B", "deepseek-community/Janus-Pro-1B"),
     ("testbed-mini", None),
     ("testbed-base@cpu", None),
 }
@@ -748,6 +749,8 @@ FAMILY_BY_NAME = {  # checkpoint or pair name: the family vlmspec reads it as (N
     "thisisiron/Ovis2-1B-hf": "ovis2",
     "tiny:ovis2": "ovis2",
     "ovis-community/Ovis2.5-2B": None,
+    "deepseek-community/Janus-Pro-1B": "janus",
+    "tiny:janus": "janus",
     "/some/folder": None,
 }
 

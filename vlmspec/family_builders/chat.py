@@ -44,6 +44,13 @@ GEMMA3_NAMED_TOKENS = {
 }
 """Gemma 3's named special tokens: a picture is written ``<start_of_image>`` in the text, which the processor
 expands to ``<start_of_image>`` + one ``<image_soft_token>`` per visual token + ``<end_of_image>``."""
+JANUS_NAMED_TOKENS = {
+    "image_token": "<image_placeholder>",
+    "boi_token": "<begin_of_image>",
+    "eoi_token": "<end_of_image>",
+}
+"""Janus's named special tokens: a picture is written ``<image_placeholder>`` in the text, which the processor expands
+to ``<begin_of_image>`` + one ``<image_placeholder>`` per visual token + ``<end_of_image>``."""
 AYA_VISION_SPECIAL_TOKENS = (
     "<image>",
     "<|START_OF_IMG|>",
@@ -226,6 +233,8 @@ GLM_V_CHAT_TEMPLATE = (
 
 # Ovis2's turn layout is Aya Vision's (a ChatML turn, its pictures first), in Qwen2.5's ChatML, its language model's
 OVIS2_CHAT_TEMPLATE = AYA_VISION_CHAT_TEMPLATE
+# Janus's: the same layout, a picture written as its placeholder (the processor frames and repeats it)
+JANUS_CHAT_TEMPLATE = AYA_VISION_CHAT_TEMPLATE.replace("<image>", JANUS_NAMED_TOKENS["image_token"])
 
 _CHAT_TEMPLATES = {
     "qwen2_vl": QWEN_CHAT_TEMPLATE,
@@ -246,6 +255,7 @@ _CHAT_TEMPLATES = {
     "glm46v": GLM_V_CHAT_TEMPLATE,
     "aya_vision": AYA_VISION_CHAT_TEMPLATE,
     "ovis2": OVIS2_CHAT_TEMPLATE,
+    "janus": JANUS_CHAT_TEMPLATE,
 }
 
 
@@ -272,6 +282,8 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return (*CHAT_TOKENS, *AYA_VISION_SPECIAL_TOKENS)
     if family == "ovis2":
         return (*CHAT_TOKENS, *OVIS2_SPECIAL_TOKENS)
+    if family == "janus":
+        return (*CHAT_TOKENS, *JANUS_NAMED_TOKENS.values())
     if family in TILE_FAMILIES:
         grid = range(1, SMOLVLM_GRID + 1)
         return (
@@ -384,6 +396,7 @@ def build_tokenizer(
             "internvl": INTERNVL_NAMED_TOKENS,
             "internvl_moe": INTERNVL_NAMED_TOKENS,
             "gemma3": GEMMA3_NAMED_TOKENS,
+            "janus": JANUS_NAMED_TOKENS,
             "smolvlm": SMOLVLM_NAMED_TOKENS,
             "idefics3": SMOLVLM_NAMED_TOKENS,
         }.get(family),

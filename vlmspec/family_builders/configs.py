@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 from .chat import (
     GEMMA3_NAMED_TOKENS,
     INTERNVL_NAMED_TOKENS,
+    JANUS_NAMED_TOKENS,
     OVIS2_INDICATOR_TOKENS,
     SMOLVLM_NAMED_TOKENS,
     special_token_ids,
@@ -107,6 +108,8 @@ def build_config(
         return config_cls(**_aya_vision_config_kwargs(spec, text, tid, layout))
     if family == "ovis2":
         return config_cls(**_ovis2_config_kwargs(spec, text, tid, layout))
+    if family == "janus":
+        return config_cls(**_janus_config_kwargs(spec, text, tid, layout))
     if family in TILE_FAMILIES:
         return config_cls(
             text_config={**text, "model_type": "llama"},
@@ -384,6 +387,46 @@ def _ovis2_config_kwargs(
         "visual_indicator_token_ids": [tid(token) for token in OVIS2_INDICATOR_TOKENS],
         "vocab_size": text["vocab_size"],
         "hidden_size": spec.hidden,
+        "tie_word_embeddings": False,
+    }
+
+
+def _janus_config_kwargs(
+    spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
+) -> dict[str, Any]:
+    """``JanusConfig``'s arguments: a Llama language model (DeepSeek-LLM's, as Janus-Pro's) behind a SigLIP tower whose
+    patch features go through a two-layer aligner, one token per patch; the image-generation parts (a VQ model, its
+    embeddings and head, which reading pictures never runs) at their smallest."""
+    hidden = spec.hidden
+    return {
+        "text_config": {
+            **text,
+            "model_type": "llama",
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        "vision_config": {
+            "hidden_size": spec.vision_hidden,
+            "intermediate_size": 2 * spec.vision_hidden,
+            "num_hidden_layers": spec.vision_layers,
+            "num_attention_heads": spec.vision_heads,
+            "image_size": layout.crop_side,
+            "patch_size": layout.patch,
+            "projection_dim": hidden,
+            "num_image_tokens": (layout.crop_side // layout.patch) ** 2,
+            "initializer_range": _VISION_INIT_STD,
+        },
+        "vq_config": {
+            "embed_dim": 4,
+            "num_embeddings": 16,
+            "latent_channels": 32,  # its group norms take 32 groups
+            "base_channels": 32,
+            "channel_multiplier": [1, 1],
+            "num_res_blocks": 1,
+            "num_patches": 2,
+            "projection_dim": hidden,
+            "image_token_embed_dim": hidden,
+        },
+        "image_token_id": tid(JANUS_NAMED_TOKENS["image_token"]),
         "tie_word_embeddings": False,
     }
 

@@ -136,6 +136,15 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
             downsample_factor=2,
             chat_template=tokenizer.chat_template,
         )
+    if family == "janus":  # a picture padded to a square of crop_side pixels, one token per patch
+        from transformers import JanusImageProcessor
+
+        return processor_cls(
+            image_processor=JanusImageProcessor(size={"height": layout.crop_side, "width": layout.crop_side}),
+            tokenizer=tokenizer,
+            num_image_tokens=(layout.crop_side // layout.patch) ** 2,
+            chat_template=tokenizer.chat_template,
+        )
     if family == "ovis2":  # the whole picture, then (when it is cut into several) tiles of crop_side pixels
         from transformers import Ovis2ImageProcessor
 

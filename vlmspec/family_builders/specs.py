@@ -19,9 +19,10 @@ IMAGE_ONLY_FAMILIES: tuple[str, ...] = (
     "mistral3",
     "aya_vision",
     "ovis2",
+    "janus",
 )
 """Families these builders know whose models read pictures only (Gemma 3, LLaVA-1.5, LLaVA-NeXT, Idefics3, Mistral
-3, Aya Vision, Ovis2: no video input), tested on their own."""
+3, Aya Vision, Ovis2, Janus: no video input), tested on their own."""
 OWN_TEST_FAMILIES: tuple[str, ...] = ("smolvlm", "llava_next_video", "glm46v")
 """Families with pictures and videos these builders know that are tested on their own (SmolVLM2: pictures cut into
 tiles, a video's frames written as pictures with their times; LLaVA-NeXT-Video: LLaVA-NeXT's pictures, a video's
@@ -55,6 +56,7 @@ _CLASS_PREFIXES = {  # family: the name of its transformers classes, <prefix>Con
     "glm46v": "Glm46V",
     "aya_vision": "AyaVision",
     "ovis2": "Ovis2",
+    "janus": "Janus",
 }
 _PROCESSOR_PREFIXES = {"qwen3_vl_moe": "Qwen3VL", "mistral3": "Pixtral"}
 """Families whose processor is another family's (...Processor)."""

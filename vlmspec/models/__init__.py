@@ -12,6 +12,7 @@ from .edd import EDDAdapter, EDDDraft
 from .gemma3 import Gemma3Adapter
 from .glm import GlmVAdapter
 from .internvl import InternVLAdapter
+from .janus import JanusAdapter
 from .llava import LlavaAdapter, LlavaNextAdapter, LlavaNextVideoAdapter, LlavaOnevisionAdapter
 from .mistral3 import Mistral3Adapter
 from .ovis2 import Ovis2Adapter
@@ -35,6 +36,7 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
         GlmVAdapter,
         AyaVisionAdapter,
         Ovis2Adapter,
+        JanusAdapter,
     )
     for model_type in cls.model_types
 }

@@ -109,6 +109,8 @@ _LAYOUTS = {
     "aya_vision": VisionLayout(patch=7, crop_side=28, max_tiles=4),
     # tiles of 28: 4x4 patches of 7, strided 2x2 -> 4 tokens per tile; the whole picture, then up to 4 tiles
     "ovis2": VisionLayout(patch=7, crop_side=28, max_tiles=4),
+    # SigLIP input side 28 (a picture padded to a square): 2x2 patches of 14 -> 4 tokens per picture
+    "janus": VisionLayout(patch=14, crop_side=28),
 }
 _SLIDING_WINDOW = 24
 """Gemma 3's local window in the fixtures: a prompt with a picture is ~30 tokens, so 48 new tokens run past it."""
@@ -145,6 +147,7 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("internvl_moe", 0): 19,
     ("aya_vision", 0): 34,  # found by searching past _MAX_DRAWS, as llava's
     ("ovis2", 0): 28,
+    ("janus", 0): 3,
 }
 
 _CORPUS = """

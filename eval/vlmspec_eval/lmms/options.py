@@ -126,6 +126,7 @@ _FAMILY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("glm4v", re.compile(r"glm[-_]4\.1v", re.I)),
     ("aya_vision", re.compile(r"aya[-_]vision", re.I)),
     ("ovis2", re.compile(r"ovis2(?![.\d])", re.I)),  # not Ovis2.5, another architecture
+    ("janus", re.compile(r"janus", re.I)),
 )
 
 

@@ -1,0 +1,48 @@
+"""Janus (``Janus-Pro-1B`` drafting for ``Janus-Pro-7B``): the tiny ``janus`` pair (a SigLIP tower, an aligner, a
+Llama language model, and the image-generation parts vlmspec never runs) is lossless like the other families
+(``test_more_families.py``). Here, its own ways: a picture's token count as the real processor writes it, and the
+prompt's frame around a picture, which the draft keeps when it drops visual tokens."""
+
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+
+import torch
+from transformers import JanusConfig, JanusProcessor
+
+from vlmspec import VLMSpecPipeline
+from vlmspec.family_builders.chat import JANUS_NAMED_TOKENS
+from vlmspec.models.janus import JanusAdapter
+from vlmspec.testing import build_tiny_pair, make_image
+
+
+def test_a_picture_holds_the_processor_s_count_of_placeholders():
+    """The real geometry (384-pixel pictures of 16-pixel patches): 576 tokens a picture, the count ``JanusProcessor``
+    writes by default (``num_image_tokens``)."""
+    config = JanusConfig(vision_config={"image_size": 384, "patch_size": 16})
+    adapter = JanusAdapter(SimpleNamespace(config=config))
+    processor_default = inspect.signature(JanusProcessor.__init__).parameters["num_image_tokens"].default
+    assert adapter.block_tokens == (384 // 16) ** 2 == processor_default == 576
+
+
+def test_a_pruned_draft_keeps_each_picture_s_frame(tiny_root):
+    """Two pictures: each is ``<begin_of_image>`` + its placeholders + ``<end_of_image>``; the draft pruned by 0.9
+    reads fewer placeholders and both frames, and the reply is ``generate()``'s."""
+    pair = build_tiny_pair("janus", root=tiny_root)
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
+    pictures = [make_image(1), make_image(2)]
+    inputs = pipe.prepare_inputs(pictures, "Compare the two pictures.")
+    ids, tokenizer = inputs["input_ids"][0], pipe.processor.tokenizer
+    count = {
+        name: int((ids == tokenizer.convert_tokens_to_ids(token)).sum())
+        for name, token in JANUS_NAMED_TOKENS.items()
+    }
+    assert count == {
+        "image_token": 2 * JanusAdapter(pipe.target).block_tokens,
+        "boi_token": 2,
+        "eoi_token": 2,
+    }
+    out = pipe(pictures, "Compare the two pictures.", max_new_tokens=32, prune_ratio=0.9)
+    assert out.token_ids == pipe.reference_generate(inputs, max_new_tokens=32)
+    assert out.stats.target_visual_tokens == count["image_token"] > out.stats.draft_visual_tokens > 0
