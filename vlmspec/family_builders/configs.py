@@ -372,17 +372,9 @@ def _ovis2_config_kwargs(
     the expected row of the visual embedding table (:data:`OVIS2_VISUAL_VOCAB` rows, the last five the indicators')."""
     return {
         "text_config": {**text, "model_type": "qwen2"},
-        "vision_config": {
-            "hidden_size": spec.vision_hidden,
-            "intermediate_size": 2 * spec.vision_hidden,
-            "num_hidden_layers": spec.vision_layers,
-            "num_attention_heads": spec.vision_heads,
-            "image_size": layout.crop_side,
-            "patch_size": layout.patch,
-            "hidden_stride": 2,
-            "vocab_size": OVIS2_VISUAL_VOCAB,
-            "initializer_range": _VISION_INIT_STD,
-        },
+        "vision_config": _vision_tower(
+            spec, layout, hidden_stride=2, vocab_size=OVIS2_VISUAL_VOCAB, initializer_range=_VISION_INIT_STD
+        ),
         "image_token_id": tid("<IMG_ATOM>"),
         "visual_indicator_token_ids": [tid(token) for token in OVIS2_INDICATOR_TOKENS],
         "vocab_size": text["vocab_size"],
@@ -404,17 +396,13 @@ def _janus_config_kwargs(
             "model_type": "llama",
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
         },
-        "vision_config": {
-            "hidden_size": spec.vision_hidden,
-            "intermediate_size": 2 * spec.vision_hidden,
-            "num_hidden_layers": spec.vision_layers,
-            "num_attention_heads": spec.vision_heads,
-            "image_size": layout.crop_side,
-            "patch_size": layout.patch,
-            "projection_dim": hidden,
-            "num_image_tokens": (layout.crop_side // layout.patch) ** 2,
-            "initializer_range": _VISION_INIT_STD,
-        },
+        "vision_config": _vision_tower(
+            spec,
+            layout,
+            projection_dim=hidden,
+            num_image_tokens=(layout.crop_side // layout.patch) ** 2,
+            initializer_range=_VISION_INIT_STD,
+        ),
         "vq_config": {
             "embed_dim": 4,
             "num_embeddings": 16,
