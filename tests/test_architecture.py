@@ -110,3 +110,39 @@ def test_a_wheel_installed_without_the_checkout_captions(tmp_path):
     where = run.stdout.splitlines()[-1].split()
     assert len(where) == 3 and all(path.startswith(str(site)) for path in where), run.stdout  # the wheel's
     assert '"caption": ' in (work / "x.jsonl").read_text()
+
+
+_NO_MODELS_PROBE = """
+import sys
+from vlmspec.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exit:  # a parser's refusal
+    code = exit.code
+heavy = sorted(name for name in ("torch", "transformers") if name in sys.modules)
+print("imported:", ",".join(heavy) or "-")
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "--n", "x"],  # every subcommand's parser built, one refuses a value
+        ["caption", "missing-folder", "--out", "x.jsonl"],
+        ["demo", "--image", "missing.png"],
+    ],
+)
+def test_the_command_line_refuses_bad_input_before_it_imports_the_models(tmp_path, argv):
+    """``vlmspec --help`` and a bad option or a missing input answer at once: the command line (and every entry-point
+    subcommand's parser) imports neither torch nor transformers until a command runs (~10 s here)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_MODELS_PROBE, *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert f"vlmspec {argv[0]}: error:" in done.stderr
+    assert done.stdout.splitlines()[-1] == "imported: -", done.stdout

@@ -9,13 +9,12 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputNotFoundError, InvalidInputError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import torch
 
 
 def read_json_object(path: str | Path, what: str, remedy: str) -> dict[str, Any]:
@@ -53,6 +52,9 @@ def read_safetensors(path: str | Path, what: str, remedy: str) -> dict[str, torc
         InputNotFoundError: no such file.
         InvalidInputError: not a readable safetensors file (truncated, garbage, another format).
     """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
     path = Path(path)
     if not path.is_file():
         raise InputNotFoundError(f"{what} {str(path)!r} does not exist; {remedy}")

@@ -78,7 +78,7 @@ def demo(args: argparse.Namespace) -> int:
 
 def _structure(args: argparse.Namespace) -> Any:
     """The demo's ``structured_outputs`` from ``--json-schema`` (a file or JSON text), ``--regex`` or ``--choice``."""
-    from .structured import StructuredOutputs
+    from .structured_outputs import StructuredOutputs
 
     whitespace = {"disable_any_whitespace": True} if args.disable_any_whitespace else {}
     if args.json_schema is not None:

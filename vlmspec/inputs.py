@@ -11,16 +11,18 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from huggingface_hub.errors import StrictDataclassError
 from PIL import Image, ImageOps, UnidentifiedImageError
-from transformers.video_utils import VideoMetadata
 
 from .errors import InputNotFoundError, InputTypeError, InvalidInputError
 from .validation import did_you_mean
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import torch
+    from transformers.video_utils import VideoMetadata
 
 ImageInput = Image.Image | str | Path | bytes | bytearray | memoryview
 
@@ -249,6 +251,8 @@ def load_video(
         ValueError: the path is a directory, the file cannot be decoded, holds no frames, ``num_frames`` < 1, or a
             clip's window holds no frame.
     """
+    from transformers.video_utils import VideoMetadata
+
     check_num_frames(num_frames)
     clip = video if isinstance(video, VideoClip) else VideoClip(video)
     video = clip.source
@@ -405,6 +409,8 @@ def _runs(processor: Any, kwargs: dict[str, Any]) -> bool:
 
 def on_device(inputs: Mapping[str, Any], device: torch.device | str) -> dict[str, Any]:
     """Processor outputs with their tensors moved to ``device`` (the rest as they are)."""
+    import torch
+
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}
 
 
@@ -419,6 +425,8 @@ def check_prompt_inputs(
         TypeError: not a mapping with an ``input_ids`` tensor.
         ValueError: several prompts, an empty one, ids that are not token ids, padding, or a key not taken.
     """
+    import torch
+
     if not isinstance(inputs, Mapping) or not torch.is_tensor(inputs.get("input_ids")):
         raise InputTypeError(
             "inputs must be a processor's outputs for one prompt, with an input_ids tensor, e.g. "
@@ -454,6 +462,8 @@ def check_token_ids(ids: torch.Tensor, vocab_size: int | None, name: str = "inpu
     Raises:
         ValueError: naming the tensor (``name``), its dtype or the ids out of range, and what to do.
     """
+    import torch
+
     if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
         raise InvalidInputError(
             f"{name} is a {str(ids.dtype).removeprefix('torch.')} tensor; token ids are integers (torch.long), as "

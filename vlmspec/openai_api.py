@@ -62,7 +62,7 @@ from urllib.parse import unquote, urlsplit
 
 from .errors import VLMSpecError
 from .openai_tools import ToolCalling, ToolError, tool_calling, tool_turn_keys
-from .structured import StructuredOutputs
+from .structured_outputs import StructuredOutputs
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier"})

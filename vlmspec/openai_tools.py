@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import VLMSpecError
-from .structured import StructuredOutputs
+from .structured_outputs import StructuredOutputs
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 """A Hermes-format tool call in a reply (an unclosed last one too: the reply may end at max_tokens)."""

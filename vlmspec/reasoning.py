@@ -35,12 +35,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputTypeError, InvalidInputError
 from .validation import did_you_mean
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import torch
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,9 @@ def reply_reasoning(
     :class:`ReplySplitter` take."""
     if parser is None or (template_kwargs or {}).get("enable_thinking") is False:
         return None
-    ids = prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else list(prompt_ids)  # ``[L]``
+    ids = (
+        prompt_ids.tolist() if hasattr(prompt_ids, "tolist") else list(prompt_ids)
+    )  # ``[L]`` (a tensor's too)
     prompt = tokenizer.decode(ids, skip_special_tokens=False)
     return parser if parser.opens_reasoning(prompt) else None
 

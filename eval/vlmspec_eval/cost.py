@@ -44,10 +44,8 @@ import torch
 from vlmspec.costs import ForwardCosts
 from vlmspec.probe import probe_costs, sync
 
+from .bench_cli import PROBE_SIZES
 from .methods import ForwardCall, RunRecord
-
-PROBE_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-"""Tokens per probed forward (the root included: a tree of ``N`` draft nodes verifies ``N + 1`` tokens)."""
 
 PHASES: tuple[str, ...] = (
     "target_prefill", "draft_prefill", "draft_forward", "tree_build", "verify_forward", "accept_update", "other",

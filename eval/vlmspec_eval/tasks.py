@@ -22,13 +22,8 @@ from vlmspec.named_pairs import (
 )
 from vlmspec.named_pairs import resolve_pair as resolve_named_pair
 
+from .bench_cli import INPUT_SOURCES, TASKS
 from .methods import AR, EDD_PREFIX
-
-TASKS: tuple[str, ...] = ("image_caption", "image_qa", "video_caption")
-"""The task mix of the bench (SAGE Table 1's image captioning, image QA and video captioning)."""
-
-INPUT_SOURCES: tuple[str, ...] = ("auto", "testbed", "synthetic")
-"""Where the inputs come from: the testbed world (``auto``, the default, is the testbed) or synthetic pictures."""
 
 _QA_PROMPTS: tuple[str, ...] = (
     "What color is the largest shape?",

@@ -15,7 +15,7 @@ import yaml
 from vlmspec.errors import VLMSpecError
 from vlmspec.processor_settings import check_settings_form
 from vlmspec.reasoning import NO_PARSER, PARSER_NAMES
-from vlmspec.structured import StructuredOutputs
+from vlmspec.structured_outputs import StructuredOutputs
 from vlmspec.validation import check_field_types
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
