@@ -39,8 +39,9 @@ PROMPTS = (
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` (a minute or more, no module-scoped fixtures) run first: longest first lets the two
-    xdist workers finish together instead of one starting a three-minute test near the end."""
+    """Tests marked ``slow`` (ten seconds or more of a subprocess or a long run) run first: longest first lets the two
+    xdist workers finish together instead of one starting a long test near the end (a module-scoped fixture such a
+    test shares may then be built on both workers)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 

@@ -724,6 +724,7 @@ def test_an_api_key_is_matched_as_http_says_and_none_may_be_empty(pipe):
         assert connection.getresponse().status == 200
 
 
+@pytest.mark.slow
 def test_the_serve_command_serves_until_interrupted(tmp_path):
     command = [
         sys.executable,

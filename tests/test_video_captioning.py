@@ -208,6 +208,7 @@ def test_resuming_with_other_settings_warns_and_the_summary_names_who_made_the_l
     assert "warning" not in captured.err and "| policy sage |" in captured.out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", ["1", "8"])
 def test_killed_job_resumes_without_loss_or_duplicates(
     caption_pair, six_videos, reference, tmp_path, batch_size, slow_job
@@ -294,6 +295,7 @@ def test_killed_ten_times_with_every_signal_still_captions_each_video_once(
     assert killed_mid_run >= 8, f"only {killed_mid_run} of 10 rounds were killed while the job ran"
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(caption_pair, six_videos, reference, tmp_path):
     launcher = Path(sys.executable).parent / "accelerate"
     if not launcher.exists():
