@@ -657,6 +657,7 @@ EXPECTED_PAIRS = {
     ("CohereLabs/aya-vision-32b", "CohereLabs/aya-vision-8b"),
     ("thisisiron/Ovis2-8B-hf", "thisisiron/Ovis2-1B-hf"),
     ("deepseek-community/Janus-Pro-7B", "deepseek-community/Janus-Pro-1B"),
+    ("lkhl/VideoLLaMA3-7B-HF", "lkhl/VideoLLaMA3-2B-HF"),
     ("testbed-mini", None),
     ("testbed-base@cpu", None),
 }
@@ -751,6 +752,9 @@ FAMILY_BY_NAME = {  # checkpoint or pair name: the family vlmspec reads it as (N
     "ovis-community/Ovis2.5-2B": None,
     "deepseek-community/Janus-Pro-1B": "janus",
     "tiny:janus": "janus",
+    "lkhl/VideoLLaMA3-2B-Image-HF": "video_llama_3",
+    "tiny:video_llama_3": "video_llama_3",
+    "DAMO-NLP-SG/VideoLLaMA2-7B": None,
     "/some/folder": None,
 }
 

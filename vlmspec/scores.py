@@ -143,8 +143,9 @@ def continuation_logits(
         if torch.is_tensor(inputs.get(key)):
             batch[key] = torch.cat([inputs[key], torch.full_like(new, fill, dtype=inputs[key].dtype)], dim=1)
     # the logits of the last n + 1 positions only: the prompt's last predicts token 0, the continuation's last none
+    # (cut here too: a model whose forward takes no logits_to_keep, VideoLLaMA3's, gives every position's)
     out = model(**batch, logits_to_keep=len(tokens) + 1, use_cache=False)
-    return out.logits[0, :-1].float()  # [n, V]
+    return out.logits[0, -len(tokens) - 1 : -1].float()  # [n, V]
 
 
 @torch.no_grad()

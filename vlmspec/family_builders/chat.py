@@ -236,6 +236,12 @@ OVIS2_CHAT_TEMPLATE = AYA_VISION_CHAT_TEMPLATE
 # Janus's: the same layout, a picture written as its placeholder (the processor frames and repeats it)
 JANUS_CHAT_TEMPLATE = AYA_VISION_CHAT_TEMPLATE.replace("<image>", JANUS_NAMED_TOKENS["image_token"])
 
+# VideoLLaMA3's (transformers' conversions): ChatML, each medium its placeholder on a line of its own before the text;
+# the processor writes a picture's placeholder once per patch and a video's as "Time t s:" + each frame's tokens
+VIDEO_LLAMA3_CHAT_TEMPLATE = GLM_V_CHAT_TEMPLATE.replace(
+    "<|begin_of_image|><|image|><|end_of_image|>", "<|image_pad|>\\n"
+).replace("<|begin_of_video|><|video|><|end_of_video|>", "<|video_pad|>\\n")
+
 _CHAT_TEMPLATES = {
     "qwen2_vl": QWEN_CHAT_TEMPLATE,
     "qwen2_5_vl": QWEN_CHAT_TEMPLATE,
@@ -256,6 +262,7 @@ _CHAT_TEMPLATES = {
     "aya_vision": AYA_VISION_CHAT_TEMPLATE,
     "ovis2": OVIS2_CHAT_TEMPLATE,
     "janus": JANUS_CHAT_TEMPLATE,
+    "video_llama_3": VIDEO_LLAMA3_CHAT_TEMPLATE,
 }
 
 

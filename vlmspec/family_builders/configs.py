@@ -110,6 +110,8 @@ def build_config(
         return config_cls(**_ovis2_config_kwargs(spec, text, tid, layout))
     if family == "janus":
         return config_cls(**_janus_config_kwargs(spec, text, tid, layout))
+    if family == "video_llama_3":
+        return config_cls(**_video_llama3_config_kwargs(spec, text, tid, layout))
     if family in TILE_FAMILIES:
         return config_cls(
             text_config={**text, "model_type": "llama"},
@@ -415,6 +417,32 @@ def _janus_config_kwargs(
             "image_token_embed_dim": hidden,
         },
         "image_token_id": tid(JANUS_NAMED_TOKENS["image_token"]),
+        "tie_word_embeddings": False,
+    }
+
+
+def _video_llama3_config_kwargs(
+    spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
+) -> dict[str, Any]:
+    """``VideoLlama3Config``'s arguments: a Qwen2 language model (Qwen2.5's, as both VideoLLaMA3 sizes') with 1-D
+    rotary positions behind VideoLLaMA3's tower (patches of ``patch`` pixels, 2-D rotary positions, any picture
+    size) and a two-layer projector."""
+    return {
+        "text_config": {
+            **text,
+            "model_type": "qwen2",
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        "vision_config": {
+            "hidden_size": spec.vision_hidden,
+            "intermediate_size": 2 * spec.vision_hidden,
+            "num_hidden_layers": spec.vision_layers,
+            "num_attention_heads": spec.vision_heads,
+            "patch_size": layout.patch,
+            "initializer_range": _VISION_INIT_STD,
+        },
+        "image_token_id": tid("<|image_pad|>"),
+        "video_token_id": tid("<|video_pad|>"),
         "tie_word_embeddings": False,
     }
 

@@ -157,6 +157,21 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
             image_seq_length=(layout.crop_side // (layout.patch * 2)) ** 2,  # patches strided 2 x 2
             chat_template=tokenizer.chat_template,
         )
+    if (
+        family == "video_llama_3"
+    ):  # pictures at their own size, a token per patch; frames merged 2 x 2, compressed
+        from transformers import VideoLlama3ImageProcessor, VideoLlama3VideoProcessor
+
+        return processor_cls(
+            image_processor=VideoLlama3ImageProcessor(
+                size=_pixel_range(layout.image_pixels), patch_size=layout.patch
+            ),
+            tokenizer=tokenizer,
+            video_processor=VideoLlama3VideoProcessor(
+                size=_pixel_range(layout.video_pixels), patch_size=layout.patch, do_sample_frames=False
+            ),
+            chat_template=tokenizer.chat_template,
+        )
     if family == "llava_onevision":
         from transformers import LlavaOnevisionImageProcessor, LlavaOnevisionVideoProcessor
 

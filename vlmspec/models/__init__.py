@@ -19,6 +19,7 @@ from .ovis2 import Ovis2Adapter
 from .qwen import QwenVLAdapter
 from .smolvlm import Idefics3Adapter, SmolVLMAdapter
 from .text import TEXT_DRAFT_TYPES, TextDraftAdapter
+from .video_llama3 import VideoLlama3Adapter
 
 _ADAPTERS: dict[str, type[VLMAdapter]] = {
     model_type: cls
@@ -37,6 +38,7 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
         AyaVisionAdapter,
         Ovis2Adapter,
         JanusAdapter,
+        VideoLlama3Adapter,
     )
     for model_type in cls.model_types
 }
@@ -46,6 +48,8 @@ SUPPORTED_MODEL_TYPES = tuple(sorted(_ADAPTERS))
 _NATIVE_VERSIONS = {
     "llava_llama": "the original LLaVA-1.5 checkpoints (model_type 'llava_llama', liuhaotian/llava-v1.5-7b) run their "
     "own code; load the transformers-native version (llava-hf/llava-1.5-7b-hf)",
+    "videollama3_qwen2": "DAMO-NLP-SG's VideoLLaMA3 checkpoints run their own code (model_type 'videollama3_qwen2'); "
+    "load a transformers-native conversion (lkhl/VideoLLaMA3-2B-Image-HF)",
     "internvl_chat": "OpenGVLab's InternVL checkpoints that run their own code (model_type 'internvl_chat') have "
     "transformers-native versions: load the '-hf' one (OpenGVLab/InternVL3-8B-hf, OpenGVLab/InternVL3_5-8B-HF)",
 }

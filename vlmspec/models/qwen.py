@@ -87,12 +87,10 @@ class QwenVLAdapter(VLMAdapter):
         ):
             if inputs.get(grid) is None:
                 continue
-            picked = range(inputs[grid].shape[0])[items]
-            if not picked:
+            rows = item_rows(inputs[grid].prod(-1), items)
+            if rows is None:
                 continue
-            bounds = inputs[grid].prod(-1).cumsum(0).tolist()  # patch rows up to the end of each item
-            first, last = (bounds[picked.start - 1] if picked.start else 0), bounds[picked.stop - 1]
-            found[pixels], found[grid] = inputs[pixels][first:last], inputs[grid][items]
+            found[pixels], found[grid] = inputs[pixels][rows], inputs[grid][items]
             if grid == "video_grid_thw" and inputs.get("second_per_grid_ts") is not None:
                 found["second_per_grid_ts"] = inputs["second_per_grid_ts"][items]
         return found
@@ -176,6 +174,16 @@ def _features(out: Any) -> VisualFeatures:
         embeds=torch.cat(out.pooler_output, dim=0),
         deepstack=[torch.cat(layer, dim=0) for layer in deepstack] if deepstack is not None else None,
     )
+
+
+def item_rows(sizes: torch.Tensor, items: slice) -> slice | None:
+    """The rows of the items ``items`` in a tensor that holds ``sizes[i]`` rows for item ``i``, one item after the
+    other (Qwen's pixel rows: an item's patches); ``None`` when ``items`` selects none."""
+    picked = range(sizes.shape[0])[items]
+    if not picked:
+        return None
+    bounds = sizes.cumsum(0).tolist()  # rows up to the end of each item
+    return slice(bounds[picked.start - 1] if picked.start else 0, bounds[picked.stop - 1])
 
 
 def take_items(tokens: list[int], wanted: list[int], grid: str) -> list[int]:

@@ -111,6 +111,12 @@ _LAYOUTS = {
     "ovis2": VisionLayout(patch=7, crop_side=28, max_tiles=4),
     # SigLIP input side 28 (a picture padded to a square): 2x2 patches of 14 -> 4 tokens per picture
     "janus": VisionLayout(patch=14, crop_side=28),
+    # patches of 14: a picture resized to at most 28 x 56 pixels, a token per patch -> 4 tokens a 56-pixel square; a
+    # video's frames share its pixel budget (4 frames: 56 pixels a side each), 4x4 patches merged 2x2 -> 4 tokens a
+    # frame, fewer where a frame repeats the one before
+    "video_llama_3": VisionLayout(
+        patch=14, image_pixels=(28 * 28, 28 * 56), video_pixels=(56 * 56, 4 * 56 * 56)
+    ),
 }
 _SLIDING_WINDOW = 24
 """Gemma 3's local window in the fixtures: a prompt with a picture is ~30 tokens, so 48 new tokens run past it."""
@@ -148,6 +154,7 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("aya_vision", 0): 34,  # found by searching past _MAX_DRAWS, as llava's
     ("ovis2", 0): 28,
     ("janus", 0): 3,
+    ("video_llama_3", 0): 35,  # found by searching past _MAX_DRAWS, as llava's
 }
 
 _CORPUS = """

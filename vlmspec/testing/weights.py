@@ -143,6 +143,8 @@ def _vision_output_linears(model: PreTrainedModel, family: str) -> list[torch.nn
         return [inner.visual_embeddings_table]
     if family == "janus":
         return [inner.aligner.hidden_layers[-1]]
+    if family == "video_llama_3":
+        return [inner.projector.readout[-1]]
     if family in family_builders.QWEN3_FAMILIES:
         return [inner.visual.merger.linear_fc2] + [m.linear_fc2 for m in inner.visual.deepstack_merger_list]
     if (

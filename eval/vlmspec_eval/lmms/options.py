@@ -127,6 +127,7 @@ _FAMILY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("aya_vision", re.compile(r"aya[-_]vision", re.I)),
     ("ovis2", re.compile(r"ovis2(?![.\d])", re.I)),  # not Ovis2.5, another architecture
     ("janus", re.compile(r"janus", re.I)),
+    ("video_llama_3", re.compile(r"video[-_]?llama[-_]?3", re.I)),
 )
 
 
