@@ -129,3 +129,18 @@ def check_a_padded_batch_splits_into_its_prompts(pipe, prompts, same_media, nest
         expected = pipe.reference_generate(dict(alone), 24)
         assert replies[b, width : width + len(expected)].tolist() == expected, b
     return batch
+
+
+def language_model_inputs(model, inputs) -> torch.Tensor:
+    """``[1, L, D]``: the ``inputs_embeds`` the VLM ``model``'s own forward hands its language model for the prompt
+    ``inputs`` (what an adapter's ``embed_prompt`` must build)."""
+    seen: list[torch.Tensor] = []
+    handle = model.model.language_model.register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append(kw["inputs_embeds"]), with_kwargs=True
+    )
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        handle.remove()
+    return seen[0]

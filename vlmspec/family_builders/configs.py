@@ -40,6 +40,8 @@ _MROPE_SECTIONS = {
 }  # rotary half-dim split, Qwen2-VL's proportions
 _QWEN3_MROPE_SECTIONS = {16: [4, 2, 2], 32: [6, 5, 5]}  # interleaved; 32: the real [24, 20, 20] / 4
 _VISION_INIT_STD = 0.02
+_PLAIN_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+"""One rotary table over 1-D positions (copied into each config: a config keeps the dict it is given)."""
 OVIS2_VISUAL_VOCAB = 64
 """Rows of the fixtures' Ovis2 visual embedding table (the real models': 65,536)."""
 
@@ -148,7 +150,7 @@ def _llava_config_kwargs(
         "text_config": {
             **text,
             "model_type": "qwen2",
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "rope_parameters": dict(_PLAIN_ROPE),
         },
         "vision_config": _siglip_config(spec, layout),
         "image_token_index": tid("<image>"),
@@ -180,7 +182,7 @@ def _llava15_config_kwargs(
         "text_config": {
             **text,
             "model_type": "llama",
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "rope_parameters": dict(_PLAIN_ROPE),
         },
         "vision_config": _vision_tower(spec, layout, model_type="clip_vision_model"),
         "image_token_index": tid("<image>"),
@@ -269,13 +271,20 @@ def _siglip_config(spec: ModelSpec, layout: VisionLayout) -> dict[str, Any]:
 def _vision_tower(spec: ModelSpec, layout: VisionLayout, **extra: Any) -> dict[str, Any]:
     """A ViT tower's config (SigLIP, CLIP, SmolVLM's): ``spec``'s widths, crops of ``crop_side`` pixels."""
     return {
+        **_vit_widths(spec),
+        "image_size": layout.crop_side,
+        "patch_size": layout.patch,
+        **extra,
+    }
+
+
+def _vit_widths(spec: ModelSpec) -> dict[str, int]:
+    """A vision transformer's widths, depth and heads from ``spec`` (its MLP twice its width)."""
+    return {
         "hidden_size": spec.vision_hidden,
         "intermediate_size": 2 * spec.vision_hidden,
         "num_hidden_layers": spec.vision_layers,
         "num_attention_heads": spec.vision_heads,
-        "image_size": layout.crop_side,
-        "patch_size": layout.patch,
-        **extra,
     }
 
 
@@ -296,13 +305,10 @@ def _internvl_config_kwargs(
         "text_config": {
             **text,
             **sparse_text,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "rope_parameters": dict(_PLAIN_ROPE),
         },
         "vision_config": {
-            "hidden_size": spec.vision_hidden,
-            "intermediate_size": 2 * spec.vision_hidden,
-            "num_hidden_layers": spec.vision_layers,
-            "num_attention_heads": spec.vision_heads,
+            **_vit_widths(spec),
             "image_size": [layout.crop_side, layout.crop_side],
             "patch_size": [layout.patch, layout.patch],
             "initializer_range": _VISION_INIT_STD,
@@ -396,7 +402,7 @@ def _janus_config_kwargs(
         "text_config": {
             **text,
             "model_type": "llama",
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "rope_parameters": dict(_PLAIN_ROPE),
         },
         "vision_config": _vision_tower(
             spec,
@@ -431,13 +437,10 @@ def _video_llama3_config_kwargs(
         "text_config": {
             **text,
             "model_type": "qwen2",
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "rope_parameters": dict(_PLAIN_ROPE),
         },
         "vision_config": {
-            "hidden_size": spec.vision_hidden,
-            "intermediate_size": 2 * spec.vision_hidden,
-            "num_hidden_layers": spec.vision_layers,
-            "num_attention_heads": spec.vision_heads,
+            **_vit_widths(spec),
             "patch_size": layout.patch,
             "initializer_range": _VISION_INIT_STD,
         },
@@ -449,7 +452,7 @@ def _video_llama3_config_kwargs(
 
 def _mrope(family: str, head_dim: int) -> dict[str, Any]:
     """The Qwen family's multimodal rotary settings (Qwen3-VL interleaves the sections)."""
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": 10000.0}
+    rope: dict[str, Any] = dict(_PLAIN_ROPE)
     if family in QWEN3_FAMILIES:
         return {**rope, "mrope_section": _QWEN3_MROPE_SECTIONS[head_dim], "mrope_interleaved": True}
     return {**rope, "mrope_section": _MROPE_SECTIONS[head_dim]}
