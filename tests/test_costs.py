@@ -217,6 +217,7 @@ def test_probe_leaves_out_the_rounds_a_busy_machine_slowed(qwen_pipe, monkeypatc
 
 
 def test_a_probe_on_a_machine_that_stays_busy_is_used_but_not_cached(qwen_pipe, monkeypatch, tmp_path):
+    monkeypatch.setattr(probe_module, "_BUSY_READINGS", {})  # this process's busy readings, none yet
     sizes = (1, 2)
     args = dict(folder=tmp_path, sizes=sizes, runs=2, context=8)
     # Quiet through the warmup (round 0) and the first timed round, busy from then on.
@@ -228,8 +229,11 @@ def test_a_probe_on_a_machine_that_stays_busy_is_used_but_not_cached(qwen_pipe, 
     assert len(calls) == (1 + 3 * 2) * 2 * len(sizes)  # the warmup, then up to 3x the rounds asked for
     assert not busy.settled and busy.runs == 1 and list(tmp_path.glob("*.json")) == []
     assert busy.target_s == pytest.approx([(n * 1e-3 + 0.01) * 1.01 for n in sizes])  # the quiet round's
-    # The next pipeline measures again; on a quiet machine its reading is cached.
-    scripted_timings(monkeypatch, qwen_pipe, lambda round_: False, sizes)
+    # The next pipeline of this process reuses the reading without probing the busy machine again.
+    calls = scripted_timings(monkeypatch, qwen_pipe, lambda round_: False, sizes)
+    assert cached_costs(qwen_pipe.target, qwen_pipe.draft, **args) is busy and calls == []
+    # The next process measures again; on a quiet machine its reading is cached.
+    monkeypatch.setattr(probe_module, "_BUSY_READINGS", {})
     quiet = cached_costs(qwen_pipe.target, qwen_pipe.draft, **args)
     assert quiet.settled and quiet.runs == 2 and len(list(tmp_path.glob("*.json"))) == 1
 

@@ -20,7 +20,9 @@ more than :data:`DISTURBED_LOAD` times their fastest readings was disturbed and 
 (:func:`calm_rounds`). The probe runs more rounds, up to :data:`MAX_ROUNDS_FACTOR` times ``runs``, until ``runs``
 calm ones are in hand; if the machine stays busy it returns the calm rounds it has (the least disturbed one when
 none is), marked unsettled (``ForwardCosts.settled``), and :func:`cached_costs` uses that reading without caching
-it, with a warning, so the next pipeline measures again. A machine loaded evenly through the whole probe is not detected
+it on disk, with a warning: the pipelines this process builds later for the same models reuse it (probing a busy
+machine again would cost as much and read as noisily), and the next process measures again. A machine loaded evenly
+through the whole probe is not detected
 (every round looks alike); its ratios ``c(N)/c(1)``, which the budgets use, suffer least from an even load.
 
 **Cache.** :func:`cached_costs` keys the result by what decides it: the device (CPU model and thread count, or
@@ -232,6 +234,10 @@ def measure_cost_ratio(
 
 
 # ---- the on-disk cache ----------------------------------------------------------------------------------------
+_BUSY_READINGS: dict[Path, ForwardCosts] = {}
+"""Unsettled readings of this process, by the cache file a settled one would have gone to (:func:`cached_costs`)."""
+
+
 def default_costs_dir() -> Path:
     """``$VLMSPEC_CACHE/costs`` or ``~/.cache/vlmspec/costs``."""
     root = os.environ.get("VLMSPEC_CACHE")
@@ -283,15 +289,18 @@ def cached_costs(
             return ForwardCosts.from_dict(json.loads(path.read_text()))
         except (ValueError, KeyError, TypeError):
             pass  # a damaged or older file: measure again and overwrite it
+    if path in _BUSY_READINGS:
+        return _BUSY_READINGS[path]
     with kernels if kernels is not None else contextlib.nullcontext():
         costs = probe_costs(target, draft, sizes=sizes, runs=runs, context=context, machine=text)
     if not costs.settled:
         warnings.warn(
             f"cost probe: the machine was busy while it timed the models ({costs.runs} of the {runs} rounds wanted "
-            f"ran undisturbed); the tree budgets use this reading for now, and it is not cached, so the next "
-            f"pipeline built on this machine measures again",
+            f"ran undisturbed); the tree budgets of this process's pipelines of these models use this reading, and "
+            f"it is not saved, so the next process measures again",
             stacklevel=2,
         )
+        _BUSY_READINGS[path] = costs
         return costs
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = path.with_suffix(f".{os.getpid()}.tmp")
