@@ -22,8 +22,7 @@ calm ones are in hand; if the machine stays busy it returns the calm rounds it h
 none is), marked unsettled (``ForwardCosts.settled``), and :func:`cached_costs` uses that reading without caching
 it on disk, with a warning: the pipelines this process builds later for the same models reuse it (probing a busy
 machine again would cost as much and read as noisily), and the next process measures again. A machine loaded evenly
-through the whole probe is not detected
-(every round looks alike); its ratios ``c(N)/c(1)``, which the budgets use, suffer least from an even load.
+through the whole probe is not detected (every round looks alike); its ratios ``c(N)/c(1)``, which the budgets use, suffer least from an even load.
 
 **Cache.** :func:`cached_costs` keys the result by what decides it: the device (CPU model and thread count, or
 GPU name), torch's version, each model's dtype and language-model shape (layers, widths, heads, vocabulary), the

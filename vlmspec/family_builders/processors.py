@@ -157,9 +157,8 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
             image_seq_length=(layout.crop_side // (layout.patch * 2)) ** 2,  # patches strided 2 x 2
             chat_template=tokenizer.chat_template,
         )
-    if (
-        family == "video_llama_3"
-    ):  # pictures at their own size, a token per patch; frames merged 2 x 2, compressed
+    if family == "video_llama_3":
+        # pictures at their own size, a token per patch; a video's frames merged 2 x 2, then compressed
         from transformers import VideoLlama3ImageProcessor, VideoLlama3VideoProcessor
 
         return processor_cls(

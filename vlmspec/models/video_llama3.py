@@ -29,10 +29,8 @@ _KEPT = "video_compression_mask"
 
 class VideoLlama3Adapter(VLMAdapter):
     model_types = ("video_llama_3",)
-    layout_fields = (
-        "vision_config.patch_size",
-        "vision_config.num_channels",
-    )  # pixel rows: C x patch x patch
+    # pixel rows are C x patch x patch
+    layout_fields = ("vision_config.patch_size", "vision_config.num_channels")
     fixed_processor_settings = frozenset({"do_resize"})  # pictures resized to whole (merged) patches
 
     def visual_token_ids(self) -> tuple[int, int]:
@@ -74,12 +72,10 @@ class VideoLlama3Adapter(VLMAdapter):
         for (modality, _, grid, merges), token in zip(_MODALITIES, (image_id, video_id), strict=True):
             tokens: list[int] = []
             if inputs.get(grid) is not None:
-                merged = _merged_tokens(inputs, grid, merges)
+                tokens = _merged_tokens(inputs, grid, merges).tolist()
                 kept = inputs.get(_KEPT) if modality == "video" else None
-                per_item = (
-                    merged if kept is None else torch.stack([k.sum() for k in kept.split(merged.tolist())])
-                )
-                tokens = per_item.tolist()
+                if kept is not None:  # each video's part of the mask: its kept tokens
+                    tokens = [int(part.sum()) for part in kept.split(tokens)]
             wanted = ((inputs["input_ids"] == token) & keep).sum(-1).tolist()  # [B] placeholders per row
             per_modality.append(take_items(tokens, wanted, grid))
         return list(zip(*per_modality, strict=True))
