@@ -14,6 +14,7 @@ from typing import Any
 
 from .errors import InputNotFoundError, InvalidInputError, VLMSpecError
 from .named_pairs import DEFAULT_PAIR, ENV_DEFAULT_PAIR
+from .quantization import QUANTIZATION_NAMES, resolve_quantization_config
 
 EXAMPLE_IMAGE = "example.png"
 EXAMPLE_META = "example.json"  # the testbed example the picture was drawn from
@@ -119,6 +120,12 @@ def load_pipeline(args: argparse.Namespace, command: str) -> Any:
     options = json.loads(args.policy_options) if args.policy_options else {}
     if getattr(args, "chat_template", None) is not None:  # the server fronts' --chat-template
         options["chat_template"] = args.chat_template
+    for flag, option in (
+        ("quantization", "quantization_config"),
+        ("draft_quantization", "draft_quantization_config"),
+    ):
+        if getattr(args, flag) is not None:  # its name in an error: the flag's
+            options[option] = resolve_quantization_config(getattr(args, flag), f"--{flag.replace('_', '-')}")
     saved = is_pipeline_folder(args.target)  # a saved pipeline brings its own settings
     # the command keeps its policy, so a draft it never runs (--policy ar) is not loaded
     draft = args.draft if saved else (pair.draft if policy.uses_draft else None)
@@ -335,6 +342,13 @@ def add_pair_flags(parser: argparse.ArgumentParser) -> None:
         help="the models' dtype (default float32, the dtype the CPU lossless tests use; bfloat16 halves the "
         "models' memory)",
     )
+    names = ", ".join(QUANTIZATION_NAMES)
+    d.add_argument(
+        "--quantization",
+        help=f"quantize the target as it loads: {names}, or a transformers quantization config's JSON (with "
+        "'quant_method'); the reply stays the quantized target's own (see vlmspec.quantization)",
+    )
+    d.add_argument("--draft-quantization", help=f"quantize the draft as it loads ({names} or JSON)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,7 +29,8 @@ already differ between a one-row and a many-row product of either library; greed
 wherever no two logits tie to that precision (``tests/test_kernels.py`` checks it against ``generate()`` on a
 calibrated pair, whose 1024-wide target is rerouted; the tiny test fixtures are below the size threshold).
 
-GPU models, other dtypes, and torch builds without oneDNN are left as they are.
+GPU models, other dtypes, quantized weights (torchao's tensor subclasses, which report the dtype they stand for)
+and torch builds without oneDNN are left as they are.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def _onednn_forward(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 def _eligible(layer: torch.nn.Module) -> bool:
     return (
         type(layer) is torch.nn.Linear
+        and type(layer.weight.data) is torch.Tensor  # dense: not a quantized tensor subclass (torchao's)
         and layer.weight.device.type == "cpu"
         and layer.weight.dtype == torch.float32
         and layer.weight.numel() >= MIN_WEIGHT_ELEMENTS

@@ -20,16 +20,23 @@ from .errors import InputNotFoundError, InvalidInputError
 from .models import TEXT_DRAFT_TYPES, EDDDraft, adapter_for, check_model_type
 from .models.edd import is_edd_folder
 from .named_pairs import is_local_path, is_pipeline_folder, resolve_pair
+from .quantization import resolve_quantization_config
 
-MODEL_OPTIONS = ("attn_implementation", "dtype", "chat_template")
+MODEL_OPTIONS = (
+    "attn_implementation",
+    "dtype",
+    "chat_template",
+    "quantization_config",
+    "draft_quantization_config",
+)
 """Model-loading keywords :meth:`vlmspec.VLMSpecPipeline.from_pretrained` takes among its ``**policy_options``:
-passed to both models' ``from_pretrained`` (``dtype`` is transformers 5's name for ``torch_dtype``), and
+passed to both models' ``from_pretrained`` (``dtype`` is transformers 5's name for ``torch_dtype``),
 ``chat_template``, a template (its text) the target's processor takes instead of its own (vLLM's
-``--chat-template``; a checkpoint without one needs it)."""
+``--chat-template``; a checkpoint without one needs it), and the target's and the draft's quantization
+(:mod:`vlmspec.quantization`)."""
 LOADING_KEYWORDS = (
     "device",
     "low_cpu_mem_usage",
-    "quantization_config",
     "load_in_8bit",
     "load_in_4bit",
     "max_memory",
@@ -63,6 +70,8 @@ def model_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
                 if name == "device"
                 else ""
             )
+            if name.startswith("load_in_"):
+                place = ": quantize the target with quantization_config=BitsAndBytesConfig(...) (or the name 'bnb-4bit')"
             raise InvalidInputError(
                 f"{name!r} is an argument of the models' from_pretrained, not a policy option; "
                 "VLMSpecPipeline.from_pretrained passes torch_dtype (or dtype), device_map, attn_implementation and "
@@ -83,6 +92,8 @@ def load_pair(
     attn_implementation: str | None = None,
     dtype: str | torch.dtype | None = None,
     chat_template: str | None = None,
+    quantization_config: Any = None,
+    draft_quantization_config: Any = None,
 ) -> tuple[torch.nn.Module, torch.nn.Module | None, Any]:
     """The target, the draft (``None`` when none is named) and the target's processor, loaded as
     :meth:`vlmspec.VLMSpecPipeline.from_pretrained` documents: named pairs resolved, an EDD draft read on top of its
@@ -91,11 +102,17 @@ def load_pair(
 
     Both folders (or hub ids) and the target's processor are checked before any weights load, so that a mistyped
     draft is reported before a large target has loaded. Weights load from safetensors only (no pickle).
+    ``quantization_config`` / ``draft_quantization_config`` quantize the target / the draft as they load
+    (:func:`vlmspec.quantization.resolve_quantization_config` takes).
     """
     torch_dtype = _dtype_alias(torch_dtype, dtype)
     check_dtype(torch_dtype)  # before anything loads or builds
     check_device_map(device_map)
     check_attn_implementation(attn_implementation)
+    quantization = (
+        resolve_quantization_config(quantization_config),
+        resolve_quantization_config(draft_quantization_config, "draft_quantization_config"),
+    )
     pair = resolve_pair(target, draft)
     target, draft = pair.target, pair.draft
     if calibration is not None and pair.calibration is not None and calibration != pair.calibration:
@@ -104,6 +121,7 @@ def load_pair(
         )
     calibration = pair.calibration if calibration is None else calibration
     edd = draft is not None and is_edd_folder(draft)
+    _check_quantized_roles(quantization, calibration, draft, edd)
     target_type = check_source(target, "target", trust_remote_code)
     text_draft = False
     if draft is not None and not edd:
@@ -118,8 +136,11 @@ def load_pair(
     )
     if attn_implementation is not None:
         load["attn_implementation"] = attn_implementation
-    target_model = _load_model(target, "target", load)
-    draft_model = _load_model(draft, "draft", load, text_draft) if draft is not None and not edd else None
+    target_model = _load_model(target, "target", _quantized(load, quantization[0]))
+    if draft is not None and not edd:
+        draft_model = _load_model(draft, "draft", _quantized(load, quantization[1]), text_draft)
+    else:
+        draft_model = None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     base_target = target_model
     if calibration is not None:
@@ -134,10 +155,40 @@ def load_pair(
         target_tokenizer = getattr(processor, "tokenizer", None)
         check_compatible(target_model, draft_model, target_tokenizer, draft_tokenizer)
     if device_map is None:
-        target_model.to(device)
-        if draft_model is not None:
-            draft_model.to(device)
+        for model in (target_model, draft_model):
+            if model is not None and next(model.parameters()).device.type != device.type:
+                model.to(device)  # not where transformers put it already (bitsandbytes' models refuse .to())
     return target_model, draft_model, processor
+
+
+def _quantized(load: dict[str, Any], config: Any) -> dict[str, Any]:
+    """``from_pretrained``'s keywords with ``config`` as its ``quantization_config`` (as they are without one)."""
+    return load if config is None else {**load, "quantization_config": config}
+
+
+def _check_quantized_roles(
+    quantization: tuple[Any, Any], calibration: str | None, draft: Any, edd: bool
+) -> None:
+    """Refuse a quantization the pair cannot take: a calibrated pair (its target is inflated from the small one's
+    dense weights as it loads), a draft's quantization where no draft model loads (none named; an EDD draft, a
+    layer read on top of the target's).
+
+    Raises:
+        InvalidInputError: naming the option and what to do.
+    """
+    target_config, draft_config = quantization
+    if calibration is not None and (target_config is not None or draft_config is not None):
+        raise InvalidInputError(
+            f"a quantization config was given with the calibration {calibration!r}: a calibrated pair's target is "
+            "inflated from its dense weights as it loads, which quantized layers cannot be; quantize a pair that "
+            "is not calibrated (e.g. 'testbed-base' for 'testbed-base@cpu')"
+        )
+    if draft_config is not None and (draft is None or edd):
+        what = "an EDD draft, a layer read on top of the target's," if edd else "no draft model"
+        raise InvalidInputError(
+            f"draft_quantization_config was given, but {what} loads here; leave it out (quantization_config "
+            "quantizes the target)"
+        )
 
 
 def _dtype_alias(torch_dtype: Any, dtype: Any) -> Any:
@@ -497,6 +548,14 @@ def _load_model(source: str | Path, role: str, load: dict[str, Any], text: bool 
     auto = AutoModelForCausalLM if text else AutoModelForImageTextToText
     try:
         return auto.from_pretrained(str(source), **load)
+    except ImportError as err:  # a quantization's package, checked by transformers before any weights load
+        if "quantization_config" not in load:
+            raise
+        method = getattr(load["quantization_config"], "quant_method", "?")
+        raise InvalidInputError(
+            f"the {role} model cannot be quantized here ({getattr(method, 'value', method)}): {err}; install the "
+            "package, or choose another quantization (vlmspec.quantization.QUANTIZATION_NAMES)"
+        ) from err
     except OSError as err:
         if is_local_path(source):
             raise

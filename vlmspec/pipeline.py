@@ -224,9 +224,14 @@ class VLMSpecPipeline(PromptBuilder):
                 whatever was saved).
             **policy_options: the policy's config options; also ``attn_implementation`` ('sdpa', 'eager') and
                 ``dtype`` (transformers 5's name for ``torch_dtype``), passed to both models' ``from_pretrained``,
-                and ``chat_template`` (a template's text, instead of the processor's own).
+                ``chat_template`` (a template's text, instead of the processor's own), and
+                ``quantization_config`` / ``draft_quantization_config``: the target / the draft quantized as it
+                loads (a transformers quantization config, its dict, or a name such as ``"int8"``; see
+                :mod:`vlmspec.quantization`).
         """
-        loading, policy_options = model_options(policy_options)  # attn_implementation, dtype, chat_template
+        loading, policy_options = model_options(
+            policy_options
+        )  # attn_implementation, dtype, ..., quantization
         saved = read_settings(target) if is_pipeline_folder(target) else {}
         if policy is None and saved:  # its policy, the options given here on top (an error names its file)
             policy, policy_options = saved_policy(target, saved, policy_options), {}

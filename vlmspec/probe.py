@@ -25,7 +25,7 @@ machine again would cost as much and read as noisily), and the next process meas
 through the whole probe is not detected (every round looks alike); its ratios ``c(N)/c(1)``, which the budgets use, suffer least from an even load.
 
 **Cache.** :func:`cached_costs` keys the result by what decides it: the device (CPU model and thread count, or
-GPU name), torch's version, each model's dtype and language-model shape (layers, widths, heads, vocabulary), the
+GPU name), torch's version, each model's dtype, quantization and language-model shape (layers, widths, heads, vocabulary), the
 kernels in use and the probe settings. The file is JSON under ``$VLMSPEC_CACHE/costs`` (default
 ``~/.cache/vlmspec/costs``); delete it to measure again.
 """
@@ -51,6 +51,7 @@ from .costs import ForwardCosts
 from .errors import InvalidInputError
 from .inputs import on_device
 from .models import DecodeState, VLMAdapter, adapter_for
+from .quantization import quantization_description
 from .tree import TokenTree, tree_attention_bias
 
 BUILD_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -311,6 +312,8 @@ def cached_costs(
 def _model_shape(model: torch.nn.Module) -> dict[str, Any]:
     text = model.config.get_text_config()
     shape = {key: getattr(text, key, None) for key in _SHAPE_KEYS}
+    quantization = quantization_description(model)  # a quantized model costs another time per forward
+    shape.update({"quantization": quantization} if quantization is not None else {})
     return {"type": model.config.model_type, "dtype": str(model.get_input_embeddings().weight.dtype), **shape}
 
 

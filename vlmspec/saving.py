@@ -37,6 +37,7 @@ from .named_pairs import PIPELINE_FILE, is_pipeline_folder
 from .policies import TreePolicy, get_policy, policy_class
 from .processor_settings import check_settings_form
 from .pruning import PruningConfig
+from .quantization import check_savable
 from .reasoning import REASONING_PARSERS, ReasoningParser, reasoning_parser
 
 REQUEST_SETTINGS = ("mm_processor_kwargs", "reasoning_parser")
@@ -78,6 +79,8 @@ def save_pipeline(pipe: Any, folder: str | Path) -> Path:
             f"cannot save the pipeline's settings {values!r:.200}: YAML cannot hold a value among them ({err}); "
             "use plain numbers, strings, lists and dicts"
         ) from None
+    for role, model in (("target", pipe.target), ("draft", pipe.draft)):
+        check_savable(model, role)  # before anything is written
     _check_folder(folder)
     real = folder.resolve()  # a linked folder is written where it points
     real.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from vlmspec.cli import (  # the boundary for user errors that `vlmspec caption`
     USER_ERRORS,
     ArgumentParser,
 )
+from vlmspec.quantization import QUANTIZATION_NAMES
 from vlmspec.reasoning import PARSER_NAMES
 
 from .config import (
@@ -89,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=keep,
         help="device_map for from_pretrained, e.g. auto (a large target over GPUs)",
     )
+    a("--quantization", default=keep,
+      help=f"quantize the target as it loads: {', '.join(QUANTIZATION_NAMES)} or a quantization config's JSON")  # fmt: skip
+    a("--draft-quantization", default=keep, help="quantize the draft as it loads (as --quantization)")
     a("--cpu", action="store_true", help="keep the models on the CPU (also ACCELERATE_USE_CPU=1)")
     a("--extensions", default=keep,
       help="comma-separated extensions for folder inputs; 'videos' and 'images' name groups (default videos); "

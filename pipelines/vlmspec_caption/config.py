@@ -14,6 +14,7 @@ import yaml
 
 from vlmspec.errors import VLMSpecError
 from vlmspec.processor_settings import check_settings_form
+from vlmspec.quantization import resolve_quantization_config
 from vlmspec.reasoning import NO_PARSER, PARSER_NAMES
 from vlmspec.structured_outputs import StructuredOutputs
 from vlmspec.validation import check_field_types
@@ -71,6 +72,8 @@ class JobConfig:
     family: str = "qwen2_vl"
     dtype: Dtype = "auto"
     device_map: str | None = None
+    quantization: str | dict[str, Any] | None = None
+    draft_quantization: str | dict[str, Any] | None = None
     policy: str | None = None
     policy_options: dict[str, Any] = field(default_factory=dict)
     prune_ratio: float | None = None
@@ -185,6 +188,11 @@ class JobConfig:
             check_settings_form(self.mm_processor_kwargs, key("mm_processor_kwargs"))
         except VLMSpecError as err:
             problems.append(str(err))
+        for name in ("quantization", "draft_quantization"):
+            try:  # a name or a config's dict, read as from_pretrained will (its package installed)
+                resolve_quantization_config(getattr(self, name), key(name))
+            except VLMSpecError as err:
+                problems.append(str(err))
         if problems:
             raise JobError(f"{source}: " + "; ".join(problems))
         return self
@@ -213,6 +221,9 @@ class JobConfig:
             out["reasoning_parser"] = self.reasoning_parser
         if self.mm_processor_kwargs:
             out["mm_processor_kwargs"] = dict(self.mm_processor_kwargs)
+        for name in ("quantization", "draft_quantization"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         if self.sampler == "qwen":
             out.update(
                 fps=self.fps,

@@ -168,6 +168,8 @@ def load_pipeline(
                 device_map=device_map if device_map is not None else config.device_map,
                 prune_ratio=config.prune_ratio,
                 calibration=calibration,
+                quantization_config=config.quantization,
+                draft_quantization_config=config.draft_quantization,
                 **config.policy_options,
             )
     except (OSError, ValueError, TypeError, KeyError, RuntimeError, ImportError) as err:

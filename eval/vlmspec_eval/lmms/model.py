@@ -512,6 +512,8 @@ def load_pipeline(options: ModelOptions, pair: ResolvedPair, device_map: str | N
         trust_remote_code=options.trust_remote_code,
         pruning=pruning,
         calibration=pair.calibration,
+        quantization_config=options.quantization,
+        draft_quantization_config=options.draft_quantization,
         **options.policy_options,
     )
 

@@ -55,6 +55,7 @@ from vlmspec.named_pairs import (
 from vlmspec.named_pairs import resolve_pair as resolve_named_pair
 from vlmspec.policies import PolicyConfig, available_policies, policy_class
 from vlmspec.pruning import PruningMethod
+from vlmspec.quantization import resolve_quantization_config
 from vlmspec.reasoning import REASONING_PARSERS
 from vlmspec.validation import check_field_types, coerce_fields
 
@@ -82,6 +83,9 @@ MODEL_ARGS: dict[str, str] = {
     "config": "a pair config: a YAML path or a name in configs/models/ (same keys as --model_args)",
     "dtype": "auto (checkpoint dtype, default), float32 (fp32), bfloat16 (bf16) or float16 (fp16)",
     "device_map": "passed to from_pretrained (e.g. auto to spread a large target over several GPUs)",
+    "quantization": "quantize the target as it loads: quanto-int8, torchao-int8, bnb-8bit or bnb-4bit; in a pair "
+    "config also a transformers quantization config's dict (vlmspec.quantization; default none)",
+    "draft_quantization": "quantize the draft as it loads (as quantization; default none)",
     "max_new_tokens": "upper bound on new tokens per request (the task's max_new_tokens is capped at it)",
     "num_frames": "frames sampled evenly from a video file (default 8)",
     "trust_remote_code": "run the checkpoints' own code (default false; only for checkpoints you trust)",
@@ -149,6 +153,8 @@ class ModelOptions:
     config: str | None = None
     dtype: Dtype = "auto"
     device_map: str | None = None
+    quantization: str | dict[str, Any] | None = None
+    draft_quantization: str | dict[str, Any] | None = None
     max_new_tokens: int | None = None
     num_frames: int = 8
     trust_remote_code: bool = False
@@ -190,6 +196,8 @@ class ModelOptions:
         for name in ("max_new_tokens", "num_frames"):
             value = getattr(self, name)
             _check(value is None or value >= 1, name, value, "expected an integer >= 1")
+        for name in ("quantization", "draft_quantization"):  # read as from_pretrained will, before any load
+            resolve_quantization_config(getattr(self, name), name)
         if self.batch_size is not None and self.batch_size < 1:
             raise InvalidInputError(
                 f"lmms-eval's --batch_size {self.batch_size} is invalid: give an integer >= 1, or auto for the "

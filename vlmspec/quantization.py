@@ -1,0 +1,153 @@
+"""Quantized targets and drafts: transformers' quantization configs, checked before anything loads.
+
+A target quantized on load (``from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit=True))`` on
+a GPU, ``QuantoConfig(weights="int8")`` or ``TorchAoConfig(Int8WeightOnlyConfig())`` on a CPU too) or saved
+quantized (an AWQ, GPTQ, torchao checkpoint, whose ``config.json`` says so) decodes as any other: greedy speculative output is the *quantized* target's own greedy
+``generate()``, token for token, because the target's verification forward is the only judge of what is accepted.
+Quantizing the draft changes only how often its guesses are accepted, never the reply.
+
+Why two options (``quantization_config`` for the target, ``draft_quantization_config`` for the draft) rather than
+one for both, as vLLM keeps the draft's quantization apart from the target's (``speculative_config``): the target
+is what must fit in memory, and a draft a tenth of its size is usually best left as it is (its forwards are the
+cheap part, and a coarser draft accepts less); where the draft is quantized too, it may want another scheme.
+
+Names for the command lines (``--quantization quanto-int8``; lmms-eval's ``quantization=bnb-4bit``), each one
+config of transformers' (:data:`QUANTIZATION_NAMES`), named by method, as vLLM's ``--quantization`` is; any other
+is given as the config's JSON (its ``to_dict()``, with ``quant_method``), which transformers reads as it reads a
+checkpoint's. Each method's package is installed apart (``pip install 'vlmspec[quant]'`` brings optimum-quanto).
+Installing torchao has a cost for every process, quantized or not: transformers imports it with its quantizers
+whenever it is installed, at every model load.
+
+A model quantized on load whose method transformers cannot save (quanto's) is refused by
+:meth:`~vlmspec.VLMSpecPipeline.save_pretrained`: save the pipeline unquantized and quantize it where it loads
+(``from_pretrained(folder, quantization_config=...)``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .errors import InvalidInputError
+
+
+def _quanto_int8() -> Any:
+    from transformers import QuantoConfig
+
+    return QuantoConfig(weights="int8")
+
+
+def _torchao_int8() -> Any:
+    from torchao.quantization import Int8WeightOnlyConfig
+    from transformers import TorchAoConfig
+
+    return TorchAoConfig(Int8WeightOnlyConfig())
+
+
+def _bitsandbytes(bits: int) -> Callable[[], Any]:
+    def config() -> Any:
+        from transformers import BitsAndBytesConfig
+
+        if bits == 8:
+            return BitsAndBytesConfig(load_in_8bit=True)
+        return BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True
+        )
+
+    return config
+
+
+QUANTIZATION_NAMES: dict[str, tuple[Callable[[], Any], str]] = {
+    "quanto-int8": (_quanto_int8, "optimum-quanto's int8 weights (CPU and GPU; needs optimum-quanto)"),
+    "torchao-int8": (
+        _torchao_int8,
+        "torchao's int8 weight-only, per-row scales (CPU and GPU; needs torchao)",
+    ),
+    "bnb-8bit": (_bitsandbytes(8), "bitsandbytes' LLM.int8() (GPU; needs bitsandbytes)"),
+    "bnb-4bit": (
+        _bitsandbytes(4),
+        "bitsandbytes' 4-bit NF4 with double quantization (GPU; needs bitsandbytes)",
+    ),
+}
+"""The command lines' names for the usual quantization configs, with what each is."""
+
+
+def resolve_quantization_config(value: Any, name: str = "quantization_config") -> Any:
+    """``value`` as a config ``from_pretrained`` takes: a transformers ``QuantizationConfigMixin`` as it is, a
+    name of :data:`QUANTIZATION_NAMES` built, a dict (or its JSON text) read by transformers'
+    ``AutoQuantizationConfig.from_dict``; ``None`` stays ``None``.
+
+    Raises:
+        InvalidInputError: naming ``name``, the value and what is taken (an unknown ``quant_method``, a method
+            whose package is missing, a value of another type).
+    """
+    if value is None:  # nothing imported: the command lines check their flags before torch loads
+        return None
+    from transformers.utils.quantization_config import QuantizationConfigMixin
+
+    if isinstance(value, QuantizationConfigMixin):
+        return value
+    if isinstance(value, str) and value in QUANTIZATION_NAMES:
+        return _built(QUANTIZATION_NAMES[value][0], name, value)
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise InvalidInputError(f"{name}={value!r} is not valid JSON ({err.msg}); {_TAKEN}") from err
+    if isinstance(value, Mapping) and "quant_method" in value:
+        from transformers.quantizers.auto import AutoQuantizationConfig
+
+        return _built(lambda: AutoQuantizationConfig.from_dict(dict(value)), name, value)
+    raise InvalidInputError(f"{name}={value!r} is invalid; {_TAKEN}")
+
+
+_TAKEN = (
+    "give a transformers quantization config (BitsAndBytesConfig, TorchAoConfig, ...), its dict with "
+    f"'quant_method' (or that dict's JSON text), or one of the names {', '.join(QUANTIZATION_NAMES)} ("
+    + "; ".join(f"{key}: {what}" for key, (_, what) in QUANTIZATION_NAMES.items())
+    + ")"
+)
+
+
+def _built(build: Callable[[], Any], name: str, given: Any) -> Any:
+    """``build()``, its failure (a package missing, a method transformers does not know) named with ``name``."""
+    try:
+        return build()
+    except ImportError as err:
+        raise InvalidInputError(
+            f"{name}={given!r} needs a package that is not installed ({err}); install it (optimum-quanto: pip "
+            "install 'vlmspec[quant]'; torchao: pip install torchao; bitsandbytes: pip install bitsandbytes)"
+        ) from err
+    except (ValueError, KeyError, TypeError) as err:
+        raise InvalidInputError(
+            f"{name}={given!r} is not a quantization config transformers reads ({err})"
+        ) from err
+
+
+def quantization_description(model: Any) -> dict[str, Any] | None:
+    """How ``model``'s weights are quantized (its config's ``quantization_config`` as a dict), ``None`` when they
+    are not: the cost probe keys its readings by it, since a quantized model costs another time per forward."""
+    found = getattr(model.config, "quantization_config", None)
+    if found is None:
+        return None
+    as_dict = found.to_dict() if hasattr(found, "to_dict") else dict(found)
+    return json.loads(
+        json.dumps(as_dict, sort_keys=True, default=str)
+    )  # JSON-safe: enums and classes as text
+
+
+def check_savable(model: Any, role: str) -> None:
+    """Refuse to save ``model`` where it was quantized on load by a method transformers cannot save (quanto's).
+
+    Raises:
+        InvalidInputError: naming the role, the method and what to do.
+    """
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None and not quantizer.is_serializable():
+        method = quantization_description(model) or {}
+        raise InvalidInputError(
+            f"the {role} model is quantized with {method.get('quant_method', '?')}, which transformers cannot save; "
+            "save the pipeline with the model unquantized, and quantize it where it loads "
+            "(VLMSpecPipeline.from_pretrained(folder, quantization_config=...))"
+        )
