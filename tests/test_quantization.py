@@ -29,21 +29,24 @@ def _quantized_layers(model: torch.nn.Module) -> int:
     return sum(isinstance(m, QModuleMixin) for m in model.modules())
 
 
-@pytest.mark.parametrize("role", ["target", "draft"])
+@pytest.mark.parametrize("role", ["target", "draft", "self"])
 def test_a_quantized_model_leaves_the_reply_the_target_s_own(tiny_pairs, role):
+    """The target quantized (by name), the draft (transformers' config object), or the target's own checkpoint
+    quantized as its draft ("self": self-speculation)."""
     pair = tiny_pairs[FAMILY]
-    option = (  # by name, and as transformers' config object
+    draft = pair.target if role == "self" else pair.draft
+    option = (
         {"quantization_config": "quanto-int8"}
         if role == "target"
         else {"draft_quantization_config": QuantoConfig(weights="int8")}
     )
     pipe = VLMSpecPipeline.from_pretrained(
-        pair.target, pair.draft, policy="sage", torch_dtype=torch.float32, **option
+        pair.target, draft, policy="sage", torch_dtype=torch.float32, **option
     )
     quantized, dense = (pipe.target, pipe.draft) if role == "target" else (pipe.draft, pipe.target)
     assert _quantized_layers(quantized) > 0 and _quantized_layers(dense) == 0
     ids = {"input_ids": torch.tensor([[1, 2, 3, 4, 5]])}
-    plain = AutoModelForImageTextToText.from_pretrained(pair.target if role == "target" else pair.draft)
+    plain = AutoModelForImageTextToText.from_pretrained(pair.target if role == "target" else draft)
     assert not torch.equal(quantized(**ids).logits, plain(**ids).logits)  # the weights did change
     accepted = 0
     for kind, image, video in input_kinds():

@@ -4,7 +4,9 @@ A target quantized on load (``from_pretrained(..., quantization_config=BitsAndBy
 a GPU, ``QuantoConfig(weights="int8")`` or ``TorchAoConfig(Int8WeightOnlyConfig())`` on a CPU too) or saved
 quantized (an AWQ, GPTQ, torchao checkpoint, whose ``config.json`` says so) decodes as any other: greedy speculative output is the *quantized* target's own greedy
 ``generate()``, token for token, because the target's verification forward is the only judge of what is accepted.
-Quantizing the draft changes only how often its guesses are accepted, never the reply.
+Quantizing the draft changes only how often its guesses are accepted, never the reply; the target's own
+checkpoint, quantized, can draft for it (self-speculation: ``from_pretrained(target, target,
+draft_quantization_config=...)``).
 
 Why two options (``quantization_config`` for the target, ``draft_quantization_config`` for the draft) rather than
 one for both, as vLLM keeps the draft's quantization apart from the target's (``speculative_config``): the target
