@@ -153,10 +153,12 @@ def test_a_quantization_whose_package_is_missing_is_named_with_the_model_s_role(
         VLMSpecPipeline.from_pretrained(pair.target, pair.draft, draft_quantization_config="bnb-4bit")
 
 
-def test_the_command_lines_the_caption_job_and_lmms_eval_take_a_quantization(tiny_pairs, monkeypatch):
+def test_the_command_lines_the_caption_job_the_bench_and_lmms_eval_take_a_quantization(tiny_pairs):
     from vlmspec_caption.config import JobConfig, JobError
     from vlmspec_caption.models import load_pipeline as job_pipeline
+    from vlmspec_eval.bench import BenchConfig, describe_pair
     from vlmspec_eval.lmms.options import parse_model_args
+    from vlmspec_eval.tasks import load_config_pair
 
     from vlmspec.cli import build_parser, load_pipeline
 
@@ -179,3 +181,9 @@ def test_the_command_lines_the_caption_job_and_lmms_eval_take_a_quantization(tin
     assert parse_model_args({"target": "tiny", "quantization": "bnb-4bit"}).quantization == "bnb-4bit"
     with pytest.raises(InvalidInputError, match=r"^quantization='int3' is invalid"):
         parse_model_args({"target": "tiny", "quantization": "int3"})
+
+    bench = BenchConfig(target="tiny", draft_quantization="quanto-int8").validated()
+    pair, pipe = load_config_pair(bench)
+    assert describe_pair(pipe, pair, bench.dtype)["quantization"] == {"target": None, "draft": "quanto"}
+    with pytest.raises(InvalidInputError, match=r"^quantization='int3' is invalid"):
+        BenchConfig(quantization="int3").validated()

@@ -42,6 +42,7 @@ from vlmspec.cli import check_output_path
 from vlmspec.costs import DEFAULT_BUDGET_FACTOR, check_budget_factor
 from vlmspec.named_pairs import ResolvedPair
 from vlmspec.probe import check_sizes
+from vlmspec.quantization import quantization_description, resolve_quantization_config
 
 from .analysis import entropy_report, tau_vs_length, token_entropies
 from .bench_cli import DEFAULT_PRUNE_RATIOS, DTYPES, INPUT_SOURCES, PROBE_SIZES, TASKS
@@ -103,6 +104,8 @@ class BenchConfig:
     probe_runs: int = 7
     inputs: str = "auto"
     dtype: str = "float32"
+    quantization: str | None = None
+    draft_quantization: str | None = None
     out: Path = field(default_factory=lambda: Path("bench_out"))
     json_path: Path | None = None
     plots: bool = True
@@ -133,6 +136,8 @@ class BenchConfig:
                 raise ValueError(f"{name}={getattr(self, name)} is invalid: use an integer >= 1")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; valid: {', '.join(DTYPES)}")
+        for name in ("quantization", "draft_quantization"):  # before any model loads
+            resolve_quantization_config(getattr(self, name), name)
         if self.inputs not in INPUT_SOURCES:
             raise ValueError(f"unknown input source {self.inputs!r}; valid: {', '.join(INPUT_SOURCES)}")
         check_budget_factor(self.auto_factor, "auto factor")
@@ -354,9 +359,18 @@ def describe_pair(pipe: Any, pair: ResolvedPair | None, dtype: str) -> dict[str,
         "source": pair.source if pair else "given pipeline",
         "family": pipe.target.config.model_type,
         "dtype": str(pipe.target.dtype).replace("torch.", "") if dtype == "auto" else dtype,
+        "quantization": {
+            role: _method(model) for role, model in (("target", pipe.target), ("draft", pipe.draft))
+        },
         "target_params_m": params(pipe.target),
         "draft_params_m": params(pipe.draft),
     }
+
+
+def _method(model: torch.nn.Module | None) -> str | None:
+    """How ``model`` is quantized (its ``quant_method``), ``None`` when it is not."""
+    description = quantization_description(model) if model is not None and hasattr(model, "config") else None
+    return description.get("quant_method") if description else None
 
 
 def settings(

@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="input source (default auto: testbed if importable)",
     )
     a("--dtype", choices=DTYPES, default="float32", help="model dtype (default float32)")
+    a("--quantization", default=None,
+      help="quantize the target as it loads, for every row (quanto-int8, torchao-int8, bnb-8bit, bnb-4bit or JSON)")  # fmt: skip
+    a("--draft-quantization", default=None, help="quantize the draft as it loads (as --quantization)")
     a("--out", type=Path, default=Path("bench_out"), help="output folder (default bench_out/)")
     a("--json", type=Path, default=None, help="also write the JSON result here")
     a("--threads", type=int, default=None, help="torch CPU threads during the run (default: torch's)")

@@ -195,6 +195,12 @@ def median_or_none(values) -> float | None:
 
 
 # ---- markdown -------------------------------------------------------------------------------------------------
+def _quantized(pair: dict[str, Any]) -> str:
+    """``", target quanto"``-like words for the pair's quantized models (``""`` when none is)."""
+    methods = pair.get("quantization") or {}
+    return "".join(f", {role} {method}" for role, method in methods.items() if method)
+
+
 def fmt(value: Any, spec: str = ".2f") -> str:
     """A table cell: ``-`` for ``None`` or a non-finite float, yes/NO for a bool, ``spec`` for a float."""
     if value is None:
@@ -408,7 +414,7 @@ def markdown(result: dict[str, Any]) -> str:
         "# vlmspec bench",
         "",
         f"- pair: target `{pair['target']}`, draft `{pair['draft']}` ({pair['source']}, {pair['family']}, "
-        f"{pair['dtype']}; {fmt(pair.get('target_params_m'), '.1f')}M / {fmt(pair.get('draft_params_m'), '.1f')}M "
+        f"{pair['dtype']}{_quantized(pair)}; {fmt(pair.get('target_params_m'), '.1f')}M / {fmt(pair.get('draft_params_m'), '.1f')}M "
         "params)",
         f"- device: {result['device']}",
         f"- inputs: {settings['inputs_source']}, {settings['n']} per task x {settings['repeats']} repeats "

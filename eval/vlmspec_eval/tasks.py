@@ -230,16 +230,20 @@ def testbed_size_family(pair: ResolvedPair | None) -> tuple[str, str] | None:
     return (parts[1], parts[2]) if len(parts) == 3 and parts[0] == "testbed" else None
 
 
-def load_pipeline(pair: ResolvedPair, dtype: str) -> Any:
-    """The pipeline of ``pair`` in ``dtype`` (policy ``ar``; the bench swaps policies per run)."""
+def load_pipeline(
+    pair: ResolvedPair, dtype: str, quantization: Any = None, draft_quantization: Any = None
+) -> Any:
+    """The pipeline of ``pair`` in ``dtype`` (policy ``ar``; the bench swaps policies per run), its models quantized
+    as the bench's ``--quantization`` / ``--draft-quantization`` say."""
     from vlmspec import VLMSpecPipeline
 
     return VLMSpecPipeline.from_pretrained(
-        pair.target, pair.draft, policy=AR, torch_dtype=dtype, calibration=pair.calibration
-    )
+        pair.target, pair.draft, policy=AR, torch_dtype=dtype, calibration=pair.calibration,
+        quantization_config=quantization, draft_quantization_config=draft_quantization,
+    )  # fmt: skip
 
 
 def load_config_pair(config: Any) -> tuple[ResolvedPair, Any]:
     """The pair ``config`` names (its default pair when it names none) and that pair's pipeline."""
     pair = resolve_pair(config.target, config.draft, config.family, config.size, config.calibration)
-    return pair, load_pipeline(pair, config.dtype)
+    return pair, load_pipeline(pair, config.dtype, config.quantization, config.draft_quantization)
