@@ -75,6 +75,13 @@ def test_a_quantized_pipeline_is_probed_apart_and_saved_only_where_transformers_
         InvalidInputError, match=r"^the target model is quantized with quanto, which transformers"
     ):
         pipe.save_pretrained(tmp_path / "pipe")
+    self_draft = VLMSpecPipeline(
+        dense.target, pipe.target, dense.processor, policy="chain"
+    )  # quantized as draft
+    with pytest.raises(
+        InvalidInputError, match=r"^the draft model is .*from_pretrained\(folder, draft_quantization_"
+    ):
+        self_draft.save_pretrained(tmp_path / "pipe")
     assert not (tmp_path / "pipe").exists()  # refused before anything was written
     dense.save_pretrained(tmp_path / "pipe")  # the way it says: saved dense, quantized where it loads
     back = VLMSpecPipeline.from_pretrained(tmp_path / "pipe", quantization_config="quanto-int8")
@@ -116,10 +123,17 @@ def _no_weights(*args, **kwargs):
         ({"draft_quantization_config": 8}, r"^draft_quantization_config=8 is invalid"),
         (
             {"quantization_config": "bnb-4bit", "calibration": "cpu"},
-            r"calibration 'cpu': a calibrated pair's",
+            r"^quantization_config was given with the calibration 'cpu', which inflates",
         ),
         ({"draft_quantization_config": "quanto-int8", "policy": "ar"}, r"but no draft model loads here"),
-        ({"load_in_4bit": True}, r"^'load_in_4bit' is an argument .*quantization_config=BitsAndBytesConfig"),
+        (
+            {"draft_quantization_config": "bnb-4bit", "calibration": "7b-2b"},
+            r"^draft_quantization_config was given ",
+        ),
+        (
+            {"load_in_8bit": True},
+            r"^'load_in_8bit' is an .*BitsAndBytesConfig\(load_in_8bit=True\) \(or 'bnb-8bit'\)",
+        ),
     ],
 )
 def test_a_quantization_the_pair_cannot_take_is_refused_before_any_weights_load(
@@ -148,7 +162,7 @@ def test_names_and_dicts_become_transformers_configs():
 def test_a_quantization_whose_package_is_missing_is_named_with_the_model_s_role(tiny_pairs):
     pair = tiny_pairs[FAMILY]
     with pytest.raises(
-        InvalidInputError, match=r"^the draft model cannot be quantized here \(bitsandbytes\)"
+        InvalidInputError, match=r"^the draft model could not load with its quantization \(bitsandbytes\)"
     ):
         VLMSpecPipeline.from_pretrained(pair.target, pair.draft, draft_quantization_config="bnb-4bit")
 
@@ -168,6 +182,11 @@ def test_the_command_lines_the_caption_job_the_bench_and_lmms_eval_take_a_quanti
     bad = argparse.Namespace(**{**vars(args), "draft_quantization": "int3"})
     with pytest.raises(InvalidInputError, match=r"^--draft-quantization='int3' is invalid"):
         load_pipeline(bad, "vlmspec demo")
+    no_draft = argparse.Namespace(**{**vars(args), "draft_quantization": "quanto-int8", "policy": "ar"})
+    with pytest.raises(
+        InvalidInputError, match=r"^--draft-quantization was given, but vlmspec demo runs no draft"
+    ):
+        load_pipeline(no_draft, "vlmspec demo")
 
     config = JobConfig.from_mapping(
         {"target": "tiny", "policy": "chain", "quantization": "quanto-int8"}, "test"

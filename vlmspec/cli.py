@@ -129,6 +129,8 @@ def load_pipeline(args: argparse.Namespace, command: str) -> Any:
     saved = is_pipeline_folder(args.target)  # a saved pipeline brings its own settings
     # the command keeps its policy, so a draft it never runs (--policy ar) is not loaded
     draft = args.draft if saved else (pair.draft if policy.uses_draft else None)
+    if options.get("draft_quantization_config") is not None and draft is None and not saved:
+        raise InvalidInputError(f"--draft-quantization was given, but {command} runs no draft (policy ar)")
     # the server fronts' flags, in place of a saved pipeline's (their form checked before any model loads)
     settings = getattr(args, "mm_processor_kwargs", None)
     check_settings_form(settings, "--mm-processor-kwargs")

@@ -71,7 +71,8 @@ def model_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
                 else ""
             )
             if name.startswith("load_in_"):
-                place = ": quantize the target with quantization_config=BitsAndBytesConfig(...) (or the name 'bnb-4bit')"
+                bits = name.removeprefix("load_in_")
+                place = f": quantize the target with quantization_config=BitsAndBytesConfig({name}=True) (or 'bnb-{bits}')"
             raise InvalidInputError(
                 f"{name!r} is an argument of the models' from_pretrained, not a policy option; "
                 "VLMSpecPipeline.from_pretrained passes torch_dtype (or dtype), device_map, attn_implementation and "
@@ -169,19 +170,26 @@ def _quantized(load: dict[str, Any], config: Any) -> dict[str, Any]:
 def _check_quantized_roles(
     quantization: tuple[Any, Any], calibration: str | None, draft: Any, edd: bool
 ) -> None:
-    """Refuse a quantization the pair cannot take: a calibrated pair (its target is inflated from the small one's
-    dense weights as it loads), a draft's quantization where no draft model loads (none named; an EDD draft, a
-    layer read on top of the target's).
+    """Refuse a quantization the pair cannot take: a model a calibration inflates from its dense weights as it loads
+    (the target; the draft where the calibration has a draft shape), a draft's quantization where no draft model
+    loads (none named; an EDD draft, a layer read on top of the target's).
 
     Raises:
         InvalidInputError: naming the option and what to do.
     """
+    from .testbed.shapes import get_calibration
+
     target_config, draft_config = quantization
-    if calibration is not None and (target_config is not None or draft_config is not None):
+    inflated = calibration is not None and (
+        target_config is not None
+        or (draft_config is not None and get_calibration(calibration).draft is not None)
+    )
+    if inflated:
+        role = "quantization_config" if target_config is not None else "draft_quantization_config"
         raise InvalidInputError(
-            f"a quantization config was given with the calibration {calibration!r}: a calibrated pair's target is "
-            "inflated from its dense weights as it loads, which quantized layers cannot be; quantize a pair that "
-            "is not calibrated (e.g. 'testbed-base' for 'testbed-base@cpu')"
+            f"{role} was given with the calibration {calibration!r}, which inflates that model from its dense "
+            "weights as it loads, which quantized layers cannot be; quantize a pair that is not calibrated (e.g. "
+            "'testbed-base' for 'testbed-base@cpu')"
         )
     if draft_config is not None and (draft is None or edd):
         what = "an EDD draft, a layer read on top of the target's," if edd else "no draft model"
@@ -244,7 +252,7 @@ def check_dtype(torch_dtype: Any) -> None:
     """Refuse a ``torch_dtype`` that ``from_pretrained`` cannot take: it takes ``"auto"``, ``None`` (torch's
     default), a floating-point ``torch.dtype``, its name (``"bfloat16"``) or a dict of them per sub-config. An
     integer or bool dtype (``"int8"``) is refused here: transformers would fail in the middle of the load, and
-    quantized weights are not a dtype (load such a model yourself and pass it to ``VLMSpecPipeline``).
+    quantized weights are not a dtype (``quantization_config`` quantizes them: :mod:`vlmspec.quantization`).
 
     Raises:
         ValueError: naming the value and what is taken.
@@ -553,8 +561,8 @@ def _load_model(source: str | Path, role: str, load: dict[str, Any], text: bool 
             raise
         method = getattr(load["quantization_config"], "quant_method", "?")
         raise InvalidInputError(
-            f"the {role} model cannot be quantized here ({getattr(method, 'value', method)}): {err}; install the "
-            "package, or choose another quantization (vlmspec.quantization.QUANTIZATION_NAMES)"
+            f"the {role} model could not load with its quantization ({getattr(method, 'value', method)}): {err}; "
+            "install the package it names, or choose another quantization (vlmspec.quantization.QUANTIZATION_NAMES)"
         ) from err
     except OSError as err:
         if is_local_path(source):

@@ -226,7 +226,7 @@ class VLMSpecPipeline(PromptBuilder):
                 ``dtype`` (transformers 5's name for ``torch_dtype``), passed to both models' ``from_pretrained``,
                 ``chat_template`` (a template's text, instead of the processor's own), and
                 ``quantization_config`` / ``draft_quantization_config``: the target / the draft quantized as it
-                loads (a transformers quantization config, its dict, or a name such as ``"int8"``; see
+                loads (a transformers quantization config, its dict, or a name such as ``"bnb-4bit"``; see
                 :mod:`vlmspec.quantization`).
         """
         loading, policy_options = model_options(

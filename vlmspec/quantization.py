@@ -78,14 +78,14 @@ QUANTIZATION_NAMES: dict[str, tuple[Callable[[], Any], str]] = {
 def resolve_quantization_config(value: Any, name: str = "quantization_config") -> Any:
     """``value`` as a config ``from_pretrained`` takes: a transformers ``QuantizationConfigMixin`` as it is, a
     name of :data:`QUANTIZATION_NAMES` built, a dict (or its JSON text) read by transformers'
-    ``AutoQuantizationConfig.from_dict``; ``None`` stays ``None``.
+    ``AutoQuantizationConfig.from_dict``; ``None`` (or ``"none"``, a command line's) is ``None``.
 
     Raises:
         InvalidInputError: naming ``name``, the value and what is taken (an unknown ``quant_method``, a method
             whose package is missing, a value of another type).
     """
-    if value is None:  # nothing imported: the command lines check their flags before torch loads
-        return None
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "")):
+        return None  # nothing imported: the command lines check their flags before torch loads
     from transformers.utils.quantization_config import QuantizationConfigMixin
 
     if isinstance(value, QuantizationConfigMixin):
@@ -148,8 +148,9 @@ def check_savable(model: Any, role: str) -> None:
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None and not quantizer.is_serializable():
         method = quantization_description(model) or {}
+        option = "quantization_config" if role == "target" else "draft_quantization_config"
         raise InvalidInputError(
             f"the {role} model is quantized with {method.get('quant_method', '?')}, which transformers cannot save; "
-            "save the pipeline with the model unquantized, and quantize it where it loads "
-            "(VLMSpecPipeline.from_pretrained(folder, quantization_config=...))"
+            f"save the pipeline with the model unquantized, and quantize it where it loads "
+            f"(VLMSpecPipeline.from_pretrained(folder, {option}=...))"
         )

@@ -351,7 +351,10 @@ def describe_device(pipe: Any) -> str:
 
 def describe_pair(pipe: Any, pair: ResolvedPair | None, dtype: str) -> dict[str, Any]:
     def params(model: torch.nn.Module | None) -> float | None:
-        return sum(p.numel() for p in model.parameters()) / 1e6 if model is not None else None
+        if model is None:
+            return None
+        count = getattr(model, "num_parameters", None)  # transformers' counts packed 4-bit weights whole
+        return (count() if count is not None else sum(p.numel() for p in model.parameters())) / 1e6
 
     return {
         "target": pair.target if pair else getattr(pipe.target, "name_or_path", "?"),

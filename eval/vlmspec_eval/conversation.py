@@ -33,7 +33,7 @@ from vlmspec.chat import system_turn
 from .bench import progress_log, torch_threads
 from .methods import EDD_PREFIX
 from .report import table, write_section
-from .tasks import load_config_pair, section_edd_pipeline
+from .tasks import load_config_pair, pair_heading, section_edd_pipeline
 
 TURNS = 3
 SYSTEM = "You are a helpful assistant."
@@ -221,7 +221,7 @@ def run_section(config: Any, policies: Sequence[str]) -> int:
     with torch_threads(config.threads):
         pair, pipe = load_config_pair(config)
         head = (
-            f"pair {pair.source}; {config.n} conversations of {TURNS} turns; up to {config.max_new_tokens} new "
+            f"pair {pair_heading(pair, config)}; {config.n} conversations of {TURNS} turns; up to {config.max_new_tokens} new "
             "tokens per reply"
         )
         print(head, flush=True)

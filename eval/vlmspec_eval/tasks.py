@@ -208,7 +208,7 @@ def load_edd_pipeline(pipe: Any, pair: ResolvedPair | None, config: Any) -> tupl
             return None, f"{err} (the bench: --edd DIR)"
     if pair is None:
         return None, "the bench was given a pipeline, not a pair: no EDD draft can be loaded for it"
-    loaded = load_pipeline(replace(pair, draft=source), config.dtype)
+    loaded = load_pipeline(replace(pair, draft=source), config.dtype, config.quantization)
     return VLMSpecPipeline(pipe.target, loaded.draft, pipe.processor, policy=AR), ""
 
 
@@ -241,6 +241,13 @@ def load_pipeline(
         pair.target, pair.draft, policy=AR, torch_dtype=dtype, calibration=pair.calibration,
         quantization_config=quantization, draft_quantization_config=draft_quantization,
     )  # fmt: skip
+
+
+def pair_heading(pair: ResolvedPair, config: Any) -> str:
+    """``pair.source`` with the models ``config`` quantizes (``--quantization``), for the sections' headings."""
+    given = (("target", config.quantization), ("draft", config.draft_quantization))
+    quantized = [f"{role} {value}" for role, value in given if value is not None]
+    return pair.source + (f" (quantized: {', '.join(quantized)})" if quantized else "")
 
 
 def load_config_pair(config: Any) -> tuple[ResolvedPair, Any]:

@@ -29,7 +29,7 @@ from vlmspec.stopping import eos_token_ids, until_eos
 from .bench import progress_log, torch_threads
 from .methods import EDD_PREFIX
 from .report import table, write_section
-from .tasks import load_config_pair, load_inputs, section_edd_pipeline
+from .tasks import load_config_pair, load_inputs, pair_heading, section_edd_pipeline
 
 
 @dataclass
@@ -162,11 +162,14 @@ def run_section(config: Any, sizes: Sequence[int], policies: Sequence[str]) -> i
         pair, pipe = load_config_pair(config)
         edd_pipe = section_edd_pipeline(pipe, pair, config, policies)
         requests = video_requests(config.n, config.seed, config.max_new_tokens)
-        print(f"pair {pair.source}; {config.n} videos; {config.max_new_tokens} tokens", flush=True)
+        print(
+            f"pair {pair_heading(pair, config)}; {config.n} videos; {config.max_new_tokens} tokens",
+            flush=True,
+        )
         rows = measure_throughput(
             pipe, requests, sizes, policies, log=progress_log(config.verbose), edd_pipe=edd_pipe
         )
     text = markdown(rows)
     print(text)
-    head = f"pair {pair.source}; {config.n} videos; {config.max_new_tokens} new tokens"
+    head = f"pair {pair_heading(pair, config)}; {config.n} videos; {config.max_new_tokens} new tokens"
     return write_section(config.out, "throughput.md", f"{head}\n\n{text}")
