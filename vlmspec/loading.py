@@ -4,6 +4,7 @@ weights load, EDD drafts, calibration, and the compatibility check."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from .errors import InputNotFoundError, InvalidInputError
 from .models import TEXT_DRAFT_TYPES, EDDDraft, adapter_for, check_model_type
 from .models.edd import is_edd_folder
 from .named_pairs import is_local_path, is_pipeline_folder, resolve_pair
-from .quantization import resolve_quantization_config
+from .quantization import check_draft_quantization, resolve_quantization_config, with_quantization
 
 MODEL_OPTIONS = (
     "attn_implementation",
@@ -122,7 +123,7 @@ def load_pair(
         )
     calibration = pair.calibration if calibration is None else calibration
     edd = draft is not None and is_edd_folder(draft)
-    _check_quantized_roles(quantization, calibration, draft, edd)
+    check_draft_quantization(quantization[1], draft, edd)
     target_type = check_source(target, "target", trust_remote_code)
     text_draft = False
     if draft is not None and not edd:
@@ -137,9 +138,10 @@ def load_pair(
     )
     if attn_implementation is not None:
         load["attn_implementation"] = attn_implementation
-    target_model = _load_model(target, "target", _quantized(load, quantization[0]))
+    on_load = quantization if calibration is None else (None, None)  # a calibration inflates dense weights
+    target_model = _load_model(target, "target", with_quantization(load, on_load[0]))
     if draft is not None and not edd:
-        draft_model = _load_model(draft, "draft", _quantized(load, quantization[1]), text_draft)
+        draft_model = _load_model(draft, "draft", with_quantization(load, on_load[1]), text_draft)
     else:
         draft_model = None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -150,6 +152,8 @@ def load_pair(
         # inflated where the models will run (a 7B-shaped target is built on the GPU, not copied there)
         where = device if device_map is None else target_model.device
         target_model, draft_model = calibrate(target_model, draft_model, calibration, device=where)
+        target_model = _quantized_copy(target_model, "target", load, quantization[0])
+        draft_model = _quantized_copy(draft_model, "draft", load, quantization[1], text_draft)
     if edd:  # an EDD draft: trained for this target, read on top of it
         draft_model = _edd_draft(draft, base_target, target_model)
     if draft_model is not None and not edd:
@@ -162,41 +166,17 @@ def load_pair(
     return target_model, draft_model, processor
 
 
-def _quantized(load: dict[str, Any], config: Any) -> dict[str, Any]:
-    """``from_pretrained``'s keywords with ``config`` as its ``quantization_config`` (as they are without one)."""
-    return load if config is None else {**load, "quantization_config": config}
-
-
-def _check_quantized_roles(
-    quantization: tuple[Any, Any], calibration: str | None, draft: Any, edd: bool
-) -> None:
-    """Refuse a quantization the pair cannot take: a model a calibration inflates from its dense weights as it loads
-    (the target; the draft where the calibration has a draft shape), a draft's quantization where no draft model
-    loads (none named; an EDD draft, a layer read on top of the target's).
-
-    Raises:
-        InvalidInputError: naming the option and what to do.
-    """
-    from .testbed.shapes import get_calibration
-
-    target_config, draft_config = quantization
-    inflated = calibration is not None and (
-        target_config is not None
-        or (draft_config is not None and get_calibration(calibration).draft is not None)
-    )
-    if inflated:
-        role = "quantization_config" if target_config is not None else "draft_quantization_config"
-        raise InvalidInputError(
-            f"{role} was given with the calibration {calibration!r}, which inflates that model from its dense "
-            "weights as it loads, which quantized layers cannot be; quantize a pair that is not calibrated (e.g. "
-            "'testbed-base' for 'testbed-base@cpu')"
-        )
-    if draft_config is not None and (draft is None or edd):
-        what = "an EDD draft, a layer read on top of the target's," if edd else "no draft model"
-        raise InvalidInputError(
-            f"draft_quantization_config was given, but {what} loads here; leave it out (quantization_config "
-            "quantizes the target)"
-        )
+def _quantized_copy(
+    model: torch.nn.Module | None, role: str, load: dict[str, Any], config: Any, text: bool = False
+) -> torch.nn.Module | None:
+    """``model`` (inflated in memory by a calibration) quantized by ``config`` the one way every method of
+    transformers' takes: written to a temporary folder and loaded back with it (transformers quantizes weights as
+    they load only). ``model`` itself without a config."""
+    if model is None or config is None:
+        return model
+    with tempfile.TemporaryDirectory(prefix="vlmspec-quantize-") as folder:
+        model.save_pretrained(folder)
+        return _load_model(folder, role, with_quantization(load, config), text)
 
 
 def _dtype_alias(torch_dtype: Any, dtype: Any) -> Any:

@@ -224,10 +224,8 @@ class VLMSpecPipeline(PromptBuilder):
                 whatever was saved).
             **policy_options: the policy's config options; also ``attn_implementation`` ('sdpa', 'eager') and
                 ``dtype`` (transformers 5's name for ``torch_dtype``), passed to both models' ``from_pretrained``,
-                ``chat_template`` (a template's text, instead of the processor's own), and
-                ``quantization_config`` / ``draft_quantization_config``: the target / the draft quantized as it
-                loads (a transformers quantization config, its dict, or a name such as ``"bnb-4bit"``; see
-                :mod:`vlmspec.quantization`).
+                ``chat_template`` (a template's text, instead of the processor's own), ``quantization_config`` /
+                ``draft_quantization_config`` (:mod:`vlmspec.quantization`).
         """
         loading, policy_options = model_options(
             policy_options

@@ -20,6 +20,9 @@ checkpoint's. Each method's package is installed apart (``pip install 'vlmspec[q
 Installing torchao has a cost for every process, quantized or not: transformers imports it with its quantizers
 whenever it is installed, at every model load.
 
+A calibrated pair (:mod:`vlmspec.testbed.calibrate`) is inflated from dense weights, then quantized: written to a
+temporary folder and loaded back with the config, the one way every method of transformers' takes.
+
 A model quantized on load whose method transformers cannot save (quanto's) is refused by
 :meth:`~vlmspec.VLMSpecPipeline.save_pretrained`: save the pipeline unquantized and quantize it where it loads
 (``from_pretrained(folder, quantization_config=...)``).
@@ -153,4 +156,24 @@ def check_savable(model: Any, role: str) -> None:
             f"the {role} model is quantized with {method.get('quant_method', '?')}, which transformers cannot save; "
             f"save the pipeline with the model unquantized, and quantize it where it loads "
             f"(VLMSpecPipeline.from_pretrained(folder, {option}=...))"
+        )
+
+
+def with_quantization(load: dict[str, Any], config: Any) -> dict[str, Any]:
+    """``from_pretrained``'s keywords with ``config`` as its ``quantization_config`` (as they are without one)."""
+    return load if config is None else {**load, "quantization_config": config}
+
+
+def check_draft_quantization(config: Any, draft: Any, edd: bool) -> None:
+    """Refuse a draft's quantization where no draft model loads: none named, or an EDD draft (a layer read on top
+    of the target's).
+
+    Raises:
+        InvalidInputError: naming the option and what to do.
+    """
+    if config is not None and (draft is None or edd):
+        what = "an EDD draft, a layer read on top of the target's," if edd else "no draft model"
+        raise InvalidInputError(
+            f"draft_quantization_config was given, but {what} loads here; leave it out (quantization_config "
+            "quantizes the target)"
         )
