@@ -208,6 +208,9 @@ def test_the_command_lines_the_caption_job_the_bench_and_lmms_eval_take_a_quanti
         {"target": "tiny", "policy": "chain", "quantization": "quanto-int8"}, "test"
     )
     assert config.settings()["quantization"] == "quanto-int8"
+    assert (
+        "quantization" not in JobConfig.from_mapping({"quantization": "none"}, "flags", flags=True).settings()
+    )
     pipe, _ = job_pipeline(config)
     assert _quantized_layers(pipe.target) > 0 and _quantized_layers(pipe.draft) == 0
     with pytest.raises(JobError, match=r"--draft-quantization=\{'load_in_4bit': True\} is invalid"):

@@ -122,6 +122,9 @@ class JobConfig:
         values = dict(values)
         if isinstance(values.get("extensions"), (str, list, tuple)):
             values["extensions"] = _extensions(values["extensions"], source)
+        for name in ("quantization", "draft_quantization"):  # `--quantization none` over a config file's
+            if isinstance(values.get(name), str) and values[name].strip().lower() in ("none", "null", ""):
+                values[name] = None
         for name in ("prune_ratio", "fps", "segment"):  # numbers: an integer is the same number
             if isinstance(values.get(name), int) and not isinstance(values[name], bool):
                 values[name] = float(values[name])
