@@ -73,7 +73,10 @@ def model_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
             )
             if name.startswith("load_in_"):
                 bits = name.removeprefix("load_in_")
-                place = f": quantize the target with quantization_config=BitsAndBytesConfig({name}=True) (or 'bnb-{bits}')"
+                place = (
+                    f": quantize the target with quantization_config=BitsAndBytesConfig({name}=True) "
+                    f"(or 'bnb-{bits}')"
+                )
             raise InvalidInputError(
                 f"{name!r} is an argument of the models' from_pretrained, not a policy option; "
                 "VLMSpecPipeline.from_pretrained passes torch_dtype (or dtype), device_map, attn_implementation and "

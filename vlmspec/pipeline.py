@@ -227,9 +227,7 @@ class VLMSpecPipeline(PromptBuilder):
                 ``chat_template`` (a template's text, instead of the processor's own), ``quantization_config`` /
                 ``draft_quantization_config`` (:mod:`vlmspec.quantization`).
         """
-        loading, policy_options = model_options(
-            policy_options
-        )  # attn_implementation, dtype, ..., quantization
+        loading, policy_options = model_options(policy_options)  # the models' own keywords apart
         saved = read_settings(target) if is_pipeline_folder(target) else {}
         if policy is None and saved:  # its policy, the options given here on top (an error names its file)
             policy, policy_options = saved_policy(target, saved, policy_options), {}

@@ -25,8 +25,8 @@ machine again would cost as much and read as noisily), and the next process meas
 through the whole probe is not detected (every round looks alike); its ratios ``c(N)/c(1)``, which the budgets use, suffer least from an even load.
 
 **Cache.** :func:`cached_costs` keys the result by what decides it: the device (CPU model and thread count, or
-GPU name), torch's version, each model's dtype, quantization and language-model shape (layers, widths, heads, vocabulary), the
-kernels in use and the probe settings. The file is JSON under ``$VLMSPEC_CACHE/costs`` (default
+GPU name), torch's version, each model's dtype, quantization and language-model shape (layers, widths, heads,
+vocabulary), the kernels in use and the probe settings. The file is JSON under ``$VLMSPEC_CACHE/costs`` (default
 ``~/.cache/vlmspec/costs``); delete it to measure again.
 """
 

@@ -1,9 +1,10 @@
 """Quantized targets and drafts: transformers' quantization configs, checked before anything loads.
 
-A target quantized on load (``from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit=True))`` on
-a GPU, ``QuantoConfig(weights="int8")`` or ``TorchAoConfig(Int8WeightOnlyConfig())`` on a CPU too) or saved
-quantized (an AWQ, GPTQ, torchao checkpoint, whose ``config.json`` says so) decodes as any other: greedy speculative output is the *quantized* target's own greedy
-``generate()``, token for token, because the target's verification forward is the only judge of what is accepted.
+A target quantized on load (``from_pretrained(...,
+quantization_config=BitsAndBytesConfig(load_in_4bit=True))`` on a GPU, ``QuantoConfig(weights="int8")`` or
+``TorchAoConfig(Int8WeightOnlyConfig())`` on a CPU too) or saved quantized (an AWQ, GPTQ, torchao checkpoint, whose ``config.json`` says so) decodes as any other: greedy
+speculative output is the *quantized* target's own greedy ``generate()``, token for token, because the target's
+verification forward is the only judge of what is accepted.
 Quantizing the draft changes only how often its guesses are accepted, never the reply; the target's own
 checkpoint, quantized, can draft for it (self-speculation: ``from_pretrained(target, target,
 draft_quantization_config=...)``).
@@ -137,9 +138,7 @@ def quantization_description(model: Any) -> dict[str, Any] | None:
     if found is None:
         return None
     as_dict = found.to_dict() if hasattr(found, "to_dict") else dict(found)
-    return json.loads(
-        json.dumps(as_dict, sort_keys=True, default=str)
-    )  # JSON-safe: enums and classes as text
+    return json.loads(json.dumps(as_dict, sort_keys=True, default=str))  # enums and classes as text
 
 
 def check_savable(model: Any, role: str) -> None:
