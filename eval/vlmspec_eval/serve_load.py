@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft", help="draft, when --target is a model")
     parser.add_argument("--policy", default="sage")
     parser.add_argument("--dtype", default="auto", help="the models' dtype (default auto: the checkpoints')")
+    parser.add_argument(
+        "--quantization", help="quantize the target as it loads (vlmspec.quantization's names)"
+    )
     parser.add_argument("--clients", type=positive_int, default=8)
     parser.add_argument("--n", type=positive_int, default=24, help="conversations per setting")
     parser.add_argument("--turns", type=positive_int, default=1, help="turns per conversation (default 1)")
@@ -176,7 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=positive_int, default=128)
     args = parser.parse_args(argv)
     pipe = VLMSpecPipeline.from_pretrained(
-        args.target, args.draft, policy=args.policy, torch_dtype=args.dtype
+        args.target,
+        args.draft,
+        policy=args.policy,
+        torch_dtype=args.dtype,
+        quantization_config=args.quantization,
     )
     firsts = conversations(args.n, args.max_tokens)
     expected = [expected_replies(pipe, first, args.turns) for first in firsts]
