@@ -580,6 +580,20 @@ def test_model_args_text_is_converted_by_declared_type() -> None:
     assert options.parse_model_args(typed) == opts
 
 
+def test_a_quantization_in_the_model_args_reaches_the_models() -> None:
+    from optimum.quanto import QModuleMixin
+    from vlmspec_eval.lmms.model import load_pipeline
+
+    parsed = options.parse_model_args(
+        {"target": "tiny", "policy": "chain", "draft_quantization": "quanto-int8"}
+    )
+    pipe = load_pipeline(parsed, options.resolve_pair(parsed), None)
+    quantized = [
+        sum(isinstance(m, QModuleMixin) for m in model.modules()) for model in (pipe.target, pipe.draft)
+    ]
+    assert quantized[0] == 0 and quantized[1] > 0
+
+
 def test_model_options_are_one_validated_config() -> None:
     """Every --model_args key is a ModelOptions field (and back); a config built in Python is checked alike."""
     fields = {f.name for f in dataclasses.fields(options.ModelOptions)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 from importlib.util import find_spec
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,6 +122,8 @@ def test_a_calibrated_pair_is_inflated_then_quantized():
     calibration = get_calibration("ci")
     assert (lm_shape(pipe.target), lm_shape(pipe.draft)) == (calibration.target, calibration.draft)
     assert _quantized_layers(pipe.target) > 0 and _quantized_layers(pipe.draft) > 0
+    assert "vlmspec-quantize-" not in Path("/proc/self/maps").read_text()  # the temporary files are not held
+    assert "vlmspec-quantize-" not in pipe.target.name_or_path and pipe.target.dtype == torch.float32
     image = make_image(0)
     inputs = pipe.prepare_inputs(image, PROMPTS[0])
     expected = pipe.target.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW)
@@ -175,11 +178,11 @@ def test_names_and_dicts_become_transformers_configs():
 @pytest.mark.skipif(
     find_spec("bitsandbytes") is not None, reason="bitsandbytes is installed: nothing is missing"
 )
-def test_a_quantization_whose_package_is_missing_is_named_with_the_model_s_role(tiny_pairs):
+def test_a_quantization_whose_package_is_missing_is_named_before_any_weights_load(tiny_pairs, monkeypatch):
+    monkeypatch.setattr(AutoModelForImageTextToText, "from_pretrained", _no_weights)
     pair = tiny_pairs[FAMILY]
-    with pytest.raises(
-        InvalidInputError, match=r"^the draft model could not load with its quantization \(bitsandbytes\)"
-    ):
+    message = r"^draft_quantization_config \(bitsandbytes\) cannot be used here: .*requires bitsandbytes"
+    with pytest.raises(InvalidInputError, match=message):
         VLMSpecPipeline.from_pretrained(pair.target, pair.draft, draft_quantization_config="bnb-4bit")
 
 

@@ -21,7 +21,7 @@ from .errors import InputNotFoundError, InvalidInputError
 from .models import TEXT_DRAFT_TYPES, EDDDraft, adapter_for, check_model_type
 from .models.edd import is_edd_folder
 from .named_pairs import is_local_path, is_pipeline_folder, resolve_pair
-from .quantization import check_draft_quantization, resolve_quantization_config, with_quantization
+from .quantization import in_memory, pair_quantization, with_quantization
 
 MODEL_OPTIONS = (
     "attn_implementation",
@@ -114,10 +114,6 @@ def load_pair(
     check_dtype(torch_dtype)  # before anything loads or builds
     check_device_map(device_map)
     check_attn_implementation(attn_implementation)
-    quantization = (
-        resolve_quantization_config(quantization_config),
-        resolve_quantization_config(draft_quantization_config, "draft_quantization_config"),
-    )
     pair = resolve_pair(target, draft)
     target, draft = pair.target, pair.draft
     if calibration is not None and pair.calibration is not None and calibration != pair.calibration:
@@ -126,7 +122,7 @@ def load_pair(
         )
     calibration = pair.calibration if calibration is None else calibration
     edd = draft is not None and is_edd_folder(draft)
-    check_draft_quantization(quantization[1], draft, edd)
+    quantization = pair_quantization(quantization_config, draft_quantization_config, draft, edd)
     target_type = check_source(target, "target", trust_remote_code)
     text_draft = False
     if draft is not None and not edd:
@@ -152,11 +148,13 @@ def load_pair(
     if calibration is not None:
         from .testbed.calibrate import calibrate
 
-        # inflated where the models will run (a 7B-shaped target is built on the GPU, not copied there)
+        # inflated where the models run (a 7B target built on the GPU), or on the CPU when it is then quantized
         where = device if device_map is None else target_model.device
+        where = torch.device("cpu") if quantization[0] is not None else where
         target_model, draft_model = calibrate(target_model, draft_model, calibration, device=where)
+        load = {**load, "device_map": device_map if device_map is not None else {"": str(device)}}
         target_model = _quantized_copy(target_model, "target", load, quantization[0])
-        draft_model = _quantized_copy(draft_model, "draft", load, quantization[1], text_draft)
+        draft_model = _quantized_copy(draft_model, "draft", load, quantization[1])
     if edd:  # an EDD draft: trained for this target, read on top of it
         draft_model = _edd_draft(draft, base_target, target_model)
     if draft_model is not None and not edd:
@@ -169,17 +167,18 @@ def load_pair(
     return target_model, draft_model, processor
 
 
-def _quantized_copy(
-    model: torch.nn.Module | None, role: str, load: dict[str, Any], config: Any, text: bool = False
-) -> torch.nn.Module | None:
+def _quantized_copy(model: torch.nn.Module | None, role: str, load: dict[str, Any], config: Any) -> Any:
     """``model`` (inflated in memory by a calibration) quantized by ``config`` the one way every method of
-    transformers' takes: written to a temporary folder and loaded back with it (transformers quantizes weights as
-    they load only). ``model`` itself without a config."""
+    transformers' takes: written to a temporary folder (``$TMPDIR``; the dense model's size, for the time of the
+    load) and loaded back with it, where ``load``'s ``device_map`` places it (transformers quantizes weights as they
+    load only). ``model`` itself without a config."""
     if model is None or config is None:
         return model
     with tempfile.TemporaryDirectory(prefix="vlmspec-quantize-") as folder:
         model.save_pretrained(folder)
-        return _load_model(folder, role, with_quantization(load, config), text)
+        quantized = in_memory(_load_model(folder, role, with_quantization(load, config)))
+    quantized.name_or_path = quantized.config._name_or_path = model.name_or_path
+    return quantized
 
 
 def _dtype_alias(torch_dtype: Any, dtype: Any) -> Any:

@@ -131,6 +131,29 @@ def _built(build: Callable[[], Any], name: str, given: Any) -> Any:
         ) from err
 
 
+def check_usable(config: Any, name: str) -> None:
+    """Refuse ``config`` (resolved) where transformers' own check of its method fails here (its package missing; a
+    GPU where it needs one): run before any weights load, so that the draft's missing package is not found only
+    once the target has loaded.
+
+    Raises:
+        InvalidInputError: naming ``name``, the method, what failed and how to install the packages.
+    """
+    if config is None:
+        return
+    import torch
+    from transformers.quantizers.auto import AutoHfQuantizer
+
+    try:
+        AutoHfQuantizer.from_config(config).validate_environment(device_map=None, dtype=torch.float32)
+    except (ImportError, RuntimeError, ValueError) as err:
+        method = getattr(config.quant_method, "value", config.quant_method)
+        raise InvalidInputError(
+            f"{name} ({method}) cannot be used here: {err} (optimum-quanto: pip install 'vlmspec[quant]'; torchao: "
+            "pip install torchao; bitsandbytes: pip install bitsandbytes)"
+        ) from err
+
+
 def quantization_description(model: Any) -> dict[str, Any] | None:
     """How ``model``'s weights are quantized (its config's ``quantization_config`` as a dict), ``None`` when they
     are not: the cost probe keys its readings by it, since a quantized model costs another time per forward."""
@@ -163,16 +186,35 @@ def with_quantization(load: dict[str, Any], config: Any) -> dict[str, Any]:
     return load if config is None else {**load, "quantization_config": config}
 
 
-def check_draft_quantization(config: Any, draft: Any, edd: bool) -> None:
-    """Refuse a draft's quantization where no draft model loads: none named, or an EDD draft (a layer read on top
-    of the target's).
+def pair_quantization(target_config: Any, draft_config: Any, draft: Any, edd: bool) -> tuple[Any, Any]:
+    """The target's and the draft's configs resolved (:func:`resolve_quantization_config`) and checked before any
+    weights load: each usable here (:func:`check_usable`), the draft's only where a draft model loads (``draft``
+    named, not an EDD draft: a layer read on top of the target's).
 
     Raises:
         InvalidInputError: naming the option and what to do.
     """
-    if config is not None and (draft is None or edd):
+    configs = (
+        resolve_quantization_config(target_config),
+        resolve_quantization_config(draft_config, "draft_quantization_config"),
+    )
+    if configs[1] is not None and (draft is None or edd):
         what = "an EDD draft, a layer read on top of the target's," if edd else "no draft model"
         raise InvalidInputError(
             f"draft_quantization_config was given, but {what} loads here; leave it out (quantization_config "
             "quantizes the target)"
         )
+    for config, name in zip(configs, ("quantization_config", "draft_quantization_config"), strict=True):
+        check_usable(config, name)
+    return configs
+
+
+def in_memory(model: Any) -> Any:
+    """``model`` with its CPU tensors copied out of the safetensors file they were loaded from (memory-mapped): a
+    model loaded from a temporary folder would otherwise keep the deleted file's disk space for its life."""
+    import torch
+
+    for tensor in (*model.parameters(), *model.buffers()):
+        if type(tensor.data) is torch.Tensor and tensor.device.type == "cpu":
+            tensor.data = tensor.data.clone()
+    return model

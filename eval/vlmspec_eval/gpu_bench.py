@@ -86,7 +86,9 @@ def serve_load_section(args: argparse.Namespace) -> int:
     and written to ``args.out/serve_load.md``."""
     argv = ["--target", args.target, "--dtype", args.dtype, "--n", str(args.n), "--turns", "3"]
     argv += ["--batch-sizes", "8", "--prefix-cache-gb", "0,1", "--max-tokens", str(args.max_new_tokens)]
-    argv += ["--quantization", args.quantization] if args.quantization is not None else []
+    for flag in ("quantization", "draft_quantization"):
+        value = getattr(args, flag)
+        argv += [f"--{flag.replace('_', '-')}", value] if value is not None else []
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         status = serve_load.main(argv)

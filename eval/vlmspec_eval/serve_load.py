@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quantization", help="quantize the target as it loads (vlmspec.quantization's names)"
     )
+    parser.add_argument("--draft-quantization", help="quantize the draft as it loads (as --quantization)")
     parser.add_argument("--clients", type=positive_int, default=8)
     parser.add_argument("--n", type=positive_int, default=24, help="conversations per setting")
     parser.add_argument("--turns", type=positive_int, default=1, help="turns per conversation (default 1)")
@@ -184,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         policy=args.policy,
         torch_dtype=args.dtype,
         quantization_config=args.quantization,
+        draft_quantization_config=args.draft_quantization,
     )
     firsts = conversations(args.n, args.max_tokens)
     expected = [expected_replies(pipe, first, args.turns) for first in firsts]
