@@ -538,14 +538,6 @@ def _load_model(source: str | Path, role: str, load: dict[str, Any], text: bool 
     auto = AutoModelForCausalLM if text else AutoModelForImageTextToText
     try:
         return auto.from_pretrained(str(source), **load)
-    except ImportError as err:  # a quantization's package, checked by transformers before any weights load
-        if "quantization_config" not in load:
-            raise
-        method = getattr(load["quantization_config"], "quant_method", "?")
-        raise InvalidInputError(
-            f"the {role} model could not load with its quantization ({getattr(method, 'value', method)}): {err}; "
-            "install the package it names, or choose another quantization (vlmspec.quantization.QUANTIZATION_NAMES)"
-        ) from err
     except OSError as err:
         if is_local_path(source):
             raise

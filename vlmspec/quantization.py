@@ -79,6 +79,11 @@ QUANTIZATION_NAMES: dict[str, tuple[Callable[[], Any], str]] = {
 """The command lines' names for the usual quantization configs, with what each is."""
 
 
+def means_none(value: Any) -> bool:
+    """``None``, or a command line's or a config file's words for it (``none``, ``null``, empty)."""
+    return value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", ""))
+
+
 def resolve_quantization_config(value: Any, name: str = "quantization_config") -> Any:
     """``value`` as a config ``from_pretrained`` takes: a transformers ``QuantizationConfigMixin`` as it is, a
     name of :data:`QUANTIZATION_NAMES` built, a dict (or its JSON text) read by transformers'
@@ -88,7 +93,7 @@ def resolve_quantization_config(value: Any, name: str = "quantization_config") -
         InvalidInputError: naming ``name``, the value and what is taken (an unknown ``quant_method``, a method
             whose package is missing, a value of another type).
     """
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "")):
+    if means_none(value):
         return None  # nothing imported: the command lines check their flags before torch loads
     from transformers.utils.quantization_config import QuantizationConfigMixin
 

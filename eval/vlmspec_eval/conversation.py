@@ -221,8 +221,8 @@ def run_section(config: Any, policies: Sequence[str]) -> int:
     with torch_threads(config.threads):
         pair, pipe = load_config_pair(config)
         head = (
-            f"pair {pair_heading(pair, config)}; {config.n} conversations of {TURNS} turns; up to {config.max_new_tokens} new "
-            "tokens per reply"
+            f"pair {pair_heading(pair, config)}; {config.n} conversations of {TURNS} turns; up to "
+            f"{config.max_new_tokens} new tokens per reply"
         )
         print(head, flush=True)
         edd_pipe = section_edd_pipeline(pipe, pair, config, policies)

@@ -414,8 +414,8 @@ def markdown(result: dict[str, Any]) -> str:
         "# vlmspec bench",
         "",
         f"- pair: target `{pair['target']}`, draft `{pair['draft']}` ({pair['source']}, {pair['family']}, "
-        f"{pair['dtype']}{_quantized(pair)}; {fmt(pair.get('target_params_m'), '.1f')}M / {fmt(pair.get('draft_params_m'), '.1f')}M "
-        "params)",
+        f"{pair['dtype']}{_quantized(pair)}; {fmt(pair.get('target_params_m'), '.1f')}M / "
+        f"{fmt(pair.get('draft_params_m'), '.1f')}M params)",
         f"- device: {result['device']}",
         f"- inputs: {settings['inputs_source']}, {settings['n']} per task x {settings['repeats']} repeats "
         f"(interleaved, medians), max_new_tokens {settings['max_new_tokens']}, seed {settings['seed']}",

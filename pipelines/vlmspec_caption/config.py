@@ -14,7 +14,7 @@ import yaml
 
 from vlmspec.errors import VLMSpecError
 from vlmspec.processor_settings import check_settings_form
-from vlmspec.quantization import resolve_quantization_config
+from vlmspec.quantization import means_none, resolve_quantization_config
 from vlmspec.reasoning import NO_PARSER, PARSER_NAMES
 from vlmspec.structured_outputs import StructuredOutputs
 from vlmspec.validation import check_field_types
@@ -123,7 +123,7 @@ class JobConfig:
         if isinstance(values.get("extensions"), (str, list, tuple)):
             values["extensions"] = _extensions(values["extensions"], source)
         for name in ("quantization", "draft_quantization"):  # `--quantization none` over a config file's
-            if isinstance(values.get(name), str) and values[name].strip().lower() in ("none", "null", ""):
+            if name in values and means_none(values[name]):
                 values[name] = None
         for name in ("prune_ratio", "fps", "segment"):  # numbers: an integer is the same number
             if isinstance(values.get(name), int) and not isinstance(values[name], bool):
@@ -192,7 +192,7 @@ class JobConfig:
         except VLMSpecError as err:
             problems.append(str(err))
         for name in ("quantization", "draft_quantization"):
-            try:  # a name or a config's dict, read as from_pretrained will (its package installed)
+            try:  # a name or a config's dict, read as from_pretrained will
                 resolve_quantization_config(getattr(self, name), key(name))
             except VLMSpecError as err:
                 problems.append(str(err))
