@@ -134,9 +134,14 @@ def check_a_padded_batch_splits_into_its_prompts(pipe, prompts, same_media, nest
 def language_model_inputs(model, inputs) -> torch.Tensor:
     """``[1, L, D]``: the ``inputs_embeds`` the VLM ``model``'s own forward hands its language model for the prompt
     ``inputs`` (what an adapter's ``embed_prompt`` must build)."""
-    seen: list[torch.Tensor] = []
+    return language_model_kwargs(model, inputs)["inputs_embeds"]
+
+
+def language_model_kwargs(model, inputs) -> dict:
+    """Every keyword input the VLM ``model``'s own forward hands its language model for the prompt ``inputs``."""
+    seen: list[dict] = []
     handle = model.model.language_model.register_forward_pre_hook(
-        lambda _m, _a, kw: seen.append(kw["inputs_embeds"]), with_kwargs=True
+        lambda _m, _a, kw: seen.append(kw), with_kwargs=True
     )
     try:
         with torch.no_grad():

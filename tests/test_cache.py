@@ -107,8 +107,42 @@ def test_a_copied_cache_holds_a_row_s_entries_and_owns_them():
     assert cache_length(copy) == 5
     for layer, (keys, values) in zip(copy.layers, layers, strict=True):
         assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
-    store.kv.zero_()  # the store's rows change; the copy does not
+    store.groups[0].zero_()  # the store's rows change; the copy does not
     assert torch.equal(copy.layers[0].keys, layers[0][0])
     again = copy_cache(copy)
     copy.layers[0].keys.zero_()
     assert torch.equal(again.layers[0].keys, layers[0][0])  # a dynamic cache's copy is its own too
+
+
+def test_a_store_of_layers_of_two_shapes_keeps_each_layer_s_entries():
+    """Layers of 2 heads of 4 and of 1 head of 8 (Gemma 4's local and global layers) in one store: one tensor per
+    shape; a batched forward writes each layer at each row's offset, keeping a path and removing a row move every
+    layer's entries, a row copied out has its own layers' entries, and its size counts both shapes."""
+    from transformers.cache_utils import DynamicCache
+
+    from vlmspec.cache import BatchCache, cache_nbytes
+
+    shapes = [(2, 4), (1, 8), (2, 4)]
+    rows = []
+    store = KVStore(max_rows=2)
+    for length in (5, 3):
+        prefill = DynamicCache()
+        layers = [(torch.randn(1, h, length, d), torch.randn(1, h, length, d)) for h, d in shapes]
+        for index, (keys, values) in enumerate(layers):
+            prefill.update(keys, values, index)
+        rows.append((store.add_row(prefill), layers))
+    assert [tuple(g.shape[i] for i in (1, 3, 5)) for g in store.groups] == [(2, 2, 4), (1, 1, 8)]
+    new = [(torch.randn(2, h, 2, d), torch.randn(2, h, 2, d)) for h, d in shapes]
+    batch = BatchCache(store, counts=[2, 2])
+    for index, (keys, values) in enumerate(new):
+        batch.update(keys, values, index)
+    assert store.lengths == [7, 5]
+    store.keep_row(0, 5, torch.tensor([6]))  # row 0 keeps its second new entry only
+    (first, _), (second, layers) = rows
+    store.remove_row(first)  # row 1 moves into row 0
+    copy = copy_cache(second)
+    assert second.row == 0 and cache_length(copy) == 5
+    for index, (keys, _values) in enumerate(layers):
+        assert torch.equal(copy.layers[index].keys[0, :, :3], keys[0])
+        assert torch.equal(copy.layers[index].keys[0, :, 3:], new[index][0][1])
+    assert cache_nbytes(second) == sum(t.nbytes for layer in copy.layers for t in (layer.keys, layer.values))

@@ -672,6 +672,7 @@ EXPECTED_PAIRS = {
     ("thisisiron/Ovis2-8B-hf", "thisisiron/Ovis2-1B-hf"),
     ("deepseek-community/Janus-Pro-7B", "deepseek-community/Janus-Pro-1B"),
     ("lkhl/VideoLLaMA3-7B-HF", "lkhl/VideoLLaMA3-2B-HF"),
+    ("google/gemma-4-31B-it", "google/gemma-4-E4B-it"),
     ("testbed-mini", None),
     ("testbed-base@cpu", None),
 }
@@ -742,6 +743,9 @@ FAMILY_BY_NAME = {  # checkpoint or pair name: the family vlmspec reads it as (N
     "google/gemma-3-27b-it": "gemma3",
     "tiny:gemma3": "gemma3",
     "google/gemma-3n-E4B-it": None,
+    "google/gemma-4-31B-it": "gemma4",
+    "google/gemma-4-E2B-it": "gemma4",
+    "tiny:gemma4": "gemma4",
     "llava-hf/llava-1.5-13b-hf": "llava",
     "liuhaotian/llava-v1.5-7b": "llava",
     "tiny:llava": "llava",

@@ -93,8 +93,9 @@ def copy_cache(cache: Cache, length: int | None = None) -> DynamicCache:
     if isinstance(cache, RowCache):
         store, row = cache.store, cache.row
         end = store.lengths[row] if length is None else length
-        entries = store.kv[:, :, row, :, :end]  # [2, layers, H, length, D]
-        layers = [(entries[0, i][None], entries[1, i][None]) for i in range(store.num_layers)]
+        layers = [
+            (k[row : row + 1, :, :end], v[row : row + 1, :, :end]) for k, v in map(store.layer, store.layers)
+        ]
     else:
         layers = [(layer.keys[:, :, :length], layer.values[:, :, :length]) for layer in _initialized(cache)]
     for index, (keys, values) in enumerate(layers):
@@ -130,8 +131,8 @@ def in_use(cache: Cache) -> bool:
 def cache_nbytes(cache: Cache) -> int:
     """Memory ``cache``'s keys and values take (a batch row's: what a copy of it would), in bytes."""
     if isinstance(cache, RowCache):
-        two, layers, _, heads, _, dim = cache.store.kv.shape
-        return two * layers * heads * dim * cache.store.lengths[cache.row] * cache.store.kv.element_size()
+        store = cache.store
+        return sum(kv[:, :, 0, :, 0].nbytes for kv in store.groups) * store.lengths[cache.row]
     return sum(t.nbytes for layer in _initialized(cache) for t in (layer.keys, layer.values))
 
 
@@ -162,14 +163,15 @@ class KVStore:
 
     All layers' keys and values are one ``[2, layers, max_rows, H, capacity, D]`` tensor, so that a row's
     bookkeeping (keeping an accepted path, moving a row) is one gather and one copy for the whole model, not one
-    per layer (on a GPU each is a kernel launch). Row ``b`` holds its own ``lengths[b]`` entries at
-    ``0 .. lengths[b]-1``, with no holes: the rows of a batch are at different lengths (prompts of different
-    sizes, different accepted paths every step), and each keeps its own. A forward over the live rows writes each
-    row's new entries at that row's own offset (one scatter per layer, no concatenation of the whole cache) and
-    attends over ``[:rows, :, :max(lengths) + n]`` under a per-row mask that hides everything past each row's own
-    entries; what lies there (padding of shorter requests, entries given up by a verification) is never read.
-    Live rows are kept at ``0 .. rows-1``: when a request leaves, the last row moves into its place, so a forward
-    never gathers rows.
+    per layer (on a GPU each is a kernel launch); a model whose layers differ in heads or head width (Gemma 4's
+    global layers) gets one such tensor per kind of layer (:attr:`groups`). Row ``b`` holds its own ``lengths[b]``
+    entries at ``0 .. lengths[b]-1``, with no holes: the rows of a batch are at different lengths (prompts of
+    different sizes, different accepted paths every step), and each keeps its own. A forward over the live rows
+    writes each row's new entries at that row's own offset (one scatter per layer, no concatenation of the whole
+    cache) and attends over ``[:rows, :, :max(lengths) + n]`` under a per-row mask that hides everything past each
+    row's own entries; what lies there (padding of shorter requests, entries given up by a verification) is never
+    read. Live rows are kept at ``0 .. rows-1``: when a request leaves, the last row moves into its place, so a
+    forward never gathers rows.
 
     Args:
         max_rows: the most requests held at once (the batch size).
@@ -177,7 +179,11 @@ class KVStore:
 
     def __init__(self, max_rows: int) -> None:
         self.max_rows = max_rows
-        self.kv: torch.Tensor | None = None  # [2, layers, max_rows, H, capacity, D]
+        self.groups: list[
+            torch.Tensor
+        ] = []  # per kind of layer (H, D): [2, layers, max_rows, H, capacity, D]
+        self.slots: list[tuple[int, int]] = []  # per layer: its group, its index there
+        self.shapes: list[tuple[int, int]] = []  # per layer: (H, D)
         self.lengths: list[int] = []  # entries of each live row
         self.views: list[RowCache] = []  # the cache handle of each live row
 
@@ -188,44 +194,66 @@ class KVStore:
 
     @property
     def num_layers(self) -> int:
-        return self.kv.shape[1] if self.kv is not None else 0
+        return len(self.slots)
+
+    @property
+    def layers(self) -> range:
+        return range(self.num_layers)
 
     @property
     def capacity(self) -> int:
-        return self.kv.shape[4] if self.kv is not None else 0
+        return self.groups[0].shape[4] if self.groups else 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.groups[0].device
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``[max_rows, H, capacity, D]`` of one layer."""
-        return self.kv[0, index], self.kv[1, index]
+        group, i = self.slots[index]
+        return self.groups[group][0, i], self.groups[group][1, i]
 
     def add_row(self, prefill: DynamicCache) -> RowCache:
         """Copy a prefill's cache (batch 1) into a new row; returns the row's cache handle."""
         if self.rows >= self.max_rows:
             raise RuntimeError(f"KVStore: all {self.max_rows} rows are in use")
         layers = _dynamic_layers(prefill)
-        first = layers[0].keys  # [1, H, length, D]
-        _, heads, length, dim = first.shape
-        shape = (2, len(layers), heads, length, dim)  # the row's entries, copied layer by layer (no stacking)
-        if self.kv is None:
-            self.kv = first.new_zeros(2, len(layers), self.max_rows, heads, length + _SPARE, dim)
-        elif shape[:3] != self.kv.shape[:2] + self.kv.shape[3:4] or dim != self.kv.shape[5]:
-            raise ValueError(f"KVStore: a prefill cache of shape {shape} does not fit this store")
+        length = layers[0].keys.shape[2]
+        shapes = [(layer.keys.shape[1], layer.keys.shape[3]) for layer in layers]  # (H, D) of each layer
+        if not self.groups:
+            self._allocate(layers[0].keys, shapes, length)
+        elif shapes != self.shapes:
+            raise ValueError(
+                f"KVStore: a prefill cache of layers (heads, width) {shapes} does not fit this store"
+            )
         self.reserve(length)
         row = self.rows
-        for index, layer in enumerate(layers):
-            self.kv[0, index, row, :, :length] = layer.keys[0]
-            self.kv[1, index, row, :, :length] = layer.values[0]
+        for index, layer in enumerate(layers):  # the row's entries, copied layer by layer (no stacking)
+            keys, values = self.layer(index)
+            keys[row, :, :length] = layer.keys[0]
+            values[row, :, :length] = layer.values[0]
         view = RowCache(self, row)
         self.lengths.append(length)
         self.views.append(view)
         return view
+
+    def _allocate(self, like: torch.Tensor, shapes: list[tuple[int, int]], length: int) -> None:
+        """The groups of a store for layers of ``shapes`` (``like``: a tensor of their dtype and device)."""
+        kinds = list(dict.fromkeys(shapes))
+        self.shapes = shapes
+        self.slots = [(kinds.index(shape), shapes[:i].count(shape)) for i, shape in enumerate(shapes)]
+        self.groups = [
+            like.new_zeros(2, shapes.count((heads, dim)), self.max_rows, heads, length + _SPARE, dim)
+            for heads, dim in kinds
+        ]
 
     def remove_row(self, view: RowCache) -> None:
         """Free a request's row; the last live row moves into its place."""
         row, last = view.row, self.rows - 1
         if row != last:
             length = self.lengths[last]
-            self.kv[:, :, row, :, :length] = self.kv[:, :, last, :, :length]
+            for kv in self.groups:
+                kv[:, :, row, :, :length] = kv[:, :, last, :, :length]
             self.lengths[row] = length
             self.views[row] = self.views[last]
             self.views[row].row = row
@@ -237,15 +265,17 @@ class KVStore:
         """Make room for ``size`` entries per row (capacity doubles, so growing is rare)."""
         if size <= self.capacity:
             return
-        old = self.kv
-        shape = (*old.shape[:4], max(size + _SPARE, 2 * old.shape[4]), old.shape[5])
-        self.kv = old.new_zeros(shape)
-        self.kv[:, :, :, :, : old.shape[4]] = old
+        capacity = max(size + _SPARE, 2 * self.capacity)
+        for group, old in enumerate(self.groups):
+            grown = old.new_zeros(*old.shape[:4], capacity, old.shape[5])
+            grown[:, :, :, :, : old.shape[4]] = old
+            self.groups[group] = grown
 
     def keep_row(self, row: int, start: int, keep: torch.Tensor) -> None:
         """:func:`keep_tail` for one row: entries ``keep`` (ascending, ``>= start``) move to ``start ..``."""
         k = keep.shape[0]
-        self.kv[:, :, row, :, start : start + k] = self.kv[:, :, row].index_select(3, keep)
+        for kv in self.groups:
+            kv[:, :, row, :, start : start + k] = kv[:, :, row].index_select(3, keep)
         self.lengths[row] = start + k
 
 
@@ -303,10 +333,10 @@ class BatchCache(Cache):
         self.counts = counts
         offsets = torch.tensor(store.lengths)  # [B], on the host
         # Pinned on a GPU machine: the copy then need not wait for the device's queue (no host sync).
-        if store.kv.device.type == "cuda":
+        if store.device.type == "cuda":
             offsets = offsets.pin_memory()
-        self._offsets = offsets.to(store.kv.device, non_blocking=True)
-        self._index: torch.Tensor | None = None  # [B, H, n, D] scatter index of this forward's entries
+        self._offsets = offsets.to(store.device, non_blocking=True)
+        self._index: dict[tuple[int, int], torch.Tensor] = {}  # per (H, D): [B, H, n, D] scatter index
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
@@ -316,11 +346,11 @@ class BatchCache(Cache):
         end = max(store.lengths) + n
         store.reserve(end)
         # Row b's n new entries go to lengths[b] .. lengths[b]+n-1: one scatter over the sequence axis (the index
-        # is the same for every layer: built at the first).
-        if self._index is None:
+        # is the same for every layer of a kind: built at the first).
+        index = self._index.get((heads, dim))
+        if index is None:
             slots = self._offsets[:, None] + torch.arange(n, device=self._offsets.device)  # [B, n]
-            self._index = slots[:, None, :, None].expand(rows, heads, n, dim)
-        index = self._index
+            index = self._index[heads, dim] = slots[:, None, :, None].expand(rows, heads, n, dim)
         keys, values = (t[:rows] for t in store.layer(layer_idx))
         keys.scatter_(2, index, key_states)
         values.scatter_(2, index, value_states)

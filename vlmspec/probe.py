@@ -51,6 +51,7 @@ from .costs import ForwardCosts
 from .errors import InvalidInputError
 from .inputs import on_device
 from .models import DecodeState, VLMAdapter, adapter_for
+from .models.base import config_value
 from .quantization import quantization_description
 from .tree import TokenTree, tree_attention_bias
 
@@ -311,7 +312,7 @@ def cached_costs(
 
 def _model_shape(model: torch.nn.Module) -> dict[str, Any]:
     text = model.config.get_text_config()
-    shape = {key: getattr(text, key, None) for key in _SHAPE_KEYS}
+    shape = {key: config_value(text, key) for key in _SHAPE_KEYS}
     quantization = quantization_description(model)  # a quantized model costs another time per forward
     shape.update({"quantization": quantization} if quantization is not None else {})
     return {"type": model.config.model_type, "dtype": str(model.get_input_embeddings().weight.dtype), **shape}

@@ -44,6 +44,19 @@ GEMMA3_NAMED_TOKENS = {
 }
 """Gemma 3's named special tokens: a picture is written ``<start_of_image>`` in the text, which the processor
 expands to ``<start_of_image>`` + one ``<image_soft_token>`` per visual token + ``<end_of_image>``."""
+GEMMA4_NAMED_TOKENS = {
+    "boi_token": "<|image>",
+    "eoi_token": "<image|>",
+    "image_token": "<|image|>",
+    "boa_token": "<|audio>",
+    "eoa_token": "<audio|>",
+    "audio_token": "<|audio|>",
+}
+"""Gemma 4's named special tokens (its processor reads them all, the audio ones too): a picture is written
+``<|image|>`` in the text, which the processor expands to ``<|image>`` + one ``<|image|>`` per visual token +
+``<image|>``; a video is written ``<|video|>`` (an added token, :data:`GEMMA4_SPECIAL_TOKENS`), each frame expanded
+to its time and ``<|image>`` + one ``<|video|>`` per visual token + ``<image|>``."""
+GEMMA4_SPECIAL_TOKENS = (*GEMMA4_NAMED_TOKENS.values(), "<|video|>")
 JANUS_NAMED_TOKENS = {
     "image_token": "<image_placeholder>",
     "boi_token": "<begin_of_image>",
@@ -177,6 +190,13 @@ GEMMA3_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>model\\n' }}{% endif %}"
 )
 
+# Gemma 4's turn layout (each medium its placeholder in place, ``model`` the assistant's role) with the builders' chat
+# tokens, not Gemma 4's own turn tokens
+GEMMA4_CHAT_TEMPLATE = GEMMA3_CHAT_TEMPLATE.replace("'<start_of_image>'", "'<|image|>'").replace(
+    "{% elif content['type'] == 'text' %}",
+    "{% elif content['type'] == 'video' %}{{ '<|video|>' }}{% elif content['type'] == 'text' %}",
+)
+
 # Aya Vision's turn layout (the pictures, then the text) with the builders' chat tokens, not Cohere's turn tokens.
 AYA_VISION_CHAT_TEMPLATE = GEMMA3_CHAT_TEMPLATE.replace("<start_of_image>", "<image>").replace(
     "model", "assistant"
@@ -251,6 +271,7 @@ _CHAT_TEMPLATES = {
     "internvl": INTERNVL_CHAT_TEMPLATE,
     "internvl_moe": INTERNVL_CHAT_TEMPLATE,
     "gemma3": GEMMA3_CHAT_TEMPLATE,
+    "gemma4": GEMMA4_CHAT_TEMPLATE,
     "llava": LLAVA15_CHAT_TEMPLATE,
     "llava_next": LLAVA15_CHAT_TEMPLATE,  # LLaVA-NeXT-Vicuna's is LLaVA-1.5's
     # LLaVA-NeXT-Video's: LLaVA-1.5's with each video a <video> line after the pictures'
@@ -277,6 +298,8 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return (*CHAT_TOKENS, *INTERNVL_NAMED_TOKENS.values())
     if family == "gemma3":
         return (*CHAT_TOKENS, *GEMMA3_NAMED_TOKENS.values())
+    if family == "gemma4":
+        return (*CHAT_TOKENS, *GEMMA4_SPECIAL_TOKENS)
     if family in ("llava", "llava_next"):
         return (*CHAT_TOKENS, "<image>")
     if family == "llava_next_video":
@@ -403,6 +426,7 @@ def build_tokenizer(
             "internvl": INTERNVL_NAMED_TOKENS,
             "internvl_moe": INTERNVL_NAMED_TOKENS,
             "gemma3": GEMMA3_NAMED_TOKENS,
+            "gemma4": GEMMA4_NAMED_TOKENS,
             "janus": JANUS_NAMED_TOKENS,
             "smolvlm": SMOLVLM_NAMED_TOKENS,
             "idefics3": SMOLVLM_NAMED_TOKENS,

@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 from .chat import (
     GEMMA3_NAMED_TOKENS,
+    GEMMA4_NAMED_TOKENS,
     INTERNVL_NAMED_TOKENS,
     JANUS_NAMED_TOKENS,
     OVIS2_INDICATOR_TOKENS,
@@ -19,6 +20,7 @@ from .chat import (
     special_token_ids,
 )
 from .specs import (
+    GEMMA4_POOLING,
     INTERNVL_FAMILIES,
     LLAVA15_FAMILIES,
     MISTRAL3_MERGE,
@@ -100,6 +102,8 @@ def build_config(
         return config_cls(**_internvl_config_kwargs(spec, text, tid, layout, sparse=family in MOE_FAMILIES))
     if family == "gemma3":
         return config_cls(**_gemma3_config_kwargs(spec, text, tid, layout))
+    if family == "gemma4":
+        return config_cls(**_gemma4_config_kwargs(spec, text, tid, layout))
     if family in LLAVA15_FAMILIES:
         return config_cls(**_llava15_config_kwargs(family, spec, text, tid, layout))
     if family == "mistral3":
@@ -343,6 +347,57 @@ def _gemma3_config_kwargs(
         "boi_token_index": tid(GEMMA3_NAMED_TOKENS["boi_token"]),
         "eoi_token_index": tid(GEMMA3_NAMED_TOKENS["eoi_token"]),
         "image_token_index": tid(GEMMA3_NAMED_TOKENS["image_token"]),
+        "tie_word_embeddings": False,
+    }
+
+
+def _gemma4_config_kwargs(
+    spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
+) -> dict[str, Any]:
+    """``Gemma4Config``'s arguments: a Gemma 4 language model with every feature the real sizes have between them
+    (E2B's and E4B's per-layer inputs and last layers reusing earlier layers' keys, 31B's both-ways attention over
+    a picture's tokens in the local layers, keys that are the values in the global layers, wider global heads,
+    softcapped logits), local (sliding-window) and global layers alternating, behind Gemma 4's tower, whose patches
+    are pooled :data:`GEMMA4_POOLING` x :data:`GEMMA4_POOLING` into a token. A model of two layers or fewer reuses no
+    keys (both kinds of layer must come before the first that reuses one)."""
+    layer_types = ["full_attention" if i % 2 else "sliding_attention" for i in range(spec.layers)]
+    vision_heads = spec.vision_heads
+    return {
+        "text_config": {
+            **text,
+            "head_dim": spec.head_dim,
+            "global_head_dim": 2 * spec.head_dim,
+            "num_global_key_value_heads": 1,
+            "attention_k_eq_v": True,
+            "sliding_window": spec.sliding_window,
+            "layer_types": layer_types,
+            "num_kv_shared_layers": max(spec.layers - 2, 0),
+            "hidden_size_per_layer_input": 8,
+            "vocab_size_per_layer_input": text["vocab_size"],
+            "use_bidirectional_attention": "vision",
+            "final_logit_softcapping": 30.0,
+            "tie_word_embeddings": False,
+        },
+        "vision_config": {
+            "hidden_size": spec.vision_hidden,
+            "intermediate_size": 2 * spec.vision_hidden,
+            "num_hidden_layers": spec.vision_layers,
+            "num_attention_heads": vision_heads,
+            "num_key_value_heads": vision_heads,
+            "head_dim": spec.vision_hidden // vision_heads,
+            "patch_size": layout.patch,
+            "pooling_kernel_size": GEMMA4_POOLING,
+            "position_embedding_size": 64,  # patch coordinates up to 64 a side
+            "initializer_range": _VISION_INIT_STD,
+        },
+        "audio_config": None,
+        "image_token_id": tid(GEMMA4_NAMED_TOKENS["image_token"]),
+        "video_token_id": tid("<|video|>"),
+        "boi_token_id": tid(GEMMA4_NAMED_TOKENS["boi_token"]),
+        "eoi_token_id": tid(GEMMA4_NAMED_TOKENS["eoi_token"]),
+        "audio_token_id": tid(GEMMA4_NAMED_TOKENS["audio_token"]),
+        "boa_token_id": tid(GEMMA4_NAMED_TOKENS["boa_token"]),
+        "eoa_token_index": tid(GEMMA4_NAMED_TOKENS["eoa_token"]),
         "tie_word_embeddings": False,
     }
 

@@ -10,6 +10,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 from .chat import SMOLVLM_GRID
 from .specs import (
+    GEMMA4_POOLING,
+    GEMMA4_SOFT_TOKENS,
     INTERNVL_FAMILIES,
     LLAVA15_FAMILIES,
     MISTRAL3_MERGE,
@@ -107,6 +109,23 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
             image_processor=Gemma3ImageProcessor(size=side),
             tokenizer=tokenizer,
             image_seq_length=pooled_tokens_per_crop(layout),
+            chat_template=tokenizer.chat_template,
+        )
+    if (
+        family == "gemma4"
+    ):  # pictures and frames at their aspect ratio, as many tokens as fit GEMMA4_SOFT_TOKENS
+        from transformers import Gemma4AudioFeatureExtractor, Gemma4ImageProcessor, Gemma4VideoProcessor
+
+        geometry = {
+            "patch_size": layout.patch,
+            "pooling_kernel_size": GEMMA4_POOLING,
+            "max_soft_tokens": GEMMA4_SOFT_TOKENS,
+        }
+        return processor_cls(
+            feature_extractor=Gemma4AudioFeatureExtractor(),  # the processor takes one; audio is not read
+            image_processor=Gemma4ImageProcessor(**geometry),
+            tokenizer=tokenizer,
+            video_processor=Gemma4VideoProcessor(**geometry, do_sample_frames=False),
             chat_template=tokenizer.chat_template,
         )
     if family in INTERNVL_FAMILIES:

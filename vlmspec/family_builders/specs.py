@@ -23,11 +23,12 @@ IMAGE_ONLY_FAMILIES: tuple[str, ...] = (
 )
 """Families these builders know whose models read pictures only (Gemma 3, LLaVA-1.5, LLaVA-NeXT, Idefics3, Mistral
 3, Aya Vision, Ovis2, Janus: no video input), tested on their own."""
-OWN_TEST_FAMILIES: tuple[str, ...] = ("smolvlm", "llava_next_video", "glm46v", "video_llama_3")
+OWN_TEST_FAMILIES: tuple[str, ...] = ("smolvlm", "llava_next_video", "glm46v", "video_llama_3", "gemma4")
 """Families with pictures and videos these builders know that are tested on their own (SmolVLM2: pictures cut into
 tiles, a video's frames written as pictures with their times; LLaVA-NeXT-Video: LLaVA-NeXT's pictures, a video's
 frames pooled; GLM-4.6V: Qwen2-VL's design, a video's frames written with the pictures' placeholder; VideoLLaMA3:
-Qwen2-VL's flat patches, a video's frames merged and compressed, 1-D positions)."""
+Qwen2-VL's flat patches, a video's frames merged and compressed, 1-D positions; Gemma 4: pictures and frames at
+their own aspect ratio, per-layer inputs, layers reusing earlier layers' keys)."""
 MOE_FAMILIES: tuple[str, ...] = ("qwen3_vl_moe", "internvl_moe")
 """Mixture-of-experts families these builders know too: Qwen3-VL-30B-A3B's and -235B-A22B's architecture, the
 Qwen3-VL vision tower and processor with a sparse language model, and InternVL3.5-30B-A3B's and -241B-A28B's (model
@@ -48,6 +49,7 @@ _CLASS_PREFIXES = {  # family: the name of its transformers classes, <prefix>Con
     "internvl": "InternVL",
     "internvl_moe": "InternVL",
     "gemma3": "Gemma3",
+    "gemma4": "Gemma4",
     "llava": "Llava",
     "llava_next": "LlavaNext",
     "llava_next_video": "LlavaNextVideo",
@@ -66,6 +68,9 @@ TILE_FAMILIES = ("smolvlm", "idefics3")
 """SmolVLM2 and Idefics3 (SmolVLM 1): the same tokens, tiles and chat template; Idefics3 has no video processor."""
 MISTRAL3_MERGE = 2
 """Mistral 3's ``spatial_merge_size`` in the fixtures (the real models': 2)."""
+GEMMA4_POOLING, GEMMA4_SOFT_TOKENS = 2, 70
+"""Gemma 4's fixtures: patches pooled 2 x 2 into a token (the real models: 3 x 3), at most 70 tokens a picture or a
+video frame (the fewest Gemma 4's processors allow)."""
 LLAVA15_FAMILIES = ("llava", "llava_next", "llava_next_video")
 """LLaVA-1.5 and its successors: a CLIP tower, a Llama language model, LLaVA-1.5's chat (NeXT-Video's with videos)."""
 

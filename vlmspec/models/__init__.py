@@ -10,6 +10,7 @@ from .aya_vision import AyaVisionAdapter
 from .base import DecodeState, Prefill, PromptLayout, VLMAdapter
 from .edd import EDDAdapter, EDDDraft
 from .gemma3 import Gemma3Adapter
+from .gemma4 import Gemma4Adapter
 from .glm import GlmVAdapter
 from .internvl import InternVLAdapter
 from .janus import JanusAdapter
@@ -31,6 +32,7 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
         LlavaNextVideoAdapter,
         InternVLAdapter,
         Gemma3Adapter,
+        Gemma4Adapter,
         SmolVLMAdapter,
         Idefics3Adapter,
         Mistral3Adapter,

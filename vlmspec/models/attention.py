@@ -86,15 +86,13 @@ def visual_scores(
     suffix = torch.arange(split, length, device=device)  # [m] text positions
     if position_ids is None:
         position_ids = torch.arange(length, device=device)[None]
-    embeds = adapter.model.get_input_embeddings()(inputs["input_ids"][:, split:])  # [1, m, D]
+    text = adapter.text_prompt(inputs["input_ids"][:, split:])  # inputs_embeds [1, m, D]
     causal = torch.ones(suffix.shape[0], suffix.shape[0], dtype=torch.bool, device=device).tril()
     bias = tree_attention_bias(causal, split, adapter.dtype)  # [1, 1, m, split + m]
     tail = pop_tail(state.cache, split)
     try:
         with visual_attention_probe(adapter.model, visual_idx) as probe:
-            adapter._run_language_model(
-                {"inputs_embeds": embeds}, position_ids[..., suffix], state.cache, bias
-            )
+            adapter._run_language_model(text, position_ids[..., suffix], state.cache, bias)
     finally:
         truncate(state.cache, split)
         push_tail(state.cache, tail)

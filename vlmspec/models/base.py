@@ -37,6 +37,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 from transformers.cache_utils import Cache, DynamicCache
+from transformers.integrations.heterogeneity.configuration_utils import AmbiguousGlobalPerLayerAttributeError
 
 from ..cache import cache_kwarg, new_cache, row_caches
 from ..errors import InvalidInputError
@@ -414,6 +415,11 @@ class VLMAdapter(MediaRows, PromptInputs):
         """``[n]`` token ids -> ``[n, D]`` input rows of the language model."""
         return self.embeddings(tokens)
 
+    def row_inputs(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The model's inputs for ``[B, n, W]`` input rows (:meth:`embed`'s): ``inputs_embeds`` (a family whose rows
+        carry more, Gemma 4's per-layer inputs, splits them)."""
+        return {"inputs_embeds": rows}
+
     def root_rows(self, pending: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
         """Input rows ``[p + 1, D]`` of a draft's first forward of a step: the ``[p]`` pending tokens, the root."""
         return self.embed(torch.cat([pending, root.reshape(1)]))
@@ -453,7 +459,7 @@ class VLMAdapter(MediaRows, PromptInputs):
         """The model call of :meth:`run`: ``[B, n, V]`` logits of ``rows`` on top of ``cache`` (``bias``: the
         additive mask, or one per layer type for a model whose layers differ, as transformers takes them)."""
         return self.model(
-            inputs_embeds=rows,
+            **self.row_inputs(rows),
             position_ids=position_ids,
             attention_mask=bias,
             **cache_kwarg(self.model, cache),
@@ -505,6 +511,16 @@ class VLMAdapter(MediaRows, PromptInputs):
         """
         rope = self.rope_ids(positions, state.rope_delta)
         return self.run(state.cache, self.embed(tokens)[None], rope, bias)[0][0]
+
+
+def config_value(config: Any, key: str) -> Any:
+    """``config.key`` (``None`` where it has none). A config whose layers differ (Gemma 4's local and global layers:
+    their ``head_dim`` and ``num_key_value_heads``) refuses to give a per-layer value on the whole; its saved value,
+    the local layers', is read then."""
+    try:
+        return getattr(config, key, None)
+    except AmbiguousGlobalPerLayerAttributeError:
+        return config.to_dict().get(key)
 
 
 def pad_positions(position_ids: torch.Tensor, n: int) -> torch.Tensor:

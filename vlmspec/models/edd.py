@@ -47,7 +47,7 @@ from transformers.cache_utils import Cache
 from ..artifacts import read_json_object, read_safetensors
 from ..cache import cache_kwarg, new_cache
 from ..errors import InvalidInputError
-from .base import DecodeState, VLMAdapter
+from .base import DecodeState, VLMAdapter, config_value
 
 CONFIG_NAME = "edd_config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -64,6 +64,12 @@ SHAPE_KEYS = (
 )
 """The draft's text-config entries that must be the target's: they set the shapes of the copied weights."""
 _RETRAIN = "train the draft again with `vlmspec edd train`"
+_NO_EDD = {
+    "gemma4": "its layers read per-layer inputs looked up from token ids, which the draft's soft prompt (the "
+    "target's hidden states) has none of, and its last layers reuse earlier layers' keys, which one layer has no "
+    "earlier layer to give; draft with a smaller Gemma 4 (gemma-4-E2B-it) instead",
+}
+"""Families an EDD draft is not built for, and why."""
 
 
 def default_hidden_layer(num_layers: int) -> int:
@@ -141,6 +147,11 @@ class EDDDraft(torch.nn.Module):
     ) -> EDDDraft:
         """A new (untrained) draft for ``target``: embedding, final norm and LM head copied, the layer copied
         from the target layer after ``hidden_layer`` (default :func:`default_hidden_layer`)."""
+        refused = _NO_EDD.get(target.config.model_type)
+        if refused:
+            raise InvalidInputError(
+                f"an EDD draft cannot be built for a {target.config.model_type!r} target: {refused}"
+            )
         source = target.get_decoder()
         layers = len(source.layers)
         layer = default_hidden_layer(layers) if hidden_layer is None else hidden_layer
@@ -306,10 +317,10 @@ def check_target(config: EDDConfig, target: torch.nn.Module, where: str = "this 
     text = target.config.get_text_config()
     layers = len(target.get_decoder().layers)
     for key in SHAPE_KEYS:
-        if getattr(text, key, None) != config.text_config.get(key):
+        if config_value(text, key) != config.text_config.get(key):
             raise InvalidInputError(
                 f"{where} was trained for {trained_for} with {key} {config.text_config.get(key)}, but this target "
-                f"has {getattr(text, key, None)} (its {CONFIG_NAME} text_config.{key}); {advice}"
+                f"has {config_value(text, key)} (its {CONFIG_NAME} text_config.{key}); {advice}"
             )
     if layers != config.target_layers:
         raise InvalidInputError(

@@ -29,7 +29,7 @@ Two things the other families do not have, and what this adapter does about them
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers.cache_utils import DynamicCache
@@ -39,59 +39,54 @@ from transformers.models.gemma3.modeling_gemma3 import (
 )
 
 from ..cache import cache_length
+from .base import VLMAdapter
 from .blocks import PlaceholderBlocks
 from .data import VisualFeatures
 
 
-class Gemma3Adapter(PlaceholderBlocks):
-    model_types = ("gemma3",)
-    layout_fields = (  # pictures of image_size pixels, patch_size patches each, pooled to mm_tokens_per_image
-        "vision_config.image_size",
-        "vision_config.patch_size",
-        "vision_config.num_channels",
-        "mm_tokens_per_image",
-    )
-    fixed_processor_settings = frozenset({"size", "do_resize"})  # SigLIP's input side
-    placeholder, block = "<image_soft_token>", "picture"
-    write_hint = "write each picture in the prompt as <start_of_image> and let the processor expand it"
+class BothWaysPictures(VLMAdapter):
+    """The prompts of a family whose pictures' tokens see each other both ways in the local layers (Gemma 3, Gemma 4;
+    see the module docstring): the prefills vlmspec builds itself carry each position's picture (``image_blocks``)
+    and build the family's own prefill masks from it (:attr:`vision_masks`). Every input of such a prompt is per
+    position (``[1, L, ...]``), so cutting or joining prompts cuts or pads each along the positions."""
 
-    @property
-    def block_tokens(self) -> int:
-        """Placeholders per picture (or pan-and-scan crop): the patches pooled to ``mm_tokens_per_image``."""
-        return self.config.mm_tokens_per_image
+    vision_masks: ClassVar[Any] = staticmethod(create_masks_for_vision_model)
+    """The family's ``create_masks_for_vision_model``: its prefill masks per layer type, from the picture blocks."""
+    padding: ClassVar[dict[str, int]] = {"image_blocks": -1}
+    """What pads each per-position input where a joined prompt is shorter than the batch (0 for the others)."""
 
-    # ---- a picture's tokens, both ways --------------------------------------------------------------------------
+    def picture_blocks(self, masks: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """``[1, L]``: each prompt position's picture (``0, 1, ..`` in order; ``-1``: text), or ``None`` where the
+        prompt's tokens all attend causally (``masks``: per modality, ``[1, L]`` bool placeholder positions)."""
+        image = masks.get("image")
+        return None if image is None else get_block_sequence_ids_for_mask(image.long(), device=image.device)
+
     def extra_prompt_inputs(
         self, masks: dict[str, torch.Tensor], features: dict[str, VisualFeatures]
     ) -> dict[str, Any]:
-        """``image_blocks`` ``[1, L]``: each position's picture (``0, 1, ..`` in order; ``-1``: text)."""
-        image = masks.get("image")
-        if image is None:
-            return {}
-        return {"image_blocks": get_block_sequence_ids_for_mask(image.long(), device=image.device)}
+        """``image_blocks`` ``[1, L]`` (:meth:`picture_blocks`), where some picture's tokens see each other."""
+        blocks = self.picture_blocks(masks)
+        return {} if blocks is None else {"image_blocks": blocks}
 
     def select_prompt(self, prompt: dict[str, Any], index: torch.Tensor) -> dict[str, Any]:
-        selected = {"inputs_embeds": prompt["inputs_embeds"][:, index]}
-        if "image_blocks" in prompt:
-            selected["image_blocks"] = prompt["image_blocks"][:, index]
-        return selected
+        return {key: value[:, index] for key, value in prompt.items()}
 
     def join_prompts(self, prompts: list[dict[str, Any]], length: int) -> dict[str, Any]:
-        joined = super().join_prompts([{"inputs_embeds": p["inputs_embeds"]} for p in prompts], length)
-        if any("image_blocks" in p for p in prompts):
-            device = joined["inputs_embeds"].device
-            blocks = torch.full((len(prompts), length), -1, dtype=torch.long, device=device)  # [B, length]
+        joined = {}
+        for key in dict.fromkeys(key for prompt in prompts for key in prompt):
+            first = next(prompt[key] for prompt in prompts if key in prompt)
+            rows = first.new_full((len(prompts), length, *first.shape[2:]), self.padding.get(key, 0))
             for row, prompt in enumerate(prompts):
-                if "image_blocks" in prompt:
-                    blocks[row, : prompt["image_blocks"].shape[1]] = prompt["image_blocks"][0]
-            joined["image_blocks"] = blocks
+                if key in prompt:
+                    rows[row, : prompt[key].shape[1]] = prompt[key][0]
+            joined[key] = rows  # [B, length, ...]
         return joined
 
     def _run_language_model(
         self, prompt: dict[str, Any], position_ids: torch.Tensor, cache: DynamicCache, bias: Any = None
     ) -> torch.Tensor:
-        """The decoder on prompt positions under Gemma 3's own prefill masks: causal, each picture's tokens seeing
-        the whole picture, the local layers' window (the cache's earlier entries belong to no picture here)."""
+        """The decoder on prompt positions under the family's own prefill masks: causal, each picture's tokens
+        seeing the whole picture, the local layers' window (the cache's earlier entries belong to no picture here)."""
         prompt = dict(prompt)
         blocks = prompt.pop("image_blocks", None)
         if blocks is not None:
@@ -99,7 +94,7 @@ class Gemma3Adapter(PlaceholderBlocks):
             # the cached entries (earlier pictures included) lie before every query: causal is right for them
             if before:
                 blocks = torch.cat([blocks.new_full((blocks.shape[0], before), -1), blocks], dim=-1)
-            bias = create_masks_for_vision_model(
+            bias = self.vision_masks(
                 config=self.config.get_text_config(),
                 inputs_embeds=prompt["inputs_embeds"],
                 attention_mask=bias,
@@ -116,6 +111,24 @@ class Gemma3Adapter(PlaceholderBlocks):
         """The tree mask for the global layers; for the local ones, the same with the keys outside the window
         hidden (see the module docstring)."""
         return super()._logits(cache, rows, position_ids, layer_masks(bias, position_ids, self.config))
+
+
+class Gemma3Adapter(BothWaysPictures, PlaceholderBlocks):
+    model_types = ("gemma3",)
+    layout_fields = (  # pictures of image_size pixels, patch_size patches each, pooled to mm_tokens_per_image
+        "vision_config.image_size",
+        "vision_config.patch_size",
+        "vision_config.num_channels",
+        "mm_tokens_per_image",
+    )
+    fixed_processor_settings = frozenset({"size", "do_resize"})  # SigLIP's input side
+    placeholder, block = "<image_soft_token>", "picture"
+    write_hint = "write each picture in the prompt as <start_of_image> and let the processor expand it"
+
+    @property
+    def block_tokens(self) -> int:
+        """Placeholders per picture (or pan-and-scan crop): the patches pooled to ``mm_tokens_per_image``."""
+        return self.config.mm_tokens_per_image
 
 
 def layer_masks(

@@ -35,6 +35,11 @@ class PromptInputs:
         """
         return {}
 
+    def text_prompt(self, ids: torch.Tensor) -> dict[str, Any]:
+        """Language-model inputs of ``[1, m]`` text tokens (no placeholder among them): ``inputs_embeds``, plus what a
+        family's model reads besides (Gemma 4's per-layer inputs)."""
+        return {"inputs_embeds": self.model.get_input_embeddings()(ids)}
+
     def select_prompt(self, prompt: dict[str, Any], index: torch.Tensor) -> dict[str, Any]:
         """The language-model inputs of the prompt positions ``index`` only.
 

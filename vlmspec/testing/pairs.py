@@ -94,6 +94,8 @@ _LAYOUTS = {
     "internvl_moe": VisionLayout(patch=7, crop_side=28, max_tiles=4),  # InternVL's, a sparse language model
     # SigLIP input side 28: 4x4 patches of 7, average-pooled 2x2 -> 4 tokens per picture
     "gemma3": VisionLayout(patch=7, crop_side=28),
+    # patches of 4 pooled 2x2: a 56-pixel square resized to 64 x 64 pixels, 8x8 tokens (70 at most, a picture or frame)
+    "gemma4": VisionLayout(patch=4),
     # CLIP input side 28: 2x2 patches of 14 -> 4 tokens per picture (the CLS token dropped, as LLaVA-1.5 does)
     "llava": VisionLayout(patch=14, crop_side=28),
     # LLaVA-1.5's, a picture also cut into the anyres grid of 1x1 to 2x2 crops that fits it best
@@ -125,9 +127,9 @@ _BPE_VOCAB = 960  # byte-level BPE size before special tokens
 # Weight draws are vetted on calibration prompts (see _build_models).
 _CALIBRATION_TOKENS = 48
 _MIN_MARGIN = 0.1  # logit standard deviations
-_FAMILY_MIN_MARGIN = {"glm46v": 0.08}
-"""Families no draw of the first 120 gives ``_MIN_MARGIN``: the best one's margin is accepted (the fp32 lossless
-checks compare exact tokens; a near-tie there would show as a mismatch, not pass unseen)."""
+_FAMILY_MIN_MARGIN = {"glm46v": 0.08, "gemma4": 0.06}
+"""Families no draw of the first 120 (Gemma 4: 150) gives ``_MIN_MARGIN``: the best one's margin is accepted (the fp32
+lossless checks compare exact tokens; a near-tie there would show as a mismatch, not pass unseen)."""
 _MIN_SENSITIVITY = 0.03
 _MAX_SENSITIVITY = 0.3
 _MAX_DRAWS = 32
@@ -155,6 +157,7 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("ovis2", 0): 28,
     ("janus", 0): 3,
     ("video_llama_3", 0): 35,  # found by searching past _MAX_DRAWS, as llava's
+    ("gemma4", 0): 107,  # the best of the first 150 (_FAMILY_MIN_MARGIN)
 }
 
 _CORPUS = """
@@ -389,13 +392,11 @@ def _build_models(
     if best[1] != draw_seed:
         shape_weights(target, special_ids, best[1])
     target_state = target.state_dict()
-    draft_state = draft.state_dict()
-    missing = [
-        k for k in draft_state if k not in target_state or target_state[k].shape != draft_state[k].shape
-    ]
+    draft_state = {k: _leading(target_state.get(k), v.shape) for k, v in draft.state_dict().items()}
+    missing = [k for k, v in draft_state.items() if v is None]
     if missing:  # pragma: no cover - guards against transformers renaming parameters
         raise RuntimeError(f"Cannot copy target weights into the draft for {family!r}: {missing[:5]}")
-    draft.load_state_dict({k: target_state[k] for k in draft_state}, strict=True)
+    draft.load_state_dict(draft_state, strict=True)
     perturb_draft_head(draft, special_ids, seed)
 
     draft.generation_config = generation_config(tokenizer)
@@ -405,6 +406,16 @@ def _build_models(
         "vetted_context_sensitivity": round(best_stats[1], 4),
     }
     return target, draft, info
+
+
+def _leading(weight: Any, shape: Any) -> Any:
+    """The draft's copy of a target ``weight`` of its ``shape``: the weight itself, or its leading part where the
+    draft's is smaller because it has fewer layers (Gemma 4's per-layer inputs pack every layer's in one tensor,
+    layer by layer); ``None`` where the target has no such weight."""
+    fits = weight is not None and weight.ndim == len(shape)
+    if not fits or any(t < d for t, d in zip(weight.shape, shape, strict=True)):
+        return None
+    return weight[tuple(slice(0, d) for d in shape)]
 
 
 # ---------------------------------------------------------------------------------------------

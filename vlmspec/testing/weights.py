@@ -72,27 +72,34 @@ def shape_weights(model: PreTrainedModel, special_ids: list[int], draw_seed: int
             attn, mlp = layer.self_attn, layer.mlp
             qk_std = _QK_STD
             if hasattr(attn, "q_norm"):  # q/k are RMS-normalised per head after the projection
-                for norm in (attn.q_norm, attn.k_norm):
-                    _set_gain(norm, _QK_STD * hidden**0.5)
+                for norm in (attn.q_norm, getattr(attn, "k_norm", None)):  # Gemma 4's reusing layers: no keys
+                    if norm is not None:
+                        _set_gain(norm, _QK_STD * hidden**0.5)
                 qk_std = 0.1
             if hasattr(layer, "post_feedforward_layernorm"):  # Gemma normalises each block's output too
                 _set_gain(layer.post_attention_layernorm, _GEMMA_ATTENTION_GAIN)
                 _set_gain(layer.post_feedforward_layernorm, _GEMMA_MLP_GAIN)
+            if hasattr(layer, "post_per_layer_input_norm"):  # Gemma 4's per-layer inputs: a small addition
+                _set_gain(layer.post_per_layer_input_norm, _GEMMA_MLP_GAIN)
             if hasattr(layer, "post_mlp_layernorm"):  # so does GLM-4
                 _set_gain(layer.post_self_attn_layernorm, _GEMMA_ATTENTION_GAIN)
                 _set_gain(layer.post_mlp_layernorm, _GEMMA_MLP_GAIN)
-            attn.q_proj.weight.normal_(0.0, qk_std, generator=gen)
-            attn.k_proj.weight.normal_(0.0, qk_std, generator=gen)
-            attn.v_proj.weight.normal_(0.0, ov_std, generator=gen)
-            attn.o_proj.weight.normal_(0.0, ov_std, generator=gen)
+            projections = ("q_proj", qk_std), ("k_proj", qk_std), ("v_proj", ov_std), ("o_proj", ov_std)
+            for (
+                name,
+                std,
+            ) in projections:  # Gemma 4: no k_proj where a layer reuses keys, no v_proj where k is v
+                if getattr(attn, name, None) is not None:
+                    getattr(attn, name).weight.normal_(0.0, std, generator=gen)
             for weight, std in _mlp_weights(mlp, hidden):
                 weight.normal_(0.0, std, generator=gen)
 
 
 def _set_gain(norm: torch.nn.Module, gain: float) -> None:
-    """Make an RMS norm scale its output by ``gain`` (Gemma's norms multiply by ``1 + weight``, others by
-    ``weight``)."""
-    norm.weight.fill_(gain - 1.0 if type(norm).__name__.startswith("Gemma") else gain)
+    """Make an RMS norm scale its output by ``gain`` (Gemma's norms multiply by ``1 + weight``, Gemma 4's and the
+    others' by ``weight``)."""
+    name = type(norm).__name__
+    norm.weight.fill_(gain - 1.0 if name.startswith("Gemma") and not name.startswith("Gemma4") else gain)
 
 
 def _mlp_weights(mlp: torch.nn.Module, hidden: int) -> list[tuple[torch.Tensor, float]]:
@@ -145,6 +152,8 @@ def _vision_output_linears(model: PreTrainedModel, family: str) -> list[torch.nn
         return [inner.aligner.hidden_layers[-1]]
     if family == "video_llama_3":
         return [inner.projector.readout[-1]]
+    if family == "gemma4":
+        return [inner.embed_vision.embedding_projection]
     if family in family_builders.QWEN3_FAMILIES:
         return [inner.visual.merger.linear_fc2] + [m.linear_fc2 for m in inner.visual.deepstack_merger_list]
     if (

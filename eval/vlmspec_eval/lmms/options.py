@@ -122,6 +122,7 @@ _FAMILY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("llava_next", re.compile(r"llava[-_]v1\.6|llava[-_]next", re.I)),
     ("internvl", re.compile(r"internvl", re.I)),
     ("gemma3", re.compile(r"gemma[-_]?3(?!n)", re.I)),  # not Gemma 3n, another architecture
+    ("gemma4", re.compile(r"gemma[-_]?4", re.I)),
     ("smolvlm", re.compile(r"smolvlm2", re.I)),
     ("idefics3", re.compile(r"smolvlm(?!2)|idefics3", re.I)),  # SmolVLM (1) is Idefics3's architecture
     ("mistral3", re.compile(r"ministral[-_]3[-_]|mistral[-_]small[-_]3\.[12]", re.I)),  # the vision ones
