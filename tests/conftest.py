@@ -149,3 +149,38 @@ def language_model_kwargs(model, inputs) -> dict:
     finally:
         handle.remove()
     return seen[0]
+
+
+def check_the_second_token_follows_the_target(pipe, draws: int) -> None:
+    """Sampling at temperature 1.5, top-k 4: the second token (the first one a speculative step emits) over
+    ``draws`` seeds follows the target's own two-token distribution, sum over the first token t1 of
+    p(t1) p(t2 | t1) with generate()'s warping (a chi-square test), and is never a token the target cannot emit."""
+    from scipy.stats import chisquare
+
+    image, prompt = make_image(0), "Describe this image."
+    kw = dict(max_new_tokens=2, do_sample=True, temperature=1.5, top_k=4, top_p=1.0)
+    second = torch.tensor([pipe(image, prompt, seed=s, **kw).token_ids[1] for s in range(draws)])
+    inputs = pipe.prepare_inputs(image, prompt)
+    with torch.no_grad():
+        first = _warped(pipe.target(**inputs).logits[0, -1])
+        expected = torch.zeros_like(first)
+        for t1 in first.nonzero().flatten().tolist():
+            ids = torch.cat([inputs["input_ids"], torch.tensor([[t1]])], dim=1)
+            extended = {**inputs, "input_ids": ids, "attention_mask": torch.ones_like(ids)}
+            if "mm_token_type_ids" in inputs:
+                extended["mm_token_type_ids"] = torch.cat(
+                    [inputs["mm_token_type_ids"], torch.zeros(1, 1, dtype=torch.long)], dim=1
+                )
+            expected += first[t1] * _warped(pipe.target(**extended).logits[0, -1])
+    support = expected.nonzero().flatten()
+    counts = torch.bincount(second, minlength=expected.shape[0])
+    assert counts[expected == 0].sum() == 0  # never a token the target cannot emit
+    expected_counts = expected[support].double() / expected[support].double().sum() * draws
+    assert chisquare(counts[support].double().numpy(), expected_counts.numpy()).pvalue > 1e-3
+
+
+def _warped(logits: torch.Tensor) -> torch.Tensor:
+    """generate()'s warping at temperature 1.5, top-k 4."""
+    scaled = logits.float() / 1.5
+    kth = scaled.topk(4).values[-1]
+    return torch.softmax(scaled.masked_fill(scaled < kth, float("-inf")), dim=-1)

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROMPTS, input_kinds
-from scipy.stats import chisquare
+from conftest import PROMPTS, check_the_second_token_follows_the_target, input_kinds
 from test_lossless import MAX_NEW, reference
 
 from vlmspec import VLMSpecPipeline, get_policy
@@ -63,34 +62,7 @@ def test_sampling_with_an_edd_draft_follows_the_target(tiny_pairs):
     pair = tiny_pairs["qwen2_vl"]
     base = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
     pipe = VLMSpecPipeline(base.target, EDDDraft.for_target(base.target), base.processor, policy="sage")
-    image, prompt = make_image(0), "Describe this image."
-    kw = dict(max_new_tokens=2, do_sample=True, temperature=1.5, top_k=4, top_p=1.0)
-    draws = 1500
-    second = torch.tensor([pipe(image, prompt, seed=s, **kw).token_ids[1] for s in range(draws)])
-    inputs = pipe.prepare_inputs(image, prompt)
-    with torch.no_grad():
-        first = _warped(pipe.target(**inputs).logits[0, -1])
-        expected = torch.zeros_like(first)
-        for t1 in first.nonzero().flatten().tolist():
-            ids = torch.cat([inputs["input_ids"], torch.tensor([[t1]])], dim=1)
-            extended = {**inputs, "input_ids": ids, "attention_mask": torch.ones_like(ids)}
-            if "mm_token_type_ids" in inputs:
-                extended["mm_token_type_ids"] = torch.cat(
-                    [inputs["mm_token_type_ids"], torch.zeros(1, 1, dtype=torch.long)], dim=1
-                )
-            expected += first[t1] * _warped(pipe.target(**extended).logits[0, -1])
-    support = expected.nonzero().flatten()
-    counts = torch.bincount(second, minlength=expected.shape[0])
-    assert counts[expected == 0].sum() == 0  # never a token the target cannot emit
-    expected_counts = expected[support].double() / expected[support].double().sum() * draws
-    assert chisquare(counts[support].double().numpy(), expected_counts.numpy()).pvalue > 1e-3
-
-
-def _warped(logits: torch.Tensor) -> torch.Tensor:
-    """generate()'s warping at temperature 1.5, top-k 4."""
-    scaled = logits.float() / 1.5
-    kth = scaled.topk(4).values[-1]
-    return torch.softmax(scaled.masked_fill(scaled < kth, float("-inf")), dim=-1)
+    check_the_second_token_follows_the_target(pipe, draws=1500)
 
 
 def test_dual_block_mask_matches_equation_3():

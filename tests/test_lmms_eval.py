@@ -673,6 +673,7 @@ EXPECTED_PAIRS = {
     ("deepseek-community/Janus-Pro-7B", "deepseek-community/Janus-Pro-1B"),
     ("lkhl/VideoLLaMA3-7B-HF", "lkhl/VideoLLaMA3-2B-HF"),
     ("google/gemma-4-31B-it", "google/gemma-4-E4B-it"),
+    ("google/gemma-4-e2b-it", "google/gemma-4-e2b-it-assistant"),
     ("testbed-mini", None),
     ("testbed-base@cpu", None),
 }

@@ -388,7 +388,9 @@ class RowAdapter:
         return prefill
 
     def prefill_soft(self, *args: Any, **kwargs: Any) -> DecodeState:
-        return self.batcher.adopt(self.adapter, self.adapter.prefill_soft(*args, **kwargs))
+        """:meth:`EDDAdapter.prefill_soft`'s state, in a store row (a multi-token drafter's has no cache to move)."""
+        state = self.adapter.prefill_soft(*args, **kwargs)
+        return state if self.adapter.mtp_draft else self.batcher.adopt(self.adapter, state)
 
     def run(self, cache: RowCache, *args: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`VLMAdapter.run` (same arguments after the cache), merged into the batch's forward."""

@@ -91,16 +91,26 @@ def copy_cache(cache: Cache, length: int | None = None) -> DynamicCache:
     copied out of its :class:`KVStore`, a dynamic cache's cloned."""
     copy = DynamicCache()
     if isinstance(cache, RowCache):
-        store, row = cache.store, cache.row
-        end = store.lengths[row] if length is None else length
-        layers = [
-            (k[row : row + 1, :, :end], v[row : row + 1, :, :end]) for k, v in map(store.layer, store.layers)
-        ]
+        entries = (layer_entries(cache, index) for index in cache.store.layers)
+        layers = [(keys[:, :, :length], values[:, :, :length]) for keys, values in entries]
     else:
         layers = [(layer.keys[:, :, :length], layer.values[:, :, :length]) for layer in _initialized(cache)]
     for index, (keys, values) in enumerate(layers):
         copy.update(keys.clone(), values.clone(), index)
     return copy
+
+
+def layer_entries(cache: Cache, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values ``[1, H, L, D]`` of layer ``index`` of one request's cache (a dynamic cache, or a batch row:
+    its own ``L`` entries), as views: a reader that must not change them (a Gemma 4 assistant reading the target's
+    keys) gets them without a copy."""
+    if isinstance(cache, RowCache):
+        store, row = cache.store, cache.row
+        keys, values = store.layer(index)
+        end = store.lengths[row]
+        return keys[row : row + 1, :, :end], values[row : row + 1, :, :end]
+    layer = _dynamic_layers(cache)[index]
+    return layer.keys, layer.values
 
 
 def row_caches(cache: DynamicCache, lengths: list[int]) -> list[DynamicCache]:

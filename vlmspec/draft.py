@@ -421,3 +421,58 @@ class DraftTree:
         anc = torch.zeros(new, new, dtype=torch.bool, device=self._anc.device)
         anc[:cap, :cap] = self._anc
         self._anc = anc
+
+
+class MTPDraftTree(DraftTree):
+    """A :class:`DraftTree` grown by a multi-token drafter (Gemma 4's assistant,
+    :mod:`vlmspec.models.gemma4_assistant`): the draft keeps no cache, and each node is drafted from the state the
+    forward that proposed it returned, its token's embedding, and the target's committed keys, at the root's position.
+
+    So a level of nodes is one forward whatever their depths, no tree mask is built (a node reads no other node's
+    keys, only its parent's state), and committing keeps nothing but the target's hidden state at the last accepted
+    token: the next root is drafted from it.
+
+    Args:
+        as :class:`DraftTree`; ``pending`` ``[p, D]`` holds the target's last-layer outputs of the accepted tokens
+        since the last forward of the root (the last one chose the root), or nothing right after the prefill (the
+        state holds the prompt's).
+    """
+
+    def _forward_root(self) -> torch.Tensor:
+        hidden = (
+            self.state.hidden if self.pending.shape[0] == 0 else self.adapter.root_state(self.pending[-1:])
+        )
+        logits, states = self.adapter.draft_step(self.state, self._tokens[:1], hidden, self.root_position)
+        self._states = states.new_zeros(self._tokens.shape[0], states.shape[-1])  # [capacity, D]
+        self._states[0] = states[0]
+        self._root_slot = 0
+        self._slots[0] = 0  # expanded (the draft has no cache slots)
+        return self._probs_of(logits, self._tokens.new_zeros(1))
+
+    def _forward_nodes(self, nodes: torch.Tensor) -> torch.Tensor:
+        parents = self._states[self._parents[nodes]]  # [n, D]
+        logits, states = self.adapter.draft_step(self.state, self._tokens[nodes], parents, self.root_position)
+        self._states[nodes] = states
+        self._slots[nodes] = 0
+        return self._probs_of(logits, nodes)
+
+    def _reserve(self, size: int) -> None:
+        super()._reserve(size)
+        states = getattr(self, "_states", None)
+        if states is not None and states.shape[0] < self._tokens.shape[0]:
+            grown = states.new_zeros(self._tokens.shape[0], states.shape[-1])
+            grown[: states.shape[0]] = states
+            self._states = grown
+
+    def commit(
+        self, path: torch.Tensor, slots: list[int], soft_prompt: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Nothing to keep in a cache; the new pending row is the target's hidden state at the last accepted token
+        (``soft_prompt[-1:]``, ``[1, D]``), the one the next root is drafted from."""
+        return soft_prompt[-1:]
+
+
+def draft_tree(adapter: VLMAdapter, *args: Any, **kwargs: Any) -> DraftTree:
+    """The tree builder for ``adapter``'s draft: :class:`MTPDraftTree` for a multi-token drafter, else
+    :class:`DraftTree` (same arguments)."""
+    return (MTPDraftTree if adapter.mtp_draft else DraftTree)(adapter, *args, **kwargs)

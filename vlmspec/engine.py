@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .cache import keep_tail, truncate
-from .draft import DraftTree, DraftVocab
+from .draft import DraftTree, DraftVocab, draft_tree
 from .errors import InvalidInputError
 from .inputs import on_device
 from .models import DecodeState, VLMAdapter
@@ -225,7 +225,7 @@ def speculative_generate(
         # 3. Draft a tree (the policy decides its shape); never deeper than the tokens still wanted.
         if d_state is not None:
             limit = stop.max_new_tokens - len(tokens) - 1
-            builder = DraftTree(
+            builder = draft_tree(
                 draft.adapter, d_state, root, position, pending, limit, vocab=draft.vocab, constraint=guide
             )
             tree = policy.build_tree(builder)
@@ -298,7 +298,9 @@ def _prefill_draft(
         d_state = draft.adapter.prefill(draft.inputs, keep=keep).state
         pending = prefill.logits.new_zeros(0, dtype=torch.long)
     else:  # the soft prompt: the target's hidden states of the whole prompt, at its rotary positions
-        d_state = draft.adapter.prefill_soft(prefill.hidden, prefill.position_ids, prefill.state.rope_delta)
+        d_state = draft.adapter.prefill_soft(
+            prefill.hidden, prefill.position_ids, prefill.state.rope_delta, target=prefill.state
+        )
         pending = prefill.hidden.new_zeros(0, prefill.hidden.shape[-1])
     stats.draft_visual_tokens = d_state.visual_tokens
     return d_state, pending

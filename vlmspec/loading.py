@@ -18,8 +18,9 @@ from transformers import (
 )
 
 from .errors import InputNotFoundError, InvalidInputError
-from .models import TEXT_DRAFT_TYPES, EDDDraft, adapter_for, check_model_type
+from .models import ASSISTANT_TYPES, TEXT_DRAFT_TYPES, EDDDraft, adapter_for, check_model_type
 from .models.edd import is_edd_folder
+from .models.gemma4_assistant import check_assistant, check_assistant_family
 from .named_pairs import is_local_path, is_pipeline_folder, resolve_pair
 from .quantization import in_memory, pair_quantization, with_quantization
 
@@ -127,8 +128,10 @@ def load_pair(
     text_draft = False
     if draft is not None and not edd:
         draft_type = check_source(draft, "draft", trust_remote_code)
-        text_draft = draft_type in TEXT_DRAFT_TYPES
-        if not text_draft:
+        text_draft = draft_type in (*TEXT_DRAFT_TYPES, *ASSISTANT_TYPES)  # loaded as causal language models
+        if draft_type in ASSISTANT_TYPES:
+            check_assistant_family(draft_type, target_type)
+        elif not text_draft:
             check_series(target_type, draft_type)
     processor = load_processor(target, trust_remote_code, chat_template)
     draft_tokenizer = _load_tokenizer(draft, trust_remote_code) if draft is not None and not edd else None
@@ -316,6 +319,12 @@ def check_compatible(
     Raises:
         ValueError: naming what differs and what to do.
     """
+    if (
+        draft.config.model_type in ASSISTANT_TYPES
+    ):  # it reads the target's embeddings: only its head's ids matter
+        check_assistant(draft, target)
+        _check_vocabulary(target, draft, target_tokenizer, draft_tokenizer)
+        return
     if draft.config.model_type in TEXT_DRAFT_TYPES:
         rows = draft.get_input_embeddings().weight.shape[0]
         added = getattr(target_tokenizer, "added_tokens_decoder", {})

@@ -167,15 +167,23 @@ class TurnCache:
         return prefill
 
     def prefill_soft(
-        self, hidden: torch.Tensor, position_ids: torch.Tensor, rope_delta: torch.Tensor
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        rope_delta: torch.Tensor,
+        target: DecodeState | None = None,
     ) -> DecodeState:
         """An EDD draft's soft prompt: ``hidden`` ``[n, D]`` holds the target's states of the prompt's last ``n``
-        positions (those the target ran); the cache keeps what it shares with the prompt before them."""
+        positions (those the target ran); the cache keeps what it shares with the prompt before them. ``target``:
+        the target's state (a multi-token drafter reads its keys, and keeps no cache of its own to resume)."""
+        if self.adapter.mtp_draft:
+            self.state = self.adapter.prefill_soft(hidden, position_ids, rope_delta, target=target)
+            return self.state
         ids, media = self._current()
         first = len(ids) - hidden.shape[0]
         start = self._resume(ids, first)
         self.state = self.adapter.prefill_soft(
-            hidden, position_ids, rope_delta, state=self.state if start > 0 else None
+            hidden, position_ids, rope_delta, state=self.state if start > 0 else None, target=target
         )
         self._ran_prompt(ids, media, torch.arange(first, len(ids)))
         return self.state

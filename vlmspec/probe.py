@@ -81,6 +81,15 @@ class _Prefixed:
 
     def __init__(self, adapter: VLMAdapter, inputs: dict[str, torch.Tensor] | None, context: int) -> None:
         self.adapter, device = adapter, adapter.device
+        if (
+            adapter.mtp_draft
+        ):  # a level of nodes reading the target's keys of the prompt's length, or `context`
+            self.state = adapter.probe_state(
+                int(inputs["input_ids"].shape[1]) if inputs is not None else context
+            )
+            self.past, self.position = 0, self.state.target.length
+            self.text = _random_text(adapter.target, context + 1)
+            return
         if inputs is not None and adapter.reads_target_layer is not None:
             # An EDD draft's prefix is the target's hidden states, one row per prompt token: time it on a prefix of
             # the prompt's length (what its forwards cost depends on that length, not on the rows' values).

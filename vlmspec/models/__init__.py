@@ -11,6 +11,7 @@ from .base import DecodeState, Prefill, PromptLayout, VLMAdapter
 from .edd import EDDAdapter, EDDDraft
 from .gemma3 import Gemma3Adapter
 from .gemma4 import Gemma4Adapter
+from .gemma4_assistant import ASSISTANT_TYPES, Gemma4AssistantAdapter
 from .glm import GlmVAdapter
 from .internvl import InternVLAdapter
 from .janus import JanusAdapter
@@ -68,12 +69,13 @@ def adapter_for(model: torch.nn.Module, target: VLMAdapter | None = None) -> VLM
     if isinstance(model, EDDDraft):
         return EDDAdapter(model, _ADAPTERS[model.edd_config.target_model_type])
     model_type = getattr(model.config, "model_type", None)
-    if model_type in TEXT_DRAFT_TYPES:
+    if model_type in (*TEXT_DRAFT_TYPES, *ASSISTANT_TYPES):
         if target is None:
             raise InvalidInputError(
                 f"a {model_type!r} model reads no pictures: it can only draft for a VLM target (give it as the draft)"
             )
-        return TextDraftAdapter(model, target)
+        drafter = Gemma4AssistantAdapter if model_type in ASSISTANT_TYPES else TextDraftAdapter
+        return drafter(model, target)
     check_model_type(model_type)
     return _ADAPTERS[model_type](model)
 
@@ -85,7 +87,7 @@ def check_model_type(model_type: str | None, model: str = "", draft: bool = Fals
     Raises:
         InvalidInputError: naming the model type, the supported ones and, where one exists, the checkpoint to use.
     """
-    if model_type in _ADAPTERS or (draft and model_type in TEXT_DRAFT_TYPES):
+    if model_type in _ADAPTERS or (draft and model_type in (*TEXT_DRAFT_TYPES, *ASSISTANT_TYPES)):
         return
     if model_type in TEXT_DRAFT_TYPES:
         raise InvalidInputError(
@@ -100,6 +102,7 @@ def check_model_type(model_type: str | None, model: str = "", draft: bool = Fals
 
 
 __all__ = [
+    "ASSISTANT_TYPES",
     "SUPPORTED_MODEL_TYPES",
     "TEXT_DRAFT_TYPES",
     "DecodeState",

@@ -72,6 +72,9 @@ class VLMAdapter(MediaRows, PromptInputs):
     pixels are laid out: the draft reads the target's processor outputs, so a draft must agree on each (its
     vision tower may be smaller). :func:`vlmspec.loading.check_compatible` compares them."""
     reads_pictures: ClassVar[bool] = True
+    mtp_draft: ClassVar[bool] = False
+    """A multi-token drafter (Gemma 4's assistant): no cache of its own, each node drafted from its parent's state
+    (:class:`vlmspec.draft.MTPDraftTree`)."""
     """Whether the model reads the prompt's pictures and videos (a language-model draft reads its text only)."""
     pictures_apart_from_videos: ClassVar[str] = ""
     """Why a prompt (a whole conversation) may not hold both pictures and videos, for the family whose processor

@@ -372,9 +372,11 @@ class EDDAdapter(VLMAdapter):
         position_ids: torch.Tensor,
         rope_delta: torch.Tensor,
         state: DecodeState | None = None,
+        target: DecodeState | None = None,
     ) -> DecodeState:
         """Run the soft prompt: ``hidden`` ``[L, D]`` target states at rotary ``position_ids`` ``[..., 1, L]``, into a
         fresh cache, or on top of ``state``'s (the rest of a prompt whose start it holds: a conversation's next turn).
+        ``target`` (the target's state) is not read: the draft keeps a cache of its own.
         """
         if state is None:
             state = DecodeState(cache=new_cache(self.model), rope_delta=rope_delta, visual_tokens=0)

@@ -57,6 +57,7 @@ Processor calls (transformers 5.x; the tests use exactly these):
 """
 
 from ..family_builders import LLAVA_CHAT_TEMPLATE, LLAVA_SPECIAL_TOKENS, QWEN_CHAT_TEMPLATE
+from .drafts import build_tiny_assistant, build_tiny_text_draft
 from .media import make_image, make_video_frames, read_video, write_video
 from .pairs import (
     FAMILIES,
@@ -69,7 +70,6 @@ from .pairs import (
     TinyPair,
     build_processor,
     build_tiny_pair,
-    build_tiny_text_draft,
     default_cache_root,
     input_kinds,
     make_inputs,
@@ -88,6 +88,7 @@ __all__ = [
     "TINY_FAMILIES",
     "TinyPair",
     "build_processor",
+    "build_tiny_assistant",
     "build_tiny_pair",
     "build_tiny_text_draft",
     "default_cache_root",

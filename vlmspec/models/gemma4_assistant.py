@@ -1,0 +1,215 @@
+"""Gemma 4's assistants (``model_type`` ``gemma4_assistant``, e.g. ``gemma-4-E2B-it-assistant``): the small drafters
+Google trained for each Gemma 4 model, which draft several tokens from the target's last state (multi-token
+prediction) instead of running a language model of their own over the sequence.
+
+What one forward of the assistant reads, as transformers' ``SinglePositionMultiTokenCandidateGenerator`` feeds it:
+
+* the input row ``[e(x), s]``: the target's (scaled) embedding of a token ``x`` and a state ``s`` of the target's
+  width. For the root (the token the target just chose), ``s`` is the target's final (normed) hidden state at the
+  position that chose it; for a drafted token, ``s`` is what the assistant's forward that proposed it returned
+  (``last_hidden_state``, projected back to the target's width);
+* the target's own keys and values: every assistant layer reuses those of the target's last layer of its kind
+  (``kv_sharing_modes`` ``"store"``), over the committed sequence. The assistant keeps no cache;
+* the root's position, for every token it drafts in the step.
+
+So a token tree costs one assistant forward per level, each node a query of its own over the target's keys (a
+batch of one-query rows, which is exactly the forward transformers runs for one candidate), and a node's children
+come from its parent's returned state: :class:`vlmspec.draft.MTPDraftTree` grows it. What the engine hands over is
+the target's last decoder layer output at the accepted path (the EDD plumbing), normed here as the target's model
+norms it.
+
+Choices where transformers is open, and why: the keys read are the committed ones only. After a verification,
+transformers cuts the target's keys at the sequence length, which keeps the key of the first rejected candidate at
+the new token's place (its key was computed in the verification); the new token has no key yet, as after the
+prefill, where transformers reads the prompt's keys only. vlmspec reads the committed keys at every step, the
+prefill's case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..cache import layer_entries, new_cache
+from ..errors import InvalidInputError
+from .attention import model_lock
+from .base import DecodeState, VLMAdapter, config_value
+
+ASSISTANT_TYPES = {"gemma4_assistant": "gemma4"}
+"""``model_type`` of the multi-token drafters vlmspec takes, and the family of the targets each drafts for."""
+
+
+@dataclass
+class AssistantState(DecodeState):
+    """An assistant's decoding state: no cache of its own (``cache`` stays empty), the target's state it reads keys
+    from, and the target's last committed hidden state.
+
+    Attributes:
+        target: the target's decoding state (its cache is read, never changed).
+        hidden: ``[1, D]`` the target's normed final hidden state at the last committed position.
+    """
+
+    target: DecodeState | None = None
+    hidden: torch.Tensor | None = None
+
+
+class Gemma4AssistantAdapter(VLMAdapter):
+    """The engine's handle on a Gemma 4 assistant (see the module docstring).
+
+    Args:
+        model: the ``Gemma4AssistantForCausalLM``.
+        target: the target's adapter (a Gemma 4 VLM), whose embedding table, final norm and cache layers it reads.
+
+    Raises:
+        InvalidInputError: the target is not a Gemma 4 model, or the assistant was made for another width or
+            another shape of keys.
+    """
+
+    reads_pictures = False
+    mtp_draft = True
+
+    def __init__(self, model: torch.nn.Module, target: VLMAdapter) -> None:
+        super().__init__(model)
+        check_assistant(model, target.model)
+        self.target = target
+        text = target.config.get_text_config()
+        modes = text.kv_sharing_modes
+        self.store_layers = {text.layer_types[i]: i for i, mode in enumerate(modes) if mode == "store"}
+        self.target_layers = text.num_hidden_layers
+
+    def visual_token_ids(self) -> tuple[int, int]:
+        return self.target.visual_token_ids()
+
+    @property
+    def reads_target_layer(self) -> int:
+        """The target's last decoder layer: its output, normed (:meth:`root_state`), is the root's state."""
+        return self.target_layers - 1
+
+    def root_state(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[1, D]`` the state a root is drafted from: the target's last layer output ``hidden`` ``[1, D]`` at the
+        position that chose it, through the target's final norm (transformers' ``hidden_states[-1]``)."""
+        return self.target.model.model.language_model.norm(hidden)
+
+    @torch.no_grad()
+    def prefill_soft(
+        self, hidden: torch.Tensor, *_: Any, target: DecodeState | None = None, **__: Any
+    ) -> AssistantState:
+        """The assistant's state after the target's prefill (:meth:`EDDAdapter.prefill_soft`'s arguments): the
+        target's state (``target``, whose keys it reads) and the root's state from ``hidden`` ``[n, D]``, the target's
+        last layer output at the prompt positions it ran (the last one chose the first root). The rotary positions
+        are the target's, and a conversation's earlier state holds nothing to keep: neither is read."""
+        if target is None:
+            raise InvalidInputError("a Gemma 4 assistant reads the target's keys: give the target's state")
+        empty = new_cache(self.model)
+        return AssistantState(empty, target.rope_delta, 0, target=target, hidden=self.root_state(hidden[-1:]))
+
+    def probe_state(self, context: int) -> AssistantState:
+        """A state over ``context`` committed tokens of zero keys (what the cost probe times the assistant on: its
+        forward's cost depends on how many keys it reads, not on their values)."""
+        cache = new_cache(self.target.model)
+        device, dtype = self.device, self.dtype
+        for index in range(max(self.store_layers.values()) + 1):
+            heads, width = _key_shape(self.target.model, index)
+            zeros = torch.zeros(1, heads, context, width, device=device, dtype=dtype)
+            cache.update(zeros, zeros, index)
+        target = DecodeState(cache, torch.zeros((), dtype=torch.long, device=device), 0)
+        hidden = torch.zeros(1, self.target.config.get_text_config().hidden_size, device=device, dtype=dtype)
+        return AssistantState(new_cache(self.model), target.rope_delta, 0, target=target, hidden=hidden)
+
+    @torch.no_grad()
+    def draft_step(
+        self, state: AssistantState, tokens: torch.Tensor, states: torch.Tensor, position: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One assistant forward for ``n`` tree nodes at once.
+
+        Args:
+            state: the assistant's state (the target's committed keys are read from ``state.target``).
+            tokens: ``[n]`` the nodes' tokens.
+            states: ``[n, D]`` the states they are drafted from (a root's: :meth:`root_state`; a drafted node's: its
+                parent's returned state).
+            position: the root's logical position (every node's, as the assistant was trained).
+
+        Returns:
+            ``[n, V]`` logits of each node's next token and ``[n, D]`` the states its children are drafted from.
+        """
+        n = tokens.shape[0]
+        rows = torch.cat([self.target.embeddings(tokens), states.to(self.dtype)], dim=-1)[
+            :, None
+        ]  # [n, 1, 2D]
+        shared = {}
+        for kind, index in self.store_layers.items():
+            keys, values = layer_entries(state.target.cache, index)  # [1, H, L, d] each
+            shared[kind] = (keys.expand(n, -1, -1, -1), values.expand(n, -1, -1, -1))
+        position_ids = torch.full((n, 1), position, dtype=torch.long, device=tokens.device)
+        with model_lock(self.model):
+            out = self.model(inputs_embeds=rows, position_ids=position_ids, shared_kv_states=shared)
+        return out.logits[:, 0], out.last_hidden_state[:, 0]
+
+    @torch.no_grad()
+    def forward(
+        self, state: DecodeState, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`draft_step` of ``n`` nodes drafted from the root's state (what the cost probe times: a level of
+        ``n`` nodes); ``[n, V]`` logits."""
+        states = state.hidden.expand(tokens.shape[0], -1)
+        return self.draft_step(state, tokens, states, int(positions[0]))[0]
+
+
+def check_assistant(model: torch.nn.Module, target: torch.nn.Module) -> None:
+    """Refuse an assistant that cannot draft for ``target``: another family, another width, or attention that
+    does not fit the keys of the target's layers it reads.
+
+    Raises:
+        InvalidInputError: naming what differs and what to use.
+    """
+    check_assistant_family(model.config.model_type, target.config.model_type)
+    width = target.config.get_text_config().hidden_size
+    if model.config.backbone_hidden_size != width:
+        raise InvalidInputError(
+            f"the assistant was made for a target of width {model.config.backbone_hidden_size}, but this target's is "
+            f"{width}; give the assistant made for this target (e.g. google/gemma-4-31B-it-assistant for gemma-4-31B-it)"
+        )
+    text, own = target.config.get_text_config(), model.config.get_text_config()
+    for kind in dict.fromkeys(own.layer_types):
+        index = max(
+            i
+            for i, mode in enumerate(text.kv_sharing_modes)
+            if mode == "store" and text.layer_types[i] == kind
+        )
+        layer = own.layer_types.index(kind)
+        if _key_shape(target, index)[1] != _head_width(own, layer):
+            raise InvalidInputError(
+                f"the assistant's {kind} layers have heads of {_head_width(own, layer)} but the target's keys there "
+                f"are {_key_shape(target, index)[1]} wide; give the assistant made for this target"
+            )
+
+
+def check_assistant_family(draft_type: str, target_type: str) -> None:
+    """Refuse an assistant of ``model_type`` ``draft_type`` for a target of another family (before any weights load).
+
+    Raises:
+        InvalidInputError: naming both and what to use.
+    """
+    family = ASSISTANT_TYPES[draft_type]
+    if target_type != family:
+        raise InvalidInputError(
+            f"a {draft_type!r} draft drafts for {family!r} targets, not {target_type!r}; give the assistant made for "
+            "the target, or a draft of the target's own family"
+        )
+
+
+def _key_shape(model: torch.nn.Module, index: int) -> tuple[int, int]:
+    """(key heads, head width) of decoder layer ``index`` of a Gemma 4 model."""
+    layer = _layer_config(model.config.get_text_config(), index)
+    return config_value(layer, "num_key_value_heads"), config_value(layer, "head_dim")
+
+
+def _head_width(config: Any, index: int) -> int:
+    return config_value(_layer_config(config, index), "head_dim")
+
+
+def _layer_config(config: Any, index: int) -> Any:
+    """Layer ``index``'s view of a text config whose layers differ (its own values), or the config itself."""
+    return config.per_layer_config[index] if getattr(config, "per_layer_config", None) else config
