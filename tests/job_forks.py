@@ -85,6 +85,9 @@ def _serve(setup: str) -> None:
     exec(setup, {"__name__": "__job_setup__"})
     for line in sys.stdin:
         request = json.loads(line)
+        # The log exists before the child runs: a child killed before it is first scheduled (a test may signal it
+        # as soon as its pid is known) still leaves one to read.
+        os.close(os.open(str(request["log"]), os.O_WRONLY | os.O_CREAT | os.O_TRUNC))
         pid = os.fork()
         if pid == 0:
             _child(request)  # raises SystemExit, or another exception, in the child: its own process's end
