@@ -120,3 +120,18 @@ def test_an_assistant_for_another_target_is_refused(tiny_root):
     qwen = build_tiny_pair("qwen2_vl", root=tiny_root)
     with pytest.raises(InvalidInputError, match=r"'gemma4_assistant' draft drafts for 'gemma4' targets, not"):
         VLMSpecPipeline.from_pretrained(qwen.target, build_tiny_assistant(root=tiny_root))
+
+
+def test_the_bench_times_its_forwards_as_draft_forwards(assisted):
+    """The bench's forward recorder sees each assistant forward as a draft forward of its nodes, never as a prefill
+    (the assistant keeps no cache, so none of its forwards starts one)."""
+    from vlmspec_eval.methods import ForwardRecorder
+
+    pipe, _ = assisted
+    pipe.policy = get_policy("static")
+    recorder = ForwardRecorder(pipe.target, pipe.draft)
+    with recorder.recording():
+        pipe(**CALLS[0], max_new_tokens=8)
+    drafts = [call for call in recorder.calls if call.role == "draft"]
+    assert drafts and not any(call.prefill for call in drafts)
+    assert max(call.tokens for call in drafts) > 1  # a level of several nodes, one forward

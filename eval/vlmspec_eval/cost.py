@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from vlmspec.costs import ForwardCosts
+from vlmspec.models.base import config_value, layer_config
 from vlmspec.probe import probe_costs, sync
 
 from .bench_cli import PROBE_SIZES
@@ -136,8 +137,9 @@ def target_roofline(model: torch.nn.Module, prefix_tokens: int, repeats: int = 5
         if ("language_model" in n or "lm_head" in n) and "embed_tokens" not in n
     ]  # fmt: skip
     weights = sum(p.numel() for p in decoder)
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    attention = 4 * text.num_hidden_layers * prefix_tokens * text.num_attention_heads * head_dim
+    widths = [config_value(layer_config(text, i), "head_dim") for i in range(text.num_hidden_layers)]
+    width = text.hidden_size // text.num_attention_heads  # where a config names no head_dim
+    attention = 4 * prefix_tokens * text.num_attention_heads * sum(w or width for w in widths)
     bandwidth, peak = measure_machine(decoder[0].device, decoder[0].dtype, repeats)
     return Roofline(
         weight_bytes=sum(p.numel() * p.element_size() for p in decoder),

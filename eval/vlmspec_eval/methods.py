@@ -265,9 +265,11 @@ class ForwardRecorder:
             ids = kwargs.get("input_ids", args[0] if args else None)
             if ids is None:
                 ids = kwargs.get("inputs_embeds")
-            tokens = int(ids.shape[1]) if ids is not None else 0
+            tokens = (
+                ids.shape[:2].numel() if ids is not None else 0
+            )  # rows x tokens (a multi-token drafter's nodes)
             cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers >= 5.24: `cache`
-            prefill = cache is None or cache.get_seq_length() == 0
+            prefill = cache is not None and cache.get_seq_length() == 0  # no cache: a drafter that keeps none
             _sync(module)
             self._open[role] = (tokens, prefill, time.perf_counter())
 

@@ -526,6 +526,12 @@ def config_value(config: Any, key: str) -> Any:
         return config.to_dict().get(key)
 
 
+def layer_config(config: Any, index: int) -> Any:
+    """Layer ``index``'s view of a text config whose layers differ (Gemma 4's: its own ``head_dim`` and
+    ``num_key_value_heads``), or the config itself where they do not."""
+    return config.per_layer_config[index] if getattr(config, "per_layer_config", None) else config
+
+
 def pad_positions(position_ids: torch.Tensor, n: int) -> torch.Tensor:
     """Right-pad rotary ``position_ids`` (``[..., 1, k]``) to ``n`` by repeating the last one."""
     k = position_ids.shape[-1]

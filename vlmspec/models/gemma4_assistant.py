@@ -35,7 +35,7 @@ import torch
 from ..cache import layer_entries, new_cache
 from ..errors import InvalidInputError
 from .attention import model_lock
-from .base import DecodeState, VLMAdapter, config_value
+from .base import DecodeState, VLMAdapter, config_value, layer_config
 
 ASSISTANT_TYPES = {"gemma4_assistant": "gemma4"}
 """``model_type`` of the multi-token drafters vlmspec takes, and the family of the targets each drafts for."""
@@ -202,14 +202,9 @@ def check_assistant_family(draft_type: str, target_type: str) -> None:
 
 def _key_shape(model: torch.nn.Module, index: int) -> tuple[int, int]:
     """(key heads, head width) of decoder layer ``index`` of a Gemma 4 model."""
-    layer = _layer_config(model.config.get_text_config(), index)
+    layer = layer_config(model.config.get_text_config(), index)
     return config_value(layer, "num_key_value_heads"), config_value(layer, "head_dim")
 
 
 def _head_width(config: Any, index: int) -> int:
-    return config_value(_layer_config(config, index), "head_dim")
-
-
-def _layer_config(config: Any, index: int) -> Any:
-    """Layer ``index``'s view of a text config whose layers differ (its own values), or the config itself."""
-    return config.per_layer_config[index] if getattr(config, "per_layer_config", None) else config
+    return config_value(layer_config(config, index), "head_dim")

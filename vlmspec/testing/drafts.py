@@ -157,6 +157,9 @@ def build_tiny_assistant(root: str | Path | None = None, seed: int = 0) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(pair.target)
         perturb_draft_head(model, _special_token_ids(tokenizer, "gemma4"), seed)
         model.generation_config = target.generation_config
+        model.generation_config.num_assistant_tokens = (
+            4  # transformers' generate(assistant_model=...) reads it
+        )
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
 
