@@ -88,6 +88,27 @@ def test_the_first_drafts_are_transformers_own(assisted):
     assert drafted == candidates[0, ids.shape[1] :].tolist()
     torch.testing.assert_close(torch.stack(probs), torch.softmax(logits[0].float(), -1), atol=1e-5, rtol=1e-4)
 
+    # A level of three children in one forward: each as transformers drafts it alone after the root
+    tree = MTPDraftTree(draft, state, root, inputs["input_ids"].shape[1], empty, depth_limit=4)
+    first = tree.next_probs(torch.zeros(1, dtype=torch.long))
+    children = tree.add(torch.zeros(3, dtype=torch.long), first[0].topk(3).indices, first[0].topk(3).values)
+    level = tree.next_probs(children)  # [3, V]
+    keys = {
+        k: (v[0][:, :, : ids.shape[1] - 1], v[1][:, :, : ids.shape[1] - 1])
+        for k, v in out.shared_kv_states.items()
+    }
+    position = torch.tensor([[ids.shape[1] - 1]])
+
+    def alone(token, state):
+        rows = torch.cat([pipe.target.get_input_embeddings()(token.reshape(1, 1)), state], dim=-1)
+        with torch.no_grad():
+            result = pipe.draft(inputs_embeds=rows, position_ids=position, shared_kv_states=keys)
+        return torch.softmax(result.logits[0, -1].float(), -1), result.last_hidden_state
+
+    _, root_state = alone(root, out.hidden_states[-1][:, -1:])
+    for child, probs in zip(first[0].topk(3).indices, level, strict=True):
+        torch.testing.assert_close(probs, alone(child, root_state)[0], atol=1e-5, rtol=1e-4)
+
 
 def test_a_batch_of_mixed_requests_equals_each_request_s_generate(assisted):
     pipe, _ = assisted

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from vlmspec.costs import DEFAULT_BUDGET_FACTOR, ForwardCosts
-from vlmspec.models import TEXT_DRAFT_TYPES, EDDDraft
+from vlmspec.models import ASSISTANT_TYPES, TEXT_DRAFT_TYPES, EDDDraft
 from vlmspec.policies import TreePolicy, available_policies, check_greedy, get_policy, policy_class
 from vlmspec.probe import sync
 
@@ -244,6 +244,10 @@ class ForwardRecorder:
 
     def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None) -> None:
         self.calls: list[ForwardCall] = []
+        if draft is not None and draft.config.model_type in ASSISTANT_TYPES:
+            draft = (
+                draft.model
+            )  # vlmspec runs a Gemma 4 assistant's inner model (its own masks), as its forward does
         self._models = [("target", target)] + ([("draft", draft)] if draft is not None else [])
         self._open: dict[str, tuple[int, bool, float]] = {}
 

@@ -12,9 +12,9 @@ What one forward of the assistant reads, as transformers' ``SinglePositionMultiT
   (``kv_sharing_modes`` ``"store"``), over the committed sequence. The assistant keeps no cache;
 * the root's position, for every token it drafts in the step.
 
-So a token tree costs one assistant forward per level, each node a query of its own over the target's keys (a
-batch of one-query rows, which is exactly the forward transformers runs for one candidate), and a node's children
-come from its parent's returned state: :class:`vlmspec.draft.MTPDraftTree` grows it. What the engine hands over is
+So a token tree costs one assistant forward per level, each node a query of its own over the target's keys (each
+under the mask transformers builds for its one candidate: :func:`query_masks`), and a node's children come from its
+parent's returned state: :class:`vlmspec.draft.MTPDraftTree` grows it. What the engine hands over is
 the target's last decoder layer output at the accepted path (the EDD plumbing), normed here as the target's model
 norms it.
 
@@ -135,17 +135,32 @@ class Gemma4AssistantAdapter(VLMAdapter):
             ``[n, V]`` logits of each node's next token and ``[n, D]`` the states its children are drafted from.
         """
         n = tokens.shape[0]
-        rows = torch.cat([self.target.embeddings(tokens), states.to(self.dtype)], dim=-1)[
-            :, None
-        ]  # [n, 1, 2D]
-        shared = {}
-        for kind, index in self.store_layers.items():
-            keys, values = layer_entries(state.target.cache, index)  # [1, H, L, d] each
-            shared[kind] = (keys.expand(n, -1, -1, -1), values.expand(n, -1, -1, -1))
-        position_ids = torch.full((n, 1), position, dtype=torch.long, device=tokens.device)
-        with model_lock(self.model):
-            out = self.model(inputs_embeds=rows, position_ids=position_ids, shared_kv_states=shared)
-        return out.logits[:, 0], out.last_hidden_state[:, 0]
+        rows = torch.cat([self.target.embeddings(tokens), states.to(self.dtype)], dim=-1)[None]  # [1, n, 2D]
+        shared = {
+            kind: layer_entries(state.target.cache, i) for kind, i in self.store_layers.items()
+        }  # [1, H, L, d]
+        position_ids = torch.full((1, n), position, dtype=torch.long, device=tokens.device)
+        model = self.model
+        with model_lock(
+            model
+        ):  # the model's forward, its masks those of one query per node (see query_masks)
+            x = model.pre_projection(rows)  # [1, n, d_a]
+            masks = query_masks(model, x, shared)
+            # logits_to_keep=None: every node's output is wanted (an int would have transformers cut the queries of
+            # the layers that reuse keys, which fails on a model without per-layer inputs, an assistant's, for n > 1)
+            out = model.model(
+                inputs_embeds=x,
+                attention_mask=masks,
+                position_ids=position_ids,
+                shared_kv_states=shared,
+                logits_to_keep=None,
+            )
+            hidden = out.last_hidden_state  # [1, n, d_a]
+            ordered = model.config.use_ordered_embeddings
+            logits = (
+                model.masked_embedding(hidden, model.lm_head.weight) if ordered else model.lm_head(hidden)
+            )
+            return logits[0], model.post_projection(hidden)[0]
 
     @torch.no_grad()
     def forward(
@@ -155,6 +170,27 @@ class Gemma4AssistantAdapter(VLMAdapter):
         ``n`` nodes); ``[n, V]`` logits."""
         states = state.hidden.expand(tokens.shape[0], -1)
         return self.draft_step(state, tokens, states, int(positions[0]))[0]
+
+
+def query_masks(model: torch.nn.Module, x: torch.Tensor, shared: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The assistant's attention masks for ``n`` nodes as ``n`` queries of one row ``x`` ``[1, n, d]``, each the
+    mask transformers builds for one query (``create_attention_masks``, what a forward of one candidate uses), as an
+    additive ``[1, 1, n, L]`` mask per kind of layer.
+
+    Why not the forward's own masks over the ``n`` queries: it reads them as a sequence (the local layers' window
+    then shifts with the query's index), where the nodes of a level are independent; and why not ``n`` rows of one
+    query each: every row would take its own copy of the target's keys (``[n, heads, L, d]``, gigabytes for a tree
+    over a long prompt), where one row reads them once."""
+    one = model.create_attention_masks(x[:, :1], None, shared)  # {kind: [1, 1, 1, L] or None (all keys)}
+    masks = {}
+    for kind, mask in one.items():
+        keys = shared[kind][0].shape[2]
+        if mask is None:
+            mask = x.new_zeros(1, 1, 1, keys)
+        elif mask.dtype == torch.bool:
+            mask = torch.zeros_like(mask, dtype=x.dtype).masked_fill(~mask, torch.finfo(x.dtype).min)
+        masks[kind] = mask.expand(-1, -1, x.shape[1], -1)
+    return masks
 
 
 def check_assistant(model: torch.nn.Module, target: torch.nn.Module) -> None:
