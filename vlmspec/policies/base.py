@@ -402,7 +402,8 @@ class TreePolicy:
                 f"policy {self.name!r} is expected to run at {speedup:.2f}x plain decoding on this machine: the "
                 f"draft's forward costs {ratio:.2f}x the target's, more than the accepted tokens repay at a "
                 f"per-token acceptance of {DEFAULT_ACCEPTANCE}. Speculation pays when the draft costs a small "
-                "fraction of the target: use a smaller draft or an EDD draft (docs/edd.md), or policy='ar'; "
+                "fraction of the target: use a smaller draft, an EDD draft (docs/edd.md) or a Gemma 4 target's "
+                "assistant (gemma4_assistant), or policy='ar'; "
                 "`vlmspec bench` measures it",
                 SlowSpeculationWarning,
                 stacklevel=user_stacklevel(),
