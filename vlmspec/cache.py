@@ -189,9 +189,8 @@ class KVStore:
 
     def __init__(self, max_rows: int) -> None:
         self.max_rows = max_rows
-        self.groups: list[
-            torch.Tensor
-        ] = []  # per kind of layer (H, D): [2, layers, max_rows, H, capacity, D]
+        # per kind of layer (H, D): [2, layers, max_rows, H, capacity, D]
+        self.groups: list[torch.Tensor] = []
         self.slots: list[tuple[int, int]] = []  # per layer: its group, its index there
         self.shapes: list[tuple[int, int]] = []  # per layer: (H, D)
         self.lengths: list[int] = []  # entries of each live row

@@ -438,6 +438,10 @@ class MTPDraftTree(DraftTree):
         state holds the prompt's).
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._states: torch.Tensor | None = None  # [capacity, D] each expanded node's returned state
+
     def _forward_root(self) -> torch.Tensor:
         hidden = (
             self.state.hidden if self.pending.shape[0] == 0 else self.adapter.root_state(self.pending[-1:])
@@ -458,7 +462,7 @@ class MTPDraftTree(DraftTree):
 
     def _reserve(self, size: int) -> None:
         super()._reserve(size)
-        states = getattr(self, "_states", None)
+        states = self._states
         if states is not None and states.shape[0] < self._tokens.shape[0]:
             grown = states.new_zeros(self._tokens.shape[0], states.shape[-1])
             grown[: states.shape[0]] = states

@@ -319,9 +319,8 @@ def check_compatible(
     Raises:
         ValueError: naming what differs and what to do.
     """
-    if (
-        draft.config.model_type in ASSISTANT_TYPES
-    ):  # it reads the target's embeddings: only its head's ids matter
+    if draft.config.model_type in ASSISTANT_TYPES:
+        # it reads the target's embeddings: only its head's ids matter
         check_assistant(draft, target)
         _check_vocabulary(target, draft, target_tokenizer, draft_tokenizer)
         return

@@ -81,9 +81,8 @@ class _Prefixed:
 
     def __init__(self, adapter: VLMAdapter, inputs: dict[str, torch.Tensor] | None, context: int) -> None:
         self.adapter, device = adapter, adapter.device
-        if (
-            adapter.mtp_draft
-        ):  # a level of nodes reading the target's keys of the prompt's length, or `context`
+        if adapter.mtp_draft:
+            # a level of nodes reading the target's keys of the prompt's length, or `context`
             self.state = adapter.probe_state(
                 int(inputs["input_ids"].shape[1]) if inputs is not None else context
             )

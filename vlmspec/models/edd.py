@@ -67,7 +67,7 @@ _RETRAIN = "train the draft again with `vlmspec edd train`"
 _NO_EDD = {
     "gemma4": "its layers read per-layer inputs looked up from token ids, which the draft's soft prompt (the "
     "target's hidden states) has none of, and its last layers reuse earlier layers' keys, which one layer has no "
-    "earlier layer to give; draft with a smaller Gemma 4 (gemma-4-E2B-it) instead",
+    "earlier layer to give; draft with a smaller Gemma 4 (gemma-4-E2B-it) or the target's assistant instead",
 }
 """Families an EDD draft is not built for, and why."""
 

@@ -55,9 +55,9 @@ class Gemma4Adapter(BothWaysPictures):
     def visual_token_ids(self) -> tuple[int, int]:
         return self.config.image_token_id, self.config.video_token_id
 
-    @property
-    def _text(self) -> Any:
-        return self.config.get_text_config()
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__(model)
+        self._text = model.config.get_text_config()  # read at every decoding forward
 
     @property
     def _layer_inputs(self) -> torch.nn.Module | None:
@@ -149,10 +149,6 @@ class Gemma4Adapter(BothWaysPictures):
         visual = torch.stack(list(masks.values())).any(0)  # [1, L]
         return get_block_sequence_ids_for_mask(visual.long(), device=visual.device)
 
-    def _per_layer(self, ids: torch.Tensor) -> torch.Tensor:
-        """``[..., layers * P]`` the per-layer vectors of token ids ``ids`` (packed, as the table holds them)."""
-        return self._layer_inputs(ids)
-
     def embed_prompt(self, inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
         """The base's, plus ``per_layer_inputs`` ``[1, L, layers, P]``: each placeholder read as padding, as the
         model's own forward reads it."""
@@ -161,13 +157,13 @@ class Gemma4Adapter(BothWaysPictures):
             ids = inputs["input_ids"]
             image, video, audio = self.model.model.get_placeholder_mask(ids)
             text_ids = ids.masked_fill(image | video | audio, self._text.pad_token_id)
-            prompt["per_layer_inputs"] = self._unpacked(self._per_layer(text_ids))
+            prompt["per_layer_inputs"] = self._unpacked(self._layer_inputs(text_ids))
         return prompt
 
     def text_prompt(self, ids: torch.Tensor) -> dict[str, Any]:
         prompt = super().text_prompt(ids)
         if self._layer_inputs is not None:
-            prompt["per_layer_inputs"] = self._unpacked(self._per_layer(ids))
+            prompt["per_layer_inputs"] = self._unpacked(self._layer_inputs(ids))
         return prompt
 
     def _unpacked(self, packed: torch.Tensor) -> torch.Tensor:
@@ -180,7 +176,7 @@ class Gemma4Adapter(BothWaysPictures):
         rows = self.embeddings(tokens)
         if self._layer_inputs is None:
             return rows
-        return torch.cat([rows, self._per_layer(tokens).to(rows.dtype)], dim=-1)
+        return torch.cat([rows, self._layer_inputs(tokens).to(rows.dtype)], dim=-1)
 
     def row_inputs(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """``[B, n, D (+ layers * P)]`` rows of :meth:`embed` -> ``inputs_embeds`` (and ``per_layer_inputs``)."""

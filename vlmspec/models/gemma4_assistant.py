@@ -75,8 +75,7 @@ class Gemma4AssistantAdapter(VLMAdapter):
         check_assistant(model, target.model)
         self.target = target
         text = target.config.get_text_config()
-        modes = text.kv_sharing_modes
-        self.store_layers = {text.layer_types[i]: i for i, mode in enumerate(modes) if mode == "store"}
+        self.store_layers = store_layers(text)
         self.target_layers = text.num_hidden_layers
 
     def visual_token_ids(self) -> tuple[int, int]:
@@ -208,18 +207,20 @@ def check_assistant(model: torch.nn.Module, target: torch.nn.Module) -> None:
             f"{width}; give the assistant made for this target (e.g. google/gemma-4-31B-it-assistant for gemma-4-31B-it)"
         )
     text, own = target.config.get_text_config(), model.config.get_text_config()
-    for kind in dict.fromkeys(own.layer_types):
-        index = max(
-            i
-            for i, mode in enumerate(text.kv_sharing_modes)
-            if mode == "store" and text.layer_types[i] == kind
-        )
-        layer = own.layer_types.index(kind)
-        if _key_shape(target, index)[1] != _head_width(own, layer):
+    for kind, index in store_layers(text).items():
+        theirs, ours = _head_width(text, index), _head_width(own, own.layer_types.index(kind))
+        if theirs != ours:
             raise InvalidInputError(
-                f"the assistant's {kind} layers have heads of {_head_width(own, layer)} but the target's keys there "
-                f"are {_key_shape(target, index)[1]} wide; give the assistant made for this target"
+                f"the assistant's {kind} layers have heads of {ours} but the target's keys there are {theirs} wide; "
+                "give the assistant made for this target"
             )
+
+
+def store_layers(text_config: Any) -> dict[str, int]:
+    """The target layer whose keys an assistant's layers of each kind read: the last of that kind that keeps its
+    own (``kv_sharing_modes`` ``"store"``), by layer type."""
+    modes = text_config.kv_sharing_modes
+    return {text_config.layer_types[i]: i for i, mode in enumerate(modes) if mode == "store"}
 
 
 def check_assistant_family(draft_type: str, target_type: str) -> None:
