@@ -674,6 +674,7 @@ EXPECTED_PAIRS = {
     ("lkhl/VideoLLaMA3-7B-HF", "lkhl/VideoLLaMA3-2B-HF"),
     ("google/gemma-4-31B-it", "google/gemma-4-E4B-it"),
     ("google/gemma-4-e2b-it", "google/gemma-4-e2b-it-assistant"),
+    ("facebook/Perception-LM-8B", "facebook/Perception-LM-1B"),
     ("testbed-mini", None),
     ("testbed-base@cpu", None),
 }
@@ -774,6 +775,8 @@ FAMILY_BY_NAME = {  # checkpoint or pair name: the family vlmspec reads it as (N
     "lkhl/VideoLLaMA3-2B-Image-HF": "video_llama_3",
     "tiny:video_llama_3": "video_llama_3",
     "DAMO-NLP-SG/VideoLLaMA2-7B": None,
+    "facebook/Perception-LM-8B": "perception_lm",
+    "tiny:perception_lm": "perception_lm",
     "/some/folder": None,
 }
 

@@ -412,8 +412,8 @@ def check_visual_layout(target: torch.nn.Module, draft: torch.nn.Module) -> None
 def _config_value(config: Any, field: str) -> Any:
     """``config``'s value at a dotted path (``vision_config.patch_size``), tuples as lists (a config built in
     code and one read from JSON compare equal); ``None`` where it has none."""
-    for name in field.split("."):
-        config = getattr(config, name, None)
+    for name in field.split("."):  # a dict on the way (timm's model_args) is read by key
+        config = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
     return _listed(config)
 
 

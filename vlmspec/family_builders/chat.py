@@ -91,6 +91,9 @@ SMOLVLM_NAMED_TOKENS = {
 """SmolVLM's named special tokens: a picture is written ``<image>`` in the text, which the processor expands to each
 tile's ``<fake_token_around_image><row_r_col_c>`` + ``<image>`` per visual token, then the whole picture's
 ``<global-img>`` tile; a turn ends with ``<end_of_utterance>``."""
+PERCEPTION_LM_NAMED_TOKENS = {"image_token": "<|image|>", "video_token": "<|video|>"}
+"""Perception LM's named special tokens: a picture is written ``<|image|>`` in the text, which the processor expands
+to one ``<|image|>`` per visual token of every tile; a video ``<|video|>``, one per token of every frame."""
 SMOLVLM_GRID = 2
 """Tiles per side of the largest SmolVLM picture the builders lay out (the ``<row_r_col_c>`` tokens they name)."""
 
@@ -262,6 +265,23 @@ VIDEO_LLAMA3_CHAT_TEMPLATE = GLM_V_CHAT_TEMPLATE.replace(
     "<|begin_of_image|><|image|><|end_of_image|>", "<|image_pad|>\\n"
 ).replace("<|begin_of_video|><|video|><|end_of_video|>", "<|video_pad|>\\n")
 
+# Perception LM's (facebook/Perception-LM-*'s, without its default system prompt): Llama 3's turn headers (here the
+# builders' <|im_start|> role, a blank line) and ends (<|im_end|>), each turn's pictures, then its videos, then its text
+PERCEPTION_LM_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] | trim }}"
+    "{% else %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<|image|>' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}{{ '<|video|>' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ content['text'] | trim }}{% endfor %}"
+    "{% endif %}"
+    "{{ '<|im_end|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n\n' }}{% endif %}"
+)
+
 _CHAT_TEMPLATES = {
     "qwen2_vl": QWEN_CHAT_TEMPLATE,
     "qwen2_5_vl": QWEN_CHAT_TEMPLATE,
@@ -284,6 +304,7 @@ _CHAT_TEMPLATES = {
     "ovis2": OVIS2_CHAT_TEMPLATE,
     "janus": JANUS_CHAT_TEMPLATE,
     "video_llama_3": VIDEO_LLAMA3_CHAT_TEMPLATE,
+    "perception_lm": PERCEPTION_LM_CHAT_TEMPLATE,
 }
 
 
@@ -314,6 +335,8 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return (*CHAT_TOKENS, *OVIS2_SPECIAL_TOKENS)
     if family == "janus":
         return (*CHAT_TOKENS, *JANUS_NAMED_TOKENS.values())
+    if family == "perception_lm":
+        return (*CHAT_TOKENS, *PERCEPTION_LM_NAMED_TOKENS.values())
     if family in TILE_FAMILIES:
         grid = range(1, SMOLVLM_GRID + 1)
         return (
@@ -428,6 +451,7 @@ def build_tokenizer(
             "gemma3": GEMMA3_NAMED_TOKENS,
             "gemma4": GEMMA4_NAMED_TOKENS,
             "janus": JANUS_NAMED_TOKENS,
+            "perception_lm": PERCEPTION_LM_NAMED_TOKENS,
             "smolvlm": SMOLVLM_NAMED_TOKENS,
             "idefics3": SMOLVLM_NAMED_TOKENS,
         }.get(family),

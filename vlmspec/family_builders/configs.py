@@ -16,6 +16,7 @@ from .chat import (
     INTERNVL_NAMED_TOKENS,
     JANUS_NAMED_TOKENS,
     OVIS2_INDICATOR_TOKENS,
+    PERCEPTION_LM_NAMED_TOKENS,
     SMOLVLM_NAMED_TOKENS,
     special_token_ids,
 )
@@ -118,6 +119,8 @@ def build_config(
         return config_cls(**_janus_config_kwargs(spec, text, tid, layout))
     if family == "video_llama_3":
         return config_cls(**_video_llama3_config_kwargs(spec, text, tid, layout))
+    if family == "perception_lm":
+        return config_cls(**_perception_lm_config_kwargs(spec, text, tid, layout))
     if family in TILE_FAMILIES:
         return config_cls(
             text_config={**text, "model_type": "llama"},
@@ -423,6 +426,36 @@ def _aya_vision_config_kwargs(
         "downsample_factor": 2,
         "vision_feature_select_strategy": "full",
         "image_token_index": tid("<|IMG_PATCH|>"),
+        "tie_word_embeddings": False,
+    }
+
+
+def _perception_lm_config_kwargs(
+    spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
+) -> dict[str, Any]:
+    """``PerceptionLMConfig``'s arguments: a Llama language model behind timm's Perception Encoder (``vit_pe_core``,
+    ``spec``'s widths, tiles of ``crop_side`` pixels, its CLS token dropped), the projected patches pooled 2 x 2, as
+    every Perception LM size's."""
+    model_args = {
+        "embed_dim": spec.vision_hidden,
+        "depth": spec.vision_layers,
+        "num_heads": spec.vision_heads,
+        "img_size": [layout.crop_side, layout.crop_side],
+        "patch_size": layout.patch,
+    }
+    return {
+        "text_config": {**text, "model_type": "llama", "rope_parameters": dict(_PLAIN_ROPE)},
+        "vision_config": {
+            "model_type": "timm_wrapper",
+            "architecture": "vit_pe_core_tiny_patch16_384",
+            "model_args": model_args,
+            "do_pooling": False,
+            "initializer_range": _VISION_INIT_STD,
+        },
+        "vision_use_cls_token": True,
+        "projector_pooling_ratio": 2,
+        "image_token_id": tid(PERCEPTION_LM_NAMED_TOKENS["image_token"]),
+        "video_token_id": tid(PERCEPTION_LM_NAMED_TOKENS["video_token"]),
         "tie_word_embeddings": False,
     }
 

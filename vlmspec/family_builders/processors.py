@@ -155,6 +155,22 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
             downsample_factor=2,
             chat_template=tokenizer.chat_template,
         )
+    if (
+        family == "perception_lm"
+    ):  # a thumbnail and up to max_tiles tiles of crop_side; a video's frames a tile each
+        from transformers import PerceptionLMImageProcessor, PerceptionLMVideoProcessor
+
+        side = layout.crop_side
+        return processor_cls(
+            image_processor=PerceptionLMImageProcessor(tile_size=side, max_num_tiles=layout.max_tiles),
+            video_processor=PerceptionLMVideoProcessor(
+                size={"height": side, "width": side}, do_sample_frames=False
+            ),
+            tokenizer=tokenizer,
+            patch_size=layout.patch,
+            pooling_ratio=2,
+            chat_template=tokenizer.chat_template,
+        )
     if family == "janus":  # a picture padded to a square of crop_side pixels, one token per patch
         from transformers import JanusImageProcessor
 

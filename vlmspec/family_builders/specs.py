@@ -23,12 +23,20 @@ IMAGE_ONLY_FAMILIES: tuple[str, ...] = (
 )
 """Families these builders know whose models read pictures only (Gemma 3, LLaVA-1.5, LLaVA-NeXT, Idefics3, Mistral
 3, Aya Vision, Ovis2, Janus: no video input), tested on their own."""
-OWN_TEST_FAMILIES: tuple[str, ...] = ("smolvlm", "llava_next_video", "glm46v", "video_llama_3", "gemma4")
+OWN_TEST_FAMILIES: tuple[str, ...] = (
+    "smolvlm",
+    "llava_next_video",
+    "glm46v",
+    "video_llama_3",
+    "gemma4",
+    "perception_lm",
+)
 """Families with pictures and videos these builders know that are tested on their own (SmolVLM2: pictures cut into
 tiles, a video's frames written as pictures with their times; LLaVA-NeXT-Video: LLaVA-NeXT's pictures, a video's
 frames pooled; GLM-4.6V: Qwen2-VL's design, a video's frames written with the pictures' placeholder; VideoLLaMA3:
 Qwen2-VL's flat patches, a video's frames merged and compressed, 1-D positions; Gemma 4: pictures and frames at
-their own aspect ratio, per-layer inputs, layers reusing earlier layers' keys)."""
+their own aspect ratio, per-layer inputs, layers reusing earlier layers' keys; Perception LM: a timm tower, pictures
+cut into tiles, a video's frames a tile each)."""
 MOE_FAMILIES: tuple[str, ...] = ("qwen3_vl_moe", "internvl_moe")
 """Mixture-of-experts families these builders know too: Qwen3-VL-30B-A3B's and -235B-A22B's architecture, the
 Qwen3-VL vision tower and processor with a sparse language model, and InternVL3.5-30B-A3B's and -241B-A28B's (model
@@ -61,6 +69,7 @@ _CLASS_PREFIXES = {  # family: the name of its transformers classes, <prefix>Con
     "ovis2": "Ovis2",
     "janus": "Janus",
     "video_llama_3": "VideoLlama3",
+    "perception_lm": "PerceptionLM",
 }
 _PROCESSOR_PREFIXES = {"qwen3_vl_moe": "Qwen3VL", "mistral3": "Pixtral"}
 """Families whose processor is another family's (...Processor)."""

@@ -18,6 +18,7 @@ from .janus import JanusAdapter
 from .llava import LlavaAdapter, LlavaNextAdapter, LlavaNextVideoAdapter, LlavaOnevisionAdapter
 from .mistral3 import Mistral3Adapter
 from .ovis2 import Ovis2Adapter
+from .perception_lm import PerceptionLMAdapter
 from .qwen import QwenVLAdapter
 from .smolvlm import Idefics3Adapter, SmolVLMAdapter
 from .text import TEXT_DRAFT_TYPES, TextDraftAdapter
@@ -40,6 +41,7 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
         GlmVAdapter,
         AyaVisionAdapter,
         Ovis2Adapter,
+        PerceptionLMAdapter,
         JanusAdapter,
         VideoLlama3Adapter,
     )

@@ -111,6 +111,8 @@ _LAYOUTS = {
     "aya_vision": VisionLayout(patch=7, crop_side=28, max_tiles=4),
     # tiles of 28: 4x4 patches of 7, strided 2x2 -> 4 tokens per tile; the whole picture, then up to 4 tiles
     "ovis2": VisionLayout(patch=7, crop_side=28, max_tiles=4),
+    # tiles of 32: 4x4 patches of 8, pooled 2x2 -> 4 tokens per tile; a thumbnail and up to 4 tiles, a frame one tile
+    "perception_lm": VisionLayout(patch=8, crop_side=32, max_tiles=4),
     # SigLIP input side 28 (a picture padded to a square): 2x2 patches of 14 -> 4 tokens per picture
     "janus": VisionLayout(patch=14, crop_side=28),
     # patches of 14: a picture resized to at most 28 x 56 pixels, a token per patch -> 4 tokens a 56-pixel square; a
@@ -158,6 +160,7 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("janus", 0): 3,
     ("video_llama_3", 0): 35,  # found by searching past _MAX_DRAWS, as llava's
     ("gemma4", 0): 107,  # the best of the first 150 (_FAMILY_MIN_MARGIN)
+    ("perception_lm", 0): 28,
 }
 
 _CORPUS = """

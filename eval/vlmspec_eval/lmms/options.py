@@ -133,6 +133,7 @@ _FAMILY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("ovis2", re.compile(r"ovis2(?![.\d])", re.I)),  # not Ovis2.5, another architecture
     ("janus", re.compile(r"janus", re.I)),
     ("video_llama_3", re.compile(r"video[-_]?llama[-_]?3", re.I)),
+    ("perception_lm", re.compile(r"perception[-_]?lm", re.I)),
 )
 
 
