@@ -261,7 +261,7 @@ class Batcher:
         try:
             if request.stopped:
                 return
-            with torch.no_grad():
+            with torch.inference_mode():
                 request.output = request.job()
         except BaseException as error:
             request.error = error

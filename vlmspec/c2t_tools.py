@@ -307,7 +307,7 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def evaluate(
     classifier: C2TClassifier, features: torch.Tensor, labels: torch.Tensor, beta: float
 ) -> dict[str, float]:

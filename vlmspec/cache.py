@@ -1,5 +1,8 @@
 """KV-cache surgery. The only module that touches transformers' cache internals.
 
+vlmspec decodes under ``torch.inference_mode`` (the engine, the adapters' forwards), so a cache's tensors are
+inference tensors; :func:`keep_tail`, which writes into them in place, runs under it too, whoever calls it.
+
 After a verification step the cache holds ``start`` committed tokens followed by every tree node that was
 fed to the model. Only the accepted path is kept: its entries are moved to ``start, start+1, ...`` and the
 rest is dropped. Moving just the tail (an ``index_select`` over at most N tree slots, then a slice) costs
@@ -54,6 +57,7 @@ def _dynamic_layers(cache: Cache) -> list[DynamicLayer]:
     return layers
 
 
+@torch.inference_mode()
 def keep_tail(cache: Cache, start: int, keep: torch.Tensor) -> None:
     """Keep the first ``start`` entries plus the entries at ``keep``; drop everything else.
 

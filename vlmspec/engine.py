@@ -2,6 +2,10 @@
 
 One function, :func:`speculative_generate`, in the spirit of gpt-fast's ``generate.py``. Shapes in comments:
 ``N`` draft nodes (the tree has ``N + 1`` with the root), ``V`` vocabulary, ``T`` target cache length.
+
+It runs under ``torch.inference_mode`` (as the adapters' forwards do), not only ``no_grad``: no version counters
+or autograd bookkeeping on any tensor, which cuts the eager dispatch of a step's many small ops (the tree, masks,
+cache surgery) and of the small draft's forwards.
 """
 
 from __future__ import annotations
@@ -145,6 +149,7 @@ class DraftPrompt:
         return cls(adapter, inputs, select, select is not None and pruning.needs_scores, vocab)
 
 
+@torch.inference_mode()
 def speculative_generate(
     target: VLMAdapter,
     target_inputs: dict[str, torch.Tensor],

@@ -257,7 +257,7 @@ class VLMSpecPipeline(PromptBuilder):
         return onednn_linears(self.target, self.draft) if self.onednn_linears else contextlib.nullcontext(0)
 
     # ---- generation ---------------------------------------------------------------------------------------------
-    @torch.no_grad()
+    @torch.inference_mode()
     def reference_generate(
         self, inputs: dict[str, torch.Tensor], max_new_tokens: int, structured_outputs: Any = None
     ) -> list[int]:
@@ -280,7 +280,7 @@ class VLMSpecPipeline(PromptBuilder):
         on_target = on_device(checked, self._target_adapter.device)
         return continuation_logits(self.target, on_target, tokens).log_softmax(-1)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def __call__(
         self,
         image: ImageInput | Sequence[ImageInput] | None = None,
@@ -367,7 +367,7 @@ class VLMSpecPipeline(PromptBuilder):
             raise result
         return result
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def batch(
         self, requests: Sequence[dict[str, Any]], batch_size: int = 8, return_exceptions: bool = False
     ) -> list[SpecOutput | Exception]:
@@ -411,7 +411,7 @@ class VLMSpecPipeline(PromptBuilder):
                 raise result
         return results
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def batch_iter(
         self, requests: Requests, batch_size: int = 8
     ) -> Iterator[tuple[int, SpecOutput | Exception]]:
@@ -581,7 +581,7 @@ class VLMSpecPipeline(PromptBuilder):
         check_stream_kwargs(kwargs)
         return stream_call(self, image, prompt, kwargs)
 
-    @torch.no_grad()
+    @torch.no_grad()  # the ids it returns are ordinary tensors, as generate()'s (the decoding runs in inference mode)
     def generate(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> Any:
         """``target.generate(**inputs, ...)`` with speculative decoding, a drop-in for code that already calls it:
         the same ``[B, L + T]`` ids (or output object), each row the target's own greedy output alone (see

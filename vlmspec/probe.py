@@ -154,7 +154,7 @@ def check_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(out if out[0] == 1 else [1, *out])
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def probe_costs(
     target: torch.nn.Module,
     draft: torch.nn.Module | None,

@@ -117,7 +117,7 @@ def generate_steps(rows: Sequence[TokenScores], field: str, width: int, pad: int
     )
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def continuation_logits(
     model: torch.nn.Module, inputs: Mapping[str, Any], token_ids: Sequence[int]
 ) -> torch.Tensor:
@@ -148,7 +148,7 @@ def continuation_logits(
     return out.logits[0, -len(tokens) - 1 : -1].float()  # [n, V]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def greedy_logits(
     model: torch.nn.Module, inputs: Mapping[str, Any], max_new_tokens: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,7 +26,7 @@ from vlmspec.tree import tree_attention_bias
 LAGS: tuple[int, ...] = (1, 2, 3, 4, 5)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def token_entropies(
     model: torch.nn.Module, inputs: dict[str, torch.Tensor], token_ids: Sequence[int]
 ) -> list[float]:

@@ -284,6 +284,7 @@ def sampling_sections(
     return out
 
 
+@torch.inference_mode()
 def measure(
     pipe: Any,
     variants: Sequence[Variant],

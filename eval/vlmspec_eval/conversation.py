@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from vlmspec.chat import system_turn
 
 from .bench import progress_log, torch_threads
@@ -121,6 +123,7 @@ def fresh_prefills(pipe: Any, turns: list[tuple[str, Any]], replies: list[Any]) 
     return seconds
 
 
+@torch.inference_mode()
 def measure_conversations(
     pipe: Any,
     convos: list[list[tuple[str, Any]]],

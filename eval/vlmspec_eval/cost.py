@@ -113,7 +113,7 @@ def _best_seconds(fn: Any, device: torch.device, repeats: int) -> float:
     return best
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def measure_machine(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> tuple[float, float]:
     """``(bandwidth bytes/s, peak FLOP/s)``: the best of ``repeats`` 256 MiB copies and square matmuls.
 

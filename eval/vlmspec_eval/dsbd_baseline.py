@@ -35,7 +35,7 @@ class BeamSamplingOutput:
     seconds: float
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def beam_sampling_baseline(
     pipe: Any,
     image: Any,
@@ -91,7 +91,7 @@ def beam_sampling_baseline(
     return BeamSamplingOutput(tokens, text, seconds)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def perplexity(pipe: Any, inputs: dict[str, Any], token_ids: Sequence[int]) -> float:
     """Perplexity of ``token_ids`` (a generation) under the target, given the prompt ``inputs``: one forward.
 

@@ -142,6 +142,7 @@ def _engine_run(
     return run
 
 
+@torch.inference_mode()
 def measure_sampling(
     pipe: Any,
     variants: Sequence[Variant],
@@ -301,6 +302,7 @@ def score_runs(pipe: Any, runs: Sequence[SampleRun], items: Sequence[TaskInput])
             run.exact_match = run.text.strip() == item.reference.strip()
 
 
+@torch.inference_mode()
 def measure_dsbd(
     pipe: Any,
     policy: TreePolicy,

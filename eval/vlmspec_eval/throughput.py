@@ -75,7 +75,7 @@ def batched_generate(pipe: Any, requests: Sequence[dict[str, Any]], max_new_toke
     finally:
         tokenizer.padding_side = side
     inputs = on_device(inputs, pipe.target.device)
-    with torch.no_grad():
+    with torch.inference_mode():
         out = pipe.target.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
     eos = eos_token_ids(pipe.target)
     return [until_eos(row, eos) for row in out[:, inputs["input_ids"].shape[1] :].tolist()]

@@ -148,7 +148,7 @@ class VLMAdapter(MediaRows, PromptInputs):
         is_video = ids == video_id
         return PromptLayout(visual=(ids == image_id) | is_video, is_video=is_video)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def prefill(
         self,
         inputs: dict[str, torch.Tensor],
@@ -212,7 +212,7 @@ class VLMAdapter(MediaRows, PromptInputs):
             )
         return self._pruned_prefill(inputs, keep)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def prefill_many(
         self,
         prompts: list[dict[str, torch.Tensor]],
@@ -311,7 +311,7 @@ class VLMAdapter(MediaRows, PromptInputs):
         state = DecodeState(cache=cache, rope_delta=row.rope_delta, visual_tokens=row.visual_tokens)
         return Prefill(logits=logits, state=state)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def extend(
         self,
         state: DecodeState,
@@ -427,7 +427,7 @@ class VLMAdapter(MediaRows, PromptInputs):
         """Input rows ``[p + 1, D]`` of a draft's first forward of a step: the ``[p]`` pending tokens, the root."""
         return self.embed(torch.cat([pending, root.reshape(1)]))
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def run(
         self,
         cache: Cache,
@@ -470,7 +470,7 @@ class VLMAdapter(MediaRows, PromptInputs):
             **_no_router_loss(self.model),
         ).logits
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def forward_hidden(
         self,
         state: DecodeState,
@@ -484,7 +484,7 @@ class VLMAdapter(MediaRows, PromptInputs):
         logits, hidden = self.run(state.cache, self.embed(tokens)[None], rope, bias, layer)
         return logits[0], hidden[0]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def forward_root(
         self,
         state: DecodeState,
@@ -497,7 +497,7 @@ class VLMAdapter(MediaRows, PromptInputs):
         rope = self.rope_ids(positions, state.rope_delta)
         return self.run(state.cache, self.root_rows(pending, root)[None], rope, bias)[0][0]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def forward(
         self, state: DecodeState, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor
     ) -> torch.Tensor:

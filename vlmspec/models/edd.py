@@ -365,7 +365,7 @@ class EDDAdapter(VLMAdapter):
     def rope_ids(self, positions: torch.Tensor, rope_delta: torch.Tensor) -> torch.Tensor:
         return self.family.rope_ids(positions, rope_delta)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def prefill_soft(
         self,
         hidden: torch.Tensor,

@@ -91,7 +91,7 @@ class Gemma4AssistantAdapter(VLMAdapter):
         position that chose it, through the target's final norm (transformers' ``hidden_states[-1]``)."""
         return self.target.model.model.language_model.norm(hidden)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def prefill_soft(
         self, hidden: torch.Tensor, *_: Any, target: DecodeState | None = None, **__: Any
     ) -> AssistantState:
@@ -117,7 +117,7 @@ class Gemma4AssistantAdapter(VLMAdapter):
         hidden = torch.zeros(1, self.target.config.get_text_config().hidden_size, device=device, dtype=dtype)
         return AssistantState(new_cache(self.model), target.rope_delta, 0, target=target, hidden=hidden)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def draft_step(
         self, state: AssistantState, tokens: torch.Tensor, states: torch.Tensor, position: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,7 +161,7 @@ class Gemma4AssistantAdapter(VLMAdapter):
             )
             return logits[0], model.post_projection(hidden)[0]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def forward(
         self, state: DecodeState, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor
     ) -> torch.Tensor:

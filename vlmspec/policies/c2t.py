@@ -286,7 +286,7 @@ class C2TPolicy(TreePolicy):
             top_p, top_tok = probs.topk(k, dim=-1)  # [F, k] the candidates the classifier scores
             entropy = distribution_entropy(probs, c.entropy_top)  # [F]
             features = candidate_features(draft.cum_probs[frontier], entropy, top_p, level)  # [F, k, 3]
-            with torch.no_grad():
+            with torch.inference_mode():
                 confidence = self.classifier(features)  # [F, k]
             confidence = confidence.masked_fill(~(confidence > c.beta), -1.0)  # first pruning: C(v) > beta
             passed = int((confidence > c.beta).sum())

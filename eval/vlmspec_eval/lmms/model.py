@@ -532,7 +532,7 @@ def warm_up(pipe: VLMSpecPipeline) -> None:
     )
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def score_continuation(
     model: torch.nn.Module, tokenizer: Any, inputs: dict[str, Any], continuation: str
 ) -> tuple[float, bool]:
