@@ -149,6 +149,9 @@ def test_generate_is_a_drop_in_for_the_targets_generate(pipe):
     ref = pipe.target.generate(**inputs, do_sample=False, max_new_tokens=20)
     ids = pipe.generate(**inputs, max_new_tokens=20)
     assert ids.shape == ref.shape and torch.equal(ids, ref)
+    # decoded in inference mode, returned as generate() returns it: an ordinary tensor code may write into
+    assert not ids.is_inference() and not ref.is_inference()
+    ids[0, 0] = ids[0, 0]
     sampled = [pipe.generate(**inputs, max_new_tokens=12, do_sample=True, seed=7) for _ in range(2)]
     assert torch.equal(sampled[0], sampled[1]) and torch.equal(
         sampled[0][:, : inputs["input_ids"].shape[1]], inputs["input_ids"]
