@@ -111,11 +111,23 @@ def test_the_first_drafts_are_transformers_own(assisted):
 
 
 def test_a_batch_of_mixed_requests_equals_each_request_s_generate(assisted):
+    """At batch 3 every reply is the request's own ``generate()``, and the requests' assistant steps are merged: one
+    forward a level for the rows drafting together, far fewer forwards than the same requests one at a time."""
     pipe, _ = assisted
     pipe.policy = get_policy("sage")
     requests = mixed_requests()[:6]
-    for i, (request, out) in enumerate(zip(requests, pipe.batch(requests, batch_size=3), strict=True)):
-        assert out.token_ids == reference(pipe, request), i
+    forwards, counts = [], {}
+    handle = pipe.draft.model.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        for batch_size in (1, 3):
+            forwards.clear()
+            outs = pipe.batch(requests, batch_size=batch_size)
+            for i, (request, out) in enumerate(zip(requests, outs, strict=True)):
+                assert out.token_ids == reference(pipe, request), (batch_size, i)
+            counts[batch_size] = len(forwards)
+    finally:
+        handle.remove()
+    assert counts[3] < 0.6 * counts[1], counts
 
 
 def test_a_conversation_equals_generate(assisted):

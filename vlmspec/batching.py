@@ -92,11 +92,30 @@ class _PrefillCall:
 
 
 @dataclass
+class _DraftStep:
+    """One request's step of a multi-token drafter (:meth:`Gemma4AssistantAdapter.draft_step`'s arguments), waiting
+    to be merged with the others'."""
+
+    adapter: VLMAdapter
+    order: int
+    step: tuple[Any, torch.Tensor, torch.Tensor, int]  # (state, tokens [n], states [n, D], position)
+    result: tuple[torch.Tensor, torch.Tensor] | None = None
+    error: BaseException | None = None
+
+    rank = property(lambda self: (1, self.order))
+    group = property(lambda self: (self.adapter, "step"))
+
+    @staticmethod
+    def run_merged(calls: list[_DraftStep]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return calls[0].adapter.draft_steps([call.step for call in calls])
+
+
+@dataclass
 class _Request:
     index: int
     job: Callable[[], Any]
     resume: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
-    forward: _Forward | _PrefillCall | None = None
+    forward: _Forward | _PrefillCall | _DraftStep | None = None
     caches: list[RowCache] = field(default_factory=list)
     done: bool = False
     output: Any = None
@@ -152,6 +171,13 @@ class Batcher:
             return adapter.run(cache, *args)
         return self._merged(_Forward(adapter, order, cache, *args))
 
+    def draft_step(self, adapter: VLMAdapter, order: int, *step: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``adapter.draft_step(*step)`` (a multi-token drafter's) for one request: at once for a batch of one, else
+        merged with the other requests' steps into one forward."""
+        if not self._threaded:
+            return adapter.draft_step(*step)
+        return self._merged(_DraftStep(adapter, order, step))
+
     def prefill(
         self,
         adapter: VLMAdapter,
@@ -166,7 +192,7 @@ class Batcher:
             return adapter.prefill(inputs, keep=keep, score_visual=score_visual)
         return self._merged(_PrefillCall(adapter, order, inputs, keep, score_visual))
 
-    def _merged(self, call: _Forward | _PrefillCall) -> Any:
+    def _merged(self, call: _Forward | _PrefillCall | _DraftStep) -> Any:
         """Hand ``call`` to the scheduler, wait for the merged forward it joins; its share of the result."""
         request = self._running
         request.forward = call
@@ -391,6 +417,11 @@ class RowAdapter:
         """:meth:`EDDAdapter.prefill_soft`'s state, in a store row (a multi-token drafter's has no cache to move)."""
         state = self.adapter.prefill_soft(*args, **kwargs)
         return state if self.adapter.mtp_draft else self.batcher.adopt(self.adapter, state)
+
+    def draft_step(self, *step: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """A multi-token drafter's :meth:`~vlmspec.models.Gemma4AssistantAdapter.draft_step`, merged with the other
+        requests' into one forward."""
+        return self.batcher.draft_step(self.adapter, self.order, *step)
 
     def run(self, cache: RowCache, *args: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`VLMAdapter.run` (same arguments after the cache), merged into the batch's forward."""

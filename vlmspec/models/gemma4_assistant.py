@@ -117,7 +117,6 @@ class Gemma4AssistantAdapter(VLMAdapter):
         hidden = torch.zeros(1, self.target.config.get_text_config().hidden_size, device=device, dtype=dtype)
         return AssistantState(new_cache(self.model), target.rope_delta, 0, target=target, hidden=hidden)
 
-    @torch.inference_mode()
     def draft_step(
         self, state: AssistantState, tokens: torch.Tensor, states: torch.Tensor, position: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,18 +132,44 @@ class Gemma4AssistantAdapter(VLMAdapter):
         Returns:
             ``[n, V]`` logits of each node's next token and ``[n, D]`` the states its children are drafted from.
         """
-        n = tokens.shape[0]
-        rows = torch.cat([self.target.embeddings(tokens), states.to(self.dtype)], dim=-1)[None]  # [1, n, 2D]
-        shared = {
-            kind: layer_entries(state.target.cache, i) for kind, i in self.store_layers.items()
-        }  # [1, H, L, d]
-        position_ids = torch.full((1, n), position, dtype=torch.long, device=tokens.device)
+        return self.draft_steps([(state, tokens, states, position)])[0]
+
+    @torch.inference_mode()
+    def draft_steps(
+        self, steps: list[tuple[AssistantState, torch.Tensor, torch.Tensor, int]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`draft_step` for several requests of a batch in one forward: request ``b``'s ``n_b`` nodes are row
+        ``b``'s queries over its own committed keys, read in place from the target's batch store (its rows side by
+        side, each at its own length: the keys past a row's length are masked); rows and queries with no node are
+        padding whose outputs are dropped. One request's step reads its keys as they are (a cache of its own or a
+        store row). Returns each step's ``([n_b, V], [n_b, D])``."""
+        first = steps[0][0].target.cache
+        merged = len(steps) > 1
+        store = first.store if merged else None
+        rows = [step[0].target.cache.row if merged else 0 for step in steps]  # each step's row of the batch
+        batch, n = (store.rows if merged else 1), max(step[1].shape[0] for step in steps)
+        lengths = store.lengths[:batch] if merged else [layer_entries(first, 0)[0].shape[2]]
+        if merged:  # every row's keys as the store holds them: [B, H, max(lengths), d]
+            shared = {
+                kind: tuple(t[:batch, :, : max(lengths)] for t in store.layer(i))
+                for kind, i in self.store_layers.items()
+            }
+        else:
+            shared = {kind: layer_entries(first, i) for kind, i in self.store_layers.items()}  # [1, H, L, d]
+        device = steps[0][1].device
+        inputs = torch.zeros(batch, n, 2 * self.target.config.get_text_config().hidden_size, device=device,
+                             dtype=self.dtype)  # fmt: skip
+        position_ids = torch.zeros(batch, n, dtype=torch.long, device=device)
+        for row, (_, tokens, states, position) in zip(rows, steps, strict=True):
+            k = tokens.shape[0]
+            inputs[row, :k] = torch.cat([self.target.embeddings(tokens), states.to(self.dtype)], dim=-1)
+            position_ids[row] = position
         model = self.model
         with model_lock(
             model
         ):  # the model's forward, its masks those of one query per node (see query_masks)
-            x = model.pre_projection(rows)  # [1, n, d_a]
-            masks = query_masks(model, x, shared)
+            x = model.pre_projection(inputs)  # [B, n, d_a]
+            masks = query_masks(model, x, shared, lengths)
             # logits_to_keep=None: every node's output is wanted (an int would have transformers cut the queries of
             # the layers that reuse keys, which fails on a model without per-layer inputs, an assistant's, for n > 1)
             out = model.model(
@@ -154,12 +179,16 @@ class Gemma4AssistantAdapter(VLMAdapter):
                 shared_kv_states=shared,
                 logits_to_keep=None,
             )
-            hidden = out.last_hidden_state  # [1, n, d_a]
+            hidden = out.last_hidden_state  # [B, n, d_a]
             ordered = model.config.use_ordered_embeddings
             logits = (
                 model.masked_embedding(hidden, model.lm_head.weight) if ordered else model.lm_head(hidden)
             )
-            return logits[0], model.post_projection(hidden)[0]
+            returned = model.post_projection(hidden)  # [B, n, D]
+        return [
+            (logits[row, : len(step[1])], returned[row, : len(step[1])])
+            for row, step in zip(rows, steps, strict=True)
+        ]
 
     @torch.inference_mode()
     def forward(
@@ -171,25 +200,33 @@ class Gemma4AssistantAdapter(VLMAdapter):
         return self.draft_step(state, tokens, states, int(positions[0]))[0]
 
 
-def query_masks(model: torch.nn.Module, x: torch.Tensor, shared: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The assistant's attention masks for ``n`` nodes as ``n`` queries of one row ``x`` ``[1, n, d]``, each the
-    mask transformers builds for one query (``create_attention_masks``, what a forward of one candidate uses), as an
-    additive ``[1, 1, n, L]`` mask per kind of layer.
+def query_masks(
+    model: torch.nn.Module, x: torch.Tensor, shared: dict[str, Any], lengths: list[int]
+) -> dict[str, torch.Tensor]:
+    """The assistant's attention masks for rows of ``n`` nodes, ``x`` ``[B, n, d]``, each node a query under the mask
+    transformers builds for one query over its row's ``lengths[b]`` keys (``create_attention_masks``, what a forward
+    of one candidate uses; the keys past a row's length hidden), as an additive ``[B, 1, n, L]`` mask per kind of
+    layer (``L`` the keys ``shared`` holds).
 
     Why not the forward's own masks over the ``n`` queries: it reads them as a sequence (the local layers' window
     then shifts with the query's index), where the nodes of a level are independent; and why not ``n`` rows of one
     query each: every row would take its own copy of the target's keys (``[n, heads, L, d]``, gigabytes for a tree
     over a long prompt), where one row reads them once."""
-    one = model.create_attention_masks(x[:, :1], None, shared)  # {kind: [1, 1, 1, L] or None (all keys)}
-    masks = {}
-    for kind, mask in one.items():
-        keys = shared[kind][0].shape[2]
-        if mask is None:
-            mask = x.new_zeros(1, 1, 1, keys)
-        elif mask.dtype == torch.bool:
-            mask = torch.zeros_like(mask, dtype=x.dtype).masked_fill(~mask, torch.finfo(x.dtype).min)
-        masks[kind] = mask.expand(-1, -1, x.shape[1], -1)
-    return masks
+    batch, n = x.shape[:2]
+    masks = {  # [B, 1, 1, L]: nothing seen until a row's own keys are filled in
+        kind: x.new_full((batch, 1, 1, keys.shape[2]), torch.finfo(x.dtype).min)
+        for kind, (keys, _) in shared.items()
+    }
+    for row, length in enumerate(lengths):
+        own = {kind: (keys[row : row + 1, :, :length], values[row : row + 1, :, :length])
+               for kind, (keys, values) in shared.items()}  # fmt: skip
+        for kind, one in model.create_attention_masks(x[row : row + 1, :1], None, own).items():
+            if one is None:  # [1, 1, 1, length] or None (all its keys)
+                one = x.new_zeros(1, 1, 1, length)
+            elif one.dtype == torch.bool:
+                one = torch.zeros_like(one, dtype=x.dtype).masked_fill(~one, torch.finfo(x.dtype).min)
+            masks[kind][row, :, :, :length] = one[0]
+    return {kind: mask.expand(-1, -1, n, -1) for kind, mask in masks.items()}
 
 
 def check_assistant(model: torch.nn.Module, target: torch.nn.Module) -> None:
