@@ -1,16 +1,21 @@
-"""Gemma 4 (``gemma-4-E4B-it`` drafting for ``gemma-4-31B-it``): the tiny ``gemma4`` pair (per-layer inputs, last
-layers reusing earlier layers' keys, global layers with wider heads and fewer of them, a picture's tokens read both
-ways in the local layers) is lossless like the other families (``test_more_families.py``). Here, its own ways: the
+"""Gemma 4 (``gemma-4-E4B-it`` drafting for ``gemma-4-31B-it`` or ``-26B-A4B-it``): the tiny ``gemma4`` pair
+(per-layer inputs, last layers reusing earlier layers' keys, global layers with wider heads and fewer of them, a
+picture's tokens read both ways in the local layers) is lossless like the other families (``test_more_families.py``). Here, its own ways: the
 per-layer inputs vlmspec hands the model (it never makes the model recover token ids from embeddings), pictures and
-frames whose token counts follow their sizes, a cache of layers of two shapes."""
+frames whose token counts follow their sizes, a cache of layers of two shapes, a sparse target (26B-A4B's routed
+experts) drafted for by the dense draft."""
 
 from __future__ import annotations
+
+import json
+import shutil
 
 import pytest
 import torch
 from conftest import PROMPTS, check_a_padded_batch_splits_into_its_prompts, language_model_kwargs
+from test_batching import check_batch_equals_generate, mixed_requests
 
-from vlmspec import InvalidInputError, VLMSpecPipeline
+from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
 from vlmspec.models import EDDDraft
 from vlmspec.models.gemma4 import Gemma4Adapter
 from vlmspec.testing import build_tiny_pair, make_image, make_video_frames
@@ -107,3 +112,34 @@ def test_an_edd_draft_is_refused_naming_why(gemma4):
         InvalidInputError, match=r"'gemma4' target: its layers read per-layer inputs.*gemma-4-E2B"
     ):
         EDDDraft.for_target(gemma4.target)
+
+
+def test_a_sparse_target_of_26b_a4b_s_kind_takes_the_dense_draft(tiny_root, tmp_path):
+    """Gemma 4 26B-A4B's decoder layers each add a routed block of experts beside the dense MLP
+    (``enable_moe_block``): the tiny target rewritten so (4 experts, 2 a token, drawn as it loads), drafted for by the
+    dense tiny draft, replies as ``generate()`` under every tree policy, alone and in a batch of mixed requests."""
+    pair = build_tiny_pair("gemma4", root=tiny_root)
+    target = tmp_path / "sparse-target"
+    shutil.copytree(pair.target, target)
+    config = json.loads((target / "config.json").read_text())
+    config["text_config"] |= {
+        "enable_moe_block": True,
+        "num_experts": 4,
+        "top_k_experts": 2,
+        "moe_intermediate_size": 64,
+    }
+    (target / "config.json").write_text(json.dumps(config))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)  # the experts' draw
+        pipe = VLMSpecPipeline.from_pretrained(target, pair.draft, policy="sage", torch_dtype=torch.float32)
+    assert all(layer.enable_moe_block for layer in pipe.target.model.language_model.layers)
+    dense = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
+    inputs = pipe.prepare_inputs(make_image(0), PROMPTS[0])
+    assert pipe.reference_generate(inputs, 32) != dense.reference_generate(inputs, 32)  # the experts count
+    for policy in ("chain", "static", "sage", "eagle2"):
+        pipe.policy = get_policy(policy)
+        for media in ({"image": make_image(0)}, {"video": make_video_frames(3)}, {}):
+            inputs = pipe.prepare_inputs(media.get("image"), PROMPTS[0], video=media.get("video"))
+            out = pipe(prompt=PROMPTS[0], max_new_tokens=32, **media)
+            assert out.token_ids == pipe.reference_generate(inputs, 32), (policy, list(media))
+    check_batch_equals_generate(pipe, mixed_requests()[:6], "sparse gemma4")
