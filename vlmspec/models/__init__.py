@@ -50,13 +50,20 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
 
 SUPPORTED_MODEL_TYPES = tuple(sorted(_ADAPTERS))
 
-_NATIVE_VERSIONS = {
+_NATIVE_VERSIONS = {  # model types vlmspec refuses, why and what to load instead
     "llava_llama": "the original LLaVA-1.5 checkpoints (model_type 'llava_llama', liuhaotian/llava-v1.5-7b) run their "
     "own code; load the transformers-native version (llava-hf/llava-1.5-7b-hf)",
     "videollama3_qwen2": "DAMO-NLP-SG's VideoLLaMA3 checkpoints run their own code (model_type 'videollama3_qwen2'); "
     "load a transformers-native conversion (lkhl/VideoLLaMA3-2B-Image-HF)",
     "internvl_chat": "OpenGVLab's InternVL checkpoints that run their own code (model_type 'internvl_chat') have "
     "transformers-native versions: load the '-hf' one (OpenGVLab/InternVL3-8B-hf, OpenGVLab/InternVL3_5-8B-HF)",
+    **dict.fromkeys(
+        ("qwen3_5", "qwen3_5_moe", "lfm2_vl"),
+        "its language model has recurrent layers (Qwen3.5's Gated DeltaNet, LFM2's short convolutions) that carry "
+        "one state along the sequence, where vlmspec verifies a tree of continuations in one forward over a KV cache "
+        "(a recurrent state cannot branch per node, nor be cut back to the accepted path); transformers' generate() "
+        "runs it (its assisted generation cannot roll these layers back either)",
+    ),
 }
 
 
