@@ -58,11 +58,11 @@ _NATIVE_VERSIONS = {  # model types vlmspec refuses, why and what to load instea
     "internvl_chat": "OpenGVLab's InternVL checkpoints that run their own code (model_type 'internvl_chat') have "
     "transformers-native versions: load the '-hf' one (OpenGVLab/InternVL3-8B-hf, OpenGVLab/InternVL3_5-8B-HF)",
     **dict.fromkeys(
-        ("qwen3_5", "qwen3_5_moe", "lfm2_vl"),
-        "its language model has recurrent layers (Qwen3.5's Gated DeltaNet, LFM2's short convolutions) that carry "
-        "one state along the sequence, where vlmspec verifies a tree of continuations in one forward over a KV cache "
-        "(a recurrent state cannot branch per node, nor be cut back to the accepted path); transformers' generate() "
-        "runs it (its assisted generation cannot roll these layers back either)",
+        ("qwen3_5", "qwen3_5_moe", "minicpmv4_6", "minicpmv4_7", "lfm2_vl"),
+        "its language model has recurrent layers (Qwen3.5's Gated DeltaNet, MiniCPM-V 4.6's and 4.7's too, LFM2's "
+        "short convolutions) whose state transformers carries along the sequence: vlmspec cannot verify a tree of "
+        "continuations through them in one forward, nor cut their state back to the accepted path; transformers' "
+        "generate() runs it (its assisted generation cannot roll these layers back either)",
     ),
 }
 
