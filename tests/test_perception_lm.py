@@ -43,6 +43,18 @@ def test_pictures_of_any_shape_are_a_thumbnail_and_their_tiles(pipe):
         pipe(pictures[0], PROMPTS[0], mm_processor_kwargs={"tile_size": 64})
 
 
+def test_a_picture_and_a_video_in_one_prompt(pipe):
+    """One prompt holding a picture (its 5 tiles) and a video (its 4 frames, a tile each): ``sage``'s reply is
+    ``generate()``'s, with the draft seeing every visual token or half of them."""
+    pipe.policy = get_policy("sage")
+    call = {"image": make_image(1), "video": make_video_frames(2), "prompt": PROMPTS[3], "max_new_tokens": 24}
+    inputs = pipe.prepare_inputs(call["image"], call["prompt"], video=call["video"])
+    assert inputs["pixel_values"].shape[:2] == (1, 5) and inputs["pixel_values_videos"].shape[:2] == (1, 4)
+    expected = pipe.reference_generate(inputs, 24)
+    assert pipe(**call).token_ids == expected
+    assert pipe(**call, prune_ratio=0.5).token_ids == expected
+
+
 def test_a_padded_batch_splits_into_each_prompt_s_own_media(pipe):
     """One processor batch of a prompt with a picture, one with two, one with a video and one with text only: each
     row's inputs are its prompt's own, and ``pipe.generate`` on the batch gives each prompt's reply."""
