@@ -20,7 +20,7 @@ from ..errors import InvalidInputError
 from .base import NO_VIDEO_TOKEN, VLMAdapter
 from .blocks import PlaceholderBlocks
 from .data import VisualFeatures
-from .media import pictures_per_row, pictures_with_sizes
+from .media import equal_items_per_row, pictures_per_row, pictures_with_sizes
 
 _PATCH_GRID_TOWERS = ("clip_vision_model", "siglip_vision_model")
 """Vision towers that read a picture as one fixed grid of patches (LLaVA's checkpoints with a Pixtral tower read
@@ -271,11 +271,7 @@ class LlavaNextVideoAdapter(LlavaNextAdapter):
 def _video_counts(inputs: dict[str, Any], keep: torch.Tensor, video_id: int) -> list[int]:
     """Videos of each of the ``B`` rows: the videos of a batch share their frame count and size
     (``pixel_values_videos`` ``[N, F, C, H, W]``), so each has as many placeholders as any other."""
-    if inputs.get("pixel_values_videos") is None:
-        return [0] * keep.shape[0]
-    video_tokens = ((inputs["input_ids"] == video_id) & keep).sum(-1)  # [B]
-    per_video = int(video_tokens.sum()) // inputs["pixel_values_videos"].shape[0]
-    return (video_tokens // per_video).tolist()
+    return equal_items_per_row((inputs["input_ids"] == video_id) & keep, inputs.get("pixel_values_videos"))
 
 
 def _crop_tokens(config: Any) -> int:

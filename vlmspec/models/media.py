@@ -106,3 +106,24 @@ def pictures_with_sizes(inputs: dict[str, Any], images: slice) -> dict[str, Any]
     if pixels is None or not range(pixels.shape[0])[images]:
         return {}
     return {"pixel_values": pixels[images], "image_sizes": inputs["image_sizes"][images]}
+
+
+def equal_items_per_row(placeholders: torch.Tensor, pixels: torch.Tensor | None) -> list[int]:
+    """Items (pictures or videos, one row of ``pixels`` each) of each row of a batch whose placeholders are
+    ``placeholders`` ``[B, L]`` bool, where every item has as many placeholders as any other (the items of one call
+    share their frame or tile count: LLaVA-NeXT-Video's videos, Perception LM's pictures and videos); all zero when
+    there are no ``pixels``, or no placeholders (the items no prompt takes are then reported by the caller).
+
+    Raises:
+        InvalidInputError: the placeholders are not whole items of equal size.
+    """
+    per_row = placeholders.sum(-1)  # [B]
+    total = int(per_row.sum())
+    if pixels is None or total == 0:
+        return [0] * per_row.shape[0]
+    if total % pixels.shape[0]:
+        raise InvalidInputError(
+            f"the prompts' {total} placeholders are not {pixels.shape[0]} items of equal size; build the inputs with "
+            "the model's processor, each prompt's pictures and videos in its own list"
+        )
+    return (per_row // (total // pixels.shape[0])).tolist()

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from ..errors import InvalidInputError
 from .base import VLMAdapter
 from .data import VisualFeatures
+from .media import equal_items_per_row
 
 
 class PerceptionLMAdapter(VLMAdapter):
@@ -59,26 +59,9 @@ class PerceptionLMAdapter(VLMAdapter):
         placeholders as any other of its kind."""
         ids = inputs["input_ids"]
         counts = [
-            _items_per_row((ids == token) & keep, inputs.get(key))
+            equal_items_per_row((ids == token) & keep, inputs.get(key))
             for token, key in zip(
                 self.visual_token_ids(), ("pixel_values", "pixel_values_videos"), strict=True
             )
         ]
         return list(zip(*counts, strict=True))
-
-
-def _items_per_row(placeholders: torch.Tensor, pixels: torch.Tensor | None) -> list[int]:
-    """Items (pictures or videos, ``pixels`` ``[items, tiles, C, H, W]``) of each row whose placeholders are
-    ``placeholders`` ``[B, L]``: every item has as many as any other."""
-    per_row = placeholders.sum(-1)  # [B]
-    if pixels is None:
-        return [0] * per_row.shape[0]
-    total = int(per_row.sum())
-    if total == 0:  # items no placeholder takes: the caller says so
-        return [0] * per_row.shape[0]
-    if total % pixels.shape[0]:
-        raise InvalidInputError(
-            f"the prompts' {total} placeholders are not {pixels.shape[0]} items of equal size; build the inputs with "
-            "the model's processor, each prompt's pictures and videos in its own list"
-        )
-    return (per_row // (total // pixels.shape[0])).tolist()
