@@ -16,7 +16,9 @@ import inspect
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, LinearAttentionLayer
+
+from .recurrent_cache import RecurrentRows, TreeLinks, tree_links
 
 
 def cache_kwarg(module: torch.nn.Module, cache: Cache | None) -> dict[str, Any]:
@@ -47,14 +49,43 @@ def cache_length(cache: Cache) -> int:
 
 
 def _dynamic_layers(cache: Cache) -> list[DynamicLayer]:
-    layers = list(getattr(cache, "layers", []))
+    return _checked(list(getattr(cache, "layers", [])))
+
+
+def _checked(layers: list[Any]) -> list[DynamicLayer]:
     for layer in layers:
         if type(layer) is not DynamicLayer:
             raise TypeError(
                 f"vlmspec can only compact full-attention dynamic caches, got a {type(layer).__name__} layer; "
-                "sliding-window/static/quantized caches are not supported for tree verification"
+                "sliding-window/static/quantized caches are not supported for tree verification, and a model with "
+                "recurrent layers decodes on a KVStore row (decodable)"
             )
     return layers
+
+
+def _layers_by_kind(
+    cache: DynamicCache,
+) -> tuple[list[tuple[int, DynamicLayer]], list[tuple[int, LinearAttentionLayer]]]:
+    """A prefill cache's attention layers and its recurrent layers (Qwen3.5's Gated DeltaNet), with their indices."""
+    recurrent = [(i, layer) for i, layer in enumerate(cache.layers) if isinstance(layer, LinearAttentionLayer)]
+    attention = [(i, layer) for i, layer in enumerate(cache.layers) if not isinstance(layer, LinearAttentionLayer)]
+    _checked([layer for _, layer in attention])
+    return attention, recurrent
+
+
+def has_recurrent_layers(cache: Cache) -> bool:
+    """Whether ``cache`` holds recurrent layers' states (a hybrid model's: Qwen3.5)."""
+    if isinstance(cache, RowCache | BatchCache):
+        return cache.store.recurrent is not None
+    return any(isinstance(layer, LinearAttentionLayer) for layer in getattr(cache, "layers", []))
+
+
+def decodable(cache: Cache) -> Cache:
+    """``cache`` as decoding forwards run on it: a prefill cache with recurrent layers moves into a store row of
+    its own (their tree forwards and cut-backs live there, :mod:`vlmspec.recurrent_cache`); any other as it is."""
+    if isinstance(cache, DynamicCache) and has_recurrent_layers(cache):
+        return KVStore(1).add_row(cache)
+    return cache
 
 
 @torch.inference_mode()
@@ -195,8 +226,10 @@ class KVStore:
         self.max_rows = max_rows
         # per kind of layer (H, D): [2, layers, max_rows, H, capacity, D]
         self.groups: list[torch.Tensor] = []
-        self.slots: list[tuple[int, int]] = []  # per layer: its group, its index there
-        self.shapes: list[tuple[int, int]] = []  # per layer: (H, D)
+        self.slots: list[tuple[int, int] | None] = []  # per layer: its group, its index there (None: recurrent)
+        self.shapes: list[tuple[int, int]] = []  # per attention layer: (H, D)
+        self.last_layer = -1  # the last attention layer: a forward's entries count once it has written
+        self.recurrent: RecurrentRows | None = None  # a hybrid model's recurrent layers (Qwen3.5)
         self.lengths: list[int] = []  # entries of each live row
         self.views: list[RowCache] = []  # the cache handle of each live row
 
@@ -210,8 +243,9 @@ class KVStore:
         return len(self.slots)
 
     @property
-    def layers(self) -> range:
-        return range(self.num_layers)
+    def layers(self) -> list[int]:
+        """The attention layers' indices (the model's)."""
+        return [index for index, slot in enumerate(self.slots) if slot is not None]
 
     @property
     def capacity(self) -> int:
@@ -230,31 +264,39 @@ class KVStore:
         """Copy a prefill's cache (batch 1) into a new row; returns the row's cache handle."""
         if self.rows >= self.max_rows:
             raise RuntimeError(f"KVStore: all {self.max_rows} rows are in use")
-        layers = _dynamic_layers(prefill)
-        length = layers[0].keys.shape[2]
-        shapes = [(layer.keys.shape[1], layer.keys.shape[3]) for layer in layers]  # (H, D) of each layer
+        attention, recurrent = _layers_by_kind(prefill)
+        length = attention[0][1].keys.shape[2]
+        shapes = [(layer.keys.shape[1], layer.keys.shape[3]) for _, layer in attention]  # (H, D) of each layer
         if not self.groups:
-            self._allocate(layers[0].keys, shapes, length)
+            self._allocate(attention[0][1].keys, shapes, length, [i for i, _ in recurrent])
         elif shapes != self.shapes:
             raise ValueError(
                 f"KVStore: a prefill cache of layers (heads, width) {shapes} does not fit this store"
             )
         self.reserve(length)
         row = self.rows
-        for index, layer in enumerate(layers):  # the row's entries, copied layer by layer (no stacking)
+        for index, layer in attention:  # the row's entries, copied layer by layer (no stacking)
             keys, values = self.layer(index)
             keys[row, :, :length] = layer.keys[0]
             values[row, :, :length] = layer.values[0]
+        if self.recurrent is not None:
+            self.recurrent.add_row([layer for _, layer in recurrent], length)
         view = RowCache(self, row)
         self.lengths.append(length)
         self.views.append(view)
         return view
 
-    def _allocate(self, like: torch.Tensor, shapes: list[tuple[int, int]], length: int) -> None:
-        """The groups of a store for layers of ``shapes`` (``like``: a tensor of their dtype and device)."""
+    def _allocate(
+        self, like: torch.Tensor, shapes: list[tuple[int, int]], length: int, recurrent: list[int]
+    ) -> None:
+        """The groups of a store for attention layers of ``shapes`` (``like``: a tensor of their dtype and device)
+        and the model's ``recurrent`` layers (their indices)."""
         kinds = list(dict.fromkeys(shapes))
         self.shapes = shapes
-        self.slots = [(kinds.index(shape), shapes[:i].count(shape)) for i, shape in enumerate(shapes)]
+        slots = iter([(kinds.index(shape), shapes[:i].count(shape)) for i, shape in enumerate(shapes)])
+        self.slots = [None if index in recurrent else next(slots) for index in range(len(shapes) + len(recurrent))]
+        self.last_layer = max(self.layers)
+        self.recurrent = RecurrentRows(self.max_rows, recurrent) if recurrent else None
         self.groups = [
             like.new_zeros(2, shapes.count((heads, dim)), self.max_rows, heads, length + _SPARE, dim)
             for heads, dim in kinds
@@ -270,6 +312,8 @@ class KVStore:
             self.lengths[row] = length
             self.views[row] = self.views[last]
             self.views[row].row = row
+        if self.recurrent is not None:
+            self.recurrent.remove_row(row)
         self.lengths.pop()
         self.views.pop()
         view.row = -1
@@ -289,6 +333,8 @@ class KVStore:
         k = keep.shape[0]
         for kv in self.groups:
             kv[:, :, row, :, start : start + k] = kv[:, :, row].index_select(3, keep)
+        if self.recurrent is not None:
+            self.recurrent.keep_row(row, start, keep)
         self.lengths[row] = start + k
 
 
@@ -316,7 +362,7 @@ class RowCache(Cache):
         keys, values = store.layer(layer_idx)
         keys[row, :, start : start + n] = key_states[0]
         values[row, :, start : start + n] = value_states[0]
-        if layer_idx == store.num_layers - 1:
+        if layer_idx == store.last_layer:
             store.lengths[row] = start + n
         return keys[row : row + 1, :, : start + n], values[row : row + 1, :, : start + n]
 
@@ -328,7 +374,17 @@ class RowCache(Cache):
 
     def crop(self, max_length: int) -> None:
         """Drop the last ``-max_length`` entries (transformers 5.x's negative count, as :func:`truncate` uses)."""
-        self.store.lengths[self.row] += min(max_length, 0)
+        store, row = self.store, self.row
+        length = store.lengths[row] + min(max_length, 0)
+        if store.recurrent is None:
+            store.lengths[row] = length
+        else:  # the state after the last entry kept becomes the recurrent layers' committed one
+            store.keep_row(row, length, torch.zeros(0, dtype=torch.long, device=store.device))
+
+    def tree_links(self, bias: torch.Tensor) -> TreeLinks:
+        """The recurrent layers' :class:`~vlmspec.recurrent_cache.TreeLinks` of a forward under ``bias``."""
+        store = self.store
+        return tree_links(store.recurrent, [self.row], [store.lengths[self.row]], [bias.shape[2]], bias)
 
 
 class BatchCache(Cache):
@@ -367,7 +423,7 @@ class BatchCache(Cache):
         keys, values = (t[:rows] for t in store.layer(layer_idx))
         keys.scatter_(2, index, key_states)
         values.scatter_(2, index, value_states)
-        if layer_idx == store.num_layers - 1:
+        if layer_idx == store.last_layer:
             store.lengths[:] = [length + c for length, c in zip(store.lengths, self.counts, strict=True)]
         return keys[:, :, :end], values[:, :, :end]
 
@@ -376,3 +432,8 @@ class BatchCache(Cache):
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
+
+    def tree_links(self, bias: torch.Tensor) -> TreeLinks:
+        """The recurrent layers' :class:`~vlmspec.recurrent_cache.TreeLinks` of a forward under ``bias``."""
+        store = self.store
+        return tree_links(store.recurrent, list(range(store.rows)), store.lengths, self.counts, bias)

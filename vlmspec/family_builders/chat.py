@@ -287,6 +287,7 @@ _CHAT_TEMPLATES = {
     "qwen2_5_vl": QWEN_CHAT_TEMPLATE,
     "qwen3_vl": QWEN3_CHAT_TEMPLATE,
     "qwen3_vl_moe": QWEN3_CHAT_TEMPLATE,
+    "qwen3_5": QWEN3_CHAT_TEMPLATE,
     "llava_onevision": LLAVA_CHAT_TEMPLATE,
     "internvl": INTERNVL_CHAT_TEMPLATE,
     "internvl_moe": INTERNVL_CHAT_TEMPLATE,

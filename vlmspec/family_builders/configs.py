@@ -27,6 +27,8 @@ from .specs import (
     MISTRAL3_MERGE,
     MOE_EXPERTS,
     MOE_EXPERTS_PER_TOKEN,
+    FULL_ATTENTION_INTERVAL,
+    HYBRID_FAMILIES,
     MOE_FAMILIES,
     QWEN3_FAMILIES,
     TILE_FAMILIES,
@@ -96,6 +98,8 @@ def build_config(
             "decoder_sparse_step": 1,
             "mlp_only_layers": [],
         }
+    if family in HYBRID_FAMILIES:
+        text |= _gated_delta_text(spec)
     config_cls = transformers_class(family, 0)
     if family == "llava_onevision":
         return config_cls(**_llava_config_kwargs(spec, text, tid, layout))
@@ -535,6 +539,23 @@ def _video_llama3_config_kwargs(
         "image_token_id": tid("<|image_pad|>"),
         "video_token_id": tid("<|video_pad|>"),
         "tie_word_embeddings": False,
+    }
+
+
+def _gated_delta_text(spec: ModelSpec) -> dict[str, Any]:
+    """Qwen3.5's recurrent layers: every :data:`FULL_ATTENTION_INTERVAL`-th layer attends, the others are Gated
+    DeltaNet layers (value heads twice the key heads, as the real models', a 4-wide convolution)."""
+    heads = spec.hidden // spec.head_dim
+    return {
+        "layer_types": [
+            "full_attention" if (i + 1) % FULL_ATTENTION_INTERVAL == 0 else "linear_attention"
+            for i in range(spec.layers)
+        ],
+        "linear_num_key_heads": heads // 2,
+        "linear_num_value_heads": heads,
+        "linear_key_head_dim": spec.head_dim,
+        "linear_value_head_dim": spec.head_dim,
+        "linear_conv_kernel_dim": 4,
     }
 
 

@@ -30,13 +30,15 @@ OWN_TEST_FAMILIES: tuple[str, ...] = (
     "video_llama_3",
     "gemma4",
     "perception_lm",
+    "qwen3_5",
 )
 """Families with pictures and videos these builders know that are tested on their own (SmolVLM2: pictures cut into
 tiles, a video's frames written as pictures with their times; LLaVA-NeXT-Video: LLaVA-NeXT's pictures, a video's
 frames pooled; GLM-4.6V: Qwen2-VL's design, a video's frames written with the pictures' placeholder; VideoLLaMA3:
 Qwen2-VL's flat patches, a video's frames merged and compressed, 1-D positions; Gemma 4: pictures and frames at
 their own aspect ratio, per-layer inputs, layers reusing earlier layers' keys; Perception LM: a timm tower, pictures
-cut into tiles, a video's frames a tile each)."""
+cut into tiles, a video's frames a tile each; Qwen3.5: Qwen3-VL's tower and processor, a language model of recurrent
+Gated DeltaNet layers and attention layers)."""
 MOE_FAMILIES: tuple[str, ...] = ("qwen3_vl_moe", "internvl_moe")
 """Mixture-of-experts families these builders know too: Qwen3-VL-30B-A3B's and -235B-A22B's architecture, the
 Qwen3-VL vision tower and processor with a sparse language model, and InternVL3.5-30B-A3B's and -241B-A28B's (model
@@ -44,8 +46,12 @@ type ``internvl``), InternVL's tower and processor with a sparse Qwen3 language 
 to :data:`MOE_EXPERTS_PER_TOKEN` of :data:`MOE_EXPERTS` experts)."""
 INTERNVL_FAMILIES: tuple[str, ...] = ("internvl", "internvl_moe")
 """The families with InternVL's tiles, tower and processor (dense and sparse language models)."""
-QWEN3_FAMILIES: tuple[str, ...] = ("qwen3_vl", "qwen3_vl_moe")
-"""The families with Qwen3-VL's vision tower, processor and interleaved M-RoPE."""
+QWEN3_FAMILIES: tuple[str, ...] = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5")
+"""The families with Qwen3-VL's vision tower, processor and interleaved M-RoPE (Qwen3.5's tower has no deepstack)."""
+HYBRID_FAMILIES: tuple[str, ...] = ("qwen3_5",)
+"""Families whose language model has recurrent layers (Qwen3.5's Gated DeltaNet) beside its attention layers."""
+FULL_ATTENTION_INTERVAL = 2
+"""Hybrid fixtures: every second layer attends (the real Qwen3.5 models: every fourth), so a 2-layer draft has one."""
 MOE_EXPERTS, MOE_EXPERTS_PER_TOKEN = 4, 2
 
 _CLASS_PREFIXES = {  # family: the name of its transformers classes, <prefix>Config, ...ForConditionalGeneration
@@ -70,8 +76,9 @@ _CLASS_PREFIXES = {  # family: the name of its transformers classes, <prefix>Con
     "janus": "Janus",
     "video_llama_3": "VideoLlama3",
     "perception_lm": "PerceptionLM",
+    "qwen3_5": "Qwen3_5",
 }
-_PROCESSOR_PREFIXES = {"qwen3_vl_moe": "Qwen3VL", "mistral3": "Pixtral"}
+_PROCESSOR_PREFIXES = {"qwen3_vl_moe": "Qwen3VL", "qwen3_5": "Qwen3VL", "mistral3": "Pixtral"}
 """Families whose processor is another family's (...Processor)."""
 TILE_FAMILIES = ("smolvlm", "idefics3")
 """SmolVLM2 and Idefics3 (SmolVLM 1): the same tokens, tiles and chat template; Idefics3 has no video processor."""

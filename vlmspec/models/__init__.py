@@ -20,6 +20,7 @@ from .mistral3 import Mistral3Adapter
 from .ovis2 import Ovis2Adapter
 from .perception_lm import PerceptionLMAdapter
 from .qwen import QwenVLAdapter
+from .qwen3_5 import Qwen3_5Adapter
 from .smolvlm import Idefics3Adapter, SmolVLMAdapter
 from .text import TEXT_DRAFT_TYPES, TextDraftAdapter
 from .video_llama3 import VideoLlama3Adapter
@@ -28,6 +29,7 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
     model_type: cls
     for cls in (
         QwenVLAdapter,
+        Qwen3_5Adapter,
         LlavaOnevisionAdapter,
         LlavaAdapter,
         LlavaNextAdapter,
@@ -58,7 +60,7 @@ _NATIVE_VERSIONS = {  # model types vlmspec refuses, why and what to load instea
     "internvl_chat": "OpenGVLab's InternVL checkpoints that run their own code (model_type 'internvl_chat') have "
     "transformers-native versions: load the '-hf' one (OpenGVLab/InternVL3-8B-hf, OpenGVLab/InternVL3_5-8B-HF)",
     **dict.fromkeys(
-        ("qwen3_5", "qwen3_5_moe", "minicpmv4_6", "minicpmv4_7", "lfm2_vl"),
+        ("minicpmv4_6", "minicpmv4_7", "lfm2_vl"),
         "its language model has recurrent layers (Qwen3.5's Gated DeltaNet, MiniCPM-V 4.6's and 4.7's too, LFM2's "
         "short convolutions) whose state transformers carries along the sequence: vlmspec cannot verify a tree of "
         "continuations through them in one forward, nor cut their state back to the accepted path; transformers' "

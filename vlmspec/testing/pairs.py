@@ -87,6 +87,9 @@ _LAYOUTS = {
     "qwen3_vl_moe": VisionLayout(  # Qwen3-VL's: a dense qwen3_vl draft fits a qwen3_vl_moe target
         patch=16, image_pixels=(64 * 64, 128 * 128), video_pixels=(64 * 64, 4 * 128 * 128)
     ),
+    "qwen3_5": VisionLayout(  # Qwen3-VL's tower and processor
+        patch=16, image_pixels=(64 * 64, 128 * 128), video_pixels=(64 * 64, 4 * 128 * 128)
+    ),
     # SigLIP input side 28: 2x2 patches of 14 -> 4 tokens per crop; anyres grids of 1x1 to 2x2 crops
     "llava_onevision": VisionLayout(patch=14, crop_side=28, anyres_tiles=(1, 2)),
     # tiles of 28: 4x4 patches of 7 -> 4 tokens per tile; a picture is cut into up to 4 tiles (plus a thumbnail)

@@ -69,7 +69,13 @@ def shape_weights(model: PreTrainedModel, special_ids: list[int], draw_seed: int
         lm_head[special_ids] = 0.0
         embed.div_(getattr(model.get_input_embeddings(), "scalar_embed_scale", 1.0))  # Gemma scales at lookup
         for layer in model.get_decoder().layers:
-            attn, mlp = layer.self_attn, layer.mlp
+            mlp = layer.mlp
+            if not hasattr(layer, "self_attn"):  # Qwen3.5's recurrent layers: their own init, outputs scaled as
+                layer.linear_attn.out_proj.weight.normal_(0.0, ov_std, generator=gen)  # the attention layers'
+                for weight, std in _mlp_weights(mlp, hidden):
+                    weight.normal_(0.0, std, generator=gen)
+                continue
+            attn = layer.self_attn
             qk_std = _QK_STD
             if hasattr(attn, "q_norm"):  # q/k are RMS-normalised per head after the projection
                 for norm in (attn.q_norm, getattr(attn, "k_norm", None)):  # Gemma 4's reusing layers: no keys
@@ -96,10 +102,11 @@ def shape_weights(model: PreTrainedModel, special_ids: list[int], draw_seed: int
 
 
 def _set_gain(norm: torch.nn.Module, gain: float) -> None:
-    """Make an RMS norm scale its output by ``gain`` (Gemma's norms multiply by ``1 + weight``, Gemma 4's and the
-    others' by ``weight``)."""
+    """Make an RMS norm scale its output by ``gain`` (Gemma's and Qwen3.5's norms multiply by ``1 + weight``, Gemma
+    4's and the others' by ``weight``)."""
     name = type(norm).__name__
-    norm.weight.fill_(gain - 1.0 if name.startswith("Gemma") and not name.startswith("Gemma4") else gain)
+    centred = (name.startswith("Gemma") and not name.startswith("Gemma4")) or name.startswith("Qwen3_5")
+    norm.weight.fill_(gain - 1.0 if centred else gain)
 
 
 def _mlp_weights(mlp: torch.nn.Module, hidden: int) -> list[tuple[torch.Tensor, float]]:
@@ -155,7 +162,8 @@ def _vision_output_linears(model: PreTrainedModel, family: str) -> list[torch.nn
     if family == "gemma4":
         return [inner.embed_vision.embedding_projection]
     if family in family_builders.QWEN3_FAMILIES:
-        return [inner.visual.merger.linear_fc2] + [m.linear_fc2 for m in inner.visual.deepstack_merger_list]
+        deepstack = getattr(inner.visual, "deepstack_merger_list", [])  # Qwen3.5's tower has none
+        return [inner.visual.merger.linear_fc2] + [m.linear_fc2 for m in deepstack]
     if (
         family == "gemma3"
     ):  # its projection is a bare weight: the projector is the module whose output is scaled
