@@ -67,8 +67,12 @@ def _layers_by_kind(
     cache: DynamicCache,
 ) -> tuple[list[tuple[int, DynamicLayer]], list[tuple[int, LinearAttentionLayer]]]:
     """A prefill cache's attention layers and its recurrent layers (Qwen3.5's Gated DeltaNet), with their indices."""
-    recurrent = [(i, layer) for i, layer in enumerate(cache.layers) if isinstance(layer, LinearAttentionLayer)]
-    attention = [(i, layer) for i, layer in enumerate(cache.layers) if not isinstance(layer, LinearAttentionLayer)]
+    recurrent = [
+        (i, layer) for i, layer in enumerate(cache.layers) if isinstance(layer, LinearAttentionLayer)
+    ]
+    attention = [
+        (i, layer) for i, layer in enumerate(cache.layers) if not isinstance(layer, LinearAttentionLayer)
+    ]
     _checked([layer for _, layer in attention])
     return attention, recurrent
 
@@ -123,7 +127,10 @@ def truncate(cache: Cache, length: int) -> None:
 
 def copy_cache(cache: Cache, length: int | None = None) -> DynamicCache:
     """A ``DynamicCache`` of its own holding ``cache``'s first ``length`` entries (all by default): a batch row's
-    copied out of its :class:`KVStore`, a dynamic cache's cloned."""
+    copied out of its :class:`KVStore`, a dynamic cache's cloned. A hybrid model's (recurrent layers) is copied
+    whole only: its recurrent states cannot be cut back (:func:`can_cut_back`)."""
+    if has_recurrent_layers(cache):
+        return _copy_hybrid(decodable(cache), length)
     copy = DynamicCache()
     if isinstance(cache, RowCache):
         entries = (layer_entries(cache, index) for index in cache.store.layers)
@@ -133,6 +140,29 @@ def copy_cache(cache: Cache, length: int | None = None) -> DynamicCache:
     for index, (keys, values) in enumerate(layers):
         copy.update(keys.clone(), values.clone(), index)
     return copy
+
+
+def _copy_hybrid(cache: RowCache, length: int | None) -> DynamicCache:
+    """:func:`copy_cache` of a hybrid model's row: its attention layers' entries, its recurrent layers' committed
+    states as transformers' layers hold them (a prefill's cache, which a store row or ``extend`` takes)."""
+    store, row = cache.store, cache.row
+    if length not in (None, store.lengths[row]):
+        raise ValueError(
+            f"a hybrid model's cache of {store.lengths[row]} entries cannot be cut back to {length}"
+        )
+    recurrent = iter(store.recurrent.committed(row))
+    copy = DynamicCache()
+    copy.layers = [next(recurrent) if slot is None else DynamicLayer() for slot in store.slots]
+    for index in store.layers:
+        keys, values = layer_entries(cache, index)
+        copy.layers[index].update(keys.clone(), values.clone())
+    return copy
+
+
+def can_cut_back(cache: Cache, length: int) -> bool:
+    """Whether ``cache`` can keep its first ``length`` entries alone: any cache but a hybrid model's (its recurrent
+    states hold the whole sequence), which keeps what it has only."""
+    return length >= cache_length(cache) or not has_recurrent_layers(cache)
 
 
 def layer_entries(cache: Cache, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,6 +176,15 @@ def layer_entries(cache: Cache, index: int) -> tuple[torch.Tensor, torch.Tensor]
         return keys[row : row + 1, :, :end], values[row : row + 1, :, :end]
     layer = _dynamic_layers(cache)[index]
     return layer.keys, layer.values
+
+
+def attention_prefix(cache: DynamicCache, index: int, length: int) -> DynamicCache:
+    """A cache of its own holding attention layer ``index``'s first ``length`` entries of ``cache`` (views) and
+    nothing else: that layer's keys before a position, for one layer run again over them (Qwen3.5's visual scores)."""
+    layer = cache.layers[index]
+    prefix = DynamicCache()
+    prefix.update(layer.keys[:, :, :length], layer.values[:, :, :length], index)
+    return prefix
 
 
 def row_caches(cache: DynamicCache, lengths: list[int]) -> list[DynamicCache]:
@@ -226,7 +265,9 @@ class KVStore:
         self.max_rows = max_rows
         # per kind of layer (H, D): [2, layers, max_rows, H, capacity, D]
         self.groups: list[torch.Tensor] = []
-        self.slots: list[tuple[int, int] | None] = []  # per layer: its group, its index there (None: recurrent)
+        self.slots: list[
+            tuple[int, int] | None
+        ] = []  # per layer: its group, its index there (None: recurrent)
         self.shapes: list[tuple[int, int]] = []  # per attention layer: (H, D)
         self.last_layer = -1  # the last attention layer: a forward's entries count once it has written
         self.recurrent: RecurrentRows | None = None  # a hybrid model's recurrent layers (Qwen3.5)
@@ -266,7 +307,9 @@ class KVStore:
             raise RuntimeError(f"KVStore: all {self.max_rows} rows are in use")
         attention, recurrent = _layers_by_kind(prefill)
         length = attention[0][1].keys.shape[2]
-        shapes = [(layer.keys.shape[1], layer.keys.shape[3]) for _, layer in attention]  # (H, D) of each layer
+        shapes = [
+            (layer.keys.shape[1], layer.keys.shape[3]) for _, layer in attention
+        ]  # (H, D) of each layer
         if not self.groups:
             self._allocate(attention[0][1].keys, shapes, length, [i for i, _ in recurrent])
         elif shapes != self.shapes:
@@ -294,7 +337,9 @@ class KVStore:
         kinds = list(dict.fromkeys(shapes))
         self.shapes = shapes
         slots = iter([(kinds.index(shape), shapes[:i].count(shape)) for i, shape in enumerate(shapes)])
-        self.slots = [None if index in recurrent else next(slots) for index in range(len(shapes) + len(recurrent))]
+        self.slots = [
+            None if index in recurrent else next(slots) for index in range(len(shapes) + len(recurrent))
+        ]
         self.last_layer = max(self.layers)
         self.recurrent = RecurrentRows(self.max_rows, recurrent) if recurrent else None
         self.groups = [

@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from .batching import TARGET
-from .cache import cache_nbytes, copy_cache, in_use, standalone, truncate
+from .cache import cache_nbytes, can_cut_back, copy_cache, in_use, standalone, truncate
 from .errors import InvalidInputError
 from .models import DecodeState, Prefill, VLMAdapter
 
@@ -204,7 +204,9 @@ class TurnCache:
             self.media = (0, 0)  # the text before the held media only
         positions = self._positions()
         kept = int((positions < shared).sum())
-        if kept == 0:
+        if kept == 0 or not can_cut_back(
+            self.state.cache, kept
+        ):  # a hybrid model's held cache: all or nothing
             self.drop()
             return 0
         if self.owned:

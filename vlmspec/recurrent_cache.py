@@ -65,7 +65,9 @@ class RecurrentRows:
 
     def add_row(self, layers: list[LinearAttentionLayer], length: int) -> None:
         """A new row from a prefill's recurrent layers (batch 1), after ``length`` prompt entries."""
-        conv = torch.stack([layer.conv_states[0][0] for layer in layers])  # [R, C, K]: transformers keeps K inputs
+        conv = torch.stack(
+            [layer.conv_states[0][0] for layer in layers]
+        )  # [R, C, K]: transformers keeps K inputs
         state = torch.stack([layer.recurrent_states[0][0] for layer in layers])  # [R, H, Dk, Dv]
         kernel = conv.shape[-1]
         if self.conv.numel() == 0:
@@ -106,7 +108,9 @@ class RecurrentRows:
         """
         base, kernel = self.base[row], self.kernel
         if start < base:
-            raise RuntimeError(f"recurrent layers cannot go back before their committed {base} entries to {start}")
+            raise RuntimeError(
+                f"recurrent layers cannot go back before their committed {base} entries to {start}"
+            )
         tail = torch.arange(start - kernel + 1, start, device=keep.device)
         kept = torch.cat([tail, keep])  # [K-1+k] entries, the last K-1 of them kept
         conv = self.conv[:, row].index_select(1, kept[-(kernel - 1) :] - base + kernel - 1)  # [R, K-1, C]
@@ -114,6 +118,18 @@ class RecurrentRows:
         self.conv[:, row, : kernel - 1] = conv
         self.state[:, row, 0] = state
         self.base[row] = start + keep.shape[0]
+
+    def committed(self, row: int) -> list[LinearAttentionLayer]:
+        """Row ``row``'s committed states as transformers' layers (one per recurrent layer, batch 1): what a prefill
+        leaves, so that the row can be copied out, extended by a prompt or put into another store."""
+        kernel, layers = self.kernel, []
+        for conv, state in zip(self.conv[:, row], self.state[:, row, 0], strict=True):
+            layer = LinearAttentionLayer()
+            window = conv[: kernel - 1].T[None]  # [1, C, K-1]
+            layer.update_conv_state(torch.nn.functional.pad(window, (1, 0)).clone(), conv_kernel_size=kernel)
+            layer.update_recurrent_state(state[None].clone())
+            layers.append(layer)
+        return layers
 
 
 @dataclass
@@ -154,18 +170,26 @@ def tree_links(
     """
     n, keys = bias.shape[2], bias.shape[3]
     device, kernel = bias.device, recurrent.kernel
-    recurrent.reserve(max(length + n - recurrent.base[row] for row, length in zip(rows, lengths, strict=True)))
+    recurrent.reserve(
+        max(length + n - recurrent.base[row] for row, length in zip(rows, lengths, strict=True))
+    )
     base = torch.tensor([recurrent.base[row] for row in rows], device=device)[:, None]  # [B, 1]
-    slot = torch.tensor(lengths, device=device)[:, None] + torch.arange(n, device=device)  # [B, n] new entries
+    slot = torch.tensor(lengths, device=device)[:, None] + torch.arange(
+        n, device=device
+    )  # [B, n] new entries
     low = max(min(recurrent.base[row] for row in rows) - kernel + 1, 0)
     key = torch.arange(low, keys, device=device)  # [W] the keys that may be in a window
     earlier = (bias[:, 0, :, low:] == 0) & (key < slot[..., None])  # [B, n, W] seen, before the entry
     found = torch.where(earlier, key, -1)
     if found.shape[-1] < kernel - 1:  # a prompt shorter than the window
         found = torch.nn.functional.pad(found, (kernel - 1 - found.shape[-1], 0), value=-1)
-    ancestors = found.topk(kernel - 1, dim=-1).values.flip(-1)  # [B, n, K-1] ascending, -1: before the sequence
+    ancestors = found.topk(kernel - 1, dim=-1).values.flip(
+        -1
+    )  # [B, n, K-1] ascending, -1: before the sequence
     capacity = recurrent.pending
-    window = (torch.cat([ancestors, slot[..., None]], -1) - base[..., None] + kernel - 1).clamp(0, capacity + kernel - 2)
+    window = (torch.cat([ancestors, slot[..., None]], -1) - base[..., None] + kernel - 1).clamp(
+        0, capacity + kernel - 2
+    )
     parent = (ancestors[..., -1] - base + 1).clamp(0, capacity)
     level = (earlier & (key >= torch.tensor(lengths, device=device)[:, None, None])).sum(-1)  # [B, n]
     real = torch.arange(n, device=device) < torch.tensor(counts, device=device)[:, None]

@@ -37,10 +37,10 @@ from .configs import build_config, generation_config
 from .processors import build_processor
 from .specs import (
     FAMILIES,
+    HYBRID_FAMILIES,
     IMAGE_ONLY_FAMILIES,
     MOE_FAMILIES,
     OWN_TEST_FAMILIES,
-    HYBRID_FAMILIES,
     QWEN3_FAMILIES,
     ModelSpec,
     VisionLayout,

@@ -78,11 +78,10 @@ def visual_scores(
     entries for those positions are set aside first and put back afterwards, so ``state`` ends unchanged.
     """
     device = adapter.device
-    visual_idx = layout.visual.nonzero().flatten().to(device)  # [num_visual]
-    length = layout.visual.shape[0]
-    if visual_idx.numel() == 0 or int(visual_idx[-1]) == length - 1:
+    visual_idx, split = text_after_visual(layout, device)
+    if split is None:
         return None
-    split = int(visual_idx[-1]) + 1
+    length = layout.visual.shape[0]
     suffix = torch.arange(split, length, device=device)  # [m] text positions
     if position_ids is None:
         position_ids = torch.arange(length, device=device)[None]
@@ -97,6 +96,15 @@ def visual_scores(
         truncate(state.cache, split)
         push_tail(state.cache, tail)
     return probe.scores()
+
+
+def text_after_visual(layout: PromptLayout, device: torch.device) -> tuple[torch.Tensor, int | None]:
+    """``[num_visual]`` the visual positions and where the text after the last of them starts (``None``: no text
+    follows it, or there is no visual token: nothing to score)."""
+    visual_idx = layout.visual.nonzero().flatten().to(device)
+    if visual_idx.numel() == 0 or int(visual_idx[-1]) == layout.visual.shape[0] - 1:
+        return visual_idx, None
+    return visual_idx, int(visual_idx[-1]) + 1
 
 
 @contextmanager
@@ -117,7 +125,10 @@ def visual_attention_probe(model: torch.nn.Module, visual_idx: torch.Tensor) -> 
 def _probe_layers(decoder: torch.nn.Module, probe: AttentionProbe) -> Iterator[AttentionProbe]:
     """The probe's block, under the lock: eager attention and the layers' hooks, undone on exit."""
     previous = decoder.config._attn_implementation
-    handles = [layer.self_attn.register_forward_hook(probe.hook) for layer in decoder.layers]
+    attending = [
+        layer for layer in decoder.layers if hasattr(layer, "self_attn")
+    ]  # not Qwen3.5's recurrent ones
+    handles = [layer.self_attn.register_forward_hook(probe.hook) for layer in attending]
     try:
         if previous != "eager":
             decoder.set_attn_implementation("eager")

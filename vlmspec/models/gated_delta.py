@@ -44,7 +44,12 @@ def gated_delta_tree(
     conv[row, links.write_conv] = mixed.to(conv.dtype)
     window = conv[row[..., None], links.window]  # [B, n, K, C]
     weight = layer.conv1d.weight  # [C, 1, K]
-    mixed = F.conv1d(window.flatten(0, 1).transpose(1, 2).to(weight.dtype), weight, layer.conv1d.bias, groups=weight.shape[0])
+    mixed = F.conv1d(
+        window.flatten(0, 1).transpose(1, 2).to(weight.dtype),
+        weight,
+        layer.conv1d.bias,
+        groups=weight.shape[0],
+    )
     mixed = ACT2FN[layer.activation](mixed[..., -1]).to(hidden.dtype).view(rows * n, -1)  # [B*n, C]
     query, key, value = torch.split(mixed, [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
     query = query.reshape(rows * n, 1, -1, layer.head_k_dim)

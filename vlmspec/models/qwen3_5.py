@@ -9,10 +9,9 @@ layers through :func:`~vlmspec.models.gated_delta.gated_delta_tree`, each entry 
 two are the model's decoder layer written out (norm, mixer, residual, norm, MLP, residual), because transformers'
 layer would run the tree's nodes as one sequence.
 
-Not yet here, refused by name: attention-guided pruning of the draft (its side pass cuts the target's cache back
-to the visual prefix, which a recurrent state cannot undo; the draft's pruning by position still works), EDD
-drafts (they read the target's layers while it decodes), and reusing an earlier request's cache (a prefix cache,
-a conversation's turns: a recurrent state holds the whole prefix, not a part of it).
+A recurrent state holds its whole prefix and cannot be cut back to a part of it: a prefix cache or a conversation
+reuses a held cache only when the new prompt starts with all of it (a conversation's next turn does), else the
+prompt is prefilled afresh. EDD drafts are refused (:mod:`vlmspec.models.edd` says why).
 """
 
 from __future__ import annotations
@@ -21,15 +20,15 @@ from typing import Any
 
 import torch
 
-from ..cache import decodable
+from ..cache import RowCache, attention_prefix, copy_cache, decodable
 from ..errors import InvalidInputError
+from ..tree import tree_attention_bias
+from .attention import model_lock, text_after_visual, visual_attention_probe
 from .base import DecodeState, Prefill
 from .gated_delta import gated_delta_tree
 from .qwen import QwenVLAdapter
 
-_REFUSED = (
-    "{what} is not supported with Qwen3.5's recurrent layers yet ({why}); {instead}"
-)
+_REFUSED = "{what} is not supported with Qwen3.5's recurrent layers yet ({why}); {instead}"
 
 
 class Qwen3_5Adapter(QwenVLAdapter):
@@ -39,22 +38,72 @@ class Qwen3_5Adapter(QwenVLAdapter):
     def min_video_frames(self) -> int:
         return 2  # Qwen3-VL's video processor refuses a video shorter than its temporal patch
 
-    def prefill(self, inputs: dict[str, torch.Tensor], keep: Any = None, score_visual: bool = False, **kw: Any) -> Prefill:
-        if score_visual:
+    def prefill(
+        self,
+        inputs: dict[str, torch.Tensor],
+        keep: torch.Tensor | None = None,
+        score_visual: bool = False,
+        hidden_layer: int | None = None,
+    ) -> Prefill:
+        """:meth:`VLMAdapter.prefill`; the visual scores come from the attention layers alone (see
+        :meth:`_scored_prefill`)."""
+        if hidden_layer is not None:
             raise InvalidInputError(
                 _REFUSED.format(
-                    what="attention-guided draft pruning",
-                    why="its scores come from a side pass on the target's cache cut back to the visual prefix",
-                    instead="prune the draft by position (PruningConfig(method='uniform')) or not at all",
+                    what="an EDD draft",
+                    why="it reads the target's layers as it decodes",
+                    instead="use a Qwen3.5 draft",
                 )
             )
-        if kw.get("hidden_layer") is not None:
-            raise InvalidInputError(
-                _REFUSED.format(
-                    what="an EDD draft", why="it reads the target's layers as it decodes", instead="use a Qwen3.5 draft"
-                )
+        if score_visual and keep is None:
+            return self._scored_prefill(inputs)
+        return super().prefill(inputs, keep=keep, score_visual=score_visual)
+
+    def _scored_prefill(self, inputs: dict[str, torch.Tensor]) -> Prefill:
+        """The model's own prefill, and the attention the text after the last visual token pays to each visual token.
+
+        The other families' side pass runs that text again on the cache cut back to the visual prefix; recurrent
+        states cannot be cut back. It needs no more than this, though: each attention layer's input at those
+        positions (kept by a hook during the prefill, as the side pass would recompute it) and the layer's keys
+        before them. Each attention layer runs once more on its kept input, under eager attention, over its own
+        keys of the visual prefix; the scores are the mean over heads, layers and queries, as the side pass's.
+        """
+        layout = self.prompt_layout(inputs)
+        visual_idx, split = text_after_visual(layout, self.device)
+        text = self.model.model.language_model
+        attending = [i for i, layer in enumerate(text.layers) if layer.block_type != "linear_attention"]
+        kept: dict[int, torch.Tensor] = {}
+        with model_lock(self.model):
+            handles = (
+                [
+                    text.layers[i].input_layernorm.register_forward_hook(
+                        lambda _m, _a, out, i=i: kept.__setitem__(i, out[:, split:])
+                    )
+                    for i in attending
+                ]
+                if split is not None
+                else []
             )
-        return super().prefill(inputs, keep=keep, **kw)
+            try:
+                prefill = super().prefill(inputs)
+            finally:
+                for handle in handles:
+                    handle.remove()
+            if split is None:
+                return prefill
+            rope, _ = self.prompt_rope(inputs)
+            tail = kept[attending[0]]
+            rotary = text.rotary_emb(tail, rope[..., split:])
+            causal = torch.ones(tail.shape[1], tail.shape[1], dtype=torch.bool, device=self.device).tril()
+            bias = tree_attention_bias(causal, split, self.dtype)  # [1, 1, m, split + m]
+            with visual_attention_probe(self.model, visual_idx) as probe:
+                for i in attending:
+                    prefix = attention_prefix(prefill.state.cache, i, split)
+                    text.layers[i].self_attn(
+                        hidden_states=kept[i], position_embeddings=rotary, attention_mask=bias, cache=prefix
+                    )
+        prefill.visual_scores = probe.scores()
+        return prefill
 
     def prefill_many(
         self,
@@ -66,23 +115,22 @@ class Qwen3_5Adapter(QwenVLAdapter):
         recurrent states (their decay acts on any input)."""
         keeps = keeps or [None] * len(prompts)
         scores = score_visual if isinstance(score_visual, list) else [score_visual] * len(prompts)
-        return [self.prefill(p, keep=k, score_visual=s) for p, k, s in zip(prompts, keeps, scores, strict=True)]
+        return [
+            self.prefill(p, keep=k, score_visual=s) for p, k, s in zip(prompts, keeps, scores, strict=True)
+        ]
 
-    def extend(self, *args: Any, **kwargs: Any) -> Prefill:
-        raise InvalidInputError(
-            _REFUSED.format(
-                what="reusing an earlier request's cache (a prefix cache, a conversation's turns)",
-                why="a recurrent state holds its whole prefix and cannot be cut back to a part of it",
-                instead="run without a prefix cache: each request prefills its own prompt",
-            )
-        )
+    def extend(self, state: DecodeState, *args: Any, **kwargs: Any) -> Prefill:
+        """:meth:`VLMAdapter.extend`: the prompt runs on through transformers' own forward, on the held cache as a
+        prefill leaves it (a store row's copied out). A held cache is extended only where it ends: the prefix cache
+        and conversations reuse a hybrid model's cache when the new prompt starts with all of it."""
+        state.cache = copy_cache(state.cache) if isinstance(state.cache, RowCache) else state.cache
+        return super().extend(state, *args, **kwargs)
 
     @torch.inference_mode()
     def forward(
         self, state: DecodeState, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor
     ) -> torch.Tensor:
-        """:meth:`VLMAdapter.forward`; on a fresh cache (the cost probe's prefix) the tokens run as a prompt, and a
-        prefill's cache moves into a store row of its own first (where tree forwards run)."""
+        """:meth:`VLMAdapter.forward`; on a fresh cache (the cost probe's prefix) the tokens run as a prompt."""
         if state.length == 0:
             rope = self.rope_ids(positions, state.rope_delta)
             hidden = self._run_language_model({"inputs_embeds": self.embed(tokens)[None]}, rope, state.cache)
@@ -91,13 +139,20 @@ class Qwen3_5Adapter(QwenVLAdapter):
         state.cache = decodable(state.cache)
         return super().forward(state, tokens, positions, bias)
 
+    @torch.inference_mode()
+    def forward_root(self, state: DecodeState, *args: Any) -> torch.Tensor:
+        state.cache = decodable(state.cache)  # a prefill's cache moves into a store row of its own first
+        return super().forward_root(state, *args)
+
     def _logits(
         self, cache: Any, rows: torch.Tensor, position_ids: torch.Tensor, bias: torch.Tensor
     ) -> torch.Tensor:
         """The decoder written out (see the module's docstring): ``[B, n, V]`` logits of ``rows`` over ``cache`` (a
         store row, or the store's rows together)."""
         if not hasattr(cache, "tree_links"):
-            raise RuntimeError("Qwen3.5 decodes on a KVStore row: move a prefill's cache there (cache.decodable)")
+            raise RuntimeError(
+                "Qwen3.5 decodes on a KVStore row: move a prefill's cache there (cache.decodable)"
+            )
         links = cache.tree_links(bias)  # before any layer writes: the entries' ancestors, from the mask
         text = self.model.model.language_model
         hidden = rows
@@ -111,11 +166,5 @@ class Qwen3_5Adapter(QwenVLAdapter):
                     hidden_states=mixed, position_embeddings=rotary, attention_mask=bias, cache=cache
                 )[0]
             hidden = hidden + mixed
-            hidden = hidden + _mlp(layer.mlp, layer.post_attention_layernorm(hidden))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))  # dense, or routed experts
         return self.model.get_output_embeddings()(text.norm(hidden))
-
-
-def _mlp(mlp: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """A layer's MLP (dense, or Qwen3.5-MoE's routed experts, which also return their router's logits)."""
-    out = mlp(hidden)
-    return out[0] if isinstance(out, tuple) else out

@@ -62,6 +62,7 @@ from .media import make_image, make_video_frames, read_video, write_video
 from .pairs import (
     FAMILIES,
     FIXTURE_VERSION,
+    HYBRID_FAMILIES,
     IMAGE_ONLY_FAMILIES,
     INPUT_KINDS,
     MOE_FAMILIES,
@@ -78,6 +79,7 @@ from .pairs import (
 __all__ = [
     "FAMILIES",
     "FIXTURE_VERSION",
+    "HYBRID_FAMILIES",
     "IMAGE_ONLY_FAMILIES",
     "OWN_TEST_FAMILIES",
     "INPUT_KINDS",

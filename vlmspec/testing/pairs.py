@@ -43,6 +43,8 @@ IMAGE_ONLY_FAMILIES: tuple[str, ...] = family_builders.IMAGE_ONLY_FAMILIES
 """The families without video it builds too (Gemma 3, LLaVA-1.5 and LLaVA-NeXT pairs; tested on their own)."""
 OWN_TEST_FAMILIES: tuple[str, ...] = family_builders.OWN_TEST_FAMILIES
 """The families with pictures and videos it builds that are tested on their own (a SmolVLM2 pair)."""
+HYBRID_FAMILIES: tuple[str, ...] = family_builders.HYBRID_FAMILIES
+"""The families it builds whose language models have recurrent layers (a Qwen3.5 pair, among the own-test ones)."""
 TINY_FAMILIES: tuple[str, ...] = (*FAMILIES, *MOE_FAMILIES, *IMAGE_ONLY_FAMILIES, *OWN_TEST_FAMILIES)
 """Every family :func:`build_tiny_pair` builds (``tiny:<family>`` names one)."""
 
@@ -132,7 +134,7 @@ _BPE_VOCAB = 960  # byte-level BPE size before special tokens
 # Weight draws are vetted on calibration prompts (see _build_models).
 _CALIBRATION_TOKENS = 48
 _MIN_MARGIN = 0.1  # logit standard deviations
-_FAMILY_MIN_MARGIN = {"glm46v": 0.08, "gemma4": 0.06}
+_FAMILY_MIN_MARGIN = {"glm46v": 0.08, "gemma4": 0.06, "qwen3_5": 0.05}
 """Families no draw of the first 120 (Gemma 4: 150) gives ``_MIN_MARGIN``: the best one's margin is accepted (the fp32
 lossless checks compare exact tokens; a near-tie there would show as a mismatch, not pass unseen)."""
 _MIN_SENSITIVITY = 0.03
@@ -164,6 +166,7 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("video_llama_3", 0): 35,  # found by searching past _MAX_DRAWS, as llava's
     ("gemma4", 0): 107,  # the best of the first 150 (_FAMILY_MIN_MARGIN)
     ("perception_lm", 0): 28,
+    ("qwen3_5", 0): 30,  # the best of the first 32 (_FAMILY_MIN_MARGIN)
 }
 
 _CORPUS = """

@@ -70,8 +70,8 @@ def shape_weights(model: PreTrainedModel, special_ids: list[int], draw_seed: int
         embed.div_(getattr(model.get_input_embeddings(), "scalar_embed_scale", 1.0))  # Gemma scales at lookup
         for layer in model.get_decoder().layers:
             mlp = layer.mlp
-            if not hasattr(layer, "self_attn"):  # Qwen3.5's recurrent layers: their own init, outputs scaled as
-                layer.linear_attn.out_proj.weight.normal_(0.0, ov_std, generator=gen)  # the attention layers'
+            if not hasattr(layer, "self_attn"):  # Qwen3.5's recurrent layers
+                _shape_gated_delta(layer.linear_attn, hidden, ov_std, gen)
                 for weight, std in _mlp_weights(mlp, hidden):
                     weight.normal_(0.0, std, generator=gen)
                 continue
@@ -99,6 +99,15 @@ def shape_weights(model: PreTrainedModel, special_ids: list[int], draw_seed: int
                     getattr(attn, name).weight.normal_(0.0, std, generator=gen)
             for weight, std in _mlp_weights(mlp, hidden):
                 weight.normal_(0.0, std, generator=gen)
+
+
+def _shape_gated_delta(layer: torch.nn.Module, hidden: int, ov_std: float, gen: torch.Generator) -> None:
+    """A Gated DeltaNet layer (Qwen3.5) that carries the context: its output gate ``silu(z)`` of order one (z ~ N(0, 4);
+    its state's read-out is RMS-normed, so the gate decides how loud the layer is), the output projection as the
+    attention layers' (``ov_std``), and keys, queries and values drawn as sharp as the attention layers'."""
+    layer.in_proj_z.weight.normal_(0.0, 2.0 / hidden**0.5, generator=gen)
+    layer.in_proj_qkv.weight.normal_(0.0, _QK_STD, generator=gen)
+    layer.out_proj.weight.normal_(0.0, ov_std, generator=gen)
 
 
 def _set_gain(norm: torch.nn.Module, gain: float) -> None:
