@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, LinearAttentionLayer
 
-from .recurrent_cache import RecurrentRows, TreeLinks, tree_links
+from .recurrent_cache import Checkpoint, RecurrentRows, TreeLinks, transformers_layer, tree_links
 
 
 def cache_kwarg(module: torch.nn.Module, cache: Cache | None) -> dict[str, Any]:
@@ -156,6 +156,33 @@ def _copy_hybrid(cache: RowCache, length: int | None) -> DynamicCache:
     for index in store.layers:
         keys, values = layer_entries(cache, index)
         copy.layers[index].update(keys.clone(), values.clone())
+    return copy
+
+
+def checkpoint(cache: Cache) -> Checkpoint | None:
+    """A hybrid model's recurrent states now (:class:`~vlmspec.recurrent_cache.Checkpoint`); ``None`` for any other
+    cache (it can be cut back anywhere)."""
+    if not has_recurrent_layers(cache):
+        return None
+    if isinstance(cache, RowCache):
+        return Checkpoint(cache_length(cache), cache.store.recurrent.committed(cache.row))
+    layers = [layer for layer in cache.layers if isinstance(layer, LinearAttentionLayer)]
+    return Checkpoint(
+        cache_length(cache), [transformers_layer(ly.conv_states[0], ly.recurrent_states[0]) for ly in layers]
+    )
+
+
+def restore(cache: Cache, saved: Checkpoint) -> DynamicCache:
+    """A hybrid model's cache cut back to a :func:`checkpoint` taken on it: its first ``saved.length`` entries, the
+    recurrent states then; a copy (``cache`` is left as it is)."""
+    copy = copy_cache(cache)
+    layers = iter(saved.layers)
+    for index, layer in enumerate(copy.layers):
+        if isinstance(layer, LinearAttentionLayer):
+            own = next(layers)
+            copy.layers[index] = transformers_layer(own.conv_states[0], own.recurrent_states[0])
+        else:
+            layer.keys, layer.values = layer.keys[:, :, : saved.length], layer.values[:, :, : saved.length]
     return copy
 
 

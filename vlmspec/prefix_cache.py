@@ -55,9 +55,10 @@ from typing import Any
 import torch
 
 from .batching import TARGET
-from .cache import cache_nbytes, can_cut_back, copy_cache, in_use, standalone, truncate
+from .cache import cache_nbytes, can_cut_back, checkpoint, copy_cache, in_use, restore, standalone, truncate
 from .errors import InvalidInputError
 from .models import DecodeState, Prefill, VLMAdapter
+from .recurrent_cache import Checkpoint
 
 
 @dataclass(eq=False)
@@ -76,6 +77,8 @@ class Held:
     """Whether the request that takes it starts with its media (else only the text before them is reused)."""
     owned: bool = False
     """Whether the request that takes it may change its cache in place (else it copies what it keeps)."""
+    checkpoint: Checkpoint | None = None
+    """A hybrid model's recurrent states at its prompt's end (a cache of one can be cut back there, and only there)."""
 
 
 @dataclass(eq=False)
@@ -111,7 +114,7 @@ class TurnCache:
         if held is not None:
             self.state, self.ids, self.slots = held.state, held.ids, held.slots
             self.prompt_len, self.media, self.same_media = held.prompt_len, held.media, held.same_media
-            self.owned = held.owned
+            self.owned, self.checkpoint = held.owned, held.checkpoint
         self._turn: tuple[list[int], tuple[int, int]] | None = None
         self._ran = False
 
@@ -140,12 +143,13 @@ class TurnCache:
             return None
         self.ids = self.ids + reply
         state = dataclasses.replace(self.state, cache=standalone(self.state.cache))
-        return Held(state, self.ids, self.slots, self.prompt_len, self.media)
+        return Held(state, self.ids, self.slots, self.prompt_len, self.media, checkpoint=self.checkpoint)
 
     def drop(self) -> None:
         """Forget the cache: the next prompt is prefilled afresh."""
         self.state, self.ids, self.slots = None, [], torch.zeros(0, dtype=torch.long)
         self.prompt_len, self.media, self.same_media, self.owned = 0, (0, 0), True, True
+        self.checkpoint: Checkpoint | None = None
 
     # ---- the prefills the engine calls --------------------------------------------------------------------
     def prefill(
@@ -164,6 +168,7 @@ class TurnCache:
             prefill = self.adapter.extend(self.state, inputs, start, self.media, keep=given, **options)
             self.state = prefill.state
         self._ran_prompt(ids, media, run)
+        self.checkpoint = checkpoint(self.state.cache)
         return prefill
 
     def prefill_soft(
@@ -204,9 +209,13 @@ class TurnCache:
             self.media = (0, 0)  # the text before the held media only
         positions = self._positions()
         kept = int((positions < shared).sum())
-        if kept == 0 or not can_cut_back(
-            self.state.cache, kept
-        ):  # a hybrid model's held cache: all or nothing
+        if not can_cut_back(self.state.cache, kept):  # a hybrid model's: back to its prompt's end, or afresh
+            saved = self.checkpoint
+            kept = saved.length if saved is not None and saved.length <= kept else 0
+            if kept:
+                self.state = dataclasses.replace(self.state, cache=restore(self.state.cache, saved))
+                self.owned = True
+        if kept == 0:
             self.drop()
             return 0
         if self.owned:
@@ -381,7 +390,15 @@ class PrefixTurn:
         """What this request's caches hold of its prompt while it decodes, as an entry to copy from (``None``
         before the target prefilled it, or once its batch row was given up)."""
         held = {
-            order: Held(view.state, view.ids, view.slots, view.prompt_len, view.media, self.sources[order])
+            order: Held(
+                view.state,
+                view.ids,
+                view.slots,
+                view.prompt_len,
+                view.media,
+                self.sources[order],
+                checkpoint=view.checkpoint,
+            )
             for order, view in self.views.items()
             if view.prefilled and in_use(view.state.cache)
         }

@@ -122,14 +122,35 @@ class RecurrentRows:
     def committed(self, row: int) -> list[LinearAttentionLayer]:
         """Row ``row``'s committed states as transformers' layers (one per recurrent layer, batch 1): what a prefill
         leaves, so that the row can be copied out, extended by a prompt or put into another store."""
-        kernel, layers = self.kernel, []
-        for conv, state in zip(self.conv[:, row], self.state[:, row, 0], strict=True):
-            layer = LinearAttentionLayer()
-            window = conv[: kernel - 1].T[None]  # [1, C, K-1]
-            layer.update_conv_state(torch.nn.functional.pad(window, (1, 0)).clone(), conv_kernel_size=kernel)
-            layer.update_recurrent_state(state[None].clone())
-            layers.append(layer)
-        return layers
+        kernel = self.kernel
+        return [
+            transformers_layer(torch.nn.functional.pad(conv[: kernel - 1].T[None], (1, 0)), state[None])
+            for conv, state in zip(self.conv[:, row], self.state[:, row, 0], strict=True)
+        ]
+
+
+def transformers_layer(conv: torch.Tensor, state: torch.Tensor) -> LinearAttentionLayer:
+    """A recurrent layer's cache as transformers keeps it, holding copies of ``conv`` ``[1, C, K]`` (the last ``K``
+    convolution inputs) and ``state`` ``[1, H, Dk, Dv]``."""
+    layer = LinearAttentionLayer()
+    layer.update_conv_state(conv.clone(), conv_kernel_size=conv.shape[-1])
+    layer.update_recurrent_state(state.clone())
+    return layer
+
+
+@dataclass
+class Checkpoint:
+    """A hybrid model's recurrent states after its first ``length`` cache entries (a prompt's end), kept so that a
+    later prompt sharing that much can start from there: everything else about a cache can be cut back, these
+    states cannot.
+
+    Attributes:
+        length: the entries they follow.
+        layers: copies of the recurrent layers' states, as transformers keeps them.
+    """
+
+    length: int
+    layers: list[LinearAttentionLayer]
 
 
 @dataclass
