@@ -61,10 +61,10 @@ _NATIVE_VERSIONS = {  # model types vlmspec refuses, why and what to load instea
     "transformers-native versions: load the '-hf' one (OpenGVLab/InternVL3-8B-hf, OpenGVLab/InternVL3_5-8B-HF)",
     **dict.fromkeys(
         ("minicpmv4_6", "minicpmv4_7", "lfm2_vl"),
-        "its language model has recurrent layers (Qwen3.5's Gated DeltaNet, MiniCPM-V 4.6's and 4.7's too, LFM2's "
-        "short convolutions) whose state transformers carries along the sequence: vlmspec cannot verify a tree of "
-        "continuations through them in one forward, nor cut their state back to the accepted path; transformers' "
-        "generate() runs it (its assisted generation cannot roll these layers back either)",
+        "its language model has recurrent layers (MiniCPM-V 4.6's and 4.7's Qwen3.5 Gated DeltaNet, LFM2's short "
+        "convolutions) whose state transformers carries along the sequence: vlmspec verifies a tree through such "
+        "layers in Qwen3.5's own adapter only (qwen3_5, qwen3_5_moe), not in this family's; transformers' generate() "
+        "runs it (its assisted generation cannot roll these layers back either)",
     ),
 }
 

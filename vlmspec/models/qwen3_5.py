@@ -59,6 +59,7 @@ class Qwen3_5Adapter(QwenVLAdapter):
             return self._scored_prefill(inputs)
         return super().prefill(inputs, keep=keep, score_visual=score_visual)
 
+    @torch.inference_mode()
     def _scored_prefill(self, inputs: dict[str, torch.Tensor]) -> Prefill:
         """The model's own prefill, and the attention the text after the last visual token pays to each visual token.
 
