@@ -18,7 +18,7 @@ from transformers import AutoModelForImageTextToText, Qwen3_5ForConditionalGener
 from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
 from vlmspec.cache import keep_tail
 from vlmspec.models import EDDDraft, adapter_for
-from vlmspec.testing import build_tiny_pair, make_image, make_inputs
+from vlmspec.testing import build_tiny_pair, make_inputs
 from vlmspec.tree import tree_attention_bias
 
 PARENTS = [-1, 0, 0, 1, 1, 3, 2]
