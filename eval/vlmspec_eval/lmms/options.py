@@ -114,7 +114,7 @@ _RATIO_NEED = "use a number in [0, 1) (the fraction of visual tokens the draft d
 # Family by checkpoint name, most specific first.
 _FAMILY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("qwen3_vl", re.compile(r"qwen3[-_]vl", re.I)),
-    ("qwen3_5", re.compile(r"qwen3\.5|qwen3_5", re.I)),  # its mixture-of-experts sizes too (model type qwen3_5_moe)
+    ("qwen3_5", re.compile(r"qwen3\.5|qwen3_5", re.I)),  # also its mixture-of-experts sizes (qwen3_5_moe)
     ("qwen2_5_vl", re.compile(r"qwen2\.5[-_]vl|qwen2_5[-_]vl", re.I)),
     ("qwen2_vl", re.compile(r"qwen2[-_]vl", re.I)),
     ("llava_onevision", re.compile(r"llava[-_]onevision", re.I)),
