@@ -13,10 +13,12 @@ import pytest
 import torch
 from conftest import check_the_second_token_follows_the_target
 from test_batching import mixed_requests
+from test_host_syncs import CPU_LIKE, END_OF_GENERATION, PER_DRAFT_FORWARD, PER_STEP
 from transformers import AutoModelForImageTextToText, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig
 
 from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
 from vlmspec.cache import keep_tail
+from vlmspec.host_syncs import HostSyncCounter
 from vlmspec.models import EDDDraft, adapter_for
 from vlmspec.testing import build_tiny_pair, make_inputs
 from vlmspec.tree import tree_attention_bias
@@ -164,3 +166,23 @@ def test_an_edd_draft_is_refused(pipe):
         InvalidInputError, match=r"cannot be built for a 'qwen3_5' target: .*recurrent.*Qwen3.5"
     ):
         EDDDraft.for_target(pipe.target)
+
+
+@pytest.mark.parametrize("policy", ["chain", "static", "sage"])
+def test_a_forward_adds_one_host_read(pair, policy):
+    """A hybrid model's forward reads its entries' levels once (the recurrence runs a level at a time): a step's
+    budget (``test_host_syncs.py``) plus one read per target and draft forward, nothing else."""
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy=policy, torch_dtype=torch.float32)
+    pipe.costs = CPU_LIKE
+    forwards = []
+    pipe.draft.register_forward_hook(lambda *_: forwards.append(1))
+    image = make_inputs(pipe.processor, "image")
+    with HostSyncCounter() as prefill:  # the prefills and the first token: no decoding step
+        pipe(inputs=image, max_new_tokens=1)
+    prefill_forwards = len(forwards)
+    with HostSyncCounter() as run:
+        out = pipe(inputs=image, max_new_tokens=40)
+    draft_forwards = len(forwards) - 2 * prefill_forwards
+    decode = run.total - prefill.total
+    per_step = PER_STEP[policy] * out.stats.steps + PER_DRAFT_FORWARD.get(policy, 0) * draft_forwards
+    assert out.stats.steps > 0 and decode <= per_step + out.stats.steps + draft_forwards + END_OF_GENERATION

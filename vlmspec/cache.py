@@ -282,7 +282,8 @@ class KVStore:
     cache) and attends over ``[:rows, :, :max(lengths) + n]`` under a per-row mask that hides everything past each
     row's own entries; what lies there (padding of shorter requests, entries given up by a verification) is never
     read. Live rows are kept at ``0 .. rows-1``: when a request leaves, the last row moves into its place, so a
-    forward never gathers rows.
+    forward never gathers rows. A hybrid model's recurrent layers (Qwen3.5) keep no keys: their states are rows of
+    :attr:`recurrent` (:class:`~vlmspec.recurrent_cache.RecurrentRows`), moved and kept with the keys.
 
     Args:
         max_rows: the most requests held at once (the batch size).
@@ -292,9 +293,8 @@ class KVStore:
         self.max_rows = max_rows
         # per kind of layer (H, D): [2, layers, max_rows, H, capacity, D]
         self.groups: list[torch.Tensor] = []
-        self.slots: list[
-            tuple[int, int] | None
-        ] = []  # per layer: its group, its index there (None: recurrent)
+        # per layer: its group and its index there (None: a recurrent layer)
+        self.slots: list[tuple[int, int] | None] = []
         self.shapes: list[tuple[int, int]] = []  # per attention layer: (H, D)
         self.last_layer = -1  # the last attention layer: a forward's entries count once it has written
         self.recurrent: RecurrentRows | None = None  # a hybrid model's recurrent layers (Qwen3.5)
@@ -305,10 +305,6 @@ class KVStore:
     def rows(self) -> int:
         """Live rows (requests) in the store."""
         return len(self.lengths)
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.slots)
 
     @property
     def layers(self) -> list[int]:

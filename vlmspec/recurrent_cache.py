@@ -52,11 +52,8 @@ class RecurrentRows:
         self.index = {layer: i for i, layer in enumerate(layers)}  # model layer -> buffer row
         self.conv = torch.empty(0)
         self.state = torch.empty(0)
+        self.kernel = 0  # K: the convolution's width
         self.base: list[int] = []  # committed entries of each live row
-
-    @property
-    def kernel(self) -> int:
-        return self.conv.shape[2] - self.pending + 1
 
     @property
     def pending(self) -> int:
@@ -65,13 +62,13 @@ class RecurrentRows:
 
     def add_row(self, layers: list[LinearAttentionLayer], length: int) -> None:
         """A new row from a prefill's recurrent layers (batch 1), after ``length`` prompt entries."""
-        conv = torch.stack(
-            [layer.conv_states[0][0] for layer in layers]
-        )  # [R, C, K]: transformers keeps K inputs
+        # [R, C, K]: transformers keeps the last K inputs (K - 1 are read by the next token's window)
+        conv = torch.stack([layer.conv_states[0][0] for layer in layers])
         state = torch.stack([layer.recurrent_states[0][0] for layer in layers])  # [R, H, Dk, Dv]
         kernel = conv.shape[-1]
         if self.conv.numel() == 0:
             r, channels = conv.shape[:2]
+            self.kernel = kernel
             self.conv = conv.new_zeros(r, self.max_rows, kernel - 1 + _SPARE, channels)
             self.state = state.new_zeros(r, self.max_rows, 1 + _SPARE, *state.shape[1:])
         row = len(self.base)
@@ -191,28 +188,23 @@ def tree_links(
     """
     n, keys = bias.shape[2], bias.shape[3]
     device, kernel = bias.device, recurrent.kernel
-    recurrent.reserve(
-        max(length + n - recurrent.base[row] for row, length in zip(rows, lengths, strict=True))
-    )
-    base = torch.tensor([recurrent.base[row] for row in rows], device=device)[:, None]  # [B, 1]
-    slot = torch.tensor(lengths, device=device)[:, None] + torch.arange(
-        n, device=device
-    )  # [B, n] new entries
-    low = max(min(recurrent.base[row] for row in rows) - kernel + 1, 0)
+    bases = [recurrent.base[row] for row in rows]
+    recurrent.reserve(max(length + n - first for length, first in zip(lengths, bases, strict=True)))
+    base = torch.tensor(bases, device=device)[:, None]  # [B, 1]
+    start = torch.tensor(lengths, device=device)[:, None]  # [B, 1]
+    slot = start + torch.arange(n, device=device)  # [B, n] the new entries
+    low = max(min(bases) - kernel + 1, 0)
     key = torch.arange(low, keys, device=device)  # [W] the keys that may be in a window
     earlier = (bias[:, 0, :, low:] == 0) & (key < slot[..., None])  # [B, n, W] seen, before the entry
     found = torch.where(earlier, key, -1)
     if found.shape[-1] < kernel - 1:  # a prompt shorter than the window
         found = torch.nn.functional.pad(found, (kernel - 1 - found.shape[-1], 0), value=-1)
-    ancestors = found.topk(kernel - 1, dim=-1).values.flip(
-        -1
-    )  # [B, n, K-1] ascending, -1: before the sequence
-    capacity = recurrent.pending
-    window = (torch.cat([ancestors, slot[..., None]], -1) - base[..., None] + kernel - 1).clamp(
-        0, capacity + kernel - 2
-    )
-    parent = (ancestors[..., -1] - base + 1).clamp(0, capacity)
-    level = (earlier & (key >= torch.tensor(lengths, device=device)[:, None, None])).sum(-1)  # [B, n]
+    # [B, n, K-1] the last K-1 ancestors, ascending (-1: before the sequence, the zeros a prompt starts from)
+    ancestors = found.topk(kernel - 1, dim=-1).values.flip(-1)
+    last_conv, last_state = recurrent.pending + kernel - 2, recurrent.pending  # the buffers' last indices
+    window = torch.cat([ancestors, slot[..., None]], -1) - base[..., None] + kernel - 1
+    parent = (ancestors[..., -1] - base + 1).clamp(0, last_state)
+    level = (earlier & (key >= start[..., None])).sum(-1)  # [B, n] ancestors among the new entries
     real = torch.arange(n, device=device) < torch.tensor(counts, device=device)[:, None]
     flat = torch.where(real, level, -1).flatten().tolist()  # the forward's one host read
     by_level: dict[int, list[int]] = {}
@@ -222,9 +214,9 @@ def tree_links(
     levels = [torch.tensor(by_level[depth], device=device) for depth in sorted(by_level)]
     return TreeLinks(
         rows=torch.tensor(rows, device=device),
-        write_conv=(slot - base + kernel - 1).clamp(max=capacity + kernel - 2),
-        window=window,
-        write_state=(slot - base + 1).clamp(max=capacity),
+        write_conv=(slot - base + kernel - 1).clamp(max=last_conv),
+        window=window.clamp(0, last_conv),  # (a padding entry's may point anywhere: it is never read)
+        write_state=(slot - base + 1).clamp(max=last_state),
         parent_state=parent,
         levels=levels,
     )
