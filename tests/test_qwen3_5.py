@@ -175,7 +175,8 @@ def test_a_forward_adds_one_host_read(pair, policy):
     pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy=policy, torch_dtype=torch.float32)
     pipe.costs = CPU_LIKE
     forwards = []
-    pipe.draft.register_forward_hook(lambda *_: forwards.append(1))
+    head = pipe.draft.get_output_embeddings()  # the decoder is run layer by layer: the head ends each forward
+    head.register_forward_hook(lambda *_: forwards.append(1))
     image = make_inputs(pipe.processor, "image")
     with HostSyncCounter() as prefill:  # the prefills and the first token: no decoding step
         pipe(inputs=image, max_new_tokens=1)
