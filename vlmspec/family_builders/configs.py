@@ -543,14 +543,13 @@ def _video_llama3_config_kwargs(
 
 
 def _gated_delta_text(spec: ModelSpec) -> dict[str, Any]:
-    """Qwen3.5's recurrent layers: every :data:`FULL_ATTENTION_INTERVAL`-th layer attends, the others are Gated
-    DeltaNet layers (value heads twice the key heads, as the real models', a 4-wide convolution)."""
+    """Qwen3.5's recurrent layers: every :data:`FULL_ATTENTION_INTERVAL`-th layer attends, and the last (so a model
+    of one layer has one), the others are Gated DeltaNet layers (value heads twice the key heads, as the real
+    models', a 4-wide convolution)."""
     heads = spec.hidden // spec.head_dim
+    attends = [(i + 1) % FULL_ATTENTION_INTERVAL == 0 or i == spec.layers - 1 for i in range(spec.layers)]
     return {
-        "layer_types": [
-            "full_attention" if (i + 1) % FULL_ATTENTION_INTERVAL == 0 else "linear_attention"
-            for i in range(spec.layers)
-        ],
+        "layer_types": ["full_attention" if full else "linear_attention" for full in attends],
         "linear_num_key_heads": heads // 2,
         "linear_num_value_heads": heads,
         "linear_key_head_dim": spec.head_dim,

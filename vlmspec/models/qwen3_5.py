@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..cache import RowCache, attention_prefix, copy_cache, decodable
+from ..cache import BatchCache, RowCache, attention_prefix, copy_cache, decodable, has_recurrent_layers
 from ..errors import InvalidInputError
 from ..tree import tree_attention_bias
 from .attention import model_lock, text_after_visual, visual_attention_probe
@@ -150,18 +150,19 @@ class Qwen3_5Adapter(QwenVLAdapter):
     ) -> torch.Tensor:
         """The decoder written out (see the module's docstring): ``[B, n, V]`` logits of ``rows`` over ``cache`` (a
         store row, or the store's rows together)."""
-        if not hasattr(cache, "tree_links"):
+        recurrent = cache.store.recurrent if isinstance(cache, RowCache | BatchCache) else None
+        if recurrent is None and has_recurrent_layers(cache):
             raise RuntimeError(
                 "Qwen3.5 decodes on a KVStore row: move a prefill's cache there (cache.decodable)"
             )
-        links = cache.tree_links(bias)  # before any layer writes: the entries' ancestors, from the mask
+        links = cache.tree_links(bias) if recurrent is not None else None  # before any layer writes
         text = self.model.model.language_model
         hidden = rows
         rotary = text.rotary_emb(hidden, position_ids)
         for index, layer in enumerate(text.layers):
             mixed = layer.input_layernorm(hidden)
             if layer.block_type == "linear_attention":
-                mixed = gated_delta_tree(layer.linear_attn, mixed, cache.store.recurrent, links, index)
+                mixed = gated_delta_tree(layer.linear_attn, mixed, recurrent, links, index)
             else:
                 mixed = layer.self_attn(
                     hidden_states=mixed, position_embeddings=rotary, attention_mask=bias, cache=cache
