@@ -77,6 +77,22 @@ def check_a_pruned_draft_keeps_the_replies(
         assert out.stats.draft_visual_tokens == out.stats.target_visual_tokens // 2, label
 
 
+def check_a_sampled_reply_is_the_same_alone_and_at_batch_3(target, draft) -> None:
+    """With ``sage``'s tree sizes and prices set (automatic ones are refitted per batch size, and another tree draws
+    other random numbers: a different sample of the same distribution), five mixed requests sampled with their own
+    seeds reply alike alone and three at a time, and differently from each other."""
+    pipe = VLMSpecPipeline.from_pretrained(
+        target, draft, policy="sage", n_max=12, d_max=5, d_min=3, node_cost=0.02, level_cost=0.05,
+        torch_dtype=torch.float32,
+    )  # fmt: skip
+    requests = [
+        dict(r, do_sample=True, seed=10 + i, temperature=0.9) for i, r in enumerate(mixed_requests()[:5])
+    ]
+    alone = [pipe(**r).token_ids for r in requests]
+    assert [out.token_ids for out in pipe.batch(requests, batch_size=3)] == alone
+    assert len({tuple(t) for t in alone}) == len(alone)
+
+
 def check_batch_equals_generate(pipe: VLMSpecPipeline, requests: list[dict], label: str) -> None:
     """``pipe.batch`` at batch 6: each reply is that request's own ``generate()``, token for token."""
     outputs = pipe.batch(requests, batch_size=6)
@@ -133,17 +149,7 @@ def test_sampling_same_seed_same_reply_at_any_batch_size(tiny_pairs):
     size, and another tree draws other random numbers: a different sample of the same distribution), the same seed
     gives the same reply."""
     pair = tiny_pairs["qwen2_vl"]
-    pipe = VLMSpecPipeline.from_pretrained(
-        pair.target, pair.draft, policy="sage", n_max=12, d_max=5, d_min=3, node_cost=0.02, level_cost=0.05,
-        torch_dtype=torch.float32,
-    )  # fmt: skip
-    requests = [
-        dict(r, do_sample=True, seed=10 + i, temperature=0.9) for i, r in enumerate(mixed_requests()[:5])
-    ]
-    alone = [pipe(**r).token_ids for r in requests]
-    together = [out.token_ids for out in pipe.batch(requests, batch_size=3)]
-    assert together == alone
-    assert len({tuple(t) for t in alone}) == len(alone)
+    check_a_sampled_reply_is_the_same_alone_and_at_batch_3(pair.target, pair.draft)
 
 
 def test_a_bad_request_fails_alone(tiny_pairs):

@@ -13,7 +13,7 @@ from conftest import (
     check_a_conversation_with_pictures_equals_generate,
     check_the_second_token_follows_the_target,
 )
-from test_batching import mixed_requests, reference
+from test_batching import check_a_sampled_reply_is_the_same_alone_and_at_batch_3, mixed_requests, reference
 
 from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
 from vlmspec.draft import MTPDraftTree
@@ -134,16 +134,7 @@ def test_a_sampled_reply_is_the_same_alone_and_in_a_batch(tiny_root):
     """With the tree's sizes and prices set (automatic ones are refitted per batch size), the same seed gives the
     same sampled reply alone and at batch 3, where the requests' assistant steps share forwards."""
     pair = build_tiny_pair("gemma4", root=tiny_root)
-    pipe = VLMSpecPipeline.from_pretrained(
-        pair.target, build_tiny_assistant(root=tiny_root), policy="sage", n_max=12, d_max=5, d_min=3,
-        node_cost=0.02, level_cost=0.05, torch_dtype=torch.float32,
-    )  # fmt: skip
-    requests = [
-        dict(r, do_sample=True, seed=10 + i, temperature=0.9) for i, r in enumerate(mixed_requests()[:5])
-    ]
-    alone = [pipe(**r).token_ids for r in requests]
-    assert [out.token_ids for out in pipe.batch(requests, batch_size=3)] == alone
-    assert len({tuple(t) for t in alone}) == len(alone)
+    check_a_sampled_reply_is_the_same_alone_and_at_batch_3(pair.target, build_tiny_assistant(root=tiny_root))
 
 
 def test_a_conversation_equals_generate(assisted):

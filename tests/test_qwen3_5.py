@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import check_the_second_token_follows_the_target
-from test_batching import mixed_requests
+from test_batching import check_a_sampled_reply_is_the_same_alone_and_at_batch_3
 from test_host_syncs import CPU_LIKE, END_OF_GENERATION, PER_DRAFT_FORWARD, PER_STEP
 from transformers import AutoModelForImageTextToText, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig
 
@@ -21,7 +21,7 @@ from vlmspec.cache import keep_tail
 from vlmspec.host_syncs import HostSyncCounter
 from vlmspec.models import EDDDraft, adapter_for
 from vlmspec.testing import build_tiny_pair, make_inputs
-from vlmspec.tree import tree_attention_bias
+from vlmspec.tree import ancestor_matrix, tree_attention_bias
 
 PARENTS = [-1, 0, 0, 1, 1, 3, 2]
 """The verified tree: the root, then the greedy path at nodes 1, 3, 5 and three other branches (2, 4, 6)."""
@@ -36,18 +36,6 @@ def pair(tiny_root):
 @pytest.fixture(scope="module")
 def pipe(pair):
     return VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
-
-
-def _ancestors(parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[n, n]`` ancestors-or-self and ``[n]`` depths of a tree given by its parents."""
-    n = len(parents)
-    ancestors = torch.zeros(n, n, dtype=torch.bool)
-    for node in range(n):
-        at = node
-        while at >= 0:
-            ancestors[node, at] = True
-            at = parents[at]
-    return ancestors, ancestors.sum(1) - 1
 
 
 def check_a_tree_decodes_as_generate(model: torch.nn.Module, inputs: dict) -> None:
@@ -66,7 +54,8 @@ def check_a_tree_decodes_as_generate(model: torch.nn.Module, inputs: dict) -> No
     vocab = expected.shape[-1]
     others = (greedy + 1) % vocab  # tokens off the greedy path
     tokens = torch.stack([greedy[0], greedy[1], others[1], greedy[2], others[2], greedy[3], others[2]])
-    ancestors, depths = _ancestors(PARENTS)
+    ancestors = ancestor_matrix(torch.tensor(PARENTS))
+    depths = ancestors.sum(1) - 1
     past = state.length
     bias = tree_attention_bias(ancestors, past, adapter.dtype)
     logits = adapter.forward(state, tokens, length + depths, bias)  # [7, V]
@@ -147,18 +136,8 @@ def test_sampling_follows_the_target(pipe):
 
 
 def test_a_sampled_reply_is_the_same_alone_and_in_a_batch(pair):
-    """With the tree's sizes and prices set (automatic ones are refitted per batch size), the same seed gives the
-    same sampled reply alone and at batch 3, where the requests' recurrent states sit in one store."""
-    pipe = VLMSpecPipeline.from_pretrained(
-        pair.target, pair.draft, policy="sage", n_max=12, d_max=5, d_min=3, node_cost=0.02, level_cost=0.05,
-        torch_dtype=torch.float32,
-    )  # fmt: skip
-    requests = [
-        dict(r, do_sample=True, seed=10 + i, temperature=0.9) for i, r in enumerate(mixed_requests()[:5])
-    ]
-    alone = [pipe(**r).token_ids for r in requests]
-    assert [out.token_ids for out in pipe.batch(requests, batch_size=3)] == alone
-    assert len({tuple(t) for t in alone}) == len(alone)
+    """The requests' recurrent states sit in one store at batch 3."""
+    check_a_sampled_reply_is_the_same_alone_and_at_batch_3(pair.target, pair.draft)
 
 
 def test_an_edd_draft_is_refused(pipe):

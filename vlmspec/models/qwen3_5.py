@@ -21,14 +21,11 @@ from typing import Any
 import torch
 
 from ..cache import BatchCache, RowCache, attention_prefix, copy_cache, decodable, has_recurrent_layers
-from ..errors import InvalidInputError
 from ..tree import tree_attention_bias
 from .attention import model_lock, text_after_visual, visual_attention_probe
 from .base import DecodeState, Prefill
 from .gated_delta import gated_delta_tree
 from .qwen import QwenVLAdapter
-
-_REFUSED = "{what} is not supported with Qwen3.5's recurrent layers yet ({why}); {instead}"
 
 
 class Qwen3_5Adapter(QwenVLAdapter):
@@ -38,26 +35,12 @@ class Qwen3_5Adapter(QwenVLAdapter):
     def min_video_frames(self) -> int:
         return 2  # Qwen3-VL's video processor refuses a video shorter than its temporal patch
 
-    def prefill(
-        self,
-        inputs: dict[str, torch.Tensor],
-        keep: torch.Tensor | None = None,
-        score_visual: bool = False,
-        hidden_layer: int | None = None,
-    ) -> Prefill:
-        """:meth:`VLMAdapter.prefill`; the visual scores come from the attention layers alone (see
+    def prefill(self, inputs: dict[str, torch.Tensor], keep: Any = None, **options: Any) -> Prefill:
+        """:meth:`VLMAdapter.prefill` (same arguments); the visual scores come from the attention layers alone (see
         :meth:`_scored_prefill`)."""
-        if hidden_layer is not None:
-            raise InvalidInputError(
-                _REFUSED.format(
-                    what="an EDD draft",
-                    why="it reads the target's layers as it decodes",
-                    instead="use a Qwen3.5 draft",
-                )
-            )
-        if score_visual and keep is None:
+        if options.get("score_visual") and keep is None and options.get("hidden_layer") is None:
             return self._scored_prefill(inputs)
-        return super().prefill(inputs, keep=keep, score_visual=score_visual)
+        return super().prefill(inputs, keep=keep, **options)
 
     @torch.inference_mode()
     def _scored_prefill(self, inputs: dict[str, torch.Tensor]) -> Prefill:
@@ -107,15 +90,13 @@ class Qwen3_5Adapter(QwenVLAdapter):
         return prefill
 
     def prefill_many(
-        self,
-        prompts: list[dict[str, torch.Tensor]],
-        keeps: list[torch.Tensor | None] | None = None,
-        score_visual: bool | list[bool] = False,
+        self, prompts: list[dict[str, torch.Tensor]], keeps: Any = None, **options: Any
     ) -> list[Prefill]:
-        """One prefill after the other: in a right-padded batch the padding would run through the shorter prompts'
-        recurrent states (their decay acts on any input)."""
+        """:meth:`VLMAdapter.prefill_many` (same arguments), one prompt after the other: in a right-padded batch the
+        padding would run through the shorter prompts' recurrent states (their decay acts on any input)."""
+        scores = options.get("score_visual", False)
+        scores = scores if isinstance(scores, list) else [scores] * len(prompts)
         keeps = keeps or [None] * len(prompts)
-        scores = score_visual if isinstance(score_visual, list) else [score_visual] * len(prompts)
         return [
             self.prefill(p, keep=k, score_visual=s) for p, k, s in zip(prompts, keeps, scores, strict=True)
         ]
