@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, LinearAttentionLayer
 
-from .recurrent_cache import Checkpoint, RecurrentRows, TreeLinks, transformers_layer, tree_links
+from .recurrent_cache import Checkpoint, RecurrentRows, TreeLinks, copied, tree_links
 
 
 def cache_kwarg(module: torch.nn.Module, cache: Cache | None) -> dict[str, Any]:
@@ -166,10 +166,8 @@ def checkpoint(cache: Cache) -> Checkpoint | None:
         return None
     if isinstance(cache, RowCache):
         return Checkpoint(cache_length(cache), cache.store.recurrent.committed(cache.row))
-    layers = [layer for layer in cache.layers if isinstance(layer, LinearAttentionLayer)]
-    return Checkpoint(
-        cache_length(cache), [transformers_layer(ly.conv_states[0], ly.recurrent_states[0]) for ly in layers]
-    )
+    layers = [copied(layer) for layer in cache.layers if isinstance(layer, LinearAttentionLayer)]
+    return Checkpoint(cache_length(cache), layers)
 
 
 def restore(cache: Cache, saved: Checkpoint) -> DynamicCache:
@@ -178,9 +176,8 @@ def restore(cache: Cache, saved: Checkpoint) -> DynamicCache:
     copy = copy_cache(cache)
     layers = iter(saved.layers)
     for index, layer in enumerate(copy.layers):
-        if isinstance(layer, LinearAttentionLayer):
-            own = next(layers)
-            copy.layers[index] = transformers_layer(own.conv_states[0], own.recurrent_states[0])
+        if isinstance(layer, LinearAttentionLayer):  # a copy: the checkpoint may be restored again
+            copy.layers[index] = copied(next(layers))
         else:
             layer.keys, layer.values = layer.keys[:, :, : saved.length], layer.values[:, :, : saved.length]
     return copy
@@ -330,9 +327,8 @@ class KVStore:
             raise RuntimeError(f"KVStore: all {self.max_rows} rows are in use")
         attention, recurrent = _layers_by_kind(prefill)
         length = attention[0][1].keys.shape[2]
-        shapes = [
-            (layer.keys.shape[1], layer.keys.shape[3]) for _, layer in attention
-        ]  # (H, D) of each layer
+        # (H, D) of each attention layer
+        shapes = [(layer.keys.shape[1], layer.keys.shape[3]) for _, layer in attention]
         if not self.groups:
             self._allocate(attention[0][1].keys, shapes, length, [i for i, _ in recurrent])
         elif shapes != self.shapes:

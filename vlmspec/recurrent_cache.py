@@ -135,6 +135,11 @@ def transformers_layer(conv: torch.Tensor, state: torch.Tensor) -> LinearAttenti
     return layer
 
 
+def copied(layer: LinearAttentionLayer) -> LinearAttentionLayer:
+    """A copy of a recurrent layer's cache (its last convolution inputs and its state)."""
+    return transformers_layer(layer.conv_states[0], layer.recurrent_states[0])
+
+
 @dataclass
 class Checkpoint:
     """A hybrid model's recurrent states after its first ``length`` cache entries (a prompt's end), kept so that a
@@ -206,12 +211,10 @@ def tree_links(
     parent = (ancestors[..., -1] - base + 1).clamp(0, last_state)
     level = (earlier & (key >= start[..., None])).sum(-1)  # [B, n] ancestors among the new entries
     real = torch.arange(n, device=device) < torch.tensor(counts, device=device)[:, None]
-    flat = torch.where(real, level, -1).flatten().tolist()  # the forward's one host read
-    by_level: dict[int, list[int]] = {}
-    for index, depth in enumerate(flat):
-        if depth >= 0:
-            by_level.setdefault(depth, []).append(index)
-    levels = [torch.tensor(by_level[depth], device=device) for depth in sorted(by_level)]
+    flat = torch.where(real, level, n).flatten()  # [B*n] padding entries at level n, after every real one
+    sizes = torch.bincount(flat, minlength=n + 1).tolist()  # entries per level: the forward's one host read
+    by_level = flat.argsort(stable=True).split(sizes)  # flat indices, level by level
+    levels = [entries for entries in by_level[:n] if entries.numel()]
     return TreeLinks(
         rows=torch.tensor(rows, device=device),
         write_conv=(slot - base + kernel - 1).clamp(max=last_conv),

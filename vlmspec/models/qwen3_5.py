@@ -10,8 +10,9 @@ two are the model's decoder layer written out (norm, mixer, residual, norm, MLP,
 layer would run the tree's nodes as one sequence.
 
 A recurrent state holds its whole prefix and cannot be cut back to a part of it: a prefix cache or a conversation
-reuses a held cache only when the new prompt starts with all of it (a conversation's next turn does), else the
-prompt is prefilled afresh. EDD drafts are refused (:mod:`vlmspec.models.edd` says why).
+reuses a held cache where it ends, or where its prompt ended (the states are kept there as a checkpoint,
+:func:`vlmspec.cache.checkpoint`), else the prompt is prefilled afresh. EDD drafts are refused
+(:mod:`vlmspec.models.edd` says why).
 """
 
 from __future__ import annotations
@@ -56,25 +57,21 @@ class Qwen3_5Adapter(QwenVLAdapter):
         visual_idx, split = text_after_visual(layout, self.device)
         text = self.model.model.language_model
         attending = [i for i, layer in enumerate(text.layers) if layer.block_type != "linear_attention"]
+        if split is None:  # no text after the last visual token: nothing to score
+            return super().prefill(inputs)
         kept: dict[int, torch.Tensor] = {}
         with model_lock(self.model):
-            handles = (
-                [
-                    text.layers[i].input_layernorm.register_forward_hook(
-                        lambda _m, _a, out, i=i: kept.__setitem__(i, out[:, split:])
-                    )
-                    for i in attending
-                ]
-                if split is not None
-                else []
-            )
+            handles = [
+                text.layers[i].input_layernorm.register_forward_hook(
+                    lambda _m, _a, out, i=i: kept.__setitem__(i, out[:, split:])
+                )
+                for i in attending
+            ]
             try:
                 prefill = super().prefill(inputs)
             finally:
                 for handle in handles:
                     handle.remove()
-            if split is None:
-                return prefill
             rope, _ = self.prompt_rope(inputs)
             tail = kept[attending[0]]
             rotary = text.rotary_emb(tail, rope[..., split:])
@@ -103,8 +100,7 @@ class Qwen3_5Adapter(QwenVLAdapter):
 
     def extend(self, state: DecodeState, *args: Any, **kwargs: Any) -> Prefill:
         """:meth:`VLMAdapter.extend`: the prompt runs on through transformers' own forward, on the held cache as a
-        prefill leaves it (a store row's copied out). A held cache is extended only where it ends: the prefix cache
-        and conversations reuse a hybrid model's cache when the new prompt starts with all of it."""
+        prefill leaves it (a store row's copied out, or one restored to a checkpoint by the prefix cache)."""
         state.cache = copy_cache(state.cache) if isinstance(state.cache, RowCache) else state.cache
         return super().extend(state, *args, **kwargs)
 
