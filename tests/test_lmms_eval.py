@@ -676,6 +676,7 @@ EXPECTED_PAIRS = {
     ("google/gemma-4-31B-it", "google/gemma-4-E4B-it"),
     ("google/gemma-4-e2b-it", "google/gemma-4-e2b-it-assistant"),
     ("facebook/Perception-LM-8B", "facebook/Perception-LM-1B"),
+    ("LiquidAI/LFM2-VL-3B", "LiquidAI/LFM2-VL-450M"),
     ("testbed-mini", None),
     ("testbed-base@cpu", None),
 }
@@ -741,6 +742,10 @@ FAMILY_BY_NAME = {  # checkpoint or pair name: the family vlmspec reads it as (N
     "Qwen/Qwen3.5-27B": "qwen3_5",
     "Qwen/Qwen3.5-35B-A3B": "qwen3_5",
     "tiny:qwen3_5": "qwen3_5",
+    "LiquidAI/LFM2-VL-3B": "lfm2_vl",
+    "LiquidAI/LFM2.5-VL-1.6B": "lfm2_vl",
+    "tiny:lfm2_vl": "lfm2_vl",
+    "LiquidAI/LFM3-VL-2B": None,
     "llava-hf/llava-onevision-qwen2-7b-ov-hf": "llava_onevision",
     "tiny:llava_onevision": "llava_onevision",
     "OpenGVLab/InternVL3_5-8B-HF": "internvl",

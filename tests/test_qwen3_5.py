@@ -112,6 +112,10 @@ def test_qwen3_5_moe_routed_experts(pipe):
 
 
 def test_visual_scores_are_the_attention_layers_own(pair, pipe):
+    check_the_visual_scores_are_the_attention_layers_own(pair, pipe)
+
+
+def check_the_visual_scores_are_the_attention_layers_own(pair, pipe) -> None:
     """The draft's attention-guided pruning reads what the text after the last visual token pays to each visual
     token: here taken from each attention layer run again on its kept input (no side pass, which would cut the
     recurrent states back); equal to the weights the model's own eager forward returns, averaged over the
@@ -149,6 +153,10 @@ def test_an_edd_draft_is_refused(pipe):
 
 @pytest.mark.parametrize("policy", ["chain", "static", "sage"])
 def test_a_forward_adds_one_host_read(pair, policy):
+    check_a_forward_adds_one_host_read(pair, policy)
+
+
+def check_a_forward_adds_one_host_read(pair, policy: str) -> None:
     """A hybrid model's forward reads its entries' levels once (the recurrence runs a level at a time): a step's
     budget (``test_host_syncs.py``) plus one read per target and draft forward, nothing else."""
     pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy=policy, torch_dtype=torch.float32)

@@ -2,7 +2,7 @@
 
 Qwen3.5's language model (and Qwen3.5-MoE's) interleaves attention layers with Gated DeltaNet layers, which keep no
 keys: each carries a recurrent state ``[H, Dk, Dv]`` from token to token, and a short causal convolution reads the
-last ``K`` inputs of its projections. transformers carries both along the sequence, one token after the other, and
+last ``K`` inputs of its projections. LFM2's (LFM2-VL's) recurrent layers are such convolutions alone. transformers carries both along the sequence, one token after the other, and
 cannot cut them back (its assisted generation refuses these models). A tree cannot be run that way: its nodes are
 not one sequence, and only one path of it is kept.
 
@@ -53,6 +53,7 @@ class RecurrentRows:
         self.conv = torch.empty(0)
         self.state = torch.empty(0)
         self.kernel = 0  # K: the convolution's width
+        self.stateful = True  # False: convolutions alone (LFM2), their state buffer empty
         self.base: list[int] = []  # committed entries of each live row
 
     @property
@@ -64,9 +65,12 @@ class RecurrentRows:
         """A new row from a prefill's recurrent layers (batch 1), after ``length`` prompt entries."""
         # [R, C, K]: transformers keeps the last K inputs (K - 1 are read by the next token's window)
         conv = torch.stack([layer.conv_states[0][0] for layer in layers])
-        state = torch.stack([layer.recurrent_states[0][0] for layer in layers])  # [R, H, Dk, Dv]
+        states = [layer.recurrent_states[0] for layer in layers]
+        # [R, H, Dk, Dv], or [R, 0] for layers of convolutions alone
+        state = conv.new_zeros(len(layers), 0) if states[0] is None else torch.stack([s[0] for s in states])
         kernel = conv.shape[-1]
         if self.conv.numel() == 0:
+            self.stateful = states[0] is not None
             r, channels = conv.shape[:2]
             self.kernel = kernel
             self.conv = conv.new_zeros(r, self.max_rows, kernel - 1 + _SPARE, channels)
@@ -121,17 +125,37 @@ class RecurrentRows:
         leaves, so that the row can be copied out, extended by a prompt or put into another store."""
         kernel = self.kernel
         return [
-            transformers_layer(torch.nn.functional.pad(conv[: kernel - 1].T[None], (1, 0)), state[None])
+            transformers_layer(
+                torch.nn.functional.pad(conv[: kernel - 1].T[None], (1, 0)),
+                state[None] if self.stateful else None,
+            )
             for conv, state in zip(self.conv[:, row], self.state[:, row, 0], strict=True)
         ]
 
+    def convolved(
+        self, links: TreeLinks, index: int, inputs: torch.Tensor, conv: torch.nn.Conv1d
+    ) -> torch.Tensor:
+        """Layer ``index``'s causal convolution ``[B*n, C]`` (before any activation) of a forward's ``[B, n, C]``
+        new entries, each over its window: its last ``K - 1`` ancestors' inputs, then its own (``inputs``, written
+        to the buffer as the entries' own). ``conv``: the layer's depthwise ``Conv1d`` (weight ``[C, 1, K]``)."""
+        buffer = self.conv[self.index[index]]  # [max_rows, K-1+P, C]
+        row = links.rows[:, None]  # [B, 1]
+        buffer[row, links.write_conv] = inputs.to(buffer.dtype)
+        window = buffer[row[..., None], links.window]  # [B, n, K, C]
+        weight = conv.weight
+        out = torch.nn.functional.conv1d(
+            window.flatten(0, 1).transpose(1, 2).to(weight.dtype), weight, conv.bias, groups=weight.shape[0]
+        )
+        return out[..., -1]  # [B*n, C]: one output per window
 
-def transformers_layer(conv: torch.Tensor, state: torch.Tensor) -> LinearAttentionLayer:
+
+def transformers_layer(conv: torch.Tensor, state: torch.Tensor | None) -> LinearAttentionLayer:
     """A recurrent layer's cache as transformers keeps it, holding copies of ``conv`` ``[1, C, K]`` (the last ``K``
-    convolution inputs) and ``state`` ``[1, H, Dk, Dv]``."""
+    convolution inputs) and ``state`` ``[1, H, Dk, Dv]`` (``None``: a layer of convolutions alone)."""
     layer = LinearAttentionLayer()
     layer.update_conv_state(conv.clone(), conv_kernel_size=conv.shape[-1])
-    layer.update_recurrent_state(state.clone())
+    if state is not None:
+        layer.update_recurrent_state(state.clone())
     return layer
 
 

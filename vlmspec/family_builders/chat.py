@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
-from .specs import INTERNVL_FAMILIES, TILE_FAMILIES
+from .specs import INTERNVL_FAMILIES, LFM2_VL_GRID, TILE_FAMILIES
 
 CHAT_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 """The special tokens every family's fixture tokenizer starts with (its end of text, turns and replies)."""
@@ -94,6 +94,15 @@ tile's ``<fake_token_around_image><row_r_col_c>`` + ``<image>`` per visual token
 PERCEPTION_LM_NAMED_TOKENS = {"image_token": "<|image|>", "video_token": "<|video|>"}
 """Perception LM's named special tokens: a picture is written ``<|image|>`` in the text, which the processor expands
 to one ``<|image|>`` per visual token of every tile; a video ``<|video|>``, one per token of every frame."""
+LFM2_VL_NAMED_TOKENS = {
+    "image_token": "<image>",
+    "image_start_token": "<|image_start|>",
+    "image_end_token": "<|image_end|>",
+    "image_thumbnail_token": "<|img_thumbnail|>",
+}
+"""LFM2-VL's named special tokens: a picture is written ``<image>`` in the text, which the processor expands to
+``<|image_start|>``, each tile's ``<|img_row_r_col_c|>`` + one ``<image>`` per visual token, the thumbnail's
+``<|img_thumbnail|>`` + its tokens (a picture small enough for one tile: its tokens alone), and ``<|image_end|>``."""
 SMOLVLM_GRID = 2
 """Tiles per side of the largest SmolVLM picture the builders lay out (the ``<row_r_col_c>`` tokens they name)."""
 
@@ -282,6 +291,10 @@ PERCEPTION_LM_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n\n' }}{% endif %}"
 )
 
+# LFM2-VL's: ChatML turns (<|im_start|>role, the text with each picture's <image> where it stands, <|im_end|>), as
+# Aya Vision's fixture template writes them
+LFM2_VL_CHAT_TEMPLATE = AYA_VISION_CHAT_TEMPLATE
+
 _CHAT_TEMPLATES = {
     "qwen2_vl": QWEN_CHAT_TEMPLATE,
     "qwen2_5_vl": QWEN_CHAT_TEMPLATE,
@@ -306,6 +319,7 @@ _CHAT_TEMPLATES = {
     "janus": JANUS_CHAT_TEMPLATE,
     "video_llama_3": VIDEO_LLAMA3_CHAT_TEMPLATE,
     "perception_lm": PERCEPTION_LM_CHAT_TEMPLATE,
+    "lfm2_vl": LFM2_VL_CHAT_TEMPLATE,
 }
 
 
@@ -338,6 +352,10 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return (*CHAT_TOKENS, *JANUS_NAMED_TOKENS.values())
     if family == "perception_lm":
         return (*CHAT_TOKENS, *PERCEPTION_LM_NAMED_TOKENS.values())
+    if family == "lfm2_vl":
+        grid = range(1, LFM2_VL_GRID + 1)
+        tiles = (f"<|img_row_{r}_col_{c}|>" for r in grid for c in grid)
+        return (*CHAT_TOKENS, *LFM2_VL_NAMED_TOKENS.values(), *tiles)
     if family in TILE_FAMILIES:
         grid = range(1, SMOLVLM_GRID + 1)
         return (
@@ -453,6 +471,7 @@ def build_tokenizer(
             "gemma4": GEMMA4_NAMED_TOKENS,
             "janus": JANUS_NAMED_TOKENS,
             "perception_lm": PERCEPTION_LM_NAMED_TOKENS,
+            "lfm2_vl": LFM2_VL_NAMED_TOKENS,
             "smolvlm": SMOLVLM_NAMED_TOKENS,
             "idefics3": SMOLVLM_NAMED_TOKENS,
         }.get(family),

@@ -20,8 +20,8 @@ from .chat import (
     SMOLVLM_NAMED_TOKENS,
     special_token_ids,
 )
+from .hybrid_configs import lfm2_vl_config_kwargs, recurrent_text
 from .specs import (
-    FULL_ATTENTION_INTERVAL,
     GEMMA4_POOLING,
     HYBRID_FAMILIES,
     INTERNVL_FAMILIES,
@@ -99,7 +99,7 @@ def build_config(
             "mlp_only_layers": [],
         }
     if family in HYBRID_FAMILIES:
-        text |= _gated_delta_text(spec)
+        text |= recurrent_text(family, spec)
     config_cls = transformers_class(family, 0)
     if family == "llava_onevision":
         return config_cls(**_llava_config_kwargs(spec, text, tid, layout))
@@ -125,6 +125,9 @@ def build_config(
         return config_cls(**_video_llama3_config_kwargs(spec, text, tid, layout))
     if family == "perception_lm":
         return config_cls(**_perception_lm_config_kwargs(spec, text, tid, layout))
+    if family == "lfm2_vl":
+        vision = {**_vit_widths(spec), "initializer_range": _VISION_INIT_STD}
+        return config_cls(**lfm2_vl_config_kwargs(spec, text, tid, layout, vision))
     if family in TILE_FAMILIES:
         return config_cls(
             text_config={**text, "model_type": "llama"},
@@ -539,22 +542,6 @@ def _video_llama3_config_kwargs(
         "image_token_id": tid("<|image_pad|>"),
         "video_token_id": tid("<|video_pad|>"),
         "tie_word_embeddings": False,
-    }
-
-
-def _gated_delta_text(spec: ModelSpec) -> dict[str, Any]:
-    """Qwen3.5's recurrent layers: every :data:`FULL_ATTENTION_INTERVAL`-th layer attends, and the last (so a model
-    of one layer has one), the others are Gated DeltaNet layers (value heads twice the key heads, as the real
-    models', a 4-wide convolution)."""
-    heads = spec.hidden // spec.head_dim
-    attends = [(i + 1) % FULL_ATTENTION_INTERVAL == 0 or i == spec.layers - 1 for i in range(spec.layers)]
-    return {
-        "layer_types": ["full_attention" if full else "linear_attention" for full in attends],
-        "linear_num_key_heads": heads // 2,
-        "linear_num_value_heads": heads,
-        "linear_key_head_dim": spec.head_dim,
-        "linear_value_head_dim": spec.head_dim,
-        "linear_conv_kernel_dim": 4,
     }
 
 

@@ -9,6 +9,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
 from .chat import SMOLVLM_GRID
+from .hybrid_configs import LFM2_VL_TOKENS
 from .specs import (
     GEMMA4_POOLING,
     GEMMA4_SOFT_TOKENS,
@@ -171,6 +172,8 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
             pooling_ratio=2,
             chat_template=tokenizer.chat_template,
         )
+    if family == "lfm2_vl":
+        return _lfm2_vl_processor(processor_cls, tokenizer, layout)
     if family == "janus":  # a picture padded to a square of crop_side pixels, one token per patch
         from transformers import JanusImageProcessor
 
@@ -248,3 +251,22 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
 
 def _pixel_range(pixels: tuple[int, int]) -> dict[str, int]:
     return {"shortest_edge": pixels[0], "longest_edge": pixels[1]}
+
+
+def _lfm2_vl_processor(processor_cls: Any, tokenizer: Qwen2Tokenizer, layout: VisionLayout) -> ProcessorMixin:
+    """LFM2-VL's: a picture read whole at its own aspect ratio (between :data:`LFM2_VL_TOKENS` tokens of 2 x 2
+    patches), or, when larger, cut into 2 to ``max_tiles`` tiles of ``crop_side`` pixels plus a thumbnail."""
+    from transformers import Lfm2VlImageProcessor
+
+    fewest, most = LFM2_VL_TOKENS
+    return processor_cls(
+        image_processor=Lfm2VlImageProcessor(
+            encoder_patch_size=layout.patch,
+            tile_size=layout.crop_side,
+            min_image_tokens=fewest,
+            max_image_tokens=most,
+            max_tiles=layout.max_tiles,
+        ),
+        tokenizer=tokenizer,
+        chat_template=tokenizer.chat_template,
+    )

@@ -20,9 +20,10 @@ IMAGE_ONLY_FAMILIES: tuple[str, ...] = (
     "aya_vision",
     "ovis2",
     "janus",
+    "lfm2_vl",
 )
 """Families these builders know whose models read pictures only (Gemma 3, LLaVA-1.5, LLaVA-NeXT, Idefics3, Mistral
-3, Aya Vision, Ovis2, Janus: no video input), tested on their own."""
+3, Aya Vision, Ovis2, Janus, LFM2-VL: no video input), tested on their own."""
 OWN_TEST_FAMILIES: tuple[str, ...] = (
     "smolvlm",
     "llava_next_video",
@@ -48,10 +49,14 @@ INTERNVL_FAMILIES: tuple[str, ...] = ("internvl", "internvl_moe")
 """The families with InternVL's tiles, tower and processor (dense and sparse language models)."""
 QWEN3_FAMILIES: tuple[str, ...] = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5")
 """The families with Qwen3-VL's vision tower, processor and interleaved M-RoPE (Qwen3.5's tower has no deepstack)."""
-HYBRID_FAMILIES: tuple[str, ...] = ("qwen3_5",)
-"""Families whose language model has recurrent layers (Qwen3.5's Gated DeltaNet) beside its attention layers."""
+HYBRID_FAMILIES: tuple[str, ...] = ("qwen3_5", "lfm2_vl")
+"""Families whose language model has recurrent layers beside its attention layers (Qwen3.5's Gated DeltaNet, LFM2's
+short gated convolutions)."""
 FULL_ATTENTION_INTERVAL = 2
-"""Hybrid fixtures: every second layer attends (the real Qwen3.5 models: every fourth), so a 2-layer draft has one."""
+"""Hybrid fixtures: every second layer attends, and the last (the real Qwen3.5 models: every fourth; LFM2-1.2B: 6 of
+16), so a 2-layer draft has one."""
+LFM2_VL_GRID = 4
+"""The most tiles a side of an LFM2-VL fixture picture is cut into (the ``<|img_row_r_col_c|>`` tokens named)."""
 MOE_EXPERTS, MOE_EXPERTS_PER_TOKEN = 4, 2
 
 _CLASS_PREFIXES = {  # family: the name of its transformers classes, <prefix>Config, ...ForConditionalGeneration
@@ -77,6 +82,7 @@ _CLASS_PREFIXES = {  # family: the name of its transformers classes, <prefix>Con
     "video_llama_3": "VideoLlama3",
     "perception_lm": "PerceptionLM",
     "qwen3_5": "Qwen3_5",
+    "lfm2_vl": "Lfm2Vl",
 }
 _PROCESSOR_PREFIXES = {"qwen3_vl_moe": "Qwen3VL", "qwen3_5": "Qwen3VL", "mistral3": "Pixtral"}
 """Families whose processor is another family's (...Processor)."""

@@ -15,6 +15,7 @@ from .gemma4_assistant import ASSISTANT_TYPES, Gemma4AssistantAdapter
 from .glm import GlmVAdapter
 from .internvl import InternVLAdapter
 from .janus import JanusAdapter
+from .lfm2_vl import Lfm2VlAdapter
 from .llava import LlavaAdapter, LlavaNextAdapter, LlavaNextVideoAdapter, LlavaOnevisionAdapter
 from .mistral3 import Mistral3Adapter
 from .ovis2 import Ovis2Adapter
@@ -45,6 +46,7 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
         Ovis2Adapter,
         PerceptionLMAdapter,
         JanusAdapter,
+        Lfm2VlAdapter,
         VideoLlama3Adapter,
     )
     for model_type in cls.model_types
@@ -60,11 +62,11 @@ _NATIVE_VERSIONS = {  # model types vlmspec refuses, why and what to load instea
     "internvl_chat": "OpenGVLab's InternVL checkpoints that run their own code (model_type 'internvl_chat') have "
     "transformers-native versions: load the '-hf' one (OpenGVLab/InternVL3-8B-hf, OpenGVLab/InternVL3_5-8B-HF)",
     **dict.fromkeys(
-        ("minicpmv4_6", "minicpmv4_7", "lfm2_vl"),
-        "its language model has recurrent layers (MiniCPM-V 4.6's and 4.7's Qwen3.5 Gated DeltaNet, LFM2's short "
-        "convolutions) whose state transformers carries along the sequence: vlmspec verifies a tree through such "
-        "layers in Qwen3.5's own adapter only (qwen3_5, qwen3_5_moe), not in this family's; transformers' generate() "
-        "runs it (its assisted generation cannot roll these layers back either)",
+        ("minicpmv4_6", "minicpmv4_7"),
+        "its language model has recurrent layers (MiniCPM-V 4.6's and 4.7's Qwen3.5 Gated DeltaNet) whose state "
+        "transformers carries along the sequence: vlmspec verifies a tree through such layers in its own hybrid "
+        "adapters only (qwen3_5, qwen3_5_moe, lfm2_vl), not in this family's (its own vision code); transformers' "
+        "generate() runs it (its assisted generation cannot roll these layers back either)",
     ),
 }
 

@@ -34,23 +34,11 @@ def gated_delta_tree(
         index: the layer's index in the model.
     """
     rows, n = hidden.shape[:2]
-    slot = recurrent.index[index]
-    conv = recurrent.conv[slot]  # [max_rows, K-1+P, C]
-    state = recurrent.state[slot]  # [max_rows, 1+P, H, Dk, Dv]
-    row = links.rows[:, None]  # [B, 1]
+    state = recurrent.state[recurrent.index[index]]  # [max_rows, 1+P, H, Dk, Dv]
 
     # 1. The convolution over each entry's window: its ancestors' inputs, then its own.
-    mixed = layer.in_proj_qkv(hidden)  # [B, n, C]
-    conv[row, links.write_conv] = mixed.to(conv.dtype)
-    window = conv[row[..., None], links.window]  # [B, n, K, C]
-    weight = layer.conv1d.weight  # [C, 1, K]
-    mixed = F.conv1d(
-        window.flatten(0, 1).transpose(1, 2).to(weight.dtype),
-        weight,
-        layer.conv1d.bias,
-        groups=weight.shape[0],
-    )
-    mixed = ACT2FN[layer.activation](mixed[..., -1]).to(hidden.dtype).view(rows * n, -1)  # [B*n, C]
+    mixed = recurrent.convolved(links, index, layer.in_proj_qkv(hidden), layer.conv1d)  # [B*n, C]
+    mixed = ACT2FN[layer.activation](mixed).to(hidden.dtype)
     query, key, value = torch.split(mixed, [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
     query = query.reshape(rows * n, 1, -1, layer.head_k_dim)
     key = key.reshape(rows * n, 1, -1, layer.head_k_dim)

@@ -1,18 +1,8 @@
 """Qwen3.5 (dense and mixture-of-experts): Qwen3-VL's vision tower, processor and M-RoPE, with a hybrid language
 model of Gated DeltaNet (recurrent) layers and attention layers (three to one in the released models).
 
-A prompt is the model's own forward, exactly what ``generate()`` runs: transformers' chunked scan fills the
-recurrent layers' states, which move with the keys into a store row (:mod:`vlmspec.recurrent_cache`). Every
-decoding forward (a draft's level, a verified tree, a chain) runs the decoder here, layer by layer with the layers'
-own modules: the attention layers as transformers runs them, under the tree mask over the cache; the recurrent
-layers through :func:`~vlmspec.models.gated_delta.gated_delta_tree`, each entry advancing its parent's state. The
-two are the model's decoder layer written out (norm, mixer, residual, norm, MLP, residual), because transformers'
-layer would run the tree's nodes as one sequence.
-
-A recurrent state holds its whole prefix and cannot be cut back to a part of it: a prefix cache or a conversation
-reuses a held cache where it ends, or where its prompt ended (the states are kept there as a checkpoint,
-:func:`vlmspec.cache.checkpoint`), else the prompt is prefilled afresh. EDD drafts are refused
-(:mod:`vlmspec.models.edd` says why).
+How a tree goes through the recurrent layers, and what cannot be cut back: :mod:`.hybrid`; the Gated DeltaNet step
+over a tree: :mod:`.gated_delta`.
 """
 
 from __future__ import annotations
@@ -21,129 +11,39 @@ from typing import Any
 
 import torch
 
-from ..cache import BatchCache, RowCache, attention_prefix, copy_cache, decodable, has_recurrent_layers
-from ..tree import tree_attention_bias
-from .attention import model_lock, text_after_visual, visual_attention_probe
-from .base import DecodeState, Prefill
+from ..recurrent_cache import RecurrentRows, TreeLinks
 from .gated_delta import gated_delta_tree
+from .hybrid import HybridDecoder
 from .qwen import QwenVLAdapter
 
 
-class Qwen3_5Adapter(QwenVLAdapter):
+class Qwen3_5Adapter(HybridDecoder, QwenVLAdapter):
     model_types = ("qwen3_5", "qwen3_5_moe")
 
     @property
     def min_video_frames(self) -> int:
         return 2  # Qwen3-VL's video processor refuses a video shorter than its temporal patch
 
-    def prefill(self, inputs: dict[str, torch.Tensor], keep: Any = None, **options: Any) -> Prefill:
-        """:meth:`VLMAdapter.prefill` (same arguments); the visual scores come from the attention layers alone (see
-        :meth:`_scored_prefill`)."""
-        if options.get("score_visual") and keep is None and options.get("hidden_layer") is None:
-            return self._scored_prefill(inputs)
-        return super().prefill(inputs, keep=keep, **options)
+    def attention_norm(self, layer: torch.nn.Module) -> torch.nn.Module:
+        return layer.input_layernorm
 
-    @torch.inference_mode()
-    def _scored_prefill(self, inputs: dict[str, torch.Tensor]) -> Prefill:
-        """The model's own prefill, and the attention the text after the last visual token pays to each visual token.
+    def final_norm(self) -> torch.nn.Module:
+        return self.text_model.norm
 
-        The other families' side pass runs that text again on the cache cut back to the visual prefix; recurrent
-        states cannot be cut back. It needs no more than this, though: each attention layer's input at those
-        positions (kept by a hook during the prefill, as the side pass would recompute it) and the layer's keys
-        before them. Each attention layer runs once more on its kept input, under eager attention, over its own
-        keys of the visual prefix; the scores are the mean over heads, layers and queries, as the side pass's.
-        """
-        layout = self.prompt_layout(inputs)
-        visual_idx, split = text_after_visual(layout, self.device)
-        text = self.model.model.language_model
-        attending = [i for i, layer in enumerate(text.layers) if layer.block_type != "linear_attention"]
-        if split is None:  # no text after the last visual token: nothing to score
-            return super().prefill(inputs)
-        kept: dict[int, torch.Tensor] = {}
-        with model_lock(self.model):
-            handles = [
-                text.layers[i].input_layernorm.register_forward_hook(
-                    lambda _m, _a, out, i=i: kept.__setitem__(i, out[:, split:])
-                )
-                for i in attending
-            ]
-            try:
-                prefill = super().prefill(inputs)
-            finally:
-                for handle in handles:
-                    handle.remove()
-            rope, _ = self.prompt_rope(inputs)
-            tail = kept[attending[0]]
-            rotary = text.rotary_emb(tail, rope[..., split:])
-            causal = torch.ones(tail.shape[1], tail.shape[1], dtype=torch.bool, device=self.device).tril()
-            bias = tree_attention_bias(causal, split, self.dtype)  # [1, 1, m, split + m]
-            with visual_attention_probe(self.model, visual_idx) as probe:
-                for i in attending:
-                    prefix = attention_prefix(prefill.state.cache, i, split)
-                    text.layers[i].self_attn(
-                        hidden_states=kept[i], position_embeddings=rotary, attention_mask=bias, cache=prefix
-                    )
-        prefill.visual_scores = probe.scores()
-        return prefill
-
-    def prefill_many(
-        self, prompts: list[dict[str, torch.Tensor]], keeps: Any = None, **options: Any
-    ) -> list[Prefill]:
-        """:meth:`VLMAdapter.prefill_many` (same arguments), one prompt after the other: in a right-padded batch the
-        padding would run through the shorter prompts' recurrent states (their decay acts on any input)."""
-        scores = options.get("score_visual", False)
-        scores = scores if isinstance(scores, list) else [scores] * len(prompts)
-        keeps = keeps or [None] * len(prompts)
-        return [
-            self.prefill(p, keep=k, score_visual=s) for p, k, s in zip(prompts, keeps, scores, strict=True)
-        ]
-
-    def extend(self, state: DecodeState, *args: Any, **kwargs: Any) -> Prefill:
-        """:meth:`VLMAdapter.extend`: the prompt runs on through transformers' own forward, on the held cache as a
-        prefill leaves it (a store row's copied out, or one restored to a checkpoint by the prefix cache)."""
-        state.cache = copy_cache(state.cache) if isinstance(state.cache, RowCache) else state.cache
-        return super().extend(state, *args, **kwargs)
-
-    @torch.inference_mode()
-    def forward(
-        self, state: DecodeState, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor
+    def decoder_layer(
+        self,
+        layer: torch.nn.Module,
+        index: int,
+        hidden: torch.Tensor,
+        attend: dict[str, Any],
+        recurrent: RecurrentRows | None,
+        links: TreeLinks | None,
     ) -> torch.Tensor:
-        """:meth:`VLMAdapter.forward`; on a fresh cache (the cost probe's prefix) the tokens run as a prompt."""
-        if state.length == 0:
-            rope = self.rope_ids(positions, state.rope_delta)
-            hidden = self._run_language_model({"inputs_embeds": self.embed(tokens)[None]}, rope, state.cache)
-            state.cache = decodable(state.cache)
-            return self.model.get_output_embeddings()(hidden)[0]
-        state.cache = decodable(state.cache)
-        return super().forward(state, tokens, positions, bias)
-
-    @torch.inference_mode()
-    def forward_root(self, state: DecodeState, *args: Any) -> torch.Tensor:
-        state.cache = decodable(state.cache)  # a prefill's cache moves into a store row of its own first
-        return super().forward_root(state, *args)
-
-    def _logits(
-        self, cache: Any, rows: torch.Tensor, position_ids: torch.Tensor, bias: torch.Tensor
-    ) -> torch.Tensor:
-        """The decoder written out (see the module's docstring): ``[B, n, V]`` logits of ``rows`` over ``cache`` (a
-        store row, or the store's rows together)."""
-        recurrent = cache.store.recurrent if isinstance(cache, RowCache | BatchCache) else None
-        if recurrent is None and has_recurrent_layers(cache):
-            raise RuntimeError(
-                "Qwen3.5 decodes on a KVStore row: move a prefill's cache there (cache.decodable)"
-            )
-        links = cache.tree_links(bias) if recurrent is not None else None  # before any layer writes
-        text = self.model.model.language_model
-        hidden = rows
-        rotary = text.rotary_emb(hidden, position_ids)
-        for index, layer in enumerate(text.layers):
-            mixed = layer.input_layernorm(hidden)
-            if layer.block_type == "linear_attention":
-                mixed = gated_delta_tree(layer.linear_attn, mixed, recurrent, links, index)
-            else:
-                mixed = layer.self_attn(
-                    hidden_states=mixed, position_embeddings=rotary, attention_mask=bias, cache=cache
-                )[0]
-            hidden = hidden + mixed
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))  # dense, or routed experts
-        return self.model.get_output_embeddings()(text.norm(hidden))
+        """Qwen3.5's decoder layer: norm, mixer, residual, norm, MLP (dense, or routed experts), residual."""
+        mixed = layer.input_layernorm(hidden)
+        if layer.block_type == "linear_attention":
+            mixed = gated_delta_tree(layer.linear_attn, mixed, recurrent, links, index)
+        else:
+            mixed = layer.self_attn(hidden_states=mixed, **attend)[0]
+        hidden = hidden + mixed
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))

@@ -69,18 +69,24 @@ def shape_weights(model: PreTrainedModel, special_ids: list[int], draw_seed: int
         lm_head[special_ids] = 0.0
         embed.div_(getattr(model.get_input_embeddings(), "scalar_embed_scale", 1.0))  # Gemma scales at lookup
         for layer in model.get_decoder().layers:
-            mlp = layer.mlp
-            if not hasattr(layer, "self_attn"):  # Qwen3.5's recurrent layers
-                _shape_gated_delta(layer.linear_attn, hidden, ov_std, gen)
+            mlp = layer.mlp if hasattr(layer, "mlp") else layer.feed_forward  # LFM2's
+            if not hasattr(layer, "self_attn"):  # recurrent layers: Qwen3.5's, LFM2's
+                if hasattr(layer, "linear_attn"):
+                    _shape_gated_delta(layer.linear_attn, hidden, ov_std, gen)
+                else:
+                    _shape_short_conv(layer.conv, hidden, ov_std, gen)
                 for weight, std in _mlp_weights(mlp, hidden):
                     weight.normal_(0.0, std, generator=gen)
                 continue
             attn = layer.self_attn
             qk_std = _QK_STD
-            if hasattr(attn, "q_norm"):  # q/k are RMS-normalised per head after the projection
-                for norm in (attn.q_norm, getattr(attn, "k_norm", None)):  # Gemma 4's reusing layers: no keys
-                    if norm is not None:
-                        _set_gain(norm, _QK_STD * hidden**0.5)
+            # q/k RMS-normalised per head after the projection (LFM2's names; Gemma 4's reusing layers: no keys)
+            qk_norms = [
+                getattr(attn, name, None) for name in ("q_norm", "k_norm", "q_layernorm", "k_layernorm")
+            ]
+            if any(norm is not None for norm in qk_norms):
+                for norm in filter(None, qk_norms):
+                    _set_gain(norm, _QK_STD * hidden**0.5)
                 qk_std = 0.1
             if hasattr(layer, "post_feedforward_layernorm"):  # Gemma normalises each block's output too
                 _set_gain(layer.post_attention_layernorm, _GEMMA_ATTENTION_GAIN)
@@ -90,7 +96,13 @@ def shape_weights(model: PreTrainedModel, special_ids: list[int], draw_seed: int
             if hasattr(layer, "post_mlp_layernorm"):  # so does GLM-4
                 _set_gain(layer.post_self_attn_layernorm, _GEMMA_ATTENTION_GAIN)
                 _set_gain(layer.post_mlp_layernorm, _GEMMA_MLP_GAIN)
-            projections = ("q_proj", qk_std), ("k_proj", qk_std), ("v_proj", ov_std), ("o_proj", ov_std)
+            projections = (
+                ("q_proj", qk_std),
+                ("k_proj", qk_std),
+                ("v_proj", ov_std),
+                ("o_proj", ov_std),
+                ("out_proj", ov_std),  # LFM2's name of o_proj
+            )
             for (
                 name,
                 std,
@@ -110,6 +122,14 @@ def _shape_gated_delta(layer: torch.nn.Module, hidden: int, ov_std: float, gen: 
     layer.out_proj.weight.normal_(0.0, ov_std, generator=gen)
 
 
+def _shape_short_conv(layer: torch.nn.Module, hidden: int, ov_std: float, gen: torch.Generator) -> None:
+    """An LFM2 short convolution that carries the context: its gates and input ``B, C, x`` of order one, the
+    convolution's taps of order one, the output projection as the attention layers' (``ov_std``)."""
+    layer.in_proj.weight.normal_(0.0, hidden**-0.5, generator=gen)
+    layer.conv.weight.normal_(0.0, layer.conv.weight.shape[-1] ** -0.5, generator=gen)
+    layer.out_proj.weight.normal_(0.0, ov_std, generator=gen)
+
+
 def _set_gain(norm: torch.nn.Module, gain: float) -> None:
     """Make an RMS norm scale its output by ``gain`` (Gemma's and Qwen3.5's norms multiply by ``1 + weight``, Gemma
     4's and the others' by ``weight``)."""
@@ -126,6 +146,8 @@ def _mlp_weights(mlp: torch.nn.Module, hidden: int) -> list[tuple[torch.Tensor, 
     if hasattr(mlp, "experts"):
         experts = [(mlp.experts.gate_up_proj, _MLP_STD), (mlp.experts.down_proj, _MLP_STD)]
         return [*experts, (mlp.gate.weight, hidden**-0.5)]
+    if hasattr(mlp, "w1"):  # LFM2's gate (w1), up (w3) and down (w2) projections
+        return [(proj.weight, _MLP_STD) for proj in (mlp.w1, mlp.w3, mlp.w2)]
     if hasattr(mlp, "gate_up_proj"):  # GLM's gate and up projections in one
         return [(proj.weight, _MLP_STD) for proj in (mlp.gate_up_proj, mlp.down_proj)]
     return [(proj.weight, _MLP_STD) for proj in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)]

@@ -1,0 +1,66 @@
+"""The config arguments of the families whose language models have recurrent layers (:data:`HYBRID_FAMILIES`):
+Qwen3.5's Gated DeltaNet layers and LFM2-VL's language model, LFM2, of short gated convolutions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .chat import LFM2_VL_NAMED_TOKENS
+from .specs import FULL_ATTENTION_INTERVAL, ModelSpec, VisionLayout
+
+LFM2_VL_TOKENS = (4, 16)
+"""``(min, max)`` visual tokens of an LFM2-VL fixture picture read whole (the real models': 64 and 256); a larger one
+is cut into tiles of ``crop_side`` pixels plus a thumbnail of at most the maximum."""
+
+_LFM2_ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0}  # LFM2's own theta
+
+
+def recurrent_text(family: str, spec: ModelSpec) -> dict[str, Any]:
+    """The text config's layer types and recurrent layers' shapes: every :data:`FULL_ATTENTION_INTERVAL`-th layer
+    attends, and the last (so a model of one layer has one); the others are Qwen3.5's Gated DeltaNet layers (value
+    heads twice the key heads, as the real models', a 4-wide convolution) or LFM2's short convolutions (3 wide, as
+    the real models')."""
+    attends = [(i + 1) % FULL_ATTENTION_INTERVAL == 0 or i == spec.layers - 1 for i in range(spec.layers)]
+    if family == "lfm2_vl":
+        return {
+            "layer_types": ["full_attention" if full else "conv" for full in attends],
+            "conv_L_cache": 3,
+            "block_auto_adjust_ff_dim": False,  # the MLP as wide as ``spec`` says
+        }
+    heads = spec.hidden // spec.head_dim
+    return {
+        "layer_types": ["full_attention" if full else "linear_attention" for full in attends],
+        "linear_num_key_heads": heads // 2,
+        "linear_num_value_heads": heads,
+        "linear_key_head_dim": spec.head_dim,
+        "linear_value_head_dim": spec.head_dim,
+        "linear_conv_kernel_dim": 4,
+    }
+
+
+def lfm2_vl_config_kwargs(
+    spec: ModelSpec,
+    text: dict[str, Any],
+    tid: Callable[[str], int],
+    layout: VisionLayout,
+    vision: dict[str, Any],
+) -> dict[str, Any]:
+    """``Lfm2VlConfig``'s arguments: an LFM2 language model behind a SigLIP2 NaFlex tower (``vision``: its widths;
+    patches of ``patch`` pixels at any aspect ratio, its position table of the most patches a picture or tile
+    has), the patches unshuffled 2 x 2 into a token and projected, as every LFM2-VL size's."""
+    most_patches = max(LFM2_VL_TOKENS[1] * 4, (layout.crop_side // layout.patch) ** 2)
+    return {
+        "text_config": {**text, "model_type": "lfm2", "rope_parameters": _LFM2_ROPE},
+        "vision_config": {
+            **vision,
+            "model_type": "siglip2_vision_model",
+            "patch_size": layout.patch,
+            "num_patches": most_patches,
+            "vision_use_head": False,
+        },
+        "downsample_factor": 2,
+        "projector_hidden_size": 2 * spec.hidden,
+        "image_token_id": tid(LFM2_VL_NAMED_TOKENS["image_token"]),
+        "tie_word_embeddings": False,
+    }

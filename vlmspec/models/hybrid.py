@@ -1,0 +1,173 @@
+"""Families whose language models have recurrent layers beside their attention layers (Qwen3.5's Gated DeltaNet,
+LFM2's short gated convolutions): what their adapters share.
+
+A prompt is the model's own forward, exactly what ``generate()`` runs: transformers fills the recurrent layers'
+states, which move with the keys into a store row (:mod:`vlmspec.recurrent_cache`). Every decoding forward (a
+draft's level, a verified tree, a chain) runs the decoder here, layer by layer with the layers' own modules: the
+attention layers as transformers runs them, under the tree mask over the cache; the recurrent layers over the tree,
+each entry advancing its own ancestors' state (:mod:`.gated_delta`, :mod:`.short_conv`). Each family writes its
+decoder layer out (:meth:`HybridDecoder.decoder_layer`: norm, mixer, residual, norm, MLP, residual), because
+transformers' layer would run the tree's nodes as one sequence.
+
+A recurrent state holds its whole prefix and cannot be cut back to a part of it: a prefix cache or a conversation
+reuses a held cache where it ends, or where its prompt ended (the states are kept there as a checkpoint,
+:func:`vlmspec.cache.checkpoint`), else the prompt is prefilled afresh. EDD drafts are refused
+(:mod:`vlmspec.models.edd` says why).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..cache import BatchCache, RowCache, attention_prefix, copy_cache, decodable, has_recurrent_layers
+from ..recurrent_cache import RecurrentRows, TreeLinks
+from ..tree import tree_attention_bias
+from .attention import model_lock, text_after_visual, visual_attention_probe
+from .base import DecodeState, Prefill, VLMAdapter
+
+
+class HybridDecoder(VLMAdapter):
+    """A hybrid family's adapter; subclasses write their decoder layer (:meth:`decoder_layer`) and name their
+    attention layers' input norm (:meth:`attention_norm`) and their last norm (:meth:`final_norm`)."""
+
+    @property
+    def text_model(self) -> torch.nn.Module:
+        """The language model (its ``layers``, ``rotary_emb`` and norms)."""
+        return self.model.model.language_model
+
+    def attending(self) -> list[int]:
+        """The indices of the attention layers."""
+        return [i for i, layer in enumerate(self.text_model.layers) if hasattr(layer, "self_attn")]
+
+    def attention_norm(self, layer: torch.nn.Module) -> torch.nn.Module:
+        """The norm whose output is an attention layer's input."""
+        raise NotImplementedError
+
+    def final_norm(self) -> torch.nn.Module:
+        """The norm after the last layer."""
+        raise NotImplementedError
+
+    def decoder_layer(
+        self,
+        layer: torch.nn.Module,
+        index: int,
+        hidden: torch.Tensor,
+        attend: dict[str, Any],
+        recurrent: RecurrentRows | None,
+        links: TreeLinks | None,
+    ) -> torch.Tensor:
+        """Decoder layer ``index``'s output ``[B, n, D]`` for ``hidden`` ``[B, n, D]``: an attention layer called
+        with ``attend`` (its rotary embeddings, mask and cache), a recurrent one over ``links``."""
+        raise NotImplementedError
+
+    def prefill(self, inputs: dict[str, torch.Tensor], keep: Any = None, **options: Any) -> Prefill:
+        """:meth:`VLMAdapter.prefill` (same arguments); the visual scores come from the attention layers alone (see
+        :meth:`_scored_prefill`)."""
+        if options.get("score_visual") and keep is None and options.get("hidden_layer") is None:
+            return self._scored_prefill(inputs)
+        return super().prefill(inputs, keep=keep, **options)
+
+    @torch.inference_mode()
+    def _scored_prefill(self, inputs: dict[str, torch.Tensor]) -> Prefill:
+        """The model's own prefill, and the attention the text after the last visual token pays to each visual token.
+
+        The other families' side pass runs that text again on the cache cut back to the visual prefix; recurrent
+        states cannot be cut back. It needs no more than this, though: each attention layer's input at those
+        positions (kept by a hook during the prefill, as the side pass would recompute it) and the layer's keys
+        before them. Each attention layer runs once more on its kept input, under eager attention, over its own
+        keys of the visual prefix; the scores are the mean over heads, layers and queries, as the side pass's.
+        """
+        layout = self.prompt_layout(inputs)
+        visual_idx, split = text_after_visual(layout, self.device)
+        if split is None:  # no text after the last visual token: nothing to score
+            return super().prefill(inputs)
+        text, attending = self.text_model, self.attending()
+        kept: dict[int, torch.Tensor] = {}
+        with model_lock(self.model):
+            handles = [
+                self.attention_norm(text.layers[i]).register_forward_hook(
+                    lambda _m, _a, out, i=i: kept.__setitem__(i, out[:, split:])
+                )
+                for i in attending
+            ]
+            try:
+                prefill = super().prefill(inputs)
+            finally:
+                for handle in handles:
+                    handle.remove()
+            rope, _ = self.prompt_rope(inputs)
+            tail = kept[attending[0]]
+            rope = (
+                torch.arange(inputs["input_ids"].shape[1], device=self.device)[None] if rope is None else rope
+            )
+            rotary = text.rotary_emb(tail, rope[..., split:])
+            causal = torch.ones(tail.shape[1], tail.shape[1], dtype=torch.bool, device=self.device).tril()
+            bias = tree_attention_bias(causal, split, self.dtype)  # [1, 1, m, split + m]
+            with visual_attention_probe(self.model, visual_idx) as probe:
+                for i in attending:
+                    prefix = attention_prefix(prefill.state.cache, i, split)
+                    text.layers[i].self_attn(
+                        hidden_states=kept[i], position_embeddings=rotary, attention_mask=bias, cache=prefix
+                    )
+        prefill.visual_scores = probe.scores()
+        return prefill
+
+    def prefill_many(
+        self, prompts: list[dict[str, torch.Tensor]], keeps: Any = None, **options: Any
+    ) -> list[Prefill]:
+        """:meth:`VLMAdapter.prefill_many` (same arguments), one prompt after the other: in a right-padded batch the
+        padding would run through the shorter prompts' recurrent states."""
+        scores = options.get("score_visual", False)
+        scores = scores if isinstance(scores, list) else [scores] * len(prompts)
+        keeps = keeps or [None] * len(prompts)
+        return [
+            self.prefill(p, keep=k, score_visual=s) for p, k, s in zip(prompts, keeps, scores, strict=True)
+        ]
+
+    def extend(self, state: DecodeState, *args: Any, **kwargs: Any) -> Prefill:
+        """:meth:`VLMAdapter.extend`: the prompt runs on through transformers' own forward, on the held cache as a
+        prefill leaves it (a store row's copied out, or one restored to a checkpoint by the prefix cache)."""
+        state.cache = copy_cache(state.cache) if isinstance(state.cache, RowCache) else state.cache
+        return super().extend(state, *args, **kwargs)
+
+    @torch.inference_mode()
+    def forward(
+        self, state: DecodeState, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`VLMAdapter.forward`; on a fresh cache (the cost probe's prefix) the tokens run as a prompt."""
+        if state.length == 0:
+            rope = self.rope_ids(positions, state.rope_delta)
+            hidden = self._run_language_model({"inputs_embeds": self.embed(tokens)[None]}, rope, state.cache)
+            state.cache = decodable(state.cache)
+            return self.model.get_output_embeddings()(hidden)[0]
+        state.cache = decodable(state.cache)
+        return super().forward(state, tokens, positions, bias)
+
+    @torch.inference_mode()
+    def forward_root(self, state: DecodeState, *args: Any) -> torch.Tensor:
+        state.cache = decodable(state.cache)  # a prefill's cache moves into a store row of its own first
+        return super().forward_root(state, *args)
+
+    def _logits(
+        self, cache: Any, rows: torch.Tensor, position_ids: torch.Tensor, bias: torch.Tensor
+    ) -> torch.Tensor:
+        """The decoder written out (see the module's docstring): ``[B, n, V]`` logits of ``rows`` over ``cache`` (a
+        store row, or the store's rows together)."""
+        recurrent = cache.store.recurrent if isinstance(cache, RowCache | BatchCache) else None
+        if recurrent is None and has_recurrent_layers(cache):
+            raise RuntimeError(
+                f"{type(self).__name__} decodes on a KVStore row: move a prefill's cache there (cache.decodable)"
+            )
+        links = cache.tree_links(bias) if recurrent is not None else None  # before any layer writes
+        text = self.text_model
+        hidden = rows
+        attend = {
+            "position_embeddings": text.rotary_emb(hidden, position_ids),
+            "attention_mask": bias,
+            "cache": cache,
+        }
+        for index, layer in enumerate(text.layers):
+            hidden = self.decoder_layer(layer, index, hidden, attend, recurrent, links)
+        return self.model.get_output_embeddings()(self.final_norm()(hidden))

@@ -1,0 +1,95 @@
+"""LFM2-VL (``LFM2-VL-450M`` drafting for ``-1.6B`` or ``-3B``, or the LFM2.5-VL sizes): a SigLIP2 NaFlex tower
+reading a picture at its own aspect ratio, its patches unshuffled 2 x 2 into a token and projected, in front of an
+LFM2 language model with 1-D RoPE, whose layers are short gated convolutions (recurrent layers: :mod:`.hybrid`,
+:mod:`.short_conv`) and a few attention layers.
+
+The processor reads a small picture whole (between ``min_image_tokens`` and ``max_image_tokens`` tokens) and cuts a
+larger one into tiles of ``tile_size`` pixels plus a thumbnail of the whole, writing ``<|image_start|>``, each tile's
+``<|img_row_r_col_c|>`` + one ``<image>`` per token, ``<|img_thumbnail|>`` + its tokens, ``<|image_end|>``.
+``pixel_values`` ``[items, P, 3 * p * p]`` holds one row of patches per tile, thumbnail or whole picture, padded to
+the most patches (``pixel_attention_mask``), ``spatial_shapes`` ``[items, 2]`` its patch grid. So vlmspec reads a
+prompt's media items as those rows, counted as images in order (SmolVLM2's tiles are read so too): an item's tokens
+are its grid's, 2 x 2 patches each.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..recurrent_cache import RecurrentRows, TreeLinks
+from .base import NO_VIDEO_TOKEN
+from .data import PromptLayout, VisualFeatures
+from .hybrid import HybridDecoder
+from .media import pictures_per_row
+from .short_conv import short_conv_tree
+
+_ROWS = ("pixel_values", "pixel_attention_mask", "spatial_shapes")
+"""The processor outputs with one row per item."""
+
+
+class Lfm2VlAdapter(HybridDecoder):
+    model_types = ("lfm2_vl",)
+    layout_fields = ("vision_config.patch_size", "downsample_factor")
+    fixed_processor_settings = frozenset({"encoder_patch_size", "downsample_factor"})
+
+    def visual_token_ids(self) -> tuple[int, int]:
+        return self.config.image_token_id, NO_VIDEO_TOKEN
+
+    def prompt_layout(self, inputs: dict[str, torch.Tensor]) -> PromptLayout:
+        visual = inputs["input_ids"][0] == self.config.image_token_id
+        return PromptLayout(visual=visual, is_video=torch.zeros_like(visual))
+
+    # ---- pictures ----------------------------------------------------------------------------------------------
+    def visual_features(self, inputs: dict[str, torch.Tensor]) -> dict[str, VisualFeatures]:
+        if inputs.get("pixel_values") is None:
+            return {}
+        out = self.model.model.get_image_features(
+            inputs["pixel_values"], inputs["spatial_shapes"], inputs["pixel_attention_mask"], return_dict=True
+        )
+        return {"image": VisualFeatures(embeds=torch.cat(out.pooler_output))}  # [tokens, D]
+
+    def _tokens_per_item(self, inputs: dict[str, Any]) -> list[int]:
+        """Each item's visual tokens: its patch grid, ``downsample_factor`` x ``downsample_factor`` patches each."""
+        shapes = inputs.get("spatial_shapes")
+        if shapes is None:
+            return []
+        return (shapes // self.config.downsample_factor).prod(-1).tolist()
+
+    def media_items(self, inputs: dict[str, Any], images: slice, videos: slice) -> dict[str, Any]:
+        """The items ``images`` (their patch rows, masks and grids; ``videos`` selects nothing)."""
+        pixels = inputs.get("pixel_values")
+        if pixels is None or not range(pixels.shape[0])[images]:
+            return {}
+        return {name: inputs[name][images] for name in _ROWS}
+
+    def media_counts(self, inputs: dict[str, Any], keep: torch.Tensor) -> list[tuple[int, int]]:
+        """Each row's items: the items in order, as many as make up the row's placeholders."""
+        placeholders = ((inputs["input_ids"] == self.config.image_token_id) & keep).sum(-1).tolist()
+        return [(items, 0) for items in pictures_per_row(placeholders, self._tokens_per_item(inputs))]
+
+    # ---- the decoder ---------------------------------------------------------------------------------------------
+    def attention_norm(self, layer: torch.nn.Module) -> torch.nn.Module:
+        return layer.operator_norm
+
+    def final_norm(self) -> torch.nn.Module:
+        return self.text_model.embedding_norm
+
+    def decoder_layer(
+        self,
+        layer: torch.nn.Module,
+        index: int,
+        hidden: torch.Tensor,
+        attend: dict[str, Any],
+        recurrent: RecurrentRows | None,
+        links: TreeLinks | None,
+    ) -> torch.Tensor:
+        """LFM2's decoder layer: norm, mixer (attention, or the short convolution), residual, norm, MLP, residual."""
+        mixed = layer.operator_norm(hidden)
+        if layer.is_attention_layer:
+            mixed = layer.self_attn(hidden_states=mixed, **attend)[0]
+        else:
+            mixed = short_conv_tree(layer.conv, mixed, recurrent, links, index)
+        hidden = hidden + mixed
+        return hidden + layer.feed_forward(layer.ffn_norm(hidden))
