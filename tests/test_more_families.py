@@ -1,7 +1,7 @@
 """The families tested outside the main lossless matrix (``tests/test_lossless.py``), each with ways of its own:
 Gemma 3 (local layers, pictures only), LLaVA-1.5 and LLaVA-NeXT (pictures only; NeXT's anyres grids) and SmolVLM2
 (tiles; a video's frames as tiles), Gemma 4 (per-layer inputs, layers reusing keys), Perception LM (timm's tower,
-pictures cut into tiles, a video's frames a tile each). Every one is lossless for every
+pictures cut into tiles, a video's frames a tile each), Qwen3.5, LFM2-VL and LFM3-VL (recurrent layers). Every one is lossless for every
 tree policy alone, with a pruned draft, with an EDD draft (Gemma 4 refuses one, saying why), in batches of mixed requests and in a conversation; what only one family has is tested in its own file
 (``test_gemma3.py``, ``test_llava.py``, ``test_smolvlm.py``)."""
 
@@ -20,6 +20,7 @@ from test_batching import (
 from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
 from vlmspec.models import EDDDraft
 from vlmspec.testing import (
+    HYBRID_FAMILIES,
     IMAGE_ONLY_FAMILIES,
     OWN_TEST_FAMILIES,
     build_tiny_pair,
@@ -74,9 +75,9 @@ def test_a_pruned_draft_keeps_the_replies(family_case):
 
 def test_an_edd_draft_keeps_the_replies(family_case):
     """An (untrained) EDD draft of the family's target, one layer drafting from the target's hidden states (refused
-    for Gemma 4, ``test_gemma4.py``, and Qwen3.5)."""
+    for Gemma 4, ``test_gemma4.py``, and the families with recurrent layers: Qwen3.5, LFM2-VL, LFM3-VL)."""
     family, pipe, cases = family_case
-    if family in ("gemma4", "qwen3_5", "lfm2_vl"):
+    if family in ("gemma4", *HYBRID_FAMILIES):
         with pytest.raises(InvalidInputError, match="EDD draft cannot be built"):
             EDDDraft.for_target(pipe.target)
         return

@@ -16,7 +16,13 @@ import inspect
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, LinearAttentionLayer
+from transformers.cache_utils import (
+    Cache,
+    DynamicCache,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionLayer,
+)
 
 from .recurrent_cache import Checkpoint, RecurrentRows, TreeLinks, copied, tree_links
 
@@ -38,9 +44,16 @@ def new_cache(model: torch.nn.Module) -> DynamicCache:
     moves entries in place, which a rolling window buffer would not allow; its adapter hides the keys outside the
     window with the attention mask instead."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
-        return DynamicCache()
-    return DynamicCache(config=config)
+    cache = DynamicCache(config=config)
+    if "sliding_attention" not in (getattr(config, "layer_types", None) or ()):
+        return cache
+    if not has_recurrent_layers(cache):
+        return DynamicCache()  # every layer a full one, made as the entries come
+    # a hybrid model's recurrent layers are made from its config (LFM3's); its sliding-window layers full ones
+    cache.layers = [
+        DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in cache.layers
+    ]
+    return cache
 
 
 def cache_length(cache: Cache) -> int:

@@ -320,6 +320,7 @@ _CHAT_TEMPLATES = {
     "video_llama_3": VIDEO_LLAMA3_CHAT_TEMPLATE,
     "perception_lm": PERCEPTION_LM_CHAT_TEMPLATE,
     "lfm2_vl": LFM2_VL_CHAT_TEMPLATE,
+    "lfm3_vl": QWEN3_CHAT_TEMPLATE,  # its processor writes a video's frames as Qwen3-VL's does (times, then tokens)
 }
 
 

@@ -20,8 +20,13 @@ def recurrent_text(family: str, spec: ModelSpec) -> dict[str, Any]:
     """The text config's layer types and recurrent layers' shapes: every :data:`FULL_ATTENTION_INTERVAL`-th layer
     attends, and the last (so a model of one layer has one); the others are Qwen3.5's Gated DeltaNet layers (value
     heads twice the key heads, as the real models', a 4-wide convolution) or LFM2's short convolutions (3 wide, as
-    the real models')."""
+    the real models'); LFM3's convolutions are 7 wide (as the real models'), its attention layers local but the last."""
     attends = [(i + 1) % FULL_ATTENTION_INTERVAL == 0 or i == spec.layers - 1 for i in range(spec.layers)]
+    if family == "lfm3_vl":
+        # the attention layers local (a window of spec.sliding_window tokens) but the last
+        kinds = ["conv", "sliding_attention", "full_attention"]
+        types = [kinds[full + (i == spec.layers - 1)] if full else "conv" for i, full in enumerate(attends)]
+        return {"layer_types": types, "conv_L_cache": 7, "sliding_window": spec.sliding_window}
     if family == "lfm2_vl":
         return {
             "layer_types": ["full_attention" if full else "conv" for full in attends],
@@ -62,5 +67,35 @@ def lfm2_vl_config_kwargs(
         "downsample_factor": 2,
         "projector_hidden_size": 2 * spec.hidden,
         "image_token_id": tid(LFM2_VL_NAMED_TOKENS["image_token"]),
+        "tie_word_embeddings": False,
+    }
+
+
+def lfm3_vl_config_kwargs(
+    spec: ModelSpec,
+    text: dict[str, Any],
+    tid: Callable[[str], int],
+    layout: VisionLayout,
+    vision: dict[str, Any],
+) -> dict[str, Any]:
+    """``Lfm3VlConfig``'s arguments: an LFM3 language model (its own rotary tables per attention type: the local
+    layers' whole, the global ones' on half the head) behind LFM3-VL's tower (``vision``: its widths; a convolution
+    layer, then an attention layer, over Qwen2-VL's flat patches of ``patch`` pixels, two frames deep), its tokens
+    merged 2 x 2 and projected."""
+    return {
+        "text_config": {**text, "model_type": "lfm3"},
+        "vision_config": {
+            **vision,
+            "num_key_value_heads": vision["num_attention_heads"],
+            "patch_size": layout.patch,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "layer_types": ["conv", "full_attention"][: vision["num_hidden_layers"]],
+        },
+        "projector_hidden_size": 2 * spec.hidden,
+        "image_token_id": tid("<|image_pad|>"),
+        "video_token_id": tid("<|video_pad|>"),
+        "vision_start_token_id": tid("<|vision_start|>"),
+        "vision_end_token_id": tid("<|vision_end|>"),
         "tie_word_embeddings": False,
     }

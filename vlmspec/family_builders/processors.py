@@ -231,7 +231,9 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
     geometry: dict[str, Any] = {"patch_size": layout.patch, "temporal_patch_size": 2, "merge_size": 2}
     qwen3 = family in QWEN3_FAMILIES
     normalisation = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]} if qwen3 else {}
-    video_cls = Qwen3VLVideoProcessor if qwen3 else Qwen2VLVideoProcessor
+    video_cls = (
+        Qwen3VLVideoProcessor if qwen3 or family == "lfm3_vl" else Qwen2VLVideoProcessor
+    )  # LFM3-VL's too
     return processor_cls(
         image_processor=Qwen2VLImageProcessor(
             size=_pixel_range(layout.image_pixels), **geometry, **normalisation

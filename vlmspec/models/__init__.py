@@ -16,6 +16,7 @@ from .glm import GlmVAdapter
 from .internvl import InternVLAdapter
 from .janus import JanusAdapter
 from .lfm2_vl import Lfm2VlAdapter
+from .lfm3_vl import Lfm3VlAdapter
 from .llava import LlavaAdapter, LlavaNextAdapter, LlavaNextVideoAdapter, LlavaOnevisionAdapter
 from .mistral3 import Mistral3Adapter
 from .ovis2 import Ovis2Adapter
@@ -47,6 +48,7 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
         PerceptionLMAdapter,
         JanusAdapter,
         Lfm2VlAdapter,
+        Lfm3VlAdapter,
         VideoLlama3Adapter,
     )
     for model_type in cls.model_types

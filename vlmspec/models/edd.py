@@ -74,9 +74,12 @@ _NO_EDD = {
         "adapter's own decoder, which an EDD draft's one layer does not go through; draft with a smaller Qwen3.5 "
         "(Qwen3.5-0.8B)",
     ),
-    "lfm2_vl": "most of its layers are recurrent (short convolutions), and vlmspec runs those over a tree only in the "
-    "adapter's own decoder, which an EDD draft's one layer does not go through; draft with a smaller LFM2-VL "
-    "(LFM2-VL-450M)",
+    **dict.fromkeys(
+        ("lfm2_vl", "lfm3_vl"),
+        "most of its layers are recurrent (short convolutions), and vlmspec runs those over a tree only in the "
+        "adapter's own decoder, which an EDD draft's one layer does not go through; draft with a smaller model of "
+        "its family (LFM2-VL-450M)",
+    ),
 }
 """Families an EDD draft is not built for, and why."""
 

@@ -30,7 +30,9 @@ from .base import DecodeState, Prefill, VLMAdapter
 
 class HybridDecoder(VLMAdapter):
     """A hybrid family's adapter; subclasses write their decoder layer (:meth:`decoder_layer`) and name their
-    attention layers' input norm (:meth:`attention_norm`) and their last norm (:meth:`final_norm`)."""
+    attention layers' input norm (:meth:`attention_norm`) and their last norm (:meth:`final_norm`); a family whose
+    attention layers differ (local and global ones) gives each its own inputs (:meth:`attention_inputs`,
+    :meth:`layer_attention`)."""
 
     @property
     def text_model(self) -> torch.nn.Module:
@@ -48,6 +50,18 @@ class HybridDecoder(VLMAdapter):
     def final_norm(self) -> torch.nn.Module:
         """The norm after the last layer."""
         raise NotImplementedError
+
+    def attention_inputs(
+        self, hidden: torch.Tensor, position_ids: torch.Tensor, bias: torch.Tensor, cache: Any
+    ) -> dict[str, Any]:
+        """The attention layers' keyword arguments for a forward of ``hidden`` ``[B, n, D]`` at ``position_ids``
+        under the tree mask ``bias``: their rotary embeddings, mask and cache."""
+        rotary = self.text_model.rotary_emb(hidden, position_ids)
+        return {"position_embeddings": rotary, "attention_mask": bias, "cache": cache}
+
+    def layer_attention(self, attend: dict[str, Any], layer: torch.nn.Module) -> dict[str, Any]:
+        """Decoder layer ``layer``'s among :meth:`attention_inputs`' (all of them: the attention layers are alike)."""
+        return attend
 
     def decoder_layer(
         self,
@@ -102,15 +116,14 @@ class HybridDecoder(VLMAdapter):
             rope = (
                 torch.arange(inputs["input_ids"].shape[1], device=self.device)[None] if rope is None else rope
             )
-            rotary = text.rotary_emb(tail, rope[..., split:])
             causal = torch.ones(tail.shape[1], tail.shape[1], dtype=torch.bool, device=self.device).tril()
             bias = tree_attention_bias(causal, split, self.dtype)  # [1, 1, m, split + m]
+            attend = self.attention_inputs(tail, rope[..., split:], bias, None)
             with visual_attention_probe(self.model, visual_idx) as probe:
                 for i in attending:
                     prefix = attention_prefix(prefill.state.cache, i, split)
-                    text.layers[i].self_attn(
-                        hidden_states=kept[i], position_embeddings=rotary, attention_mask=bias, cache=prefix
-                    )
+                    kwargs = self.layer_attention(attend, text.layers[i]) | {"cache": prefix}
+                    text.layers[i].self_attn(hidden_states=kept[i], **kwargs)
         prefill.visual_scores = probe.scores()
         return prefill
 
@@ -161,13 +174,10 @@ class HybridDecoder(VLMAdapter):
                 f"{type(self).__name__} decodes on a KVStore row: move a prefill's cache there (cache.decodable)"
             )
         links = cache.tree_links(bias) if recurrent is not None else None  # before any layer writes
-        text = self.text_model
         hidden = rows
-        attend = {
-            "position_embeddings": text.rotary_emb(hidden, position_ids),
-            "attention_mask": bias,
-            "cache": cache,
-        }
-        for index, layer in enumerate(text.layers):
-            hidden = self.decoder_layer(layer, index, hidden, attend, recurrent, links)
+        attend = self.attention_inputs(hidden, position_ids, bias, cache)
+        for index, layer in enumerate(self.text_model.layers):
+            hidden = self.decoder_layer(
+                layer, index, hidden, self.layer_attention(attend, layer), recurrent, links
+            )
         return self.model.get_output_embeddings()(self.final_norm()(hidden))

@@ -85,11 +85,34 @@ class Lfm2VlAdapter(HybridDecoder):
         recurrent: RecurrentRows | None,
         links: TreeLinks | None,
     ) -> torch.Tensor:
-        """LFM2's decoder layer: norm, mixer (attention, or the short convolution), residual, norm, MLP, residual."""
-        mixed = layer.operator_norm(hidden)
-        if layer.is_attention_layer:
-            mixed = layer.self_attn(hidden_states=mixed, **attend)[0]
-        else:
-            mixed = short_conv_tree(layer.conv, mixed, recurrent, links, index)
-        hidden = hidden + mixed
-        return hidden + layer.feed_forward(layer.ffn_norm(hidden))
+        return lfm_decoder_layer(layer, index, hidden, attend, recurrent, links)
+
+
+def lfm_decoder_layer(
+    layer: torch.nn.Module,
+    index: int,
+    hidden: torch.Tensor,
+    attend: dict[str, Any],
+    recurrent: RecurrentRows | None,
+    links: TreeLinks | None,
+) -> torch.Tensor:
+    """LFM2's and LFM3's decoder layer (:meth:`HybridDecoder.decoder_layer`): norm, mixer (attention, or the short
+    convolution), its output normed where the layer has a norm there (LFM3's sandwich norms), residual; the same
+    around the MLP."""
+    mixed = layer.operator_norm(hidden)
+    if layer.is_attention_layer:
+        mixed = layer.self_attn(hidden_states=mixed, **attend)[0]
+    else:
+        mixed = short_conv_tree(layer.conv, mixed, recurrent, links, index)
+    hidden = hidden + _after(layer, "post_operator_norm")(mixed)
+    return hidden + _after(layer, "post_ffn_norm")(layer.feed_forward(layer.ffn_norm(hidden)))
+
+
+def _after(layer: torch.nn.Module, norm: str) -> torch.nn.Module:
+    """The layer's norm ``norm`` (LFM3's sandwich norms; an ``Identity`` where its config turns them off), or an
+    identity (LFM2 has none)."""
+    found = getattr(layer, norm, None)
+    return _IDENTITY if found is None else found
+
+
+_IDENTITY = torch.nn.Identity()

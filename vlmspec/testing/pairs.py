@@ -118,6 +118,9 @@ _LAYOUTS = {
     "ovis2": VisionLayout(patch=7, crop_side=28, max_tiles=4),
     # tiles of 32: 4x4 patches of 8, pooled 2x2 -> 4 tokens per tile; a thumbnail and up to 4 tiles, a frame one tile
     "perception_lm": VisionLayout(patch=8, crop_side=32, max_tiles=4),
+    "lfm3_vl": VisionLayout(  # Qwen2-VL's patches (of Qwen3-VL's 16 pixels) and Qwen3-VL's video processor
+        patch=16, image_pixels=(64 * 64, 128 * 128), video_pixels=(64 * 64, 4 * 128 * 128)
+    ),
     # patches of 4 unshuffled 2x2: a picture up to 2048 pixels whole (4 to 16 tokens at its aspect ratio), a larger
     # one cut into 2 to 4 tiles of 16 pixels (4 tokens each) and a thumbnail (a 56-pixel square: 2x2 tiles + 16)
     "lfm2_vl": VisionLayout(patch=4, crop_side=16, max_tiles=4),
@@ -171,6 +174,7 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("perception_lm", 0): 28,
     ("qwen3_5", 0): 30,  # the best of the first 32 (_FAMILY_MIN_MARGIN)
     ("lfm2_vl", 0): 29,
+    ("lfm3_vl", 0): 15,
 }
 
 _CORPUS = """

@@ -136,6 +136,7 @@ _FAMILY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("video_llama_3", re.compile(r"video[-_]?llama[-_]?3", re.I)),
     ("perception_lm", re.compile(r"perception[-_]?lm", re.I)),
     ("lfm2_vl", re.compile(r"lfm2(\.5)?[-_]vl", re.I)),  # LFM2-VL and LFM2.5-VL
+    ("lfm3_vl", re.compile(r"lfm3[-_]vl", re.I)),
 )
 
 
