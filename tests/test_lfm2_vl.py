@@ -2,47 +2,27 @@
 language model of short gated convolutions (recurrent layers) and attention layers, verified over trees.
 
 The tiny pair (``tiny:lfm2_vl``: every second layer attends) is in ``test_more_families.py``'s matrix (every policy,
-a pruned draft, batches, a conversation, EDD refused). Here, what only this family has: a tree's forward gives every
-path transformers' own logits and keeping a path leaves the convolutions ``generate()`` has there (also with the
-last layer a convolution, as in the real models); a picture read whole or cut into tiles and a thumbnail, each item
-its own grid of tokens; a padded batch cut back into each prompt's items; the draft's visual scores; sampling.
+a pruned draft, batches, a conversation) and ``test_hybrid.py``'s (a tree's paths, the visual scores, sampling, EDD
+refused, host reads). Here, what only this family has: a tree decodes as ``generate()`` with the last layer a
+convolution, as in the released models; a picture read whole or cut into tiles and a thumbnail, each item its own
+grid of tokens; a padded batch cut back into each prompt's items.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import (
-    PROMPTS,
-    check_a_padded_batch_splits_into_its_prompts,
-    check_the_second_token_follows_the_target,
-)
-from test_batching import check_a_sampled_reply_is_the_same_alone_and_at_batch_3
-from test_qwen3_5 import (
-    check_a_forward_adds_one_host_read,
-    check_a_tree_decodes_as_generate,
-    check_the_visual_scores_are_the_attention_layers_own,
-)
+from conftest import PROMPTS, check_a_padded_batch_splits_into_its_prompts
+from test_hybrid import check_a_tree_decodes_as_generate
 
 from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
-from vlmspec.models import EDDDraft
 from vlmspec.testing import build_tiny_pair, make_image, make_inputs
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_root):
-    return build_tiny_pair("lfm2_vl", root=tiny_root)
-
-
-@pytest.fixture(scope="module")
-def pipe(pair):
+def pipe(tiny_root):
+    pair = build_tiny_pair("lfm2_vl", root=tiny_root)
     return VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
-
-
-@pytest.mark.parametrize("kind", ["image", "two_images", "text"])
-def test_a_tree_decodes_as_generate(pipe, kind):
-    """A path of 4 nodes outruns the 3-wide convolution: its window holds only the path's own last inputs."""
-    check_a_tree_decodes_as_generate(pipe.target, make_inputs(pipe.processor, kind))
 
 
 def test_the_last_layer_may_be_a_convolution(pipe):
@@ -91,26 +71,3 @@ def test_a_padded_batch_splits_into_each_prompt_s_own_media(pipe):
 
     batch = check_a_padded_batch_splits_into_its_prompts(pipe, prompts, same_media, nested_images=True)
     assert batch["pixel_values"].shape[0] == 11
-
-
-def test_visual_scores_are_the_attention_layers_own(pair, pipe):
-    check_the_visual_scores_are_the_attention_layers_own(pair, pipe)
-
-
-def test_sampling_follows_the_target(pipe):
-    pipe.policy = get_policy("sage")
-    check_the_second_token_follows_the_target(pipe, draws=200)
-
-
-def test_a_sampled_reply_is_the_same_alone_and_in_a_batch(pair):
-    check_a_sampled_reply_is_the_same_alone_and_at_batch_3(pair.target, pair.draft)
-
-
-def test_an_edd_draft_is_refused(pipe):
-    with pytest.raises(InvalidInputError, match=r"cannot be built for a 'lfm2_vl' target: .*convolutions"):
-        EDDDraft.for_target(pipe.target)
-
-
-@pytest.mark.parametrize("policy", ["chain", "sage"])
-def test_a_forward_adds_one_host_read(pair, policy):
-    check_a_forward_adds_one_host_read(pair, policy)

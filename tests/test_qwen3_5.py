@@ -1,80 +1,26 @@
 """Qwen3.5: a hybrid language model (Gated DeltaNet recurrent layers beside attention layers) verified over trees.
 
 The tiny pair (``tiny:qwen3_5``: every second layer attends) is in ``test_more_families.py``'s matrix (every policy,
-a pruned draft, batches, a conversation). Here: what only this family has. A tree's forward gives every path
-transformers' own logits, token by token, and keeping a path leaves the recurrent states ``generate()`` has there;
-the same holds with the last layer recurrent and with routed experts (Qwen3.5-MoE); the visual scores of the draft's
-pruning are the attention layers' own; sampled replies do not depend on the batch; EDD drafts are refused.
+a pruned draft, batches, a conversation) and ``test_hybrid.py``'s (a tree's paths, the visual scores, sampling,
+EDD refused, host reads). Here: what only this family has. A tree decodes as ``generate()`` with the last layer
+recurrent and with routed experts (Qwen3.5-MoE).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import check_the_second_token_follows_the_target
-from test_batching import check_a_sampled_reply_is_the_same_alone_and_at_batch_3
-from test_host_syncs import CPU_LIKE, END_OF_GENERATION, PER_DRAFT_FORWARD, PER_STEP
+from test_hybrid import check_a_tree_decodes_as_generate
 from transformers import AutoModelForImageTextToText, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig
 
-from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
-from vlmspec.cache import keep_tail
-from vlmspec.host_syncs import HostSyncCounter
-from vlmspec.models import EDDDraft, adapter_for
+from vlmspec import VLMSpecPipeline
 from vlmspec.testing import build_tiny_pair, make_inputs
-from vlmspec.tree import ancestor_matrix, tree_attention_bias
-
-PARENTS = [-1, 0, 0, 1, 1, 3, 2]
-"""The verified tree: the root, then the greedy path at nodes 1, 3, 5 and three other branches (2, 4, 6)."""
-PATH = [0, 1, 3, 5]
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_root):
-    return build_tiny_pair("qwen3_5", root=tiny_root)
-
-
-@pytest.fixture(scope="module")
-def pipe(pair):
+def pipe(tiny_root):
+    pair = build_tiny_pair("qwen3_5", root=tiny_root)
     return VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
-
-
-def check_a_tree_decodes_as_generate(model: torch.nn.Module, inputs: dict) -> None:
-    """One forward over a tree gives the greedy path's nodes ``generate()``'s logits, and once the path is kept the
-    next forward gives the next step's: the recurrent states kept are the ones ``generate()`` reached."""
-    length = inputs["input_ids"].shape[1]
-    with torch.inference_mode():
-        ref = model.generate(
-            **inputs, max_new_tokens=5, do_sample=False, output_logits=True, return_dict_in_generate=True
-        )
-    greedy, expected = ref.sequences[0, length:], torch.stack(ref.logits)[:, 0]  # [5], [5, V]
-    adapter = adapter_for(model)
-    prefill = adapter.prefill(inputs)
-    state = prefill.state
-    torch.testing.assert_close(prefill.logits, expected[0], rtol=1e-4, atol=1e-4)
-    vocab = expected.shape[-1]
-    others = (greedy + 1) % vocab  # tokens off the greedy path
-    tokens = torch.stack([greedy[0], greedy[1], others[1], greedy[2], others[2], greedy[3], others[2]])
-    ancestors = ancestor_matrix(torch.tensor(PARENTS))
-    depths = ancestors.sum(1) - 1
-    past = state.length
-    bias = tree_attention_bias(ancestors, past, adapter.dtype)
-    logits = adapter.forward(state, tokens, length + depths, bias)  # [7, V]
-    torch.testing.assert_close(logits[PATH], expected[1:], rtol=1e-4, atol=1e-4)
-    assert not torch.allclose(logits[2], expected[1], atol=1e-3)  # a branch off the path sees its own prefix
-    keep_tail(state.cache, past, past + torch.tensor(PATH))
-    assert state.length == past + len(PATH)
-    one = tree_attention_bias(torch.ones(1, 1, dtype=torch.bool), state.length, adapter.dtype)
-    again = adapter.forward(state, greedy[4:5], torch.tensor([length + 4]), one)  # the token after the path
-    with torch.inference_mode():
-        after = model.generate(
-            **inputs, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True
-        )
-    torch.testing.assert_close(again[0], after.logits[5][0], rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("kind", ["image", "video", "text"])
-def test_a_tree_decodes_as_generate(pipe, kind):
-    check_a_tree_decodes_as_generate(pipe.target, make_inputs(pipe.processor, kind))
 
 
 def _variant(pipe, **text: object) -> tuple[torch.nn.Module, dict]:
@@ -109,68 +55,3 @@ def test_qwen3_5_moe_routed_experts(pipe):
     )
     assert model.config.model_type == "qwen3_5_moe"
     check_a_tree_decodes_as_generate(model, inputs)
-
-
-def test_visual_scores_are_the_attention_layers_own(pair, pipe):
-    check_the_visual_scores_are_the_attention_layers_own(pair, pipe)
-
-
-def check_the_visual_scores_are_the_attention_layers_own(pair, pipe) -> None:
-    """The draft's attention-guided pruning reads what the text after the last visual token pays to each visual
-    token: here taken from each attention layer run again on its kept input (no side pass, which would cut the
-    recurrent states back); equal to the weights the model's own eager forward returns, averaged over the
-    attention layers, heads and those queries."""
-    inputs = make_inputs(pipe.processor, "image")
-    scores = adapter_for(pipe.target).prefill(inputs, score_visual=True).visual_scores
-    eager = AutoModelForImageTextToText.from_pretrained(
-        pair.target, dtype=torch.float32, attn_implementation="eager"
-    )
-    with torch.inference_mode():
-        attentions = eager(**inputs, output_attentions=True).attentions  # the attention layers' [1, H, L, L]
-    visual = (inputs["input_ids"][0] == pipe.target.config.image_token_id).nonzero().flatten()
-    split = int(visual[-1]) + 1
-    weights = torch.stack([layer[0, :, split:][..., visual] for layer in attentions if layer is not None])
-    assert len(weights) == 2 and scores.shape == visual.shape
-    torch.testing.assert_close(scores, weights.float().mean(dim=(0, 1, 2)), rtol=1e-4, atol=1e-6)
-
-
-def test_sampling_follows_the_target(pipe):
-    pipe.policy = get_policy("sage")
-    check_the_second_token_follows_the_target(pipe, draws=200)
-
-
-def test_a_sampled_reply_is_the_same_alone_and_in_a_batch(pair):
-    """The requests' recurrent states sit in one store at batch 3."""
-    check_a_sampled_reply_is_the_same_alone_and_at_batch_3(pair.target, pair.draft)
-
-
-def test_an_edd_draft_is_refused(pipe):
-    with pytest.raises(
-        InvalidInputError, match=r"cannot be built for a 'qwen3_5' target: .*recurrent.*Qwen3.5"
-    ):
-        EDDDraft.for_target(pipe.target)
-
-
-@pytest.mark.parametrize("policy", ["chain", "static", "sage"])
-def test_a_forward_adds_one_host_read(pair, policy):
-    check_a_forward_adds_one_host_read(pair, policy)
-
-
-def check_a_forward_adds_one_host_read(pair, policy: str) -> None:
-    """A hybrid model's forward reads its entries' levels once (the recurrence runs a level at a time): a step's
-    budget (``test_host_syncs.py``) plus one read per target and draft forward, nothing else."""
-    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy=policy, torch_dtype=torch.float32)
-    pipe.costs = CPU_LIKE
-    forwards = []
-    head = pipe.draft.get_output_embeddings()  # the decoder is run layer by layer: the head ends each forward
-    head.register_forward_hook(lambda *_: forwards.append(1))
-    image = make_inputs(pipe.processor, "image")
-    with HostSyncCounter() as prefill:  # the prefills and the first token: no decoding step
-        pipe(inputs=image, max_new_tokens=1)
-    prefill_forwards = len(forwards)
-    with HostSyncCounter() as run:
-        out = pipe(inputs=image, max_new_tokens=40)
-    draft_forwards = len(forwards) - 2 * prefill_forwards
-    decode = run.total - prefill.total
-    per_step = PER_STEP[policy] * out.stats.steps + PER_DRAFT_FORWARD.get(policy, 0) * draft_forwards
-    assert out.stats.steps > 0 and decode <= per_step + out.stats.steps + draft_forwards + END_OF_GENERATION

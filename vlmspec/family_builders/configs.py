@@ -20,7 +20,7 @@ from .chat import (
     SMOLVLM_NAMED_TOKENS,
     special_token_ids,
 )
-from .hybrid_configs import lfm2_vl_config_kwargs, lfm3_vl_config_kwargs, recurrent_text
+from .hybrid_configs import liquid_config_kwargs, recurrent_text
 from .specs import (
     GEMMA4_POOLING,
     HYBRID_FAMILIES,
@@ -127,8 +127,7 @@ def build_config(
         return config_cls(**_perception_lm_config_kwargs(spec, text, tid, layout))
     if family in ("lfm2_vl", "lfm3_vl"):
         vision = {**_vit_widths(spec), "initializer_range": _VISION_INIT_STD}
-        kwargs = lfm2_vl_config_kwargs if family == "lfm2_vl" else lfm3_vl_config_kwargs
-        return config_cls(**kwargs(spec, text, tid, layout, vision))
+        return config_cls(**liquid_config_kwargs(family, spec, text, tid, layout, vision))
     if family in TILE_FAMILIES:
         return config_cls(
             text_config={**text, "model_type": "llama"},

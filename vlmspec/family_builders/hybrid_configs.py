@@ -44,45 +44,37 @@ def recurrent_text(family: str, spec: ModelSpec) -> dict[str, Any]:
     }
 
 
-def lfm2_vl_config_kwargs(
+def liquid_config_kwargs(
+    family: str,
     spec: ModelSpec,
     text: dict[str, Any],
     tid: Callable[[str], int],
     layout: VisionLayout,
     vision: dict[str, Any],
 ) -> dict[str, Any]:
-    """``Lfm2VlConfig``'s arguments: an LFM2 language model behind a SigLIP2 NaFlex tower (``vision``: its widths;
-    patches of ``patch`` pixels at any aspect ratio, its position table of the most patches a picture or tile
-    has), the patches unshuffled 2 x 2 into a token and projected, as every LFM2-VL size's."""
-    most_patches = max(LFM2_VL_TOKENS[1] * 4, (layout.crop_side // layout.patch) ** 2)
-    return {
-        "text_config": {**text, "model_type": "lfm2", "rope_parameters": _LFM2_ROPE},
-        "vision_config": {
-            **vision,
-            "model_type": "siglip2_vision_model",
-            "patch_size": layout.patch,
-            "num_patches": most_patches,
-            "vision_use_head": False,
-        },
-        "downsample_factor": 2,
-        "projector_hidden_size": 2 * spec.hidden,
-        "image_token_id": tid(LFM2_VL_NAMED_TOKENS["image_token"]),
-        "tie_word_embeddings": False,
-    }
+    """``Lfm2VlConfig``'s or ``Lfm3VlConfig``'s arguments: the language model behind the tower (``vision``: its
+    widths), whose tokens, 2 x 2 patches each, are projected, as every size's.
 
-
-def lfm3_vl_config_kwargs(
-    spec: ModelSpec,
-    text: dict[str, Any],
-    tid: Callable[[str], int],
-    layout: VisionLayout,
-    vision: dict[str, Any],
-) -> dict[str, Any]:
-    """``Lfm3VlConfig``'s arguments: an LFM3 language model (its own rotary tables per attention type: the local
-    layers' whole, the global ones' on half the head) behind LFM3-VL's tower (``vision``: its widths; a convolution
-    layer, then an attention layer, over Qwen2-VL's flat patches of ``patch`` pixels, two frames deep), its tokens
-    merged 2 x 2 and projected."""
-    return {
+    LFM2-VL: LFM2 behind a SigLIP2 NaFlex tower (patches of ``patch`` pixels at any aspect ratio, its position table
+    of the most patches a picture or tile has). LFM3-VL: LFM3 (its own rotary tables per attention type: the local
+    layers' whole, the global ones' on half the head) behind LFM3-VL's tower (a convolution layer, then an attention
+    layer, over Qwen2-VL's flat patches of ``patch`` pixels, two frames deep)."""
+    shared = {"projector_hidden_size": 2 * spec.hidden, "tie_word_embeddings": False}
+    if family == "lfm2_vl":
+        most_patches = max(LFM2_VL_TOKENS[1] * 4, (layout.crop_side // layout.patch) ** 2)
+        return shared | {
+            "text_config": {**text, "model_type": "lfm2", "rope_parameters": _LFM2_ROPE},
+            "vision_config": {
+                **vision,
+                "model_type": "siglip2_vision_model",
+                "patch_size": layout.patch,
+                "num_patches": most_patches,
+                "vision_use_head": False,
+            },
+            "downsample_factor": 2,
+            "image_token_id": tid(LFM2_VL_NAMED_TOKENS["image_token"]),
+        }
+    return shared | {
         "text_config": {**text, "model_type": "lfm3"},
         "vision_config": {
             **vision,
@@ -92,10 +84,8 @@ def lfm3_vl_config_kwargs(
             "temporal_patch_size": 2,
             "layer_types": ["conv", "full_attention"][: vision["num_hidden_layers"]],
         },
-        "projector_hidden_size": 2 * spec.hidden,
         "image_token_id": tid("<|image_pad|>"),
         "video_token_id": tid("<|video_pad|>"),
         "vision_start_token_id": tid("<|vision_start|>"),
         "vision_end_token_id": tid("<|vision_end|>"),
-        "tie_word_embeddings": False,
     }

@@ -17,22 +17,14 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
-from ..recurrent_cache import RecurrentRows, TreeLinks
+from .hybrid import LayerCall
 
 
-def gated_delta_tree(
-    layer: torch.nn.Module, hidden: torch.Tensor, recurrent: RecurrentRows, links: TreeLinks, index: int
-) -> torch.Tensor:
-    """The layer's output ``[B, n, D]`` for ``hidden`` ``[B, n, D]`` (the normed input of ``n`` new entries per row),
-    whose states and convolution inputs are written to ``recurrent`` as pending entries.
-
-    Args:
-        layer: the model's ``...GatedDeltaNet`` module.
-        hidden: its input.
-        recurrent: the model's recurrent rows.
-        links: the forward's :func:`~vlmspec.recurrent_cache.tree_links`.
-        index: the layer's index in the model.
-    """
+def gated_delta_tree(layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall) -> torch.Tensor:
+    """The output ``[B, n, D]`` of ``layer`` (a ``...GatedDeltaNet``) for ``hidden`` ``[B, n, D]`` (the normed input
+    of ``n`` new entries per row), whose states and convolution inputs are written to ``call.recurrent`` as pending
+    entries."""
+    recurrent, links, index = call.recurrent, call.links, call.index
     rows, n = hidden.shape[:2]
     state = recurrent.state[recurrent.index[index]]  # [max_rows, 1+P, H, Dk, Dv]
 

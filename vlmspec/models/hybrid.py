@@ -17,7 +17,7 @@ reuses a held cache where it ends, or where its prompt ended (the states are kep
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -28,11 +28,30 @@ from .attention import model_lock, text_after_visual, visual_attention_probe
 from .base import DecodeState, Prefill, VLMAdapter
 
 
+class LayerCall(NamedTuple):
+    """What a decoder layer of a decoding forward reads besides its input (:meth:`HybridDecoder.decoder_layer`)."""
+
+    index: int
+    """The layer's index in the model."""
+    attend: dict[str, Any]
+    """An attention layer's keyword arguments (rotary embeddings, mask, cache); ``{}`` for a recurrent one where the
+    attention layers differ (:meth:`HybridDecoder.layer_attention`)."""
+    recurrent: RecurrentRows | None
+    """The model's recurrent rows (``None``: a cache without them, a model of attention layers only)."""
+    links: TreeLinks | None
+    """The forward's :func:`~vlmspec.recurrent_cache.tree_links`."""
+
+
 class HybridDecoder(VLMAdapter):
     """A hybrid family's adapter; subclasses write their decoder layer (:meth:`decoder_layer`) and name their
-    attention layers' input norm (:meth:`attention_norm`) and their last norm (:meth:`final_norm`); a family whose
-    attention layers differ (local and global ones) gives each its own inputs (:meth:`attention_inputs`,
-    :meth:`layer_attention`)."""
+    attention layers' input norm and their last norm (:attr:`attention_norm_name`, :attr:`final_norm_name`); a
+    family whose attention layers differ (local and global ones) gives each its own inputs
+    (:meth:`attention_inputs`, :meth:`layer_attention`)."""
+
+    attention_norm_name: ClassVar[str] = ""
+    """The decoder layer's norm whose output is an attention layer's input."""
+    final_norm_name: ClassVar[str] = ""
+    """The language model's norm after the last layer."""
 
     @property
     def text_model(self) -> torch.nn.Module:
@@ -42,14 +61,6 @@ class HybridDecoder(VLMAdapter):
     def attending(self) -> list[int]:
         """The indices of the attention layers."""
         return [i for i, layer in enumerate(self.text_model.layers) if hasattr(layer, "self_attn")]
-
-    def attention_norm(self, layer: torch.nn.Module) -> torch.nn.Module:
-        """The norm whose output is an attention layer's input."""
-        raise NotImplementedError
-
-    def final_norm(self) -> torch.nn.Module:
-        """The norm after the last layer."""
-        raise NotImplementedError
 
     def attention_inputs(
         self, hidden: torch.Tensor, position_ids: torch.Tensor, bias: torch.Tensor, cache: Any
@@ -63,17 +74,9 @@ class HybridDecoder(VLMAdapter):
         """Decoder layer ``layer``'s among :meth:`attention_inputs`' (all of them: the attention layers are alike)."""
         return attend
 
-    def decoder_layer(
-        self,
-        layer: torch.nn.Module,
-        index: int,
-        hidden: torch.Tensor,
-        attend: dict[str, Any],
-        recurrent: RecurrentRows | None,
-        links: TreeLinks | None,
-    ) -> torch.Tensor:
-        """Decoder layer ``index``'s output ``[B, n, D]`` for ``hidden`` ``[B, n, D]``: an attention layer called
-        with ``attend`` (its rotary embeddings, mask and cache), a recurrent one over ``links``."""
+    def decoder_layer(self, layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall) -> torch.Tensor:
+        """Decoder layer ``layer``'s output ``[B, n, D]`` for ``hidden`` ``[B, n, D]``: an attention layer called
+        with ``call.attend``, a recurrent one over ``call.links``."""
         raise NotImplementedError
 
     def prefill(self, inputs: dict[str, torch.Tensor], keep: Any = None, **options: Any) -> Prefill:
@@ -101,7 +104,7 @@ class HybridDecoder(VLMAdapter):
         kept: dict[int, torch.Tensor] = {}
         with model_lock(self.model):
             handles = [
-                self.attention_norm(text.layers[i]).register_forward_hook(
+                getattr(text.layers[i], self.attention_norm_name).register_forward_hook(
                     lambda _m, _a, out, i=i: kept.__setitem__(i, out[:, split:])
                 )
                 for i in attending
@@ -177,7 +180,7 @@ class HybridDecoder(VLMAdapter):
         hidden = rows
         attend = self.attention_inputs(hidden, position_ids, bias, cache)
         for index, layer in enumerate(self.text_model.layers):
-            hidden = self.decoder_layer(
-                layer, index, hidden, self.layer_attention(attend, layer), recurrent, links
-            )
-        return self.model.get_output_embeddings()(self.final_norm()(hidden))
+            call = LayerCall(index, self.layer_attention(attend, layer), recurrent, links)
+            hidden = self.decoder_layer(layer, hidden, call)
+        final_norm = getattr(self.text_model, self.final_norm_name)
+        return self.model.get_output_embeddings()(final_norm(hidden))

@@ -18,10 +18,9 @@ from typing import Any
 
 import torch
 
-from ..recurrent_cache import RecurrentRows, TreeLinks
 from .base import NO_VIDEO_TOKEN
-from .data import PromptLayout, VisualFeatures
-from .hybrid import HybridDecoder
+from .data import VisualFeatures
+from .hybrid import HybridDecoder, LayerCall
 from .media import pictures_per_row
 from .short_conv import short_conv_tree
 
@@ -29,17 +28,40 @@ _ROWS = ("pixel_values", "pixel_attention_mask", "spatial_shapes")
 """The processor outputs with one row per item."""
 
 
-class Lfm2VlAdapter(HybridDecoder):
+class LfmDecoder(HybridDecoder):
+    """LFM2's and LFM3's decoder (the families' adapters' shared part)."""
+
+    attention_norm_name, final_norm_name = "operator_norm", "embedding_norm"
+
+    def decoder_layer(self, layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall) -> torch.Tensor:
+        """LFM2's and LFM3's decoder layer: norm, mixer (attention, or the short convolution), its output normed
+        where the layer has a norm there (LFM3's sandwich norms), residual; the same around the MLP."""
+        mixed = layer.operator_norm(hidden)
+        if layer.is_attention_layer:
+            mixed = layer.self_attn(hidden_states=mixed, **call.attend)[0]
+        else:
+            mixed = short_conv_tree(layer.conv, mixed, call)
+        hidden = hidden + _after(layer, "post_operator_norm")(mixed)
+        return hidden + _after(layer, "post_ffn_norm")(layer.feed_forward(layer.ffn_norm(hidden)))
+
+
+def _after(layer: torch.nn.Module, norm: str) -> torch.nn.Module:
+    """The layer's norm ``norm`` (LFM3's sandwich norms; an ``Identity`` where its config turns them off), or an
+    identity (LFM2 has none)."""
+    found = getattr(layer, norm, None)
+    return _IDENTITY if found is None else found
+
+
+_IDENTITY = torch.nn.Identity()
+
+
+class Lfm2VlAdapter(LfmDecoder):
     model_types = ("lfm2_vl",)
     layout_fields = ("vision_config.patch_size", "downsample_factor")
     fixed_processor_settings = frozenset({"encoder_patch_size", "downsample_factor"})
 
     def visual_token_ids(self) -> tuple[int, int]:
         return self.config.image_token_id, NO_VIDEO_TOKEN
-
-    def prompt_layout(self, inputs: dict[str, torch.Tensor]) -> PromptLayout:
-        visual = inputs["input_ids"][0] == self.config.image_token_id
-        return PromptLayout(visual=visual, is_video=torch.zeros_like(visual))
 
     # ---- pictures ----------------------------------------------------------------------------------------------
     def visual_features(self, inputs: dict[str, torch.Tensor]) -> dict[str, VisualFeatures]:
@@ -68,51 +90,3 @@ class Lfm2VlAdapter(HybridDecoder):
         """Each row's items: the items in order, as many as make up the row's placeholders."""
         placeholders = ((inputs["input_ids"] == self.config.image_token_id) & keep).sum(-1).tolist()
         return [(items, 0) for items in pictures_per_row(placeholders, self._tokens_per_item(inputs))]
-
-    # ---- the decoder ---------------------------------------------------------------------------------------------
-    def attention_norm(self, layer: torch.nn.Module) -> torch.nn.Module:
-        return layer.operator_norm
-
-    def final_norm(self) -> torch.nn.Module:
-        return self.text_model.embedding_norm
-
-    def decoder_layer(
-        self,
-        layer: torch.nn.Module,
-        index: int,
-        hidden: torch.Tensor,
-        attend: dict[str, Any],
-        recurrent: RecurrentRows | None,
-        links: TreeLinks | None,
-    ) -> torch.Tensor:
-        return lfm_decoder_layer(layer, index, hidden, attend, recurrent, links)
-
-
-def lfm_decoder_layer(
-    layer: torch.nn.Module,
-    index: int,
-    hidden: torch.Tensor,
-    attend: dict[str, Any],
-    recurrent: RecurrentRows | None,
-    links: TreeLinks | None,
-) -> torch.Tensor:
-    """LFM2's and LFM3's decoder layer (:meth:`HybridDecoder.decoder_layer`): norm, mixer (attention, or the short
-    convolution), its output normed where the layer has a norm there (LFM3's sandwich norms), residual; the same
-    around the MLP."""
-    mixed = layer.operator_norm(hidden)
-    if layer.is_attention_layer:
-        mixed = layer.self_attn(hidden_states=mixed, **attend)[0]
-    else:
-        mixed = short_conv_tree(layer.conv, mixed, recurrent, links, index)
-    hidden = hidden + _after(layer, "post_operator_norm")(mixed)
-    return hidden + _after(layer, "post_ffn_norm")(layer.feed_forward(layer.ffn_norm(hidden)))
-
-
-def _after(layer: torch.nn.Module, norm: str) -> torch.nn.Module:
-    """The layer's norm ``norm`` (LFM3's sandwich norms; an ``Identity`` where its config turns them off), or an
-    identity (LFM2 has none)."""
-    found = getattr(layer, norm, None)
-    return _IDENTITY if found is None else found
-
-
-_IDENTITY = torch.nn.Identity()

@@ -6,7 +6,7 @@ rotary table (the global layers' on part of the head), every block's output norm
 norms), and 1-D positions.
 
 Pictures and videos are cut by prompt and by item as Qwen's (:class:`~vlmspec.models.qwen.QwenVLAdapter`); the
-decoder is LFM2's layer (:func:`~vlmspec.models.lfm2_vl.lfm_decoder_layer`) with its sandwich norms; the local layers
+decoder is LFM2's layer (:class:`~vlmspec.models.lfm2_vl.LfmDecoder`) with its sandwich norms; the local layers
 see the tree through Gemma 3's window masks (:func:`~vlmspec.models.gemma3.window_masks`: the tree mask with the keys
 outside each query's window hidden; a cache entry's index is its position, as in Gemma 3's).
 """
@@ -17,15 +17,13 @@ from typing import Any
 
 import torch
 
-from ..recurrent_cache import RecurrentRows, TreeLinks
 from .base import VLMAdapter
 from .gemma3 import window_masks
-from .hybrid import HybridDecoder
-from .lfm2_vl import lfm_decoder_layer
+from .lfm2_vl import LfmDecoder
 from .qwen import QwenVLAdapter
 
 
-class Lfm3VlAdapter(HybridDecoder, QwenVLAdapter):
+class Lfm3VlAdapter(LfmDecoder, QwenVLAdapter):
     model_types = ("lfm3_vl",)
 
     @property
@@ -39,12 +37,6 @@ class Lfm3VlAdapter(HybridDecoder, QwenVLAdapter):
     @staticmethod
     def rope_ids(positions: torch.Tensor, rope_delta: torch.Tensor) -> torch.Tensor:
         return positions[None]  # [1, n]
-
-    def attention_norm(self, layer: torch.nn.Module) -> torch.nn.Module:
-        return layer.operator_norm
-
-    def final_norm(self) -> torch.nn.Module:
-        return self.text_model.embedding_norm
 
     def attention_inputs(
         self, hidden: torch.Tensor, position_ids: torch.Tensor, bias: torch.Tensor, cache: Any
@@ -64,14 +56,3 @@ class Lfm3VlAdapter(HybridDecoder, QwenVLAdapter):
 
     def layer_attention(self, attend: dict[str, Any], layer: torch.nn.Module) -> dict[str, Any]:
         return attend[layer.self_attn.layer_type] if layer.is_attention_layer else {}
-
-    def decoder_layer(
-        self,
-        layer: torch.nn.Module,
-        index: int,
-        hidden: torch.Tensor,
-        attend: dict[str, Any],
-        recurrent: RecurrentRows | None,
-        links: TreeLinks | None,
-    ) -> torch.Tensor:
-        return lfm_decoder_layer(layer, index, hidden, attend, recurrent, links)

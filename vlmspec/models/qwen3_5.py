@@ -7,13 +7,10 @@ over a tree: :mod:`.gated_delta`.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from ..recurrent_cache import RecurrentRows, TreeLinks
 from .gated_delta import gated_delta_tree
-from .hybrid import HybridDecoder
+from .hybrid import HybridDecoder, LayerCall
 from .qwen import QwenVLAdapter
 
 
@@ -24,26 +21,14 @@ class Qwen3_5Adapter(HybridDecoder, QwenVLAdapter):
     def min_video_frames(self) -> int:
         return 2  # Qwen3-VL's video processor refuses a video shorter than its temporal patch
 
-    def attention_norm(self, layer: torch.nn.Module) -> torch.nn.Module:
-        return layer.input_layernorm
+    attention_norm_name, final_norm_name = "input_layernorm", "norm"
 
-    def final_norm(self) -> torch.nn.Module:
-        return self.text_model.norm
-
-    def decoder_layer(
-        self,
-        layer: torch.nn.Module,
-        index: int,
-        hidden: torch.Tensor,
-        attend: dict[str, Any],
-        recurrent: RecurrentRows | None,
-        links: TreeLinks | None,
-    ) -> torch.Tensor:
+    def decoder_layer(self, layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall) -> torch.Tensor:
         """Qwen3.5's decoder layer: norm, mixer, residual, norm, MLP (dense, or routed experts), residual."""
         mixed = layer.input_layernorm(hidden)
         if layer.block_type == "linear_attention":
-            mixed = gated_delta_tree(layer.linear_attn, mixed, recurrent, links, index)
+            mixed = gated_delta_tree(layer.linear_attn, mixed, call)
         else:
-            mixed = layer.self_attn(hidden_states=mixed, **attend)[0]
+            mixed = layer.self_attn(hidden_states=mixed, **call.attend)[0]
         hidden = hidden + mixed
         return hidden + layer.mlp(layer.post_attention_layernorm(hidden))

@@ -10,22 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from ..recurrent_cache import RecurrentRows, TreeLinks
+from .hybrid import LayerCall
 
 
-def short_conv_tree(
-    layer: torch.nn.Module, hidden: torch.Tensor, recurrent: RecurrentRows, links: TreeLinks, index: int
-) -> torch.Tensor:
-    """The layer's output ``[B, n, D]`` for ``hidden`` ``[B, n, D]`` (the normed input of ``n`` new entries per row),
-    whose convolution inputs are written to ``recurrent`` as pending entries.
-
-    Args:
-        layer: the model's ``...ShortConv`` module.
-        hidden: its input.
-        recurrent: the model's recurrent rows.
-        links: the forward's :func:`~vlmspec.recurrent_cache.tree_links`.
-        index: the layer's index in the model.
-    """
+def short_conv_tree(layer: torch.nn.Module, hidden: torch.Tensor, call: LayerCall) -> torch.Tensor:
+    """The output ``[B, n, D]`` of ``layer`` (a ``...ShortConv``) for ``hidden`` ``[B, n, D]`` (the normed input of
+    ``n`` new entries per row), whose convolution inputs are written to ``call.recurrent`` as pending entries."""
     gate_in, gate_out, value = layer.in_proj(hidden).chunk(3, dim=-1)  # [B, n, D] each
-    mixed = recurrent.convolved(links, index, gate_in * value, layer.conv)  # [B*n, D]
+    mixed = call.recurrent.convolved(call.links, call.index, gate_in * value, layer.conv)  # [B*n, D]
     return layer.out_proj(gate_out * mixed.to(hidden.dtype).view_as(value))
