@@ -252,10 +252,10 @@ def test_an_unsupported_model_or_a_draft_of_another_family_is_refused_before_any
         match=rf"^the target model '{re.escape(str(remote))}': model_type 'internvl_chat' is not supported .*-hf",
     ):
         VLMSpecPipeline.from_pretrained(remote, pair.draft)
-    # MiniCPM-V 4.6: recurrent layers behind its own vision code, refused saying why and what runs it
-    (remote / "config.json").write_text(json.dumps({**config, "model_type": "minicpmv4_6"}))
+    # MiniCPM-V 4.7: recurrent layers behind its own vision code, refused saying why and what runs it
+    (remote / "config.json").write_text(json.dumps({**config, "model_type": "minicpmv4_7"}))
     with pytest.raises(
-        InvalidInputError, match=r"model_type 'minicpmv4_6' is not supported .*recurrent layers.*generate"
+        InvalidInputError, match=r"model_type 'minicpmv4_7' is not supported .*recurrent layers.*generate"
     ):
         VLMSpecPipeline.from_pretrained(remote, pair.draft)
     (remote / "config.json").write_text('{"model_type": "internvl",')

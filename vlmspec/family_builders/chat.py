@@ -103,6 +103,20 @@ LFM2_VL_NAMED_TOKENS = {
 """LFM2-VL's named special tokens: a picture is written ``<image>`` in the text, which the processor expands to
 ``<|image_start|>``, each tile's ``<|img_row_r_col_c|>`` + one ``<image>`` per visual token, the thumbnail's
 ``<|img_thumbnail|>`` + its tokens (a picture small enough for one tile: its tokens alone), and ``<|image_end|>``."""
+MINICPMV_NAMED_TOKENS = {
+    "image_token": "<|image_pad|>",
+    "video_token": "<|video_pad|>",
+    "image_start_token": "<image>",
+    "image_end_token": "</image>",
+    "slice_start_token": "<slice>",
+    "slice_end_token": "</slice>",
+    "image_id_start_token": "<image_id>",
+    "image_id_end_token": "</image_id>",
+}
+"""MiniCPM-V 4.6's named special tokens: a picture is written ``<|image_pad|>`` in the text, which the processor
+expands to ``<image_id>i</image_id><image>`` + one ``<|image_pad|>`` per visual token of the whole picture +
+``</image>``, then each slice's ``<slice>`` + its tokens + ``</slice>``; a video ``<|video_pad|>``, each frame in
+``<image>`` tags."""
 SMOLVLM_GRID = 2
 """Tiles per side of the largest SmolVLM picture the builders lay out (the ``<row_r_col_c>`` tokens they name)."""
 
@@ -295,6 +309,13 @@ PERCEPTION_LM_CHAT_TEMPLATE = (
 # Aya Vision's fixture template writes them
 LFM2_VL_CHAT_TEMPLATE = AYA_VISION_CHAT_TEMPLATE
 
+# MiniCPM-V 4.6's: ChatML turns, each picture's and video's placeholder where it stands
+MINICPMV_CHAT_TEMPLATE = (
+    GEMMA4_CHAT_TEMPLATE.replace("<|image|>", "<|image_pad|>")
+    .replace("<|video|>", "<|video_pad|>")
+    .replace("model", "assistant")
+)
+
 _CHAT_TEMPLATES = {
     "qwen2_vl": QWEN_CHAT_TEMPLATE,
     "qwen2_5_vl": QWEN_CHAT_TEMPLATE,
@@ -320,7 +341,8 @@ _CHAT_TEMPLATES = {
     "video_llama_3": VIDEO_LLAMA3_CHAT_TEMPLATE,
     "perception_lm": PERCEPTION_LM_CHAT_TEMPLATE,
     "lfm2_vl": LFM2_VL_CHAT_TEMPLATE,
-    "lfm3_vl": QWEN3_CHAT_TEMPLATE,  # its processor writes a video's frames as Qwen3-VL's does (times, then tokens)
+    "lfm3_vl": QWEN3_CHAT_TEMPLATE,
+    "minicpmv4_6": MINICPMV_CHAT_TEMPLATE,  # its processor writes a video's frames as Qwen3-VL's does (times, then tokens)
 }
 
 
@@ -353,6 +375,8 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return (*CHAT_TOKENS, *JANUS_NAMED_TOKENS.values())
     if family == "perception_lm":
         return (*CHAT_TOKENS, *PERCEPTION_LM_NAMED_TOKENS.values())
+    if family == "minicpmv4_6":
+        return (*CHAT_TOKENS, *MINICPMV_NAMED_TOKENS.values())
     if family == "lfm2_vl":
         grid = range(1, LFM2_VL_GRID + 1)
         tiles = (f"<|img_row_{r}_col_{c}|>" for r in grid for c in grid)
@@ -473,6 +497,7 @@ def build_tokenizer(
             "janus": JANUS_NAMED_TOKENS,
             "perception_lm": PERCEPTION_LM_NAMED_TOKENS,
             "lfm2_vl": LFM2_VL_NAMED_TOKENS,
+            "minicpmv4_6": MINICPMV_NAMED_TOKENS,
             "smolvlm": SMOLVLM_NAMED_TOKENS,
             "idefics3": SMOLVLM_NAMED_TOKENS,
         }.get(family),

@@ -20,7 +20,7 @@ from .chat import (
     SMOLVLM_NAMED_TOKENS,
     special_token_ids,
 )
-from .hybrid_configs import liquid_config_kwargs, recurrent_text
+from .hybrid_configs import liquid_config_kwargs, minicpmv_config_kwargs, recurrent_text
 from .specs import (
     GEMMA4_POOLING,
     HYBRID_FAMILIES,
@@ -83,7 +83,12 @@ def build_config(
         "intermediate_size": spec.intermediate,
         "num_hidden_layers": spec.layers,
         "num_attention_heads": spec.hidden // spec.head_dim,
-        **({"head_dim": spec.head_dim} if explicit_head_dim or family in QWEN3_FAMILIES else {}),
+        # Qwen3's and Qwen3.5's text configs (MiniCPM-V 4.6's is Qwen3.5's) default head_dim to their own
+        **(
+            {"head_dim": spec.head_dim}
+            if explicit_head_dim or family in (*QWEN3_FAMILIES, "minicpmv4_6")
+            else {}
+        ),
         "num_key_value_heads": spec.kv_heads,
         "max_position_embeddings": 4096,
         "initializer_range": spec.init_std,
@@ -125,9 +130,12 @@ def build_config(
         return config_cls(**_video_llama3_config_kwargs(spec, text, tid, layout))
     if family == "perception_lm":
         return config_cls(**_perception_lm_config_kwargs(spec, text, tid, layout))
+    vision = {**_vit_widths(spec), "initializer_range": _VISION_INIT_STD}
     if family in ("lfm2_vl", "lfm3_vl"):
-        vision = {**_vit_widths(spec), "initializer_range": _VISION_INIT_STD}
         return config_cls(**liquid_config_kwargs(family, spec, text, tid, layout, vision))
+    if family == "minicpmv4_6":
+        rope = _mrope("qwen3_5", spec.head_dim)
+        return config_cls(**minicpmv_config_kwargs(spec, text, tid, layout, vision, rope))
     if family in TILE_FAMILIES:
         return config_cls(
             text_config={**text, "model_type": "llama"},

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .chat import LFM2_VL_NAMED_TOKENS
+from .chat import LFM2_VL_NAMED_TOKENS, MINICPMV_NAMED_TOKENS
 from .specs import FULL_ATTENTION_INTERVAL, ModelSpec, VisionLayout
 
 LFM2_VL_TOKENS = (4, 16)
@@ -88,4 +88,27 @@ def liquid_config_kwargs(
         "video_token_id": tid("<|video_pad|>"),
         "vision_start_token_id": tid("<|vision_start|>"),
         "vision_end_token_id": tid("<|vision_end|>"),
+    }
+
+
+def minicpmv_config_kwargs(
+    spec: ModelSpec,
+    text: dict[str, Any],
+    tid: Callable[[str], int],
+    layout: VisionLayout,
+    vision: dict[str, Any],
+    rope: dict[str, Any],
+) -> dict[str, Any]:
+    """``MiniCPMV4_6Config``'s arguments: Qwen3.5's language model (``rope``: its M-RoPE settings, which 1-D
+    positions turn into plain RoPE) behind MiniCPM-V 4.6's NaViT tower (``vision``: its widths; patches of
+    ``patch`` pixels, position buckets for ``crop_side``-pixel pictures, its window-attention merger after the first
+    layer), tokens merged 2 x 2 twice (``16x``)."""
+    return {
+        "text_config": {**text, "model_type": "qwen3_5_text", "rope_parameters": rope},
+        "vision_config": {**vision, "patch_size": layout.patch, "image_size": layout.crop_side},
+        "insert_layer_id": 0,
+        "image_size": layout.crop_side,
+        "image_token_id": tid(MINICPMV_NAMED_TOKENS["image_token"]),
+        "video_token_id": tid(MINICPMV_NAMED_TOKENS["video_token"]),
+        "tie_word_embeddings": False,
     }

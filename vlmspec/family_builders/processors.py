@@ -174,6 +174,16 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
         )
     if family == "lfm2_vl":
         return _lfm2_vl_processor(processor_cls, tokenizer, layout)
+    if family == "minicpmv4_6":  # a picture whole near crop_side pixels a side and up to max_tiles slices
+        from transformers import MiniCPMV4_6ImageProcessor, MiniCPMV4_6VideoProcessor
+
+        geometry = {"patch_size": layout.patch, "scale_resolution": layout.crop_side}
+        return processor_cls(
+            image_processor=MiniCPMV4_6ImageProcessor(**geometry, max_slice_nums=layout.max_tiles),
+            video_processor=MiniCPMV4_6VideoProcessor(**geometry, max_slice_nums=1, do_sample_frames=False),
+            tokenizer=tokenizer,
+            chat_template=tokenizer.chat_template,
+        )
     if family == "janus":  # a picture padded to a square of crop_side pixels, one token per patch
         from transformers import JanusImageProcessor
 

@@ -14,12 +14,8 @@ from .hybrid import HybridDecoder, LayerCall
 from .qwen import QwenVLAdapter
 
 
-class Qwen3_5Adapter(HybridDecoder, QwenVLAdapter):
-    model_types = ("qwen3_5", "qwen3_5_moe")
-
-    @property
-    def min_video_frames(self) -> int:
-        return 2  # Qwen3-VL's video processor refuses a video shorter than its temporal patch
+class GatedDeltaDecoder(HybridDecoder):
+    """Qwen3.5's language model (its own VLMs' and MiniCPM-V 4.6's): the adapters' shared part."""
 
     attention_norm_name, final_norm_name = "input_layernorm", "norm"
 
@@ -32,3 +28,11 @@ class Qwen3_5Adapter(HybridDecoder, QwenVLAdapter):
             mixed = layer.self_attn(hidden_states=mixed, **call.attend)[0]
         hidden = hidden + mixed
         return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+
+class Qwen3_5Adapter(GatedDeltaDecoder, QwenVLAdapter):
+    model_types = ("qwen3_5", "qwen3_5_moe")
+
+    @property
+    def min_video_frames(self) -> int:
+        return 2  # Qwen3-VL's video processor refuses a video shorter than its temporal patch

@@ -203,6 +203,8 @@ def _vision_output_linears(model: PreTrainedModel, family: str) -> list[torch.nn
         return [inner.projector.readout[-1]]
     if family == "gemma4":
         return [inner.embed_vision.embedding_projection]
+    if family == "minicpmv4_6":
+        return [inner.merger.mlp[-1].linear_2]
     if family in family_builders.QWEN3_FAMILIES:
         deepstack = getattr(inner.visual, "deepstack_merger_list", [])  # Qwen3.5's tower has none
         return [inner.visual.merger.linear_fc2] + [m.linear_fc2 for m in deepstack]
