@@ -252,10 +252,11 @@ def test_an_unsupported_model_or_a_draft_of_another_family_is_refused_before_any
         match=rf"^the target model '{re.escape(str(remote))}': model_type 'internvl_chat' is not supported .*-hf",
     ):
         VLMSpecPipeline.from_pretrained(remote, pair.draft)
-    # MiniCPM-V 4.7: recurrent layers behind its own vision code, refused saying why and what runs it
-    (remote / "config.json").write_text(json.dumps({**config, "model_type": "minicpmv4_7"}))
+    # Qwen4-Exp: hashed n-gram embeddings and several residual streams, refused saying why and what runs it
+    (remote / "config.json").write_text(json.dumps({**config, "model_type": "qwen4_exp"}))
     with pytest.raises(
-        InvalidInputError, match=r"model_type 'minicpmv4_7' is not supported .*recurrent layers.*generate"
+        InvalidInputError,
+        match=r"model_type 'qwen4_exp' is not supported .*n-grams.*recurrent layers.*generate",
     ):
         VLMSpecPipeline.from_pretrained(remote, pair.draft)
     (remote / "config.json").write_text('{"model_type": "internvl",')

@@ -1,10 +1,11 @@
-"""MiniCPM-V 4.6 (``openbmb/MiniCPM-V-4.6``): a NaViT tower in front of Qwen3.5's hybrid language model (Gated
-DeltaNet and attention layers) with 1-D positions.
+"""MiniCPM-V 4.6 (``openbmb/MiniCPM-V-4.6``) and 4.7 (``openbmb/MiniCPM-V-4.7-1B``): a NaViT tower in front of
+Qwen3.5's hybrid language model (Gated DeltaNet and attention layers), with 1-D positions (4.6) or Canvas M-RoPE (4.7).
 
-The tiny pair (``tiny:minicpmv4_6``) is in ``test_more_families.py``'s matrix (every policy, a pruned draft, batches,
-a conversation) and ``test_hybrid.py``'s (a tree's paths, the visual scores, sampling, EDD refused, host reads).
-Here, its own ways: a picture read whole and, when large, as slices, every item NaViT-packed into one row of pixels;
-a padded batch of prompts cut back into each prompt's items; the merges the model fixes.
+The tiny pairs (``tiny:minicpmv4_6``, ``tiny:minicpmv4_7``) are in ``test_more_families.py``'s matrix (every policy,
+a pruned draft, batches, a conversation) and ``test_hybrid.py``'s (a tree's paths, the visual scores, sampling, EDD
+refused, host reads). Here, their own ways: a picture read whole and, when large, as slices, every item NaViT-packed
+into one row of pixels; a padded batch of prompts cut back into each prompt's items; the merges the model fixes;
+4.7's canvas positions.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
 from vlmspec.testing import build_tiny_pair, make_image, make_video_frames
 
 
-@pytest.fixture(scope="module")
-def pipe(tiny_root):
-    pair = build_tiny_pair("minicpmv4_6", root=tiny_root)
+@pytest.fixture(scope="module", params=["minicpmv4_6", "minicpmv4_7"])
+def pipe(request, tiny_root):
+    pair = build_tiny_pair(request.param, root=tiny_root)
     return VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
 
 
@@ -63,3 +64,17 @@ def test_a_padded_batch_splits_into_each_prompt_s_own_media(pipe):
 
     batch = check_a_padded_batch_splits_into_its_prompts(pipe, prompts, same_media)
     assert batch["target_sizes"].shape[0] == 11 and batch["target_sizes_videos"].shape[0] == 4
+
+
+def test_4_7_lays_a_picture_s_tokens_out_on_its_canvas(pipe):
+    """MiniCPM-V 4.7's prompt positions are its ``get_rope_index``'s: a picture's tokens share a time and spread over
+    rows and columns, so the three rows differ there; decoding goes on after the prompt's largest position. 4.6's
+    are the model's default 1-D ones."""
+    inputs = pipe.prepare_inputs(make_image(2), PROMPTS[0])
+    positions, delta = pipe._target_adapter.prompt_rope(inputs)  # [3, 1, L] or None, a scalar
+    if pipe.target.config.model_type == "minicpmv4_6":
+        assert positions is None and int(delta) == 0
+        return
+    visual = inputs["input_ids"][0] == pipe.target.config.image_token_id
+    assert not torch.equal(positions[1, 0, visual], positions[2, 0, visual])
+    assert int(positions.max()) + 1 == inputs["input_ids"].shape[1] + int(delta)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
-from .specs import INTERNVL_FAMILIES, LFM2_VL_GRID, TILE_FAMILIES
+from .specs import INTERNVL_FAMILIES, LFM2_VL_GRID, MINICPMV_FAMILIES, TILE_FAMILIES
 
 CHAT_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 """The special tokens every family's fixture tokenizer starts with (its end of text, turns and replies)."""
@@ -342,7 +342,8 @@ _CHAT_TEMPLATES = {
     "perception_lm": PERCEPTION_LM_CHAT_TEMPLATE,
     "lfm2_vl": LFM2_VL_CHAT_TEMPLATE,
     "lfm3_vl": QWEN3_CHAT_TEMPLATE,
-    "minicpmv4_6": MINICPMV_CHAT_TEMPLATE,  # its processor writes a video's frames as Qwen3-VL's does (times, then tokens)
+    "minicpmv4_6": MINICPMV_CHAT_TEMPLATE,
+    "minicpmv4_7": MINICPMV_CHAT_TEMPLATE,  # its processor writes a video's frames as Qwen3-VL's does (times, then tokens)
 }
 
 
@@ -375,7 +376,7 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return (*CHAT_TOKENS, *JANUS_NAMED_TOKENS.values())
     if family == "perception_lm":
         return (*CHAT_TOKENS, *PERCEPTION_LM_NAMED_TOKENS.values())
-    if family == "minicpmv4_6":
+    if family in MINICPMV_FAMILIES:
         return (*CHAT_TOKENS, *MINICPMV_NAMED_TOKENS.values())
     if family == "lfm2_vl":
         grid = range(1, LFM2_VL_GRID + 1)
@@ -498,6 +499,7 @@ def build_tokenizer(
             "perception_lm": PERCEPTION_LM_NAMED_TOKENS,
             "lfm2_vl": LFM2_VL_NAMED_TOKENS,
             "minicpmv4_6": MINICPMV_NAMED_TOKENS,
+            "minicpmv4_7": MINICPMV_NAMED_TOKENS,
             "smolvlm": SMOLVLM_NAMED_TOKENS,
             "idefics3": SMOLVLM_NAMED_TOKENS,
         }.get(family),

@@ -26,6 +26,7 @@ from .specs import (
     HYBRID_FAMILIES,
     INTERNVL_FAMILIES,
     LLAVA15_FAMILIES,
+    MINICPMV_FAMILIES,
     MISTRAL3_MERGE,
     MOE_EXPERTS,
     MOE_EXPERTS_PER_TOKEN,
@@ -83,10 +84,10 @@ def build_config(
         "intermediate_size": spec.intermediate,
         "num_hidden_layers": spec.layers,
         "num_attention_heads": spec.hidden // spec.head_dim,
-        # Qwen3's and Qwen3.5's text configs (MiniCPM-V 4.6's is Qwen3.5's) default head_dim to their own
+        # Qwen3's and Qwen3.5's text configs (MiniCPM-V's is Qwen3.5's) default head_dim to their own
         **(
             {"head_dim": spec.head_dim}
-            if explicit_head_dim or family in (*QWEN3_FAMILIES, "minicpmv4_6")
+            if explicit_head_dim or family in (*QWEN3_FAMILIES, *MINICPMV_FAMILIES)
             else {}
         ),
         "num_key_value_heads": spec.kv_heads,
@@ -133,9 +134,9 @@ def build_config(
     vision = {**_vit_widths(spec), "initializer_range": _VISION_INIT_STD}
     if family in ("lfm2_vl", "lfm3_vl"):
         return config_cls(**liquid_config_kwargs(family, spec, text, tid, layout, vision))
-    if family == "minicpmv4_6":
+    if family in MINICPMV_FAMILIES:
         rope = _mrope("qwen3_5", spec.head_dim)
-        return config_cls(**minicpmv_config_kwargs(spec, text, tid, layout, vision, rope))
+        return config_cls(**minicpmv_config_kwargs(family, spec, text, tid, layout, vision, rope))
     if family in TILE_FAMILIES:
         return config_cls(
             text_config={**text, "model_type": "llama"},

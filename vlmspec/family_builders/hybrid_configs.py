@@ -92,6 +92,7 @@ def liquid_config_kwargs(
 
 
 def minicpmv_config_kwargs(
+    family: str,
     spec: ModelSpec,
     text: dict[str, Any],
     tid: Callable[[str], int],
@@ -102,8 +103,19 @@ def minicpmv_config_kwargs(
     """``MiniCPMV4_6Config``'s arguments: Qwen3.5's language model (``rope``: its M-RoPE settings, which 1-D
     positions turn into plain RoPE) behind MiniCPM-V 4.6's NaViT tower (``vision``: its widths; patches of
     ``patch`` pixels, position buckets for ``crop_side``-pixel pictures, its window-attention merger after the first
-    layer), tokens merged 2 x 2 twice (``16x``)."""
-    return {
+    layer), tokens merged 2 x 2 twice (``16x``). MiniCPM-V 4.7's also names the tags its Canvas M-RoPE pins to the
+    corners of each item (and the newline between rows of slices)."""
+    canvas = {}
+    if family == "minicpmv4_7":
+        named = MINICPMV_NAMED_TOKENS
+        canvas = {
+            "image_start_id": tid(named["image_start_token"]),
+            "image_end_id": tid(named["image_end_token"]),
+            "slice_start_id": tid(named["slice_start_token"]),
+            "slice_end_id": tid(named["slice_end_token"]),
+            "newline_id": tid("\u010a"),  # "\n", as the byte-level vocabulary writes it
+        }
+    return canvas | {
         "text_config": {**text, "model_type": "qwen3_5_text", "rope_parameters": rope},
         "vision_config": {**vision, "patch_size": layout.patch, "image_size": layout.crop_side},
         "insert_layer_id": 0,

@@ -15,6 +15,7 @@ from .specs import (
     GEMMA4_SOFT_TOKENS,
     INTERNVL_FAMILIES,
     LLAVA15_FAMILIES,
+    MINICPMV_FAMILIES,
     MISTRAL3_MERGE,
     QWEN3_FAMILIES,
     TILE_FAMILIES,
@@ -174,7 +175,7 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
         )
     if family == "lfm2_vl":
         return _lfm2_vl_processor(processor_cls, tokenizer, layout)
-    if family == "minicpmv4_6":  # a picture whole near crop_side pixels a side and up to max_tiles slices
+    if family in MINICPMV_FAMILIES:  # a picture whole near crop_side pixels a side and up to max_tiles slices
         from transformers import MiniCPMV4_6ImageProcessor, MiniCPMV4_6VideoProcessor
 
         geometry = {"patch_size": layout.patch, "scale_resolution": layout.crop_side}

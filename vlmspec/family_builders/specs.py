@@ -34,6 +34,7 @@ OWN_TEST_FAMILIES: tuple[str, ...] = (
     "qwen3_5",
     "lfm3_vl",
     "minicpmv4_6",
+    "minicpmv4_7",
 )
 """Families with pictures and videos these builders know that are tested on their own (SmolVLM2: pictures cut into
 tiles, a video's frames written as pictures with their times; LLaVA-NeXT-Video: LLaVA-NeXT's pictures, a video's
@@ -43,7 +44,8 @@ their own aspect ratio, per-layer inputs, layers reusing earlier layers' keys; P
 cut into tiles, a video's frames a tile each; Qwen3.5: Qwen3-VL's tower and processor, a language model of recurrent
 Gated DeltaNet layers and attention layers; LFM3-VL: Qwen2-VL's patches and Qwen3-VL's video processor, a language
 model of short convolutions, sliding-window and global attention layers, 1-D positions; MiniCPM-V 4.6: NaViT-packed
-pictures, slices and frames, Qwen3.5's language model with 1-D positions)."""
+pictures, slices and frames, Qwen3.5's language model with 1-D positions; MiniCPM-V 4.7: the same with Canvas
+M-RoPE)."""
 MOE_FAMILIES: tuple[str, ...] = ("qwen3_vl_moe", "internvl_moe")
 """Mixture-of-experts families these builders know too: Qwen3-VL-30B-A3B's and -235B-A22B's architecture, the
 Qwen3-VL vision tower and processor with a sparse language model, and InternVL3.5-30B-A3B's and -241B-A28B's (model
@@ -53,9 +55,11 @@ INTERNVL_FAMILIES: tuple[str, ...] = ("internvl", "internvl_moe")
 """The families with InternVL's tiles, tower and processor (dense and sparse language models)."""
 QWEN3_FAMILIES: tuple[str, ...] = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5")
 """The families with Qwen3-VL's vision tower, processor and interleaved M-RoPE (Qwen3.5's tower has no deepstack)."""
-HYBRID_FAMILIES: tuple[str, ...] = ("qwen3_5", "lfm2_vl", "lfm3_vl", "minicpmv4_6")
+HYBRID_FAMILIES: tuple[str, ...] = ("qwen3_5", "lfm2_vl", "lfm3_vl", "minicpmv4_6", "minicpmv4_7")
 """Families whose language model has recurrent layers beside its attention layers (Qwen3.5's Gated DeltaNet, its and
-MiniCPM-V 4.6's; LFM2's and LFM3's short gated convolutions)."""
+MiniCPM-V 4.6's and 4.7's; LFM2's and LFM3's short gated convolutions)."""
+MINICPMV_FAMILIES: tuple[str, ...] = ("minicpmv4_6", "minicpmv4_7")
+"""MiniCPM-V 4.6 and 4.7: one tower, processor and tokens (4.7 lays its positions out on a canvas)."""
 FULL_ATTENTION_INTERVAL = 2
 """Hybrid fixtures: every second layer attends, and the last (the real Qwen3.5 models: every fourth; LFM2-1.2B: 6 of
 16), so a 2-layer draft has one."""
@@ -89,6 +93,7 @@ _CLASS_PREFIXES = {  # family: the name of its transformers classes, <prefix>Con
     "lfm2_vl": "Lfm2Vl",
     "lfm3_vl": "Lfm3Vl",
     "minicpmv4_6": "MiniCPMV4_6",
+    "minicpmv4_7": "MiniCPMV4_7",
 }
 _PROCESSOR_PREFIXES = {"qwen3_vl_moe": "Qwen3VL", "qwen3_5": "Qwen3VL", "mistral3": "Pixtral"}
 """Families whose processor is another family's (...Processor)."""

@@ -18,7 +18,7 @@ from .janus import JanusAdapter
 from .lfm2_vl import Lfm2VlAdapter
 from .lfm3_vl import Lfm3VlAdapter
 from .llava import LlavaAdapter, LlavaNextAdapter, LlavaNextVideoAdapter, LlavaOnevisionAdapter
-from .minicpmv import MiniCPMV4_6Adapter
+from .minicpmv import MiniCPMV4_6Adapter, MiniCPMV4_7Adapter
 from .mistral3 import Mistral3Adapter
 from .ovis2 import Ovis2Adapter
 from .perception_lm import PerceptionLMAdapter
@@ -51,6 +51,7 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
         Lfm2VlAdapter,
         Lfm3VlAdapter,
         MiniCPMV4_6Adapter,
+        MiniCPMV4_7Adapter,
         VideoLlama3Adapter,
     )
     for model_type in cls.model_types
@@ -65,10 +66,6 @@ _NATIVE_VERSIONS = {  # model types vlmspec refuses, why and what to load instea
     "load a transformers-native conversion (lkhl/VideoLLaMA3-2B-Image-HF)",
     "internvl_chat": "OpenGVLab's InternVL checkpoints that run their own code (model_type 'internvl_chat') have "
     "transformers-native versions: load the '-hf' one (OpenGVLab/InternVL3-8B-hf, OpenGVLab/InternVL3_5-8B-HF)",
-    "minicpmv4_7": "its language model has recurrent layers (Qwen3.5's Gated DeltaNet) whose state transformers "
-    "carries along the sequence: vlmspec verifies a tree through such layers in its own hybrid adapters only "
-    "(qwen3_5, qwen3_5_moe, lfm2_vl, lfm3_vl, minicpmv4_6), not yet in this family's (MiniCPM-V 4.7's own vision "
-    "tower); transformers' generate() runs it (its assisted generation cannot roll these layers back either)",
     "qwen4_exp": "its language model reads hashed n-grams of the tokens before each one and mixes several residual "
     "streams besides its recurrent layers, which vlmspec does not verify a tree through; transformers' generate() "
     "runs it",

@@ -69,7 +69,7 @@ _NO_EDD = {
     "target's hidden states) has none of, and its last layers reuse earlier layers' keys, which one layer has no "
     "earlier layer to give; draft with a smaller Gemma 4 (gemma-4-E2B-it) or the target's assistant instead",
     **dict.fromkeys(
-        ("qwen3_5", "qwen3_5_moe", "minicpmv4_6"),
+        ("qwen3_5", "qwen3_5_moe", "minicpmv4_6", "minicpmv4_7"),
         "three in four of its layers are recurrent (Gated DeltaNet), and vlmspec runs those over a tree only in the "
         "adapter's own decoder, which an EDD draft's one layer does not go through; draft with a smaller Qwen3.5 "
         "(Qwen3.5-0.8B)",

@@ -1,4 +1,4 @@
-"""MiniCPM-V 4.6 (``openbmb/MiniCPM-V-4.6``): a NaViT tower (patches of any picture's own grid, a window-attention
+"""MiniCPM-V 4.6 (``openbmb/MiniCPM-V-4.6``) and 4.7 (``openbmb/MiniCPM-V-4.7-1B``): a NaViT tower (patches of any picture's own grid, a window-attention
 merger part-way up, a 2 x 2 merger after it) in front of Qwen3.5's hybrid language model (Gated DeltaNet and
 attention layers: :mod:`.hybrid`, :class:`~vlmspec.models.qwen3_5.GatedDeltaDecoder`) with 1-D positions.
 
@@ -9,6 +9,10 @@ grid of slices that fits it best; a video as its frames. Each of those is an ite
 ``[1, C, P, sum(h * w * P)]`` packs every item's patches side by side along its last axis (NaViT-packed), a batch's
 prompts' too. So vlmspec reads a prompt's media items as those items, in order (its pictures' and slices' as
 images, its videos' frames as videos), cutting the packed pixels at each item's columns.
+
+MiniCPM-V 4.7 is 4.6 with Canvas M-RoPE: each item's tokens laid out on a canvas of its grid (its ``get_rope_index``,
+from the ids, ``mm_token_type_ids`` and the grids), decoded tokens after the prompt's largest position as Qwen's
+(:class:`~vlmspec.models.qwen.QwenVLAdapter`'s positions).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 from ..errors import InvalidInputError
 from .data import VisualFeatures
 from .media import pictures_per_row
+from .qwen import QwenVLAdapter
 from .qwen3_5 import GatedDeltaDecoder
 
 _KINDS = {  # modality: its pixels, its items' patch grids
@@ -101,3 +106,8 @@ class MiniCPMV4_6Adapter(GatedDeltaDecoder):
             if inputs.get(pixels) is not None:
                 rows[pixels], rows[grid] = inputs[pixels][0].permute(2, 0, 1), inputs[grid]
         return rows
+
+
+class MiniCPMV4_7Adapter(MiniCPMV4_6Adapter, QwenVLAdapter):
+    model_types = ("minicpmv4_7",)
+    rope_inputs = ("target_sizes", "target_sizes_videos", "attention_mask")

@@ -13,7 +13,7 @@ positions.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -33,6 +33,9 @@ class QwenVLAdapter(VLMAdapter):
         "vision_config.in_channels",
     )
     fixed_processor_settings = frozenset({"do_resize"})  # pictures resized to whole merged patches
+    rope_inputs: ClassVar[tuple[str, ...]] = _ROPE_KEYS
+    """The processor outputs the model's ``get_rope_index`` reads besides the ids and ``mm_token_type_ids``; the
+    first two are the items' grids, which a prompt with pictures or videos has."""
 
     @property
     def min_video_frames(self) -> int:
@@ -45,7 +48,7 @@ class QwenVLAdapter(VLMAdapter):
 
     def prompt_rope(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor | None, torch.Tensor]:
         ids = inputs["input_ids"]
-        has_visual = inputs.get("image_grid_thw") is not None or inputs.get("video_grid_thw") is not None
+        has_visual = any(inputs.get(grid) is not None for grid in self.rope_inputs[:2])
         if not has_visual:
             positions = torch.arange(ids.shape[1], device=ids.device).view(1, 1, -1).expand(3, 1, -1)
             return positions, torch.zeros((), dtype=torch.long, device=ids.device)
@@ -54,7 +57,7 @@ class QwenVLAdapter(VLMAdapter):
                 "Qwen-VL inputs with images/videos need `mm_token_type_ids` for M-RoPE; build the inputs with the "
                 "model's processor (it returns them by default)"
             )
-        extra = {k: inputs[k] for k in _ROPE_KEYS if inputs.get(k) is not None}
+        extra = {k: inputs[k] for k in self.rope_inputs if inputs.get(k) is not None}
         positions, deltas = self.model.model.get_rope_index(ids, inputs["mm_token_type_ids"], **extra)
         return positions, deltas.reshape(()).to(torch.long)
 

@@ -124,6 +124,7 @@ _LAYOUTS = {
     # patches of 4 merged 2x2 twice: a picture whole near 32 pixels a side (an 8x8 grid: 4 tokens) and, when larger,
     # up to 4 slices of about as many; a video's frames whole
     "minicpmv4_6": VisionLayout(patch=4, crop_side=32, max_tiles=4),
+    "minicpmv4_7": VisionLayout(patch=4, crop_side=32, max_tiles=4),  # 4.6's
     # patches of 4 unshuffled 2x2: a picture up to 2048 pixels whole (4 to 16 tokens at its aspect ratio), a larger
     # one cut into 2 to 4 tiles of 16 pixels (4 tokens each) and a thumbnail (a 56-pixel square: 2x2 tiles + 16)
     "lfm2_vl": VisionLayout(patch=4, crop_side=16, max_tiles=4),
@@ -143,8 +144,14 @@ _BPE_VOCAB = 960  # byte-level BPE size before special tokens
 # Weight draws are vetted on calibration prompts (see _build_models).
 _CALIBRATION_TOKENS = 48
 _MIN_MARGIN = 0.1  # logit standard deviations
-_FAMILY_MIN_MARGIN = {"glm46v": 0.08, "gemma4": 0.06, "qwen3_5": 0.05, "minicpmv4_6": 0.08}
-"""Families no draw of the first 120 (Gemma 4: 150; Qwen3.5 and MiniCPM-V 4.6: 32) gives ``_MIN_MARGIN``: the best one's margin is accepted (the fp32
+_FAMILY_MIN_MARGIN = {
+    "glm46v": 0.08,
+    "gemma4": 0.06,
+    "qwen3_5": 0.05,
+    "minicpmv4_6": 0.08,
+    "minicpmv4_7": 0.08,
+}
+"""Families no draw of the first 120 (Gemma 4: 150; Qwen3.5 and MiniCPM-V: 32) gives ``_MIN_MARGIN``: the best one's margin is accepted (the fp32
 lossless checks compare exact tokens; a near-tie there would show as a mismatch, not pass unseen)."""
 _MIN_SENSITIVITY = 0.03
 _MAX_SENSITIVITY = 0.3
@@ -179,6 +186,7 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("lfm2_vl", 0): 29,
     ("lfm3_vl", 0): 15,
     ("minicpmv4_6", 0): 10,  # the best of the first 32 (_FAMILY_MIN_MARGIN)
+    ("minicpmv4_7", 0): 7,  # the best of the first 32 (_FAMILY_MIN_MARGIN)
 }
 
 _CORPUS = """

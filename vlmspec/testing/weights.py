@@ -203,7 +203,7 @@ def _vision_output_linears(model: PreTrainedModel, family: str) -> list[torch.nn
         return [inner.projector.readout[-1]]
     if family == "gemma4":
         return [inner.embed_vision.embedding_projection]
-    if family == "minicpmv4_6":
+    if family.startswith("minicpmv"):
         return [inner.merger.mlp[-1].linear_2]
     if family in family_builders.QWEN3_FAMILIES:
         deepstack = getattr(inner.visual, "deepstack_merger_list", [])  # Qwen3.5's tower has none

@@ -138,6 +138,7 @@ _FAMILY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("lfm2_vl", re.compile(r"lfm2(\.5)?[-_]vl", re.I)),  # LFM2-VL and LFM2.5-VL
     ("lfm3_vl", re.compile(r"lfm3[-_]vl", re.I)),
     ("minicpmv4_6", re.compile(r"minicpm[-_]?v[-_]?4\.6", re.I)),
+    ("minicpmv4_7", re.compile(r"minicpm[-_]?v[-_]?4\.7", re.I)),
 )
 
 
