@@ -133,10 +133,10 @@ def build_config(
         return config_cls(**_perception_lm_config_kwargs(spec, text, tid, layout))
     vision = {**_vit_widths(spec), "initializer_range": _VISION_INIT_STD}
     if family in ("lfm2_vl", "lfm3_vl"):
-        return config_cls(**liquid_config_kwargs(family, spec, text, tid, layout, vision))
+        return config_cls(**liquid_config_kwargs(family, text, tid, layout, vision))
     if family in MINICPMV_FAMILIES:
-        rope = _mrope("qwen3_5", spec.head_dim)
-        return config_cls(**minicpmv_config_kwargs(family, spec, text, tid, layout, vision, rope))
+        text |= {"rope_parameters": _mrope("qwen3_5", spec.head_dim)}  # Qwen3.5's
+        return config_cls(**minicpmv_config_kwargs(family, text, tid, layout, vision))
     if family in TILE_FAMILIES:
         return config_cls(
             text_config={**text, "model_type": "llama"},

@@ -13,6 +13,9 @@ LFM2_VL_TOKENS = (4, 16)
 """``(min, max)`` visual tokens of an LFM2-VL fixture picture read whole (the real models': 64 and 256); a larger one
 is cut into tiles of ``crop_side`` pixels plus a thumbnail of at most the maximum."""
 
+Kwargs = dict[str, Any]
+TokenId = Callable[[str], int]
+"""A tokenizer's token-to-id lookup."""
 _LFM2_ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0}  # LFM2's own theta
 
 
@@ -45,21 +48,17 @@ def recurrent_text(family: str, spec: ModelSpec) -> dict[str, Any]:
 
 
 def liquid_config_kwargs(
-    family: str,
-    spec: ModelSpec,
-    text: dict[str, Any],
-    tid: Callable[[str], int],
-    layout: VisionLayout,
-    vision: dict[str, Any],
-) -> dict[str, Any]:
+    family: str, text: Kwargs, tid: TokenId, layout: VisionLayout, vision: Kwargs
+) -> Kwargs:
     """``Lfm2VlConfig``'s or ``Lfm3VlConfig``'s arguments: the language model behind the tower (``vision``: its
-    widths), whose tokens, 2 x 2 patches each, are projected, as every size's.
+    widths), whose tokens, 2 x 2 patches each, are projected (the projector twice the language model's width), as
+    every size's.
 
     LFM2-VL: LFM2 behind a SigLIP2 NaFlex tower (patches of ``patch`` pixels at any aspect ratio, its position table
     of the most patches a picture or tile has). LFM3-VL: LFM3 (its own rotary tables per attention type: the local
     layers' whole, the global ones' on half the head) behind LFM3-VL's tower (a convolution layer, then an attention
     layer, over Qwen2-VL's flat patches of ``patch`` pixels, two frames deep)."""
-    shared = {"projector_hidden_size": 2 * spec.hidden, "tie_word_embeddings": False}
+    shared = {"projector_hidden_size": 2 * text["hidden_size"], "tie_word_embeddings": False}
     if family == "lfm2_vl":
         most_patches = max(LFM2_VL_TOKENS[1] * 4, (layout.crop_side // layout.patch) ** 2)
         return shared | {
@@ -92,16 +91,10 @@ def liquid_config_kwargs(
 
 
 def minicpmv_config_kwargs(
-    family: str,
-    spec: ModelSpec,
-    text: dict[str, Any],
-    tid: Callable[[str], int],
-    layout: VisionLayout,
-    vision: dict[str, Any],
-    rope: dict[str, Any],
-) -> dict[str, Any]:
-    """``MiniCPMV4_6Config``'s arguments: Qwen3.5's language model (``rope``: its M-RoPE settings, which 1-D
-    positions turn into plain RoPE) behind MiniCPM-V 4.6's NaViT tower (``vision``: its widths; patches of
+    family: str, text: Kwargs, tid: TokenId, layout: VisionLayout, vision: Kwargs
+) -> Kwargs:
+    """``MiniCPMV4_6Config``'s or ``MiniCPMV4_7Config``'s arguments: Qwen3.5's language model (``text``, with its
+    M-RoPE settings, which 1-D positions turn into plain RoPE) behind MiniCPM-V 4.6's NaViT tower (``vision``: its widths; patches of
     ``patch`` pixels, position buckets for ``crop_side``-pixel pictures, its window-attention merger after the first
     layer), tokens merged 2 x 2 twice (``16x``). MiniCPM-V 4.7's also names the tags its Canvas M-RoPE pins to the
     corners of each item (and the newline between rows of slices)."""
@@ -116,7 +109,7 @@ def minicpmv_config_kwargs(
             "newline_id": tid("\u010a"),  # "\n", as the byte-level vocabulary writes it
         }
     return canvas | {
-        "text_config": {**text, "model_type": "qwen3_5_text", "rope_parameters": rope},
+        "text_config": {**text, "model_type": "qwen3_5_text"},
         "vision_config": {**vision, "patch_size": layout.patch, "image_size": layout.crop_side},
         "insert_layer_id": 0,
         "image_size": layout.crop_side,
