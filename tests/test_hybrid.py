@@ -3,7 +3,8 @@ Qwen3.5 (Gated DeltaNet), LFM2-VL and LFM3-VL (short convolutions). Their tiny p
 are in ``test_more_families.py``'s matrix (every policy, a pruned draft, batches, a conversation). Here, what they
 share: a tree's forward gives every path transformers' own logits, token by token, and keeping a path leaves the
 recurrent states ``generate()`` has there; the visual scores of the draft's pruning are the attention layers' own;
-sampling follows the target and does not depend on the batch; EDD drafts are refused; a forward reads the host once.
+sampling follows the target and does not depend on the batch, and a forward reads the host once (for one family per
+kind of recurrent layer); EDD drafts are refused.
 What only one family has is in its own file (``test_qwen3_5.py``, ``test_lfm2_vl.py``, ``test_lfm3_vl.py``).
 """
 
@@ -16,7 +17,7 @@ from test_batching import check_a_sampled_reply_is_the_same_alone_and_at_batch_3
 from test_host_syncs import CPU_LIKE, END_OF_GENERATION, PER_DRAFT_FORWARD, PER_STEP
 from transformers import AutoModelForImageTextToText
 
-from vlmspec import InvalidInputError, VLMSpecPipeline, get_policy
+from vlmspec import InvalidInputError, VLMSpecPipeline
 from vlmspec.cache import keep_tail
 from vlmspec.host_syncs import HostSyncCounter
 from vlmspec.models import EDDDraft, adapter_for
@@ -26,6 +27,10 @@ from vlmspec.tree import ancestor_matrix, tree_attention_bias
 PARENTS = [-1, 0, 0, 1, 1, 3, 2]
 """The verified tree: the root, then the greedy path at nodes 1, 3, 5 and three other branches (2, 4, 6)."""
 PATH = [0, 1, 3, 5]
+LAYER_KINDS = ("qwen3_5", "lfm2_vl")
+"""One family per kind of recurrent layer (Gated DeltaNet, short convolutions) for what runs the same whatever the
+family around it (sampling, a batch's store, host reads): LFM3-VL runs LFM2's layers (with its norms), MiniCPM-V
+Qwen3.5's."""
 
 
 @pytest.fixture(scope="module", params=HYBRID_FAMILIES)
@@ -93,13 +98,17 @@ def test_visual_scores_are_the_attention_layers_own(pair, pipe):
     torch.testing.assert_close(scores, weights.float().mean(dim=(0, 1, 2)), rtol=1e-4, atol=1e-6)
 
 
-def test_sampling_follows_the_target(pipe):
-    pipe.policy = get_policy("sage")
+@pytest.mark.parametrize("family", LAYER_KINDS)
+def test_sampling_follows_the_target(family, tiny_root):
+    pair = build_tiny_pair(family, root=tiny_root)
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
     check_the_second_token_follows_the_target(pipe, draws=200)
 
 
-def test_a_sampled_reply_is_the_same_alone_and_in_a_batch(pair):
+@pytest.mark.parametrize("family", LAYER_KINDS)
+def test_a_sampled_reply_is_the_same_alone_and_in_a_batch(family, tiny_root):
     """The requests' recurrent states sit in one store at batch 3."""
+    pair = build_tiny_pair(family, root=tiny_root)
     check_a_sampled_reply_is_the_same_alone_and_at_batch_3(pair.target, pair.draft)
 
 
@@ -112,9 +121,11 @@ def test_an_edd_draft_is_refused(pair, pipe):
 
 
 @pytest.mark.parametrize("policy", ["chain", "static", "sage"])
-def test_a_forward_adds_one_host_read(pair, policy):
+@pytest.mark.parametrize("family", LAYER_KINDS)
+def test_a_forward_adds_one_host_read(family, policy, tiny_root):
     """A hybrid model's forward reads its entries' levels once (the recurrence runs a level at a time): a step's
     budget (``test_host_syncs.py``) plus one read per target and draft forward, nothing else."""
+    pair = build_tiny_pair(family, root=tiny_root)
     pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy=policy, torch_dtype=torch.float32)
     pipe.costs = CPU_LIKE
     forwards = []
