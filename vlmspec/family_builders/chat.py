@@ -113,7 +113,7 @@ MINICPMV_NAMED_TOKENS = {
     "image_id_start_token": "<image_id>",
     "image_id_end_token": "</image_id>",
 }
-"""MiniCPM-V 4.6's named special tokens: a picture is written ``<|image_pad|>`` in the text, which the processor
+"""MiniCPM-V 4.6's and 4.7's named special tokens: a picture is written ``<|image_pad|>`` in the text, which the processor
 expands to ``<image_id>i</image_id><image>`` + one ``<|image_pad|>`` per visual token of the whole picture +
 ``</image>``, then each slice's ``<slice>`` + its tokens + ``</slice>``; a video ``<|video_pad|>``, each frame in
 ``<image>`` tags."""
@@ -309,7 +309,7 @@ PERCEPTION_LM_CHAT_TEMPLATE = (
 # Aya Vision's fixture template writes them
 LFM2_VL_CHAT_TEMPLATE = AYA_VISION_CHAT_TEMPLATE
 
-# MiniCPM-V 4.6's: ChatML turns, each picture's and video's placeholder where it stands
+# MiniCPM-V 4.6's and 4.7's: ChatML turns, each picture's and video's placeholder where it stands
 MINICPMV_CHAT_TEMPLATE = (
     GEMMA4_CHAT_TEMPLATE.replace("<|image|>", "<|image_pad|>")
     .replace("<|video|>", "<|video_pad|>")
@@ -341,9 +341,10 @@ _CHAT_TEMPLATES = {
     "video_llama_3": VIDEO_LLAMA3_CHAT_TEMPLATE,
     "perception_lm": PERCEPTION_LM_CHAT_TEMPLATE,
     "lfm2_vl": LFM2_VL_CHAT_TEMPLATE,
+    # LFM3-VL's processor writes a video's frames as Qwen3-VL's does (each frame's time, then its tokens)
     "lfm3_vl": QWEN3_CHAT_TEMPLATE,
     "minicpmv4_6": MINICPMV_CHAT_TEMPLATE,
-    "minicpmv4_7": MINICPMV_CHAT_TEMPLATE,  # its processor writes a video's frames as Qwen3-VL's does (times, then tokens)
+    "minicpmv4_7": MINICPMV_CHAT_TEMPLATE,
 }
 
 

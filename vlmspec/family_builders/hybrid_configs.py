@@ -1,5 +1,6 @@
 """The config arguments of the families whose language models have recurrent layers (:data:`HYBRID_FAMILIES`):
-Qwen3.5's Gated DeltaNet layers and LFM2-VL's language model, LFM2, of short gated convolutions."""
+Qwen3.5's Gated DeltaNet layers (Qwen3.5's own VLMs', MiniCPM-V 4.6's and 4.7's), LFM2's and LFM3's short gated
+convolutions (LFM2-VL's, LFM3-VL's)."""
 
 from __future__ import annotations
 
@@ -23,12 +24,17 @@ def recurrent_text(family: str, spec: ModelSpec) -> dict[str, Any]:
     """The text config's layer types and recurrent layers' shapes: every :data:`FULL_ATTENTION_INTERVAL`-th layer
     attends, and the last (so a model of one layer has one); the others are Qwen3.5's Gated DeltaNet layers (value
     heads twice the key heads, as the real models', a 4-wide convolution) or LFM2's short convolutions (3 wide, as
-    the real models'); LFM3's convolutions are 7 wide (as the real models'), its attention layers local but the last."""
+    the real models'); LFM3's convolutions are 7 wide (as the real models'), its attention layers local but the
+    last."""
     attends = [(i + 1) % FULL_ATTENTION_INTERVAL == 0 or i == spec.layers - 1 for i in range(spec.layers)]
     if family == "lfm3_vl":
-        # the attention layers local (a window of spec.sliding_window tokens) but the last
-        kinds = ["conv", "sliding_attention", "full_attention"]
-        types = [kinds[full + (i == spec.layers - 1)] if full else "conv" for i, full in enumerate(attends)]
+        last = (
+            spec.layers - 1
+        )  # the attention layers local (a window of spec.sliding_window tokens) but the last
+        types = [
+            "conv" if not full else "full_attention" if i == last else "sliding_attention"
+            for i, full in enumerate(attends)
+        ]
         return {"layer_types": types, "conv_L_cache": 7, "sliding_window": spec.sliding_window}
     if family == "lfm2_vl":
         return {
@@ -94,9 +100,9 @@ def minicpmv_config_kwargs(
     family: str, text: Kwargs, tid: TokenId, layout: VisionLayout, vision: Kwargs
 ) -> Kwargs:
     """``MiniCPMV4_6Config``'s or ``MiniCPMV4_7Config``'s arguments: Qwen3.5's language model (``text``, with its
-    M-RoPE settings, which 1-D positions turn into plain RoPE) behind MiniCPM-V 4.6's NaViT tower (``vision``: its widths; patches of
-    ``patch`` pixels, position buckets for ``crop_side``-pixel pictures, its window-attention merger after the first
-    layer), tokens merged 2 x 2 twice (``16x``). MiniCPM-V 4.7's also names the tags its Canvas M-RoPE pins to the
+    M-RoPE settings, which 1-D positions turn into plain RoPE) behind their NaViT tower (``vision``: its widths;
+    patches of ``patch`` pixels, position buckets for ``crop_side``-pixel pictures, its window-attention merger after
+    the first layer), tokens merged 2 x 2 twice (``16x``). MiniCPM-V 4.7's also names the tags its Canvas M-RoPE pins to the
     corners of each item (and the newline between rows of slices)."""
     canvas = {}
     if family == "minicpmv4_7":

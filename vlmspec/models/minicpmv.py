@@ -1,6 +1,7 @@
-"""MiniCPM-V 4.6 (``openbmb/MiniCPM-V-4.6``) and 4.7 (``openbmb/MiniCPM-V-4.7-1B``): a NaViT tower (patches of any picture's own grid, a window-attention
-merger part-way up, a 2 x 2 merger after it) in front of Qwen3.5's hybrid language model (Gated DeltaNet and
-attention layers: :mod:`.hybrid`, :class:`~vlmspec.models.qwen3_5.GatedDeltaDecoder`) with 1-D positions.
+"""MiniCPM-V 4.6 (``openbmb/MiniCPM-V-4.6``) and 4.7 (``openbmb/MiniCPM-V-4.7-1B``): a NaViT tower (patches of any
+picture's own grid, a window-attention merger part-way up, a 2 x 2 merger after it) in front of Qwen3.5's hybrid
+language model (Gated DeltaNet and attention layers: :mod:`.hybrid`,
+:class:`~vlmspec.models.qwen3_5.GatedDeltaDecoder`) with 1-D positions.
 
 The processor reads a picture as its whole, resized near ``scale_resolution`` pixels a side, and (when larger) the
 grid of slices that fits it best; a video as its frames. Each of those is an item: ``target_sizes`` (or
@@ -47,9 +48,11 @@ class MiniCPMV4_6Adapter(GatedDeltaDecoder):
         return self.config.image_token_id, self.config.video_token_id
 
     def _tokens_per_item(self, inputs: dict[str, Any], modality: str) -> list[int]:
-        """Each item's tokens: its patch grid, merged 2 x 2 twice (``16x``)."""
+        """Each item's tokens: its patch grid, merged 2 x 2 twice (``downsample_mode`` ``16x``) or once (``4x``,
+        the model's window merger skipped), as the model's ``get_image_features`` merges it."""
         grids = inputs.get(_KINDS[modality][1])
-        return [] if grids is None else (grids.prod(-1) // 16).tolist()
+        patches_per_token = 4 if self.config.downsample_mode == "4x" else 16
+        return [] if grids is None else (grids.prod(-1) // patches_per_token).tolist()
 
     def visual_features(self, inputs: dict[str, torch.Tensor]) -> dict[str, VisualFeatures]:
         inner, found = self.model.model, {}
