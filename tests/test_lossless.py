@@ -1,7 +1,7 @@
 """Lossless: greedy speculative output == the target's own greedy ``generate()``, token for token.
 
-Every family x policy x input kind (one image, two images, a video, text only) x 5 prompts, 48 new tokens;
-and again in bfloat16 on the CPU. On a machine with a GPU the same tests run there (device chosen by
+Every family x policy x input kind (one image, two images, a video, text only) x 5 prompts, 48 new tokens
+(``sage`` with a pruned draft: 2 prompts per kind); and again in bfloat16 on the CPU. On a machine with a GPU the same tests run there (device chosen by
 ``from_pretrained``).
 """
 
@@ -78,11 +78,18 @@ def test_greedy_equals_generate_bf16(tiny_pairs, family):
             assert out.token_ids == expected, f"bf16 {family}/{policy}/{kind}"
 
 
+PRUNED_PROMPTS = PROMPTS[:2]
+"""Prompts per input kind with a pruned draft: pruning changes what the draft reads, never what the target does, and
+the draft's prefill is the part it touches (its token counts are checked below); every prompt runs unpruned above."""
+
+
 @pytest.mark.parametrize("prune_ratio", [0.0, 0.8, 0.9])
 def test_sage_with_draft_pruning_equals_generate(family_case, prune_ratio):
     family, pipe, cases = family_case
     pipe.policy = get_policy("sage")
     for kind, prompt, image, video, expected in cases:
+        if prompt not in PRUNED_PROMPTS:
+            continue
         out = pipe(image, prompt, video=video, max_new_tokens=MAX_NEW, prune_ratio=prune_ratio)
         assert out.token_ids == expected, f"{family}/sage/prune={prune_ratio}/{kind}/{prompt!r}"
         # The draft's prefill holds keep_count() of the visual tokens (unit-tested in test_pruning.py).

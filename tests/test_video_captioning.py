@@ -211,7 +211,7 @@ def test_resuming_with_other_settings_warns_and_the_summary_names_who_made_the_l
 @pytest.mark.slow
 @pytest.mark.parametrize("batch_size", ["1", "8"])
 def test_killed_job_resumes_without_loss_or_duplicates(
-    caption_pair, six_videos, reference, tmp_path, batch_size, slow_job
+    vc, caption_pair, six_videos, reference, tmp_path, batch_size, slow_job, capsys
 ):
     out = tmp_path / "captions.jsonl"
     argv = [
@@ -237,12 +237,10 @@ def test_killed_job_resumes_without_loss_or_duplicates(
     with open(out, "ab") as handle:  # what a kill in the middle of a write would leave: a torn last line
         handle.write(b'{"id": "clip5.mp4", "path": "vid')
 
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), *argv], env=_env(), capture_output=True, text=True, timeout=TIMEOUT
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "torn last line" in result.stderr
-    assert f"{done} already done" in result.stdout
+    assert vc.main(argv) == 0  # the resumed run, in this process (the clean run's captions were made so)
+    resumed = capsys.readouterr()
+    assert "torn last line" in resumed.err
+    assert f"{done} already done" in resumed.out
     records = _records(out)  # every line parses
     ids = [r["id"] for r in records]
     assert ids == [f"clip{i}.mp4" for i in range(6)]  # every video exactly once, in input order
@@ -251,7 +249,7 @@ def test_killed_job_resumes_without_loss_or_duplicates(
 
 @pytest.mark.slow
 def test_killed_ten_times_with_every_signal_still_captions_each_video_once(
-    caption_pair, six_videos, reference, tmp_path, slow_job
+    vc, caption_pair, six_videos, reference, tmp_path, slow_job
 ):
     """Killed at random points 10 times in a row (kill -9, SIGTERM, Ctrl-C in turn), each time started again on
     the same output: the last run finishes, every video is there exactly once, with the clean run's caption."""
@@ -285,10 +283,7 @@ def test_killed_ten_times_with_every_signal_still_captions_each_video_once(
         data = out.read_bytes() if out.exists() else b""
         ids = [json.loads(line)["id"] for line in data.splitlines(keepends=True) if line.endswith(b"\n")]
         assert len(ids) == len(set(ids)), f"round {round_}: a video written twice"
-    result = subprocess.run(
-        [sys.executable, *job], env=_env(), capture_output=True, text=True, timeout=TIMEOUT
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert vc.main(job[1:]) == 0  # the last run, in this process, finishes the job
     records = _records(out)
     assert sorted(r["id"] for r in records) == sorted(reference)  # every video exactly once
     assert {r["id"]: r["caption"] for r in records} == reference
