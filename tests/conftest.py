@@ -115,7 +115,7 @@ def check_a_padded_batch_splits_into_its_prompts(pipe, prompts, same_media, nest
         **({"videos": videos} if videos else {}),
     }
     batch = pipe.processor(text=texts, padding=True, return_tensors="pt", **media)
-    rows = pipe._target_adapter.split_rows(dict(batch))
+    rows = pipe.target_adapter.split_rows(dict(batch))
     width = batch["input_ids"].shape[1]
     replies = pipe.generate(**batch, max_new_tokens=24)
     for b, (row, text, (_, own, video)) in enumerate(zip(rows, texts, prompts, strict=True)):

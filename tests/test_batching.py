@@ -373,7 +373,7 @@ def test_prompts_prefilled_together_are_each_prompt_s_own_prefill(tiny_pairs, fa
     pair = tiny_pairs[family]
     pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
     prompts = [pipe.prepare_inputs(r["image"], r["prompt"], r["video"]) for r in mixed_requests()[:4]]
-    target, draft = pipe._target_adapter, pipe._draft_adapter
+    target, draft = pipe.target_adapter, pipe.draft_adapter
     merged = target.prefill_many(
         prompts, score_visual=True
     )  # rows of different lengths: padding is exercised

@@ -14,6 +14,7 @@ from vlmspec_eval.cost import CostProbe, ideal_terms, run_cost_probe
 from vlmspec_eval.methods import (
     DEFAULT_EDD_METHODS,
     ForwardCall,
+    ForwardRecorder,
     RunRecord,
     build_variants,
     make_policy,
@@ -475,3 +476,23 @@ def test_a_structured_bench_compares_every_row_with_generate_under_xgrammar(pair
     assert all(rows[m]["identical"] is True and rows[m]["error"] is None for m in ("ar", "sage", "chain"))
     assert "hf_assisted has no structured outputs" in rows["hf_assisted"]["error"]
     assert bench.main([*argv[:-1], '{"regex": 3}']) == 1
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_5"])
+def test_every_decoding_forward_is_timed_once(family, tiny_root):
+    """The forward recorder sees each verification and each draft level once, whether the model's own ``forward``
+    runs it (Qwen2-VL) or the adapter writes its decoder out (Qwen3.5's recurrent layers): one target forward a step,
+    of the step's tree (its root and its nodes)."""
+    from vlmspec.testing import make_image
+
+    pair = build_tiny_pair(family, root=tiny_root)
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="chain", torch_dtype=torch.float32)
+    recorder = ForwardRecorder(
+        pipe.target, pipe.draft, {"target": pipe.target_adapter, "draft": pipe.draft_adapter}
+    )
+    with recorder.recording():
+        out = pipe(make_image(0), "Describe this image.", max_new_tokens=16)
+    assert "run" not in vars(pipe.target_adapter)  # the timed method is removed afterwards
+    verifies = [c for c in recorder.calls if c.role == "target" and not c.prefill]
+    assert [c.tokens for c in verifies] == [size + 1 for size in out.stats.tree_sizes]
+    assert sum(c.role == "draft" and not c.prefill for c in recorder.calls) >= out.stats.steps - 1

@@ -146,7 +146,7 @@ def test_a_batch_verifies_every_live_request_in_each_target_forward(tiny_pairs, 
 
     def recording(calls):
         store = calls[0].cache.store
-        merged.append((calls[0].adapter is pipe._target_adapter, len(calls), store.rows))
+        merged.append((calls[0].adapter is pipe.target_adapter, len(calls), store.rows))
         return run_merged(calls)
 
     monkeypatch.setattr(batching, "run_merged", recording)

@@ -71,7 +71,7 @@ def test_the_first_drafts_are_transformers_own(assisted):
     )
     candidates, logits = generator.get_candidates(ids, {}, out, is_first_iteration=False, n_last_matches=0)
 
-    target, draft = pipe._target_adapter, pipe._draft_adapter
+    target, draft = pipe.target_adapter, pipe.draft_adapter
     prefill = target.prefill(inputs, hidden_layer=draft.reads_target_layer)
     state = draft.prefill_soft(
         prefill.hidden, prefill.position_ids, prefill.state.rope_delta, target=prefill.state
@@ -152,7 +152,7 @@ def test_a_pipeline_with_it_saves_and_loads(assisted, tmp_path):
     loaded = VLMSpecPipeline.from_pretrained(
         pipe.save_pretrained(tmp_path / "saved"), torch_dtype=torch.float32
     )
-    assert type(loaded._draft_adapter) is type(pipe._draft_adapter)
+    assert type(loaded.draft_adapter) is type(pipe.draft_adapter)
     assert loaded(**CALLS[0], max_new_tokens=32).token_ids == references[0]
 
 

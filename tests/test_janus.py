@@ -1,7 +1,8 @@
-"""Janus (``Janus-Pro-1B`` drafting for ``Janus-Pro-7B``): the tiny ``janus`` pair (a SigLIP tower, an aligner, a
-Llama language model, and the image-generation parts vlmspec never runs) is lossless like the other families
-(``test_more_families.py``). Here, its own ways: a picture's token count as the real processor writes it, and the
-prompt's frame around a picture, which the draft keeps when it drops visual tokens."""
+"""Janus (``Janus-Pro-1B`` drafting for ``Janus-Pro-7B``) and DeepSeek-VL: the tiny ``janus`` and ``deepseek_vl`` pairs
+(a SigLIP tower, an aligner, a Llama language model, and Janus's image-generation parts vlmspec never runs) are
+lossless like the other families (``test_more_families.py``). Here, their own ways: a picture's token count as the
+real processors write it, and the prompt's frame around a Janus picture, which the draft keeps when it drops visual
+tokens (a DeepSeek-VL picture has none)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import inspect
 from types import SimpleNamespace
 
 import torch
-from transformers import JanusConfig, JanusProcessor
+from transformers import DeepseekVLConfig, DeepseekVLProcessor, JanusConfig, JanusProcessor
 
 from vlmspec import VLMSpecPipeline
 from vlmspec.family_builders.chat import JANUS_NAMED_TOKENS
-from vlmspec.models.janus import JanusAdapter
+from vlmspec.models.janus import DeepseekVLAdapter, JanusAdapter
 from vlmspec.testing import build_tiny_pair, make_image
 
 
@@ -24,6 +25,24 @@ def test_a_picture_holds_the_processor_s_count_of_placeholders():
     adapter = JanusAdapter(SimpleNamespace(config=config))
     processor_default = inspect.signature(JanusProcessor.__init__).parameters["num_image_tokens"].default
     assert adapter.block_tokens == (384 // 16) ** 2 == processor_default == 576
+    deepseek = DeepseekVLAdapter(SimpleNamespace(config=DeepseekVLConfig(vision_config={"image_size": 384})))
+    deepseek_default = inspect.signature(DeepseekVLProcessor.__init__).parameters["num_image_tokens"].default
+    assert deepseek.block_tokens == deepseek_default == 576  # SigLIP's 16-pixel patches
+
+
+def test_a_deepseek_vl_picture_is_its_placeholders_alone(tiny_root):
+    """DeepSeek-VL's processor writes a picture as one run of its placeholders; a pruned draft keeps the reply
+    ``generate()``'s."""
+    pair = build_tiny_pair("deepseek_vl", root=tiny_root)
+    pipe = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="sage", torch_dtype=torch.float32)
+    inputs = pipe.prepare_inputs(make_image(1), "Describe the picture.")
+    ids, tokenizer = inputs["input_ids"][0], pipe.processor.tokenizer
+    placeholder = ids == tokenizer.convert_tokens_to_ids(JANUS_NAMED_TOKENS["image_token"])
+    run = placeholder.nonzero()[:, 0]
+    assert run.numel() == DeepseekVLAdapter(pipe.target).block_tokens == 4 and (run.diff() == 1).all()
+    out = pipe(make_image(1), "Describe the picture.", max_new_tokens=24, prune_ratio=0.5)
+    assert out.token_ids == pipe.reference_generate(inputs, max_new_tokens=24)
+    assert out.stats.draft_visual_tokens == 2
 
 
 def test_a_pruned_draft_keeps_each_picture_s_frame(tiny_root):

@@ -1,7 +1,7 @@
 """lmms-eval integration: the ``vlmspec`` model through lmms-eval's CLI, offline, on local and shipped tasks.
 
-The end-to-end tests run ``python -m lmms_eval`` as a subprocess (``HF_HUB_OFFLINE=1``) on the local tasks of
-``eval/tasks`` (data generated into a temporary folder by ``make_tasks``) with the testbed's ``mini`` pair
+The end-to-end tests run lmms-eval's command line as a subprocess (``HF_HUB_OFFLINE=1``; ``lmms_own_tasks.py``:
+without indexing the shipped tasks) on the local tasks of ``eval/tasks`` (data generated into a temporary folder by ``make_tasks``) with the testbed's ``mini`` pair
 (trained once and cached when missing, ~2 min on 2 CPU cores; ``VLMSPEC_LMMS_TEST_PAIR=tiny`` uses the tiny
 random pair instead). They check that
 SAGE's scores equal ``policy=ar``'s (lossless; the outputs' token hashes too), that the speed files are written,
@@ -90,6 +90,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def _env(root: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
+        PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *filter(None, [env.get("PYTHONPATH")])]),
         HF_HUB_OFFLINE="1",
         HF_DATASETS_OFFLINE="1",
         HF_DATASETS_CACHE=str(root / "hf_datasets"),
@@ -108,9 +109,10 @@ def _free_port() -> int:
 def _run_lmms_eval(
     ws: dict[str, Any], model_args: str, out: Path, processes: int = 1, tasks: tuple[str, ...] = TASKS
 ) -> tuple[int, str]:
-    """Run lmms-eval's CLI; returns its exit code and stdout+stderr (lmms-eval itself exits 0 when a run fails;
-    the vlmspec model makes a bad --model_args fail: check the files too)."""
-    cli = ["-m", "lmms_eval", "--model", "vlmspec", "--model_args", model_args, "--tasks", ",".join(tasks),
+    """Run lmms-eval's CLI on the plugin's own tasks (``lmms_own_tasks``: without indexing the shipped ones); returns
+    its exit code and stdout+stderr (lmms-eval itself exits 0 when a run fails; the vlmspec model makes a bad
+    --model_args fail: check the files too)."""
+    cli = ["-m", "lmms_own_tasks", "--model", "vlmspec", "--model_args", model_args, "--tasks", ",".join(tasks),
            "--include_path", str(ws["tasks"]), "--output_path", str(out),
            "--gen_kwargs", f"max_new_tokens={MAX_NEW_TOKENS}"]  # fmt: skip
     if processes > 1:
@@ -787,6 +789,9 @@ FAMILY_BY_NAME = {  # checkpoint or pair name: the family vlmspec reads it as (N
     "ovis-community/Ovis2.5-2B": None,
     "deepseek-community/Janus-Pro-1B": "janus",
     "tiny:janus": "janus",
+    "deepseek-community/deepseek-vl-1.3b-chat": "deepseek_vl",
+    "tiny:deepseek_vl": "deepseek_vl",
+    "deepseek-ai/deepseek-vl2-tiny": None,
     "lkhl/VideoLLaMA3-2B-Image-HF": "video_llama_3",
     "tiny:video_llama_3": "video_llama_3",
     "DAMO-NLP-SG/VideoLLaMA2-7B": None,

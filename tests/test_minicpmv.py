@@ -71,7 +71,7 @@ def test_4_7_lays_a_picture_s_tokens_out_on_its_canvas(pipe):
     rows and columns, so the three rows differ there; decoding goes on after the prompt's largest position. 4.6's
     are the model's default 1-D ones."""
     inputs = pipe.prepare_inputs(make_image(2), PROMPTS[0])
-    positions, delta = pipe._target_adapter.prompt_rope(inputs)  # [3, 1, L] or None, a scalar
+    positions, delta = pipe.target_adapter.prompt_rope(inputs)  # [3, 1, L] or None, a scalar
     if pipe.target.config.model_type == "minicpmv4_6":
         assert positions is None and int(delta) == 0
         return

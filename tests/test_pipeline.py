@@ -206,13 +206,13 @@ def test_generate_on_a_padded_batch_gives_each_prompt_its_own_generate(tiny_pair
             text=[texts[b]], images=[images] if images else None, videos=[video] if video is not None else None,
             return_tensors="pt",
         )  # fmt: skip
-        row = pipe._target_adapter.split_rows(dict(batch))[b]
+        row = pipe.target_adapter.split_rows(dict(batch))[b]
         assert set(row) == set(alone) and all(_same_input(row[k], alone[k]) for k in alone), (family, b)
         expected = pipe.reference_generate(dict(alone), 12)
         assert ids[b, length : length + len(expected)].tolist() == expected, (family, b)
         assert (ids[b, length + len(expected) :] == hf_compat.pad_token_id(pipe.target)).all()
     assert ids.shape[1] == length + max(
-        len(pipe.reference_generate(dict(r), 12)) for r in pipe._target_adapter.split_rows(dict(batch))
+        len(pipe.reference_generate(dict(r), 12)) for r in pipe.target_adapter.split_rows(dict(batch))
     )
 
 

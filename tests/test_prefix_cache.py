@@ -57,7 +57,7 @@ def _references(pipe: VLMSpecPipeline, requests: list[dict]) -> list[list[int]]:
 def _visual(pipe: VLMSpecPipeline, request: dict) -> torch.Tensor:
     """``[L]`` bool: the visual placeholders of the request's prompt."""
     ids = pipe.prepare_inputs(request.get("image"), request["prompt"], request.get("video"))["input_ids"][0]
-    return torch.isin(ids, torch.tensor(pipe._target_adapter.visual_token_ids()))
+    return torch.isin(ids, torch.tensor(pipe.target_adapter.visual_token_ids()))
 
 
 def _text_before_media(pipe: VLMSpecPipeline, request: dict) -> int:
@@ -149,7 +149,7 @@ def test_another_system_prompt_before_the_same_image_reuses_only_the_common_text
     outs = [pipe(messages=m, max_new_tokens=MAX_NEW) for m in conversations]
     assert [o.token_ids for o in outs] == references
     ids = pipe.prepare_messages(conversations[1])["input_ids"][0]
-    first_visual = int(torch.isin(ids, torch.tensor(pipe._target_adapter.visual_token_ids())).nonzero()[0])
+    first_visual = int(torch.isin(ids, torch.tensor(pipe.target_adapter.visual_token_ids())).nonzero()[0])
     assert 0 < outs[1].stats.cached_prompt_tokens < first_visual
 
 
@@ -206,7 +206,7 @@ def test_an_entry_counts_its_caches_and_media_and_the_bytes_bound_holds(tiny_pai
     pipe.prefix_cache = store = PrefixCache()
     pipe(a, "Describe this image.", max_new_tokens=8)
     (entry,) = store._entries
-    media = pipe._target_adapter.media_rows(pipe.prepare_inputs(a, "Describe this image."))
+    media = pipe.target_adapter.media_rows(pipe.prepare_inputs(a, "Describe this image."))
     caches = sum(cache_nbytes(held.state.cache) for held in entry.held.values())
     assert entry.nbytes == store.nbytes == caches + sum(t.numel() * t.element_size() for t in media.values())
     assert set(entry.held) == {DRAFT_FIRST, TARGET} and caches > 0
@@ -244,7 +244,7 @@ def test_a_prompt_whose_media_cannot_be_counted_is_not_cached(tiny_pairs):
     pipe = _pipe(tiny_pairs, "llava_onevision", policy="ar")
     inputs = pipe.prepare_inputs(make_image(0), "Describe this image.")
     inputs.pop("batch_num_images")
-    assert PrefixCache().turn(inputs, pipe._target_adapter) is None
+    assert PrefixCache().turn(inputs, pipe.target_adapter) is None
 
 
 def _png_uri(image: Any) -> str:
@@ -380,7 +380,7 @@ class _Probe:
         store = self.pipe.prefix_cache
         (decoding,) = [turn for turn in store._live if turn.prompt_entry() is not None]
         for name, batch in (("same batch", decoding.batch), ("another batch", object())):
-            self.taken[name] = store.turn(self.inputs, self.pipe._target_adapter, batch).taken
+            self.taken[name] = store.turn(self.inputs, self.pipe.target_adapter, batch).taken
         self.inputs = None
 
     def end(self) -> None:

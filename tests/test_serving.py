@@ -1105,7 +1105,7 @@ def test_a_request_whose_client_leaves_while_queued_is_never_prefilled(pipe, mon
     is dropped from the queue at once (counted as failed), never prefilled nor decoded; the server goes on."""
     references = [expected(pipe, i, max_new_tokens=4).text for i in (0, 5)]
     prefills = []
-    target, prefill = pipe._target_adapter, pipe._target_adapter.prefill
+    target, prefill = pipe.target_adapter, pipe.target_adapter.prefill
     monkeypatch.setattr(target, "prefill", lambda inputs, **kw: prefills.append(1) or prefill(inputs, **kw))
     with SpecServer(pipe, "tiny", port=0, batch_size=1) as alone:
         first = _Holding()

@@ -218,7 +218,7 @@ class _OnlyEvenTokens:
 
 
 def test_a_draft_constraint_renormalises_over_the_allowed_and_leaves_a_row_allowing_none(mini):
-    adapter = mini._draft_adapter
+    adapter = mini.draft_adapter
     inputs = mini.prepare_inputs(None, "Describe this image.")
     state = adapter.prefill(inputs).state
     root = torch.tensor(5)

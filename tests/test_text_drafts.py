@@ -67,7 +67,7 @@ def test_the_draft_reads_the_text_only_prompt_at_consecutive_positions(text_pipe
     every visual token taken out, then the reply: nothing of the pictures, no gap where they were (40 reply tokens,
     so Gemma 3's local layers run past their 24-token window)."""
     family, pipe = text_pipe
-    adapter = pipe._draft_adapter
+    adapter = pipe.draft_adapter
     assert isinstance(adapter, TextDraftAdapter)
     image, video = MEDIA["video" if "video" in input_kinds(family) else "image"]
     inputs = pipe.prepare_inputs(image, PROMPTS[1], video=video)
@@ -187,7 +187,7 @@ def test_a_saved_pipeline_loads_back_with_its_language_model_draft(tiny_root, tm
     pipe = _text_pipe("qwen3_vl", tiny_root)
     pipe.save_pretrained(tmp_path / "saved")
     back = VLMSpecPipeline.from_pretrained(tmp_path / "saved", torch_dtype=torch.float32)
-    assert isinstance(back._draft_adapter, TextDraftAdapter)
+    assert isinstance(back.draft_adapter, TextDraftAdapter)
     image = make_image(4)
     out = back(image, PROMPTS[3], max_new_tokens=MAX_NEW)
     assert out.token_ids == pipe.reference_generate(pipe.prepare_inputs(image, PROMPTS[3]), MAX_NEW)

@@ -120,7 +120,7 @@ def generate(
     if "max_length" in settings:
         given["max_length"] = settings["max_length"]
     seed = check_seed(given.pop("seed", None))
-    rows = pipe._target_adapter.split_rows({"input_ids": input_ids, **tensors})  # each prompt alone, unpadded
+    rows = pipe.target_adapter.split_rows({"input_ids": input_ids, **tensors})  # each prompt alone, unpadded
     copies = return_sequences(config, given)
     if len(rows) * copies > 1 and given.get("streamer") is not None:
         raise InvalidInputError(

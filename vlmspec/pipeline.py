@@ -83,6 +83,8 @@ class VLMSpecPipeline(PromptBuilder):
             (and PCT's cost ratio) are fitted to this machine when the policy is attached: see :attr:`costs`.
 
     Attributes:
+        target_adapter, draft_adapter: the family adapters (:mod:`vlmspec.models`) every forward of the target and
+            the draft goes through: each decoding forward ends in their ``run`` (what a profiler times).
         costs: the measured forward costs of this pair on this machine (:class:`~vlmspec.costs.ForwardCosts`),
             which size every tree: the first policy with a budget or depth the user did not set triggers the
             cost probe (:func:`vlmspec.probe.cached_costs`: a few seconds, once per machine, model shapes and
@@ -122,8 +124,8 @@ class VLMSpecPipeline(PromptBuilder):
         self.target = target.eval()
         self.draft = draft.eval() if draft is not None else None
         self.processor = processor
-        self._target_adapter = adapter_for(target)
-        self._draft_adapter = adapter_for(draft, self._target_adapter) if draft is not None else None
+        self.target_adapter = adapter_for(target)
+        self.draft_adapter = adapter_for(draft, self.target_adapter) if draft is not None else None
         check_attention(target, "target")
         if isinstance(draft, EDDDraft):
             check_target(draft.edd_config, target)
@@ -277,7 +279,7 @@ class VLMSpecPipeline(PromptBuilder):
         checked = check_prompt_inputs(inputs, self._vocab_size(), hf_compat.model_inputs(self.target))
         tokens = continuation_ids(token_ids)
         check_token_ids(torch.as_tensor(tokens), self._vocab_size(), "token_ids")
-        on_target = on_device(checked, self._target_adapter.device)
+        on_target = on_device(checked, self.target_adapter.device)
         return continuation_logits(self.target, on_target, tokens).log_softmax(-1)
 
     @torch.inference_mode()
@@ -462,7 +464,7 @@ class VLMSpecPipeline(PromptBuilder):
                     "mm_processor_kwargs are for the processor: inputs= were processed already"
                 )
             checked = check_prompt_inputs(a.inputs, self._vocab_size(), hf_compat.model_inputs(self.target))
-            inputs = on_device(checked, self._target_adapter.device)
+            inputs = on_device(checked, self.target_adapter.device)
         elif a.messages is not None:
             if prompt is not None or image is not None or video is not None:
                 raise InvalidInputError("give either messages or image/prompt/video, not both")
@@ -473,14 +475,14 @@ class VLMSpecPipeline(PromptBuilder):
             raise InputTypeError("pipe(...) needs a prompt (pipe(image, prompt)) or messages=[...]")
         else:
             inputs = self.prepare_inputs(image, prompt, video, num_frames, a.mm_processor_kwargs)
-        check_length(inputs["input_ids"].shape[1], a.max_new_tokens, self._target_adapter.max_positions)
+        check_length(inputs["input_ids"].shape[1], a.max_new_tokens, self.target_adapter.max_positions)
         prompt_ids = inputs["input_ids"][0]  # read on the host only with a reasoning parser
         reasoning = reply_reasoning(self.reasoning_parser, self.tokenizer, prompt_ids, a.chat_template_kwargs)
         grammar = None if settings.grammar is None else settings.grammar.after(reasoning, self.tokenizer)
         draft = None
         if self.policy.uses_draft:
             pruning = self.pruning if a.prune_ratio is None else pruning_config(self.pruning, a.prune_ratio)
-            draft = DraftPrompt.pruned(self._draft_adapter, inputs, pruning, self._draft_vocab)
+            draft = DraftPrompt.pruned(self.draft_adapter, inputs, pruning, self._draft_vocab)
         return PreparedRequest(
             inputs,
             settings.stop,
@@ -517,7 +519,7 @@ class VLMSpecPipeline(PromptBuilder):
         """
         if not isinstance(call, PreparedRequest):
             call = self._prepare(request_kwargs(call() if callable(call) else call, index))
-        turn = prefixes.turn(call.inputs, self._target_adapter, models) if prefixes is not None else None
+        turn = prefixes.turn(call.inputs, self.target_adapter, models) if prefixes is not None else None
         models = models if turn is None else turn.models(models)
         # 3. Decode: the target and the draft as this request sees them.
         draft = call.draft
@@ -529,7 +531,7 @@ class VLMSpecPipeline(PromptBuilder):
             on_tokens = lambda ids: streamer.put(torch.tensor(ids))  # noqa: E731
         scores = call.scores() if call.scores is not None else None
         token_ids, stats = speculative_generate(
-            models(self._target_adapter, TARGET),
+            models(self.target_adapter, TARGET),
             call.inputs,
             copy.copy(policy),  # per-request state (the engine resets it); config and costs are shared
             call.stop,

@@ -24,7 +24,7 @@ class PromptBuilder:
 
     mm_processor_kwargs = ProcessorSettingsAttribute()
     processor: Any
-    _target_adapter: Any
+    target_adapter: Any
 
     def prepare_inputs(
         self,
@@ -70,7 +70,7 @@ class PromptBuilder:
     ) -> dict[str, Any]:
         """``settings`` checked against this pipeline's processor and its target's family (named ``name`` in the
         errors; ``media``: the kinds of media they are for; :func:`vlmspec.processor_settings.check_processor_kwargs`)."""
-        fixed = type(self._target_adapter).fixed_processor_settings
+        fixed = type(self.target_adapter).fixed_processor_settings
         return check_processor_kwargs(self.processor, settings, name, fixed, media)
 
     def _encode(self, chat: list, images: list, videos: list, tools=None, kwargs=None, settings=None) -> dict:
@@ -80,13 +80,13 @@ class PromptBuilder:
             "images",
             "videos",
         ]
-        if images and videos and self._target_adapter.pictures_apart_from_videos:
+        if images and videos and self.target_adapter.pictures_apart_from_videos:
             raise InvalidInputError(
                 f"the prompt holds {len(images)} picture(s) and {len(videos)} video(s), but "
-                f"{self._target_adapter.pictures_apart_from_videos}; ask about the pictures and the videos in separate "
+                f"{self.target_adapter.pictures_apart_from_videos}; ask about the pictures and the videos in separate "
                 "conversations, or give the video's frames as pictures"
             )
         settings = {**self.mm_processor_kwargs, **self.check_mm_processor_kwargs(settings, media=media)}
-        least = self._target_adapter.min_video_frames
+        least = self.target_adapter.min_video_frames
         inputs = encode_chat(self.processor, chat, images, videos, least, tools, kwargs, settings)
-        return on_device(inputs, self._target_adapter.device)
+        return on_device(inputs, self.target_adapter.device)

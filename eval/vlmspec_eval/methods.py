@@ -219,7 +219,7 @@ def _policy_variant(
 # ---- forward timers -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ForwardCall:
-    """One top-level forward of the target or the draft.
+    """One forward of the target or the draft (:class:`ForwardRecorder`).
 
     Attributes:
         role: ``"target"`` or ``"draft"``.
@@ -235,34 +235,65 @@ class ForwardCall:
 
 
 class ForwardRecorder:
-    """Times every top-level forward of the target and draft modules (forward pre/post hooks).
+    """Times every forward of the target and the draft: each model's top-level ``forward`` (forward pre/post hooks)
+    and each adapter's ``run``, whichever a call enters first (a call inside another is part of it).
 
-    Both the engine's tree forwards (``adapter.forward``), its unpruned prefills and transformers' ``generate``
-    call the models' top-level ``forward``; pruned/scored prefills run the decoder directly and are not seen
-    (the engine's ``prefill_seconds`` cover them). On CUDA each hook synchronises so times are real.
+    The engine's tree forwards end in ``adapter.run``, which calls the model's ``forward`` for most families and
+    runs the decoder written out for the families with recurrent layers (:mod:`vlmspec.models.hybrid`); its
+    unpruned prefills and transformers' ``generate`` call the model's ``forward``; pruned/scored prefills run the
+    decoder directly and are not seen (the engine's ``prefill_seconds`` cover them). On CUDA each call synchronises
+    so times are real.
+
+    Args:
+        target, draft: the models.
+        adapters: the pipeline's adapters by role (``"target"``, ``"draft"``; a pipeline's ``target_adapter`` and
+            ``draft_adapter``), whose ``run`` is timed too; none by default.
     """
 
-    def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None) -> None:
+    def __init__(
+        self, target: torch.nn.Module, draft: torch.nn.Module | None, adapters: dict[str, Any] | None = None
+    ) -> None:
         self.calls: list[ForwardCall] = []
         if draft is not None and draft.config.model_type in ASSISTANT_TYPES:
             draft = (
                 draft.model
             )  # vlmspec runs a Gemma 4 assistant's inner model (its own masks), as its forward does
         self._models = [("target", target)] + ([("draft", draft)] if draft is not None else [])
+        self._adapters = [(role, a) for role, a in (adapters or {}).items() if a is not None]
         self._open: dict[str, tuple[int, bool, float]] = {}
+        self._depth: dict[str, int] = {}
 
     @contextmanager
     def recording(self) -> Iterator[ForwardRecorder]:
-        """Record calls inside the ``with`` block (hooks are removed afterwards)."""
+        """Record calls inside the ``with`` block (hooks and timed ``run`` methods are removed afterwards)."""
         handles = []
         for role, model in self._models:
             handles.append(model.register_forward_pre_hook(self._pre(role), with_kwargs=True))
             handles.append(model.register_forward_hook(self._post(role)))
+        for role, adapter in self._adapters:
+            adapter.run = self._timed(role, adapter.run)  # an instance attribute over the class's method
         try:
             yield self
         finally:
             for handle in handles:
                 handle.remove()
+            for _, adapter in self._adapters:
+                del adapter.run
+
+    def _enter(self, role: str, tokens: int, cache: Any, device_of: torch.nn.Module) -> None:
+        depth = self._depth.get(role, 0)
+        self._depth[role] = depth + 1
+        if depth == 0:
+            prefill = cache is not None and cache.get_seq_length() == 0  # no cache: a drafter that keeps none
+            _sync(device_of)
+            self._open[role] = (tokens, prefill, time.perf_counter())
+
+    def _exit(self, role: str, device_of: torch.nn.Module) -> None:
+        self._depth[role] -= 1
+        if self._depth[role] == 0:
+            _sync(device_of)
+            tokens, prefill, start = self._open.pop(role)
+            self.calls.append(ForwardCall(role, tokens, time.perf_counter() - start, prefill))
 
     def _pre(self, role: str):
         def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
@@ -273,19 +304,27 @@ class ForwardRecorder:
                 ids.shape[:2].numel() if ids is not None else 0
             )  # rows x tokens (a multi-token drafter's nodes)
             cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers >= 5.24: `cache`
-            prefill = cache is not None and cache.get_seq_length() == 0  # no cache: a drafter that keeps none
-            _sync(module)
-            self._open[role] = (tokens, prefill, time.perf_counter())
+            self._enter(role, tokens, cache, module)
 
         return hook
 
     def _post(self, role: str):
         def hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
-            _sync(module)
-            tokens, prefill, start = self._open.pop(role)
-            self.calls.append(ForwardCall(role, tokens, time.perf_counter() - start, prefill))
+            self._exit(role, module)
 
         return hook
+
+    def _timed(self, role: str, run: Callable[..., Any]) -> Callable[..., Any]:
+        model = run.__self__.model
+
+        def timed_run(cache: Any, rows: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            self._enter(role, rows.shape[:2].numel(), cache, model)  # rows: [B, n, D]
+            try:
+                return run(cache, rows, *args, **kwargs)
+            finally:
+                self._exit(role, model)
+
+        return timed_run
 
 
 def _sync(module: torch.nn.Module) -> None:
@@ -380,7 +419,8 @@ def run_variant(
         key=variant.key, method=variant.method, task=item.task, index=item.index, repeat=repeat
     )
     pipe = variant.pipe or pipe
-    recorder = ForwardRecorder(pipe.target, pipe.draft)
+    adapters = {"target": pipe.target_adapter, "draft": pipe.draft_adapter}
+    recorder = ForwardRecorder(pipe.target, pipe.draft, adapters)
     if variant.method in TRANSFORMERS_METHODS:
         _run_transformers(pipe, variant.method, inputs, max_new_tokens, record, recorder, structure)
     else:

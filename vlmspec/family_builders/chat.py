@@ -338,6 +338,7 @@ _CHAT_TEMPLATES = {
     "aya_vision": AYA_VISION_CHAT_TEMPLATE,
     "ovis2": OVIS2_CHAT_TEMPLATE,
     "janus": JANUS_CHAT_TEMPLATE,
+    "deepseek_vl": JANUS_CHAT_TEMPLATE,
     "video_llama_3": VIDEO_LLAMA3_CHAT_TEMPLATE,
     "perception_lm": PERCEPTION_LM_CHAT_TEMPLATE,
     "lfm2_vl": LFM2_VL_CHAT_TEMPLATE,
@@ -375,6 +376,8 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return (*CHAT_TOKENS, *OVIS2_SPECIAL_TOKENS)
     if family == "janus":
         return (*CHAT_TOKENS, *JANUS_NAMED_TOKENS.values())
+    if family == "deepseek_vl":
+        return (*CHAT_TOKENS, JANUS_NAMED_TOKENS["image_token"])
     if family == "perception_lm":
         return (*CHAT_TOKENS, *PERCEPTION_LM_NAMED_TOKENS.values())
     if family in MINICPMV_FAMILIES:
@@ -497,6 +500,7 @@ def build_tokenizer(
             "gemma3": GEMMA3_NAMED_TOKENS,
             "gemma4": GEMMA4_NAMED_TOKENS,
             "janus": JANUS_NAMED_TOKENS,
+            "deepseek_vl": {"image_token": JANUS_NAMED_TOKENS["image_token"]},
             "perception_lm": PERCEPTION_LM_NAMED_TOKENS,
             "lfm2_vl": LFM2_VL_NAMED_TOKENS,
             "minicpmv4_6": MINICPMV_NAMED_TOKENS,

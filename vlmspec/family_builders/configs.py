@@ -125,8 +125,8 @@ def build_config(
         return config_cls(**_aya_vision_config_kwargs(spec, text, tid, layout))
     if family == "ovis2":
         return config_cls(**_ovis2_config_kwargs(spec, text, tid, layout))
-    if family == "janus":
-        return config_cls(**_janus_config_kwargs(spec, text, tid, layout))
+    if family in ("janus", "deepseek_vl"):
+        return config_cls(**_janus_config_kwargs(family, spec, text, tid, layout))
     if family == "video_llama_3":
         return config_cls(**_video_llama3_config_kwargs(spec, text, tid, layout))
     if family == "perception_lm":
@@ -496,13 +496,14 @@ def _ovis2_config_kwargs(
 
 
 def _janus_config_kwargs(
-    spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
+    family: str, spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
 ) -> dict[str, Any]:
-    """``JanusConfig``'s arguments: a Llama language model (DeepSeek-LLM's, as Janus-Pro's) behind a SigLIP tower whose
-    patch features go through a two-layer aligner, one token per patch; the image-generation parts (a VQ model, its
-    embeddings and head, which reading pictures never runs) at their smallest."""
+    """``JanusConfig``'s (``DeepseekVLConfig``'s) arguments: a Llama language model (DeepSeek-LLM's, as Janus-Pro's and
+    DeepSeek-VL's) behind a SigLIP tower whose patch features go through a two-layer aligner, one token per patch;
+    Janus's image-generation parts (a VQ model, its embeddings and head, which reading pictures never runs) at their
+    smallest."""
     hidden = spec.hidden
-    return {
+    janus = {
         "text_config": {
             **text,
             "model_type": "llama",
@@ -515,6 +516,13 @@ def _janus_config_kwargs(
             num_image_tokens=(layout.crop_side // layout.patch) ** 2,
             initializer_range=_VISION_INIT_STD,
         ),
+        "image_token_id": tid(JANUS_NAMED_TOKENS["image_token"]),
+        "tie_word_embeddings": False,
+    }
+    if family == "deepseek_vl":  # its tower is SigLIP's own
+        tower = _vision_tower(spec, layout, initializer_range=_VISION_INIT_STD)
+        return janus | {"vision_config": {**tower, "model_type": "siglip_vision_model"}}
+    return janus | {
         "vq_config": {
             "embed_dim": 4,
             "num_embeddings": 16,
@@ -526,8 +534,6 @@ def _janus_config_kwargs(
             "projection_dim": hidden,
             "image_token_embed_dim": hidden,
         },
-        "image_token_id": tid(JANUS_NAMED_TOKENS["image_token"]),
-        "tie_word_embeddings": False,
     }
 
 

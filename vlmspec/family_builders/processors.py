@@ -185,11 +185,15 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
             tokenizer=tokenizer,
             chat_template=tokenizer.chat_template,
         )
-    if family == "janus":  # a picture padded to a square of crop_side pixels, one token per patch
-        from transformers import JanusImageProcessor
+    if family in (
+        "janus",
+        "deepseek_vl",
+    ):  # a picture padded to a square of crop_side pixels, a token per patch
+        from transformers import DeepseekVLImageProcessor, JanusImageProcessor
 
+        image_processor = JanusImageProcessor if family == "janus" else DeepseekVLImageProcessor
         return processor_cls(
-            image_processor=JanusImageProcessor(size={"height": layout.crop_side, "width": layout.crop_side}),
+            image_processor=image_processor(size={"height": layout.crop_side, "width": layout.crop_side}),
             tokenizer=tokenizer,
             num_image_tokens=(layout.crop_side // layout.patch) ** 2,
             chat_template=tokenizer.chat_template,

@@ -20,10 +20,11 @@ IMAGE_ONLY_FAMILIES: tuple[str, ...] = (
     "aya_vision",
     "ovis2",
     "janus",
+    "deepseek_vl",
     "lfm2_vl",
 )
 """Families these builders know whose models read pictures only (Gemma 3, LLaVA-1.5, LLaVA-NeXT, Idefics3, Mistral
-3, Aya Vision, Ovis2, Janus, LFM2-VL: no video input), tested on their own."""
+3, Aya Vision, Ovis2, Janus, DeepSeek-VL, LFM2-VL: no video input), tested on their own."""
 OWN_TEST_FAMILIES: tuple[str, ...] = (
     "smolvlm",
     "llava_next_video",
@@ -87,6 +88,7 @@ _CLASS_PREFIXES = {  # family: the name of its transformers classes, <prefix>Con
     "aya_vision": "AyaVision",
     "ovis2": "Ovis2",
     "janus": "Janus",
+    "deepseek_vl": "DeepseekVL",
     "video_llama_3": "VideoLlama3",
     "perception_lm": "PerceptionLM",
     "qwen3_5": "Qwen3_5",

@@ -14,7 +14,7 @@ from .gemma4 import Gemma4Adapter
 from .gemma4_assistant import ASSISTANT_TYPES, Gemma4AssistantAdapter
 from .glm import GlmVAdapter
 from .internvl import InternVLAdapter
-from .janus import JanusAdapter
+from .janus import DeepseekVLAdapter, JanusAdapter
 from .lfm2_vl import Lfm2VlAdapter
 from .lfm3_vl import Lfm3VlAdapter
 from .llava import LlavaAdapter, LlavaNextAdapter, LlavaNextVideoAdapter, LlavaOnevisionAdapter
@@ -48,6 +48,7 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
         Ovis2Adapter,
         PerceptionLMAdapter,
         JanusAdapter,
+        DeepseekVLAdapter,
         Lfm2VlAdapter,
         Lfm3VlAdapter,
         MiniCPMV4_6Adapter,

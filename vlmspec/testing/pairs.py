@@ -130,6 +130,7 @@ _LAYOUTS = {
     "lfm2_vl": VisionLayout(patch=4, crop_side=16, max_tiles=4),
     # SigLIP input side 28 (a picture padded to a square): 2x2 patches of 14 -> 4 tokens per picture
     "janus": VisionLayout(patch=14, crop_side=28),
+    "deepseek_vl": VisionLayout(patch=14, crop_side=28),  # Janus's
     # patches of 14: a picture resized to at most 28 x 56 pixels, a token per patch -> 4 tokens a 56-pixel square; a
     # video's frames share its pixel budget (4 frames: 56 pixels a side each), 4x4 patches merged 2x2 -> 4 tokens a
     # frame, fewer where a frame repeats the one before
@@ -180,6 +181,7 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("aya_vision", 0): 34,  # found by searching past _MAX_DRAWS, as llava's
     ("ovis2", 0): 28,
     ("janus", 0): 3,
+    ("deepseek_vl", 0): 4,
     ("video_llama_3", 0): 35,  # found by searching past _MAX_DRAWS, as llava's
     ("gemma4", 0): 107,  # the best of the first 150 (_FAMILY_MIN_MARGIN)
     ("perception_lm", 0): 28,  # the best of the first 32 (_FAMILY_MIN_MARGIN)

@@ -199,6 +199,8 @@ def _vision_output_linears(model: PreTrainedModel, family: str) -> list[torch.nn
         return [inner.visual_embeddings_table]
     if family == "janus":
         return [inner.aligner.hidden_layers[-1]]
+    if family == "deepseek_vl":
+        return [inner.aligner.linear2]
     if family == "video_llama_3":
         return [inner.projector.readout[-1]]
     if family == "gemma4":

@@ -133,6 +133,7 @@ _FAMILY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("aya_vision", re.compile(r"aya[-_]vision", re.I)),
     ("ovis2", re.compile(r"ovis2(?![.\d])", re.I)),  # not Ovis2.5, another architecture
     ("janus", re.compile(r"janus", re.I)),
+    ("deepseek_vl", re.compile(r"deepseek[-_]vl(?![-_]?2)", re.I)),  # not DeepSeek-VL2, another architecture
     ("video_llama_3", re.compile(r"video[-_]?llama[-_]?3", re.I)),
     ("perception_lm", re.compile(r"perception[-_]?lm", re.I)),
     ("lfm2_vl", re.compile(r"lfm2(\.5)?[-_]vl", re.I)),  # LFM2-VL and LFM2.5-VL
