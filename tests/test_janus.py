@@ -9,10 +9,11 @@ from __future__ import annotations
 import inspect
 from types import SimpleNamespace
 
+import pytest
 import torch
 from transformers import DeepseekVLConfig, DeepseekVLProcessor, JanusConfig, JanusProcessor
 
-from vlmspec import VLMSpecPipeline
+from vlmspec import InvalidInputError, VLMSpecPipeline
 from vlmspec.family_builders.chat import JANUS_NAMED_TOKENS
 from vlmspec.models.janus import DeepseekVLAdapter, JanusAdapter
 from vlmspec.testing import build_tiny_pair, make_image
@@ -65,3 +66,27 @@ def test_a_pruned_draft_keeps_each_picture_s_frame(tiny_root):
     out = pipe(pictures, "Compare the two pictures.", max_new_tokens=32, prune_ratio=0.9)
     assert out.token_ids == pipe.reference_generate(inputs, max_new_tokens=32)
     assert out.stats.target_visual_tokens == count["image_token"] > out.stats.draft_visual_tokens > 0
+
+
+def test_deepseek_vl_1_3b_s_type_drafts_for_the_hybrid_7b_s_and_not_the_other_way_round(tiny_root):
+    """The hybrid target reads a picture at both resolutions, each of which changes its features; a ``deepseek_vl``
+    draft reads the 384-pixel rows of the target's inputs and the replies are ``generate()``'s, pruned or not; a
+    hybrid draft for a ``deepseek_vl`` target is refused at load, naming the high-resolution input it would lack."""
+    hybrid = build_tiny_pair("deepseek_vl_hybrid", root=tiny_root)
+    plain = build_tiny_pair("deepseek_vl", root=tiny_root)
+    pipe = VLMSpecPipeline.from_pretrained(
+        hybrid.target, plain.draft, policy="chain", torch_dtype=torch.float32
+    )
+    inputs = pipe.prepare_inputs(make_image(1), "Describe the picture.")
+    adapter = pipe.target_adapter
+    features = adapter.visual_features(inputs)["image"].embeds
+    for key in ("pixel_values", "high_res_pixel_values"):
+        other = adapter.visual_features({**inputs, key: inputs[key].flip(-1)})["image"].embeds
+        assert not torch.allclose(other, features, atol=1e-4), key
+    for prune_ratio in (None, 0.5):
+        out = pipe(make_image(1), "Describe the picture.", max_new_tokens=16, prune_ratio=prune_ratio)
+        assert out.token_ids == pipe.reference_generate(inputs, max_new_tokens=16)
+    with pytest.raises(
+        InvalidInputError, match=r"draft's high_res_vision_config.image_size is 32 but the target's is None"
+    ):
+        VLMSpecPipeline.from_pretrained(plain.target, hybrid.draft, policy="chain")

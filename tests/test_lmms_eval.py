@@ -674,6 +674,7 @@ EXPECTED_PAIRS = {
     ("CohereLabs/aya-vision-32b", "CohereLabs/aya-vision-8b"),
     ("thisisiron/Ovis2-8B-hf", "thisisiron/Ovis2-1B-hf"),
     ("deepseek-community/Janus-Pro-7B", "deepseek-community/Janus-Pro-1B"),
+    ("deepseek-community/deepseek-vl-7b-chat", "deepseek-community/deepseek-vl-1.3b-chat"),
     ("lkhl/VideoLLaMA3-7B-HF", "lkhl/VideoLLaMA3-2B-HF"),
     ("google/gemma-4-31B-it", "google/gemma-4-E4B-it"),
     ("google/gemma-4-e2b-it", "google/gemma-4-e2b-it-assistant"),
@@ -790,6 +791,7 @@ FAMILY_BY_NAME = {  # checkpoint or pair name: the family vlmspec reads it as (N
     "deepseek-community/Janus-Pro-1B": "janus",
     "tiny:janus": "janus",
     "deepseek-community/deepseek-vl-1.3b-chat": "deepseek_vl",
+    "deepseek-community/deepseek-vl-7b-chat": "deepseek_vl",  # its hybrid tower, the same series
     "tiny:deepseek_vl": "deepseek_vl",
     "deepseek-ai/deepseek-vl2-tiny": None,
     "lkhl/VideoLLaMA3-2B-Image-HF": "video_llama_3",

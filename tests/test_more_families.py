@@ -1,5 +1,6 @@
 """The families tested outside the main lossless matrix (``tests/test_lossless.py``), each with ways of its own:
-Gemma 3 (local layers, pictures only), LLaVA-1.5 and LLaVA-NeXT (pictures only; NeXT's anyres grids) and SmolVLM2
+Gemma 3 (local layers, pictures only), LLaVA-1.5 and LLaVA-NeXT (pictures only; NeXT's anyres grids), Janus and
+DeepSeek-VL (pictures only; the 7B's hybrid tower reads them twice) and SmolVLM2
 (tiles; a video's frames as tiles), Gemma 4 (per-layer inputs, layers reusing keys), Perception LM (timm's tower,
 pictures cut into tiles, a video's frames a tile each), Qwen3.5, LFM2-VL and LFM3-VL (recurrent layers). Every one is lossless for every
 tree policy alone, with a pruned draft, with an EDD draft (Gemma 4 refuses one, saying why), in batches of mixed requests and in a conversation; what only one family has is tested in its own file

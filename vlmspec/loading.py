@@ -291,6 +291,7 @@ def check_attention(model: torch.nn.Module, role: str) -> None:
 
 
 SERIES = {"qwen3_vl_moe": "qwen3_vl", "qwen3_5_moe": "qwen3_5", "glm4v_moe": "glm4v", "glm46v": "glm4v"}
+SERIES["deepseek_vl_hybrid"] = "deepseek_vl"  # DeepSeek-VL 1.3B drafts for 7B (:mod:`vlmspec.models.janus`)
 """Model types that draft for each other though they differ: Qwen3-VL's and Qwen3.5's mixture-of-experts language
 models have the dense ones' tokenizers, vision towers and processors (Qwen3-VL-2B drafts for Qwen3-VL-30B-A3B,
 Qwen3.5-2B for Qwen3.5-35B-A3B); GLM-4.5V (``glm4v_moe``)
@@ -393,13 +394,13 @@ def check_series(target_type: str, draft_type: str) -> None:
 def check_visual_layout(target: torch.nn.Module, draft: torch.nn.Module) -> None:
     """Refuse a draft whose vision settings turn a picture into other visual tokens than the target's: the draft
     reads the target's processor outputs (pixels, grids, placeholders), so its tower would fail mid-decode. Only
-    the fields that decide the layout (the family adapter's ``layout_fields``) are compared: a smaller vision tower
-    (depth, width) is a legitimate draft.
+    the fields that decide the layout of what the draft reads (its family adapter's ``layout_fields``) are compared:
+    a smaller vision tower (depth, width) is a legitimate draft.
 
     Raises:
         InvalidInputError: naming the field, both values and what to do.
     """
-    for field in type(adapter_for(target)).layout_fields:
+    for field in type(adapter_for(draft)).layout_fields:
         t_value, d_value = _config_value(target.config, field), _config_value(draft.config, field)
         if t_value != d_value:
             raise InvalidInputError(

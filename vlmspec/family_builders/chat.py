@@ -339,6 +339,7 @@ _CHAT_TEMPLATES = {
     "ovis2": OVIS2_CHAT_TEMPLATE,
     "janus": JANUS_CHAT_TEMPLATE,
     "deepseek_vl": JANUS_CHAT_TEMPLATE,
+    "deepseek_vl_hybrid": JANUS_CHAT_TEMPLATE,
     "video_llama_3": VIDEO_LLAMA3_CHAT_TEMPLATE,
     "perception_lm": PERCEPTION_LM_CHAT_TEMPLATE,
     "lfm2_vl": LFM2_VL_CHAT_TEMPLATE,
@@ -376,7 +377,7 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return (*CHAT_TOKENS, *OVIS2_SPECIAL_TOKENS)
     if family == "janus":
         return (*CHAT_TOKENS, *JANUS_NAMED_TOKENS.values())
-    if family == "deepseek_vl":
+    if family in ("deepseek_vl", "deepseek_vl_hybrid"):  # one tokenizer: either drafts for the other
         return (*CHAT_TOKENS, JANUS_NAMED_TOKENS["image_token"])
     if family == "perception_lm":
         return (*CHAT_TOKENS, *PERCEPTION_LM_NAMED_TOKENS.values())
@@ -501,6 +502,7 @@ def build_tokenizer(
             "gemma4": GEMMA4_NAMED_TOKENS,
             "janus": JANUS_NAMED_TOKENS,
             "deepseek_vl": {"image_token": JANUS_NAMED_TOKENS["image_token"]},
+            "deepseek_vl_hybrid": {"image_token": JANUS_NAMED_TOKENS["image_token"]},
             "perception_lm": PERCEPTION_LM_NAMED_TOKENS,
             "lfm2_vl": LFM2_VL_NAMED_TOKENS,
             "minicpmv4_6": MINICPMV_NAMED_TOKENS,

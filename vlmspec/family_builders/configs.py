@@ -14,12 +14,12 @@ from .chat import (
     GEMMA3_NAMED_TOKENS,
     GEMMA4_NAMED_TOKENS,
     INTERNVL_NAMED_TOKENS,
-    JANUS_NAMED_TOKENS,
     OVIS2_INDICATOR_TOKENS,
     PERCEPTION_LM_NAMED_TOKENS,
     SMOLVLM_NAMED_TOKENS,
     special_token_ids,
 )
+from .deepseek_configs import DEEPSEEK_FAMILIES, deepseek_config_kwargs
 from .hybrid_configs import liquid_config_kwargs, minicpmv_config_kwargs, recurrent_text
 from .specs import (
     GEMMA4_POOLING,
@@ -125,8 +125,10 @@ def build_config(
         return config_cls(**_aya_vision_config_kwargs(spec, text, tid, layout))
     if family == "ovis2":
         return config_cls(**_ovis2_config_kwargs(spec, text, tid, layout))
-    if family in ("janus", "deepseek_vl"):
-        return config_cls(**_janus_config_kwargs(family, spec, text, tid, layout))
+    if family in DEEPSEEK_FAMILIES:
+        tower = _vision_tower(spec, layout, initializer_range=_VISION_INIT_STD)
+        text |= {"model_type": "llama", "rope_parameters": dict(_PLAIN_ROPE)}
+        return config_cls(**deepseek_config_kwargs(family, spec, text, tid, layout, tower))
     if family == "video_llama_3":
         return config_cls(**_video_llama3_config_kwargs(spec, text, tid, layout))
     if family == "perception_lm":
@@ -492,48 +494,6 @@ def _ovis2_config_kwargs(
         "vocab_size": text["vocab_size"],
         "hidden_size": spec.hidden,
         "tie_word_embeddings": False,
-    }
-
-
-def _janus_config_kwargs(
-    family: str, spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
-) -> dict[str, Any]:
-    """``JanusConfig``'s (``DeepseekVLConfig``'s) arguments: a Llama language model (DeepSeek-LLM's, as Janus-Pro's and
-    DeepSeek-VL's) behind a SigLIP tower whose patch features go through a two-layer aligner, one token per patch;
-    Janus's image-generation parts (a VQ model, its embeddings and head, which reading pictures never runs) at their
-    smallest."""
-    hidden = spec.hidden
-    janus = {
-        "text_config": {
-            **text,
-            "model_type": "llama",
-            "rope_parameters": dict(_PLAIN_ROPE),
-        },
-        "vision_config": _vision_tower(
-            spec,
-            layout,
-            projection_dim=hidden,
-            num_image_tokens=(layout.crop_side // layout.patch) ** 2,
-            initializer_range=_VISION_INIT_STD,
-        ),
-        "image_token_id": tid(JANUS_NAMED_TOKENS["image_token"]),
-        "tie_word_embeddings": False,
-    }
-    if family == "deepseek_vl":  # its tower is SigLIP's own
-        tower = _vision_tower(spec, layout, initializer_range=_VISION_INIT_STD)
-        return janus | {"vision_config": {**tower, "model_type": "siglip_vision_model"}}
-    return janus | {
-        "vq_config": {
-            "embed_dim": 4,
-            "num_embeddings": 16,
-            "latent_channels": 32,  # its group norms take 32 groups
-            "base_channels": 32,
-            "channel_multiplier": [1, 1],
-            "num_res_blocks": 1,
-            "num_patches": 2,
-            "projection_dim": hidden,
-            "image_token_embed_dim": hidden,
-        },
     }
 
 

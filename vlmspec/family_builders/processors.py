@@ -9,6 +9,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
 from .chat import SMOLVLM_GRID
+from .deepseek_configs import DEEPSEEK_FAMILIES, HIGH_RES_SIDE
 from .hybrid_configs import LFM2_VL_TOKENS
 from .specs import (
     GEMMA4_POOLING,
@@ -185,15 +186,19 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
             tokenizer=tokenizer,
             chat_template=tokenizer.chat_template,
         )
-    if family in (
-        "janus",
-        "deepseek_vl",
-    ):  # a picture padded to a square of crop_side pixels, a token per patch
-        from transformers import DeepseekVLImageProcessor, JanusImageProcessor
+    if family in DEEPSEEK_FAMILIES:  # a picture padded to a square of crop_side pixels, a token per patch
+        from transformers import DeepseekVLHybridImageProcessor, DeepseekVLImageProcessor, JanusImageProcessor
 
-        image_processor = JanusImageProcessor if family == "janus" else DeepseekVLImageProcessor
+        side = {"height": layout.crop_side, "width": layout.crop_side}
+        if family == "deepseek_vl_hybrid":  # and again at the SAM encoder's side
+            high = {"height": HIGH_RES_SIDE, "width": HIGH_RES_SIDE}
+            image_processor = DeepseekVLHybridImageProcessor(size=side, high_res_size=high)
+        else:
+            image_processor = (JanusImageProcessor if family == "janus" else DeepseekVLImageProcessor)(
+                size=side
+            )
         return processor_cls(
-            image_processor=image_processor(size={"height": layout.crop_side, "width": layout.crop_side}),
+            image_processor=image_processor,
             tokenizer=tokenizer,
             num_image_tokens=(layout.crop_side // layout.patch) ** 2,
             chat_template=tokenizer.chat_template,

@@ -21,10 +21,11 @@ IMAGE_ONLY_FAMILIES: tuple[str, ...] = (
     "ovis2",
     "janus",
     "deepseek_vl",
+    "deepseek_vl_hybrid",
     "lfm2_vl",
 )
 """Families these builders know whose models read pictures only (Gemma 3, LLaVA-1.5, LLaVA-NeXT, Idefics3, Mistral
-3, Aya Vision, Ovis2, Janus, DeepSeek-VL, LFM2-VL: no video input), tested on their own."""
+3, Aya Vision, Ovis2, Janus, DeepSeek-VL (and its hybrid tower), LFM2-VL: no video input), tested on their own."""
 OWN_TEST_FAMILIES: tuple[str, ...] = (
     "smolvlm",
     "llava_next_video",
@@ -89,6 +90,7 @@ _CLASS_PREFIXES = {  # family: the name of its transformers classes, <prefix>Con
     "ovis2": "Ovis2",
     "janus": "Janus",
     "deepseek_vl": "DeepseekVL",
+    "deepseek_vl_hybrid": "DeepseekVLHybrid",
     "video_llama_3": "VideoLlama3",
     "perception_lm": "PerceptionLM",
     "qwen3_5": "Qwen3_5",

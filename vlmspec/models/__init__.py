@@ -14,7 +14,7 @@ from .gemma4 import Gemma4Adapter
 from .gemma4_assistant import ASSISTANT_TYPES, Gemma4AssistantAdapter
 from .glm import GlmVAdapter
 from .internvl import InternVLAdapter
-from .janus import DeepseekVLAdapter, JanusAdapter
+from .janus import DeepseekVLAdapter, DeepseekVLHybridAdapter, JanusAdapter
 from .lfm2_vl import Lfm2VlAdapter
 from .lfm3_vl import Lfm3VlAdapter
 from .llava import LlavaAdapter, LlavaNextAdapter, LlavaNextVideoAdapter, LlavaOnevisionAdapter
@@ -49,6 +49,7 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
         PerceptionLMAdapter,
         JanusAdapter,
         DeepseekVLAdapter,
+        DeepseekVLHybridAdapter,
         Lfm2VlAdapter,
         Lfm3VlAdapter,
         MiniCPMV4_6Adapter,

@@ -201,6 +201,8 @@ def _vision_output_linears(model: PreTrainedModel, family: str) -> list[torch.nn
         return [inner.aligner.hidden_layers[-1]]
     if family == "deepseek_vl":
         return [inner.aligner.linear2]
+    if family == "deepseek_vl_hybrid":
+        return [inner.aligner.proj]
     if family == "video_llama_3":
         return [inner.projector.readout[-1]]
     if family == "gemma4":
@@ -237,6 +239,16 @@ def calibrate_vision(model: PreTrainedModel, family: str, processor: ProcessorMi
         with torch.no_grad():
             projection = model.model.multi_modal_projector.mm_input_projection_weight
             projection.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(0))
+    if family == "deepseek_vl_hybrid":  # transformers leaves its SAM encoder's weights uninitialised
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for name, param in model.model.high_res_vision_model.named_parameters():
+                if "norm" in name:
+                    param.fill_(1.0 if name.endswith("weight") else 0.0)
+                elif name.endswith("bias"):
+                    param.zero_()
+                else:
+                    param.normal_(0.0, 0.02, generator=gen)
     if family == "ovis2":  # sharper visual-vocabulary distributions: averaged rows would make tokens alike
         with torch.no_grad():
             model.model.vision_tower.head_norm.weight.mul_(_OVIS2_VISUAL_SHARPNESS)
