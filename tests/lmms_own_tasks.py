@@ -3,10 +3,18 @@ lmms_own_tasks ...`` is ``python -m lmms_eval ...`` that does not index lmms-eva
 every start on a 2-core CPU), which such a run never reads. The README's block of shipped tasks runs lmms-eval
 itself (``test_lmms_eval.py``)."""
 
+from typing import Any
+
 from lmms_eval.__main__ import cli_evaluate
 from lmms_eval.tasks import TaskManager
 
+_index_tasks = TaskManager.__init__
+
+
+def _own_tasks_only(self: TaskManager, *args: Any, include_defaults: bool = False, **kwargs: Any) -> None:
+    _index_tasks(self, *args, include_defaults=include_defaults, **kwargs)
+
+
 if __name__ == "__main__":
-    # TaskManager(verbosity, include_path, include_defaults, model_name): the shipped tasks left out by default
-    TaskManager.__init__.__defaults__ = ("INFO", None, False, None)
+    TaskManager.__init__ = _own_tasks_only
     cli_evaluate()

@@ -87,6 +87,6 @@ def test_deepseek_vl_1_3b_s_type_drafts_for_the_hybrid_7b_s_and_not_the_other_wa
         out = pipe(make_image(1), "Describe the picture.", max_new_tokens=16, prune_ratio=prune_ratio)
         assert out.token_ids == pipe.reference_generate(inputs, max_new_tokens=16)
     with pytest.raises(
-        InvalidInputError, match=r"draft's high_res_vision_config.image_size is 32 but the target's is None"
+        InvalidInputError, match=r"draft's high_res_vision_config.image_size is 28 but the target's is None"
     ):
         VLMSpecPipeline.from_pretrained(plain.target, hybrid.draft, policy="chain")

@@ -90,7 +90,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def _env(root: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
-        PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *filter(None, [env.get("PYTHONPATH")])]),
+        PYTHONPATH=os.pathsep.join([*filter(None, [env.get("PYTHONPATH")]), str(Path(__file__).parent)]),
         HF_HUB_OFFLINE="1",
         HF_DATASETS_OFFLINE="1",
         HF_DATASETS_CACHE=str(root / "hf_datasets"),

@@ -31,11 +31,13 @@ from vlmspec.testing import (
 )
 
 FAMILIES = (*IMAGE_ONLY_FAMILIES, *OWN_TEST_FAMILIES)
-POLICIES = ("ar", "chain", "static", "sage", "eagle2")
+POLICIES = ("ar", "chain", "static", "sage")
+"""Every kind of tree a family's forwards meet: none, a chain, a fixed tree and SAGE's, which grows level by level
+(every policy on every input kind is the main matrix's, ``test_lossless.py`` and ``test_policies_extra.py``)."""
 MAX_NEW = {"gemma3": 48, "aya_vision": 48}
 """New tokens per reply: 48 where the replies must run past the 24-token window of Gemma 3's local layers (Aya
-Vision's Cohere2 sliding-window layers), else 32 (``DEFAULT_NEW``)."""
-DEFAULT_NEW = 32
+Vision's Cohere2 sliding-window layers), else 24 (``DEFAULT_NEW``)."""
+DEFAULT_NEW = 24
 PROMPTS_PER_KIND = {"gemma3": 2}
 """Prompts per input kind: two for Gemma 3 (its matrix before the others joined), else one (the main matrix,
 ``test_lossless.py``, varies the prompts; these families' own ways are in their inputs)."""

@@ -291,13 +291,14 @@ def check_attention(model: torch.nn.Module, role: str) -> None:
 
 
 SERIES = {"qwen3_vl_moe": "qwen3_vl", "qwen3_5_moe": "qwen3_5", "glm4v_moe": "glm4v", "glm46v": "glm4v"}
-SERIES["deepseek_vl_hybrid"] = "deepseek_vl"  # DeepSeek-VL 1.3B drafts for 7B (:mod:`vlmspec.models.janus`)
+SERIES |= {"deepseek_vl_hybrid": "deepseek_vl"}
 """Model types that draft for each other though they differ: Qwen3-VL's and Qwen3.5's mixture-of-experts language
 models have the dense ones' tokenizers, vision towers and processors (Qwen3-VL-2B drafts for Qwen3-VL-30B-A3B,
-Qwen3.5-2B for Qwen3.5-35B-A3B); GLM-4.5V (``glm4v_moe``)
-and GLM-4.6V (``glm46v``) are GLM-4.1V's design (``glm4v``: its processor, placeholders and tower layout) around a
-larger language model, so a 9B GLM-4.1V or GLM-4.6V-Flash drafts for either. The tokenizer and the visual-token
-layout are still checked (:func:`check_compatible`, :func:`check_visual_layout`)."""
+Qwen3.5-2B for Qwen3.5-35B-A3B); GLM-4.5V (``glm4v_moe``) and GLM-4.6V (``glm46v``) are GLM-4.1V's design
+(``glm4v``: its processor, placeholders and tower layout) around a larger language model, so a 9B GLM-4.1V or
+GLM-4.6V-Flash drafts for either; DeepSeek-VL 1.3B drafts for 7B, whose hybrid tower reads its pictures and more
+(:mod:`vlmspec.models.janus`; not the other way round). The tokenizer and the visual-token layout of what the draft
+reads are still checked (:func:`check_compatible`, :func:`check_visual_layout`)."""
 
 
 def check_compatible(

@@ -83,8 +83,8 @@ class VLMSpecPipeline(PromptBuilder):
             (and PCT's cost ratio) are fitted to this machine when the policy is attached: see :attr:`costs`.
 
     Attributes:
-        target_adapter, draft_adapter: the family adapters (:mod:`vlmspec.models`) every forward of the target and
-            the draft goes through: each decoding forward ends in their ``run`` (what a profiler times).
+        target_adapter, draft_adapter: the family adapters (:mod:`vlmspec.models`) the target and the draft run
+            through: a decoding forward ends in their ``run`` (a Gemma 4 assistant's in its inner model).
         costs: the measured forward costs of this pair on this machine (:class:`~vlmspec.costs.ForwardCosts`),
             which size every tree: the first policy with a budget or depth the user did not set triggers the
             cost probe (:func:`vlmspec.probe.cached_costs`: a few seconds, once per machine, model shapes and

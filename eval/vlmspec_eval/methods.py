@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -239,8 +239,9 @@ class ForwardRecorder:
     and each adapter's ``run``, whichever a call enters first (a call inside another is part of it).
 
     The engine's tree forwards end in ``adapter.run``, which calls the model's ``forward`` for most families and
-    runs the decoder written out for the families with recurrent layers (:mod:`vlmspec.models.hybrid`); its
-    unpruned prefills and transformers' ``generate`` call the model's ``forward``; pruned/scored prefills run the
+    runs the decoder written out for the families with recurrent layers (:mod:`vlmspec.models.hybrid`); a Gemma 4
+    assistant's drafts call its inner model (hooked); its unpruned prefills and transformers' ``generate`` call the
+    model's ``forward``; pruned/scored prefills run the
     decoder directly and are not seen (the engine's ``prefill_seconds`` cover them). On CUDA each call synchronises
     so times are real.
 
@@ -265,20 +266,19 @@ class ForwardRecorder:
 
     @contextmanager
     def recording(self) -> Iterator[ForwardRecorder]:
-        """Record calls inside the ``with`` block (hooks and timed ``run`` methods are removed afterwards)."""
-        handles = []
-        for role, model in self._models:
-            handles.append(model.register_forward_pre_hook(self._pre(role), with_kwargs=True))
-            handles.append(model.register_forward_hook(self._post(role)))
-        for role, adapter in self._adapters:
-            adapter.run = self._timed(role, adapter.run)  # an instance attribute over the class's method
-        try:
+        """Record calls inside the ``with`` block (hooks and timed ``run`` methods are removed afterwards, also when
+        a forward raises: a failed call ends there)."""
+        self._open.clear()
+        self._depth.clear()
+        with ExitStack() as undo:
+            for role, model in self._models:
+                undo.callback(model.register_forward_pre_hook(self._pre(role), with_kwargs=True).remove)
+                undo.callback(model.register_forward_hook(self._post(role), always_call=True).remove)
+            for role, adapter in self._adapters:
+                timed = self._timed(role, adapter.run)
+                adapter.run = timed  # an instance attribute over the class's method
+                undo.callback(_unset_run, adapter, timed)
             yield self
-        finally:
-            for handle in handles:
-                handle.remove()
-            for _, adapter in self._adapters:
-                del adapter.run
 
     def _enter(self, role: str, tokens: int, cache: Any, device_of: torch.nn.Module) -> None:
         depth = self._depth.get(role, 0)
@@ -325,6 +325,12 @@ class ForwardRecorder:
                 self._exit(role, model)
 
         return timed_run
+
+
+def _unset_run(adapter: Any, timed: Callable[..., Any]) -> None:
+    """Remove the timed ``run`` put on ``adapter`` (not another one put over it since)."""
+    if vars(adapter).get("run") is timed:
+        del adapter.run
 
 
 def _sync(module: torch.nn.Module) -> None:

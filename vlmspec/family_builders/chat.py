@@ -377,7 +377,7 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return (*CHAT_TOKENS, *OVIS2_SPECIAL_TOKENS)
     if family == "janus":
         return (*CHAT_TOKENS, *JANUS_NAMED_TOKENS.values())
-    if family in ("deepseek_vl", "deepseek_vl_hybrid"):  # one tokenizer: either drafts for the other
+    if family in ("deepseek_vl", "deepseek_vl_hybrid"):  # one tokenizer: the 1.3B's type drafts for the 7B's
         return (*CHAT_TOKENS, JANUS_NAMED_TOKENS["image_token"])
     if family == "perception_lm":
         return (*CHAT_TOKENS, *PERCEPTION_LM_NAMED_TOKENS.values())

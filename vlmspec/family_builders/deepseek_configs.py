@@ -11,7 +11,7 @@ from .chat import JANUS_NAMED_TOKENS
 from .specs import ModelSpec, VisionLayout
 
 DEEPSEEK_FAMILIES: tuple[str, ...] = ("janus", "deepseek_vl", "deepseek_vl_hybrid")
-HIGH_RES_SIDE = 32
+HIGH_RES_SIDE = 28
 """DeepSeek-VL hybrid's fixtures: the SAM encoder's input side (the real models': 1024 pixels)."""
 
 

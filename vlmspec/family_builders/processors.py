@@ -187,18 +187,8 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
             chat_template=tokenizer.chat_template,
         )
     if family in DEEPSEEK_FAMILIES:  # a picture padded to a square of crop_side pixels, a token per patch
-        from transformers import DeepseekVLHybridImageProcessor, DeepseekVLImageProcessor, JanusImageProcessor
-
-        side = {"height": layout.crop_side, "width": layout.crop_side}
-        if family == "deepseek_vl_hybrid":  # and again at the SAM encoder's side
-            high = {"height": HIGH_RES_SIDE, "width": HIGH_RES_SIDE}
-            image_processor = DeepseekVLHybridImageProcessor(size=side, high_res_size=high)
-        else:
-            image_processor = (JanusImageProcessor if family == "janus" else DeepseekVLImageProcessor)(
-                size=side
-            )
         return processor_cls(
-            image_processor=image_processor,
+            image_processor=_deepseek_image_processor(family, layout),
             tokenizer=tokenizer,
             num_image_tokens=(layout.crop_side // layout.patch) ** 2,
             chat_template=tokenizer.chat_template,
@@ -292,3 +282,15 @@ def _lfm2_vl_processor(processor_cls: Any, tokenizer: Qwen2Tokenizer, layout: Vi
         tokenizer=tokenizer,
         chat_template=tokenizer.chat_template,
     )
+
+
+def _deepseek_image_processor(family: str, layout: VisionLayout) -> Any:
+    """Janus's, DeepSeek-VL's or its hybrid tower's image processor: a picture padded to a square of ``crop_side``
+    pixels (the hybrid's again at the SAM encoder's :data:`HIGH_RES_SIDE`)."""
+    from transformers import DeepseekVLHybridImageProcessor, DeepseekVLImageProcessor, JanusImageProcessor
+
+    side = {"height": layout.crop_side, "width": layout.crop_side}
+    if family == "deepseek_vl_hybrid":
+        high = {"height": HIGH_RES_SIDE, "width": HIGH_RES_SIDE}
+        return DeepseekVLHybridImageProcessor(size=side, high_res_size=high)
+    return (JanusImageProcessor if family == "janus" else DeepseekVLImageProcessor)(size=side)

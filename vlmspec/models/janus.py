@@ -57,6 +57,9 @@ class DeepseekVLHybridAdapter(DeepseekVLAdapter):
 
     model_types = ("deepseek_vl_hybrid",)
     layout_fields = (*JanusAdapter.layout_fields, "high_res_vision_config.image_size")
+    fixed_processor_settings = JanusAdapter.fixed_processor_settings | {
+        "high_res_size"
+    }  # the SAM encoder's input
 
     def visual_features(self, inputs: dict[str, torch.Tensor]) -> dict[str, VisualFeatures]:
         if inputs.get("pixel_values") is None:

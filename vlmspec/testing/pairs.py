@@ -131,9 +131,7 @@ _LAYOUTS = {
     # SigLIP input side 28 (a picture padded to a square): 2x2 patches of 14 -> 4 tokens per picture
     "janus": VisionLayout(patch=14, crop_side=28),
     "deepseek_vl": VisionLayout(patch=14, crop_side=28),  # Janus's
-    "deepseek_vl_hybrid": VisionLayout(
-        patch=14, crop_side=28
-    ),  # DeepSeek-VL's (its SAM encoder: HIGH_RES_SIDE)
+    "deepseek_vl_hybrid": VisionLayout(patch=14, crop_side=28),  # and a SAM encoder's HIGH_RES_SIDE
     # patches of 14: a picture resized to at most 28 x 56 pixels, a token per patch -> 4 tokens a 56-pixel square; a
     # video's frames share its pixel budget (4 frames: 56 pixels a side each), 4x4 patches merged 2x2 -> 4 tokens a
     # frame, fewer where a frame repeats the one before
@@ -185,7 +183,7 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("ovis2", 0): 28,
     ("janus", 0): 3,
     ("deepseek_vl", 0): 4,
-    ("deepseek_vl_hybrid", 0): 25,
+    ("deepseek_vl_hybrid", 0): 0,
     ("video_llama_3", 0): 35,  # found by searching past _MAX_DRAWS, as llava's
     ("gemma4", 0): 107,  # the best of the first 150 (_FAMILY_MIN_MARGIN)
     ("perception_lm", 0): 28,  # the best of the first 32 (_FAMILY_MIN_MARGIN)

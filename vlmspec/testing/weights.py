@@ -240,15 +240,7 @@ def calibrate_vision(model: PreTrainedModel, family: str, processor: ProcessorMi
             projection = model.model.multi_modal_projector.mm_input_projection_weight
             projection.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(0))
     if family == "deepseek_vl_hybrid":  # transformers leaves its SAM encoder's weights uninitialised
-        gen = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for name, param in model.model.high_res_vision_model.named_parameters():
-                if "norm" in name:
-                    param.fill_(1.0 if name.endswith("weight") else 0.0)
-                elif name.endswith("bias"):
-                    param.zero_()
-                else:
-                    param.normal_(0.0, 0.02, generator=gen)
+        _init_sam_encoder(model.model.high_res_vision_model)
     if family == "ovis2":  # sharper visual-vocabulary distributions: averaged rows would make tokens alike
         with torch.no_grad():
             model.model.vision_tower.head_norm.weight.mul_(_OVIS2_VISUAL_SHARPNESS)
@@ -270,3 +262,18 @@ def calibrate_vision(model: PreTrainedModel, family: str, processor: ProcessorMi
         with torch.no_grad():
             newline = model.model.image_newline
             newline.mul_(_VISION_OUT_RMS / newline.pow(2).mean().sqrt())
+
+
+def _init_sam_encoder(encoder: torch.nn.Module) -> None:
+    """Draws a SAM encoder's weights (DeepSeek-VL's hybrid tower; norms at one and zero, biases at zero)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in encoder.named_parameters():
+            if "norm" in name:
+                param.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif name.endswith("bias"):
+                param.zero_()
+            else:
+                param.normal_(0.0, 0.02, generator=gen)
