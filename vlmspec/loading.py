@@ -290,8 +290,8 @@ def check_attention(model: torch.nn.Module, role: str) -> None:
         )
 
 
-SERIES = {"qwen3_vl_moe": "qwen3_vl", "qwen3_5_moe": "qwen3_5", "glm4v_moe": "glm4v", "glm46v": "glm4v"}
-SERIES |= {"deepseek_vl_hybrid": "deepseek_vl"}
+SERIES = {"qwen3_vl_moe": "qwen3_vl", "qwen3_5_moe": "qwen3_5", "glm4v_moe": "glm4v", "glm46v": "glm4v",
+          "deepseek_vl_hybrid": "deepseek_vl"}  # fmt: skip
 """Model types that draft for each other though they differ: Qwen3-VL's and Qwen3.5's mixture-of-experts language
 models have the dense ones' tokenizers, vision towers and processors (Qwen3-VL-2B drafts for Qwen3-VL-30B-A3B,
 Qwen3.5-2B for Qwen3.5-35B-A3B); GLM-4.5V (``glm4v_moe``) and GLM-4.6V (``glm46v``) are GLM-4.1V's design
