@@ -16,12 +16,13 @@ from vlmspec_eval.methods import (
     ForwardCall,
     ForwardRecorder,
     RunRecord,
+    Variant,
     build_variants,
     make_policy,
     resolve_methods,
     valid_methods,
 )
-from vlmspec_eval.report import REQUIRED_ROW_KEYS
+from vlmspec_eval.report import REQUIRED_ROW_KEYS, aggregate
 from vlmspec_eval.tasks import load_inputs, resolve_pair
 
 from vlmspec import VLMSpecPipeline
@@ -249,6 +250,29 @@ def test_ideal_speedup_is_one_for_ar_and_prices_trees():
     spec = RunRecord("sage", "sage", "t", 0, 0, token_ids=list(range(7)), steps=2, calls=calls)
     num, den = ideal_terms(spec, probe)
     assert num / den == pytest.approx(6 * 1.0 / (2 * 1.2 + 6 * 0.1))
+
+
+def test_an_edd_row_is_priced_with_its_own_drafts_probe():
+    """The ideal speed-up of an ``edd+`` row prices its draft forwards with the EDD pipeline's probe (one layer),
+    not with the separate draft's (a whole model), which the rows on the bench's own pipeline use."""
+    separate, edd = _probe([1.0] * 7, draft=[0.5] * 7), _probe([1.0] * 7, draft=[0.05] * 7)
+    calls = [ForwardCall("target", 10, 1.0, True)] + [ForwardCall("draft", 1, 0.1, False)] * 4
+    calls += [ForwardCall("target", 5, 1.0, False)] * 2
+    records = [
+        RunRecord(key, key, "t", 0, 0, token_ids=list(range(8)), steps=2, calls=calls)
+        for key in ("chain", "edd+chain")
+    ]
+    variants = [
+        Variant("chain", "chain", None, None),
+        Variant("edd+chain", "edd+chain", None, None, pipe=SimpleNamespace(costs=edd)),
+    ]
+    rows, _ = aggregate(records, variants, ["t"], {}, separate)
+    ideal = {row["key"]: row["ideal_speedup"] for row in rows}
+    # The 7 tokens after the prefill's at one target forward each, against 2 verifications and 4 draft levels.
+    assert ideal == {
+        "chain": pytest.approx(7 / (2 + 4 * 0.5)),
+        "edd+chain": pytest.approx(7 / (2 + 4 * 0.05)),
+    }
 
 
 def test_running_tau_and_entropy_autocorrelation():

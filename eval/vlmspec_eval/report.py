@@ -73,7 +73,8 @@ def aggregate(
         variants: what ran (``ar`` among them).
         tasks: task order of the rows.
         references: the target's own greedy output per ``(task, index)``.
-        probe: the cost probe (``None``: no ideal speed-up).
+        probe: the cost probe (``None``: no ideal speed-up); a variant on its own pipeline (the EDD rows) is priced
+            with that pipeline's probe, its own draft's costs.
     """
     by_cell: dict[tuple[str, str], list[RunRecord]] = defaultdict(list)
     for record in records:
@@ -83,8 +84,10 @@ def aggregate(
         for task in tasks:
             ar_runs = {(r.index, r.repeat): r for r in by_cell[AR, task] if r.error is None}
             hf_runs = {(r.index, r.repeat): r for r in by_cell[HF_GENERATE, task] if r.error is None}
+            own = getattr(variant.pipe, "costs", None)
+            cell_probe = own if isinstance(own, CostProbe) else probe
             row = cell_row(
-                variant, task, by_cell[variant.key, task], ar_runs, references, probe, hf_runs or None
+                variant, task, by_cell[variant.key, task], ar_runs, references, cell_probe, hf_runs or None
             )
             (ablation if variant.ablation else rows).append(row)
     return rows, ablation
