@@ -77,7 +77,7 @@ def _body(model) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("family", "shape", "max_new_tokens"),
-    [(family, "cpu", 32) for family in FAMILIES]
+    [(family, "cpu", 16) for family in FAMILIES]
     + [(family, SMALL_REAL[family], 12) for family in ("qwen2_vl", "qwen3_vl")],
 )
 def test_inflated_target_gives_the_trained_targets_greedy_tokens(family, shape, max_new_tokens):

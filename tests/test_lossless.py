@@ -83,7 +83,7 @@ PRUNED_PROMPTS = PROMPTS[:2]
 the draft's prefill is the part it touches (its token counts are checked below); every prompt runs unpruned above."""
 
 
-@pytest.mark.parametrize("prune_ratio", [0.0, 0.8, 0.9])
+@pytest.mark.parametrize("prune_ratio", [0.8, 0.9])  # unpruned (the default below 64 visual tokens): above
 def test_sage_with_draft_pruning_equals_generate(family_case, prune_ratio):
     family, pipe, cases = family_case
     pipe.policy = get_policy("sage")
