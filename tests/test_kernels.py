@@ -8,7 +8,15 @@ import pytest
 import torch
 
 from vlmspec import VLMSpecPipeline, get_policy, testbed
-from vlmspec.kernels import MIN_WEIGHT_ELEMENTS, onednn_available, onednn_linears
+from vlmspec.errors import InvalidInputError
+from vlmspec.kernels import (
+    ENV_CUDNN_ATTENTION,
+    MIN_WEIGHT_ELEMENTS,
+    cudnn_attention_default,
+    onednn_available,
+    onednn_linears,
+    without_cudnn_attention,
+)
 
 pytestmark = pytest.mark.skipif(
     not onednn_available(), reason="this torch build has no oneDNN (mkldnn) CPU backend"
@@ -63,6 +71,44 @@ def test_a_block_in_another_thread_keeps_the_layers_rerouted_until_it_leaves() -
     assert "forward" not in vars(layer)
 
 
+def test_cudnn_attention_is_off_while_any_decoding_block_is_open() -> None:
+    """SDPA's cuDNN backend (a plan per new query/key length) is off from the first block's entry to the last
+    one's exit, whichever thread closes first, and torch's setting is back after, an error or not."""
+    cudnn = torch.backends.cuda.cudnn_sdp_enabled
+    assert cudnn()
+    entered, checked, left = threading.Event(), threading.Event(), threading.Event()
+
+    def first() -> None:
+        with without_cudnn_attention():
+            entered.set()
+            checked.wait(10)
+        left.set()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert entered.wait(10) and not cudnn()
+        with without_cudnn_attention():
+            checked.set()
+            assert left.wait(10) and not cudnn()  # the first block has left; this one is still open
+    finally:
+        checked.set()
+        thread.join(10)
+    assert cudnn()
+    with pytest.raises(RuntimeError, match="boom"), without_cudnn_attention():
+        raise RuntimeError("boom")
+    assert cudnn()
+
+
+def test_the_cudnn_attention_setting_comes_from_its_environment_variable(monkeypatch) -> None:
+    assert cudnn_attention_default() is False
+    monkeypatch.setenv(ENV_CUDNN_ATTENTION, "1")
+    assert cudnn_attention_default() is True
+    monkeypatch.setenv(ENV_CUDNN_ATTENTION, "yes")
+    with pytest.raises(InvalidInputError, match=f"{ENV_CUDNN_ATTENTION}='yes': use 1 .* or 0"):
+        cudnn_attention_default()
+
+
 def test_exception_inside_the_block_restores_the_layers() -> None:
     layer = torch.nn.Linear(1024, 1024)
     with pytest.raises(RuntimeError, match="boom"), onednn_linears(layer):
@@ -76,14 +122,15 @@ def test_calibrated_pair_with_onednn_equals_generate(task: str) -> None:
     # while other tests load the machine, its trees can shrink to nothing, and no draft would be exercised
     sage = get_policy("sage", n_max=16, d_max=6, node_cost=0.02, level_cost=0.05)
     pipe = VLMSpecPipeline.from_pretrained("testbed-mini@cpu", policy=sage)
-    assert pipe.onednn_linears
+    assert pipe.onednn_linears and not pipe.cudnn_attention
     with pipe.kernels() as rerouted:
         assert rerouted > 0  # the 1024-wide calibrated target's layers run through oneDNN
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
     example = testbed.sample(task, 11)
     inputs = pipe.prepare_inputs(example.image, example.prompt, example.video)
     expected = pipe.reference_generate(inputs, 48)  # transformers' generate() with torch's own kernels
     out = pipe(example.image, example.prompt, video=example.video, max_new_tokens=48)
     assert out.token_ids == expected and out.stats.accepted_tokens > 0
-    pipe.onednn_linears = False
+    pipe.onednn_linears, pipe.cudnn_attention = False, True
     with pipe.kernels() as rerouted:
-        assert rerouted == 0
+        assert rerouted == 0 and torch.backends.cuda.cudnn_sdp_enabled()

@@ -1,4 +1,4 @@
-"""CPU matrix products for a few rows: the shape of tree verification.
+"""The kernels decoding runs on: CPU matrix products for a few rows, and GPU attention without per-shape plans.
 
 A tree of ``N`` nodes is verified by one target forward over ``N + 1`` tokens, so every linear layer multiplies an
 ``[N + 1, K]`` activation by its ``[K, M]`` weight. On the CPU, torch's default (MKL's ``sgemm``) handles one row
@@ -31,15 +31,31 @@ calibrated pair, whose 1024-wide target is rerouted; the tiny test fixtures are 
 
 GPU models, other dtypes, quantized weights (torchao's tensor subclasses, which report the dtype they stand for)
 and torch builds without oneDNN are left as they are.
+
+**Attention on a GPU** (:func:`without_cudnn_attention`). Every decoding forward passes an additive mask (a tree's,
+or one token's), and on Hopper GPUs torch's ``scaled_dot_product_attention`` then picks cuDNN's backend, which
+builds an execution plan for each new combination of query and key lengths. Speculative decoding makes a new one at
+nearly every forward: the keys grow by each step's accepted tokens, and a tree's levels and verifications vary in
+size. Measured on an H200 (``docs/gpu.md``, 2026-11-30): the same EDD-drafted captions ran 3-5x slower the first
+time than when repeated over the same shapes (a chain's draft level 30 ms against 2 ms); the cost probe, which
+repeats its shapes, saw the fast figure and sized the trees by it. MLX measured the same with its own cuDNN plans,
+about 22 ms per plan in a verify loop, and routes small masked blocks around cuDNN. So inside a decoding block
+SDPA's cuDNN backend is off (memory-efficient attention takes masked calls: no plan, the same maths), for the whole
+process while any block is open, like the layers above, and restored when the last one closes. The choice is
+unmeasured end to end on a GPU so far: ``VLMSpecPipeline.cudnn_attention = True`` (or ``VLMSPEC_CUDNN_ATTENTION=1``)
+keeps torch's own choice, for the comparison. On the CPU the switch does nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterable, Iterator
 
 import torch
+
+from .errors import InvalidInputError
 
 _ONEDNN_LINEAR = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 """Dense in, dense out. ``torch._C._nn.mkldnn_linear``, used before, needs its input converted to oneDNN's layout
@@ -50,6 +66,9 @@ MIN_WEIGHT_ELEMENTS = 1 << 20
 weight below ~4 MB (the testbed draft's forward went from 1.6 ms to 5.7 ms with every layer rerouted)."""
 _HOLDERS: dict[torch.nn.Linear, int] = {}
 """The layers rerouted now, each with the number of open blocks holding it (removed at 0: nothing kept after)."""
+ENV_CUDNN_ATTENTION = "VLMSPEC_CUDNN_ATTENTION"
+_CUDNN_OFF: list[bool] = []
+"""One entry per open :func:`without_cudnn_attention` block: the cuDNN setting before the first one opened."""
 _HOLDERS_GUARD = threading.RLock()
 """Reentrant: the garbage collector may close an abandoned ``pipe.batch_iter`` generator, releasing its block, in
 the middle of another block's entry or exit in the same thread."""
@@ -119,4 +138,51 @@ def _release(layers: list[torch.nn.Linear]) -> None:
                 vars(layer).pop("forward", None)
 
 
-__all__ = ["MIN_WEIGHT_ELEMENTS", "onednn_available", "onednn_linears"]
+@contextlib.contextmanager
+def without_cudnn_attention() -> Iterator[None]:
+    """SDPA without cuDNN's backend inside the block (module docstring), whatever other blocks are open."""
+    with _HOLDERS_GUARD:
+        _CUDNN_OFF.append(_CUDNN_OFF[0] if _CUDNN_OFF else torch.backends.cuda.cudnn_sdp_enabled())
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        yield
+    finally:
+        with _HOLDERS_GUARD:
+            before = _CUDNN_OFF.pop()
+            if not _CUDNN_OFF:
+                torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def cudnn_attention_default() -> bool:
+    """``VLMSPEC_CUDNN_ATTENTION``: ``1`` keeps SDPA's cuDNN backend while decoding, ``0`` or unset turns it off.
+
+    Raises:
+        InvalidInputError: another value.
+    """
+    value = os.environ.get(ENV_CUDNN_ATTENTION, "0")
+    if value not in ("0", "1"):
+        raise InvalidInputError(
+            f"{ENV_CUDNN_ATTENTION}={value!r}: use 1 (torch's cuDNN attention) or 0 (off)"
+        )
+    return value == "1"
+
+
+@contextlib.contextmanager
+def decoding_kernels(*models: torch.nn.Module | None, onednn: bool, cudnn_attention: bool) -> Iterator[int]:
+    """The block models decode in: :func:`onednn_linears` when ``onednn``, :func:`without_cudnn_attention` unless
+    ``cudnn_attention``. Yields :func:`onednn_linears`' count (0 without it)."""
+    with contextlib.ExitStack() as stack:
+        if not cudnn_attention:
+            stack.enter_context(without_cudnn_attention())
+        yield stack.enter_context(onednn_linears(*models)) if onednn else 0
+
+
+__all__ = [
+    "ENV_CUDNN_ATTENTION",
+    "MIN_WEIGHT_ELEMENTS",
+    "cudnn_attention_default",
+    "decoding_kernels",
+    "onednn_available",
+    "onednn_linears",
+    "without_cudnn_attention",
+]

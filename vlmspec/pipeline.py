@@ -27,15 +27,8 @@ from .costs import BudgetFactor, ForwardCosts
 from .draft import draft_vocab
 from .engine import DraftPrompt, SpecOutput, speculative_generate
 from .errors import InputTypeError, InvalidInputError
-from .inputs import (
-    ImageInput,
-    VideoInput,
-    check_num_frames,
-    check_prompt_inputs,
-    check_token_ids,
-    on_device,
-)
-from .kernels import onednn_linears
+from .inputs import ImageInput, VideoInput, check_num_frames, check_prompt_inputs, check_token_ids, on_device
+from .kernels import cudnn_attention_default, decoding_kernels
 from .loading import check_attention, check_compatible, load_pair, model_options
 from .models import EDDDraft, VLMAdapter, adapter_for
 from .models.edd import check_target
@@ -95,6 +88,9 @@ class VLMSpecPipeline(PromptBuilder):
         onednn_linears: run the models' fp32 CPU linear layers through oneDNN while generating (default True; see
             :mod:`vlmspec.kernels`: a tree's few-row products are up to 2.7x faster than torch's default on the CPU).
             Set it to False for torch's own kernels. No effect on GPUs or other dtypes.
+        cudnn_attention: keep SDPA's cuDNN backend while decoding on a GPU (default False, ``VLMSPEC_CUDNN_ATTENTION=1``
+            sets True: it builds a plan per new query/key length, nearly every speculative forward; see
+            :mod:`vlmspec.kernels`).
         prefix_cache: a :class:`~vlmspec.prefix_cache.PrefixCache` every request reuses (its prompt's prefix
             shared with an earlier request's is not prefilled again), or ``None`` (default).
         reasoning_parser: how a thinking model marks its reasoning (:mod:`vlmspec.reasoning`; a name such as
@@ -133,7 +129,7 @@ class VLMSpecPipeline(PromptBuilder):
             check_attention(draft, "draft")
             check_compatible(target, draft, target_tokenizer=getattr(processor, "tokenizer", None))
         self._draft_vocab = draft_vocab(target, draft, processor)
-        self.onednn_linears = True
+        self.onednn_linears, self.cudnn_attention = True, cudnn_attention_default()
         self.prefix_cache: PrefixCache | None = None
         self.costs: ForwardCosts | None = None
         self.policy = policy_with(policy, policy_options)
@@ -168,7 +164,9 @@ class VLMSpecPipeline(PromptBuilder):
     def hardware_costs(self) -> ForwardCosts:
         """:attr:`costs`, measured (or read from the on-disk cache) on first use."""
         if self.costs is None:
-            kernels = "onednn" if self.onednn_linears else "torch"
+            kernels = (
+                f"{'onednn' if self.onednn_linears else 'torch'}{'+cudnn' if self.cudnn_attention else ''}"
+            )
             self.costs = cached_costs(self.target, self.draft, self.kernels(), kernels)
         return self.costs
 
@@ -255,8 +253,10 @@ class VLMSpecPipeline(PromptBuilder):
         return self.hardware_costs().batch_size(self.budget_factor, speculative=self.policy.uses_draft)
 
     def kernels(self) -> contextlib.AbstractContextManager[int]:
-        """The context both models generate in: oneDNN linears on the CPU when :attr:`onednn_linears` is set."""
-        return onednn_linears(self.target, self.draft) if self.onednn_linears else contextlib.nullcontext(0)
+        """The context both models generate in (:func:`~vlmspec.kernels.decoding_kernels`): oneDNN linears on the CPU
+        when :attr:`onednn_linears` is set, SDPA's cuDNN backend off unless :attr:`cudnn_attention` is."""
+        models = (self.target, self.draft)
+        return decoding_kernels(*models, onednn=self.onednn_linears, cudnn_attention=self.cudnn_attention)
 
     # ---- generation ---------------------------------------------------------------------------------------------
     @torch.inference_mode()

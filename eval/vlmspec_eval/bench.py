@@ -345,8 +345,9 @@ def acceptance_traces(
 def describe_device(pipe: Any) -> str:
     """The device the target runs on, in words."""
     device = next(pipe.target.parameters()).device
-    if device.type == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(device)})"
+    if device.type == "cuda":  # and whether SDPA's cuDNN backend runs while decoding (vlmspec.kernels)
+        attention = "cuDNN attention on" if pipe.cudnn_attention else "cuDNN attention off"
+        return f"cuda ({torch.cuda.get_device_name(device)}, {attention} while decoding)"
     return f"cpu ({platform.machine()}, {torch.get_num_threads()} torch threads, {os.cpu_count()} cores)"
 
 
