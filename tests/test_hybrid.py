@@ -4,7 +4,7 @@ are in ``test_more_families.py``'s matrix (every policy, a pruned draft, batches
 share: a tree's forward gives every path transformers' own logits, token by token, and keeping a path leaves the
 recurrent states ``generate()`` has there; the visual scores of the draft's pruning are the attention layers' own;
 sampling follows the target and does not depend on the batch, and a forward reads the host once (for one family per
-kind of recurrent layer); EDD drafts are refused.
+kind of recurrent layer); an EDD draft reads transformers' hidden states.
 What only one family has is in its own file (``test_qwen3_5.py``, ``test_lfm2_vl.py``, ``test_lfm3_vl.py``).
 """
 
@@ -17,7 +17,7 @@ from test_batching import check_a_sampled_reply_is_the_same_alone_and_at_batch_3
 from test_host_syncs import CPU_LIKE, END_OF_GENERATION, PER_DRAFT_FORWARD, PER_STEP
 from transformers import AutoModelForImageTextToText
 
-from vlmspec import InvalidInputError, VLMSpecPipeline
+from vlmspec import VLMSpecPipeline
 from vlmspec.cache import keep_tail
 from vlmspec.host_syncs import HostSyncCounter
 from vlmspec.models import EDDDraft, adapter_for
@@ -112,12 +112,34 @@ def test_a_sampled_reply_is_the_same_alone_and_in_a_batch(family, tiny_root):
     check_a_sampled_reply_is_the_same_alone_and_at_batch_3(pair.target, pair.draft)
 
 
-def test_an_edd_draft_is_refused(pair, pipe):
-    with pytest.raises(
-        InvalidInputError,
-        match=rf"cannot be built for a '{pair.family}' target: .*recurrent.*draft with a smaller",
-    ):
-        EDDDraft.for_target(pipe.target)
+def test_an_edd_draft_reads_the_hidden_states_transformers_computes(pair, pipe):
+    """An EDD draft of a hybrid target: its one layer is an attention layer (the nearest after the one it reads), and
+    the hidden states it reads, in the prompt's prefill (transformers' forward) and in a decoding forward (the
+    written-out decoder, which calls no layer module), are the ones transformers' own forward computes there."""
+    target = pipe.target
+    draft = EDDDraft.for_target(target)
+    layer = draft.edd_config.hidden_layer
+    text = target.get_decoder()
+    assert draft.config.layer_types[0] in ("full_attention", "sliding_attention")
+    assert any(not hasattr(m, "self_attn") for m in text.layers)  # the target does have recurrent layers
+    inputs = make_inputs(pipe.processor, "image")
+    adapter = adapter_for(target)
+    prefill = adapter.prefill(inputs, hidden_layer=layer)
+    tokens = torch.tensor([11, 12, 13])
+    length = inputs["input_ids"].shape[1]
+    causal = torch.ones(3, 3, dtype=torch.bool).tril()
+    bias = tree_attention_bias(causal, prefill.state.length, adapter.dtype)
+    _, decoded = adapter.forward_hidden(prefill.state, tokens, torch.arange(length, length + 3), bias, layer)
+    longer = dict(inputs, input_ids=torch.cat([inputs["input_ids"], tokens[None]], 1))
+    longer["attention_mask"] = torch.ones_like(longer["input_ids"])
+    if "mm_token_type_ids" in inputs:
+        longer["mm_token_type_ids"] = torch.cat(
+            [inputs["mm_token_type_ids"], torch.zeros_like(tokens)[None]], 1
+        )
+    with torch.inference_mode():
+        expected = target(**longer, output_hidden_states=True).hidden_states[layer + 1][0]  # [L + 3, D]
+    torch.testing.assert_close(prefill.hidden, expected[:length], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(decoded, expected[length:], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("policy", ["chain", "static", "sage"])

@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -68,18 +68,6 @@ _NO_EDD = {
     "gemma4": "its layers read per-layer inputs looked up from token ids, which the draft's soft prompt (the "
     "target's hidden states) has none of, and its last layers reuse earlier layers' keys, which one layer has no "
     "earlier layer to give; draft with a smaller Gemma 4 (gemma-4-E2B-it) or the target's assistant instead",
-    **dict.fromkeys(
-        ("qwen3_5", "qwen3_5_moe", "minicpmv4_6", "minicpmv4_7"),
-        "three in four of its layers are recurrent (Gated DeltaNet), and vlmspec runs those over a tree only in the "
-        "adapter's own decoder, which an EDD draft's one layer does not go through; draft with a smaller Qwen3.5 "
-        "(Qwen3.5-0.8B)",
-    ),
-    **dict.fromkeys(
-        ("lfm2_vl", "lfm3_vl"),
-        "most of its layers are recurrent (short convolutions), and vlmspec runs those over a tree only in the "
-        "adapter's own decoder, which an EDD draft's one layer does not go through; draft with a smaller model of "
-        "its family (LFM2-VL-450M)",
-    ),
 }
 """Families an EDD draft is not built for, and why."""
 
@@ -171,7 +159,7 @@ class EDDDraft(torch.nn.Module):
             raise InvalidInputError(
                 f"hidden_layer must be in [0, {layers}) for this target ({layers} layers), got {layer}"
             )
-        copied = min(layer + 1, layers - 1)
+        copied = _attention_layer(source.layers, min(layer + 1, layers - 1))
         text = _one_layer(target.config.get_text_config(), copied)
         config = EDDConfig(
             target_model_type=target.config.model_type,
@@ -183,7 +171,8 @@ class EDDDraft(torch.nn.Module):
         )
         draft = cls._build(target, config)
         draft.decoder.embed_tokens.load_state_dict(source.embed_tokens.state_dict())
-        draft.decoder.norm.load_state_dict(source.norm.state_dict())
+        final_norm = _final_norm_name(source)  # "norm"; LFM2's "embedding_norm"
+        getattr(draft.decoder, final_norm).load_state_dict(getattr(source, final_norm).state_dict())
         draft.decoder.layers[0].load_state_dict(source.layers[copied].state_dict())
         draft.lm_head.load_state_dict(target.get_output_embeddings().state_dict())
         return draft
@@ -420,6 +409,22 @@ class EDDAdapter(VLMAdapter):
                 "an EDD draft has no target layer to read: hidden_layer is for the target"
             )
         yield []
+
+
+def _attention_layer(layers: Sequence[torch.nn.Module], index: int) -> int:
+    """``index``, or where layer ``index`` is recurrent (a hybrid's Gated DeltaNet or short convolution: Qwen3.5,
+    LFM2), the nearest attention layer after it, else before it. Why: the draft's one layer runs as an attention
+    layer over the tree, through the draft's own cache; a recurrent one would need the hybrid decoder's tree
+    recurrence (:mod:`vlmspec.models.hybrid`), which one layer fed with the target's states has no use for. The
+    paper copies the layer after the one it reads; the nearest attention layer is the closest thing a hybrid has."""
+    attends = [i for i, layer in enumerate(layers) if hasattr(layer, "self_attn")]
+    after = [i for i in attends if i >= index]
+    return after[0] if after else attends[-1]
+
+
+def _final_norm_name(decoder: torch.nn.Module) -> str:
+    """The attribute of ``decoder``'s norm after its last layer."""
+    return "norm" if hasattr(decoder, "norm") else "embedding_norm"
 
 
 def _one_layer(text_config: Any, index: int) -> Any:
