@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -45,14 +47,13 @@ def test_large_fp32_cpu_linears_are_rerouted_inside_the_block_only() -> None:
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-4)  # ... with torch's numbers
 
 
-def test_a_block_in_another_thread_keeps_the_layers_rerouted_until_it_leaves() -> None:
-    """Two calls decoding at once (two threads, one model): the first to finish leaves the other's layers on
-    oneDNN; the last one out restores torch's."""
-    layer = torch.nn.Linear(1024, 1024)
+def check_the_last_block_out_undoes_it(block: Callable[[], Any], held: Callable[[], bool]) -> None:
+    """Two calls decoding at once (two threads): what ``block`` sets (``held``) stays while the second block is open
+    after the first one has left, and is undone when the last one leaves."""
     entered, checked, left = threading.Event(), threading.Event(), threading.Event()
 
     def first() -> None:
-        with onednn_linears(layer):
+        with block():
             entered.set()
             checked.wait(10)
         left.set()
@@ -60,15 +61,19 @@ def test_a_block_in_another_thread_keeps_the_layers_rerouted_until_it_leaves() -
     thread = threading.Thread(target=first)
     thread.start()
     try:
-        assert entered.wait(10)
-        with onednn_linears(layer) as rerouted:
+        assert entered.wait(10) and held()
+        with block():
             checked.set()
-            assert left.wait(10)  # the first block has left; this one is still open
-            assert "forward" in vars(layer) and rerouted == 1
+            assert left.wait(10) and held()  # the first block has left; this one is still open
     finally:
         checked.set()
         thread.join(10)
-    assert "forward" not in vars(layer)
+    assert not held()
+
+
+def test_a_block_in_another_thread_keeps_the_layers_rerouted_until_it_leaves() -> None:
+    layer = torch.nn.Linear(1024, 1024)
+    check_the_last_block_out_undoes_it(lambda: onednn_linears(layer), lambda: "forward" in vars(layer))
 
 
 def test_cudnn_attention_is_off_while_any_decoding_block_is_open() -> None:
@@ -76,25 +81,7 @@ def test_cudnn_attention_is_off_while_any_decoding_block_is_open() -> None:
     one's exit, whichever thread closes first, and torch's setting is back after, an error or not."""
     cudnn = torch.backends.cuda.cudnn_sdp_enabled
     assert cudnn()
-    entered, checked, left = threading.Event(), threading.Event(), threading.Event()
-
-    def first() -> None:
-        with without_cudnn_attention():
-            entered.set()
-            checked.wait(10)
-        left.set()
-
-    thread = threading.Thread(target=first)
-    thread.start()
-    try:
-        assert entered.wait(10) and not cudnn()
-        with without_cudnn_attention():
-            checked.set()
-            assert left.wait(10) and not cudnn()  # the first block has left; this one is still open
-    finally:
-        checked.set()
-        thread.join(10)
-    assert cudnn()
+    check_the_last_block_out_undoes_it(without_cudnn_attention, lambda: not cudnn())
     with pytest.raises(RuntimeError, match="boom"), without_cudnn_attention():
         raise RuntimeError("boom")
     assert cudnn()
