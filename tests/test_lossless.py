@@ -1,6 +1,6 @@
 """Lossless: greedy speculative output == the target's own greedy ``generate()``, token for token.
 
-Every family x policy x input kind (one image, two images, a video, text only) x 5 prompts, 48 new tokens
+Every family x policy x input kind (one image, two images, a video, text only) x 5 prompts, 40 new tokens
 (``sage`` with a pruned draft: 2 prompts per kind); and again in bfloat16 on the CPU. On a machine with a GPU the same tests run there (device chosen by
 ``from_pretrained``).
 """
@@ -16,7 +16,9 @@ from vlmspec.pruning import keep_count
 from vlmspec.testing import FAMILIES
 
 POLICIES = ("ar", "chain", "static", "sage")
-MAX_NEW = 48
+BF16_POLICIES = ("ar", "chain", "sage")
+"""In bfloat16: plain decoding, a chain and a tree (the static tree's verification is sage's, fp32 runs it above)."""
+MAX_NEW = 40
 
 
 def reference(pipe: VLMSpecPipeline, inputs) -> list[int]:
@@ -72,7 +74,7 @@ def test_greedy_equals_generate_bf16(tiny_pairs, family):
     for kind, image, video in input_kinds():
         inputs = pipe.prepare_inputs(image, PROMPTS[0], video)
         expected = reference(pipe, inputs)
-        for policy in POLICIES:
+        for policy in BF16_POLICIES:
             pipe.policy = get_policy(policy)
             out = pipe(image, PROMPTS[0], video=video, max_new_tokens=MAX_NEW)
             assert out.token_ids == expected, f"bf16 {family}/{policy}/{kind}"

@@ -2,8 +2,9 @@
 Gemma 3 (local layers, pictures only), LLaVA-1.5 and LLaVA-NeXT (pictures only; NeXT's anyres grids), Janus and
 DeepSeek-VL (pictures only; the 7B's hybrid tower reads them twice) and SmolVLM2
 (tiles; a video's frames as tiles), Gemma 4 (per-layer inputs, layers reusing keys), Perception LM (timm's tower,
-pictures cut into tiles, a video's frames a tile each), Qwen3.5, LFM2-VL and LFM3-VL (recurrent layers). Every one is lossless for every
-tree policy alone, with a pruned draft, with an EDD draft (Gemma 4 refuses one, saying why), in batches of mixed requests and in a conversation; what only one family has is tested in its own file
+pictures cut into tiles, a video's frames a tile each), Qwen3.5, LFM2-VL and LFM3-VL (recurrent layers). Every one is lossless
+with plain decoding, a chain and SAGE's trees (each kind of verification; every policy runs in the main matrix),
+with a pruned draft, with an EDD draft (Gemma 4 refuses one, saying why), in batches of mixed requests and in a conversation; what only one family has is tested in its own file
 (``test_gemma3.py``, ``test_llava.py``, ``test_smolvlm.py``)."""
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from vlmspec.testing import (
 )
 
 FAMILIES = (*IMAGE_ONLY_FAMILIES, *OWN_TEST_FAMILIES)
-POLICIES = ("ar", "chain", "static", "sage")
+POLICIES = ("ar", "chain", "sage")
 """Every kind of tree a family's forwards meet: none, a chain, a fixed tree and SAGE's, which grows level by level
 (every policy on every input kind is the main matrix's, ``test_lossless.py`` and ``test_policies_extra.py``)."""
 MAX_NEW = {"gemma3": 48, "aya_vision": 48}

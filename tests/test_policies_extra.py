@@ -443,7 +443,7 @@ def test_yaml_configs_hold_the_defaults(name, config_class):
 
 
 # ---- lossless on the tiny pairs --------------------------------------------------------------------------------
-MAX_NEW = 48
+MAX_NEW = 40
 EXTRA_POLICIES = ("eagle2", "wetap", "c2t", "pct")
 
 
