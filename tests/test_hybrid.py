@@ -4,7 +4,7 @@ are in ``test_more_families.py``'s matrix (every policy, a pruned draft, batches
 share: a tree's forward gives every path transformers' own logits, token by token, and keeping a path leaves the
 recurrent states ``generate()`` has there; the visual scores of the draft's pruning are the attention layers' own;
 sampling follows the target and does not depend on the batch, and a forward reads the host once (for one family per
-kind of recurrent layer); an EDD draft reads transformers' hidden states, alone and at batch 3.
+kind of recurrent layer); an EDD draft reads transformers' hidden states, alone, at batch 3 and in a conversation.
 What only one family has is in its own file (``test_qwen3_5.py``, ``test_lfm2_vl.py``, ``test_lfm3_vl.py``).
 """
 
@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import check_the_second_token_follows_the_target
+from conftest import (
+    check_a_conversation_with_pictures_equals_generate,
+    check_the_second_token_follows_the_target,
+)
 from test_batching import check_a_sampled_reply_is_the_same_alone_and_at_batch_3, mixed_requests, reference
 from test_host_syncs import CPU_LIKE, END_OF_GENERATION, PER_DRAFT_FORWARD, PER_STEP
 from transformers import AutoModelForImageTextToText
@@ -143,8 +146,9 @@ def test_an_edd_draft_reads_the_hidden_states_transformers_computes(pair, pipe):
 
 
 @pytest.mark.parametrize("family", LAYER_KINDS)
-def test_an_edd_draft_at_batch_size_3_equals_generate(family, tiny_root):
-    """Each request's soft prompt and pending rows come from its own row of the target's batched forwards."""
+def test_an_edd_draft_at_batch_size_3_and_in_a_conversation_equals_generate(family, tiny_root):
+    """Each request's soft prompt and pending rows come from its own row of the target's batched forwards; a
+    conversation's later turns extend the draft's soft prompt with the target's states of the new prompt."""
     pair = build_tiny_pair(family, root=tiny_root)
     base = VLMSpecPipeline.from_pretrained(pair.target, pair.draft, policy="ar", torch_dtype=torch.float32)
     pipe = VLMSpecPipeline(base.target, EDDDraft.for_target(base.target), base.processor, policy="sage")
@@ -152,6 +156,7 @@ def test_an_edd_draft_at_batch_size_3_equals_generate(family, tiny_root):
     outputs = pipe.batch(requests, batch_size=3)
     assert [o.token_ids for o in outputs] == [reference(pipe, r) for r in requests]
     assert sum(o.stats.accepted_tokens for o in outputs) > 0
+    check_a_conversation_with_pictures_equals_generate(pipe)
 
 
 @pytest.mark.parametrize("policy", ["chain", "static", "sage"])
