@@ -36,7 +36,7 @@ and torch builds without oneDNN are left as they are.
 or one token's), and on Hopper GPUs torch's ``scaled_dot_product_attention`` then picks cuDNN's backend, which
 builds an execution plan for each new combination of query and key lengths. Speculative decoding makes a new one at
 nearly every forward: the keys grow by each step's accepted tokens, and a tree's levels and verifications vary in
-size. Measured on an H200 (``docs/gpu.md``, 2026-11-30): the same EDD-drafted captions ran 3-5x slower the first
+size. Measured on an H200 (``docs/gpu.md``, 2026-11-30): the same EDD-drafted caption ran about 3x slower the first
 time than when repeated over the same shapes (a chain's draft level 30 ms against 2 ms); the cost probe, which
 repeats its shapes, saw the fast figure and sized the trees by it. MLX measured the same with its own cuDNN plans,
 about 22 ms per plan in a verify loop, and routes small masked blocks around cuDNN. So inside a decoding block
