@@ -170,9 +170,9 @@ class EDDDraft(torch.nn.Module):
             target_name=target_name,
         )
         draft = cls._build(target, config)
-        draft.decoder.embed_tokens.load_state_dict(source.embed_tokens.state_dict())
-        final_norm = _final_norm_name(source)  # "norm"; LFM2's "embedding_norm"
-        getattr(draft.decoder, final_norm).load_state_dict(getattr(source, final_norm).state_dict())
+        for name, module in source.named_children():  # the embedding, the final norm (LFM2's: embedding_norm)
+            if name != "layers":
+                getattr(draft.decoder, name).load_state_dict(module.state_dict())
         draft.decoder.layers[0].load_state_dict(source.layers[copied].state_dict())
         draft.lm_head.load_state_dict(target.get_output_embeddings().state_dict())
         return draft
@@ -419,12 +419,7 @@ def _attention_layer(layers: Sequence[torch.nn.Module], index: int) -> int:
     paper copies the layer after the one it reads; the nearest attention layer is the closest thing a hybrid has."""
     attends = [i for i, layer in enumerate(layers) if hasattr(layer, "self_attn")]
     after = [i for i in attends if i >= index]
-    return after[0] if after else attends[-1]
-
-
-def _final_norm_name(decoder: torch.nn.Module) -> str:
-    """The attribute of ``decoder``'s norm after its last layer."""
-    return "norm" if hasattr(decoder, "norm") else "embedding_norm"
+    return after[0] if after else attends[-1] if attends else index
 
 
 def _one_layer(text_config: Any, index: int) -> Any:
