@@ -105,6 +105,8 @@ class VLMSpec(lmms):
             self.accelerator = Accelerator()
             self._rank = self.accelerator.process_index
             self._world_size = self.accelerator.num_processes
+            if self._world_size > 1:  # gloo's threads outliving the interpreter abort the process at exit
+                atexit.register(self.accelerator.state.destroy_process_group)
             with self.accelerator.main_process_first():
                 self.pair: ResolvedPair = resolve_pair(self.options)
             self.pipe: VLMSpecPipeline | None = load_pipeline(self.options, self.pair, self._device_map())
