@@ -282,20 +282,6 @@ def test_tree_costs_price_a_node_and_a_level_in_plain_decoding_steps():
         CPU.tree_costs(0)
 
 
-def test_a_packed_batch_prices_sage_s_nodes_on_the_batch_s_curve():
-    """Packed, a node costs its own token in the batch's verification: SAGE's trees are bounded as one request's
-    and priced at the batch's budget on the batch's curve (padded, the batch's budget bounds each tree)."""
-    node, _ = CPU.tree_costs(2, rows=4, packed=True)  # two nodes for each of 4 requests: c_t(12) against c_t(4)
-    assert node == pytest.approx((CPU.target_cost(12) - CPU.target_cost(4)) / (2 * CPU.target_cost(4)))
-    assert CPU.tree_costs(3, packed=True) == CPU.tree_costs(3)  # one request: the same curve
-    sage, padded = get_policy("sage"), get_policy("sage")
-    sage.fit(CPU, rows=4, packed=True)
-    padded.fit(CPU, rows=4)
-    assert sage.config.n_max == CPU.node_budget() > padded.config.n_max == CPU.node_budget(rows=4)
-    priced = CPU.tree_costs(CPU.node_budget(rows=4), rows=4, packed=True)[0]
-    assert sage.config.node_cost == pytest.approx(priced) and priced > padded.config.node_cost
-
-
 def test_pct_s_cost_ratio_is_fitted_at_the_batch_s_rows():
     """Batched, one forward of each model serves every row: PCT's s_d / s_t is the ratio at that many tokens."""
     costs = ForwardCosts(sizes=(1, 4), target_s=(0.04, 0.05), draft_s=(0.002, 0.01), prefix_tokens=8, runs=1)

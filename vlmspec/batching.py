@@ -26,7 +26,6 @@ draft) runs on its own.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -38,7 +37,6 @@ from .cache import BatchCache, KVStore, RowCache
 from .errors import InvalidInputError
 from .models import Prefill, VLMAdapter
 from .models.base import DecodeState, pad_positions
-from .models.packed import PackedRows
 from .requests import END, RequestFeed
 
 DRAFT_FIRST, TARGET = 0, 1  # order in which waiting forwards run when several models are waited on
@@ -329,11 +327,9 @@ class Batcher:
 def run_merged(calls: list[_Forward]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """Run the forwards of several requests of one model as one batched forward over the store's live rows.
 
-    Every live row takes part, so the store's rows are the batch as they lie, with no gather. Row ``b`` with
-    ``n_b`` real tokens sees its own ``L_b`` entries and its tokens' own mask. Where the adapter can
-    (:attr:`~vlmspec.models.VLMAdapter.packs_rows`) and the requests' token counts differ, the forward runs packed
-    (:mod:`vlmspec.models.packed`): ``sum(n_b)`` tokens, not ``B * max(n_b)``. Otherwise a row with fewer tokens
-    (or none) is padded to ``n``.
+    Every live row takes part (a row with no forward here gets ``n`` padding tokens), so the store's rows are the
+    batch as they lie, with no gather. Row ``b`` with ``n_b`` real tokens sees its own ``L_b`` entries and its
+    tokens' own mask; padding queries see only key 0 (so that no softmax row is empty).
 
     Returns:
         Per call: ``[1, n_b, V]`` logits and (if asked) ``[1, n_b, D]`` hidden states.
@@ -341,61 +337,38 @@ def run_merged(calls: list[_Forward]) -> list[tuple[torch.Tensor, torch.Tensor |
     first = calls[0]
     store = first.cache.store
     by_row = {call.cache.row: call for call in calls}
-    counts = [by_row[row].rows.shape[1] if row in by_row else 0 for row in range(store.rows)]
-    n = max(counts)
-    bias = _batch_bias(by_row, counts, max(store.lengths) + n)  # [B, 1, n, keys]
-    if first.adapter.packs_rows and sum(counts) < n * len(counts):
-        packed = PackedRows.of(counts, first.rows.device)
-        live = sorted(by_row)
-        rows = torch.cat([by_row[r].rows[0].to(first.rows.dtype) for r in live])[None]  # [1, M, D]
-        position_ids = torch.cat([by_row[r].position_ids for r in live], dim=-1)  # [1, M] or [3, 1, M]
-        logits, hidden = first.adapter.run(
-            BatchCache(store, counts, packed), rows, position_ids, bias, first.hidden_layer, packed
-        )
-        starts = dict(zip(live, itertools.accumulate([counts[r] for r in live], initial=0), strict=False))
-    else:
-        rows, position_ids = _padded_inputs(by_row, counts, first)
-        logits, hidden = first.adapter.run(
-            BatchCache(store, counts), rows, position_ids, bias, first.hidden_layer
-        )
-        logits, hidden = logits.flatten(0, 1)[None], None if hidden is None else hidden.flatten(0, 1)[None]
-        starts = {row: row * n for row in by_row}
-    results = []
-    for call in calls:
-        start, k = starts[call.cache.row], call.rows.shape[1]
-        out = hidden[:, start : start + k] if hidden is not None else None
-        results.append((logits[:, start : start + k], out))
-    return results
-
-
-def _batch_bias(by_row: dict[int, _Forward], counts: list[int], end: int) -> torch.Tensor:
-    """``[B, 1, n, end]`` the batch's mask: row ``b``'s own mask over its first keys, the rest hidden, except key 0
-    for padding queries (so that no softmax row is empty)."""
-    first = next(iter(by_row.values()))
-    dtype = first.bias.dtype
-    shape = (len(counts), 1, max(counts), end)
-    bias = torch.full(shape, torch.finfo(dtype).min, dtype=dtype, device=first.bias.device)
+    n = max(call.rows.shape[1] for call in calls)
+    batch = store.rows
+    end = max(store.lengths) + n
+    dtype, device = first.rows.dtype, first.rows.device
+    rows = first.rows.new_zeros(batch, n, first.rows.shape[2])  # [B, n, D]
+    bias = torch.full(
+        (batch, 1, n, end), torch.finfo(first.bias.dtype).min, dtype=first.bias.dtype, device=device
+    )
     bias[:, :, :, 0] = 0
-    for row, call in by_row.items():
-        bias[row, :, : counts[row], : call.bias.shape[-1]] = call.bias[0]  # its L_b + n_b keys
-    return bias
-
-
-def _padded_inputs(
-    by_row: dict[int, _Forward], counts: list[int], first: _Forward
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, n, D]`` input rows, zeros past each row's own, and their ``[B, n]`` (or ``[3, B, n]``) positions."""
-    n = max(counts)
-    rows = first.rows.new_zeros(len(counts), n, first.rows.shape[2])  # [B, n, D]
     positions = []
-    for row, k in enumerate(counts):
+    counts = []
+    for row in range(batch):
         call = by_row.get(row)
         if call is None:
+            counts.append(0)
             positions.append(pad_positions(first.position_ids[..., :1] * 0, n))
             continue
-        rows[row, :k] = call.rows[0].to(rows.dtype)
+        k = call.rows.shape[1]
+        counts.append(k)
+        rows[row, :k] = call.rows[0].to(dtype)
+        keys = call.bias.shape[-1]  # L_b + n_b
+        bias[row, :, :k, :keys] = call.bias[0]
         positions.append(pad_positions(call.position_ids, n))
-    return rows, torch.cat(positions, dim=-2)
+    position_ids = torch.cat(positions, dim=-2)  # [B, n] or [3, B, n]
+    logits, hidden = first.adapter.run(
+        BatchCache(store, counts), rows, position_ids, bias, first.hidden_layer
+    )
+    results = []
+    for call in calls:
+        row, k = call.cache.row, call.rows.shape[1]
+        results.append((logits[row : row + 1, :k], None if hidden is None else hidden[row : row + 1, :k]))
+    return results
 
 
 class RowAdapter:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from transformers.cache_utils import (
@@ -25,9 +25,6 @@ from transformers.cache_utils import (
 )
 
 from .recurrent_cache import Checkpoint, RecurrentRows, TreeLinks, copied, tree_links
-
-if TYPE_CHECKING:
-    from .models.packed import PackedRows
 
 
 def cache_kwarg(module: torch.nn.Module, cache: Cache | None) -> dict[str, Any]:
@@ -474,29 +471,23 @@ class BatchCache(Cache):
         store: the store.
         counts: per live row, how many of the forward's ``n`` tokens are real (the rest are padding; their entries
             land past the row's length and are never read).
-        packed: for a packed forward (:mod:`vlmspec.models.packed`), its layout: the new entries come as ``[1, H,
-            M, D]``, each written into its own row (``None``: ``[B, H, n, D]``, padded).
     """
 
-    def __init__(self, store: KVStore, counts: list[int], packed: PackedRows | None = None) -> None:
+    def __init__(self, store: KVStore, counts: list[int]) -> None:
         super().__init__(layers=[])
         self.store = store
         self.counts = counts
-        self.packed = packed
         offsets = torch.tensor(store.lengths)  # [B], on the host
         # Pinned on a GPU machine: the copy then need not wait for the device's queue (no host sync).
         if store.device.type == "cuda":
             offsets = offsets.pin_memory()
         self._offsets = offsets.to(store.device, non_blocking=True)
         self._index: dict[tuple[int, int], torch.Tensor] = {}  # per (H, D): [B, H, n, D] scatter index
-        self._slots: torch.Tensor | None = None  # packed: [M] each token's slot in its row
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         store = self.store
-        if self.packed is not None:
-            return self._update_packed(key_states, value_states, layer_idx)
         rows, heads, n, dim = key_states.shape
         end = max(store.lengths) + n
         store.reserve(end)
@@ -509,30 +500,6 @@ class BatchCache(Cache):
         keys, values = (t[:rows] for t in store.layer(layer_idx))
         keys.scatter_(2, index, key_states)
         values.scatter_(2, index, value_states)
-        return self._written(layer_idx, keys, values, end)
-
-    def _update_packed(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`update` of a packed forward: token ``i`` of ``[1, H, M, D]`` goes to row ``rows[i]`` at that row's
-        length plus ``cols[i]`` (one indexed write per layer); returns the rows ``[B, H, keys, D]``."""
-        store, packed = self.store, self.packed
-        end = max(store.lengths) + packed.width
-        store.reserve(end)
-        if self._slots is None:  # [M], the same for every layer: built at the first
-            self._slots = self._offsets[packed.rows] + packed.cols
-        slots = self._slots
-        keys, values = (t[: packed.batch] for t in store.layer(layer_idx))
-        keys[packed.rows, :, slots] = key_states[0].transpose(0, 1)  # [M, H, D]
-        values[packed.rows, :, slots] = value_states[0].transpose(0, 1)
-        return self._written(layer_idx, keys, values, end)
-
-    def _written(
-        self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, end: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """After layer ``layer_idx`` wrote: the rows' keys and values up to ``end``; the last layer moves the rows'
-        lengths on."""
-        store = self.store
         if layer_idx == store.last_layer:
             store.lengths[:] = [length + c for length, c in zip(store.lengths, self.counts, strict=True)]
         return keys[:, :, :end], values[:, :, :end]

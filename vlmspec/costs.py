@@ -200,28 +200,24 @@ class ForwardCosts:
         is expected to be slower than plain decoding on this machine (the draft costs too much of the target)."""
         return self.step_rate(nodes, depth, acceptance, rows) / self.step_rate(0, 0, acceptance, rows)
 
-    def tree_costs(self, nodes: int, rows: int = 1, packed: bool = False) -> tuple[float, float]:
+    def tree_costs(self, nodes: int, rows: int = 1) -> tuple[float, float]:
         """What one more tree node and one more tree level cost a request, in plain decoding steps.
 
         Returns ``(node, level)``: ``node = (c_t(nodes + 1) - c_t(1)) / (nodes * c_t(1))``, the verification's mean
         cost per node over a budget of ``nodes``, in one request's plain steps; ``level = c_d(rows) / c_t(rows)``,
         one draft forward of the batch (one token a request, whatever a level's width) against one plain decoding
-        step of it. Padded (``packed`` False), the node is priced on one request's curve whatever ``rows``: a
-        padded verification runs every request's tree at the batch's largest size (:mod:`vlmspec.batching`), so a
-        node costs nothing until its tree is the largest, and the batch's node budget (:meth:`node_budget` with
+        step of it. The node is priced on one request's curve whatever ``rows``: a
+        batched verification pads every request's tree to the batch's largest (:mod:`vlmspec.batching`), so a node
+        costs nothing until its tree is the largest, and the batch's node budget (:meth:`node_budget` with
         ``rows``) already bounds that one. (Priced on the batch's own curve, 0.14 of a batched step at 8 requests
         on the calibrated CPU pair, ``sage`` kept so few nodes that it accepted 2.3 tokens a step where it accepts
-        2.8 priced as here.) Packed (:mod:`vlmspec.models.packed`), a node costs its own token in the batch's
-        verification, which holds up every request of the batch: ``node = (c_t(rows * (nodes + 1)) - c_t(rows)) /
-        (nodes * c_t(rows))``, the batch's cost per node a request over ``nodes`` each, in batched plain steps
-        (the same formula at one request). SAGE's growth by cost (:mod:`vlmspec.policies.sage`) keeps a node only
-        where its chance of acceptance repays ``node`` and weighs every level's draft forward by ``level``.
+        2.8 priced as here.) SAGE's growth by cost (:mod:`vlmspec.policies.sage`) keeps a node only where its
+        chance of acceptance repays ``node`` and weighs every level's draft forward by ``level``.
         """
         if nodes < 1:
             raise InvalidInputError(f"nodes={nodes} is invalid: use at least 1")
-        batch = rows if packed else 1
-        base = self.target_cost(batch)
-        node = (self.target_cost(batch * (nodes + 1)) - base) / (nodes * base)
+        one = self.target_cost(1)
+        node = (self.target_cost(nodes + 1) - one) / (nodes * one)
         return node, self.draft_cost(rows) / self.target_cost(rows)
 
     def batch_size(

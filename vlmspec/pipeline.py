@@ -501,7 +501,7 @@ class VLMSpecPipeline(PromptBuilder):
         with ``rows``), since ``batch_size`` trees share every verification."""
         policy = copy.copy(self.policy)
         if batch_size > 1 and policy.uses_draft and policy.free_hardware_options():
-            policy.fit(self.hardware_costs(), self.budget_factor, batch_size, self.target_adapter.packs_rows)
+            policy.fit(self.hardware_costs(), self.budget_factor, rows=batch_size)
         return policy
 
     def _decode(

@@ -44,7 +44,6 @@ from ..errors import InvalidInputError
 from .attention import model_lock, visual_scores
 from .data import DecodeState, Prefill, PromptLayout
 from .media import MediaRows
-from .packed import PackedRows, packed_attention, packs_under
 from .prompt_inputs import PromptInputs
 
 
@@ -436,37 +435,22 @@ class VLMAdapter(MediaRows, PromptInputs):
         position_ids: torch.Tensor,
         bias: torch.Tensor,
         hidden_layer: int | None = None,
-        packed: PackedRows | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed ``n`` input rows per request on top of the cache: the one forward every decoding call ends in.
 
         Args:
             cache: the KV cache of ``B`` requests (a batch-1 ``DynamicCache``/``RowCache``, or a ``BatchCache``).
-            rows: ``[B, n, D]`` input rows (token embeddings, or an EDD draft's soft-prompt rows); packed
-                (``packed``, :mod:`vlmspec.models.packed`), ``[1, M, D]``, the requests' rows side by side.
-            position_ids: the model's rotary ``position_ids`` (``[B, n]``, or ``[3, B, n]`` with M-RoPE; packed,
-                ``[1, M]`` or ``[3, 1, M]``).
-            bias: ``[B, 1, n, keys]`` additive attention mask (packed too: attention runs padded).
+            rows: ``[B, n, D]`` input rows (token embeddings, or an EDD draft's soft-prompt rows).
+            position_ids: the model's rotary ``position_ids`` (``[B, n]``, or ``[3, B, n]`` with M-RoPE).
+            bias: ``[B, 1, n, keys]`` additive attention mask.
             hidden_layer: also return the output of this decoder layer.
-            packed: the packed rows' layout (only where :attr:`packs_rows`).
 
         Returns:
-            ``[B, n, V]`` logits and (when asked) ``[B, n, D]`` hidden states of ``hidden_layer`` (packed: ``M``
-            for ``B, n``, as ``rows``).
+            ``[B, n, V]`` logits and (when asked) ``[B, n, D]`` hidden states of ``hidden_layer``.
         """
-        with (
-            self._layer_output(hidden_layer) as hidden,
-            packed_attention(self.model, packed) as attention,
-        ):
-            logits = self._logits(cache, rows, position_ids, bias, **attention)
+        with self._layer_output(hidden_layer) as hidden:
+            logits = self._logits(cache, rows, position_ids, bias)
         return logits, (hidden[0] if hidden else None)
-
-    @property
-    def packs_rows(self) -> bool:
-        """Whether a batched forward may pack its requests' rows (:mod:`vlmspec.models.packed`): the model's own
-        call with one mask, under SDPA attention. An adapter with a call of its own (per-layer masks, a decoder
-        written out, a draft decoder of its own) runs its rows padded."""
-        return type(self)._logits is VLMAdapter._logits and packs_under(self.model.get_decoder())
 
     def _logits(
         self,
@@ -474,11 +458,9 @@ class VLMAdapter(MediaRows, PromptInputs):
         rows: torch.Tensor,
         position_ids: torch.Tensor,
         bias: torch.Tensor | dict[str, torch.Tensor],
-        **attention: Any,
     ) -> torch.Tensor:
         """The model call of :meth:`run`: ``[B, n, V]`` logits of ``rows`` on top of ``cache`` (``bias``: the
-        additive mask, or one per layer type for a model whose layers differ, as transformers takes them;
-        ``attention``: keyword arguments for the attention function, a packed forward's layout)."""
+        additive mask, or one per layer type for a model whose layers differ, as transformers takes them)."""
         return self.model(
             **self.row_inputs(rows),
             position_ids=position_ids,
@@ -486,7 +468,6 @@ class VLMAdapter(MediaRows, PromptInputs):
             **cache_kwarg(self.model, cache),
             use_cache=True,
             **_no_router_loss(self.model),
-            **attention,
         ).logits
 
     @torch.inference_mode()

@@ -357,17 +357,13 @@ class TreePolicy:
         c = self.config
         return tuple(f for f in (c.budget_field, c.depth_field) if f is not None and f not in self.fixed)
 
-    def fit(
-        self, costs: ForwardCosts, factor: float = DEFAULT_BUDGET_FACTOR, rows: int = 1, packed: bool = False
-    ) -> None:
+    def fit(self, costs: ForwardCosts, factor: float = DEFAULT_BUDGET_FACTOR, rows: int = 1) -> None:
         """Give the options the user did not set the values this machine affords (see :mod:`vlmspec.costs`).
 
         The node budget is ``costs.node_budget(factor)``; the depth is ``costs.depth_budget`` for that budget
         (the configured one where the user set it, the machine's where the policy has none). Called by the
         pipeline when the policy is attached; options in :attr:`fixed` are never changed. Clears request state.
-        ``rows``: the requests verified together (batched decoding); the budget is then each request's. ``packed``:
-        their forwards run packed (:mod:`vlmspec.models.packed`: a request's tree costs its own tokens, not the
-        largest tree's), which a policy whose trees differ in size from request to request may use. Each fit
+        ``rows``: the requests verified together (batched decoding); the budget is then each request's. Each fit
         starts from :attr:`user_config`, not from an earlier fit's result (a refit on other costs is a fresh fit).
         """
         c, free = self.user_config, self.free_hardware_options()

@@ -120,12 +120,10 @@ class PCTPolicy(TreePolicy):
             free = (*free, "cost_ratio")
         return free
 
-    def fit(
-        self, costs: ForwardCosts, factor: float = DEFAULT_BUDGET_FACTOR, rows: int = 1, packed: bool = False
-    ) -> None:
+    def fit(self, costs: ForwardCosts, factor: float = DEFAULT_BUDGET_FACTOR, rows: int = 1) -> None:
         """The base's hardware budgets, and ``s_d / s_t`` from ``costs`` unless the user configured one (with
         ``rows`` requests per forward: one forward of each model for all of them)."""
-        super().fit(costs, factor, rows, packed)
+        super().fit(costs, factor, rows)
         if "cost_ratio" in self.free_hardware_options():
             ratio = costs.draft_cost(rows) / costs.target_cost(rows)
             self.config = dataclasses.replace(self.config, cost_ratio=ratio)

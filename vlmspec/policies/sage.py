@@ -423,24 +423,13 @@ class SAGEPolicy(TreePolicy):
             c.n_max, min(c.d_max, costs.depth_budget(c.n_max, rows=rows)), rows=rows
         )
 
-    def fit(
-        self, costs: ForwardCosts, factor: float = DEFAULT_BUDGET_FACTOR, rows: int = 1, packed: bool = False
-    ) -> None:
+    def fit(self, costs: ForwardCosts, factor: float = DEFAULT_BUDGET_FACTOR, rows: int = 1) -> None:
         """The base's node budget and depth, and ``node_cost`` / ``level_cost`` from ``costs``
-        (:meth:`ForwardCosts.tree_costs` at that budget) where the user left them to the machine.
-
-        Growth by cost in a packed batch (``rows > 1``, ``packed``): a request's tree is bounded as a request's
-        alone, and its nodes are priced on the batch's curve at the batch's budget. Padded, every tree is verified
-        at the largest one's size, so the batch's budget is each tree's; packed, a node costs its own tokens
-        wherever it is, so the confident requests grow deep trees and the others keep few nodes or none (the
-        batch's verification then holds the likeliest nodes of all its requests).
-        """
-        by_cost = packed and rows > 1 and self.user_config.growth == "cost"
-        super().fit(costs, factor, 1 if by_cost else rows)
+        (:meth:`ForwardCosts.tree_costs` at that budget) where the user left them to the machine."""
+        super().fit(costs, factor, rows)
         free = [f for f in COST_FIELDS if f in self.free_hardware_options()]
         if free:
-            nodes = costs.node_budget(factor, rows) if by_cost else self.config.n_max
-            measured = dict(zip(COST_FIELDS, costs.tree_costs(nodes, rows, packed=by_cost), strict=True))
+            measured = dict(zip(COST_FIELDS, costs.tree_costs(self.config.n_max, rows), strict=True))
             self.config = dataclasses.replace(self.config, **{f: measured[f] for f in free})
             self.reset()
 
