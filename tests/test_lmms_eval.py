@@ -191,7 +191,9 @@ def test_cli_sage_is_lossless_and_writes_speed_files(cli_runs: dict[str, Any]) -
 def test_cli_two_processes_give_the_same_outputs(cli_runs: dict[str, Any]) -> None:
     one, two = cli_runs["ar"], cli_runs["sage_2proc"]
     assert "Running on rank 1" in two["log"], "accelerate did not start a second process"
-    assert "terminate called" not in two["log"], "a rank aborted at exit (its process group left undestroyed?)"
+    assert "terminate called" not in two["log"], (
+        "a rank aborted at exit (its process group left undestroyed?)"
+    )
     for task in TASKS:
         report = _speed(two["out"], task)
         assert report["run"]["world_size"] == 2
