@@ -683,6 +683,7 @@ EXPECTED_PAIRS = {
     ("google/gemma-4-e2b-it", "google/gemma-4-e2b-it-assistant"),
     ("facebook/Perception-LM-8B", "facebook/Perception-LM-1B"),
     ("LiquidAI/LFM2-VL-3B", "LiquidAI/LFM2-VL-450M"),
+    ("KamilaMila/FastVLM-7B", "KamilaMila/FastVLM-0.5B"),
     ("testbed-mini", None),
     ("testbed-base@cpu", None),
 }
@@ -791,6 +792,8 @@ FAMILY_BY_NAME = {  # checkpoint or pair name: the family vlmspec reads it as (N
     "thisisiron/Ovis2-1B-hf": "ovis2",
     "tiny:ovis2": "ovis2",
     "ovis-community/Ovis2.5-2B": None,
+    "KamilaMila/FastVLM-0.5B": "fast_vlm",
+    "tiny:fast_vlm": "fast_vlm",
     "deepseek-community/Janus-Pro-1B": "janus",
     "tiny:janus": "janus",
     "deepseek-community/deepseek-vl-1.3b-chat": "deepseek_vl",

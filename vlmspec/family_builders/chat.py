@@ -228,6 +228,22 @@ AYA_VISION_CHAT_TEMPLATE = GEMMA3_CHAT_TEMPLATE.replace("<start_of_image>", "<im
     "model", "assistant"
 )
 
+# FastVLM's (transformers' conversion of Apple's FastVLM): a ChatML turn, a default system turn first, the turn's
+# pictures as <image> placeholders, then each text on a new line, in Qwen2's ChatML
+FAST_VLM_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ '\\n' + content['text'] }}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
 MISTRAL3_SPECIAL_TOKENS = (
     "[INST]",
     "[/INST]",
@@ -347,6 +363,7 @@ _CHAT_TEMPLATES = {
     "lfm3_vl": QWEN3_CHAT_TEMPLATE,
     "minicpmv4_6": MINICPMV_CHAT_TEMPLATE,
     "minicpmv4_7": MINICPMV_CHAT_TEMPLATE,
+    "fast_vlm": FAST_VLM_CHAT_TEMPLATE,
 }
 
 
@@ -363,7 +380,7 @@ def special_tokens(family: str, grounding: bool) -> tuple[str, ...]:
         return (*CHAT_TOKENS, *GEMMA3_NAMED_TOKENS.values())
     if family == "gemma4":
         return (*CHAT_TOKENS, *GEMMA4_SPECIAL_TOKENS)
-    if family in ("llava", "llava_next"):
+    if family in ("llava", "llava_next", "fast_vlm"):
         return (*CHAT_TOKENS, "<image>")
     if family == "llava_next_video":
         return LLAVA_SPECIAL_TOKENS

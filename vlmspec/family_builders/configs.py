@@ -22,6 +22,7 @@ from .chat import (
 from .deepseek_configs import DEEPSEEK_FAMILIES, deepseek_config_kwargs
 from .hybrid_configs import liquid_config_kwargs, minicpmv_config_kwargs, recurrent_text
 from .specs import (
+    FAST_VLM_DOWNSAMPLE,
     GEMMA4_POOLING,
     HYBRID_FAMILIES,
     INTERNVL_FAMILIES,
@@ -133,6 +134,8 @@ def build_config(
         return config_cls(**_video_llama3_config_kwargs(spec, text, tid, layout))
     if family == "perception_lm":
         return config_cls(**_perception_lm_config_kwargs(spec, text, tid, layout))
+    if family == "fast_vlm":
+        return config_cls(**_fast_vlm_config_kwargs(spec, text, tid, layout))
     vision = {**_vit_widths(spec), "initializer_range": _VISION_INIT_STD}
     if family in ("lfm2_vl", "lfm3_vl"):
         return config_cls(**liquid_config_kwargs(family, text, tid, layout, vision))
@@ -474,6 +477,37 @@ def _perception_lm_config_kwargs(
         "projector_pooling_ratio": 2,
         "image_token_id": tid(PERCEPTION_LM_NAMED_TOKENS["image_token"]),
         "video_token_id": tid(PERCEPTION_LM_NAMED_TOKENS["video_token"]),
+        "tie_word_embeddings": False,
+    }
+
+
+def _fast_vlm_config_kwargs(
+    spec: ModelSpec, text: dict[str, Any], tid: Callable[[str], int], layout: VisionLayout
+) -> dict[str, Any]:
+    """``FastVlmConfig``'s arguments: a Qwen2 language model (every FastVLM size's) behind timm's FastViTHD
+    (``fastvit_mci3``: three convolutional stages, two attention stages, the last widened 2x by its final
+    convolution), one stage block each at ``spec``'s vision width (attention heads of 32), a token per 64 x 64
+    pixels through a two-layer projector, as the transformers conversions have it."""
+    width = max(32, spec.vision_hidden)  # the attention stages' heads are 32 wide
+    return {
+        "text_config": {**text, "model_type": "qwen2"},
+        "vision_config": {
+            "model_type": "timm_wrapper",
+            "architecture": "fastvit_mci3",
+            "model_args": {
+                "inference_mode": True,
+                "layers": (1, 1, 1, 1, 1),
+                "embed_dims": (width // 2, width, width, width, width),
+                "mlp_ratios": (2, 2, 2, 2, 2),
+            },
+            "do_pooling": False,
+            "hidden_size": 2 * width,  # the final convolution's
+            "initializer_range": _VISION_INIT_STD,
+        },
+        "image_token_index": tid("<image>"),
+        "image_seq_length": (layout.crop_side // FAST_VLM_DOWNSAMPLE) ** 2,
+        "vision_feature_select_strategy": "full",
+        "vision_feature_layer": -1,
         "tie_word_embeddings": False,
     }
 

@@ -12,6 +12,7 @@ from .chat import SMOLVLM_GRID
 from .deepseek_configs import DEEPSEEK_FAMILIES, HIGH_RES_SIDE
 from .hybrid_configs import LFM2_VL_TOKENS
 from .specs import (
+    FAST_VLM_DOWNSAMPLE,
     GEMMA4_POOLING,
     GEMMA4_SOFT_TOKENS,
     INTERNVL_FAMILIES,
@@ -102,6 +103,21 @@ def build_processor(family: str, tokenizer: Qwen2Tokenizer, layout: VisionLayout
             patch_size=layout.patch,
             vision_feature_select_strategy="default",
             num_additional_image_tokens=1,
+            chat_template=tokenizer.chat_template,
+        )
+    if family == "fast_vlm":  # LLaVA's processor over FastViTHD's grid: a token per 64 x 64 pixels, no CLS
+        from transformers import CLIPImageProcessor
+
+        side = layout.crop_side
+        return processor_cls(
+            image_processor=CLIPImageProcessor(
+                size={"shortest_edge": side},
+                crop_size={"height": side, "width": side},
+                image_mean=[0.0, 0.0, 0.0],
+                image_std=[1.0, 1.0, 1.0],
+            ),
+            tokenizer=tokenizer,
+            patch_size=FAST_VLM_DOWNSAMPLE,
             chat_template=tokenizer.chat_template,
         )
     if family == "gemma3":

@@ -23,9 +23,11 @@ IMAGE_ONLY_FAMILIES: tuple[str, ...] = (
     "deepseek_vl",
     "deepseek_vl_hybrid",
     "lfm2_vl",
+    "fast_vlm",
 )
 """Families these builders know whose models read pictures only (Gemma 3, LLaVA-1.5, LLaVA-NeXT, Idefics3, Mistral
-3, Aya Vision, Ovis2, Janus, DeepSeek-VL (and its hybrid tower), LFM2-VL: no video input), tested on their own."""
+3, Aya Vision, Ovis2, Janus, DeepSeek-VL (and its hybrid tower), LFM2-VL, FastVLM: no video input), tested on their
+own."""
 OWN_TEST_FAMILIES: tuple[str, ...] = (
     "smolvlm",
     "llava_next_video",
@@ -98,8 +100,14 @@ _CLASS_PREFIXES = {  # family: the name of its transformers classes, <prefix>Con
     "lfm3_vl": "Lfm3Vl",
     "minicpmv4_6": "MiniCPMV4_6",
     "minicpmv4_7": "MiniCPMV4_7",
+    "fast_vlm": "FastVlm",
 }
-_PROCESSOR_PREFIXES = {"qwen3_vl_moe": "Qwen3VL", "qwen3_5": "Qwen3VL", "mistral3": "Pixtral"}
+_PROCESSOR_PREFIXES = {
+    "qwen3_vl_moe": "Qwen3VL",
+    "qwen3_5": "Qwen3VL",
+    "mistral3": "Pixtral",
+    "fast_vlm": "Llava",
+}
 """Families whose processor is another family's (...Processor)."""
 TILE_FAMILIES = ("smolvlm", "idefics3")
 """SmolVLM2 and Idefics3 (SmolVLM 1): the same tokens, tiles and chat template; Idefics3 has no video processor."""
@@ -110,6 +118,9 @@ GEMMA4_POOLING, GEMMA4_SOFT_TOKENS = 2, 70
 video frame (the fewest Gemma 4's processors allow)."""
 LLAVA15_FAMILIES = ("llava", "llava_next", "llava_next_video")
 """LLaVA-1.5 and its successors: a CLIP tower, a Llama language model, LLaVA-1.5's chat (NeXT-Video's with videos)."""
+FAST_VLM_DOWNSAMPLE = 64
+"""FastVLM's FastViTHD tower: a token per 64 x 64 pixels (a stride-4 stem, then four stages halving), the patch size
+its processor counts tokens by (256 for the real models' 1024-pixel pictures)."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from ..errors import InvalidInputError
 from .aya_vision import AyaVisionAdapter
 from .base import DecodeState, Prefill, PromptLayout, VLMAdapter
 from .edd import EDDAdapter, EDDDraft
+from .fast_vlm import FastVlmAdapter
 from .gemma3 import Gemma3Adapter
 from .gemma4 import Gemma4Adapter
 from .gemma4_assistant import ASSISTANT_TYPES, Gemma4AssistantAdapter
@@ -55,6 +56,7 @@ _ADAPTERS: dict[str, type[VLMAdapter]] = {
         MiniCPMV4_6Adapter,
         MiniCPMV4_7Adapter,
         VideoLlama3Adapter,
+        FastVlmAdapter,
     )
     for model_type in cls.model_types
 }

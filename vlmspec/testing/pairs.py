@@ -116,6 +116,8 @@ _LAYOUTS = {
     "aya_vision": VisionLayout(patch=7, crop_side=28, max_tiles=4),
     # tiles of 28: 4x4 patches of 7, strided 2x2 -> 4 tokens per tile; the whole picture, then up to 4 tiles
     "ovis2": VisionLayout(patch=7, crop_side=28, max_tiles=4),
+    # FastViTHD: a token per 64 x 64 pixels (a stride-4 stem, four stages halving) -> 4 tokens a 128-pixel picture
+    "fast_vlm": VisionLayout(patch=64, crop_side=128),
     # tiles of 32: 4x4 patches of 8, pooled 2x2 -> 4 tokens per tile; a thumbnail and up to 4 tiles, a frame one tile
     "perception_lm": VisionLayout(patch=8, crop_side=32, max_tiles=4),
     "lfm3_vl": VisionLayout(  # Qwen2-VL's patches (of Qwen3-VL's 16 pixels) and Qwen3-VL's video processor
@@ -185,6 +187,7 @@ _KNOWN_DRAWS: dict[tuple[str, int], int] = {
     ("deepseek_vl", 0): 4,
     ("deepseek_vl_hybrid", 0): 0,
     ("video_llama_3", 0): 35,  # found by searching past _MAX_DRAWS, as llava's
+    ("fast_vlm", 0): 86,  # found by searching past _MAX_DRAWS, as llava's
     ("gemma4", 0): 107,  # the best of the first 150 (_FAMILY_MIN_MARGIN)
     ("perception_lm", 0): 28,  # the best of the first 32 (_FAMILY_MIN_MARGIN)
     ("qwen3_5", 0): 30,  # the best of the first 32 (_FAMILY_MIN_MARGIN)

@@ -244,6 +244,8 @@ def calibrate_vision(model: PreTrainedModel, family: str, processor: ProcessorMi
     if family == "ovis2":  # sharper visual-vocabulary distributions: averaged rows would make tokens alike
         with torch.no_grad():
             model.model.vision_tower.head_norm.weight.mul_(_OVIS2_VISUAL_SHARPNESS)
+    if family == "fast_vlm":
+        _init_fan_in(model.model.vision_tower)
     for linear in _vision_output_linears(model, family):
         captured: list[torch.Tensor] = []
         handle = linear.register_forward_hook(lambda _m, _i, out, acc=captured: acc.append(out.detach()))
@@ -262,6 +264,19 @@ def calibrate_vision(model: PreTrainedModel, family: str, processor: ProcessorMi
         with torch.no_grad():
             newline = model.model.image_newline
             newline.mul_(_VISION_OUT_RMS / newline.pow(2).mean().sqrt())
+
+
+def _init_fan_in(tower: torch.nn.Module) -> None:
+    """Draws a convolutional tower's convolutions and linear layers at ``1 / sqrt(fan_in)`` (FastViTHD: the timm
+    wrapper draws every weight at 0.02, and through its five stages the features fall to ~1e-23)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module in tower.modules():
+            if isinstance(module, torch.nn.Conv2d | torch.nn.Linear):
+                fan_in = module.weight[0].numel()
+                module.weight.normal_(0.0, fan_in**-0.5, generator=gen)
 
 
 def _init_sam_encoder(encoder: torch.nn.Module) -> None:

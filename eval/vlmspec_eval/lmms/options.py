@@ -140,6 +140,7 @@ _FAMILY_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("lfm3_vl", re.compile(r"lfm3[-_]vl", re.I)),
     ("minicpmv4_6", re.compile(r"minicpm[-_]?v[-_]?4\.6", re.I)),
     ("minicpmv4_7", re.compile(r"minicpm[-_]?v[-_]?4\.7", re.I)),
+    ("fast_vlm", re.compile(r"fast[-_]?vlm", re.I)),
 )
 
 
