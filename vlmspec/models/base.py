@@ -398,20 +398,23 @@ class VLMAdapter(MediaRows, PromptInputs):
         reads: the forward computes exactly what it computes without it. The block holds :func:`model_lock`.
         """
         found: list[torch.Tensor] = []
-        if layer is None:
-            with model_lock(self.model):
-                yield found
-            return
-
-        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-            found.append(output[0] if isinstance(output, tuple) else output)
-
         with model_lock(self.model):
-            handle = self.model.get_decoder().layers[layer].register_forward_hook(hook)
+            if layer is None:
+                yield found
+                return
+            handle = self._hook_layer_output(layer, found)
             try:
                 yield found
             finally:
                 handle.remove()
+
+    def _hook_layer_output(self, layer: int, found: list[torch.Tensor]) -> Any:
+        """A forward hook appending decoder layer ``layer``'s output ``[1, n, D]`` to ``found``; its handle."""
+
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            found.append(output[0] if isinstance(output, tuple) else output)
+
+        return self.model.get_decoder().layers[layer].register_forward_hook(hook)
 
     # ---- decoding ---------------------------------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -21,9 +21,8 @@ class FastVlmAdapter(PlaceholderBlocks):
         "vision_config.architecture",
         "image_seq_length",
     )
-    fixed_processor_settings = frozenset(
-        {"size", "crop_size", "do_resize", "do_center_crop"}
-    )  # the tower's input
+    # the tower's input
+    fixed_processor_settings = frozenset({"size", "crop_size", "do_resize", "do_center_crop"})
     placeholder, block = "<image>", "picture"
     write_hint = "write each picture in the prompt as one <image> and let the processor expand it"
 

@@ -17,8 +17,6 @@ reuses a held cache where it ends, or where its prompt ended (the states are kep
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -81,28 +79,18 @@ class HybridDecoder(VLMAdapter):
         with ``call.attend``, a recurrent one over ``call.links``."""
         raise NotImplementedError
 
-    @contextmanager
-    def _layer_output(self, layer: int | None) -> Iterator[list[torch.Tensor]]:
-        """:meth:`VLMAdapter._layer_output`, read as the input of what runs next (the next layer's first norm, or the
-        last norm): the written-out decoder calls no decoder layer as a module, but it calls their norms, as
+    def _hook_layer_output(self, layer: int, found: list[torch.Tensor]) -> Any:
+        """Layer ``layer``'s output read as the input of what runs next (the next layer's first norm, or the last
+        norm): the written-out decoder calls no decoder layer as a module, but it calls their norms, as
         transformers' own forward does (an EDD draft reads a hybrid target's hidden states so)."""
-        if layer is None:
-            with super()._layer_output(None) as found:
-                yield found
-            return
-        text, found = self.text_model, []
+        text = self.text_model
         after = text.layers[layer + 1] if layer + 1 < len(text.layers) else None
         norm = (
             getattr(after, self.attention_norm_name)
             if after is not None
             else getattr(text, self.final_norm_name)
         )
-        with model_lock(self.model):
-            handle = norm.register_forward_pre_hook(lambda _module, args: found.append(args[0]))
-            try:
-                yield found
-            finally:
-                handle.remove()
+        return norm.register_forward_pre_hook(lambda _module, args: found.append(args[0]))
 
     def prefill(self, inputs: dict[str, torch.Tensor], keep: Any = None, **options: Any) -> Prefill:
         """:meth:`VLMAdapter.prefill` (same arguments); the visual scores come from the attention layers alone (see
